@@ -1,0 +1,141 @@
+"""The `pictl` command: parses arguments, runs a session, maps errors to exit codes.
+
+Exit codes: 0 ok, 1 internal error, 2 bad input or config (nothing started),
+3 a run failed on a host, 4 a host could not be reached, 5 pipeline output differs
+from the serial run, 130 interrupted (Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+
+from pictl import errors as E
+from pictl.inventory import Cluster, load_cluster
+from pictl.profiles import available_profiles, resolve_options
+
+app = typer.Typer(add_completion=False, no_args_is_help=False, help="Pipeline-parallel inference on a small cluster.")
+SHIPPED_HOSTS = Path(__file__).resolve().parent.parent / "hosts.toml"
+
+
+def _fail(exc: E.PictlError) -> None:
+    Console(stderr=True, highlight=False).print(f"pictl: error: {exc}", markup=False)
+    raise typer.Exit(exc.exit_code)
+
+
+def _hosts_file(path: Path | None) -> Path:
+    if path:
+        return path
+    local = Path.cwd() / "hosts.toml"
+    return local if local.is_file() else SHIPPED_HOSTS
+
+
+def _cluster(path: Path | None) -> Cluster:
+    return load_cluster(_hosts_file(path))
+
+
+async def _run_cancellable(coro: Any) -> Any:
+    """Run `coro`, turning SIGINT/SIGTERM into task cancellation so cleanup code runs."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(coro)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        return await task
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+@app.callback(invoke_without_command=True)
+def main(ctx: typer.Context) -> None:
+    """Without a command: the interactive dashboard."""
+    if ctx.invoked_subcommand is None:
+        Console(stderr=True).print("The dashboard is not built yet: use `pictl run --headless` (see --help).")
+        raise typer.Exit(E.EXIT_BAD_INPUT)
+
+
+def _split(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    return [p.strip() for p in value.split(",") if p.strip()]
+
+
+@app.command()
+def run(
+    stages: Annotated[Optional[int], typer.Option(help="Pipeline stages (1 = serial only).")] = None,
+    split: Annotated[Optional[str], typer.Option(help="Split points: blocks.3,blocks.6 (stage starts).")] = None,
+    policy: Annotated[Optional[str], typer.Option(help="equal | explicit")] = None,
+    profile: Annotated[Optional[str], typer.Option(help="Named preset from profiles/.")] = None,
+    chunk: Annotated[Optional[int], typer.Option(help="Microbatch size.")] = None,
+    images: Annotated[Optional[int], typer.Option(help="Images per pass.")] = None,
+    warmup: Annotated[Optional[int], typer.Option(help="Untimed warm-up passes.")] = None,
+    repeats: Annotated[Optional[int], typer.Option(help="Timed passes.")] = None,
+    threads: Annotated[Optional[int], typer.Option(help="torch threads per rank.")] = None,
+    model: Annotated[Optional[str], typer.Option(help="timm model name.")] = None,
+    num_classes: Annotated[Optional[int], typer.Option(help="Classifier outputs.")] = None,
+    checkpoint: Annotated[Optional[str], typer.Option(help="State dict (.safetensors / .pth).")] = None,
+    allow_pickle: Annotated[Optional[bool], typer.Option("--allow-pickle", help="Trust a pickled checkpoint.")] = None,
+    data: Annotated[Optional[str], typer.Option(help="synthetic | cifar10 | cifar100 | imagefolder")] = None,
+    data_path: Annotated[Optional[str], typer.Option(help="Data set directory on the hosts.")] = None,
+    atol: Annotated[Optional[float], typer.Option(help="Largest logit difference that still matches.")] = None,
+    headless: Annotated[bool, typer.Option("--headless", help="No dashboard: progress on stderr.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object on stdout.")] = False,
+    hosts: Annotated[Optional[Path], typer.Option(help="Inventory file (default ./hosts.toml, else shipped).")] = None,
+    runs_dir: Annotated[Optional[Path], typer.Option(help="Where run directories go.")] = None,
+    fresh_baseline: Annotated[bool, typer.Option("--fresh-baseline", help="Measure the serial run again.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show every host's output.")] = False,
+) -> None:
+    """Run one experiment: serial baseline, N-stage pipeline, speedup and output check."""
+    from pictl.headless import HeadlessRenderer, print_summary
+    from pictl.session import RunSession
+
+    overrides = {"stages": stages, "split": _split(split), "policy": policy, "chunk": chunk, "images": images,
+                 "warmup": warmup, "repeats": repeats, "threads": threads, "model": model,
+                 "num_classes": num_classes, "checkpoint": checkpoint, "allow_pickle": allow_pickle, "data": data,
+                 "data_path": data_path, "atol": atol}
+    renderer = HeadlessRenderer(verbose=verbose)
+    session = None
+    try:
+        options = resolve_options(profile, overrides)
+        session = RunSession(_cluster(hosts), options, on_event=renderer, runs_root=runs_dir,
+                             reuse_baseline=not fresh_baseline, profile=profile)
+        summary = asyncio.run(_run_cancellable(session.run()))
+    except E.PictlError as exc:
+        renderer.close()
+        if session is not None and session.last_summary:
+            print_summary(session.last_summary, as_json=as_json)
+        _fail(exc)
+    renderer.close()
+    print_summary(summary, as_json=as_json)
+
+
+@app.command("profiles")
+def list_profiles() -> None:
+    """List the run presets."""
+    for name in available_profiles():
+        typer.echo(name)
+
+
+@app.command("hosts")
+def list_hosts(hosts: Annotated[Optional[Path], typer.Option(help="Inventory file.")] = None) -> None:
+    """Show the inventory as pictl reads it."""
+    try:
+        cluster = _cluster(hosts)
+    except E.PictlError as exc:
+        _fail(exc)
+    for h in cluster.hosts:
+        typer.echo(f"{h.name}\t{h.transport}\t{h.address}:{h.port}\tslots={h.slots}\tworkdir={h.workdir}")
+
+
+def entrypoint() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(E.EXIT_INTERRUPTED)

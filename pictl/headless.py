@@ -1,0 +1,117 @@
+"""Render a session's events for scripts and terminals.
+
+Progress goes to stderr: a live stage table when stderr is a terminal, plain
+throttled lines otherwise. The final figures go to stdout as a table, or as one
+JSON object with --json (the table then goes to stderr).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from pictl.session import HostOutput, Phase, RankEvent, SessionEvent
+from remote import protocol as P
+
+
+def _fmt(value: float | None, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+class HeadlessRenderer:
+    """Turns session events into stderr progress; `print_summary` prints the result."""
+
+    def __init__(self, *, verbose: bool = False, console: Console | None = None) -> None:
+        self.err = console or Console(stderr=True, highlight=False)
+        self.verbose = verbose
+        self._live: Live | None = None
+        self._progress: dict[int, dict[str, Any]] = {}
+        self._last_line: dict[int, float] = {}
+
+    def __call__(self, event: SessionEvent) -> None:
+        if isinstance(event, Phase):
+            self._stop_live()
+            self.err.print(f"[bold cyan]pictl[/] {event.name}: {event.message}")
+            if event.name == "pipeline" and self.err.is_terminal:
+                self._live = Live(self._table(), console=self.err, refresh_per_second=4, transient=True)
+                self._live.start()
+        elif isinstance(event, RankEvent):
+            self._on_record(event)
+        elif isinstance(event, HostOutput) and (self.verbose or event.stream == "stderr" and "Error" in event.line):
+            self.err.print(f"[dim]{event.source}[/] {event.line}", markup=False, highlight=False)
+
+    def _on_record(self, event: RankEvent) -> None:
+        rec = event.record
+        kind = rec[P.KEY_EVENT]
+        rank = rec.get(P.KEY_RANK, 0)
+        if kind == P.PROGRESS and event.source != "serial":
+            self._progress[rank] = {**rec, "host": event.host}
+            if self._live:
+                self._live.update(self._table())
+            elif time.monotonic() - self._last_line.get(rank, 0.0) >= 5.0:
+                self._last_line[rank] = time.monotonic()
+                self.err.print(f"pictl progress: rank {rank} ({event.host}) {rec['phase']} {rec['repeat']}: "
+                               f"{rec['microbatches']}/{rec['microbatches_total']} microbatches, compute "
+                               f"{rec['compute_s']:.2f}s wait {rec['wait_s']:.2f}s send {rec['send_s']:.2f}s")
+        elif kind == P.THROUGHPUT:
+            who = "serial" if event.source == "serial" else "pipeline"
+            self.err.print(f"pictl {who}: pass {rec['repeat'] + 1}: {rec['ips']:.2f} img/s")
+        elif kind == P.ERROR:
+            self._stop_live()
+            self.err.print(f"[bold red]error[/] {event.source} rank {rank}: {rec['message']}")
+
+    def _table(self) -> Table:
+        table = Table(title="stages", expand=False)
+        for col in ("rank", "host", "pass", "microbatches", "compute s", "wait s", "send s", "MB sent"):
+            table.add_column(col, justify="right" if col not in ("host", "pass") else "left")
+        for rank in sorted(self._progress):
+            r = self._progress[rank]
+            table.add_row(str(rank), r["host"], f"{r['phase']} {r['repeat']}",
+                          f"{r['microbatches']}/{r['microbatches_total']}", _fmt(r["compute_s"]),
+                          _fmt(r["wait_s"]), _fmt(r["send_s"]), _fmt(r["bytes_sent"] / 1e6, ".1f"))
+        return table
+
+    def _stop_live(self) -> None:
+        if self._live:
+            self._live.stop()
+            self._live = None
+
+    def close(self) -> None:
+        self._stop_live()
+
+
+def summary_table(summary: dict[str, Any]) -> Table:
+    s = summary
+    title = (f"{s['status'].upper()}  {s['stages']} stage(s)  split {', '.join(s['split_points']) or '-'}  "
+             f"pipeline {_fmt(s['throughput_ips'])} img/s  serial {_fmt(s['serial_ips'])} img/s"
+             f"{' (reused)' if s.get('serial_reused') else ''}  speedup {_fmt(s['speedup'])}x "
+             f"(ideal {s['stages']}x)  outputs match {s['outputs_match']} (max |diff| {s['max_abs_diff']})  "
+             f"accuracy {'n/a' if s['accuracy'] is None else format(s['accuracy'], '.2%')}")
+    table = Table(title=title, title_justify="left")
+    for col in ("rank", "host", "modules", "params", "compute s", "wait s", "send s", "MB sent", "peak RSS MB"):
+        table.add_column(col, justify="left" if col in ("host", "modules") else "right")
+    for st in s["per_stage"]:
+        mods = st["modules"] or []
+        span = f"{mods[0]} .. {mods[-1]}" if len(mods) > 1 else (mods[0] if mods else "-")
+        table.add_row(str(st["rank"]), st["host"] or "-", span, f"{st['params']:,}", _fmt(st["compute_s"]),
+                      _fmt(st["wait_s"]), _fmt(st["send_s"]),
+                      _fmt(st["bytes_sent"] / 1e6 if st["bytes_sent"] is not None else None, ".1f"),
+                      _fmt(st["peak_rss_mb"], ".0f"))
+    return table
+
+
+def print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
+    if as_json:
+        Console(stderr=True).print(summary_table(summary))
+        sys.stdout.write(json.dumps(summary) + "\n")
+        sys.stdout.flush()
+    else:
+        Console().print(summary_table(summary))
+        if summary.get("run_dir"):
+            Console().print(f"run directory: {summary['run_dir']}")

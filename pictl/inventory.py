@@ -1,0 +1,153 @@
+"""hosts.toml -> a typed, validated Cluster.
+
+    [defaults]            # optional: values every [[host]] starts from
+    transport = "ssh"
+
+    [[host]]
+    name = "pi1"
+    address = "pi1.example.org"
+    ...
+
+Errors name the file and the field (`hosts.toml: host[2].port: ...`).
+"""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from pictl.errors import ConfigError
+
+_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+
+class Host(BaseModel):
+    """One machine of the cluster."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=_NAME_PATTERN)
+    """Short name used in logs, run records and trace files."""
+    transport: Literal["local", "ssh"] = "ssh"
+    """`local` runs on this machine (the shipped demo cluster); `ssh` reaches the host over SSH."""
+    address: str = "127.0.0.1"
+    """Where the controller connects: a hostname, an IP, or an alias from ~/.ssh/config."""
+    port: int = Field(default=22, ge=1, le=65535)
+    """SSH port (the course's Pis sit behind one public address, a port each)."""
+    user: str | None = None
+    """SSH user; default from ~/.ssh/config or the local user."""
+    key: str | None = None
+    """Private key file for SSH; default: ~/.ssh/config, the agent, the usual key files."""
+    lan_address: str | None = None
+    """Address the other hosts use to reach this one (the rendezvous); default: `address`."""
+    interface: str | None = None
+    """Network interface gloo binds to (GLOO_SOCKET_IFNAME), e.g. eth0. Required for real Pis."""
+    workdir: str = "~/pictl"
+    """Directory on the host that pictl owns: code, specs, run outputs."""
+    venv: str | None = None
+    """Virtual environment on the host; `None` on a local host means the controller's own Python."""
+    python: str = "python3"
+    """Interpreter used to create the venv (>= 3.11)."""
+    slots: int = Field(default=1, ge=1, le=64)
+    """How many stage processes this host may run at once."""
+
+    @property
+    def rendezvous_address(self) -> str:
+        return self.lan_address or self.address
+
+    def python_path(self) -> str:
+        """The interpreter that runs `remote/` on this host."""
+        if self.venv:
+            return f"{self.venv.rstrip('/')}/bin/python"
+        if self.transport == "local":
+            return sys.executable
+        return self.python
+
+    @property
+    def code_dir(self) -> str:
+        return f"{self.workdir.rstrip('/')}/code"
+
+    def run_dir(self, run_id: str) -> str:
+        return f"{self.workdir.rstrip('/')}/runs/{run_id}"
+
+
+class Cluster(BaseModel):
+    """All hosts, in stage order: stage 0 runs on the first host."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = "cluster"
+    hosts: tuple[Host, ...]
+    source: str = ""
+    """The file this was read from (for messages)."""
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Cluster:
+        seen: set[str] = set()
+        for i, host in enumerate(self.hosts):
+            if host.name in seen:
+                raise ValueError(f"host[{i}].name: '{host.name}' is used twice")
+            seen.add(host.name)
+        return self
+
+    @field_validator("hosts")
+    @classmethod
+    def _not_empty(cls, hosts: tuple[Host, ...]) -> tuple[Host, ...]:
+        if not hosts:
+            raise ValueError("no [[host]] entries")
+        return hosts
+
+    def host(self, name: str) -> Host:
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise ConfigError(f"{self.source}: no host named '{name}'")
+
+    @property
+    def slots(self) -> int:
+        return sum(h.slots for h in self.hosts)
+
+
+def _field_path(loc: tuple) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts[-1] = f"{parts[-1]}[{item}]" if parts else f"[{item}]"
+        else:
+            parts.append(str(item))
+    return ".".join(parts).replace("hosts[", "host[")
+
+
+def format_validation_error(source: str, exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    where = _field_path(tuple(first["loc"]))
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    msg = first["msg"].removeprefix("Value error, ")
+    return f"{source}: {where + ': ' if where else ''}{msg}{more}"
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    """Read and validate an inventory, or raise ConfigError naming the file and field."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: inventory file not found")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
+    unknown = set(raw) - {"cluster", "defaults", "host"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown section '{sorted(unknown)[0]}' (expected [cluster], [defaults], [[host]])")
+    defaults = raw.get("defaults", {})
+    hosts = raw.get("host", [])
+    if not isinstance(hosts, list):
+        raise ConfigError(f"{path}: 'host' must be an array of tables ([[host]])")
+    merged = [{**defaults, **h} if isinstance(h, dict) else h for h in hosts]
+    try:
+        return Cluster(name=raw.get("cluster", {}).get("name", path.stem), hosts=merged, source=str(path))
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(str(path), exc)) from exc

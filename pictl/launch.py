@@ -1,0 +1,107 @@
+"""Where each stage runs and the exact torchrun command line every host gets.
+
+The same argument lists go to local and SSH hosts; only the transport differs.
+Static rendezvous (torchrun's default) is named explicitly: under c10d the node
+order would be a string sort of addresses and --node-rank would be ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from pictl.errors import ConfigError, TransportError
+from pictl.inventory import Cluster, Host
+from pictl.transport import Transport
+
+REMOTE_PACKAGE = Path(__file__).resolve().parent.parent / "remote"
+
+# Asks the OS for a free port on the rendezvous host; a fixed snippet, no user values in it.
+_FREE_PORT_SNIPPET = ("import socket; s = socket.socket(); s.bind(('', 0)); "
+                      "print(s.getsockname()[1]); s.close()")
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """One torchrun agent: a host and the consecutive stages (ranks) it runs."""
+
+    host: Host
+    node_rank: int
+    first_rank: int
+    nproc: int
+
+    @property
+    def ranks(self) -> range:
+        return range(self.first_rank, self.first_rank + self.nproc)
+
+
+def place_stages(cluster: Cluster, stages: int) -> list[NodePlan]:
+    """Stages in order over hosts in order: one per host while they last, then up to each host's slots.
+
+    Adjacent stages share a host, so an extra hop stays local.
+    """
+    if stages > cluster.slots:
+        raise ConfigError(f"{stages} stages do not fit {cluster.source}: {len(cluster.hosts)} hosts with "
+                          f"{cluster.slots} stage slot(s) in all (raise a host's `slots` to run more)")
+    counts = [0] * len(cluster.hosts)
+    remaining = stages
+    while remaining:  # round-robin one extra stage per host, never past its slots
+        for i, host in enumerate(cluster.hosts):
+            if remaining and counts[i] < host.slots:
+                counts[i] += 1
+                remaining -= 1
+    nodes: list[NodePlan] = []
+    rank = 0
+    for host, n in zip(cluster.hosts, counts, strict=True):
+        if n:
+            nodes.append(NodePlan(host, len(nodes), rank, n))
+            rank += n
+    return nodes
+
+
+def worker_env(host: Host, threads: int) -> dict[str, str]:
+    env = {"OMP_NUM_THREADS": str(threads), "PYTHONPATH": host.code_dir, "PYTHONUNBUFFERED": "1"}
+    if host.interface:
+        # Gloo otherwise binds to whatever the hostname resolves to (127.0.1.1 on Pi OS).
+        env["GLOO_SOCKET_IFNAME"] = host.interface
+    return env
+
+
+def torchrun_argv(node: NodePlan, *, nnodes: int, master: Host, master_port: int, spec_path: str) -> list[str]:
+    return [
+        node.host.python_path(), "-m", "torch.distributed.run",
+        f"--nnodes={nnodes}", f"--nproc-per-node={node.nproc}", f"--node-rank={node.node_rank}",
+        "--rdzv-backend=static", f"--master-addr={master.rendezvous_address}",
+        f"--master-port={master_port}", "--max-restarts=0",
+        "-m", "remote.pipeline", "--spec", spec_path,
+    ]
+
+
+def module_argv(host: Host, module: str, spec_path: str) -> list[str]:
+    return [host.python_path(), "-m", module, "--spec", spec_path]
+
+
+async def free_port(transport: Transport) -> int:
+    result = await transport.run([transport.host.python_path(), "-c", _FREE_PORT_SNIPPET], timeout_s=30)
+    if result.returncode != 0 or not result.stdout.strip().isdigit():
+        raise TransportError(f"host '{transport.host.name}': cannot find a free port: {result.stderr.strip()}")
+    return int(result.stdout.strip())
+
+
+def code_files() -> dict[str, bytes]:
+    """The `remote/` package as {relative path: content}."""
+    return {f"remote/{p.name}": p.read_bytes() for p in sorted(REMOTE_PACKAGE.glob("*.py"))}
+
+
+def code_digest() -> str:
+    h = hashlib.sha256()
+    for name, data in code_files().items():
+        h.update(name.encode() + b"\0" + data)
+    return h.hexdigest()[:16]
+
+
+async def push_code(transport: Transport) -> None:
+    """Copy `remote/` to the host's code dir (a content-hash manifest sync comes with SSH hosts)."""
+    for rel, data in code_files().items():
+        await transport.put_bytes(data, f"{transport.host.code_dir}/{rel}")

@@ -1,0 +1,364 @@
+"""One run from start to end: push -> plan -> serial baseline -> pipeline -> compare -> summary.
+
+Reports through typed events (`on_event`), so the headless CLI and the dashboard
+consume the same stream. Whatever happens (bad input, a failing host, Ctrl-C),
+every process it started is stopped and, once a run directory exists, a summary
+saying how the run ended is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pictl import errors as E
+from pictl.baseline import Baseline, BaselineCache, baseline_key
+from pictl.inventory import Cluster, Host
+from pictl.launch import (
+    NodePlan,
+    code_digest,
+    free_port,
+    module_argv,
+    place_stages,
+    push_code,
+    torchrun_argv,
+    worker_env,
+)
+from pictl.profiles import RunOptions
+from pictl.runs import RunRecord, default_runs_root
+from pictl.telemetry import RunTelemetry, max_abs_diff, parse_event
+from pictl.transport import RemoteProcess, Transport, transport_for
+from remote import protocol as P
+from remote.spec import DataSpec, RunSpec
+
+SUMMARY_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class Phase:
+    """The session moved to a new step."""
+
+    name: str
+    message: str
+
+
+@dataclass(frozen=True)
+class HostOutput:
+    """A line of ordinary output (not telemetry) from a host."""
+
+    source: str
+    host: str
+    stream: str
+    line: str
+
+
+@dataclass(frozen=True)
+class RankEvent:
+    """A telemetry record from a rank or the serial run."""
+
+    source: str
+    host: str
+    record: dict[str, Any]
+
+
+SessionEvent = Phase | HostOutput | RankEvent
+EventSink = Callable[[SessionEvent], None]
+
+
+@dataclass
+class _Stream:
+    """What one process produced, as the session needs it."""
+
+    telemetry: RunTelemetry
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=20))
+
+
+def _spec_from(options: RunOptions, run_id: str) -> RunSpec:
+    return RunSpec(
+        model=options.model, num_classes=options.num_classes, seed=options.seed, checkpoint=options.checkpoint,
+        allow_pickle=options.allow_pickle, stages=options.stages, policy=options.policy,
+        split_points=list(options.split), chunk=options.chunk, images=options.images, warmup=options.warmup,
+        repeats=options.repeats, threads=options.threads,
+        data=DataSpec(kind=options.data, path=options.data_path, split=options.data_split),
+        check_images=min(options.check_images, options.images), pg_timeout_s=options.pg_timeout_s,
+        run_id=run_id)
+
+
+class RunSession:
+    """Runs one experiment on a cluster; `await run()` returns the summary dict."""
+
+    def __init__(self, cluster: Cluster, options: RunOptions, *, on_event: EventSink | None = None,
+                 runs_root: Path | None = None, baseline_cache: BaselineCache | None = None,
+                 reuse_baseline: bool = True, profile: str | None = None) -> None:
+        self.cluster = cluster
+        self.options = options
+        self.profile = profile
+        self._sink = on_event or (lambda _e: None)
+        self.runs_root = runs_root or default_runs_root()
+        self.cache = baseline_cache or BaselineCache()
+        self.reuse_baseline = reuse_baseline
+        self.record: RunRecord | None = None
+        self.telemetry = RunTelemetry()
+        self._live: list[RemoteProcess] = []
+        self._transports: dict[str, Transport] = {}
+        self._started = time.time()
+        self.run_id = RunRecord.new_id(options.stages)
+        self.last_summary: dict[str, Any] | None = None
+        """The summary of the finished run, failed or not (None when nothing started)."""
+
+    # -- events -----------------------------------------------------------------------------------
+
+    def _phase(self, name: str, message: str) -> None:
+        self._sink(Phase(name, message))
+
+    async def _consume(self, source: str, host: Host, proc: RemoteProcess, stream: _Stream,
+                       on_error: asyncio.Event | None = None) -> int:
+        async for channel, line in proc.lines():
+            record = parse_event(line) if channel == "stdout" else None
+            if record is not None:
+                if self.record:
+                    self.record.event(source, line)
+                stream.telemetry.apply(host.name, record)
+                self._sink(RankEvent(source, host.name, record))
+                if record[P.KEY_EVENT] == P.ERROR and on_error is not None:
+                    on_error.set()
+            else:
+                stream.tail.append(f"{source}: {line}")
+                if self.record:
+                    self.record.log(source, line)
+                self._sink(HostOutput(source, host.name, channel, line))
+        return await proc.wait()
+
+    # -- steps ------------------------------------------------------------------------------------
+
+    async def _prepare_hosts(self, nodes: list[NodePlan], spec: RunSpec) -> str:
+        hosts = [n.host for n in nodes]
+        self._transports = {h.name: transport_for(h) for h in hosts}
+        results = await asyncio.gather(*(t.connect() for t in self._transports.values()), return_exceptions=True)
+        for host, res in zip(hosts, results, strict=True):
+            if isinstance(res, BaseException):
+                raise E.TransportError(f"host '{host.name}': {res}")
+        self._phase("push", f"pushing code and spec to {len(hosts)} host(s)")
+
+        async def prepare(t: Transport) -> None:
+            await push_code(t)
+            await t.put_bytes(spec.to_json().encode(), f"{t.host.run_dir(spec.run_id)}/{P.SPEC_FILE}")
+
+        results = await asyncio.gather(*(prepare(t) for t in self._transports.values()), return_exceptions=True)
+        for host, res in zip(hosts, results, strict=True):
+            if isinstance(res, BaseException):
+                raise E.TransportError(f"host '{host.name}': cannot push code: {res}")
+        return P.SPEC_FILE
+
+    async def _plan(self, host: Host, spec: RunSpec) -> dict[str, Any]:
+        self._phase("plan", f"validating the spec and planning {spec.stages} stage(s) on {host.name}")
+        t = self._transports[host.name]
+        result = await t.run(module_argv(host, "remote.plan", P.SPEC_FILE), cwd=host.run_dir(spec.run_id),
+                             env=worker_env(host, 1), timeout_s=300)
+        events = [e for e in map(parse_event, result.stdout.splitlines()) if e]
+        plan = next((e for e in events if e[P.KEY_EVENT] == P.PLAN), None)
+        if result.returncode == 0 and plan:
+            return plan
+        error = next((e for e in events if e[P.KEY_EVENT] == P.ERROR), None)
+        message = error["message"] if error else (result.stderr.strip().splitlines() or ["no output"])[-1]
+        if result.returncode == P.EXIT_BAD_INPUT:
+            raise E.ConfigError(message)
+        raise E.RunFailed(f"host '{host.name}': planning failed: {message}")
+
+    def _baseline_fields(self, host: Host, spec: RunSpec) -> dict[str, Any]:
+        ckpt = Path(spec.checkpoint).expanduser() if spec.checkpoint else None
+        stat = ckpt.stat() if ckpt and ckpt.exists() else None
+        return {"model": spec.model, "num_classes": spec.num_classes, "seed": spec.seed,
+                "checkpoint": [str(ckpt), stat.st_size, stat.st_mtime] if stat else None,
+                "data": [spec.data.kind, spec.data.path, spec.data.split], "images": spec.images,
+                "chunk": spec.chunk, "threads": spec.threads, "warmup": spec.warmup, "repeats": spec.repeats,
+                "check_images": spec.check_images, "host": [host.name, host.address, host.python_path()],
+                "code": code_digest()}
+
+    async def _baseline(self, host: Host, spec: RunSpec) -> Baseline:
+        fields = self._baseline_fields(host, spec)
+        key = baseline_key(fields)
+        if self.reuse_baseline and (cached := self.cache.get(key)):
+            self._phase("baseline", f"serial baseline reused: {cached.ips:.2f} img/s on {host.name}")
+            return cached
+        self._phase("baseline", f"measuring the serial baseline on {host.name}")
+        t = self._transports[host.name]
+        run_dir = host.run_dir(spec.run_id)
+        stream = _Stream(RunTelemetry())
+        proc = await t.start(module_argv(host, "remote.serial", P.SPEC_FILE), cwd=run_dir,
+                             env=worker_env(host, spec.threads))
+        self._live.append(proc)
+        rc = await self._consume("serial", host, proc, stream)
+        self._live.remove(proc)
+        tel = stream.telemetry
+        st = tel.stages.get(0)
+        if rc != 0 or not st or not st.ended or tel.mean_ips is None:
+            message = st.error["message"] if st and st.error else f"exit status {rc}"
+            raise self._failure(host, 0, "serial baseline", message, stream.tail)
+        logits = await t.get_bytes(f"{run_dir}/{P.LOGITS_FILE_SERIAL}")
+        baseline = Baseline(tel.mean_ips, tel.ips_spread or [], tel.top1, logits, time.time())
+        self.cache.put(key, baseline, fields)
+        return baseline
+
+    def _failure(self, host: Host, rank: int | None, what: str, message: str, tail: deque[str]) -> E.RunFailed:
+        self._failure_info = {"host": host.name, "rank": rank, "message": message, "last_lines": list(tail)}
+        where = f"host '{host.name}'" + (f" rank {rank}" if rank is not None else "")
+        return E.RunFailed(f"{what} failed on {where}: {message}")
+
+    async def _pipeline(self, nodes: list[NodePlan], spec: RunSpec) -> None:
+        master = nodes[0].host
+        port = await free_port(self._transports[master.name])
+        self._phase("pipeline", f"launching {spec.stages} stage(s) on {len(nodes)} host(s), "
+                                f"rendezvous {master.rendezvous_address}:{port}")
+        stream = _Stream(self.telemetry)
+        failed = asyncio.Event()
+        procs: dict[str, RemoteProcess] = {}
+        for node in nodes:
+            argv = torchrun_argv(node, nnodes=len(nodes), master=master, master_port=port, spec_path=P.SPEC_FILE)
+            procs[node.host.name] = proc = await self._transports[node.host.name].start(
+                argv, cwd=node.host.run_dir(spec.run_id), env=worker_env(node.host, spec.threads))
+            self._live.append(proc)
+
+        async def watch(node: NodePlan) -> None:
+            rc = await self._consume(node.host.name, node.host, procs[node.host.name], stream, failed)
+            ranks_done = all(self.telemetry.stages.get(r) and self.telemetry.stages[r].ended for r in node.ranks)
+            if rc != 0 and not ranks_done:
+                failed.set()
+
+        watchers = [asyncio.create_task(watch(n)) for n in nodes]
+        waiter = asyncio.create_task(failed.wait())
+        try:
+            await asyncio.wait([*watchers, waiter], return_when=asyncio.FIRST_COMPLETED)
+            while not failed.is_set() and not all(w.done() for w in watchers):
+                await asyncio.wait([*watchers, waiter], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if failed.is_set():
+            await asyncio.sleep(0.5)  # let the failing rank's last lines arrive
+            await self._stop_all()
+            await asyncio.gather(*watchers, return_exceptions=True)
+            raise self._pipeline_failure(nodes, stream)
+
+    def _pipeline_failure(self, nodes: list[NodePlan], stream: _Stream) -> E.RunFailed:
+        st = self.telemetry.first_error()
+        if st is not None:
+            host = next(n.host for n in nodes if st.rank in n.ranks)
+            return self._failure(host, st.rank, "the pipeline", st.error["message"], stream.tail)
+        for node in nodes:
+            missing = [r for r in node.ranks if not (self.telemetry.stages.get(r) and self.telemetry.stages[r].ended)]
+            if missing:
+                return self._failure(node.host, missing[0], "the pipeline", "torchrun exited before the rank "
+                                     "finished", stream.tail)
+        return self._failure(nodes[0].host, None, "the pipeline", "unknown failure", stream.tail)
+
+    async def _stop_all(self) -> None:
+        live, self._live = self._live, []
+        await asyncio.gather(*(p.stop() for p in live), return_exceptions=True)
+
+    # -- the run ----------------------------------------------------------------------------------
+
+    async def run(self) -> dict[str, Any]:
+        nodes = place_stages(self.cluster, self.options.stages)  # ConfigError: nothing started yet
+        spec = _spec_from(self.options, self.run_id)
+        self._failure_info: dict[str, Any] | None = None
+        summary: dict[str, Any] = {}
+        plan: dict[str, Any] = {}
+        baseline: Baseline | None = None
+        try:
+            await self._prepare_hosts(nodes, spec)
+            try:
+                plan = await self._plan(nodes[0].host, spec)
+            except E.ConfigError:
+                # Bad input: leave nothing behind, on the hosts or here.
+                await asyncio.gather(*(t.remove_tree(t.host.run_dir(spec.run_id))
+                                       for t in self._transports.values()), return_exceptions=True)
+                raise
+            self.record = RunRecord(self.runs_root, self.run_id)
+            self.record.write_config({"options": self.options.model_dump(), "profile": self.profile,
+                                      "cluster": self.cluster.source, "spec": spec.to_json(),
+                                      "placement": [{"host": n.host.name, "ranks": list(n.ranks)} for n in nodes],
+                                      "plan": plan})
+            baseline = await self._baseline(nodes[0].host, spec)
+            if spec.stages > 1:
+                await self._pipeline(nodes, spec)
+                last = next(n for n in nodes if spec.stages - 1 in n.ranks).host
+                logits = await self._transports[last.name].get_bytes(
+                    f"{last.run_dir(spec.run_id)}/{P.LOGITS_FILE_PIPELINE}")
+                self.record.save_bytes(P.LOGITS_FILE_PIPELINE, logits)
+            else:
+                logits = baseline.logits
+            self.record.save_bytes(P.LOGITS_FILE_SERIAL, baseline.logits)
+            summary = self._summary("ok", nodes, plan, baseline, logits)
+            if not summary["outputs_match"]:
+                summary["status"] = "failed"
+                raise E.OutputMismatch(f"pipeline output differs from the serial run "
+                                       f"(max abs diff {summary['max_abs_diff']})")
+            return summary
+        except asyncio.CancelledError:
+            summary = self._summary("interrupted", nodes, plan, baseline, None)
+            raise E.Interrupted("interrupted: every rank was stopped") from None
+        except E.PictlError as exc:
+            if self.record is None:
+                raise  # failed before the run existed: nothing to summarise
+            if not summary:
+                summary = self._summary("failed", nodes, plan, baseline, None)
+            summary["error"] = {"type": type(exc).__name__, "message": str(exc), **(self._failure_info or {})}
+            raise
+        finally:
+            await asyncio.shield(self._cleanup())
+            if self.record is not None:
+                self.record.finish(summary)
+                self.last_summary = summary
+
+    async def _cleanup(self) -> None:
+        await self._stop_all()
+        await asyncio.gather(*(t.close() for t in self._transports.values()), return_exceptions=True)
+
+    def _summary(self, status: str, nodes: list[NodePlan], plan: dict[str, Any], baseline: Baseline | None,
+                 logits: bytes | None) -> dict[str, Any]:
+        o = self.options
+        serial_only = o.stages == 1
+        ips = baseline.ips if serial_only and baseline else self.telemetry.mean_ips
+        diff = max_abs_diff(logits, baseline.logits) if logits is not None and baseline else None
+        host_of = {r: n.host.name for n in nodes for r in n.ranks}
+        planned = {s["stage"]: s for s in plan.get("stages", [])}
+        per_stage = []
+        for rank in range(o.stages):
+            st = self.telemetry.stages.get(rank)
+            totals = st.totals if st else {}
+            per_stage.append({
+                "host": host_of.get(rank), "rank": rank,
+                "modules": planned.get(rank, {}).get("modules", st.modules if st else []),
+                "params": planned.get(rank, {}).get("params", st.params if st else 0),
+                "compute_s": totals.get("compute_s"), "wait_s": totals.get("wait_s"),
+                "send_s": totals.get("send_s"), "bytes_sent": totals.get("bytes_sent"),
+                "microbatches": totals.get("microbatches"),
+                "load_s": st.load_s if st else None, "import_rss_mb": st.import_rss_mb if st else None,
+                "peak_rss_mb": st.peak_rss_mb if st else None,
+            })
+        speedup = ips / baseline.ips if ips and baseline else None
+        return {
+            "schema": SUMMARY_SCHEMA, "status": status, "run_id": self.run_id,
+            "run_dir": str(self.record.path) if self.record else None,
+            "model": o.model, "stages": o.stages, "policy": o.policy,
+            "split_points": plan.get("split_points", list(o.split)),
+            "images": o.images, "chunk": o.chunk, "threads": o.threads, "warmup": o.warmup, "repeats": o.repeats,
+            "data": o.data, "profile": self.profile,
+            "throughput_ips": round(ips, 4) if ips else None,
+            "throughput_spread_ips": baseline.ips_spread if serial_only and baseline else self.telemetry.ips_spread,
+            "serial_ips": round(baseline.ips, 4) if baseline else None,
+            "serial_reused": baseline.reused if baseline else None,
+            "speedup": round(speedup, 4) if speedup else None,
+            "efficiency": round(speedup / o.stages, 4) if speedup else None,
+            "outputs_match": (diff is not None and diff <= o.atol) if logits is not None else None,
+            "max_abs_diff": diff, "compared_images": min(o.check_images, o.images),
+            "accuracy": baseline.top1 if serial_only and baseline else self.telemetry.top1,
+            "serial_accuracy": baseline.top1 if baseline else None,
+            "per_stage": per_stage,
+            "started_at": self._started, "duration_s": round(time.time() - self._started, 2),
+        }

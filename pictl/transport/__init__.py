@@ -1,0 +1,18 @@
+"""How pictl reaches a host: one small async interface, one implementation per kind."""
+
+from __future__ import annotations
+
+from pictl.inventory import Host
+from pictl.transport.base import CommandResult, RemoteProcess, Transport
+
+__all__ = ["CommandResult", "RemoteProcess", "Transport", "transport_for"]
+
+
+def transport_for(host: Host) -> Transport:
+    if host.transport == "local":
+        from pictl.transport.local import LocalTransport
+
+        return LocalTransport(host)
+    from pictl.errors import ConfigError
+
+    raise ConfigError(f"host '{host.name}': the ssh transport is not available in this version")

@@ -1,0 +1,78 @@
+"""The transport interface: run a command, stream its lines, copy files, stop a process group.
+
+Commands are argument lists, never shell strings: an implementation that needs a
+shell (SSH) quotes every argument itself.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+
+from pictl.inventory import Host
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class RemoteProcess(ABC):
+    """A long-running command on a host, in a process group of its own."""
+
+    @abstractmethod
+    def lines(self) -> AsyncIterator[tuple[str, str]]:
+        """(stream, line) pairs as they arrive, stream being "stdout" or "stderr"."""
+
+    @abstractmethod
+    async def wait(self) -> int:
+        """Exit status, once the process has ended."""
+
+    @property
+    @abstractmethod
+    def returncode(self) -> int | None: ...
+
+    @abstractmethod
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """SIGTERM the whole process group, then SIGKILL whatever is left after `grace_s`."""
+
+
+class Transport(ABC):
+    """Everything pictl does on one host goes through one of these."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+
+    async def connect(self) -> None:  # noqa: B027 - optional hook, a no-op for local hosts
+        """Open the connection."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Close the connection."""
+
+    @abstractmethod
+    async def run(self, argv: list[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None,
+                  timeout_s: float | None = None) -> CommandResult:
+        """Run a command to completion and collect its output."""
+
+    @abstractmethod
+    async def start(self, argv: list[str], *, cwd: str | None = None,
+                    env: Mapping[str, str] | None = None) -> RemoteProcess:
+        """Start a command in a new process group and return at once."""
+
+    @abstractmethod
+    async def put_bytes(self, data: bytes, remote_path: str) -> None:
+        """Write a file on the host, atomically (temporary name, then rename)."""
+
+    @abstractmethod
+    async def get_bytes(self, remote_path: str) -> bytes:
+        """Read a file from the host."""
+
+    @abstractmethod
+    async def makedirs(self, remote_path: str) -> None: ...
+
+    @abstractmethod
+    async def remove_tree(self, remote_path: str) -> None:
+        """Delete a directory pictl created (only ever called on paths under the host's workdir)."""

@@ -1,0 +1,96 @@
+"""Process-level helpers shared by the runners: memory, threads, timing, parent death."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+from remote import protocol as P
+from remote.emit import Emitter
+from remote.errors import BadInput
+
+
+def peak_rss_mb() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)  # Linux: KiB
+
+
+def current_rss_mb() -> float:
+    with open("/proc/self/statm") as fh:
+        return round(int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGTERM us when our parent (torchrun) dies, however it dies.
+
+    torchrun starts each worker in a session of its own, so a SIGKILLed torchrun
+    would otherwise leave its workers running on the host.
+    """
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:
+            os._exit(1)
+
+
+def set_threads(threads: int) -> None:
+    torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+
+
+@dataclass
+class StageCounters:
+    """What a stage did over the timed repeats so far (or one repeat)."""
+
+    microbatches: int = 0
+    compute_s: float = 0.0
+    wait_s: float = 0.0
+    send_s: float = 0.0
+    bytes_sent: int = 0
+
+    def add(self, other: StageCounters) -> None:
+        for key, value in asdict(other).items():
+            setattr(self, key, getattr(self, key) + value)
+
+    def rounded(self) -> dict:
+        d = asdict(self)
+        return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in d.items()}
+
+
+class ProgressClock:
+    """Calls `report` at most every `interval` seconds."""
+
+    def __init__(self, interval: float, report: Callable[[], None]) -> None:
+        self.interval = interval
+        self.report = report
+        self._last = time.perf_counter()
+
+    def tick(self) -> None:
+        now = time.perf_counter()
+        if now - self._last >= self.interval:
+            self._last = now
+            self.report()
+
+
+def run_main(emitter: Emitter, body: Callable[[], None]) -> int:
+    """Run a host entry point: bad input exits 2, anything else exits 1, both with an error event."""
+    try:
+        body()
+        return 0
+    except BadInput as exc:
+        emitter.emit(P.ERROR, kind="bad_input", message=str(exc), traceback="")
+        print(f"pictl: {exc}", file=sys.stderr)
+        return P.EXIT_BAD_INPUT
+    except Exception as exc:  # the controller needs every failure as an event
+        emitter.emit(P.ERROR, kind="runtime", message=f"{type(exc).__name__}: {exc}",
+                     traceback=traceback.format_exc())
+        traceback.print_exc()
+        return P.EXIT_RUNTIME_ERROR

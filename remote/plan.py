@@ -1,0 +1,58 @@
+"""Validate a spec and print its stage plan, before anything is launched.
+
+    python -m remote.plan --spec spec.json
+
+Builds the model on the meta device only (no weights), checks split points, the
+checkpoint's names and shapes, and the data set, then emits one `plan` event.
+Exit 2 with an `error` event when the spec cannot work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from remote import protocol as P
+from remote.data import check_data
+from remote.emit import Emitter
+from remote.measure import run_main
+from remote.model import expected_shapes
+from remote.outputs import open_checkpoint
+from remote.partition import split_point_names
+from remote.spec import RunSpec
+from remote.stage import compact_pieces, layout_for, stage_io_shapes
+
+
+def _run(spec: RunSpec, emitter: Emitter) -> None:
+    if spec.chunk < 1 or spec.images < 1:
+        from remote.errors import BadInput
+
+        raise BadInput("chunk and images must be at least 1")
+    layout = layout_for(spec)
+    checkpoint = open_checkpoint(spec)
+    if checkpoint is not None:
+        checkpoint.check_fits(expected_shapes(layout.meta_model))
+    check_data(spec.data, spec.images)
+    shapes = stage_io_shapes(layout, spec.chunk)
+    stages = [
+        {"stage": s.index, "pieces": list(s.pieces), "params": s.params,
+         "modules": compact_pieces(layout.pieces[s.first:s.end]),
+         "input_shapes": [list(x) for x in shapes[s.index][0]],
+         "output_shapes": [list(x) for x in shapes[s.index][1]]}
+        for s in layout.stages
+    ]
+    emitter.emit(P.PLAN, model=spec.model, split_points=split_point_names(layout.pieces, layout.stages),
+                 total_params=sum(s.params for s in layout.stages), max_stages=len(layout.pieces),
+                 num_classes=spec.num_classes, stages=stages)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--spec", required=True)
+    args = parser.parse_args(argv)
+    emitter = Emitter(P.ROLE_PIPELINE)
+    return run_main(emitter, lambda: _run(RunSpec.load(args.spec), emitter))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

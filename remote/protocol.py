@@ -1,0 +1,45 @@
+"""Names shared by the hosts (`remote/`) and the controller (`pictl/`).
+
+Torch-free on purpose: the controller imports this module. Change a name here and
+both sides change together; bump SCHEMA_VERSION when an event's fields change
+meaning.
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+
+# Every telemetry line is one JSON object with these keys, plus event-specific ones.
+KEY_SCHEMA = "v"
+KEY_EVENT = "event"
+KEY_TIME = "t"
+KEY_ROLE = "role"  # "pipeline" or "serial"
+KEY_RANK = "rank"
+KEY_HOST = "host"
+
+ROLE_PIPELINE = "pipeline"
+ROLE_SERIAL = "serial"
+
+# Event names.
+RUN_START = "run_start"
+STAGE_READY = "stage_ready"
+PROGRESS = "progress"
+THROUGHPUT = "throughput"
+ACCURACY = "accuracy"
+RUN_END = "run_end"
+ERROR = "error"
+PLAN = "plan"
+OUTPUTS = "outputs"
+
+EVENTS = (RUN_START, STAGE_READY, PROGRESS, THROUGHPUT, ACCURACY, RUN_END, ERROR, PLAN, OUTPUTS)
+
+# Files a run leaves in its directory on each host (relative to the host run dir).
+SPEC_FILE = "spec.json"
+LOGITS_FILE_PIPELINE = "logits-pipeline.f32"
+LOGITS_FILE_SERIAL = "logits-serial.f32"
+
+# Exit status of the remote entry points when the input itself is wrong
+# (unknown split point, shapes that do not fit, missing data): the controller maps
+# it to its own "bad input" exit code without starting anything else.
+EXIT_BAD_INPUT = 2
+EXIT_RUNTIME_ERROR = 1
