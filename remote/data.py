@@ -26,6 +26,7 @@ _NUMPY_GLOBALS = {
     ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
     ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
     ("numpy._core.multiarray", "scalar"),
+    ("_codecs", "encode"),  # how protocol-2 pickles written by Python 3 store bytes
 }
 
 

@@ -1,0 +1,27 @@
+# Two commands do all set-up on a fresh machine:
+#   make demo   run DeiT-Small as a 2-stage pipeline on the shipped local cluster
+#   make test   run the test suite
+PYTHON ?= python3
+VENV   := .venv
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup demo test lint bench
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "pictl needs Python >= 3.11"'
+	$(PYTHON) -m pip install -q --disable-pip-version-check uv
+	$(PYTHON) -m uv venv -q --allow-existing -p $(PYTHON) $(VENV)
+	$(PYTHON) -m uv pip install -q -p $(VENV)/bin/python -e '.[remote,test]'
+	touch $@
+
+demo: setup
+	$(VENV)/bin/pictl run --profile quick --headless
+
+test: setup
+	$(VENV)/bin/ruff check pictl remote tests bench
+	$(VENV)/bin/python -m pytest -q -rs
+
+bench: setup
+	$(VENV)/bin/python bench/serial_vs_pipeline.py

@@ -1,0 +1,3 @@
+from pictl.cli import entrypoint
+
+entrypoint()

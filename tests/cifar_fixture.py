@@ -1,0 +1,20 @@
+"""A tiny data set in CIFAR-10's real python-pickle layout, written by the tests."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+
+
+def write_cifar10(root: Path, images: int = 6) -> Path:
+    base = root / "cifar-10-batches-py"
+    base.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    batch = {b"data": rng.integers(0, 256, size=(images, 3072), dtype=np.uint8),
+             b"labels": [int(x) for x in rng.integers(0, 10, size=images)],
+             b"batch_label": b"testing batch 1 of 1", b"filenames": [b"x.png"] * images}
+    with (base / "test_batch").open("wb") as fh:
+        pickle.dump(batch, fh, protocol=2)
+    return root
