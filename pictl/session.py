@@ -239,22 +239,33 @@ class RunSession:
         finally:
             waiter.cancel()
         if failed.is_set():
-            await asyncio.sleep(0.5)  # let the failing rank's last lines arrive
+            # A rank that dies makes its peers fail too ("connection closed by peer"); give
+            # the dead rank's torchrun a moment to exit so the blame lands on the cause.
+            await asyncio.sleep(1.5)
+            exited = {n.host.name: procs[n.host.name].returncode for n in nodes}
             await self._stop_all()
             await asyncio.gather(*watchers, return_exceptions=True)
-            raise self._pipeline_failure(nodes, stream)
+            raise self._pipeline_failure(nodes, stream, exited)
 
-    def _pipeline_failure(self, nodes: list[NodePlan], stream: _Stream) -> E.RunFailed:
+    def _pipeline_failure(self, nodes: list[NodePlan], stream: _Stream, exited: dict[str, int | None]) -> E.RunFailed:
+        """Blame a rank that died without a word first, then the earliest rank that reported an error."""
+        stages = self.telemetry.stages
+        for node in nodes:
+            rc = exited.get(node.host.name)
+            if rc in (None, 0):
+                continue
+            for rank in node.ranks:
+                st = stages.get(rank)
+                if not (st and (st.ended or st.error)):
+                    return self._failure(node.host, rank, "the pipeline", f"the rank died without reporting an "
+                                         f"error (torchrun exit status {rc}: killed, out of memory or crashed)",
+                                         stream.tail)
         st = self.telemetry.first_error()
         if st is not None:
             host = next(n.host for n in nodes if st.rank in n.ranks)
             return self._failure(host, st.rank, "the pipeline", st.error["message"], stream.tail)
-        for node in nodes:
-            missing = [r for r in node.ranks if not (self.telemetry.stages.get(r) and self.telemetry.stages[r].ended)]
-            if missing:
-                return self._failure(node.host, missing[0], "the pipeline", "torchrun exited before the rank "
-                                     "finished", stream.tail)
-        return self._failure(nodes[0].host, None, "the pipeline", "unknown failure", stream.tail)
+        return self._failure(nodes[0].host, None, "the pipeline", "torchrun exited before every rank finished",
+                             stream.tail)
 
     async def _stop_all(self) -> None:
         live, self._live = self._live, []

@@ -19,6 +19,7 @@ def write_cluster(path: Path, hosts: int, *, slots: int = 1) -> Path:
             f"slots = {slots}\n"]
     for i in range(hosts):
         body.append(f'[[host]]\nname = "h{i}"\nworkdir = "{path}/h{i}"\n')
+    path.mkdir(parents=True, exist_ok=True)
     inv = path / "hosts.toml"
     inv.write_text("\n".join(body))
     return inv

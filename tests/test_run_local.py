@@ -1,0 +1,73 @@
+"""Real runs through the CLI on a local cluster: real torchrun, real gloo, real processes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cifar_fixture import write_cifar10
+from conftest import run_pictl, write_cluster
+
+pytestmark = pytest.mark.slow
+
+# Small passes keep each run short; the protocol stays the real one.
+FAST = ["--images", "5", "--chunk", "2", "--warmup", "0", "--repeats", "1", "--headless", "--json"]
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory) -> dict:
+    """One cluster and one baseline cache for the module, so later runs reuse the serial baseline."""
+    root = tmp_path_factory.mktemp("run")
+    return {"hosts": write_cluster(root / "cluster", 3), "root": root}
+
+
+def _env(shared: dict, pictl_env: dict[str, str]) -> dict[str, str]:
+    return {**pictl_env, "PICTL_CACHE_DIR": str(shared["root"] / "cache"),
+            "PICTL_RUNS_DIR": str(shared["root"] / "runs")}
+
+
+def _run(shared: dict, env: dict[str, str], *args: str) -> dict:
+    proc = run_pictl(["run", "--hosts", str(shared["hosts"]), *FAST, *args], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_two_stages_at_a_block_boundary(shared, pictl_env) -> None:
+    s = _run(shared, _env(shared, pictl_env), "--stages", "2", "--split", "blocks.6")
+    assert s["status"] == "ok" and s["split_points"] == ["blocks.6"]
+    assert s["outputs_match"] is True and s["max_abs_diff"] == 0.0 and s["compared_images"] == 5
+    assert s["serial_reused"] is False and s["accuracy"] is None
+    assert s["speedup"] == pytest.approx(s["throughput_ips"] / s["serial_ips"], rel=1e-3)
+    st0, st1 = s["per_stage"]
+    assert (st0["host"], st1["host"]) == ("h0", "h1")
+    assert st0["modules"][0] == "patch_embed" and st0["modules"][-1] == "blocks.5"
+    assert st1["modules"][0] == "blocks.6" and st1["modules"][-1] == "head"
+    assert st0["params"] + st1["params"] == 22_050_664
+    # 3 microbatches of 2 (the last padded) of 197x384 fp32 activations leave stage 0.
+    assert st0["bytes_sent"] == 3 * 2 * 197 * 384 * 4 and st1["bytes_sent"] == 0
+    assert st1["wait_s"] > 0 and st0["compute_s"] > 0
+    run_dir = Path(s["run_dir"])
+    assert json.loads((run_dir / "summary.json").read_text()) == s
+    events = [json.loads(line) for line in (run_dir / "events" / "h1.jsonl").read_text().splitlines()]
+    assert {"run_start", "stage_ready", "progress", "throughput", "run_end"} <= {e["event"] for e in events}
+    assert (run_dir / "events" / "serial.jsonl").is_file() and (run_dir / "config.json").is_file()
+
+
+def test_three_stages_inside_blocks_reuses_the_baseline(shared, pictl_env) -> None:
+    s = _run(shared, _env(shared, pictl_env), "--stages", "3", "--split", "blocks.2.attn.proj,blocks.7.mlp.fc2")
+    assert s["outputs_match"] is True and s["max_abs_diff"] == 0.0
+    assert s["serial_reused"] is True  # same model, data, protocol, threads and host as the first test
+    assert [st["modules"][0] for st in s["per_stage"]] == ["patch_embed", "blocks.2.attn.proj", "blocks.7.mlp.fc2"]
+    # An in-block cut sends the residual too: two tensors per microbatch.
+    assert s["per_stage"][0]["bytes_sent"] == 3 * 2 * (2 * 197 * 384 * 4)
+
+
+def test_equal_policy_and_labelled_data_report_accuracy(shared, pictl_env, tmp_path: Path) -> None:
+    data = write_cifar10(tmp_path / "cifar", images=6)
+    s = _run(shared, _env(shared, pictl_env), "--stages", "2", "--policy", "equal", "--data", "cifar10",
+             "--data-path", str(data), "--num-classes", "10")
+    # A 10-class head is tiny, so half the parameters are reached a piece earlier than with 1000 classes.
+    assert s["split_points"] == ["blocks.5.mlp.fc2"] and s["outputs_match"] is True
+    assert s["accuracy"] is not None and 0.0 <= s["accuracy"] <= 1.0
+    assert s["accuracy"] == s["serial_accuracy"]  # same logits, same labels
