@@ -29,6 +29,8 @@ class Baseline:
     top1: float | None
     logits: bytes
     measured_at: float
+    peak_rss_mb: float | None = None
+    import_rss_mb: float | None = None
     reused: bool = False
 
 
@@ -47,7 +49,8 @@ class BaselineCache:
             logits = (entry / "logits-serial.f32").read_bytes()
         except (OSError, ValueError):
             return None
-        return Baseline(meta["ips"], meta["ips_spread"], meta.get("top1"), logits, meta["measured_at"], reused=True)
+        return Baseline(meta["ips"], meta["ips_spread"], meta.get("top1"), logits, meta["measured_at"],
+                        meta.get("peak_rss_mb"), meta.get("import_rss_mb"), reused=True)
 
     def put(self, key: str, baseline: Baseline, fields: dict[str, Any]) -> None:
         entry = self.root / key
@@ -56,4 +59,5 @@ class BaselineCache:
         # Written last and atomically: an entry without it does not exist.
         write_json_atomic(entry / "baseline.json", {"ips": baseline.ips, "ips_spread": baseline.ips_spread,
                                                     "top1": baseline.top1, "measured_at": baseline.measured_at,
-                                                    "key_fields": fields})
+                                                    "peak_rss_mb": baseline.peak_rss_mb,
+                                                    "import_rss_mb": baseline.import_rss_mb, "key_fields": fields})

@@ -201,7 +201,8 @@ class RunSession:
             message = st.error["message"] if st and st.error else f"exit status {rc}"
             raise self._failure(host, 0, "serial baseline", message, stream.tail)
         logits = await t.get_bytes(f"{run_dir}/{P.LOGITS_FILE_SERIAL}")
-        baseline = Baseline(tel.mean_ips, tel.ips_spread or [], tel.top1, logits, time.time())
+        baseline = Baseline(tel.mean_ips, tel.ips_spread or [], tel.top1, logits, time.time(),
+                            st.peak_rss_mb, st.import_rss_mb)
         self.cache.put(key, baseline, fields)
         return baseline
 
@@ -364,6 +365,8 @@ class RunSession:
             "throughput_spread_ips": baseline.ips_spread if serial_only and baseline else self.telemetry.ips_spread,
             "serial_ips": round(baseline.ips, 4) if baseline else None,
             "serial_reused": baseline.reused if baseline else None,
+            "serial_peak_rss_mb": baseline.peak_rss_mb if baseline else None,
+            "serial_import_rss_mb": baseline.import_rss_mb if baseline else None,
             "speedup": round(speedup, 4) if speedup else None,
             "efficiency": round(speedup / o.stages, 4) if speedup else None,
             "outputs_match": (diff is not None and diff <= o.atol) if logits is not None else None,

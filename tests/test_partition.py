@@ -78,13 +78,14 @@ def test_unknown_model() -> None:
     ["blocks.4"], ["blocks.1.attn"], ["blocks.2.attn.proj"], ["blocks.3.norm2"], ["blocks.7.mlp"],
     ["blocks.9.mlp.fc2"], ["norm"], ["head"], ["blocks.0.attn.proj", "blocks.0.norm2", "blocks.11.mlp.fc2"],
 ])
-def test_chained_stages_equal_the_whole_model_bit_for_bit(points: list[str]) -> None:
+@pytest.mark.parametrize("model", ["deit_small_patch16_224", "deit3_small_patch16_224"])
+def test_chained_stages_equal_the_whole_model_bit_for_bit(points: list[str], model: str) -> None:
     """Every kind of cut, chained in one process: logits identical to timm's own forward."""
     torch.manual_seed(0)
-    spec = RunSpec(model="deit_small_patch16_224", num_classes=10, stages=len(points) + 1, policy="explicit",
+    spec = RunSpec(model=model, num_classes=10, stages=len(points) + 1, policy="explicit",
                    split_points=points, seed=3)
     layout = layout_for(spec)
-    whole = materialize(create_meta_model(spec.model, 10), seed=3, checkpoint=None)
+    whole = materialize(create_meta_model(model, 10), seed=3, checkpoint=None)
     x = torch.randn(2, 3, 224, 224)
     with torch.no_grad():
         expected = whole(x)

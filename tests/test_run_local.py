@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import struct
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,11 @@ def shared(tmp_path_factory) -> dict:
     return {"hosts": write_cluster(root / "cluster", 3), "root": root}
 
 
+REQUIRED = {"status", "stages", "split_points", "throughput_ips", "serial_ips", "speedup", "outputs_match",
+            "max_abs_diff", "accuracy", "run_dir", "per_stage"}
+STAGE_KEYS = {"host", "rank", "modules", "params", "compute_s", "wait_s", "send_s", "bytes_sent", "peak_rss_mb"}
+
+
 def _env(shared: dict, pictl_env: dict[str, str]) -> dict[str, str]:
     return {**pictl_env, "PICTL_CACHE_DIR": str(shared["root"] / "cache"),
             "PICTL_RUNS_DIR": str(shared["root"] / "runs")}
@@ -35,6 +42,7 @@ def _run(shared: dict, env: dict[str, str], *args: str) -> dict:
 
 def test_two_stages_at_a_block_boundary(shared, pictl_env) -> None:
     s = _run(shared, _env(shared, pictl_env), "--stages", "2", "--split", "blocks.6")
+    assert REQUIRED <= set(s) and all(STAGE_KEYS <= set(st) for st in s["per_stage"])
     assert s["status"] == "ok" and s["split_points"] == ["blocks.6"]
     assert s["outputs_match"] is True and s["max_abs_diff"] == 0.0 and s["compared_images"] == 5
     assert s["serial_reused"] is False and s["accuracy"] is None
@@ -71,3 +79,25 @@ def test_equal_policy_and_labelled_data_report_accuracy(shared, pictl_env, tmp_p
     assert s["split_points"] == ["blocks.5.mlp.fc2"] and s["outputs_match"] is True
     assert s["accuracy"] is not None and 0.0 <= s["accuracy"] <= 1.0
     assert s["accuracy"] == s["serial_accuracy"]  # same logits, same labels
+
+
+def test_one_stage_is_the_serial_run(shared, pictl_env) -> None:
+    s = _run(shared, _env(shared, pictl_env), "--stages", "1")
+    assert s["serial_reused"] is True and s["speedup"] == 1.0 and s["outputs_match"] is True
+    assert s["split_points"] == [] and s["per_stage"][0]["modules"][0] == "patch_embed"
+
+
+def test_output_mismatch_fails_the_run(shared, pictl_env, tmp_path: Path) -> None:
+    """A stale baseline whose logits differ (here: bytes flipped in the cache) must fail the run."""
+    env = {**_env(shared, pictl_env), "PICTL_CACHE_DIR": str(tmp_path / "cache")}
+    shutil.copytree(shared["root"] / "cache", tmp_path / "cache")
+    for logits in (tmp_path / "cache").rglob("logits-serial.f32"):
+        data = bytearray(logits.read_bytes())
+        data[0:4] = struct.pack("<f", 1234.5)
+        logits.write_bytes(bytes(data))
+    proc = run_pictl(["run", "--hosts", str(shared["hosts"]), *FAST, "--stages", "2", "--split", "blocks.6"], env)
+    assert proc.returncode == 5, proc.stderr[-2000:]
+    s = json.loads(proc.stdout)
+    assert s["status"] == "failed" and s["outputs_match"] is False and s["max_abs_diff"] > 1000
+    assert "differs from the serial run" in proc.stderr.strip().splitlines()[-1]
+    assert json.loads((Path(s["run_dir"]) / "summary.json").read_text())["status"] == "failed"

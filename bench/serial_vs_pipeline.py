@@ -1,0 +1,63 @@
+"""Serial vs 2-stage pipeline throughput and memory, measured side by side in one run.
+
+    .venv/bin/python bench/serial_vs_pipeline.py [--images 48] [--repeats 3] [--threads 1]
+
+Runs the real thing on the shipped local cluster (torchrun, gloo, one process per
+stage) with a freshly measured serial baseline, then prints throughput, the
+ratio, and each rank's peak RSS beside the serial run's. RSS includes the torch
+and timm imports (reported separately), so the stage's own share is `peak - import`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pictl.baseline import BaselineCache  # noqa: E402
+from pictl.inventory import load_cluster  # noqa: E402
+from pictl.profiles import resolve_options  # noqa: E402
+from pictl.session import RunSession  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--stages", type=int, default=2)
+    args = parser.parse_args()
+    options = resolve_options(None, {"stages": args.stages, "images": args.images, "repeats": args.repeats,
+                                     "warmup": 1, "threads": args.threads, "chunk": 1})
+    with tempfile.TemporaryDirectory() as tmp:
+        session = RunSession(load_cluster(ROOT / "hosts.toml"), options, runs_root=Path(tmp) / "runs",
+                             baseline_cache=BaselineCache(Path(tmp) / "cache"), reuse_baseline=False)
+        s = asyncio.run(session.run())
+
+    print(f"DeiT-S, {args.images} images x {args.repeats} timed passes, chunk 1, {args.threads} thread(s)/rank, "
+          f"{args.stages} stages split at {', '.join(s['split_points'])}")
+    print(f"{'':14}{'img/s':>10}{'spread':>18}{'peak RSS MB':>14}{'import MB':>12}{'own MB':>10}")
+    spread = s["throughput_spread_ips"]
+    print(f"{'serial':14}{s['serial_ips']:>10.2f}{'':>18}{s['serial_peak_rss_mb']:>14.0f}"
+          f"{s['serial_import_rss_mb']:>12.0f}{s['serial_peak_rss_mb'] - s['serial_import_rss_mb']:>10.0f}")
+    print(f"{f'{args.stages}-stage':14}{s['throughput_ips']:>10.2f}{f'{spread[0]:.2f}-{spread[1]:.2f}':>18}")
+    for st in s["per_stage"]:
+        own = st["peak_rss_mb"] - st["import_rss_mb"]
+        print(f"{'  rank ' + str(st['rank']):14}{'':>10}{'':>18}{st['peak_rss_mb']:>14.0f}"
+              f"{st['import_rss_mb']:>12.0f}{own:>10.0f}")
+    print(f"speedup (pipeline / serial): {s['speedup']:.2f}x   efficiency: {s['efficiency']:.2f}   "
+          f"outputs match: {s['outputs_match']} (max |diff| {s['max_abs_diff']})")
+    serial_own = s["serial_peak_rss_mb"] - s["serial_import_rss_mb"]
+    for st in s["per_stage"]:
+        ratio = (st["peak_rss_mb"] - st["import_rss_mb"]) / serial_own
+        print(f"rank {st['rank']} own memory / serial own memory: {ratio:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
