@@ -82,6 +82,15 @@ def module_argv(host: Host, module: str, spec_path: str) -> list[str]:
     return [host.python_path(), "-m", module, "--spec", spec_path]
 
 
+def supervised(host: Host, argv: list[str], pgid_file: str) -> list[str]:
+    """Wrap a long-running command so it dies with the controller's pipe or connection.
+
+    `remote.supervise` records the command's process group in `pgid_file` (relative to
+    the run directory) for `pictl stop`, and stops the group when its stdin closes.
+    """
+    return [host.python_path(), "-m", "remote.supervise", "--pgid-file", pgid_file, "--", *argv]
+
+
 async def free_port(transport: Transport) -> int:
     result = await transport.run([transport.host.python_path(), "-c", _FREE_PORT_SNIPPET], timeout_s=30)
     if result.returncode != 0 or not result.stdout.strip().isdigit():

@@ -26,6 +26,7 @@ from pictl.launch import (
     module_argv,
     place_stages,
     push_code,
+    supervised,
     torchrun_argv,
     worker_env,
 )
@@ -190,8 +191,8 @@ class RunSession:
         t = self._transports[host.name]
         run_dir = host.run_dir(spec.run_id)
         stream = _Stream(RunTelemetry())
-        proc = await t.start(module_argv(host, "remote.serial", P.SPEC_FILE), cwd=run_dir,
-                             env=worker_env(host, spec.threads))
+        argv = supervised(host, module_argv(host, "remote.serial", P.SPEC_FILE), "pgid-serial")
+        proc = await t.start(argv, cwd=run_dir, env=worker_env(host, spec.threads))
         self._live.append(proc)
         rc = await self._consume("serial", host, proc, stream)
         self._live.remove(proc)
@@ -220,7 +221,8 @@ class RunSession:
         failed = asyncio.Event()
         procs: dict[str, RemoteProcess] = {}
         for node in nodes:
-            argv = torchrun_argv(node, nnodes=len(nodes), master=master, master_port=port, spec_path=P.SPEC_FILE)
+            argv = supervised(node.host, torchrun_argv(node, nnodes=len(nodes), master=master, master_port=port,
+                                                       spec_path=P.SPEC_FILE), "pgid-torchrun")
             procs[node.host.name] = proc = await self._transports[node.host.name].start(
                 argv, cwd=node.host.run_dir(spec.run_id), env=worker_env(node.host, spec.threads))
             self._live.append(proc)

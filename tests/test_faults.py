@@ -87,3 +87,13 @@ def test_a_killed_rank_fails_the_run_naming_host_and_rank(tmp_path: Path, pictl_
     assert "host 'h1' rank 1" in err.strip().splitlines()[-1]
     assert summary["error"]["last_lines"], "the failing host's last lines are kept"
     _assert_nothing_left(cluster)
+
+
+def test_a_killed_controller_leaves_nothing_running(tmp_path: Path, pictl_env) -> None:
+    """SIGKILL gives pictl no chance to clean up: the supervisors see their pipe close and stop the ranks."""
+    proc, cluster = _start(tmp_path, pictl_env)
+    _wait_for_pipeline_progress(pictl_env, proc)
+    assert _processes_under(cluster)
+    proc.kill()
+    proc.communicate(timeout=30)
+    _assert_nothing_left(cluster)

@@ -36,7 +36,7 @@ class RemoteProcess(ABC):
     def returncode(self) -> int | None: ...
 
     @abstractmethod
-    async def stop(self, grace_s: float = 5.0) -> None:
+    async def stop(self, grace_s: float = 8.0) -> None:
         """SIGTERM the whole process group, then SIGKILL whatever is left after `grace_s`."""
 
 

@@ -64,7 +64,12 @@ class LocalProcess(RemoteProcess):
         except ProcessLookupError:
             pass
 
-    async def stop(self, grace_s: float = 5.0) -> None:
+    def close_stdin(self) -> None:
+        if self._proc.stdin and not self._proc.stdin.is_closing():
+            self._proc.stdin.close()
+
+    async def stop(self, grace_s: float = 8.0) -> None:
+        self.close_stdin()
         if self._proc.returncode is not None:
             # The leader is gone, but members of its group may remain.
             self._signal_group(signal.SIGKILL)
@@ -82,6 +87,7 @@ class LocalTransport(Transport):
     async def run(self, argv: list[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None,
                   timeout_s: float | None = None) -> CommandResult:
         process = await self.start(argv, cwd=cwd, env=env)
+        process.close_stdin()
         out: list[str] = []
         err: list[str] = []
 
@@ -102,7 +108,8 @@ class LocalTransport(Transport):
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv, cwd=str(_path(cwd)) if cwd else None, env=_env(env),
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                # A pipe we hold open: supervised commands stop when it reaches EOF (we are gone).
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, start_new_session=True, limit=1 << 20)
         except OSError as exc:
             raise TransportError(f"host '{self.host.name}': cannot start {argv[0]}: {exc}") from exc
