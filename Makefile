@@ -5,9 +5,15 @@ PYTHON ?= python3
 VENV   := .venv
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench
+.PHONY: setup system-deps demo test lint bench
 
 setup: $(STAMP)
+
+# The SSH tests start Debian's openssh-server in network namespaces (root only;
+# without root they skip with a loud reason, and fail under CI=true).
+system-deps:
+	@if [ "$$(id -u)" = 0 ] && { [ ! -x /usr/sbin/sshd ] || ! command -v ip >/dev/null; }; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server iproute2; fi
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "pictl needs Python >= 3.11"'
@@ -19,7 +25,7 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(VENV)/bin/pictl run --profile quick --headless
 
-test: setup
+test: setup system-deps
 	$(VENV)/bin/ruff check pictl remote tests bench
 	$(VENV)/bin/python -m pytest -q -rs
 

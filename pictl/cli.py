@@ -131,7 +131,27 @@ def list_hosts(hosts: Annotated[Optional[Path], typer.Option(help="Inventory fil
     except E.PictlError as exc:
         _fail(exc)
     for h in cluster.hosts:
-        typer.echo(f"{h.name}\t{h.transport}\t{h.address}:{h.port}\tslots={h.slots}\tworkdir={h.workdir}")
+        port = f":{h.port}" if h.port else ""
+        typer.echo(f"{h.name}\t{h.transport}\t{h.address}{port}\tslots={h.slots}\tworkdir={h.workdir}")
+
+
+@app.command()
+def trust(
+    host: Annotated[str, typer.Argument(help="Host name from the inventory.")],
+    hosts: Annotated[Optional[Path], typer.Option(help="Inventory file.")] = None,
+) -> None:
+    """Trust a host's SSH key: fetch it and add it to the host's known_hosts file."""
+    from pictl.transport.ssh import trust_host
+
+    try:
+        h = _cluster(hosts).host(host)
+        known = Path(h.known_hosts or "~/.ssh/known_hosts").expanduser()
+        fingerprint = asyncio.run(trust_host(h.address, h.port, known))
+    except E.PictlError as exc:
+        _fail(exc)
+    except OSError as exc:
+        _fail(E.TransportError(f"host '{host}' ({h.address}): unreachable ({exc})"))
+    typer.echo(f"trusted {host} ({h.address}): {fingerprint}, added to {known}")
 
 
 def entrypoint() -> None:

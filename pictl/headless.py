@@ -108,10 +108,11 @@ def summary_table(summary: dict[str, Any]) -> Table:
 
 def print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
     if as_json:
-        Console(stderr=True).print(summary_table(summary))
+        Console(stderr=True, width=None if sys.stderr.isatty() else 160).print(summary_table(summary))
         sys.stdout.write(json.dumps(summary) + "\n")
         sys.stdout.flush()
     else:
-        Console().print(summary_table(summary))
+        out = Console(width=None if sys.stdout.isatty() else 160)
+        out.print(summary_table(summary))
         if summary.get("run_dir"):
-            Console().print(f"run directory: {summary['run_dir']}")
+            out.print(f"run directory: {summary['run_dir']}")

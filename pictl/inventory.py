@@ -36,12 +36,14 @@ class Host(BaseModel):
     """`local` runs on this machine (the shipped demo cluster); `ssh` reaches the host over SSH."""
     address: str = "127.0.0.1"
     """Where the controller connects: a hostname, an IP, or an alias from ~/.ssh/config."""
-    port: int = Field(default=22, ge=1, le=65535)
-    """SSH port (the course's Pis sit behind one public address, a port each)."""
+    port: int | None = Field(default=None, ge=1, le=65535)
+    """SSH port (the course's Pis sit behind one public address, a port each); default: ssh config, else 22."""
     user: str | None = None
     """SSH user; default from ~/.ssh/config or the local user."""
     key: str | None = None
     """Private key file for SSH; default: ~/.ssh/config, the agent, the usual key files."""
+    known_hosts: str | None = None
+    """known_hosts file that verifies this host's key; default: ~/.ssh/known_hosts."""
     lan_address: str | None = None
     """Address the other hosts use to reach this one (the rendezvous); default: `address`."""
     interface: str | None = None

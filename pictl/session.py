@@ -141,9 +141,9 @@ class RunSession:
         hosts = [n.host for n in nodes]
         self._transports = {h.name: transport_for(h) for h in hosts}
         results = await asyncio.gather(*(t.connect() for t in self._transports.values()), return_exceptions=True)
-        for host, res in zip(hosts, results, strict=True):
-            if isinstance(res, BaseException):
-                raise E.TransportError(f"host '{host.name}': {res}")
+        failed = [res for res in results if isinstance(res, BaseException)]
+        if failed:  # name every host that failed, not just the first
+            raise E.TransportError("; ".join(str(res) for res in failed))
         self._phase("push", f"pushing code and spec to {len(hosts)} host(s)")
 
         async def prepare(t: Transport) -> None:

@@ -45,3 +45,19 @@ def run_pictl(args: list[str], env: dict[str, str], timeout: float = 300) -> sub
 
 def dedent(text: str) -> str:
     return textwrap.dedent(text).lstrip()
+
+
+@pytest.fixture(scope="session")
+def ssh_cluster():
+    """The real sshd cluster (4 hosts in network namespaces). Skips loudly on a laptop, fails in CI."""
+    from sshcluster import SshCluster, Unavailable, down
+
+    cluster = SshCluster(4)
+    try:
+        cluster.inventory = cluster.up()
+    except Unavailable as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the SSH test cluster must run in CI: {exc}")
+        pytest.skip(f"SSH TEST CLUSTER UNAVAILABLE ({exc}); these tests run in CI")
+    yield cluster
+    down()

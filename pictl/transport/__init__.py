@@ -13,6 +13,6 @@ def transport_for(host: Host) -> Transport:
         from pictl.transport.local import LocalTransport
 
         return LocalTransport(host)
-    from pictl.errors import ConfigError
+    from pictl.transport.ssh import SshTransport
 
-    raise ConfigError(f"host '{host.name}': the ssh transport is not available in this version")
+    return SshTransport(host)

@@ -1,0 +1,214 @@
+"""The SSH transport (asyncssh): one connection per host, reused for every command and file.
+
+Host keys are verified against known_hosts (the host's `known_hosts` file, else
+~/.ssh/known_hosts); an unknown or changed key is refused with the command that
+trusts it. ~/.ssh/config, keys and the agent are honoured. Commands are argument
+lists, quoted here with shlex: a user value never reaches a shell unquoted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+
+import asyncssh
+
+from pictl.errors import TransportError
+from pictl.transport.base import CommandResult, RemoteProcess, Transport
+
+CONNECT_TIMEOUT_S = 10.0
+KEEPALIVE_S = 5.0
+KEEPALIVE_MAX = 3  # a silent host is declared gone after about 15 s
+
+
+def sh_word(value: str) -> str:
+    """Quote one argument for the remote shell, letting a leading `~/` mean the home directory."""
+    if value == "~":
+        return '"$HOME"'
+    if value.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(value[2:])
+    return shlex.quote(value)
+
+
+def command_line(argv: list[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None) -> str:
+    words = [sh_word(a) for a in argv]
+    if env:
+        words = ["env", *(f"{k}={sh_word(v)}" for k, v in env.items()), *words]
+    line = " ".join(words)
+    return f"cd {sh_word(cwd)} && exec {line}" if cwd else f"exec {line}"
+
+
+def sftp_path(path: str) -> str:
+    """SFTP paths are relative to the login directory; `~/x` becomes `x`."""
+    if path == "~":
+        return "."
+    return path[2:] if path.startswith("~/") else path
+
+
+class SshProcess(RemoteProcess):
+    def __init__(self, proc: asyncssh.SSHClientProcess) -> None:
+        self._proc = proc
+        self._queue: asyncio.Queue[tuple[str, str] | None] = asyncio.Queue()
+        self._readers = [asyncio.create_task(self._pump(proc.stdout, "stdout")),
+                         asyncio.create_task(self._pump(proc.stderr, "stderr"))]
+
+    async def _pump(self, stream: asyncssh.SSHReader, name: str) -> None:
+        try:
+            async for line in stream:
+                await self._queue.put((name, line.rstrip("\n")))
+        except (asyncssh.Error, OSError):
+            pass  # the connection went away: wait() reports it
+        await self._queue.put(None)
+
+    async def lines(self) -> AsyncIterator[tuple[str, str]]:
+        ended = 0
+        while ended < 2:
+            item = await self._queue.get()
+            if item is None:
+                ended += 1
+                continue
+            yield item
+
+    async def wait(self) -> int:
+        try:
+            completed = await self._proc.wait()
+            rc = completed.exit_status if completed.exit_status is not None else 255
+        except (asyncssh.Error, OSError):
+            rc = 255  # connection lost: like ssh(1)
+        await asyncio.gather(*self._readers, return_exceptions=True)
+        return rc
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.returncode
+
+    async def stop(self, grace_s: float = 8.0) -> None:
+        # Closing stdin is the stop signal `remote.supervise` waits for: it stops the
+        # process group (TERM, then KILL) on the host.
+        try:
+            self._proc.stdin.write_eof()
+        except (asyncssh.Error, OSError, BrokenPipeError):
+            pass
+        try:
+            await asyncio.wait_for(self._proc.wait_closed(), grace_s)
+        except (TimeoutError, asyncssh.Error, OSError):
+            self._proc.close()
+
+
+class SshTransport(Transport):
+    def __init__(self, host) -> None:  # noqa: ANN001
+        super().__init__(host)
+        self._conn: asyncssh.SSHClientConnection | None = None
+        self._sftp: asyncssh.SFTPClient | None = None
+
+    def _where(self) -> str:
+        return f"host '{self.host.name}' ({self.host.address}{f':{self.host.port}' if self.host.port else ''})"
+
+    async def connect(self) -> None:
+        h = self.host
+        kwargs: dict = {"connect_timeout": CONNECT_TIMEOUT_S, "keepalive_interval": KEEPALIVE_S,
+                        "keepalive_count_max": KEEPALIVE_MAX}
+        if h.port:
+            kwargs["port"] = h.port
+        if h.user:
+            kwargs["username"] = h.user
+        if h.key:
+            kwargs["client_keys"] = [str(Path(h.key).expanduser())]
+        if h.known_hosts:
+            kwargs["known_hosts"] = str(Path(h.known_hosts).expanduser())
+        try:
+            self._conn = await asyncssh.connect(h.address, **kwargs)
+        except asyncssh.HostKeyNotVerifiable as exc:
+            raise TransportError(f"{self._where()}: host key not trusted ({exc.reason}); if this is the right "
+                                 f"machine, run `pictl trust {h.name}`") from exc
+        except asyncssh.PermissionDenied as exc:
+            raise TransportError(f"{self._where()}: authentication failed for user "
+                                 f"'{h.user or 'default'}' (check `user` and `key`)") from exc
+        except (OSError, TimeoutError, asyncssh.Error) as exc:
+            raise TransportError(f"{self._where()}: unreachable ({exc or type(exc).__name__})") from exc
+
+    async def close(self) -> None:
+        if self._sftp:
+            self._sftp.exit()
+        if self._conn:
+            self._conn.close()
+            await self._conn.wait_closed()
+
+    def _connection(self) -> asyncssh.SSHClientConnection:
+        if self._conn is None:
+            raise TransportError(f"{self._where()}: not connected")
+        return self._conn
+
+    async def run(self, argv: list[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None,
+                  timeout_s: float | None = None) -> CommandResult:
+        try:
+            result = await self._connection().run(command_line(argv, cwd=cwd, env=env), check=False,
+                                                  timeout=timeout_s, stdin=asyncssh.DEVNULL)
+        except asyncssh.TimeoutError as exc:
+            raise TransportError(f"{self._where()}: `{argv[0]}` timed out after {timeout_s} s") from exc
+        except (asyncssh.Error, OSError) as exc:
+            raise TransportError(f"{self._where()}: connection lost ({exc})") from exc
+        # Same shape as the local transport: text without the final newline.
+        return CommandResult(result.exit_status if result.exit_status is not None else 255,
+                             str(result.stdout or "").rstrip("\n"), str(result.stderr or "").rstrip("\n"))
+
+    async def start(self, argv: list[str], *, cwd: str | None = None,
+                    env: Mapping[str, str] | None = None) -> SshProcess:
+        try:
+            proc = await self._connection().create_process(command_line(argv, cwd=cwd, env=env))
+        except (asyncssh.Error, OSError) as exc:
+            raise TransportError(f"{self._where()}: cannot start {argv[0]}: {exc}") from exc
+        return SshProcess(proc)
+
+    async def _sftp_client(self) -> asyncssh.SFTPClient:
+        if self._sftp is None:
+            self._sftp = await self._connection().start_sftp_client()
+        return self._sftp
+
+    async def put_bytes(self, data: bytes, remote_path: str) -> None:
+        sftp = await self._sftp_client()
+        path = sftp_path(remote_path)
+        parent, _, name = path.rpartition("/")
+        tmp = f"{parent + '/' if parent else ''}.{name}.pictl-tmp"
+        try:
+            if parent:
+                await sftp.makedirs(parent, exist_ok=True)
+            async with sftp.open(tmp, "wb") as fh:
+                await fh.write(data)
+            await sftp.posix_rename(tmp, path)  # a broken transfer never leaves a half file
+        except (asyncssh.Error, OSError) as exc:
+            raise TransportError(f"{self._where()}: cannot write {remote_path}: {exc}") from exc
+
+    async def get_bytes(self, remote_path: str) -> bytes:
+        sftp = await self._sftp_client()
+        try:
+            async with sftp.open(sftp_path(remote_path), "rb") as fh:
+                return await fh.read()
+        except (asyncssh.Error, OSError) as exc:
+            raise TransportError(f"{self._where()}: cannot read {remote_path}: {exc}") from exc
+
+    async def makedirs(self, remote_path: str) -> None:
+        sftp = await self._sftp_client()
+        await sftp.makedirs(sftp_path(remote_path), exist_ok=True)
+
+    async def remove_tree(self, remote_path: str) -> None:
+        sftp = await self._sftp_client()
+        try:
+            await sftp.rmtree(sftp_path(remote_path))
+        except (asyncssh.Error, OSError):
+            pass
+
+
+async def trust_host(address: str, port: int | None, known_hosts: Path) -> str:
+    """Fetch the host's key and append it to known_hosts: the explicit act of trusting it."""
+    key = await asyncssh.get_server_host_key(address, port or 22)
+    if key is None:
+        raise TransportError(f"{address}: the server offered no host key")
+    entry = address if not port or port == 22 else f"[{address}]:{port}"
+    line = f"{entry} {key.export_public_key().decode().strip()}\n"
+    known_hosts.parent.mkdir(parents=True, exist_ok=True)
+    with known_hosts.open("a") as fh:
+        fh.write(line)
+    return key.get_fingerprint()

@@ -1,0 +1,159 @@
+"""Real SSH hosts (Debian's sshd in network namespaces): runs, host keys, errors, cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import ROOT, run_pictl
+
+from pictl.errors import TransportError
+from pictl.inventory import load_cluster
+from pictl.transport.ssh import SshTransport
+
+pytestmark = pytest.mark.slow
+FAST = ["--images", "6", "--warmup", "0", "--repeats", "1", "--headless", "--json"]
+
+
+def _host_processes(cluster) -> dict[str, list[str]]:
+    """Every process of every test host's login, by host."""
+    users = {cluster.user(i): f"h{i}" for i in range(cluster.n)}
+    found: dict[str, list[str]] = {}
+    for p in psutil.process_iter(["username", "cmdline", "status"]):
+        if p.info["username"] in users and p.info["status"] != psutil.STATUS_ZOMBIE:
+            found.setdefault(users[p.info["username"]], []).append(" ".join(p.info["cmdline"] or [])[:100])
+    return found
+
+
+def _inventory_variant(cluster, tmp_path: Path, **changes: str) -> Path:
+    text = cluster.inventory.read_text()
+    for old, new in changes.items():
+        text = text.replace(old, new)
+    path = tmp_path / "hosts.toml"
+    path.write_text(text)
+    return path
+
+
+def test_four_host_run_over_ssh_matches_serial(ssh_cluster, pictl_env) -> None:
+    proc = run_pictl(["run", "--hosts", str(ssh_cluster.inventory), "--stages", "4", *FAST], pictl_env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads(proc.stdout)
+    assert s["outputs_match"] is True and s["max_abs_diff"] == 0.0 and s["speedup"] > 0
+    assert [st["host"] for st in s["per_stage"]] == ["h0", "h1", "h2", "h3"]
+    assert all(st["bytes_sent"] > 0 for st in s["per_stage"][:3])
+    _assert_hosts_clean(ssh_cluster)
+
+
+def test_unknown_host_key_is_refused_until_trusted(ssh_cluster, pictl_env, tmp_path: Path) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    inv = _inventory_variant(ssh_cluster, tmp_path, **{str(ssh_cluster.state / "known_hosts"): str(empty)})
+    proc = run_pictl(["run", "--hosts", str(inv), "--stages", "1", *FAST], pictl_env)
+    assert proc.returncode == 4
+    assert "host 'h0' (10.231.0.11): host key not trusted" in proc.stderr and "pictl trust h0" in proc.stderr
+    trusted = run_pictl(["trust", "h0", "--hosts", str(inv)], pictl_env)
+    assert trusted.returncode == 0, trusted.stderr
+    assert empty.read_text().startswith("10.231.0.11 ssh-ed25519 ")
+    assert empty.read_text().split()[2] == (ssh_cluster.state / "host0" / "host_key.pub").read_text().split()[1]
+
+
+def test_changed_host_key_is_refused(ssh_cluster, tmp_path: Path) -> None:
+    wrong = (ssh_cluster.state / "known_hosts").read_text().splitlines()
+    wrong[0] = wrong[0].split()[0] + " " + " ".join(wrong[1].split()[1:])  # h1's key claimed for h0
+    (tmp_path / "kh").write_text("\n".join(wrong) + "\n")
+    host = load_cluster(ssh_cluster.inventory).hosts[0].model_copy(update={"known_hosts": str(tmp_path / "kh")})
+    with pytest.raises(TransportError, match="host key not trusted.*pictl trust h0"):
+        asyncio.run(SshTransport(host).connect())
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({'user = "pictl-t2"': 'user = "nobody-here"'}, "host 'h2' (10.231.0.13): authentication failed"),
+    ({'address = "10.231.0.14"': 'address = "10.231.0.99"'}, "host 'h3' (10.231.0.99): unreachable"),
+])
+def test_bad_hosts_are_named(ssh_cluster, pictl_env, tmp_path: Path, change: dict, fragment: str) -> None:
+    inv = _inventory_variant(ssh_cluster, tmp_path, **change)
+    start = time.monotonic()
+    proc = run_pictl(["run", "--hosts", str(inv), "--stages", "4", *FAST], pictl_env)
+    assert proc.returncode == 4, proc.stderr[-2000:]
+    assert fragment in proc.stderr.strip().splitlines()[-1]
+    assert time.monotonic() - start < 30  # connect timeout, not a hang
+
+
+def test_shell_metacharacters_in_paths_are_never_run(ssh_cluster, tmp_path: Path) -> None:
+    """A workdir or value that would create a file if a shell ever saw it unquoted."""
+    marker = Path(f"/tmp/pictl-injected-{time.time_ns()}")
+    nasty = f"~/we ird'$(touch {marker})';touch {marker}"
+    host = load_cluster(ssh_cluster.inventory).hosts[1]
+
+    async def go() -> str:
+        t = SshTransport(host)
+        await t.connect()
+        try:
+            await t.put_bytes(b"hello", f"{nasty}/file.txt")
+            result = await t.run(["cat", "file.txt"], cwd=nasty, env={"X": f"$(touch {marker})"})
+            echo = await t.run(["printenv", "X"], env={"X": f"`touch {marker}`"})
+            await t.remove_tree(nasty)
+            return result.stdout + "|" + echo.stdout
+        finally:
+            await t.close()
+
+    out = asyncio.run(go())
+    assert out == f"hello|`touch {marker}`"
+    assert not marker.exists()
+
+
+def _start_long_run(cluster, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "pictl", "run", "--hosts", str(cluster.inventory), "--stages",
+                             "4", "--images", "24", "--warmup", "0", "--repeats", "6", "--headless", "--json"],
+                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_progress(env: dict[str, str], proc: subprocess.Popen, source: str = "h3") -> Path:
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        for events in Path(env["PICTL_RUNS_DIR"]).glob(f"*/events/{source}.jsonl"):
+            if '"event":"progress"' in events.read_text():
+                return events.parent.parent
+        time.sleep(0.5)
+    raise AssertionError("no progress from the pipeline")
+
+
+def _assert_hosts_clean(cluster, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while _host_processes(cluster) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert not _host_processes(cluster), f"left on the hosts: {_host_processes(cluster)}"
+
+
+def test_killed_rank_on_one_host_stops_every_host(ssh_cluster, pictl_env) -> None:
+    proc = _start_long_run(ssh_cluster, pictl_env)
+    run_dir = _wait_progress(pictl_env, proc)
+    victims = [p for p in psutil.process_iter(["username", "cmdline"]) if p.info["username"] == ssh_cluster.user(2)
+               and "remote.pipeline" in " ".join(p.info["cmdline"] or [])
+               and "torch.distributed.run" not in " ".join(p.info["cmdline"] or [])]
+    assert len(victims) == 1
+    killed_at = time.monotonic()
+    victims[0].kill()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, err[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["error"]["host"], summary["error"]["rank"]) == ("h2", 2)
+    assert "host 'h2' rank 2" in err.strip().splitlines()[-1]
+    _assert_hosts_clean(ssh_cluster)
+    assert time.monotonic() - killed_at < 40
+
+
+def test_killed_controller_leaves_nothing_on_any_host(ssh_cluster, pictl_env) -> None:
+    proc = _start_long_run(ssh_cluster, pictl_env)
+    _wait_progress(pictl_env, proc)
+    assert _host_processes(ssh_cluster)
+    proc.kill()  # the SSH connections drop; each host's supervisor sees EOF and stops its group
+    proc.communicate(timeout=30)
+    _assert_hosts_clean(ssh_cluster)
