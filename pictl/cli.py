@@ -135,6 +135,43 @@ def list_hosts(hosts: Annotated[Optional[Path], typer.Option(help="Inventory fil
         typer.echo(f"{h.name}\t{h.transport}\t{h.address}{port}\tslots={h.slots}\tworkdir={h.workdir}")
 
 
+async def _with_transports(cluster: Cluster, work):  # noqa: ANN001, ANN202
+    """Connect to every host in parallel, run `work(transports)`, always close."""
+    from pictl.push import raise_for_failures
+    from pictl.transport import transport_for
+
+    transports = [transport_for(h) for h in cluster.hosts]
+    try:
+        results = await asyncio.gather(*(t.connect() for t in transports), return_exceptions=True)
+        raise_for_failures(results, transports)
+        return await work(transports)
+    finally:
+        await asyncio.gather(*(t.close() for t in transports), return_exceptions=True)
+
+
+@app.command()
+def push(hosts: Annotated[Optional[Path], typer.Option(help="Inventory file.")] = None) -> None:
+    """Sync remote/ and profiles/ to every host (only what changed)."""
+    import time
+
+    from pictl.push import push_all, raise_for_failures
+
+    async def work(transports):  # noqa: ANN001, ANN202
+        results = await push_all(transports)
+        raise_for_failures(results, transports)
+        return results
+
+    start = time.perf_counter()
+    try:
+        results = asyncio.run(_with_transports(_cluster(hosts), work))
+    except E.PictlError as exc:
+        _fail(exc)
+    for r in results:
+        state = "up to date" if not (r.sent or r.removed) else f"sent {r.sent} file(s), {r.bytes_sent:,} bytes"
+        typer.echo(f"{r.host}: {state}" + (f", removed {r.removed}" if r.removed else ""))
+    typer.echo(f"pushed to {len(results)} host(s) in {time.perf_counter() - start:.2f}s")
+
+
 @app.command()
 def trust(
     host: Annotated[str, typer.Argument(help="Host name from the inventory.")],

@@ -7,15 +7,11 @@ order would be a string sort of addresses and --node-rank would be ignored.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
-from pathlib import Path
 
 from pictl.errors import ConfigError, TransportError
 from pictl.inventory import Cluster, Host
 from pictl.transport import Transport
-
-REMOTE_PACKAGE = Path(__file__).resolve().parent.parent / "remote"
 
 # Asks the OS for a free port on the rendezvous host; a fixed snippet, no user values in it.
 _FREE_PORT_SNIPPET = ("import socket; s = socket.socket(); s.bind(('', 0)); "
@@ -96,21 +92,3 @@ async def free_port(transport: Transport) -> int:
     if result.returncode != 0 or not result.stdout.strip().isdigit():
         raise TransportError(f"host '{transport.host.name}': cannot find a free port: {result.stderr.strip()}")
     return int(result.stdout.strip())
-
-
-def code_files() -> dict[str, bytes]:
-    """The `remote/` package as {relative path: content}."""
-    return {f"remote/{p.name}": p.read_bytes() for p in sorted(REMOTE_PACKAGE.glob("*.py"))}
-
-
-def code_digest() -> str:
-    h = hashlib.sha256()
-    for name, data in code_files().items():
-        h.update(name.encode() + b"\0" + data)
-    return h.hexdigest()[:16]
-
-
-async def push_code(transport: Transport) -> None:
-    """Copy `remote/` to the host's code dir (a content-hash manifest sync comes with SSH hosts)."""
-    for rel, data in code_files().items():
-        await transport.put_bytes(data, f"{transport.host.code_dir}/{rel}")

@@ -21,16 +21,15 @@ from pictl.baseline import Baseline, BaselineCache, baseline_key
 from pictl.inventory import Cluster, Host
 from pictl.launch import (
     NodePlan,
-    code_digest,
     free_port,
     module_argv,
     place_stages,
-    push_code,
     supervised,
     torchrun_argv,
     worker_env,
 )
 from pictl.profiles import RunOptions
+from pictl.push import push_all, raise_for_failures, tree_digest
 from pictl.runs import RunRecord, default_runs_root
 from pictl.telemetry import RunTelemetry, max_abs_diff, parse_event
 from pictl.transport import RemoteProcess, Transport, transport_for
@@ -144,16 +143,16 @@ class RunSession:
         failed = [res for res in results if isinstance(res, BaseException)]
         if failed:  # name every host that failed, not just the first
             raise E.TransportError("; ".join(str(res) for res in failed))
-        self._phase("push", f"pushing code and spec to {len(hosts)} host(s)")
-
-        async def prepare(t: Transport) -> None:
-            await push_code(t)
-            await t.put_bytes(spec.to_json().encode(), f"{t.host.run_dir(spec.run_id)}/{P.SPEC_FILE}")
-
-        results = await asyncio.gather(*(prepare(t) for t in self._transports.values()), return_exceptions=True)
-        for host, res in zip(hosts, results, strict=True):
-            if isinstance(res, BaseException):
-                raise E.TransportError(f"host '{host.name}': cannot push code: {res}")
+        transports = list(self._transports.values())
+        pushed = await push_all(transports)
+        raise_for_failures(pushed, transports)
+        sent = sum(r.sent for r in pushed if not isinstance(r, BaseException))
+        self._phase("push", f"{sent} changed file(s) pushed to {len(hosts)} host(s)" if sent
+                    else f"code up to date on {len(hosts)} host(s)")
+        results = await asyncio.gather(*(t.put_bytes(spec.to_json().encode(),
+                                                     f"{t.host.run_dir(spec.run_id)}/{P.SPEC_FILE}")
+                                         for t in transports), return_exceptions=True)
+        raise_for_failures(results, transports)
         return P.SPEC_FILE
 
     async def _plan(self, host: Host, spec: RunSpec) -> dict[str, Any]:
@@ -179,7 +178,7 @@ class RunSession:
                 "data": [spec.data.kind, spec.data.path, spec.data.split], "images": spec.images,
                 "chunk": spec.chunk, "threads": spec.threads, "warmup": spec.warmup, "repeats": spec.repeats,
                 "check_images": spec.check_images, "host": [host.name, host.address, host.python_path()],
-                "code": code_digest()}
+                "code": tree_digest()}
 
     async def _baseline(self, host: Host, spec: RunSpec) -> Baseline:
         fields = self._baseline_fields(host, spec)

@@ -74,5 +74,9 @@ class Transport(ABC):
     async def makedirs(self, remote_path: str) -> None: ...
 
     @abstractmethod
+    async def remove_file(self, remote_path: str) -> None:
+        """Delete one file if it exists."""
+
+    @abstractmethod
     async def remove_tree(self, remote_path: str) -> None:
         """Delete a directory pictl created (only ever called on paths under the host's workdir)."""

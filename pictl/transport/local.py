@@ -131,5 +131,8 @@ class LocalTransport(Transport):
     async def makedirs(self, remote_path: str) -> None:
         _path(remote_path).mkdir(parents=True, exist_ok=True)
 
+    async def remove_file(self, remote_path: str) -> None:
+        _path(remote_path).unlink(missing_ok=True)
+
     async def remove_tree(self, remote_path: str) -> None:
         shutil.rmtree(_path(remote_path), ignore_errors=True)

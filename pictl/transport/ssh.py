@@ -193,6 +193,15 @@ class SshTransport(Transport):
         sftp = await self._sftp_client()
         await sftp.makedirs(sftp_path(remote_path), exist_ok=True)
 
+    async def remove_file(self, remote_path: str) -> None:
+        sftp = await self._sftp_client()
+        try:
+            await sftp.remove(sftp_path(remote_path))
+        except asyncssh.SFTPNoSuchFile:
+            pass
+        except (asyncssh.Error, OSError) as exc:
+            raise TransportError(f"{self._where()}: cannot remove {remote_path}: {exc}") from exc
+
     async def remove_tree(self, remote_path: str) -> None:
         sftp = await self._sftp_client()
         try:

@@ -1,0 +1,55 @@
+"""The manifest sync: only changes travel, renames are atomic, only pictl's own files are removed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from conftest import run_pictl
+
+from pictl.inventory import Host
+from pictl.push import MANIFEST, local_tree, push_to
+from pictl.transport.local import LocalTransport
+
+
+def _push(host: Host, files: dict[str, bytes]):
+    return asyncio.run(push_to(LocalTransport(host), files))
+
+
+def test_manifest_sync(tmp_path: Path) -> None:
+    host = Host(name="h", transport="local", workdir=str(tmp_path))
+    code = tmp_path / "code"
+    first = _push(host, {"remote/a.py": b"a", "remote/b.py": b"b", "profiles/q.toml": b"q"})
+    assert (first.sent, first.removed, first.unchanged) == (3, 0, 0)
+    (code / "users-own-file.txt").write_text("not pictl's")
+    again = _push(host, {"remote/a.py": b"a", "remote/b.py": b"b", "profiles/q.toml": b"q"})
+    assert (again.sent, again.bytes_sent, again.removed, again.unchanged) == (0, 0, 0, 3)
+    changed = _push(host, {"remote/a.py": b"A2", "profiles/q.toml": b"q"})
+    assert (changed.sent, changed.bytes_sent, changed.removed) == (1, 2, 1)
+    assert (code / "remote/a.py").read_bytes() == b"A2" and not (code / "remote/b.py").exists()
+    assert (code / "users-own-file.txt").read_text() == "not pictl's"  # never placed by pictl: untouched
+    assert not list(code.rglob("*.pictl-tmp"))
+    assert (code / MANIFEST).is_file()
+
+
+def test_the_shipped_tree_includes_remote_and_profiles() -> None:
+    names = set(local_tree())
+    assert {"remote/pipeline.py", "remote/supervise.py", "profiles/lab6.toml"} <= names
+
+
+@pytest.mark.slow
+def test_push_to_ssh_hosts_then_unchanged_repush(ssh_cluster, pictl_env) -> None:
+    for home in (Path(f"/home/{ssh_cluster.user(i)}/pictl/code") for i in range(ssh_cluster.n)):
+        if home.exists():
+            (home / MANIFEST).unlink(missing_ok=True)  # as if never pushed
+    first = run_pictl(["push", "--hosts", str(ssh_cluster.inventory)], pictl_env)
+    assert first.returncode == 0, first.stderr
+    assert all(f"h{i}: sent {len(local_tree())} file(s)" in first.stdout for i in range(4)), first.stdout
+    start = time.monotonic()
+    again = run_pictl(["push", "--hosts", str(ssh_cluster.inventory)], pictl_env)
+    assert again.returncode == 0 and again.stdout.count("up to date") == 4, again.stdout
+    assert time.monotonic() - start < 10
+    placed = Path(f"/home/{ssh_cluster.user(3)}/pictl/code/remote/pipeline.py")
+    assert placed.read_bytes() == local_tree()["remote/pipeline.py"]
