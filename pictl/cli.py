@@ -173,6 +173,31 @@ def push(hosts: Annotated[Optional[Path], typer.Option(help="Inventory file.")] 
 
 
 @app.command()
+def stop(hosts: Annotated[Optional[Path], typer.Option(help="Inventory file.")] = None) -> None:
+    """Stop every process pictl's runs left on the hosts (SIGTERM, then SIGKILL)."""
+    from pictl.launch import cleanup_host
+
+    async def work(transports):  # noqa: ANN001, ANN202
+        return await asyncio.gather(*(cleanup_host(t, orphans_only=False) for t in transports),
+                                    return_exceptions=True)
+
+    try:
+        results = asyncio.run(_with_transports(_cluster(hosts), work))
+    except E.PictlError as exc:
+        _fail(exc)
+    failed = False
+    for host, res in zip(_cluster(hosts).hosts, results, strict=True):
+        if isinstance(res, BaseException):
+            failed = True
+            typer.echo(f"{host.name}: {res}", err=True)
+        else:
+            typer.echo(f"{host.name}: stopped {len(res['stopped'])} process group(s)"
+                       + (f", {len(res['kept'])} not ours" if res["kept"] else ""))
+    if failed:
+        raise typer.Exit(E.EXIT_UNREACHABLE)
+
+
+@app.command()
 def trust(
     host: Annotated[str, typer.Argument(help="Host name from the inventory.")],
     hosts: Annotated[Optional[Path], typer.Option(help="Inventory file.")] = None,

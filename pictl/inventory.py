@@ -69,6 +69,10 @@ class Host(BaseModel):
             return sys.executable
         return self.python
 
+    def base_python(self) -> str:
+        """An interpreter that exists before any venv: for pictl's stdlib-only helpers."""
+        return sys.executable if self.transport == "local" else self.python
+
     @property
     def code_dir(self) -> str:
         return f"{self.workdir.rstrip('/')}/code"

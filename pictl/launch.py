@@ -7,6 +7,7 @@ order would be a string sort of addresses and --node-rank would be ignored.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from pictl.errors import ConfigError, TransportError
@@ -92,3 +93,19 @@ async def free_port(transport: Transport) -> int:
     if result.returncode != 0 or not result.stdout.strip().isdigit():
         raise TransportError(f"host '{transport.host.name}': cannot find a free port: {result.stderr.strip()}")
     return int(result.stdout.strip())
+
+
+def cleanup_argv(host: Host, *, orphans_only: bool) -> list[str]:
+    argv = [host.base_python(), "-m", "remote.cleanup", "--workdir", host.workdir]
+    return [*argv, "--orphans-only"] if orphans_only else argv
+
+
+async def cleanup_host(transport: Transport, *, orphans_only: bool) -> dict:
+    """Stop what earlier runs left on the host; {"stopped": [...], "kept": [...], "stale": n}."""
+    host = transport.host
+    result = await transport.run(cleanup_argv(host, orphans_only=orphans_only),
+                                 env={"PYTHONPATH": host.code_dir}, timeout_s=60)
+    try:
+        return json.loads(result.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise TransportError(f"host '{host.name}': cleanup failed: {result.stderr.strip()[-300:]}") from None

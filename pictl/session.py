@@ -21,6 +21,7 @@ from pictl.baseline import Baseline, BaselineCache, baseline_key
 from pictl.inventory import Cluster, Host
 from pictl.launch import (
     NodePlan,
+    cleanup_host,
     free_port,
     module_argv,
     place_stages,
@@ -149,6 +150,12 @@ class RunSession:
         sent = sum(r.sent for r in pushed if not isinstance(r, BaseException))
         self._phase("push", f"{sent} changed file(s) pushed to {len(hosts)} host(s)" if sent
                     else f"code up to date on {len(hosts)} host(s)")
+        # A controller that vanished may have left processes behind: stop them (never a live run's).
+        cleaned = await asyncio.gather(*(cleanup_host(t, orphans_only=True) for t in transports),
+                                       return_exceptions=True)
+        stopped = sum(len(c["stopped"]) for c in cleaned if isinstance(c, dict))
+        if stopped:
+            self._phase("cleanup", f"stopped {stopped} process group(s) an earlier run left behind")
         results = await asyncio.gather(*(t.put_bytes(spec.to_json().encode(),
                                                      f"{t.host.run_dir(spec.run_id)}/{P.SPEC_FILE}")
                                          for t in transports), return_exceptions=True)

@@ -157,3 +157,38 @@ def test_killed_controller_leaves_nothing_on_any_host(ssh_cluster, pictl_env) ->
     proc.kill()  # the SSH connections drop; each host's supervisor sees EOF and stops its group
     proc.communicate(timeout=30)
     _assert_hosts_clean(ssh_cluster)
+
+
+def test_pictl_stop_removes_what_a_vanished_controller_left(ssh_cluster, pictl_env) -> None:
+    from pictl.launch import cleanup_host, supervised
+
+    assert run_pictl(["push", "--hosts", str(ssh_cluster.inventory)], pictl_env).returncode == 0
+    host = load_cluster(ssh_cluster.inventory).hosts[1]
+    hung = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+
+    async def launch_orphan() -> tuple[dict, psutil.Process]:
+        t = SshTransport(host)
+        await t.connect()
+        await t.makedirs("~/pictl/runs/vanished")
+        await t.start(supervised(host, [host.python, "-c", hung], "pgid-test"), cwd="~/pictl/runs/vanished",
+                      env={"PYTHONPATH": host.code_dir})
+        await asyncio.sleep(1.0)
+        swept = await cleanup_host(t, orphans_only=True)  # what every run does first
+        procs = [p for p in psutil.process_iter(["username", "cmdline"]) if p.info["username"] == ssh_cluster.user(1)]
+        supervisor = next(p for p in procs if "remote.supervise" in " ".join(p.info["cmdline"] or []))
+        child = next(p for p in procs if p.ppid() == supervisor.pid)
+        # The supervisor dies before it can stop anything (as under an OOM kill); the child ignores
+        # the SIGTERM its parent's death sends: a true orphan.
+        supervisor.kill()
+        supervisor.wait(5)
+        await t.close()
+        return swept, child
+
+    swept, child = asyncio.run(launch_orphan())
+    assert swept["stopped"] == [] and len(swept["kept"]) == 1, swept  # its supervisor was alive: not an orphan
+    time.sleep(1.0)
+    assert child.is_running() and child.status() != psutil.STATUS_ZOMBIE
+    proc = run_pictl(["stop", "--hosts", str(ssh_cluster.inventory)], pictl_env)
+    assert proc.returncode == 0, proc.stderr
+    assert "h1: stopped 1 process group(s)" in proc.stdout and "h0: stopped 0" in proc.stdout
+    _assert_hosts_clean(ssh_cluster)
