@@ -150,6 +150,33 @@ async def _with_transports(cluster: Cluster, work):  # noqa: ANN001, ANN202
 
 
 @app.command()
+def check(
+    hosts: Annotated[Optional[Path], typer.Option(help="Inventory file.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+) -> None:
+    """Is every host ready? Reachability, python, venv, packages, memory, heat, clock, network."""
+    import json
+
+    from pictl.check import check_cluster
+    from pictl.headless import check_table
+
+    try:
+        checks = asyncio.run(check_cluster(_cluster(hosts)))
+    except E.PictlError as exc:
+        _fail(exc)
+    if as_json:
+        typer.echo(json.dumps({"ready": all(c.ready for c in checks), "hosts": [c.as_dict() for c in checks]}))
+    else:
+        Console(width=None if sys.stdout.isatty() else 160).print(check_table(checks))
+    not_ready = [c for c in checks if not c.ready]
+    for c in not_ready:
+        reason = c.error or "; ".join(c.problems)
+        Console(stderr=True, highlight=False).print(f"pictl: host '{c.host}' is not ready: {reason}", markup=False)
+    if not_ready:
+        raise typer.Exit(E.EXIT_UNREACHABLE if any(not c.reachable for c in not_ready) else E.EXIT_NOT_READY)
+
+
+@app.command()
 def push(hosts: Annotated[Optional[Path], typer.Option(help="Inventory file.")] = None) -> None:
     """Sync remote/ and profiles/ to every host (only what changed)."""
     import time

@@ -12,6 +12,7 @@ EXIT_BAD_INPUT = 2
 EXIT_RUN_FAILED = 3
 EXIT_UNREACHABLE = 4
 EXIT_OUTPUT_MISMATCH = 5
+EXIT_NOT_READY = 6
 EXIT_INTERRUPTED = 130
 
 
@@ -31,6 +32,14 @@ class TransportError(PictlError):
     """A host could not be reached or a command could not be started on it."""
 
     exit_code = EXIT_UNREACHABLE
+
+
+class HostKeyError(TransportError):
+    """The host answered, but its key is unknown or changed: trusting it is the user's call."""
+
+
+class AuthError(TransportError):
+    """The host answered, but refused our user or key."""
 
 
 class RunFailed(PictlError):

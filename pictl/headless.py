@@ -116,3 +116,26 @@ def print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
         out.print(summary_table(summary))
         if summary.get("run_dir"):
             out.print(f"run directory: {summary['run_dir']}")
+
+
+def check_table(checks: list) -> Table:  # list[HostCheck]
+    table = Table(title="pictl check", title_justify="left")
+    for col in ("host", "ready", "ssh", "python", "venv", "torch", "timm", "cpus", "free MB", "temp C",
+                "throttled", "clock ms", "interface", "rendezvous"):
+        table.add_column(col)
+    for c in checks:
+        p = c.probe
+        venv = p.get("venv", {})
+        pkgs = venv.get("packages", {})
+        iface = p.get("interface") or {}
+        reach = p.get("rendezvous") or {}
+        table.add_row(
+            c.host, "[green]yes[/]" if c.ready else "[red]no[/]",
+            "ok" if c.authenticated else ("no auth" if c.reachable else "[red]down[/]"),
+            p.get("python", "-"), venv.get("python", "missing") if venv else "-",
+            pkgs.get("torch") or "-", pkgs.get("timm") or "-", str(p.get("cpus", "-")),
+            str(p.get("mem_available_mb", "-")), _fmt(p.get("temperature_c"), ".1f"), p.get("throttled") or "-",
+            _fmt(c.clock_offset_ms, ".1f"),
+            f"{iface.get('name')} {iface.get('address') or ''}".strip() if iface else "-",
+            ("ok" if reach.get("ok") else "[red]fail[/]") if reach else "-")
+    return table

@@ -69,6 +69,10 @@ class Host(BaseModel):
             return sys.executable
         return self.python
 
+    def venv_path(self) -> str:
+        """The environment `remote/` runs in (a local host without one uses the controller's)."""
+        return self.venv or (sys.prefix if self.transport == "local" else f"{self.workdir.rstrip('/')}/venv")
+
     def base_python(self) -> str:
         """An interpreter that exists before any venv: for pictl's stdlib-only helpers."""
         return sys.executable if self.transport == "local" else self.python

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import asyncssh
 
-from pictl.errors import TransportError
+from pictl.errors import AuthError, HostKeyError, TransportError
 from pictl.transport.base import CommandResult, RemoteProcess, Transport
 
 CONNECT_TIMEOUT_S = 10.0
@@ -121,10 +121,10 @@ class SshTransport(Transport):
         try:
             self._conn = await asyncssh.connect(h.address, **kwargs)
         except asyncssh.HostKeyNotVerifiable as exc:
-            raise TransportError(f"{self._where()}: host key not trusted ({exc.reason}); if this is the right "
+            raise HostKeyError(f"{self._where()}: host key not trusted ({exc.reason}); if this is the right "
                                  f"machine, run `pictl trust {h.name}`") from exc
         except asyncssh.PermissionDenied as exc:
-            raise TransportError(f"{self._where()}: authentication failed for user "
+            raise AuthError(f"{self._where()}: authentication failed for user "
                                  f"'{h.user or 'default'}' (check `user` and `key`)") from exc
         except (OSError, TimeoutError, asyncssh.Error) as exc:
             raise TransportError(f"{self._where()}: unreachable ({exc or type(exc).__name__})") from exc
