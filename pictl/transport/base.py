@@ -6,6 +6,7 @@ shell (SSH) quotes every argument itself.
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -21,11 +22,30 @@ class CommandResult:
 
 
 class RemoteProcess(ABC):
-    """A long-running command on a host, in a process group of its own."""
+    """A long-running command on a host, in a process group of its own.
 
-    @abstractmethod
-    def lines(self) -> AsyncIterator[tuple[str, str]]:
+    Implementations start one task per output stream that calls `_line()` for
+    each line and `_stream_ended()` once; `lines()` merges them in arrival order.
+    """
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[tuple[str, str] | None] = asyncio.Queue()
+
+    async def _line(self, stream: str, line: str) -> None:
+        await self._queue.put((stream, line.rstrip("\n")))
+
+    async def _stream_ended(self) -> None:
+        await self._queue.put(None)
+
+    async def lines(self) -> AsyncIterator[tuple[str, str]]:
         """(stream, line) pairs as they arrive, stream being "stdout" or "stderr"."""
+        ended = 0
+        while ended < 2:
+            item = await self._queue.get()
+            if item is None:
+                ended += 1
+                continue
+            yield item
 
     @abstractmethod
     async def wait(self) -> int:

@@ -6,7 +6,7 @@ import asyncio
 import os
 import shutil
 import signal
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 from pictl.errors import TransportError
@@ -23,8 +23,8 @@ def _env(env: Mapping[str, str] | None) -> dict[str, str]:
 
 class LocalProcess(RemoteProcess):
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        super().__init__()
         self._proc = proc
-        self._queue: asyncio.Queue[tuple[str, str] | None] = asyncio.Queue()
         self._readers = [asyncio.create_task(self._pump(proc.stdout, "stdout")),
                          asyncio.create_task(self._pump(proc.stderr, "stderr"))]
 
@@ -37,17 +37,8 @@ class LocalProcess(RemoteProcess):
                 raw = await stream.read(1 << 16)
             if not raw:
                 break
-            await self._queue.put((name, raw.decode(errors="replace").rstrip("\n")))
-        await self._queue.put(None)
-
-    async def lines(self) -> AsyncIterator[tuple[str, str]]:
-        ended = 0
-        while ended < 2:
-            item = await self._queue.get()
-            if item is None:
-                ended += 1
-                continue
-            yield item
+            await self._line(name, raw.decode(errors="replace"))
+        await self._stream_ended()
 
     async def wait(self) -> int:
         rc = await self._proc.wait()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import shlex
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import asyncssh
@@ -49,27 +49,18 @@ def sftp_path(path: str) -> str:
 
 class SshProcess(RemoteProcess):
     def __init__(self, proc: asyncssh.SSHClientProcess) -> None:
+        super().__init__()
         self._proc = proc
-        self._queue: asyncio.Queue[tuple[str, str] | None] = asyncio.Queue()
         self._readers = [asyncio.create_task(self._pump(proc.stdout, "stdout")),
                          asyncio.create_task(self._pump(proc.stderr, "stderr"))]
 
     async def _pump(self, stream: asyncssh.SSHReader, name: str) -> None:
         try:
             async for line in stream:
-                await self._queue.put((name, line.rstrip("\n")))
+                await self._line(name, line)
         except (asyncssh.Error, OSError):
             pass  # the connection went away: wait() reports it
-        await self._queue.put(None)
-
-    async def lines(self) -> AsyncIterator[tuple[str, str]]:
-        ended = 0
-        while ended < 2:
-            item = await self._queue.get()
-            if item is None:
-                ended += 1
-                continue
-            yield item
+        await self._stream_ended()
 
     async def wait(self) -> int:
         try:
