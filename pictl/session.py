@@ -137,7 +137,7 @@ class RunSession:
 
     # -- steps ------------------------------------------------------------------------------------
 
-    async def _prepare_hosts(self, nodes: list[NodePlan], spec: RunSpec) -> str:
+    async def _prepare_hosts(self, nodes: list[NodePlan], spec: RunSpec) -> None:
         hosts = [n.host for n in nodes]
         self._transports = {h.name: transport_for(h) for h in hosts}
         results = await asyncio.gather(*(t.connect() for t in self._transports.values()), return_exceptions=True)
@@ -160,7 +160,6 @@ class RunSession:
                                                      f"{t.host.run_dir(spec.run_id)}/{P.SPEC_FILE}")
                                          for t in transports), return_exceptions=True)
         raise_for_failures(results, transports)
-        return P.SPEC_FILE
 
     async def _plan(self, host: Host, spec: RunSpec) -> dict[str, Any]:
         self._phase("plan", f"validating the spec and planning {spec.stages} stage(s) on {host.name}")
