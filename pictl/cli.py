@@ -137,13 +137,12 @@ def list_hosts(hosts: Annotated[Optional[Path], typer.Option(help="Inventory fil
 
 async def _with_transports(cluster: Cluster, work):  # noqa: ANN001, ANN202
     """Connect to every host in parallel, run `work(transports)`, always close."""
-    from pictl.push import raise_for_failures
-    from pictl.transport import transport_for
+    from pictl.transport import raise_for_failures, transport_for
 
     transports = [transport_for(h) for h in cluster.hosts]
     try:
         results = await asyncio.gather(*(t.connect() for t in transports), return_exceptions=True)
-        raise_for_failures(results, transports)
+        raise_for_failures(results, transports, "")
         return await work(transports)
     finally:
         await asyncio.gather(*(t.close() for t in transports), return_exceptions=True)
@@ -181,11 +180,12 @@ def push(hosts: Annotated[Optional[Path], typer.Option(help="Inventory file.")] 
     """Sync remote/ and profiles/ to every host (only what changed)."""
     import time
 
-    from pictl.push import push_all, raise_for_failures
+    from pictl.push import push_all
+    from pictl.transport import raise_for_failures
 
     async def work(transports):  # noqa: ANN001, ANN202
         results = await push_all(transports)
-        raise_for_failures(results, transports)
+        raise_for_failures(results, transports, "push failed")
         return results
 
     start = time.perf_counter()
@@ -209,11 +209,12 @@ def stop(hosts: Annotated[Optional[Path], typer.Option(help="Inventory file.")] 
                                     return_exceptions=True)
 
     try:
-        results = asyncio.run(_with_transports(_cluster(hosts), work))
+        cluster = _cluster(hosts)
+        results = asyncio.run(_with_transports(cluster, work))
     except E.PictlError as exc:
         _fail(exc)
     failed = False
-    for host, res in zip(_cluster(hosts).hosts, results, strict=True):
+    for host, res in zip(cluster.hosts, results, strict=True):
         if isinstance(res, BaseException):
             failed = True
             typer.echo(f"{host.name}: {res}", err=True)

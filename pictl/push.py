@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pictl.errors import PictlError, TransportError
+from pictl.errors import TransportError
 from pictl.transport import Transport
 
 PROJECT = Path(__file__).resolve().parent.parent
@@ -79,11 +79,3 @@ async def push_all(transports: list[Transport]) -> list[PushResult | BaseExcepti
     """Push to every host in parallel; one result (or exception) per host, in order."""
     files = local_tree()
     return await asyncio.gather(*(push_to(t, files) for t in transports), return_exceptions=True)
-
-
-def raise_for_failures(results: list[object], transports: list[Transport]) -> None:
-    """One TransportError naming every host whose step failed."""
-    failed = [f"host '{t.host.name}': {r}" if not isinstance(r, PictlError) else str(r)
-              for t, r in zip(transports, results, strict=True) if isinstance(r, BaseException)]
-    if failed:
-        raise TransportError("push failed: " + "; ".join(failed))

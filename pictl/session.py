@@ -30,10 +30,10 @@ from pictl.launch import (
     worker_env,
 )
 from pictl.profiles import RunOptions
-from pictl.push import push_all, raise_for_failures, tree_digest
+from pictl.push import push_all, tree_digest
 from pictl.runs import RunRecord, default_runs_root
 from pictl.telemetry import RunTelemetry, max_abs_diff, parse_event
-from pictl.transport import RemoteProcess, Transport, transport_for
+from pictl.transport import RemoteProcess, Transport, raise_for_failures, transport_for
 from remote import protocol as P
 from remote.spec import DataSpec, RunSpec
 
@@ -140,26 +140,31 @@ class RunSession:
     async def _prepare_hosts(self, nodes: list[NodePlan], spec: RunSpec) -> None:
         hosts = [n.host for n in nodes]
         self._transports = {h.name: transport_for(h) for h in hosts}
-        results = await asyncio.gather(*(t.connect() for t in self._transports.values()), return_exceptions=True)
-        failed = [res for res in results if isinstance(res, BaseException)]
-        if failed:  # name every host that failed, not just the first
-            raise E.TransportError("; ".join(str(res) for res in failed))
         transports = list(self._transports.values())
+        results = await asyncio.gather(*(t.connect() for t in transports), return_exceptions=True)
+        raise_for_failures(results, transports, "")  # names every host that failed, not just the first
         pushed = await push_all(transports)
-        raise_for_failures(pushed, transports)
+        raise_for_failures(pushed, transports, "push failed")
         sent = sum(r.sent for r in pushed if not isinstance(r, BaseException))
         self._phase("push", f"{sent} changed file(s) pushed to {len(hosts)} host(s)" if sent
                     else f"code up to date on {len(hosts)} host(s)")
-        # A controller that vanished may have left processes behind: stop them (never a live run's).
-        cleaned = await asyncio.gather(*(cleanup_host(t, orphans_only=True) for t in transports),
-                                       return_exceptions=True)
-        stopped = sum(len(c["stopped"]) for c in cleaned if isinstance(c, dict))
+
+        async def sweep_and_place_spec(t: Transport) -> dict:
+            # A controller that vanished may have left processes behind: stop them (never a live run's).
+            # The sweep is best effort; only a spec that cannot be placed fails the run.
+            cleaned, placed = await asyncio.gather(
+                cleanup_host(t, orphans_only=True),
+                t.put_bytes(spec.to_json().encode(), f"{t.host.run_dir(spec.run_id)}/{P.SPEC_FILE}"),
+                return_exceptions=True)
+            if isinstance(placed, BaseException):
+                raise placed
+            return cleaned if isinstance(cleaned, dict) else {}
+
+        results = await asyncio.gather(*(sweep_and_place_spec(t) for t in transports), return_exceptions=True)
+        raise_for_failures(results, transports, "cannot prepare the run")
+        stopped = sum(len(c.get("stopped", [])) for c in results if isinstance(c, dict))
         if stopped:
             self._phase("cleanup", f"stopped {stopped} process group(s) an earlier run left behind")
-        results = await asyncio.gather(*(t.put_bytes(spec.to_json().encode(),
-                                                     f"{t.host.run_dir(spec.run_id)}/{P.SPEC_FILE}")
-                                         for t in transports), return_exceptions=True)
-        raise_for_failures(results, transports)
 
     async def _plan(self, host: Host, spec: RunSpec) -> dict[str, Any]:
         self._phase("plan", f"validating the spec and planning {spec.stages} stage(s) on {host.name}")

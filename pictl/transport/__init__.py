@@ -5,7 +5,7 @@ from __future__ import annotations
 from pictl.inventory import Host
 from pictl.transport.base import CommandResult, RemoteProcess, Transport
 
-__all__ = ["CommandResult", "RemoteProcess", "Transport", "transport_for"]
+__all__ = ["CommandResult", "RemoteProcess", "Transport", "raise_for_failures", "transport_for"]
 
 
 def transport_for(host: Host) -> Transport:
@@ -16,3 +16,13 @@ def transport_for(host: Host) -> Transport:
     from pictl.transport.ssh import SshTransport
 
     return SshTransport(host)
+
+
+def raise_for_failures(results: list[object], transports: list[Transport], what: str) -> None:
+    """One TransportError naming every host whose step failed (results from gather(return_exceptions=True))."""
+    from pictl.errors import PictlError, TransportError
+
+    failed = [str(r) if isinstance(r, PictlError) else f"host '{t.host.name}': {r}"
+              for t, r in zip(transports, results, strict=True) if isinstance(r, BaseException)]
+    if failed:
+        raise TransportError(f"{what}: " + "; ".join(failed) if what else "; ".join(failed))
