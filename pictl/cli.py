@@ -2,7 +2,8 @@
 
 Exit codes: 0 ok, 1 internal error, 2 bad input or config (nothing started),
 3 a run failed on a host, 4 a host could not be reached, 5 pipeline output differs
-from the serial run, 130 interrupted (Ctrl-C).
+from the serial run, 6 a host is not ready (python, venv, packages: see `pictl check`
+and `pictl provision`), 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -197,6 +198,79 @@ def push(hosts: Annotated[Optional[Path], typer.Option(help="Inventory file.")] 
         state = "up to date" if not (r.sent or r.removed) else f"sent {r.sent} file(s), {r.bytes_sent:,} bytes"
         typer.echo(f"{r.host}: {state}" + (f", removed {r.removed}" if r.removed else ""))
     typer.echo(f"pushed to {len(results)} host(s) in {time.perf_counter() - start:.2f}s")
+
+
+@app.command()
+def provision(
+    wheels: Annotated[Optional[Path], typer.Option(help="Offline: install only from these wheels.")] = None,
+    installer: Annotated[str, typer.Option(help="auto (uv when the host has it, else pip) | uv | pip")] = "auto",
+    force: Annotated[bool, typer.Option("--force", help="Install again even when up to date.")] = False,
+    hosts: Annotated[Optional[Path], typer.Option(help="Inventory file.")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show every installer line.")] = False,
+) -> None:
+    """Create each host's venv and install the pinned torch stack (only where something changed)."""
+    import time
+
+    from pictl.provision import ProvisionError, Wheelhouse, provision_all
+
+    err = Console(stderr=True, highlight=False)
+    last_step: dict[str, str] = {}
+
+    def progress(host: str, message: str) -> None:
+        # Step changes always; installer lines only with -v (pip is chatty).
+        step = message.split(":", 1)[0]
+        if verbose or (message.endswith("...") and last_step.get(host) != step) or message.startswith("sending"):
+            err.print(f"{host}: {message}", markup=False)
+        last_step[host] = step
+
+    async def work(transports):  # noqa: ANN001, ANN202
+        return await provision_all(transports, Wheelhouse(wheels) if wheels else None, force=force,
+                                   installer=installer, progress=progress)
+
+    start = time.perf_counter()
+    try:
+        if installer not in ("auto", "uv", "pip"):
+            raise E.ConfigError(f"--installer: '{installer}' is not one of auto, uv, pip")
+        if wheels is not None and not wheels.is_dir():
+            raise E.ConfigError(f"--wheels: {wheels} is not a directory")
+        cluster = _cluster(hosts)
+        results = asyncio.run(_run_cancellable(_with_transports(cluster, work)))
+    except E.PictlError as exc:
+        _fail(exc)
+    failures = []
+    for host, r in zip(cluster.hosts, results, strict=True):
+        if isinstance(r, BaseException):
+            failures.append(r)
+            err.print(f"pictl: error: {r if isinstance(r, E.PictlError) else f'host {host.name!r}: {r}'}",
+                      markup=False, soft_wrap=True)
+        elif r.state == "installed":
+            typer.echo(f"{r.host}: installed with {r.installer} in {r.seconds:.1f}s")
+        elif r.state == "skipped":
+            typer.echo(f"{r.host}: uses the controller's Python (no venv configured), nothing to do")
+        else:
+            typer.echo(f"{r.host}: up to date")
+    typer.echo(f"provisioned {len(results) - len(failures)} of {len(results)} host(s) "
+               f"in {time.perf_counter() - start:.2f}s")
+    if failures:
+        codes = {f.exit_code if isinstance(f, E.PictlError) else E.EXIT_INTERNAL for f in failures}
+        raise typer.Exit(E.EXIT_UNREACHABLE if E.EXIT_UNREACHABLE in codes else
+                         ProvisionError.exit_code if ProvisionError.exit_code in codes else max(codes))
+
+
+@app.command()
+def wheels(
+    dest: Annotated[Path, typer.Argument(help="Directory to fill with wheels (created if missing).")],
+    platform: Annotated[str, typer.Option(help="Host CPU: aarch64 (Raspberry Pi 4/5), armv7l or x86_64.")] = "aarch64",
+    python_version: Annotated[str, typer.Option(help="The hosts' python, e.g. 3.11.")] = "3.11",
+) -> None:
+    """Gather the pinned requirements as wheels for the hosts' platform (for `provision --wheels`)."""
+    from pictl.wheels import gather_wheels
+
+    try:
+        files = gather_wheels(dest, platform=platform, python_version=python_version)
+    except E.PictlError as exc:
+        _fail(exc)
+    typer.echo(f"{len(files)} wheel(s) in {dest} ({sum(f.stat().st_size for f in files) / 1e6:.0f} MB)")
 
 
 @app.command()

@@ -54,6 +54,10 @@ class Host(BaseModel):
     """Virtual environment on the host; `None` on a local host means the controller's own Python."""
     python: str = "python3"
     """Interpreter used to create the venv (>= 3.11)."""
+    system_site_packages: bool = False
+    """Let the venv see the host's own packages (torch from apt or a prepared lab image); installs with pip."""
+    rank: int | None = Field(default=None, ge=0)
+    """Position in the pipeline (0 runs the first stage); default: the order of [[host]] entries."""
     slots: int = Field(default=1, ge=1, le=64)
     """How many stage processes this host may run at once."""
 
@@ -102,6 +106,24 @@ class Cluster(BaseModel):
             if host.name in seen:
                 raise ValueError(f"host[{i}].name: '{host.name}' is used twice")
             seen.add(host.name)
+        return self
+
+    @model_validator(mode="after")
+    def _order_by_rank(self) -> Cluster:
+        ranked = [i for i, h in enumerate(self.hosts) if h.rank is not None]
+        if not ranked:
+            return self
+        if len(ranked) != len(self.hosts):
+            missing = next(i for i, h in enumerate(self.hosts) if h.rank is None)
+            raise ValueError(f"host[{missing}].rank: missing (give every host a rank, or none)")
+        seen: dict[int, int] = {}
+        for i, host in enumerate(self.hosts):
+            if host.rank >= len(self.hosts) or host.rank in seen:
+                what = "is used twice" if host.rank in seen else f"is out of range (0..{len(self.hosts) - 1})"
+                raise ValueError(f"host[{i}].rank: {host.rank} {what}")
+            seen[host.rank] = i
+        # Frozen model: set the field once, here, to the stage order the ranks give.
+        object.__setattr__(self, "hosts", tuple(sorted(self.hosts, key=lambda h: h.rank)))
         return self
 
     @field_validator("hosts")

@@ -58,9 +58,10 @@ async def _remote_manifest(t: Transport, base: str) -> dict[str, str]:
         return {}
 
 
-async def push_to(t: Transport, files: dict[str, bytes] | None = None) -> PushResult:
+async def push_to(t: Transport, files: dict[str, bytes] | None = None, *, base: str | None = None) -> PushResult:
+    """Make `base` (default: the host's code dir) hold exactly `files`, sending only what changed."""
     files = files if files is not None else local_tree()
-    base = t.host.code_dir
+    base = base or t.host.code_dir
     wanted = manifest_of(files)
     placed = await _remote_manifest(t, base)
     changed = [name for name, digest in wanted.items() if placed.get(name) != digest]
