@@ -86,6 +86,7 @@ def run(
     data: Annotated[Optional[str], typer.Option(help="synthetic | cifar10 | cifar100 | imagefolder")] = None,
     data_path: Annotated[Optional[str], typer.Option(help="Data set directory on the hosts.")] = None,
     atol: Annotated[Optional[float], typer.Option(help="Largest logit difference that still matches.")] = None,
+    master_port: Annotated[Optional[int], typer.Option(help="Rendezvous port on host 0 (default: a free one).")] = None,
     headless: Annotated[bool, typer.Option("--headless", help="No dashboard: progress on stderr.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object on stdout.")] = False,
     hosts: Annotated[Optional[Path], typer.Option(help="Inventory file (default ./hosts.toml, else shipped).")] = None,
@@ -100,7 +101,7 @@ def run(
     overrides = {"stages": stages, "split": _split(split), "policy": policy, "chunk": chunk, "images": images,
                  "warmup": warmup, "repeats": repeats, "threads": threads, "model": model,
                  "num_classes": num_classes, "checkpoint": checkpoint, "allow_pickle": allow_pickle, "data": data,
-                 "data_path": data_path, "atol": atol}
+                 "data_path": data_path, "atol": atol, "master_port": master_port}
     renderer = HeadlessRenderer(verbose=verbose)
     session = None
     try:

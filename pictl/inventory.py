@@ -79,7 +79,9 @@ class Host(BaseModel):
 
     def base_python(self) -> str:
         """An interpreter that exists before any venv: for pictl's stdlib-only helpers."""
-        return sys.executable if self.transport == "local" else self.python
+        if self.transport == "local" and "python" not in self.model_fields_set:
+            return sys.executable  # the demo cluster runs on the controller's own interpreter
+        return self.python
 
     @property
     def code_dir(self) -> str:

@@ -14,9 +14,10 @@ from pictl.errors import ConfigError, TransportError
 from pictl.inventory import Cluster, Host
 from pictl.transport import Transport
 
-# Asks the OS for a free port on the rendezvous host; a fixed snippet, no user values in it.
-_FREE_PORT_SNIPPET = ("import socket; s = socket.socket(); s.bind(('', 0)); "
-                      "print(s.getsockname()[1]); s.close()")
+# Binds the port in argv[1] (0: any free one) on the rendezvous host and prints it, or the
+# reason it is taken. Fixed code: the port travels as an argument, never inside the code.
+_PORT_SNIPPET = ("import socket, sys\ns = socket.socket()\ntry:\n    s.bind(('', int(sys.argv[1])))\n"
+                 "except OSError as e:\n    sys.exit(e.strerror)\nprint(s.getsockname()[1])\ns.close()\n")
 
 
 @dataclass(frozen=True)
@@ -88,11 +89,20 @@ def supervised(host: Host, argv: list[str], pgid_file: str) -> list[str]:
     return [host.python_path(), "-m", "remote.supervise", "--pgid-file", pgid_file, "--", *argv]
 
 
-async def free_port(transport: Transport) -> int:
-    result = await transport.run([transport.host.python_path(), "-c", _FREE_PORT_SNIPPET], timeout_s=30)
-    if result.returncode != 0 or not result.stdout.strip().isdigit():
-        raise TransportError(f"host '{transport.host.name}': cannot find a free port: {result.stderr.strip()}")
-    return int(result.stdout.strip())
+async def master_port(transport: Transport, wanted: int | None) -> int:
+    """`wanted` if it is free on the rendezvous host (ConfigError if not), else a port the OS says is free.
+
+    Other users share the Pis: a fixed port may be taken, so by default none is fixed.
+    """
+    h = transport.host
+    result = await transport.run([h.base_python(), "-c", _PORT_SNIPPET, str(wanted or 0)], timeout_s=30)
+    if result.returncode == 0 and result.stdout.strip().isdigit():
+        return int(result.stdout.strip())
+    reason = (result.stderr.strip().splitlines() or ["no answer"])[-1]
+    if wanted:
+        raise ConfigError(f"master_port: {wanted} is not free on host '{h.name}' ({reason}); choose another "
+                          "or leave it unset to use a free one")
+    raise TransportError(f"host '{h.name}': cannot find a free port: {reason}")
 
 
 def cleanup_argv(host: Host, *, orphans_only: bool) -> list[str]:

@@ -54,6 +54,8 @@ class RunOptions(BaseModel):
     """How many images' logits are compared against the serial run."""
     atol: float = Field(default=0.0, ge=0.0)
     """Largest absolute logit difference still counted as a match (0: bit-identical)."""
+    master_port: int | None = Field(default=None, ge=1024, le=65535)
+    """Rendezvous port on the first host; default: one the host says is free when the run starts."""
     pg_timeout_s: float = Field(default=300.0, gt=0)
     """Gloo process-group timeout: how long a rank waits for a silent peer."""
 

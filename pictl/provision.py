@@ -151,6 +151,8 @@ async def provision_host(t: Transport, requirements: list[str], wheels: Wheelhou
     if rc != 0 or "done" not in outcome:
         tail = "\n".join(f"    {line}" for line in outcome.get("tail", []))
         reason = outcome.get("error") or f"the provisioner exited with {rc}"
+        if rc == 2:  # the host cannot hold the venv where the inventory puts it
+            reason += " (set `venv` in the inventory)"
         raise ProvisionError(f"{_where(h)}: {reason}" + (f"\n{tail}" if tail else ""))
     return ProvisionResult(h.name, "installed", outcome["installer"], time.perf_counter() - start)
 

@@ -22,7 +22,7 @@ from pictl.inventory import Cluster, Host
 from pictl.launch import (
     NodePlan,
     cleanup_host,
-    free_port,
+    master_port,
     module_argv,
     place_stages,
     supervised,
@@ -33,6 +33,7 @@ from pictl.profiles import RunOptions
 from pictl.push import push_all, tree_digest
 from pictl.runs import RunRecord, default_runs_root
 from pictl.telemetry import RunTelemetry, max_abs_diff, parse_event
+from pictl.timeline import StartupTimeline
 from pictl.transport import RemoteProcess, Transport, raise_for_failures, transport_for
 from remote import protocol as P
 from remote.spec import DataSpec, RunSpec
@@ -108,6 +109,8 @@ class RunSession:
         self._live: list[RemoteProcess] = []
         self._transports: dict[str, Transport] = {}
         self._started = time.time()
+        self.timeline = StartupTimeline()
+        self._master_port: int | None = None
         self.run_id = RunRecord.new_id(options.stages)
         self.last_summary: dict[str, Any] | None = None
         """The summary of the finished run, failed or not (None when nothing started)."""
@@ -125,6 +128,8 @@ class RunSession:
                 if self.record:
                     self.record.event(source, line)
                 stream.telemetry.apply(host.name, record)
+                if stream.telemetry is self.telemetry:  # a pipeline rank, not the serial baseline
+                    self.timeline.observe(record)
                 self._sink(RankEvent(source, host.name, record))
                 if record[P.KEY_EVENT] == P.ERROR and on_error is not None:
                     on_error.set()
@@ -143,8 +148,10 @@ class RunSession:
         transports = list(self._transports.values())
         results = await asyncio.gather(*(t.connect() for t in transports), return_exceptions=True)
         raise_for_failures(results, transports, "")  # names every host that failed, not just the first
+        self.timeline.mark("connected")
         pushed = await push_all(transports)
         raise_for_failures(pushed, transports, "push failed")
+        self.timeline.mark("pushed")
         sent = sum(r.sent for r in pushed if not isinstance(r, BaseException))
         self._phase("push", f"{sent} changed file(s) pushed to {len(hosts)} host(s)" if sent
                     else f"code up to date on {len(hosts)} host(s)")
@@ -162,6 +169,9 @@ class RunSession:
 
         results = await asyncio.gather(*(sweep_and_place_spec(t) for t in transports), return_exceptions=True)
         raise_for_failures(results, transports, "cannot prepare the run")
+        if spec.stages > 1:  # the port is checked before anything starts: a busy one is bad input
+            self._master_port = await master_port(self._transports[hosts[0].name], self.options.master_port)
+        self.timeline.mark("prepared")
         stopped = sum(len(c.get("stopped", [])) for c in results if isinstance(c, dict))
         if stopped:
             self._phase("cleanup", f"stopped {stopped} process group(s) an earlier run left behind")
@@ -224,7 +234,7 @@ class RunSession:
 
     async def _pipeline(self, nodes: list[NodePlan], spec: RunSpec) -> None:
         master = nodes[0].host
-        port = await free_port(self._transports[master.name])
+        port = self._master_port or await master_port(self._transports[master.name], None)
         self._phase("pipeline", f"launching {spec.stages} stage(s) on {len(nodes)} host(s), "
                                 f"rendezvous {master.rendezvous_address}:{port}")
         stream = _Stream(self.telemetry)
@@ -294,8 +304,8 @@ class RunSession:
         plan: dict[str, Any] = {}
         baseline: Baseline | None = None
         try:
-            await self._prepare_hosts(nodes, spec)
             try:
+                await self._prepare_hosts(nodes, spec)
                 plan = await self._plan(nodes[0].host, spec)
             except E.ConfigError:
                 # Bad input: leave nothing behind, on the hosts or here.
@@ -307,7 +317,9 @@ class RunSession:
                                       "cluster": self.cluster.source, "spec": spec.to_json(),
                                       "placement": [{"host": n.host.name, "ranks": list(n.ranks)} for n in nodes],
                                       "plan": plan})
+            self.timeline.mark("planned")
             baseline = await self._baseline(nodes[0].host, spec)
+            self.timeline.mark("baselined")
             if spec.stages > 1:
                 await self._pipeline(nodes, spec)
                 last = next(n for n in nodes if spec.stages - 1 in n.ranks).host
@@ -386,5 +398,6 @@ class RunSession:
             "accuracy": baseline.top1 if serial_only and baseline else self.telemetry.top1,
             "serial_accuracy": baseline.top1 if baseline else None,
             "per_stage": per_stage,
+            "startup": self.timeline.summary(),
             "started_at": self._started, "duration_s": round(time.time() - self._started, 2),
         }

@@ -79,7 +79,9 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
     emitter.emit(P.RUN_START, world_size=world, stages=spec.stages, model=spec.model, images=spec.images,
                  chunk=spec.chunk, threads=spec.threads, torch=torch.__version__, pid=os.getpid(),
                  import_rss_mb=current_rss_mb())
+    t_rendezvous = time.perf_counter()
     dist.init_process_group("gloo", timeout=timedelta(seconds=spec.pg_timeout_s))
+    rendezvous_s = time.perf_counter() - t_rendezvous
 
     t0 = time.perf_counter()
     layout = layout_for(spec)
@@ -94,8 +96,8 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
     labels = load_labels(spec.data, spec.images) if last else None
     emitter.emit(P.STAGE_READY, stage=rank, modules=compact_pieces(layout.pieces[stage_plan.first:stage_plan.end]),
                  pieces=list(stage_plan.pieces), params=stage_plan.params,
-                 load_s=round(time.perf_counter() - t0, 3), rss_mb=current_rss_mb(),
-                 peak_rss_mb=peak_rss_mb())
+                 load_s=round(time.perf_counter() - t0, 3), rendezvous_s=round(rendezvous_s, 3),
+                 rss_mb=current_rss_mb(), peak_rss_mb=peak_rss_mb())
 
     totals = StageCounters()
     state = {"phase": "warmup", "repeat": 0, "step_start": 0.0}
@@ -108,10 +110,17 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
                      microbatches_total=n_mb, **live.rounded())
 
     clock = ProgressClock(spec.progress_interval_s, report)
+
+    def on_chunk() -> None:
+        if last and not state.get("first_output"):
+            state["first_output"] = True
+            emitter.emit(P.FIRST_OUTPUT, stage=rank)
+        clock.tick()
+
     stage = TimedStage(module, rank, world, torch.device("cpu"),
                        input_args=tuple(torch.empty(s, device="meta") for s in in_shapes),
                        output_args=tuple(torch.empty(s, device="meta") for s in out_shapes),
-                       on_chunk=clock.tick)
+                       on_chunk=on_chunk)
     schedule = ScheduleGPipe(stage, n_microbatches=n_mb)
 
     check_logits = None

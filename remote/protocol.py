@@ -30,8 +30,9 @@ RUN_END = "run_end"
 ERROR = "error"
 PLAN = "plan"
 OUTPUTS = "outputs"
+FIRST_OUTPUT = "first_output"  # the last stage finished its first microbatch (time to first image)
 
-EVENTS = (RUN_START, STAGE_READY, PROGRESS, THROUGHPUT, ACCURACY, RUN_END, ERROR, PLAN, OUTPUTS)
+EVENTS = (RUN_START, STAGE_READY, PROGRESS, THROUGHPUT, ACCURACY, RUN_END, ERROR, PLAN, OUTPUTS, FIRST_OUTPUT)
 
 # Files a run leaves in its directory on each host (relative to the host run dir).
 SPEC_FILE = "spec.json"

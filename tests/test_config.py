@@ -93,3 +93,29 @@ def test_placement_and_torchrun_lines() -> None:
     assert env["OMP_NUM_THREADS"] == "4" and env["GLOO_SOCKET_IFNAME"] == "lo"
     with pytest.raises(ConfigError, match="5 stages do not fit"):
         place_stages(cluster, 5)
+
+
+
+def _ranked(tmp_path: Path, ranks: list[int | None]) -> Path:
+    inv = tmp_path / "hosts.toml"
+    body = ['[defaults]\ntransport = "local"\n']
+    for name, rank in zip("abc", ranks, strict=False):
+        body.append(f'[[host]]\nname = "{name}"\n' + (f"rank = {rank}\n" if rank is not None else ""))
+    inv.write_text("\n".join(body))
+    return inv
+
+
+def test_explicit_ranks_order_the_hosts(tmp_path: Path) -> None:
+    assert [h.name for h in load_cluster(_ranked(tmp_path, [2, 0, 1])).hosts] == ["b", "c", "a"]
+
+
+@pytest.mark.parametrize(("ranks", "fragment"), [
+    ([2, 0, 2], "host[2].rank: 2 is used twice"),
+    ([2, 0, 7], "host[2].rank: 7 is out of range (0..2)"),
+    ([0, None], "host[1].rank: missing (give every host a rank, or none)"),
+])
+def test_bad_ranks_are_named(tmp_path: Path, ranks: list, fragment: str) -> None:
+    inv = _ranked(tmp_path, ranks)
+    with pytest.raises(ConfigError) as info:
+        load_cluster(inv)
+    assert str(info.value) == f"{inv}: {fragment}"

@@ -192,3 +192,68 @@ def test_pictl_stop_removes_what_a_vanished_controller_left(ssh_cluster, pictl_e
     assert proc.returncode == 0, proc.stderr
     assert "h1: stopped 1 process group(s)" in proc.stdout and "h0: stopped 0" in proc.stdout
     _assert_hosts_clean(ssh_cluster)
+
+
+def _run_dirs_on_hosts(cluster) -> set[Path]:
+    return {p for i in range(cluster.n) for p in Path(f"/home/{cluster.user(i)}/pictl/runs").glob("*")}
+
+
+def test_ranks_reorder_hosts_and_odd_workdirs_work(ssh_cluster, pictl_env, tmp_path: Path) -> None:
+    """Explicit ranks (h3 runs stage 0), a workdir with a space and a quote, a chosen free master port."""
+    ranks = {f'name = "h{i}"': f'name = "h{i}"\nrank = {3 - i}' for i in range(4)}
+    inv = _inventory_variant(ssh_cluster, tmp_path, **ranks,
+                             **{'workdir = "~/pictl"': 'workdir = "~/pictl/odd dir \'q\'"'})
+    proc = run_pictl(["run", "--hosts", str(inv), "--stages", "2", "--master-port", "29877", *FAST], pictl_env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads(proc.stdout)
+    assert s["outputs_match"] is True and [st["host"] for st in s["per_stage"]] == ["h3", "h2"]
+    assert "rendezvous 10.231.0.14:29877" in proc.stderr
+    assert Path(f"/home/{ssh_cluster.user(3)}/pictl/odd dir 'q'/code/remote/pipeline.py").is_file()
+    startup = s["startup"]
+    assert startup["total_s"] == pytest.approx(sum(v for k, v in startup.items() if k != "total_s"), abs=0.01)
+    _assert_hosts_clean(ssh_cluster)
+
+
+def test_master_port_in_use_is_refused_before_anything_starts(ssh_cluster, pictl_env, tmp_path: Path) -> None:
+    port = 29878
+    before = _run_dirs_on_hosts(ssh_cluster)
+    holder = subprocess.Popen(["ip", "netns", "exec", "pictl-t0", sys.executable, "-c",
+                               "import socket, sys, time\ns = socket.socket()\n"
+                               f"s.bind(('', {port}))\ns.listen()\nprint('ready', flush=True)\ntime.sleep(120)\n"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        proc = run_pictl(["run", "--hosts", str(ssh_cluster.inventory), "--stages", "4", "--master-port", str(port),
+                          *FAST], pictl_env)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert f"master_port: {port} is not free on host 'h0'" in last and "in use" in last
+    assert not Path(pictl_env["PICTL_RUNS_DIR"]).exists() or not any(Path(pictl_env["PICTL_RUNS_DIR"]).iterdir())
+    assert _run_dirs_on_hosts(ssh_cluster) == before  # the spec files it had placed are gone again
+    _assert_hosts_clean(ssh_cluster)
+
+
+def test_cpu_quota_emulates_a_slow_host(ssh_cluster) -> None:
+    """A cgroup CFS quota on one host's sshd caps everything started through it."""
+    busy = "import time\nend = time.time() + 1.5\nwhile time.time() < end:\n    pass\nprint(time.process_time())\n"
+    hosts = load_cluster(ssh_cluster.inventory).hosts
+
+    async def cpu_seconds(host) -> float:
+        t = SshTransport(host)
+        await t.connect()
+        try:
+            return float((await t.run(["/usr/bin/python3", "-c", busy])).stdout)
+        finally:
+            await t.close()
+
+    ssh_cluster.set_cpu(1, 0.25)
+    try:
+        capped = asyncio.run(cpu_seconds(hosts[1]))
+    finally:
+        ssh_cluster.set_cpu(1, None)
+    free = asyncio.run(cpu_seconds(hosts[2]))
+    assert capped < 0.6, capped  # about 0.25 x 1.5 s
+    assert free > 2 * capped, (free, capped)

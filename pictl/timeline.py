@@ -1,0 +1,59 @@
+"""Where the time from `pictl run` to the first image goes.
+
+Every mark is taken on the controller's clock when the event arrives, so the
+parts add up to the total exactly. The one split the controller cannot see, the
+rendezvous inside the interval from "every worker started" to "every stage
+ready", comes from the workers: the last rank to arrive measures the handshake
+alone (the others also wait for it), and the rest of that interval is model load.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from remote import protocol as P
+
+# (part, the mark that ends it); each part starts where the previous one ended.
+PARTS = (("connect", "connected"), ("push", "pushed"), ("prepare", "prepared"), ("plan", "planned"),
+         ("baseline", "baselined"), ("launch", "workers_started"), ("rendezvous_and_load", "stages_ready"),
+         ("first_image", "first_image"))
+
+
+class StartupTimeline:
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.marks: dict[str, float] = {}
+        self._rendezvous: list[float] = []
+
+    def mark(self, name: str) -> None:
+        self.marks[name] = time.monotonic()
+
+    def observe(self, record: dict[str, Any]) -> None:
+        """A pipeline rank's event: the last start and the last ready count, the first output counts."""
+        kind = record.get(P.KEY_EVENT)
+        if kind == P.RUN_START and "stages_ready" not in self.marks:
+            self.mark("workers_started")
+        elif kind == P.STAGE_READY:
+            self.mark("stages_ready")
+            if isinstance(record.get("rendezvous_s"), int | float):
+                self._rendezvous.append(float(record["rendezvous_s"]))
+        elif kind == P.FIRST_OUTPUT and "first_image" not in self.marks:
+            self.mark("first_image")
+
+    def summary(self) -> dict[str, float] | None:
+        """Seconds per part and in total, or None when the run never produced an image."""
+        if "first_image" not in self.marks:
+            return None
+        out: dict[str, float] = {}
+        previous = self.start
+        for part, mark in PARTS:
+            at = self.marks.get(mark, previous)  # a skipped step (cached baseline) takes no time
+            out[f"{part}_s"] = round(at - previous, 3)
+            previous = at
+        both = out.pop("rendezvous_and_load_s")
+        rendezvous = min(min(self._rendezvous, default=0.0), both)
+        out = {**{k: v for k, v in out.items() if k != "first_image_s"}, "rendezvous_s": round(rendezvous, 3),
+               "model_load_s": round(both - rendezvous, 3), "first_image_s": out["first_image_s"]}
+        out["total_s"] = round(self.marks["first_image"] - self.start, 3)
+        return out
