@@ -183,16 +183,18 @@ def push(hosts: Annotated[Optional[Path], typer.Option(help="Inventory file.")] 
     import time
 
     from pictl.push import push_all
-    from pictl.transport import raise_for_failures
+    from pictl.transport import preload, raise_for_failures
 
     async def work(transports):  # noqa: ANN001, ANN202
         results = await push_all(transports)
         raise_for_failures(results, transports, "push failed")
         return results
 
-    start = time.perf_counter()
     try:
-        results = asyncio.run(_with_transports(_cluster(hosts), work))
+        cluster = _cluster(hosts)
+        preload(cluster)  # the timing below is the push, not Python importing asyncssh
+        start = time.perf_counter()
+        results = asyncio.run(_with_transports(cluster, work))
     except E.PictlError as exc:
         _fail(exc)
     for r in results:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,6 +59,16 @@ async def _remote_manifest(t: Transport, base: str) -> dict[str, str]:
         return {}
 
 
+async def _bounded(jobs: Iterable[Awaitable[None]], limit: int = 16) -> None:
+    gate = asyncio.Semaphore(limit)
+
+    async def one(job: Awaitable[None]) -> None:
+        async with gate:
+            await job
+
+    await asyncio.gather(*(one(j) for j in jobs))
+
+
 async def push_to(t: Transport, files: dict[str, bytes] | None = None, *, base: str | None = None) -> PushResult:
     """Make `base` (default: the host's code dir) hold exactly `files`, sending only what changed."""
     files = files if files is not None else local_tree()
@@ -66,10 +77,9 @@ async def push_to(t: Transport, files: dict[str, bytes] | None = None, *, base: 
     placed = await _remote_manifest(t, base)
     changed = [name for name, digest in wanted.items() if placed.get(name) != digest]
     gone = [name for name in placed if name not in wanted]
-    for name in changed:
-        await t.put_bytes(files[name], f"{base}/{name}")
-    for name in gone:
-        await t.remove_file(f"{base}/{name}")
+    # SFTP serves several requests at once on one channel: overlap the round trips.
+    await _bounded(t.put_bytes(files[name], f"{base}/{name}") for name in changed)
+    await _bounded(t.remove_file(f"{base}/{name}") for name in gone)
     if changed or gone or placed != wanted:
         await t.put_bytes(json.dumps(wanted, sort_keys=True, indent=1).encode(), f"{base}/{MANIFEST}")
     return PushResult(t.host.name, len(changed), sum(len(files[n]) for n in changed), len(gone),

@@ -34,7 +34,7 @@ from pictl.push import push_all, tree_digest
 from pictl.runs import RunRecord, default_runs_root
 from pictl.telemetry import RunTelemetry, max_abs_diff, parse_event
 from pictl.timeline import StartupTimeline
-from pictl.transport import RemoteProcess, Transport, raise_for_failures, transport_for
+from pictl.transport import RemoteProcess, Transport, preload, raise_for_failures, transport_for
 from remote import protocol as P
 from remote.spec import DataSpec, RunSpec
 
@@ -98,6 +98,7 @@ class RunSession:
                  runs_root: Path | None = None, baseline_cache: BaselineCache | None = None,
                  reuse_baseline: bool = True, profile: str | None = None) -> None:
         self.cluster = cluster
+        preload(cluster)  # before the start-up clock: importing is not connecting
         self.options = options
         self.profile = profile
         self._sink = on_event or (lambda _e: None)

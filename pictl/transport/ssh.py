@@ -93,6 +93,7 @@ class SshTransport(Transport):
         super().__init__(host)
         self._conn: asyncssh.SSHClientConnection | None = None
         self._sftp: asyncssh.SFTPClient | None = None
+        self._made_dirs: set[str] = set()  # a push of many files makes each directory once
 
     def _where(self) -> str:
         return f"host '{self.host.name}' ({self.host.address}{f':{self.host.port}' if self.host.port else ''})"
@@ -164,8 +165,9 @@ class SshTransport(Transport):
         parent, _, name = path.rpartition("/")
         tmp = f"{parent + '/' if parent else ''}.{name}.pictl-tmp"
         try:
-            if parent:
+            if parent and parent not in self._made_dirs:
                 await sftp.makedirs(parent, exist_ok=True)
+                self._made_dirs.add(parent)
             async with sftp.open(tmp, "wb") as fh:
                 await fh.write(data)
             await sftp.posix_rename(tmp, path)  # a broken transfer never leaves a half file
@@ -195,8 +197,10 @@ class SshTransport(Transport):
 
     async def remove_tree(self, remote_path: str) -> None:
         sftp = await self._sftp_client()
+        path = sftp_path(remote_path)
+        self._made_dirs = {d for d in self._made_dirs if d != path and not d.startswith(path + "/")}
         try:
-            await sftp.rmtree(sftp_path(remote_path))
+            await sftp.rmtree(path)
         except (asyncssh.Error, OSError):
             pass
 
