@@ -13,19 +13,29 @@ inventory names, so nothing disables host-key checking. The hosts share a
 read-only "lab image" with the pinned torch stack, like a prepared Pi image: the
 inventory's `venv` points at it, and each login's python also sees it through its
 user site-packages (what `system_site_packages = true` reuses).
-Needs root; `Unavailable` says why when it cannot run.
+Needs root for all that. Without root, `LoopbackCluster` is the fallback: the same
+number of sshd hosts on loopback ports, run by the current user, each host with a
+workdir of its own (one login, one address, no CPU quotas, the controller's venv
+as the image); tests that need the rest say so and skip. `start_cluster` picks.
+`Unavailable` says why when neither can run.
 """
 
 from __future__ import annotations
 
+import copy
+import getpass
+import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
 import tomllib
 from pathlib import Path
+
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 BRIDGE = "pictl-br0"
@@ -63,17 +73,83 @@ def ensure_lab_venv() -> Path:
     return LAB_VENV
 
 
+def to_toml(layout: dict) -> str:
+    """The inventory's small TOML subset: tables and arrays of tables of strings, numbers and booleans."""
+    def value(v: object) -> str:
+        return str(v).lower() if isinstance(v, bool) else json.dumps(v)  # a JSON string is a TOML basic string
+
+    out = []
+    for name, table in layout.items():
+        for entry in table if isinstance(table, list) else [table]:
+            out.append(f"[[{name}]]" if isinstance(table, list) else f"[{name}]")
+            out += [f"{k} = {value(v)}" for k, v in entry.items()]
+            out.append("")
+    return "\n".join(out)
+
+
 class SshCluster:
+    """The full cluster: network namespaces, a login each, cgroups (root)."""
+
+    netns = True
+
     def __init__(self, hosts: int = 4, state: Path = STATE) -> None:
         self.n = hosts
         self.state = state
         self.procs: list[subprocess.Popen] = []
+        self.layout: dict = {}
+        self.inventory: Path | None = None
 
     def address(self, i: int) -> str:
         return f"{SUBNET}.{11 + i}"
 
+    def port(self, i: int) -> int:
+        return 22
+
+    def endpoint(self, i: int) -> str:
+        """How pictl's messages name the host's address."""
+        return self.address(i) if self.port(i) == 22 else f"{self.address(i)}:{self.port(i)}"
+
     def user(self, i: int) -> str:
         return f"pictl-t{i}"
+
+    def workdir_spec(self, i: int) -> str:
+        """The workdir as the inventory writes it."""
+        return "~/pictl"
+
+    def workdir(self, i: int) -> Path:
+        """The same directory as a path on this machine."""
+        return Path(f"/home/{self.user(i)}/pictl")
+
+    def exec_on(self, i: int) -> list[str]:
+        """Prefix that runs a command on host i's network."""
+        return ["ip", "netns", "exec", f"pictl-t{i}"]
+
+    def _belongs(self, i: int, p: psutil.Process) -> bool:
+        return p.info["username"] == self.user(i)
+
+    def processes(self, i: int) -> list[psutil.Process]:
+        """The live processes host i runs for pictl."""
+        found = []
+        for p in psutil.process_iter(["username", "cmdline", "status", "cwd"]):
+            if p.info["status"] != psutil.STATUS_ZOMBIE and self._belongs(i, p):
+                found.append(p)
+        return found
+
+    def variant(self, path: Path, *, defaults: dict | None = None, hosts: dict[int, dict] | None = None) -> Path:
+        """A copy of the inventory with some fields changed (None removes a field)."""
+        layout = copy.deepcopy(self.layout)
+        for table, changes in [(layout["defaults"], defaults or {})] + [
+                (layout["host"][i], c) for i, c in (hosts or {}).items()]:
+            for k, v in changes.items():
+                if v is None:
+                    table.pop(k, None)
+                else:
+                    table[k] = v
+        path.write_text(to_toml(layout))
+        return path
+
+    def down(self) -> None:
+        down()
 
     @staticmethod
     def check_possible() -> None:
@@ -146,18 +222,9 @@ class SshCluster:
         return f"{self.address(i)} {(d / 'host_key.pub').read_text().split(' ')[0]} " \
                f"{(d / 'host_key.pub').read_text().split(' ')[1]}\n"
 
-    def _wait_listening(self, timeout: float = 20) -> None:
+    def _wait_listening(self) -> None:
         for i in range(self.n):
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    socket.create_connection((self.address(i), 22), timeout=1).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise Unavailable(f"sshd on {self.address(i)} did not start: "
-                                          f"{(self.state / f'host{i}' / 'sshd.log').read_text()[-500:]}") from None
-                    time.sleep(0.1)
+            _wait_port(self.address(i), 22, self.state / f"host{i}" / "sshd.log")
 
     def up(self, *, lab: bool = True, cpu: float | None = None) -> Path:
         self.check_possible()
@@ -178,15 +245,126 @@ class SshCluster:
         venv = ensure_lab_venv() if lab else None
         for i in range(self.n) if venv else []:
             self._lab_image_in_user_site(i, venv)
-        hosts = ["[cluster]\nname = \"sshtest\"\n",
-                 f"[defaults]\ntransport = \"ssh\"\nkey = \"{self.state / 'client_key'}\"\n"
-                 f"known_hosts = \"{self.state / 'known_hosts'}\"\ninterface = \"eth0\"\nworkdir = \"~/pictl\"\n"
-                 f"python = \"/usr/bin/python3\"\n" + (f"venv = \"{venv}\"\n" if venv else "")]
+        defaults = {"transport": "ssh", "key": str(self.state / "client_key"),
+                    "known_hosts": str(self.state / "known_hosts"), "interface": "eth0", "workdir": "~/pictl",
+                    "python": "/usr/bin/python3"}
+        if venv:
+            defaults["venv"] = str(venv)
+        hosts = [{"name": f"h{i}", "address": self.address(i), "user": self.user(i)} for i in range(self.n)]
+        return self._write_inventory(defaults, hosts)
+
+    def _write_inventory(self, defaults: dict, hosts: list[dict]) -> Path:
+        self.layout = {"cluster": {"name": "sshtest"}, "defaults": defaults, "host": hosts}
+        self.inventory = self.state / "hosts.toml"
+        self.inventory.write_text(to_toml(self.layout))
+        return self.inventory
+
+
+class LoopbackCluster(SshCluster):
+    """Without root: sshd per host on a loopback port, all run by the current user."""
+
+    netns = False
+
+    def __init__(self, hosts: int = 4, state: Path | None = None) -> None:
+        super().__init__(hosts, state or Path(f"/tmp/pictl-sshcluster-{getpass.getuser()}"))
+        self.ports: list[int] = []
+
+    def address(self, i: int) -> str:
+        return "127.0.0.1"
+
+    def port(self, i: int) -> int:
+        return self.ports[i]
+
+    def user(self, i: int) -> str:
+        return getpass.getuser()
+
+    def workdir_spec(self, i: int) -> str:
+        return str(self.state / "hosts" / f"h{i}")
+
+    def workdir(self, i: int) -> Path:
+        return Path(self.workdir_spec(i))
+
+    def exec_on(self, i: int) -> list[str]:
+        return []
+
+    def _belongs(self, i: int, p: psutil.Process) -> bool:
+        # One login for all hosts: a host's processes are those working in its workdir.
+        cwd = p.info.get("cwd") or ""
+        return p.info["username"] == self.user(i) and cwd.startswith(f"{self.workdir(i)}/")
+
+    @staticmethod
+    def check_possible() -> None:
+        if not Path("/usr/sbin/sshd").exists():
+            raise Unavailable("Debian's openssh-server is not installed (/usr/sbin/sshd)")
+
+    def up(self, *, lab: bool = True, cpu: float | None = None) -> Path:
+        if cpu is not None:
+            raise Unavailable("CPU quotas need root (cgroups)")
+        self.check_possible()
+        self.down()
+        self.state.mkdir(parents=True, mode=0o700)
+        _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(self.state / "client_key"))
+        (self.state / "authorized_keys").write_text((self.state / "client_key.pub").read_text())
+        known = ""
         for i in range(self.n):
-            hosts.append(f"[[host]]\nname = \"h{i}\"\naddress = \"{self.address(i)}\"\nuser = \"{self.user(i)}\"\n")
-        inventory = self.state / "hosts.toml"
-        inventory.write_text("\n".join(hosts))
-        return inventory
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                self.ports.append(s.getsockname()[1])
+            d = self.state / f"host{i}"
+            d.mkdir()
+            _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "host_key"))
+            (d / "sshd_config").write_text(
+                f"ListenAddress 127.0.0.1\nPort {self.port(i)}\nHostKey {d / 'host_key'}\n"
+                f"PidFile {d / 'sshd.pid'}\nAuthorizedKeysFile {self.state / 'authorized_keys'}\n"
+                "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+                "Subsystem sftp internal-sftp\nMaxSessions 32\nMaxStartups 64\n")
+            self.procs.append(subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(d / "sshd_config")],
+                                               stdout=subprocess.DEVNULL,
+                                               stderr=open(d / "sshd.log", "w")))  # noqa: SIM115
+            key = (d / "host_key.pub").read_text().split()
+            known += f"[127.0.0.1]:{self.port(i)} {key[0]} {key[1]}\n"
+        (self.state / "known_hosts").write_text(known)
+        for i in range(self.n):
+            _wait_port(self.address(i), self.port(i), self.state / f"host{i}" / "sshd.log")
+        # The controller's own environment plays the prepared image.
+        defaults = {"transport": "ssh", "key": str(self.state / "client_key"),
+                    "known_hosts": str(self.state / "known_hosts"), "interface": "lo", "user": self.user(0),
+                    "python": sys.executable, "venv": sys.prefix}
+        hosts = [{"name": f"h{i}", "address": "127.0.0.1", "port": self.port(i), "workdir": self.workdir_spec(i)}
+                 for i in range(self.n)]
+        return self._write_inventory(defaults, hosts)
+
+    def down(self) -> None:
+        for pidfile in self.state.glob("host*/sshd.pid") if self.state.exists() else []:
+            try:  # also the sshds of an earlier `up` in another process
+                os.kill(int(pidfile.read_text().strip()), signal.SIGTERM)
+            except (ValueError, ProcessLookupError):
+                pass
+        for proc in self.procs:
+            proc.terminate()
+            proc.wait(10)
+        self.procs.clear()
+        self.ports.clear()
+        shutil.rmtree(self.state, ignore_errors=True)
+
+
+def start_cluster(hosts: int = 4, cpu: float | None = None) -> SshCluster:
+    """The namespaced cluster as root, else the loopback fallback; raises Unavailable if neither runs."""
+    cluster = SshCluster(hosts) if os.geteuid() == 0 else LoopbackCluster(hosts)
+    cluster.up(cpu=cpu)
+    return cluster
+
+
+def _wait_port(address: str, port: int, log: Path, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((address, port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise Unavailable(f"sshd on {address}:{port} did not start: {log.read_text()[-500:]}") from None
+            time.sleep(0.1)
 
 
 def down(n: int = 16) -> None:
@@ -229,9 +407,16 @@ def down(n: int = 16) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["up"]:
-        print(SshCluster(int(sys.argv[2]) if len(sys.argv) > 2 else 4).up(
-            cpu=float(sys.argv[3]) if len(sys.argv) > 3 else None))
+        cluster = start_cluster(int(sys.argv[2]) if len(sys.argv) > 2 else 4,
+                                cpu=float(sys.argv[3]) if len(sys.argv) > 3 else None)
+        print(cluster.inventory)
+        if not cluster.netns:  # its sshds are children of this process
+            print("loopback cluster (not root): Ctrl-C stops it", file=sys.stderr)
+            try:
+                signal.pause()
+            except KeyboardInterrupt:
+                cluster.down()
     elif sys.argv[1:2] == ["down"]:
-        down()
+        down() if os.geteuid() == 0 else LoopbackCluster().down()
     else:
         sys.exit(__doc__)

@@ -29,11 +29,10 @@ def test_check_ssh_hosts_and_name_the_unready(ssh_cluster, pictl_env, tmp_path: 
     assert [h["probe"]["interface"]["address"] for h in hosts] == [ssh_cluster.address(i) for i in range(4)]
     assert all(h["probe"]["rendezvous"]["ok"] for h in hosts)
 
-    text = ssh_cluster.inventory.read_text()
-    text = text.replace('user = "pictl-t1"', 'user = "pictl-t1"\ninterface = "eth9"')
-    text = text.replace('address = "10.231.0.14"', 'address = "10.231.0.99"')
-    (tmp_path / "hosts.toml").write_text(text)
-    proc = run_pictl(["check", "--json", "--hosts", str(tmp_path / "hosts.toml")], pictl_env)
+    from test_ssh import _dead_endpoint
+
+    inv = ssh_cluster.variant(tmp_path / "hosts.toml", hosts={1: {"interface": "eth9"}, 3: _dead_endpoint(ssh_cluster)})
+    proc = run_pictl(["check", "--json", "--hosts", str(inv)], pictl_env)
     assert proc.returncode == 4  # a host is down
     by_name = {h["host"]: h for h in json.loads(proc.stdout)["hosts"]}
     assert by_name["h0"]["ready"] and by_name["h2"]["ready"]  # one dead host hides no other

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run_pictl
-from test_ssh import _assert_hosts_clean, _inventory_variant
+from conftest import require_netns, run_pictl
+from test_ssh import _assert_hosts_clean
 
 pytestmark = pytest.mark.slow
 
@@ -37,10 +37,11 @@ def test_local_host_gets_a_uv_venv_then_is_up_to_date(tmp_path: Path, pictl_env)
     assert _provision_seconds(second.stdout) < 1.0
 
 
-def _lab_image_inventory(ssh_cluster, tmp_path: Path, **more: str) -> Path:
+def _lab_image_inventory(ssh_cluster, tmp_path: Path, hosts: dict[int, dict] | None = None) -> Path:
     """Per-host venvs in each home that reuse the lab image's packages (no package index is reachable)."""
-    return _inventory_variant(ssh_cluster, tmp_path, **{
-        'venv = "/opt/pictl-testlab/venv"': 'venv = "~/pictl/venv"\nsystem_site_packages = true', **more})
+    require_netns(ssh_cluster, "per-host logins with the lab image in their python, nor an offline network")
+    return ssh_cluster.variant(tmp_path / "hosts.toml", defaults={"venv": "~/pictl/venv", "system_site_packages": True},
+                               hosts=hosts)
 
 
 def test_offline_provision_over_ssh_then_up_to_date_then_run(ssh_cluster, pictl_env, tmp_path: Path) -> None:
@@ -52,7 +53,7 @@ def test_offline_provision_over_ssh_then_up_to_date_then_run(ssh_cluster, pictl_
     for i in range(4):
         assert f"h{i}: installed with pip" in first.stdout
         assert f"h{i}: install:" in first.stderr  # per-host progress
-        cfg = Path(f"/home/{ssh_cluster.user(i)}/pictl/venv/pyvenv.cfg").read_text()
+        cfg = (ssh_cluster.workdir(i) / "venv" / "pyvenv.cfg").read_text()
         assert "include-system-site-packages = true" in cfg
     second = run_pictl(["provision", "--hosts", str(inv), "--wheels", str(wheels)], pictl_env)
     assert second.returncode == 0, second.stderr
@@ -71,26 +72,25 @@ def test_offline_provision_over_ssh_then_up_to_date_then_run(ssh_cluster, pictl_
 
 def test_installer_failure_names_the_host_and_shows_its_last_lines(ssh_cluster, pictl_env, tmp_path: Path) -> None:
     # h3 does not reuse the image and has no index: pip cannot find torch.
-    inv = _lab_image_inventory(ssh_cluster, tmp_path, **{'name = "h3"': 'name = "h3"\nsystem_site_packages = false'})
+    inv = _lab_image_inventory(ssh_cluster, tmp_path, hosts={3: {"system_site_packages": False}})
     (tmp_path / "wheels").mkdir()
     proc = run_pictl(["provision", "--hosts", str(inv), "--wheels", str(tmp_path / "wheels")], pictl_env)
     assert proc.returncode == 6, proc.stderr
     assert "pictl: error: host 'h3': install failed" in proc.stderr
     assert "No matching distribution found for torch" in proc.stderr
     assert "provisioned 3 of 4 host(s)" in proc.stdout
-    assert not Path(f"/home/{ssh_cluster.user(3)}/pictl/venv/.pictl-provisioned").exists()
+    assert not (ssh_cluster.workdir(3) / "venv" / ".pictl-provisioned").exists()
     _assert_hosts_clean(ssh_cluster)
 
 
 @pytest.mark.parametrize(("change", "fragment"), [
-    ({'name = "h1"': 'name = "h1"\npython = "/usr/bin/python3.9"'},
-     "host 'h1': python '/usr/bin/python3.9' not found"),
-    ({'name = "h2"': 'name = "h2"\nvenv = "/opt/pictl-testlab/h2-venv"'},
+    ({1: {"python": "/usr/bin/python3.9"}}, "host 'h1': python '/usr/bin/python3.9' not found"),
+    ({2: {"venv": "/opt/pictl-testlab/h2-venv"}},
      "host 'h2': venv path /opt/pictl-testlab/h2-venv is not writable by user pictl-t2"),
 ])
 def test_host_that_cannot_hold_a_venv_is_named(ssh_cluster, pictl_env, tmp_path: Path, change: dict,
                                                fragment: str) -> None:
-    inv = _lab_image_inventory(ssh_cluster, tmp_path, **change)
+    inv = _lab_image_inventory(ssh_cluster, tmp_path, hosts=change)
     (tmp_path / "wheels").mkdir()
     proc = run_pictl(["provision", "--hosts", str(inv), "--wheels", str(tmp_path / "wheels")], pictl_env)
     assert proc.returncode == 6

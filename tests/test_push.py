@@ -41,7 +41,7 @@ def test_the_shipped_tree_includes_remote_and_profiles() -> None:
 
 @pytest.mark.slow
 def test_push_to_ssh_hosts_then_unchanged_repush(ssh_cluster, pictl_env) -> None:
-    for home in (Path(f"/home/{ssh_cluster.user(i)}/pictl/code") for i in range(ssh_cluster.n)):
+    for home in (ssh_cluster.workdir(i) / "code" for i in range(ssh_cluster.n)):
         if home.exists():
             (home / MANIFEST).unlink(missing_ok=True)  # as if never pushed
     first = run_pictl(["push", "--hosts", str(ssh_cluster.inventory)], pictl_env)
@@ -51,5 +51,5 @@ def test_push_to_ssh_hosts_then_unchanged_repush(ssh_cluster, pictl_env) -> None
     again = run_pictl(["push", "--hosts", str(ssh_cluster.inventory)], pictl_env)
     assert again.returncode == 0 and again.stdout.count("up to date") == 4, again.stdout
     assert time.monotonic() - start < 10
-    placed = Path(f"/home/{ssh_cluster.user(3)}/pictl/code/remote/pipeline.py")
+    placed = ssh_cluster.workdir(3) / "code" / "remote" / "pipeline.py"
     assert placed.read_bytes() == local_tree()["remote/pipeline.py"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ROOT, run_pictl
+from conftest import ROOT, require_netns, run_pictl
 
 from pictl.errors import TransportError
 from pictl.inventory import load_cluster
@@ -22,22 +23,14 @@ FAST = ["--images", "6", "--warmup", "0", "--repeats", "1", "--headless", "--jso
 
 
 def _host_processes(cluster) -> dict[str, list[str]]:
-    """Every process of every test host's login, by host."""
-    users = {cluster.user(i): f"h{i}" for i in range(cluster.n)}
-    found: dict[str, list[str]] = {}
-    for p in psutil.process_iter(["username", "cmdline", "status"]):
-        if p.info["username"] in users and p.info["status"] != psutil.STATUS_ZOMBIE:
-            found.setdefault(users[p.info["username"]], []).append(" ".join(p.info["cmdline"] or [])[:100])
-    return found
+    """What every test host runs for pictl (its login's processes; on loopback, those in its workdir)."""
+    found = {f"h{i}": [" ".join(p.info["cmdline"] or [])[:100] for p in cluster.processes(i)]
+             for i in range(cluster.n)}
+    return {host: procs for host, procs in found.items() if procs}
 
 
-def _inventory_variant(cluster, tmp_path: Path, **changes: str) -> Path:
-    text = cluster.inventory.read_text()
-    for old, new in changes.items():
-        text = text.replace(old, new)
-    path = tmp_path / "hosts.toml"
-    path.write_text(text)
-    return path
+def _cmdline(p: psutil.Process) -> str:
+    return " ".join(p.info["cmdline"] or [])
 
 
 def test_four_host_run_over_ssh_matches_serial(ssh_cluster, pictl_env) -> None:
@@ -53,13 +46,15 @@ def test_four_host_run_over_ssh_matches_serial(ssh_cluster, pictl_env) -> None:
 def test_unknown_host_key_is_refused_until_trusted(ssh_cluster, pictl_env, tmp_path: Path) -> None:
     empty = tmp_path / "known_hosts"
     empty.write_text("")
-    inv = _inventory_variant(ssh_cluster, tmp_path, **{str(ssh_cluster.state / "known_hosts"): str(empty)})
+    inv = ssh_cluster.variant(tmp_path / "hosts.toml", defaults={"known_hosts": str(empty)})
     proc = run_pictl(["run", "--hosts", str(inv), "--stages", "1", *FAST], pictl_env)
     assert proc.returncode == 4
-    assert "host 'h0' (10.231.0.11): host key not trusted" in proc.stderr and "pictl trust h0" in proc.stderr
+    assert f"host 'h0' ({ssh_cluster.endpoint(0)}): host key not trusted" in proc.stderr
+    assert "pictl trust h0" in proc.stderr
     trusted = run_pictl(["trust", "h0", "--hosts", str(inv)], pictl_env)
     assert trusted.returncode == 0, trusted.stderr
-    assert empty.read_text().startswith("10.231.0.11 ssh-ed25519 ")
+    entry = ssh_cluster.address(0) if ssh_cluster.port(0) == 22 else f"[{ssh_cluster.address(0)}]:{ssh_cluster.port(0)}"
+    assert empty.read_text().startswith(f"{entry} ssh-ed25519 ")
     assert empty.read_text().split()[2] == (ssh_cluster.state / "host0" / "host_key.pub").read_text().split()[1]
 
 
@@ -72,12 +67,25 @@ def test_changed_host_key_is_refused(ssh_cluster, tmp_path: Path) -> None:
         asyncio.run(SshTransport(host).connect())
 
 
-@pytest.mark.parametrize("change, fragment", [
-    ({'user = "pictl-t2"': 'user = "nobody-here"'}, "host 'h2' (10.231.0.13): authentication failed"),
-    ({'address = "10.231.0.14"': 'address = "10.231.0.99"'}, "host 'h3' (10.231.0.99): unreachable"),
-])
-def test_bad_hosts_are_named(ssh_cluster, pictl_env, tmp_path: Path, change: dict, fragment: str) -> None:
-    inv = _inventory_variant(ssh_cluster, tmp_path, **change)
+def _dead_endpoint(cluster) -> dict:
+    """Where no host answers: an unused address on the namespaces' bridge, a closed port on loopback."""
+    if cluster.netns:
+        return {"address": "10.231.0.99"}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return {"port": s.getsockname()[1]}
+
+
+@pytest.mark.parametrize("case", ["wrong user", "dead host"])
+def test_bad_hosts_are_named(ssh_cluster, pictl_env, tmp_path: Path, case: str) -> None:
+    if case == "wrong user":
+        inv = ssh_cluster.variant(tmp_path / "hosts.toml", hosts={2: {"user": "nobody-here"}})
+        fragment = f"host 'h2' ({ssh_cluster.endpoint(2)}): authentication failed"
+    else:
+        dead = _dead_endpoint(ssh_cluster)
+        inv = ssh_cluster.variant(tmp_path / "hosts.toml", hosts={3: dead})
+        where = dead.get("address", "127.0.0.1") + (f":{dead['port']}" if "port" in dead else "")
+        fragment = f"host 'h3' ({where}): unreachable"
     start = time.monotonic()
     proc = run_pictl(["run", "--hosts", str(inv), "--stages", "4", *FAST], pictl_env)
     assert proc.returncode == 4, proc.stderr[-2000:]
@@ -135,9 +143,8 @@ def _assert_hosts_clean(cluster, timeout: float = 15) -> None:
 def test_killed_rank_on_one_host_stops_every_host(ssh_cluster, pictl_env) -> None:
     proc = _start_long_run(ssh_cluster, pictl_env)
     run_dir = _wait_progress(pictl_env, proc)
-    victims = [p for p in psutil.process_iter(["username", "cmdline"]) if p.info["username"] == ssh_cluster.user(2)
-               and "remote.pipeline" in " ".join(p.info["cmdline"] or [])
-               and "torch.distributed.run" not in " ".join(p.info["cmdline"] or [])]
+    victims = [p for p in ssh_cluster.processes(2)
+               if "remote.pipeline" in _cmdline(p) and "torch.distributed.run" not in _cmdline(p)]
     assert len(victims) == 1
     killed_at = time.monotonic()
     victims[0].kill()
@@ -169,13 +176,14 @@ def test_pictl_stop_removes_what_a_vanished_controller_left(ssh_cluster, pictl_e
     async def launch_orphan() -> tuple[dict, psutil.Process]:
         t = SshTransport(host)
         await t.connect()
-        await t.makedirs("~/pictl/runs/vanished")
-        await t.start(supervised(host, [host.python, "-c", hung], "pgid-test"), cwd="~/pictl/runs/vanished",
+        run_dir = f"{host.workdir}/runs/vanished"
+        await t.makedirs(run_dir)
+        await t.start(supervised(host, [host.python, "-c", hung], "pgid-test"), cwd=run_dir,
                       env={"PYTHONPATH": host.code_dir})
         await asyncio.sleep(1.0)
         swept = await cleanup_host(t, orphans_only=True)  # what every run does first
-        procs = [p for p in psutil.process_iter(["username", "cmdline"]) if p.info["username"] == ssh_cluster.user(1)]
-        supervisor = next(p for p in procs if "remote.supervise" in " ".join(p.info["cmdline"] or []))
+        procs = ssh_cluster.processes(1)
+        supervisor = next(p for p in procs if "remote.supervise" in _cmdline(p))
         child = next(p for p in procs if p.ppid() == supervisor.pid)
         # The supervisor dies before it can stop anything (as under an OOM kill); the child ignores
         # the SIGTERM its parent's death sends: a true orphan.
@@ -195,20 +203,20 @@ def test_pictl_stop_removes_what_a_vanished_controller_left(ssh_cluster, pictl_e
 
 
 def _run_dirs_on_hosts(cluster) -> set[Path]:
-    return {p for i in range(cluster.n) for p in Path(f"/home/{cluster.user(i)}/pictl/runs").glob("*")}
+    return {p for i in range(cluster.n) for p in (cluster.workdir(i) / "runs").glob("*")}
 
 
 def test_ranks_reorder_hosts_and_odd_workdirs_work(ssh_cluster, pictl_env, tmp_path: Path) -> None:
     """Explicit ranks (h3 runs stage 0), a workdir with a space and a quote, a chosen free master port."""
-    ranks = {f'name = "h{i}"': f'name = "h{i}"\nrank = {3 - i}' for i in range(4)}
-    inv = _inventory_variant(ssh_cluster, tmp_path, **ranks,
-                             **{'workdir = "~/pictl"': 'workdir = "~/pictl/odd dir \'q\'"'})
+    odd = "odd dir 'q'"
+    inv = ssh_cluster.variant(tmp_path / "hosts.toml", hosts={
+        i: {"rank": 3 - i, "workdir": f"{ssh_cluster.workdir_spec(i)}/{odd}"} for i in range(4)})
     proc = run_pictl(["run", "--hosts", str(inv), "--stages", "2", "--master-port", "29877", *FAST], pictl_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.loads(proc.stdout)
     assert s["outputs_match"] is True and [st["host"] for st in s["per_stage"]] == ["h3", "h2"]
-    assert "rendezvous 10.231.0.14:29877" in proc.stderr
-    assert Path(f"/home/{ssh_cluster.user(3)}/pictl/odd dir 'q'/code/remote/pipeline.py").is_file()
+    assert f"rendezvous {ssh_cluster.address(3)}:29877" in proc.stderr
+    assert (ssh_cluster.workdir(3) / odd / "code" / "remote" / "pipeline.py").is_file()
     startup = s["startup"]
     assert startup["total_s"] == pytest.approx(sum(v for k, v in startup.items() if k != "total_s"), abs=0.01)
     _assert_hosts_clean(ssh_cluster)
@@ -217,7 +225,7 @@ def test_ranks_reorder_hosts_and_odd_workdirs_work(ssh_cluster, pictl_env, tmp_p
 def test_master_port_in_use_is_refused_before_anything_starts(ssh_cluster, pictl_env, tmp_path: Path) -> None:
     port = 29878
     before = _run_dirs_on_hosts(ssh_cluster)
-    holder = subprocess.Popen(["ip", "netns", "exec", "pictl-t0", sys.executable, "-c",
+    holder = subprocess.Popen([*ssh_cluster.exec_on(0), sys.executable, "-c",
                                "import socket, sys, time\ns = socket.socket()\n"
                                f"s.bind(('', {port}))\ns.listen()\nprint('ready', flush=True)\ntime.sleep(120)\n"],
                               stdout=subprocess.PIPE, text=True)
@@ -238,6 +246,7 @@ def test_master_port_in_use_is_refused_before_anything_starts(ssh_cluster, pictl
 
 def test_cpu_quota_emulates_a_slow_host(ssh_cluster) -> None:
     """A cgroup CFS quota on one host's sshd caps everything started through it."""
+    require_netns(ssh_cluster, "cgroups")
     busy = "import time\nend = time.time() + 1.5\nwhile time.time() < end:\n    pass\nprint(time.process_time())\n"
     hosts = load_cluster(ssh_cluster.inventory).hosts
 
