@@ -208,6 +208,7 @@ def provision(
     wheels: Annotated[Optional[Path], typer.Option(help="Offline: install only from these wheels.")] = None,
     installer: Annotated[str, typer.Option(help="auto (uv when the host has it, else pip) | uv | pip")] = "auto",
     force: Annotated[bool, typer.Option("--force", help="Install again even when up to date.")] = False,
+    extra_index_url: Annotated[Optional[str], typer.Option(help="Online: another index, e.g. CPU-only torch.")] = None,
     hosts: Annotated[Optional[Path], typer.Option(help="Inventory file.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show every installer line.")] = False,
 ) -> None:
@@ -228,7 +229,7 @@ def provision(
 
     async def work(transports):  # noqa: ANN001, ANN202
         return await provision_all(transports, Wheelhouse(wheels) if wheels else None, force=force,
-                                   installer=installer, progress=progress)
+                                   installer=installer, extra_index_url=extra_index_url, progress=progress)
 
     start = time.perf_counter()
     try:
@@ -236,6 +237,8 @@ def provision(
             raise E.ConfigError(f"--installer: '{installer}' is not one of auto, uv, pip")
         if wheels is not None and not wheels.is_dir():
             raise E.ConfigError(f"--wheels: {wheels} is not a directory")
+        if wheels is not None and extra_index_url:
+            raise E.ConfigError("--extra-index-url: offline (--wheels) installs use no index")
         cluster = _cluster(hosts)
         results = asyncio.run(_run_cancellable(_with_transports(cluster, work)))
     except E.PictlError as exc:
@@ -265,12 +268,14 @@ def wheels(
     dest: Annotated[Path, typer.Argument(help="Directory to fill with wheels (created if missing).")],
     platform: Annotated[str, typer.Option(help="Host CPU: aarch64 (Raspberry Pi 4/5), armv7l or x86_64.")] = "aarch64",
     python_version: Annotated[str, typer.Option(help="The hosts' python, e.g. 3.11.")] = "3.11",
+    extra_index_url: Annotated[Optional[str], typer.Option(help="Another index, e.g. a CPU-only torch one.")] = None,
 ) -> None:
     """Gather the pinned requirements as wheels for the hosts' platform (for `provision --wheels`)."""
     from pictl.wheels import gather_wheels
 
     try:
-        files = gather_wheels(dest, platform=platform, python_version=python_version)
+        files = gather_wheels(dest, platform=platform, python_version=python_version,
+                              extra_index_url=extra_index_url)
     except E.PictlError as exc:
         _fail(exc)
     typer.echo(f"{len(files)} wheel(s) in {dest} ({sum(f.stat().st_size for f in files) / 1e6:.0f} MB)")

@@ -88,8 +88,9 @@ class ProvisionResult:
     seconds: float
 
 
-def fingerprint(host: Host, requirements: list[str], wheels: Wheelhouse | None) -> str:
-    identity = {"requirements": requirements, "python": host.base_python(),
+def fingerprint(host: Host, requirements: list[str], wheels: Wheelhouse | None,
+                extra_index_url: str | None = None) -> str:
+    identity = {"requirements": requirements, "python": host.base_python(), "extra_index_url": extra_index_url,
                 "system_site_packages": host.system_site_packages,
                 "wheels": wheels.identity() if wheels else None}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
@@ -110,7 +111,7 @@ async def _host_state(t: Transport) -> tuple[tuple[int, ...], str | None]:
 
 
 async def provision_host(t: Transport, requirements: list[str], wheels: Wheelhouse | None, *,
-                         force: bool = False, installer: str = "auto",
+                         force: bool = False, installer: str = "auto", extra_index_url: str | None = None,
                          progress: Progress = lambda host, msg: None) -> ProvisionResult:
     h = t.host
     start = time.perf_counter()
@@ -120,7 +121,7 @@ async def provision_host(t: Transport, requirements: list[str], wheels: Wheelhou
     if version < MIN_PYTHON:
         raise ProvisionError(f"{_where(h)}: python '{h.base_python()}' is {'.'.join(map(str, version))}; "
                              f"pictl needs >= 3.11 (set `python` in the inventory)")
-    wanted = fingerprint(h, requirements, wheels)
+    wanted = fingerprint(h, requirements, wheels, extra_index_url)
     if placed == wanted and not force:
         return ProvisionResult(h.name, "up to date", None, time.perf_counter() - start)
     base = f"{h.workdir.rstrip('/')}/provision"
@@ -132,6 +133,8 @@ async def provision_host(t: Transport, requirements: list[str], wheels: Wheelhou
         await t.makedirs(f"{base}/wheels")
         await push_to(t, wheels.contents, base=f"{base}/wheels")
         argv += ["--wheels", f"{base}/wheels"]
+    if extra_index_url:
+        argv += ["--extra-index-url", extra_index_url]
     if h.system_site_packages:
         argv.append("--system-site-packages")
     proc = await t.start(argv)
@@ -158,9 +161,10 @@ async def provision_host(t: Transport, requirements: list[str], wheels: Wheelhou
 
 
 async def provision_all(transports: list[Transport], wheels: Wheelhouse | None = None, *, force: bool = False,
-                        installer: str = "auto", progress: Progress = lambda host, msg: None,
-                        ) -> list[ProvisionResult | BaseException]:
+                        installer: str = "auto", extra_index_url: str | None = None,
+                        progress: Progress = lambda host, msg: None) -> list[ProvisionResult | BaseException]:
     """Every host in parallel; one result (or exception) per host, in order."""
     requirements = remote_requirements()
     return await asyncio.gather(*(provision_host(t, requirements, wheels, force=force, installer=installer,
-                                                 progress=progress) for t in transports), return_exceptions=True)
+                                                 extra_index_url=extra_index_url, progress=progress)
+                                  for t in transports), return_exceptions=True)

@@ -1,7 +1,8 @@
 """Create the host's venv and install the pinned requirements (stdlib only; runs before any venv exists).
 
     python provision.py --venv PATH --requirements FILE --fingerprint HEX
-                        [--wheels DIR] [--system-site-packages] [--installer auto|uv|pip]
+                        [--wheels DIR | --extra-index-url URL] [--system-site-packages]
+                        [--installer auto|uv|pip]
 
 Prints one JSON object per line: {"step": ...} as it goes, then {"done": ...} or
 {"error": ..., "tail": [the installer's last lines]}. Exit 0 ok, 2 the host cannot
@@ -113,6 +114,8 @@ def provision(args: argparse.Namespace) -> str:
         raise Failed("--installer uv, but this host has no uv", 2)
     site = ["--system-site-packages"] if args.system_site_packages else []
     index = ["--no-index", "--find-links", os.path.expanduser(args.wheels)] if args.wheels else []
+    if args.extra_index_url:
+        index += ["--extra-index-url", args.extra_index_url]
     python = os.path.join(venv, "bin", "python")
     stamp = os.path.join(venv, FINGERPRINT_FILE)
     if os.path.exists(stamp):
@@ -142,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requirements", required=True)
     parser.add_argument("--fingerprint", required=True)
     parser.add_argument("--wheels")
+    parser.add_argument("--extra-index-url")
     parser.add_argument("--system-site-packages", action="store_true")
     parser.add_argument("--installer", choices=("auto", "uv", "pip"), default="auto")
     args = parser.parse_args(argv)
