@@ -29,6 +29,7 @@ from pictl.launch import (
     torchrun_argv,
     worker_env,
 )
+from pictl.plans import PlanCache
 from pictl.profiles import RunOptions
 from pictl.push import push_all, tree_digest
 from pictl.runs import RunRecord, default_runs_root
@@ -104,6 +105,8 @@ class RunSession:
         self._sink = on_event or (lambda _e: None)
         self.runs_root = runs_root or default_runs_root()
         self.cache = baseline_cache or BaselineCache()
+        self.plans = PlanCache(self.cache.root.parent / "plans")
+        self.plan_reused = False
         self.reuse_baseline = reuse_baseline
         self.record: RunRecord | None = None
         self.telemetry = RunTelemetry()
@@ -177,7 +180,20 @@ class RunSession:
         if stopped:
             self._phase("cleanup", f"stopped {stopped} process group(s) an earlier run left behind")
 
+    def _plan_key(self, host: Host, spec: RunSpec) -> str | None:
+        if spec.checkpoint or spec.data.kind != "synthetic":
+            return None  # planning also checks files on the hosts: do it every time
+        return PlanCache.key({"model": spec.model, "num_classes": spec.num_classes, "stages": spec.stages,
+                              "policy": spec.policy, "split": list(spec.split_points), "chunk": spec.chunk,
+                              "images": spec.images, "host": [host.name, host.address, host.python_path()],
+                              "code": tree_digest()})
+
     async def _plan(self, host: Host, spec: RunSpec) -> dict[str, Any]:
+        key = self._plan_key(host, spec)
+        if key and (cached := self.plans.get(key)):
+            self.plan_reused = True
+            self._phase("plan", f"plan for {spec.stages} stage(s) reused (same model, split and code)")
+            return cached
         self._phase("plan", f"validating the spec and planning {spec.stages} stage(s) on {host.name}")
         t = self._transports[host.name]
         result = await t.run(module_argv(host, "remote.plan", P.SPEC_FILE), cwd=host.run_dir(spec.run_id),
@@ -185,6 +201,8 @@ class RunSession:
         events = [e for e in map(parse_event, result.stdout.splitlines()) if e]
         plan = next((e for e in events if e[P.KEY_EVENT] == P.PLAN), None)
         if result.returncode == 0 and plan:
+            if key:
+                self.plans.put(key, plan)
             return plan
         error = next((e for e in events if e[P.KEY_EVENT] == P.ERROR), None)
         message = error["message"] if error else (result.stderr.strip().splitlines() or ["no output"])[-1]
@@ -399,6 +417,7 @@ class RunSession:
             "accuracy": baseline.top1 if serial_only and baseline else self.telemetry.top1,
             "serial_accuracy": baseline.top1 if baseline else None,
             "per_stage": per_stage,
+            "plan_reused": self.plan_reused,
             "startup": self.timeline.summary(),
             "started_at": self._started, "duration_s": round(time.time() - self._started, 2),
         }

@@ -45,7 +45,7 @@ def test_two_stages_at_a_block_boundary(shared, pictl_env) -> None:
     assert REQUIRED <= set(s) and all(STAGE_KEYS <= set(st) for st in s["per_stage"])
     assert s["status"] == "ok" and s["split_points"] == ["blocks.6"]
     assert s["outputs_match"] is True and s["max_abs_diff"] == 0.0 and s["compared_images"] == 5
-    assert s["serial_reused"] is False and s["accuracy"] is None
+    assert s["serial_reused"] is False and s["accuracy"] is None and s["plan_reused"] is False
     assert s["speedup"] == pytest.approx(s["throughput_ips"] / s["serial_ips"], rel=1e-3)
     st0, st1 = s["per_stage"]
     assert (st0["host"], st1["host"]) == ("h0", "h1")
@@ -60,6 +60,15 @@ def test_two_stages_at_a_block_boundary(shared, pictl_env) -> None:
     events = [json.loads(line) for line in (run_dir / "events" / "h1.jsonl").read_text().splitlines()]
     assert {"run_start", "stage_ready", "progress", "throughput", "run_end"} <= {e["event"] for e in events}
     assert (run_dir / "events" / "serial.jsonl").is_file() and (run_dir / "config.json").is_file()
+
+
+def test_a_repeated_run_reuses_plan_and_baseline(shared, pictl_env) -> None:
+    s = _run(shared, _env(shared, pictl_env), "--stages", "2", "--split", "blocks.6")
+    assert s["plan_reused"] is True and s["serial_reused"] is True and s["outputs_match"] is True
+    assert s["split_points"] == ["blocks.6"] and s["per_stage"][1]["modules"][0] == "blocks.6"
+    startup = s["startup"]
+    assert startup["plan_s"] < 1.0 and startup["baseline_s"] < 1.0  # no torch import before the launch
+    assert startup["total_s"] == pytest.approx(sum(v for k, v in startup.items() if k != "total_s"), abs=0.01)
 
 
 def test_three_stages_inside_blocks_reuses_the_baseline(shared, pictl_env) -> None:
