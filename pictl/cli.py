@@ -49,6 +49,8 @@ async def _run_cancellable(coro: Any) -> Any:
         loop.add_signal_handler(sig, task.cancel)
     try:
         return await task
+    except asyncio.CancelledError:
+        raise E.Interrupted("interrupted: what was running on the hosts was stopped") from None
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)

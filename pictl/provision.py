@@ -29,6 +29,8 @@ from pictl.transport import Transport
 
 PROJECT = Path(__file__).resolve().parent.parent
 PROVISION_SOURCE = (PROJECT / "remote" / "provision.py").read_text()
+# The installer runs under the supervisor too: if the controller goes away, so does pip.
+SUPERVISE_SOURCE = (PROJECT / "remote" / "supervise.py").read_text()
 FINGERPRINT_FILE = ".pictl-provisioned"
 MIN_PYTHON = (3, 11)
 
@@ -137,20 +139,25 @@ async def provision_host(t: Transport, requirements: list[str], wheels: Wheelhou
         argv += ["--extra-index-url", extra_index_url]
     if h.system_site_packages:
         argv.append("--system-site-packages")
-    proc = await t.start(argv)
+    proc = await t.start([h.base_python(), "-c", SUPERVISE_SOURCE, "--pgid-file", "pgid-provision", "--", *argv],
+                         cwd=base)
     outcome: dict = {}
-    async for stream, line in proc.lines():
-        try:
-            event = json.loads(line) if stream == "stdout" else {"line": line}
-        except ValueError:
-            event = {"line": line}
-        if "step" in event and "argv" in event:
-            progress(h.name, f"{event['step']}: {' '.join(event['argv'][:3])} ...")
-        elif "line" in event:
-            progress(h.name, event["line"])
-        elif "done" in event or "error" in event:
-            outcome = event
-    rc = await proc.wait()
+    try:
+        async for stream, line in proc.lines():
+            try:
+                event = json.loads(line) if stream == "stdout" else {"line": line}
+            except ValueError:
+                event = {"line": line}
+            if "step" in event and "argv" in event:
+                progress(h.name, f"{event['step']}: {' '.join(event['argv'][:3])} ...")
+            elif "line" in event:
+                progress(h.name, event["line"])
+            elif "done" in event or "error" in event:
+                outcome = event
+        rc = await proc.wait()
+    except BaseException:
+        await asyncio.shield(proc.stop(grace_s=3))  # Ctrl-C: no installer left running on the host
+        raise
     if rc != 0 or "done" not in outcome:
         tail = "\n".join(f"    {line}" for line in outcome.get("tail", []))
         reason = outcome.get("error") or f"the provisioner exited with {rc}"

@@ -32,12 +32,15 @@ import socket
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
 
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a script too
+
+from pictl.provision import remote_requirements  # noqa: E402  (the one pinned list)
+
 BRIDGE = "pictl-br0"
 SUBNET = "10.231.0"
 LAB_VENV = Path("/opt/pictl-testlab/venv")
@@ -52,10 +55,6 @@ class Unavailable(Exception):
 
 def _sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, text=True, capture_output=True, check=check)
-
-
-def remote_requirements() -> list[str]:
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["remote"]
 
 
 def ensure_lab_venv() -> Path:

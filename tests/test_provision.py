@@ -119,3 +119,25 @@ def test_too_old_python_is_refused_before_anything_is_made(tmp_path: Path, pictl
     assert f"host 'old': python '{old}' is 3.10" in proc.stderr and "pictl needs >= 3.11" in proc.stderr
     assert not (tmp_path / "venv").exists() and not (tmp_path / "work").exists()
     assert time.monotonic() - start < 30
+
+
+def test_ctrl_c_during_provision_leaves_no_installer_running(ssh_cluster, pictl_env, tmp_path: Path) -> None:
+    import signal
+    import sys
+
+    from conftest import ROOT
+
+    inv = _lab_image_inventory(ssh_cluster, tmp_path)
+    (tmp_path / "wheels").mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "pictl", "provision", "--hosts", str(inv), "--wheels",
+                             str(tmp_path / "wheels"), "--force"], env=pictl_env, cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    seen = ""
+    while "h3: install:" not in seen:  # pip is at work on every host
+        line = proc.stderr.readline()
+        assert line, proc.communicate()
+        seen += line
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    _assert_hosts_clean(ssh_cluster, timeout=10)
