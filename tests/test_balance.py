@@ -1,0 +1,63 @@
+"""The balanced policy's dynamic programme against brute force on synthetic cost tables."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from pictl.balance import CostTable, Link, NoFeasibleSplit, balanced_split, brute_force_split, evaluate
+
+
+def _table(rng: random.Random, stages: int, pieces: int, *, speeds: list[float] | None = None,
+           memory: bool = False) -> CostTable:
+    base = [rng.uniform(0.5, 3.0) for _ in range(pieces)]
+    speeds = speeds or [1.0] * stages
+    weights = [rng.uniform(1, 10) for _ in range(pieces)]
+    limit = [sum(weights) / stages * rng.uniform(1.1, 1.8) for _ in range(stages)] if memory else []
+    return CostTable(compute_s=[[t / speed for t in base] for speed in speeds],
+                     cut_bytes=[0.0, *(rng.uniform(1e5, 1e6) for _ in range(pieces - 1))],
+                     links=[Link(rng.uniform(0, 0.01), rng.uniform(1e6, 1e8)) for _ in range(stages - 1)],
+                     piece_bytes=weights if memory else [], memory_limit=limit)
+
+
+@pytest.mark.parametrize("stages", range(2, 9))
+@pytest.mark.parametrize("kind", ["homogeneous", "heterogeneous", "memory-limited"])
+def test_dynamic_programme_finds_the_brute_force_bottleneck(stages: int, kind: str) -> None:
+    rng = random.Random(stages * 31 + len(kind))
+    for trial in range(5):
+        speeds = [rng.choice([0.5, 1.0, 2.0]) for _ in range(stages)] if kind == "heterogeneous" else None
+        table = _table(rng, stages, 12, speeds=speeds, memory=kind == "memory-limited")
+        try:
+            expected = brute_force_split(table)
+        except NoFeasibleSplit:
+            with pytest.raises(NoFeasibleSplit):
+                balanced_split(table)
+            continue
+        found = balanced_split(table)
+        assert found.bottleneck_s == pytest.approx(expected.bottleneck_s), (trial, found, expected)
+        assert evaluate(table, found.starts).stage_s == found.stage_s  # the prediction is the split's own
+
+
+def test_a_half_speed_host_gets_a_proportionally_smaller_share() -> None:
+    table = CostTable(compute_s=[[1.0] * 24, [2.0] * 24], cut_bytes=[0.0] * 24, links=[Link()])
+    split = balanced_split(table)
+    assert split.starts == (16,)  # 16 pieces at 1 s and 8 at 2 s: both stages take 16 s
+    assert split.stage_s == (16.0, 16.0)
+
+
+def test_transfer_cost_moves_the_cut_to_a_cheap_place() -> None:
+    # Equal compute; cutting before piece 2 sends 1000x less than anywhere else.
+    table = CostTable(compute_s=[[1.0] * 4] * 2, cut_bytes=[0.0, 1e9, 1e6, 1e9], links=[Link(0.0, 1e9)])
+    assert balanced_split(table).starts == (2,)
+
+
+def test_impossible_inputs_are_refused() -> None:
+    with pytest.raises(NoFeasibleSplit, match="3 stages but only 2 pieces"):
+        balanced_split(CostTable(compute_s=[[1.0, 1.0]] * 3, cut_bytes=[0.0, 0.0], links=[Link(), Link()]))
+    tight = CostTable(compute_s=[[1.0] * 4] * 2, cut_bytes=[0.0] * 4, links=[Link()], piece_bytes=[5.0] * 4,
+                      memory_limit=[6.0, 6.0])
+    with pytest.raises(NoFeasibleSplit, match="memory limit"):
+        balanced_split(tight)
+    assert math.isinf(evaluate(tight, [2]).bottleneck_s)
