@@ -74,7 +74,7 @@ def _split(value: str | None) -> list[str] | None:
 def run(
     stages: Annotated[Optional[int], typer.Option(help="Pipeline stages (1 = serial only).")] = None,
     split: Annotated[Optional[str], typer.Option(help="Split points: blocks.3,blocks.6 (stage starts).")] = None,
-    policy: Annotated[Optional[str], typer.Option(help="equal | explicit")] = None,
+    policy: Annotated[Optional[str], typer.Option(help="equal | explicit | balanced (measured costs)")] = None,
     profile: Annotated[Optional[str], typer.Option(help="Named preset from profiles/.")] = None,
     chunk: Annotated[Optional[int], typer.Option(help="Microbatch size.")] = None,
     images: Annotated[Optional[int], typer.Option(help="Images per pass.")] = None,
@@ -281,6 +281,56 @@ def wheels(
     except E.PictlError as exc:
         _fail(exc)
     typer.echo(f"{len(files)} wheel(s) in {dest} ({sum(f.stat().st_size for f in files) / 1e6:.0f} MB)")
+
+
+@app.command("profile")
+def profile_costs(
+    model: Annotated[str, typer.Option(help="timm model name.")] = "deit_small_patch16_224",
+    num_classes: Annotated[int, typer.Option(help="Classifier outputs.")] = 1000,
+    chunk: Annotated[int, typer.Option(help="Microbatch size to time.")] = 1,
+    threads: Annotated[int, typer.Option(help="torch threads, as the run will use.")] = 1,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Measure again even if cached.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="The profiles as one JSON object on stdout.")] = False,
+    hosts: Annotated[Optional[Path], typer.Option(help="Inventory file.")] = None,
+) -> None:
+    """Measure each piece's time on every host and the bytes at each cut (what `--policy balanced` uses)."""
+    import json
+    import tempfile
+
+    from rich.table import Table
+
+    from pictl.baseline import default_cache_root
+    from pictl.cache import JsonCache
+    from pictl.costs import host_profiles
+    from pictl.push import push_all
+    from pictl.transport import raise_for_failures
+
+    async def work(transports):  # noqa: ANN001, ANN202
+        raise_for_failures(await push_all(transports), transports, "push failed")
+        root = Path(tempfile.mkdtemp()) if fresh else default_cache_root().parent / "costs"
+        return await host_profiles(transports, JsonCache(root), model=model, num_classes=num_classes,
+                                   chunk=chunk, threads=threads)
+
+    try:
+        cluster = _cluster(hosts)
+        profiles, measured = asyncio.run(_run_cancellable(_with_transports(cluster, work)))
+    except E.PictlError as exc:
+        _fail(exc)
+    if as_json:
+        typer.echo(json.dumps({"measured": measured, "hosts": profiles}))
+        return
+    names = list(profiles)
+    table = Table(title=f"{model}: ms per microbatch of {chunk} ({threads} thread(s)); cached unless measured now",
+                  title_justify="left")
+    for col in ["piece", "KB in", *(f"{n} ms" for n in names)]:
+        table.add_column(col, justify="left" if col == "piece" else "right")
+    first = profiles[names[0]]
+    for i, piece in enumerate(first["pieces"]):
+        table.add_row(piece, f"{first['cut_bytes'][i] / 1024:.0f}",
+                      *(f"{profiles[n]['compute_s'][i] * 1000:.2f}" for n in names))
+    table.add_row("total", "", *(f"{sum(profiles[n]['compute_s']) * 1000:.1f}" for n in names))
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
+    typer.echo(f"measured now: {', '.join(measured) or 'none (all cached)'}")
 
 
 @app.command()

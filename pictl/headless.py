@@ -94,15 +94,20 @@ def summary_table(summary: dict[str, Any]) -> Table:
              f"(ideal {s['stages']}x)  outputs match {s['outputs_match']} (max |diff| {s['max_abs_diff']})  "
              f"accuracy {'n/a' if s['accuracy'] is None else format(s['accuracy'], '.2%')}")
     table = Table(title=title, title_justify="left")
-    for col in ("rank", "host", "modules", "params", "compute s", "wait s", "send s", "MB sent", "peak RSS MB"):
+    predicted = s.get("prediction") is not None
+    cols = ["rank", "host", "modules", "params", "compute s", "wait s", "send s", "MB sent", "peak RSS MB"]
+    for col in cols + (["ms/mb predicted", "ms/mb measured"] if predicted else []):
         table.add_column(col, justify="left" if col in ("host", "modules") else "right")
     for st in s["per_stage"]:
         mods = st["modules"] or []
         span = f"{mods[0]} .. {mods[-1]}" if len(mods) > 1 else (mods[0] if mods else "-")
-        table.add_row(str(st["rank"]), st["host"] or "-", span, f"{st['params']:,}", _fmt(st["compute_s"]),
-                      _fmt(st["wait_s"]), _fmt(st["send_s"]),
-                      _fmt(st["bytes_sent"] / 1e6 if st["bytes_sent"] is not None else None, ".1f"),
-                      _fmt(st["peak_rss_mb"], ".0f"))
+        cells = [str(st["rank"]), st["host"] or "-", span, f"{st['params']:,}", _fmt(st["compute_s"]),
+                 _fmt(st["wait_s"]), _fmt(st["send_s"]),
+                 _fmt(st["bytes_sent"] / 1e6 if st["bytes_sent"] is not None else None, ".1f"),
+                 _fmt(st["peak_rss_mb"], ".0f")]
+        if predicted:  # where the cost model was right or wrong, stage by stage
+            cells += [_fmt(st.get("predicted_ms"), ".1f"), _fmt(st.get("measured_ms"), ".1f")]
+        table.add_row(*cells)
     return table
 
 

@@ -25,8 +25,9 @@ class RunOptions(BaseModel):
 
     stages: int = Field(default=2, ge=1)
     """Number of pipeline stages (1 = the serial model alone)."""
-    policy: Literal["equal", "explicit"] = "equal"
-    """How split points are chosen when `split` is empty: `equal` parameter counts per stage."""
+    policy: Literal["equal", "explicit", "balanced"] = "equal"
+    """How split points are chosen when `split` is empty: `equal` parameter counts per stage, or `balanced`:
+    the smallest slowest-stage time over measured per-piece costs on the hosts."""
     split: list[str] = []
     """Module names where stages 2..N begin, e.g. ["blocks.3", "blocks.6"]. Implies `explicit`."""
     model: str = "deit_small_patch16_224"

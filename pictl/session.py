@@ -17,7 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from pictl import errors as E
+from pictl.balance import NoFeasibleSplit, balanced_split
 from pictl.baseline import Baseline, BaselineCache, baseline_key
+from pictl.cache import JsonCache
+from pictl.costs import cost_table, host_profiles
 from pictl.inventory import Cluster, Host
 from pictl.launch import (
     NodePlan,
@@ -29,7 +32,6 @@ from pictl.launch import (
     torchrun_argv,
     worker_env,
 )
-from pictl.plans import PlanCache
 from pictl.profiles import RunOptions
 from pictl.push import push_all, tree_digest
 from pictl.runs import RunRecord, default_runs_root
@@ -84,7 +86,9 @@ class _Stream:
 def _spec_from(options: RunOptions, run_id: str) -> RunSpec:
     return RunSpec(
         model=options.model, num_classes=options.num_classes, seed=options.seed, checkpoint=options.checkpoint,
-        allow_pickle=options.allow_pickle, stages=options.stages, policy=options.policy,
+        # `balanced` is decided on the controller: the hosts receive its split points as explicit ones.
+        allow_pickle=options.allow_pickle, stages=options.stages,
+        policy="equal" if options.policy == "balanced" else options.policy,
         split_points=list(options.split), chunk=options.chunk, images=options.images, warmup=options.warmup,
         repeats=options.repeats, threads=options.threads,
         data=DataSpec(kind=options.data, path=options.data_path, split=options.data_split),
@@ -105,8 +109,9 @@ class RunSession:
         self._sink = on_event or (lambda _e: None)
         self.runs_root = runs_root or default_runs_root()
         self.cache = baseline_cache or BaselineCache()
-        self.plans = PlanCache(self.cache.root.parent / "plans")
+        self.plans = JsonCache(self.cache.root.parent / "plans")
         self.plan_reused = False
+        self.prediction: dict[str, Any] | None = None
         self.reuse_baseline = reuse_baseline
         self.record: RunRecord | None = None
         self.telemetry = RunTelemetry()
@@ -156,6 +161,8 @@ class RunSession:
         pushed = await push_all(transports)
         raise_for_failures(pushed, transports, "push failed")
         self.timeline.mark("pushed")
+        if self.options.policy == "balanced" and spec.stages > 1:
+            await self._balance(nodes, spec)
         sent = sum(r.sent for r in pushed if not isinstance(r, BaseException))
         self._phase("push", f"{sent} changed file(s) pushed to {len(hosts)} host(s)" if sent
                     else f"code up to date on {len(hosts)} host(s)")
@@ -180,10 +187,32 @@ class RunSession:
         if stopped:
             self._phase("cleanup", f"stopped {stopped} process group(s) an earlier run left behind")
 
+    async def _balance(self, nodes: list[NodePlan], spec: RunSpec) -> None:
+        """Choose the split from per-piece costs measured on the hosts (cached), before the spec goes out."""
+        stage_hosts = [n.host.name for n in nodes for _ in n.ranks]
+        used = [self._transports[name] for name in dict.fromkeys(stage_hosts)]
+        self._phase("balance", f"cost profiles of {len(used)} host(s)")
+        profiles, measured = await host_profiles(used, JsonCache(self.cache.root.parent / "costs"),
+                                                 model=spec.model, num_classes=spec.num_classes,
+                                                 chunk=spec.chunk, threads=spec.threads)
+        try:
+            split = balanced_split(cost_table(stage_hosts, profiles))
+        except NoFeasibleSplit as exc:
+            raise E.ConfigError(f"policy balanced: {exc}") from None
+        pieces = profiles[stage_hosts[0]]["pieces"]
+        spec.policy, spec.split_points = "explicit", [pieces[i] for i in split.starts]
+        self.prediction = {"stage_ms": [round(s * 1000, 3) for s in split.stage_s],
+                           "bottleneck_ms": round(split.bottleneck_s * 1000, 3), "profiled": measured}
+        self._phase("balance", f"split {', '.join(spec.split_points)}: predicted "
+                    + " / ".join(f"{ms:.1f}" for ms in self.prediction["stage_ms"]) + " ms per microbatch"
+                    + (f" (measured {', '.join(measured)})" if measured else " (cached profiles)"))
+
     def _plan_key(self, host: Host, spec: RunSpec) -> str | None:
         if spec.checkpoint or spec.data.kind != "synthetic":
             return None  # planning also checks files on the hosts: do it every time
-        return PlanCache.key({"model": spec.model, "num_classes": spec.num_classes, "stages": spec.stages,
+        # Planning imports torch and timm on host 0 (8-16 s on a slow host); a plan is a pure
+        # function of these fields when no file on the hosts is involved.
+        return JsonCache.key({"model": spec.model, "num_classes": spec.num_classes, "stages": spec.stages,
                               "policy": spec.policy, "split": list(spec.split_points), "chunk": spec.chunk,
                               "images": spec.images, "host": [host.name, host.address, host.python_path()],
                               "code": tree_digest()})
@@ -386,7 +415,12 @@ class RunSession:
         for rank in range(o.stages):
             st = self.telemetry.stages.get(rank)
             totals = st.totals if st else {}
+            busy = [totals.get(k) for k in ("compute_s", "send_s", "microbatches")]
             per_stage.append({
+                # Seconds per microbatch the stage was busy (computing or blocked on a send),
+                # beside what the balanced policy predicted for it.
+                "measured_ms": round((busy[0] + busy[1]) / busy[2] * 1000, 3) if None not in busy and busy[2] else None,
+                "predicted_ms": self.prediction["stage_ms"][rank] if self.prediction else None,
                 "host": host_of.get(rank), "rank": rank,
                 "modules": planned.get(rank, {}).get("modules", st.modules if st else []),
                 "params": planned.get(rank, {}).get("params", st.params if st else 0),
@@ -418,6 +452,7 @@ class RunSession:
             "serial_accuracy": baseline.top1 if baseline else None,
             "per_stage": per_stage,
             "plan_reused": self.plan_reused,
+            "prediction": self.prediction,
             "startup": self.timeline.summary(),
             "started_at": self._started, "duration_s": round(time.time() - self._started, 2),
         }

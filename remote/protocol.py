@@ -31,8 +31,10 @@ ERROR = "error"
 PLAN = "plan"
 OUTPUTS = "outputs"
 FIRST_OUTPUT = "first_output"  # the last stage finished its first microbatch (time to first image)
+COSTS = "costs"  # per-piece time and per-cut bytes on one host (remote.costs, for `balanced`)
 
-EVENTS = (RUN_START, STAGE_READY, PROGRESS, THROUGHPUT, ACCURACY, RUN_END, ERROR, PLAN, OUTPUTS, FIRST_OUTPUT)
+EVENTS = (RUN_START, STAGE_READY, PROGRESS, THROUGHPUT, ACCURACY, RUN_END, ERROR, PLAN, OUTPUTS, FIRST_OUTPUT,
+          COSTS)
 
 # Files a run leaves in its directory on each host (relative to the host run dir).
 SPEC_FILE = "spec.json"
