@@ -266,3 +266,23 @@ def test_cpu_quota_emulates_a_slow_host(ssh_cluster) -> None:
     free = asyncio.run(cpu_seconds(hosts[2]))
     assert capped < 0.6, capped  # about 0.25 x 1.5 s
     assert free > 2 * capped, (free, capped)
+
+
+def test_an_ssh_config_alias_is_all_a_host_entry_needs(ssh_cluster, pictl_env, tmp_path: Path) -> None:
+    """~/.ssh/config supplies address, port, user, key and known_hosts for an alias."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(
+        f"Host lab-h1\n  HostName {ssh_cluster.address(1)}\n  Port {ssh_cluster.port(1)}\n"
+        f"  User {ssh_cluster.user(1)}\n  IdentityFile {ssh_cluster.state / 'client_key'}\n"
+        f"  UserKnownHostsFile {ssh_cluster.state / 'known_hosts'}\n")
+    layout = ssh_cluster.layout
+    host = {k: v for k, v in layout["host"][1].items() if k in ("workdir",)}
+    inv = tmp_path / "hosts.toml"
+    from sshcluster import to_toml
+
+    defaults = {k: v for k, v in layout["defaults"].items() if k not in ("key", "known_hosts", "user")}
+    inv.write_text(to_toml({"defaults": defaults, "host": [{"name": "h1", "address": "lab-h1", **host}]}))
+    proc = run_pictl(["push", "--hosts", str(inv)], {**pictl_env, "HOME": str(home)})
+    assert proc.returncode == 0, proc.stderr
+    assert "h1: " in proc.stdout and (ssh_cluster.workdir(1) / "code" / "remote" / "pipeline.py").is_file()
