@@ -120,6 +120,61 @@ def run(
     print_summary(summary, as_json=as_json)
 
 
+def _ints(flag: str, value: str) -> list[int]:
+    try:
+        out = [int(v) for v in _split(value) or []]
+    except ValueError:
+        raise E.ConfigError(f"{flag}: '{value}' is not a comma-separated list of integers") from None
+    if not out or min(out) < 1:
+        raise E.ConfigError(f"{flag}: '{value}' needs positive integers")
+    return out
+
+
+@app.command()
+def sweep(
+    stages: Annotated[str, typer.Option(help="Stage counts, e.g. 1,2,3,4,6.")] = "1,2,3,4",
+    chunks: Annotated[str, typer.Option(help="Microbatch sizes, e.g. 1,2,4,8.")] = "1",
+    policy: Annotated[str, typer.Option(help="Policies to compare, e.g. equal,balanced.")] = "equal",
+    profile: Annotated[Optional[str], typer.Option(help="Preset for everything else.")] = None,
+    images: Annotated[Optional[int], typer.Option(help="Images per pass.")] = None,
+    warmup: Annotated[Optional[int], typer.Option(help="Untimed warm-up passes.")] = None,
+    repeats: Annotated[Optional[int], typer.Option(help="Timed passes.")] = None,
+    threads: Annotated[Optional[int], typer.Option(help="torch threads per rank.")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Sweep directory (default: under the runs root).")] = None,
+    hosts: Annotated[Optional[Path], typer.Option(help="Inventory file.")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show every host's output.")] = False,
+) -> None:
+    """Run every combination against shared serial baselines; write a table and plots."""
+    import time
+
+    from pictl.headless import HeadlessRenderer
+    from pictl.runs import default_runs_root
+    from pictl.sweep import run_sweep, sweep_points
+
+    renderer = HeadlessRenderer(verbose=verbose)
+    try:
+        base = resolve_options(profile, {"images": images, "warmup": warmup, "repeats": repeats,
+                                         "threads": threads})
+        policies = _split(policy) or []
+        for p in policies:
+            if p not in ("equal", "balanced"):
+                raise E.ConfigError(f"--policy: '{p}' is not one of equal, balanced")
+        cluster = _cluster(hosts)
+        points = sweep_points(cluster, base, _ints("--stages", stages), _ints("--chunks", chunks), policies)
+        target = out or default_runs_root().parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S")
+        if target.exists():
+            raise E.ConfigError(f"--out: {target} already exists")
+        rows = asyncio.run(_run_cancellable(run_sweep(cluster, base, points, target, on_event=renderer)))
+    except E.PictlError as exc:
+        renderer.close()
+        _fail(exc)
+    renderer.close()
+    Console(width=None if sys.stdout.isatty() else 160).print((target / "table.md").read_text(), markup=False)
+    typer.echo(f"sweep directory: {target}")
+    if any(r["status"] != "ok" for r in rows):
+        raise typer.Exit(E.EXIT_RUN_FAILED)
+
+
 @app.command("profiles")
 def list_profiles() -> None:
     """List the run presets."""

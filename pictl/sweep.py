@@ -1,0 +1,155 @@
+"""`pictl sweep`: one run per combination of stages, chunk sizes and policies; one table, two plots.
+
+Every combination is checked against the inventory before anything runs (a value
+that cannot run is bad input, nothing started). Runs go one after another and
+share the serial baseline cache, so each chunk size is measured serially once.
+The table is rewritten after every run: an interrupted or failing sweep keeps
+what it measured.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pictl import errors as E
+from pictl.baseline import BaselineCache
+from pictl.inventory import Cluster
+from pictl.launch import place_stages
+from pictl.profiles import RunOptions
+from pictl.runs import write_json_atomic
+
+COLUMNS = ("stages", "chunk", "policy", "status", "throughput_ips", "serial_ips", "speedup", "efficiency",
+           "bottleneck_rank", "bottleneck", "split_points", "outputs_match", "run_id")
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    stages: int
+    chunk: int
+    policy: str
+
+
+def sweep_points(cluster: Cluster, base: RunOptions, stages: list[int], chunks: list[int],
+                 policies: list[str]) -> list[SweepPoint]:
+    """The combinations in run order; one serial point per chunk (a policy means nothing there)."""
+    points: list[SweepPoint] = []
+    for s, c, p in itertools.product(stages, chunks, policies):
+        point = SweepPoint(s, c, "serial" if s == 1 else p)
+        if point in points:
+            continue
+        try:
+            options_for(base, point)
+            place_stages(cluster, s)
+        except E.ConfigError as exc:
+            raise E.ConfigError(f"sweep value stages={s} chunk={c} policy={p}: {exc}") from None
+        points.append(point)
+    return points
+
+
+def options_for(base: RunOptions, point: SweepPoint) -> RunOptions:
+    values = {**base.model_dump(), "stages": point.stages, "chunk": point.chunk, "split": []}
+    values["policy"] = base.policy if point.policy == "serial" else point.policy
+    try:
+        return RunOptions(**values)
+    except ValueError as exc:
+        raise E.ConfigError(str(exc).splitlines()[0]) from None
+
+
+def row_of(point: SweepPoint, summary: dict[str, Any] | None, error: str | None = None) -> dict[str, Any]:
+    row: dict[str, Any] = {"stages": point.stages, "chunk": point.chunk, "policy": point.policy}
+    if summary is None:
+        return {**row, "status": "failed", "error": error}
+    busy = [(st["compute_s"] or 0) + (st["send_s"] or 0) for st in summary["per_stage"]]
+    slowest = max(range(len(busy)), key=busy.__getitem__) if busy else None
+    return {**row, "status": summary["status"], "throughput_ips": summary["throughput_ips"],
+            "serial_ips": summary["serial_ips"], "speedup": summary["speedup"], "efficiency": summary["efficiency"],
+            "bottleneck_rank": slowest,
+            "bottleneck": (summary["per_stage"][slowest]["modules"] or ["-"])[0] if slowest is not None else None,
+            "split_points": summary["split_points"], "outputs_match": summary["outputs_match"],
+            "run_id": summary["run_id"], **({"error": error} if error else {})}
+
+
+def write_table(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    write_json_atomic(out / "sweep.json", {**meta, "rows": rows})
+    with (out / "table.csv.tmp").open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows({**r, "split_points": " ".join(r.get("split_points") or [])} for r in rows)
+    (out / "table.csv.tmp").replace(out / "table.csv")
+    lines = ["| " + " | ".join(COLUMNS[:10]) + " |", "|" + "---|" * 10]
+    for r in rows:
+        lines.append("| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in COLUMNS[:10]) + " |")
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+
+
+def plot(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
+    """speedup vs stages (with the ideal line); throughput vs chunk when more than one chunk ran."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on a controller over SSH
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r.get("status") == "ok" and r.get("speedup")]
+    written = []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    stages = sorted({r["stages"] for r in ok}) or [1]
+    ax.plot(stages, stages, "k--", label="ideal")
+    for (policy, chunk), group in itertools.groupby(sorted((r for r in ok if r["stages"] > 1),
+                                                          key=lambda r: (r["policy"], r["chunk"], r["stages"])),
+                                                   key=lambda r: (r["policy"], r["chunk"])):
+        g = list(group)
+        ax.plot([1] + [r["stages"] for r in g], [1.0] + [r["speedup"] for r in g], "o-",
+                label=f"{policy}, chunk {chunk}")
+    ax.set_xlabel("stages")
+    ax.set_ylabel("speedup over serial")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "speedup_vs_stages.png", dpi=120)
+    written.append(out / "speedup_vs_stages.png")
+    plt.close(fig)
+    if len({r["chunk"] for r in ok}) > 1:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        key = lambda r: (r["policy"], r["stages"], r["chunk"])  # noqa: E731
+        for (policy, n), group in itertools.groupby(sorted(ok, key=key), key=lambda r: (r["policy"], r["stages"])):
+            g = list(group)
+            ax.plot([r["chunk"] for r in g], [r["throughput_ips"] for r in g], "o-", label=f"{policy}, {n} stage(s)")
+        ax.set_xlabel("chunk (images per microbatch)")
+        ax.set_ylabel("images / s")
+        ax.legend()
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out / "throughput_vs_chunk.png", dpi=120)
+        written.append(out / "throughput_vs_chunk.png")
+        plt.close(fig)
+    return written
+
+
+async def run_sweep(cluster: Cluster, base: RunOptions, points: list[SweepPoint], out: Path, *,
+                    on_event=None, cache: BaselineCache | None = None) -> list[dict[str, Any]]:  # noqa: ANN001
+    from pictl.session import RunSession
+
+    out.mkdir(parents=True)
+    meta = {"started_at": time.time(), "cluster": cluster.source, "options": base.model_dump(),
+            "points": [p.__dict__ for p in points]}
+    rows: list[dict[str, Any]] = []
+    for point in points:
+        session = RunSession(cluster, options_for(base, point), on_event=on_event, runs_root=out / "runs",
+                             baseline_cache=cache)
+        try:
+            rows.append(row_of(point, await session.run()))
+        except (E.RunFailed, E.OutputMismatch, E.TransportError) as exc:
+            # One failed configuration does not lose the others; the row says why.
+            rows.append(row_of(point, session.last_summary, error=str(exc)))
+        except E.Interrupted:
+            rows.append(row_of(point, session.last_summary, error="interrupted"))
+            write_table(out, rows, {**meta, "interrupted": True})
+            raise
+        write_table(out, rows, meta)
+    plot(out, rows)
+    return rows
