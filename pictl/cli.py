@@ -26,7 +26,8 @@ SHIPPED_HOSTS = Path(__file__).resolve().parent.parent / "hosts.toml"
 
 
 def _fail(exc: E.PictlError) -> None:
-    Console(stderr=True, highlight=False).print(f"pictl: error: {exc}", markup=False)
+    # One line, however long: scripts grep it, and a wrapped path is a broken path.
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"pictl: error: {exc}", markup=False)
     raise typer.Exit(exc.exit_code)
 
 
@@ -227,9 +228,10 @@ def check(
     else:
         Console(width=None if sys.stdout.isatty() else 160).print(check_table(checks))
     not_ready = [c for c in checks if not c.ready]
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
     for c in not_ready:
         reason = c.error or "; ".join(c.problems)
-        Console(stderr=True, highlight=False).print(f"pictl: host '{c.host}' is not ready: {reason}", markup=False)
+        err.print(f"pictl: host '{c.host}' is not ready: {reason}", markup=False)
     if not_ready:
         raise typer.Exit(E.EXIT_UNREACHABLE if any(not c.reachable for c in not_ready) else E.EXIT_NOT_READY)
 
@@ -274,7 +276,7 @@ def provision(
 
     from pictl.provision import ProvisionError, Wheelhouse, provision_all
 
-    err = Console(stderr=True, highlight=False)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
     last_step: dict[str, str] = {}
 
     def progress(host: str, message: str) -> None:
