@@ -19,7 +19,7 @@ from rich.console import Console
 
 from pictl import errors as E
 from pictl.inventory import Cluster, load_cluster
-from pictl.profiles import available_profiles, resolve_options
+from pictl.profiles import available_profiles, resolve_options, sweep_settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, help="Pipeline-parallel inference on a small cluster.")
 SHIPPED_HOSTS = Path(__file__).resolve().parent.parent / "hosts.toml"
@@ -133,10 +133,10 @@ def _ints(flag: str, value: str) -> list[int]:
 
 @app.command()
 def sweep(
-    stages: Annotated[str, typer.Option(help="Stage counts, e.g. 1,2,3,4,6.")] = "1,2,3,4",
-    chunks: Annotated[str, typer.Option(help="Microbatch sizes, e.g. 1,2,4,8.")] = "1",
-    policy: Annotated[str, typer.Option(help="Policies to compare, e.g. equal,balanced.")] = "equal",
-    profile: Annotated[Optional[str], typer.Option(help="Preset for everything else.")] = None,
+    stages: Annotated[Optional[str], typer.Option(help="Stage counts, e.g. 1,2,3,4,6 (default 1,2,3,4).")] = None,
+    chunks: Annotated[Optional[str], typer.Option(help="Microbatch sizes, e.g. 1,2,4,8 (default 1).")] = None,
+    policy: Annotated[Optional[str], typer.Option(help="Policies to compare, e.g. equal,balanced.")] = None,
+    profile: Annotated[Optional[str], typer.Option(help="Preset: run options, and its [sweep] values.")] = None,
     images: Annotated[Optional[int], typer.Option(help="Images per pass.")] = None,
     warmup: Annotated[Optional[int], typer.Option(help="Untimed warm-up passes.")] = None,
     repeats: Annotated[Optional[int], typer.Option(help="Timed passes.")] = None,
@@ -156,12 +156,14 @@ def sweep(
     try:
         base = resolve_options(profile, {"images": images, "warmup": warmup, "repeats": repeats,
                                          "threads": threads})
-        policies = _split(policy) or []
+        preset = sweep_settings(profile)  # flags win over the preset's [sweep] table
+        policies = _split(policy) if policy else preset.policy
         for p in policies:
             if p not in ("equal", "balanced"):
                 raise E.ConfigError(f"--policy: '{p}' is not one of equal, balanced")
         cluster = _cluster(hosts)
-        points = sweep_points(cluster, base, _ints("--stages", stages), _ints("--chunks", chunks), policies)
+        points = sweep_points(cluster, base, _ints("--stages", stages) if stages else preset.stages,
+                              _ints("--chunks", chunks) if chunks else preset.chunks, policies)
         target = out or default_runs_root().parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S")
         if target.exists():
             raise E.ConfigError(f"--out: {target} already exists")

@@ -91,9 +91,31 @@ def load_profile(name: str, extra: Path | None = None) -> tuple[dict[str, Any], 
             except tomllib.TOMLDecodeError as exc:
                 raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
             raw.pop("description", None)
+            raw.pop("sweep", None)  # what `pictl sweep` varies; see sweep_settings()
             return raw, path
     known = ", ".join(available_profiles(extra)) or "none"
     raise ConfigError(f"unknown profile '{name}' (available: {known})")
+
+
+class SweepSettings(BaseModel):
+    """A profile's [sweep] table: the values `pictl sweep` combines."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stages: list[int] = [1, 2, 3, 4]
+    chunks: list[int] = [1]
+    policy: list[Literal["equal", "balanced"]] = ["equal"]
+
+
+def sweep_settings(profile: str | None, extra: Path | None = None) -> SweepSettings:
+    if not profile:
+        return SweepSettings()
+    _, path = load_profile(profile, extra)
+    raw = tomllib.loads(path.read_text()).get("sweep", {})
+    try:
+        return SweepSettings(**raw)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(f"{path}: sweep", exc)) from exc
 
 
 def resolve_options(profile: str | None, overrides: dict[str, Any], extra: Path | None = None) -> RunOptions:

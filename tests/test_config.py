@@ -119,3 +119,17 @@ def test_bad_ranks_are_named(tmp_path: Path, ranks: list, fragment: str) -> None
     with pytest.raises(ConfigError) as info:
         load_cluster(inv)
     assert str(info.value) == f"{inv}: {fragment}"
+
+
+def test_sweep_presets_reproduce_the_course_tables(tmp_path: Path, monkeypatch) -> None:
+    from pictl.profiles import sweep_settings
+
+    stages = sweep_settings("lab6-stages")
+    assert stages.stages == [1, 2, 3, 4, 6] and stages.policy == ["equal", "balanced"]
+    assert resolve_options("lab6-stages", {}).images == 500  # the run options ignore [sweep]
+    assert sweep_settings("chunk-tradeoff").chunks == [1, 2, 4, 8]
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "mine.toml").write_text('[sweep]\nstages = [1, 2]\npolicy = ["greedy"]\n')
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"mine.toml: sweep: policy\[0\]: Input should be 'equal' or 'balanced'"):
+        sweep_settings("mine")
