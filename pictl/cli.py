@@ -178,6 +178,21 @@ def sweep(
         raise typer.Exit(E.EXIT_RUN_FAILED)
 
 
+@app.command()
+def report(
+    sources: Annotated[list[Path], typer.Argument(help="Run and sweep directories.")],
+    out: Annotated[Path, typer.Option(help="Where report.md and its charts go.")] = Path("pictl-report"),
+) -> None:
+    """A Markdown report: headline figures, per-stage breakdown chart, link bytes/s, sweep tables and plots."""
+    from pictl.report import write_report
+
+    try:
+        path = write_report(sources, out)
+    except E.PictlError as exc:
+        _fail(exc)
+    typer.echo(f"report: {path}")
+
+
 @app.command("profiles")
 def list_profiles() -> None:
     """List the run presets."""

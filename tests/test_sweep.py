@@ -44,3 +44,15 @@ def test_a_sweep_writes_table_and_plots(tmp_path: Path, pictl_env) -> None:
     for png in ("speedup_vs_stages.png", "throughput_vs_chunk.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "table.md").read_text().count("\n") == 6 and "sweep directory" in proc.stdout
+
+    run = next(p for p in (out / "runs").iterdir() if "-s2-" in p.name)
+    reported = run_pictl(["report", str(out), str(run), "--out", str(tmp_path / "report")], pictl_env)
+    assert reported.returncode == 0, reported.stderr
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert f"## Sweep {out.name}" in text and f"## Run {run.name}" in text
+    assert "| h0 (rank 0) -> rank 1 |" in text
+    link = next(line for line in text.splitlines() if "-> rank 1 |" in line)
+    assert float(link.split("|")[2]) > 0 and float(link.split("|")[3]) >= float(link.split("|")[2])
+    assert (tmp_path / "report" / f"{run.name}-stages.png").read_bytes()[:4] == b"\x89PNG"
+    bad = run_pictl(["report", str(tmp_path), "--out", str(tmp_path / "r2")], pictl_env)
+    assert bad.returncode == 2 and "not a run directory" in bad.stderr and not (tmp_path / "r2").exists()

@@ -1,0 +1,118 @@
+"""`pictl report RUN_OR_SWEEP...`: a Markdown report with tables and charts, from what runs left on disk.
+
+For a run: the headline figures, the per-stage table (with the balanced policy's
+prediction where there is one), a stacked chart of each stage's time (computing,
+waiting for input, blocked sending), and each link's bytes/s, average over the
+timed passes and the fastest pass. For a sweep: its table and plots.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from pictl import errors as E
+
+
+def _events(run_dir: Path) -> list[dict[str, Any]]:
+    out = []
+    for path in sorted((run_dir / "events").glob("*.jsonl")):
+        if path.stem == "serial":
+            continue
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue  # a line cut by a crash: the rest still counts
+    return out
+
+
+def link_rates(summary: dict[str, Any], events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Bytes/s from each stage to the next: average over the timed passes, and the fastest pass."""
+    seconds = {e["repeat"]: e["seconds"] for e in events if e.get("event") == "throughput"}
+    links = []
+    for st in summary["per_stage"][:-1]:
+        per_pass = {e["repeat"]: e["bytes_sent"] for e in events if e.get("event") == "progress"
+                    and e.get("rank") == st["rank"] and e.get("phase") == "timed"}
+        rates = [per_pass[r] / s for r, s in seconds.items() if r in per_pass and s > 0]
+        total_s = sum(seconds.values())
+        links.append({"from": f"{st['host']} (rank {st['rank']})", "to_rank": st["rank"] + 1,
+                      "average_MBps": round((st["bytes_sent"] or 0) / total_s / 1e6, 2) if total_s else None,
+                      "peak_MBps": round(max(rates) / 1e6, 2) if rates else None})
+    return links
+
+
+def stage_chart(summary: dict[str, Any], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stages = summary["per_stage"]
+    labels = [f"{st['rank']}\n{st['host']}" for st in stages]
+    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(stages)), 3.5))
+    bottom = [0.0] * len(stages)
+    for key, color in (("compute_s", "#4c72b0"), ("wait_s", "#dd8452"), ("send_s", "#55a868")):
+        values = [st.get(key) or 0.0 for st in stages]
+        ax.bar(labels, values, bottom=bottom, label=key.removesuffix("_s"), color=color)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.set_ylabel("seconds (timed passes)")
+    ax.set_title("where each stage's time went")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _run_section(run_dir: Path, out: Path) -> list[str]:
+    try:
+        s = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise E.ConfigError(f"{run_dir}: no readable summary.json ({exc})") from None
+    lines = [f"## Run {s['run_id']}", "",
+             f"{s['stages']} stage(s), policy {s['policy']}, split {', '.join(s['split_points']) or '-'}; "
+             f"{s['images']} images, chunk {s['chunk']}, {s['threads']} thread(s); status **{s['status']}**.", "",
+             "| throughput img/s | serial img/s | speedup | efficiency | outputs match |", "|---|---|---|---|---|",
+             f"| {s['throughput_ips']} | {s['serial_ips']} | {s['speedup']} | {s['efficiency']} | "
+             f"{s['outputs_match']} |", ""]
+    if s["stages"] > 1:
+        lines += ["| rank | host | first module | compute s | wait s | send s | MB sent | predicted ms | "
+                  "measured ms |", "|---|---|---|---|---|---|---|---|---|"]
+        for st in s["per_stage"]:
+            mb = None if st["bytes_sent"] is None else round(st["bytes_sent"] / 1e6, 1)
+            lines.append(f"| {st['rank']} | {st['host']} | {(st['modules'] or ['-'])[0]} | {st['compute_s']} | "
+                         f"{st['wait_s']} | {st['send_s']} | {mb} | {st.get('predicted_ms')} | "
+                         f"{st.get('measured_ms')} |")
+        chart = stage_chart(s, out / f"{s['run_id']}-stages.png")
+        lines += ["", f"![per-stage time]({chart.name})", "", "| link | average MB/s | fastest pass MB/s |",
+                  "|---|---|---|"]
+        for link in link_rates(s, _events(run_dir)):
+            lines.append(f"| {link['from']} -> rank {link['to_rank']} | {link['average_MBps']} | "
+                         f"{link['peak_MBps']} |")
+    return [*lines, ""]
+
+
+def _sweep_section(sweep_dir: Path, out: Path) -> list[str]:
+    lines = [f"## Sweep {sweep_dir.name}", "", (sweep_dir / "table.md").read_text(), ""]
+    for png in sorted(sweep_dir.glob("*.png")):
+        target = out / f"{sweep_dir.name}-{png.name}"
+        shutil.copyfile(png, target)
+        lines += [f"![{png.stem}]({target.name})", ""]
+    return lines
+
+
+def write_report(sources: list[Path], out: Path) -> Path:
+    """report.md (and its charts) in `out`; every source is checked before anything is written."""
+    for src in sources:
+        if not ((src / "summary.json").is_file() or (src / "sweep.json").is_file()):
+            raise E.ConfigError(f"{src}: not a run directory (summary.json) or a sweep directory (sweep.json)")
+    out.mkdir(parents=True, exist_ok=True)
+    lines = ["# pictl report", ""]
+    for src in sources:
+        lines += _sweep_section(src, out) if (src / "sweep.json").is_file() else _run_section(src, out)
+    report = out / "report.md"
+    report.write_text("\n".join(lines))
+    return report
