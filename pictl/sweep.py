@@ -105,29 +105,27 @@ def plot(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
         g = list(group)
         ax.plot([1] + [r["stages"] for r in g], [1.0] + [r["speedup"] for r in g], "o-",
                 label=f"{policy}, chunk {chunk}")
-    ax.set_xlabel("stages")
-    ax.set_ylabel("speedup over serial")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out / "speedup_vs_stages.png", dpi=120)
-    written.append(out / "speedup_vs_stages.png")
-    plt.close(fig)
+    written.append(_save(plt, fig, ax, "stages", "speedup over serial", out / "speedup_vs_stages.png"))
     if len({r["chunk"] for r in ok}) > 1:
         fig, ax = plt.subplots(figsize=(6, 4))
         key = lambda r: (r["policy"], r["stages"], r["chunk"])  # noqa: E731
         for (policy, n), group in itertools.groupby(sorted(ok, key=key), key=lambda r: (r["policy"], r["stages"])):
             g = list(group)
             ax.plot([r["chunk"] for r in g], [r["throughput_ips"] for r in g], "o-", label=f"{policy}, {n} stage(s)")
-        ax.set_xlabel("chunk (images per microbatch)")
-        ax.set_ylabel("images / s")
-        ax.legend()
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(out / "throughput_vs_chunk.png", dpi=120)
-        written.append(out / "throughput_vs_chunk.png")
-        plt.close(fig)
+        written.append(_save(plt, fig, ax, "chunk (images per microbatch)", "images / s",
+                             out / "throughput_vs_chunk.png"))
     return written
+
+
+def _save(plt, fig, ax, xlabel: str, ylabel: str, path: Path) -> Path:  # noqa: ANN001
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 async def run_sweep(cluster: Cluster, base: RunOptions, points: list[SweepPoint], out: Path, *,
