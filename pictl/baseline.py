@@ -6,7 +6,6 @@ checkpoint's size and mtime, the remote code and the host's torch version.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -32,10 +31,6 @@ class Baseline:
     peak_rss_mb: float | None = None
     import_rss_mb: float | None = None
     reused: bool = False
-
-
-def baseline_key(fields: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:24]
 
 
 class BaselineCache:

@@ -20,7 +20,7 @@ from pictl.cache import JsonCache
 from pictl.inventory import Host
 from pictl.launch import worker_env
 from pictl.push import tree_digest
-from pictl.telemetry import parse_event
+from pictl.telemetry import command_outcome
 from pictl.transport import Transport
 from remote import protocol as P
 
@@ -46,11 +46,8 @@ async def measure_host(t: Transport, model: str, num_classes: int, chunk: int, t
     argv = [h.python_path(), "-m", "remote.costs", "--model", model, "--num-classes", str(num_classes),
             "--chunk", str(chunk), "--threads", str(threads)]
     result = await t.run(argv, env=worker_env(h, threads), timeout_s=600)
-    events = [e for e in map(parse_event, result.stdout.splitlines()) if e]
-    costs = next((e for e in events if e[P.KEY_EVENT] == P.COSTS), None)
-    if result.returncode != 0 or costs is None:
-        error = next((e["message"] for e in events if e[P.KEY_EVENT] == P.ERROR), None)
-        reason = error or (result.stderr.strip().splitlines() or ["no output"])[-1]
+    costs, reason = command_outcome(result, P.COSTS)
+    if costs is None:
         raise E.RunFailed(f"host '{h.name}': cost profiling failed: {reason}")
     return {k: costs[k] for k in ("pieces", "compute_s", "cut_bytes", "piece_bytes", "chunk", "threads", "torch")}
 

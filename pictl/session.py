@@ -18,7 +18,7 @@ from typing import Any
 
 from pictl import errors as E
 from pictl.balance import NoFeasibleSplit, balanced_split
-from pictl.baseline import Baseline, BaselineCache, baseline_key
+from pictl.baseline import Baseline, BaselineCache
 from pictl.cache import JsonCache
 from pictl.costs import cost_table, host_profiles
 from pictl.inventory import Cluster, Host
@@ -35,7 +35,7 @@ from pictl.launch import (
 from pictl.profiles import RunOptions
 from pictl.push import push_all, tree_digest
 from pictl.runs import RunRecord, default_runs_root
-from pictl.telemetry import RunTelemetry, max_abs_diff, parse_event
+from pictl.telemetry import RunTelemetry, command_outcome, max_abs_diff, parse_event
 from pictl.timeline import StartupTimeline
 from pictl.transport import RemoteProcess, Transport, preload, raise_for_failures, transport_for
 from remote import protocol as P
@@ -227,14 +227,11 @@ class RunSession:
         t = self._transports[host.name]
         result = await t.run(module_argv(host, "remote.plan", P.SPEC_FILE), cwd=host.run_dir(spec.run_id),
                              env=worker_env(host, 1), timeout_s=300)
-        events = [e for e in map(parse_event, result.stdout.splitlines()) if e]
-        plan = next((e for e in events if e[P.KEY_EVENT] == P.PLAN), None)
-        if result.returncode == 0 and plan:
+        plan, message = command_outcome(result, P.PLAN)
+        if plan is not None:
             if key:
                 self.plans.put(key, plan)
             return plan
-        error = next((e for e in events if e[P.KEY_EVENT] == P.ERROR), None)
-        message = error["message"] if error else (result.stderr.strip().splitlines() or ["no output"])[-1]
         if result.returncode == P.EXIT_BAD_INPUT:
             raise E.ConfigError(message)
         raise E.RunFailed(f"host '{host.name}': planning failed: {message}")
@@ -251,7 +248,7 @@ class RunSession:
 
     async def _baseline(self, host: Host, spec: RunSpec) -> Baseline:
         fields = self._baseline_fields(host, spec)
-        key = baseline_key(fields)
+        key = JsonCache.key(fields)
         if self.reuse_baseline and (cached := self.cache.get(key)):
             self._phase("baseline", f"serial baseline reused: {cached.ips:.2f} img/s on {host.name}")
             return cached

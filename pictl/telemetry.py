@@ -11,6 +11,17 @@ from typing import Any
 from remote import protocol as P
 
 
+def command_outcome(result: Any, kind: str) -> tuple[dict[str, Any] | None, str]:
+    """From a finished one-shot remote command (a CommandResult): its `kind` event if it succeeded,
+    else None and why it failed (its own error event, or the last line it wrote on stderr)."""
+    events = [e for e in map(parse_event, result.stdout.splitlines()) if e]
+    wanted = next((e for e in events if e[P.KEY_EVENT] == kind), None)
+    if result.returncode == 0 and wanted is not None:
+        return wanted, ""
+    error = next((e["message"] for e in events if e[P.KEY_EVENT] == P.ERROR), None)
+    return None, error or (result.stderr.strip().splitlines() or ["no output"])[-1]
+
+
 def parse_event(line: str) -> dict[str, Any] | None:
     """A telemetry record, or None for ordinary log output."""
     if not line.startswith("{"):
