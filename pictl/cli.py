@@ -90,6 +90,8 @@ def run(
     data_path: Annotated[Optional[str], typer.Option(help="Data set directory on the hosts.")] = None,
     atol: Annotated[Optional[float], typer.Option(help="Largest logit difference that still matches.")] = None,
     master_port: Annotated[Optional[int], typer.Option(help="Rendezvous port on host 0 (default: a free one).")] = None,
+    trace_steps: Annotated[Optional[int], typer.Option(help="Profile K steps on every rank (extra untimed pass); "
+                                                            "traces land in the run directory.")] = None,
     headless: Annotated[bool, typer.Option("--headless", help="No dashboard: progress on stderr.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object on stdout.")] = False,
     hosts: Annotated[Optional[Path], typer.Option(help="Inventory file (default ./hosts.toml, else shipped).")] = None,
@@ -104,7 +106,8 @@ def run(
     overrides = {"stages": stages, "split": _split(split), "policy": policy, "chunk": chunk, "images": images,
                  "warmup": warmup, "repeats": repeats, "threads": threads, "model": model,
                  "num_classes": num_classes, "checkpoint": checkpoint, "allow_pickle": allow_pickle, "data": data,
-                 "data_path": data_path, "atol": atol, "master_port": master_port}
+                 "data_path": data_path, "atol": atol, "master_port": master_port,
+                 "trace_steps": trace_steps}
     renderer = HeadlessRenderer(verbose=verbose)
     session = None
     try:

@@ -57,6 +57,8 @@ class RunOptions(BaseModel):
     """Largest absolute logit difference still counted as a match (0: bit-identical)."""
     master_port: int | None = Field(default=None, ge=1024, le=65535)
     """Rendezvous port on the first host; default: one the host says is free when the run starts."""
+    trace_steps: int = Field(default=0, ge=0)
+    """Profile this many pipeline steps on every rank in one extra untimed pass (0: no traces)."""
     pg_timeout_s: float = Field(default=300.0, gt=0)
     """Gloo process-group timeout: how long a rank waits for a silent peer."""
 

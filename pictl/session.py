@@ -37,6 +37,7 @@ from pictl.push import push_all, tree_digest
 from pictl.runs import RunRecord, default_runs_root
 from pictl.telemetry import RunTelemetry, command_outcome, max_abs_diff, parse_event
 from pictl.timeline import StartupTimeline
+from pictl.traces import RankTrace, TraceGrab, grab_traces
 from pictl.transport import RemoteProcess, Transport, preload, raise_for_failures, transport_for
 from remote import protocol as P
 from remote.spec import DataSpec, RunSpec
@@ -93,6 +94,7 @@ def _spec_from(options: RunOptions, run_id: str) -> RunSpec:
         repeats=options.repeats, threads=options.threads,
         data=DataSpec(kind=options.data, path=options.data_path, split=options.data_split),
         check_images=min(options.check_images, options.images), pg_timeout_s=options.pg_timeout_s,
+        trace_steps=options.trace_steps if options.stages > 1 else 0,
         run_id=run_id)
 
 
@@ -123,6 +125,10 @@ class RunSession:
         self.run_id = RunRecord.new_id(options.stages)
         self.last_summary: dict[str, Any] | None = None
         """The summary of the finished run, failed or not (None when nothing started)."""
+        self.nodes: list[NodePlan] = []
+        self.pipeline_live = False
+        self.grabs: list[dict[str, Any]] = []
+        self._grab_tasks: set[asyncio.Task] = set()
 
     # -- events -----------------------------------------------------------------------------------
 
@@ -285,6 +291,7 @@ class RunSession:
         stream = _Stream(self.telemetry)
         failed = asyncio.Event()
         procs: dict[str, RemoteProcess] = {}
+        self.pipeline_live = True
         for node in nodes:
             argv = supervised(node.host, torchrun_argv(node, nnodes=len(nodes), master=master, master_port=port,
                                                        spec_path=P.SPEC_FILE), "pgid-torchrun")
@@ -306,6 +313,7 @@ class RunSession:
                 await asyncio.wait([*watchers, waiter], return_when=asyncio.FIRST_COMPLETED)
         finally:
             waiter.cancel()
+            self.pipeline_live = False
         if failed.is_set():
             # A rank that dies makes its peers fail too ("connection closed by peer"); give
             # the dead rank's torchrun a moment to exit so the blame lands on the cause.
@@ -334,6 +342,57 @@ class RunSession:
             return self._failure(host, st.rank, "the pipeline", st.error["message"], stream.tail)
         return self._failure(nodes[0].host, None, "the pipeline", "torchrun exited before every rank finished",
                              stream.tail)
+
+    # -- traces -----------------------------------------------------------------------------------
+
+    def _rank_traces(self) -> list[RankTrace]:
+        return [RankTrace(n.host.name, r, self._transports[n.host.name], n.host.run_dir(self.run_id))
+                for n in self.nodes for r in n.ranks]
+
+    def _trace_gave_up(self, trace_id: str, rank: int) -> str | None:
+        """Why `rank` will never deliver trace `trace_id`, or None while it still may."""
+        for ev in self.telemetry.traces:
+            if ev.get("id") == trace_id and ev.get("stage") == rank and not ev.get("file"):
+                return f"rank {rank}: {ev.get('message') or 'no trace written'}"
+        st = self.telemetry.stages.get(rank)
+        if st is not None and st.error:
+            return f"rank {rank} failed: {st.error.get('message')}"
+        if not self.pipeline_live:
+            return f"rank {rank}: the run ended before its trace arrived"
+        return None
+
+    async def grab_traces(self, steps: int, *, timeout_s: float = 120.0, trace_id: str | None = None,
+                          request: bool = True) -> TraceGrab:
+        """Profile `steps` steps on every rank of the running pipeline and merge what arrives.
+
+        The run goes on meanwhile; passes the window touches are kept out of its throughput.
+        """
+        if request and (not self.pipeline_live or self.record is None):
+            raise E.ConfigError("no pipeline is running: traces are taken from a live run (or run --trace-steps)")
+        assert self.record is not None
+        task = asyncio.current_task()
+        if task is not None:
+            self._grab_tasks.add(task)
+        self._phase("traces", f"profiling {steps} step(s) on {sum(len(n.ranks) for n in self.nodes)} rank(s)")
+        try:
+            grab = await grab_traces(self._rank_traces(), self.record.path, steps=steps, timeout_s=timeout_s,
+                                     gave_up=self._trace_gave_up, trace_id=trace_id, request=request)
+        finally:
+            self._grab_tasks.discard(task)
+        self.grabs.append(grab.to_json())
+        got = f"{len(grab.files)} of {len(grab.files) + len(grab.missing)} rank trace(s) in {grab.directory}"
+        self._phase("traces", got + "".join(f"; {why}" for why in grab.missing.values()))
+        return grab
+
+    async def _settle_grabs(self, ok: bool) -> None:
+        """Let trace grabs that are under way finish (a finished run has flushed every trace)."""
+        pending = [t for t in self._grab_tasks if not t.done()]
+        if not pending:
+            return
+        if not ok:
+            for t in pending:
+                t.cancel()
+        await asyncio.wait(pending, timeout=60)
 
     async def _stop_all(self) -> None:
         live, self._live = self._live, []
@@ -366,7 +425,11 @@ class RunSession:
             baseline = await self._baseline(nodes[0].host, spec)
             self.timeline.mark("baselined")
             if spec.stages > 1:
+                self.nodes = nodes
                 await self._pipeline(nodes, spec)
+                await self._settle_grabs(ok=True)
+                if spec.trace_steps:
+                    await self.grab_traces(spec.trace_steps, trace_id="run", request=False, timeout_s=30)
                 last = next(n for n in nodes if spec.stages - 1 in n.ranks).host
                 logits = await self._transports[last.name].get_bytes(
                     f"{last.run_dir(spec.run_id)}/{P.LOGITS_FILE_PIPELINE}")
@@ -391,6 +454,7 @@ class RunSession:
             summary["error"] = {"type": type(exc).__name__, "message": str(exc), **(self._failure_info or {})}
             raise
         finally:
+            await asyncio.shield(self._settle_grabs(ok=False))
             await asyncio.shield(self._cleanup())
             if self.record is not None:
                 self.record.finish(summary)
@@ -449,6 +513,8 @@ class RunSession:
             "serial_accuracy": baseline.top1 if baseline else None,
             "per_stage": per_stage,
             "plan_reused": self.plan_reused,
+            "traces": self.grabs,
+            "traced_passes": len(self.telemetry.traced_throughputs),
             "prediction": self.prediction,
             "startup": self.timeline.summary(),
             "started_at": self._started, "duration_s": round(time.time() - self._started, 2),

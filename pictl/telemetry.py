@@ -63,6 +63,8 @@ class RunTelemetry:
     def __init__(self) -> None:
         self.stages: dict[int, StageState] = {}
         self.throughputs: list[float] = []
+        self.traced_throughputs: list[float] = []  # passes a profiler window touched: slower, kept apart
+        self.traces: list[dict[str, Any]] = []
         self.accuracy: dict[str, Any] | None = None
         self.outputs: dict[str, Any] | None = None
 
@@ -83,7 +85,9 @@ class RunTelemetry:
         elif kind == P.PROGRESS:
             st.progress = ev
         elif kind == P.THROUGHPUT:
-            self.throughputs.append(float(ev["ips"]))
+            (self.traced_throughputs if ev.get("traced") else self.throughputs).append(float(ev["ips"]))
+        elif kind == P.TRACE:
+            self.traces.append({**ev, "host": host})
         elif kind == P.ACCURACY:
             self.accuracy = ev
         elif kind == P.OUTPUTS:
@@ -95,12 +99,17 @@ class RunTelemetry:
             st.error = ev
 
     @property
+    def _counted(self) -> list[float]:
+        # Traced passes count only when every timed pass was traced: better a slower figure than none.
+        return self.throughputs or self.traced_throughputs
+
+    @property
     def mean_ips(self) -> float | None:
-        return statistics.fmean(self.throughputs) if self.throughputs else None
+        return statistics.fmean(self._counted) if self._counted else None
 
     @property
     def ips_spread(self) -> list[float] | None:
-        return [min(self.throughputs), max(self.throughputs)] if self.throughputs else None
+        return [min(self._counted), max(self._counted)] if self._counted else None
 
     def first_error(self) -> StageState | None:
         failed = [s for s in self.stages.values() if s.error]

@@ -13,10 +13,12 @@ import os
 import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+from torch.profiler import record_function
 
 from remote import protocol as P
 from remote.data import load_images, load_labels, microbatches
@@ -33,6 +35,7 @@ from remote.measure import (
 from remote.outputs import open_checkpoint, report_outputs
 from remote.spec import RunSpec
 from remote.stage import build_stage, compact_pieces, layout_for, stage_io_shapes
+from remote.tracing import Tracer, planned_window, rendezvous_store
 
 
 class TimedStage(PipelineStage):
@@ -44,22 +47,39 @@ class TimedStage(PipelineStage):
     asynchronous, so the time blocked on them is what is left of the step.
     """
 
-    def __init__(self, *args, on_chunk=None, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
+    def __init__(self, *args, on_chunk=None, tracer: Tracer | None = None, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
         super().__init__(*args, **kwargs)
         self.counters = StageCounters()
         self._on_chunk = on_chunk
         self._recv_posted = 0.0
+        self.tracer = tracer
+        self.first_step = 0  # the global number of this pass's first microbatch
 
     def get_fwd_recv_ops(self, fwd_chunk_id: int):  # noqa: ANN201
+        if self.tracer is not None:
+            self.tracer.before_step(self.first_step + fwd_chunk_id)
         ops = super().get_fwd_recv_ops(fwd_chunk_id)
         self._recv_posted = time.perf_counter()
         return ops
+
+    def get_fwd_send_ops(self, fwd_chunk_id: int):  # noqa: ANN201
+        ops = super().get_fwd_send_ops(fwd_chunk_id)
+        if not ops or self.tracer is None or not self.tracer.active:
+            return ops
+        # While profiling, post the sends here and keep their handles, so the window can end
+        # with none in flight; they stay asynchronous, as the schedule would have posted them.
+        self.tracer.hold(dist.batch_isend_irecv(ops))
+        return []
 
     def forward_one_chunk(self, fwd_chunk_id, args, kwargs=None, save_forward_output=True):  # noqa: ANN001, ANN201
         start = time.perf_counter()
         if not self.is_first:
             self.counters.wait_s += start - self._recv_posted
-        out = super().forward_one_chunk(fwd_chunk_id, args, kwargs, save_forward_output)
+        if self.tracer is not None and self.tracer.active:
+            with record_function(f"{P.TRACE_COMPUTE_RANGE} {self.first_step + fwd_chunk_id}"):
+                out = super().forward_one_chunk(fwd_chunk_id, args, kwargs, save_forward_output)
+        else:
+            out = super().forward_one_chunk(fwd_chunk_id, args, kwargs, save_forward_output)
         self.counters.compute_s += time.perf_counter() - start
         self.counters.microbatches += 1
         if not self.is_last:
@@ -117,24 +137,32 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
             emitter.emit(P.FIRST_OUTPUT, stage=rank)
         clock.tick()
 
+    passes = spec.warmup + spec.repeats
+    tracer = Tracer(rank, emitter, Path.cwd(), rendezvous_store(), planned_window(spec.trace_steps, passes, n_mb))
     stage = TimedStage(module, rank, world, torch.device("cpu"),
                        input_args=tuple(torch.empty(s, device="meta") for s in in_shapes),
                        output_args=tuple(torch.empty(s, device="meta") for s in out_shapes),
-                       on_chunk=on_chunk)
+                       on_chunk=on_chunk, tracer=tracer)
     schedule = ScheduleGPipe(stage, n_microbatches=n_mb)
 
     check_logits = None
     predictions = None
-    for repeat in range(spec.warmup + spec.repeats):
-        timed = repeat >= spec.warmup
-        state.update(phase="timed" if timed else "warmup", repeat=repeat - spec.warmup if timed else repeat)
+    # `--trace-steps` adds one untimed pass after the timed ones, so the profiler never touches a timed pass.
+    last_pass = passes if spec.trace_steps > 0 else passes - 1
+    for repeat in range(last_pass + 1):
+        timed = spec.warmup <= repeat < passes
+        phase = "timed" if timed else ("warmup" if repeat < spec.warmup else "trace")
+        state.update(phase=phase, repeat=repeat - spec.warmup if timed else repeat)
         stage.counters = StageCounters()
+        stage.first_step = repeat * n_mb
         dist.barrier()
         state["step_start"] = start = time.perf_counter()
         with torch.no_grad():
             out = schedule.eval(arg_mbs=[(mb,) for mb in mbs]) if first else schedule.eval()
         seconds = time.perf_counter() - start
         stage.counters.send_s = max(0.0, seconds - stage.counters.compute_s - stage.counters.wait_s)
+        # Exporting a finished window happens here, between passes: never inside a timed span.
+        traced = tracer.end_of_pass((repeat + 1) * n_mb, final=repeat == last_pass)
         report()
         if timed:
             totals.add(stage.counters)
@@ -142,7 +170,7 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
             logits = out[: spec.images]  # drop the padded rows of the last microbatch
             if timed:
                 emitter.emit(P.THROUGHPUT, repeat=state["repeat"], images=spec.images,
-                             seconds=round(seconds, 6), ips=round(spec.images / seconds, 4))
+                             seconds=round(seconds, 6), ips=round(spec.images / seconds, 4), traced=traced)
             if predictions is None:
                 predictions = logits.argmax(dim=1)
                 check_logits = logits[: spec.check_images].clone()

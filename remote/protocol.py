@@ -32,14 +32,22 @@ PLAN = "plan"
 OUTPUTS = "outputs"
 FIRST_OUTPUT = "first_output"  # the last stage finished its first microbatch (time to first image)
 COSTS = "costs"  # per-piece time and per-cut bytes on one host (remote.costs, for `balanced`)
+TRACE = "trace"  # a rank wrote its profiler trace of a window of steps (remote.tracing)
 
 EVENTS = (RUN_START, STAGE_READY, PROGRESS, THROUGHPUT, ACCURACY, RUN_END, ERROR, PLAN, OUTPUTS, FIRST_OUTPUT,
-          COSTS)
+          COSTS, TRACE)
 
 # Files a run leaves in its directory on each host (relative to the host run dir).
 SPEC_FILE = "spec.json"
 LOGITS_FILE_PIPELINE = "logits-pipeline.f32"
 LOGITS_FILE_SERIAL = "logits-serial.f32"
+TRACE_REQUEST_FILE = "trace-request.json"  # written (atomically) on host 0 to ask for a trace window
+TRACES_DIR = "traces"  # traces/<id>/rank<r>.json.gz
+TRACE_COMPUTE_RANGE = "pictl:compute"  # the profiler range around each microbatch's forward, "pictl:compute <step>"
+
+
+def trace_file(rank: int) -> str:
+    return f"rank{rank}.json.gz"
 
 # Exit status of the remote entry points when the input itself is wrong
 # (unknown split point, shapes that do not fit, missing data): the controller maps

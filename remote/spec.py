@@ -46,6 +46,8 @@ class RunSpec:
     data: DataSpec = field(default_factory=DataSpec)
     check_images: int = 8
     progress_interval_s: float = 1.0
+    trace_steps: int = 0
+    """Profile this many steps in one extra untimed pass after the timed ones (0: none)."""
     pg_timeout_s: float = 300.0
     run_id: str = ""
 
