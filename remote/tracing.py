@@ -72,7 +72,8 @@ class Tracer:
         self.emitter = emitter
         self.run_dir = run_dir
         self.store = store
-        self.window = planned
+        self.planned = planned
+        self.window: Window | None = None
         self._prof: profile | None = None
         self._done: profile | None = None  # stopped, not yet exported
         self._first_step = 0
@@ -117,8 +118,10 @@ class Tracer:
     def before_step(self, step: int) -> None:
         """Called when the stage posts the receive for `step` (before its wait and compute)."""
         if self._idle():
-            fresh = self._poll_request(step)
-            if fresh is not None:
+            planned = self.planned
+            if planned is not None and planned.trace_id not in self._served and step >= planned.start:
+                self.window = planned
+            elif (fresh := self._poll_request(step)) is not None:
                 self.window = fresh
         w = self.window
         if w is None or w.trace_id in self._served:
@@ -157,12 +160,13 @@ class Tracer:
             self._stop()
         if self._done is not None:
             self._export(next_step)
-        elif final and self.window is not None and self.window.trace_id not in self._served:
-            # The run ended before this rank reached the window: say so rather than go quiet.
-            self._served.add(self.window.trace_id)
-            self.emitter.emit(P.TRACE, stage=self.rank, id=self.window.trace_id, file=None,
-                              start_step=self.window.start, steps=0,
-                              message=f"the run ended at step {next_step} before the window began")
+        elif final:
+            # The run ended before this rank reached a window: say so rather than go quiet.
+            for w in (self.window, self.planned):
+                if w is not None and w.trace_id not in self._served:
+                    self._served.add(w.trace_id)
+                    self.emitter.emit(P.TRACE, stage=self.rank, id=w.trace_id, file=None, start_step=w.start,
+                                      steps=0, message=f"the run ended at step {next_step} before the window began")
         self._pass_traced = self._prof is not None
         return traced
 
