@@ -58,11 +58,21 @@ async def _run_cancellable(coro: Any) -> Any:
 
 
 @app.callback(invoke_without_command=True)
-def main(ctx: typer.Context) -> None:
-    """Without a command: the interactive dashboard."""
-    if ctx.invoked_subcommand is None:
-        Console(stderr=True).print("The dashboard is not built yet: use `pictl run --headless` (see --help).")
-        raise typer.Exit(E.EXIT_BAD_INPUT)
+def main(
+    ctx: typer.Context,
+    hosts: Annotated[Optional[Path], typer.Option(help="Inventory file (default ./hosts.toml, else shipped).")] = None,
+    runs_dir: Annotated[Optional[Path], typer.Option(help="Where run directories go.")] = None,
+) -> None:
+    """Without a command: the interactive dashboard (r run, s stop, t traces, / filter, h history, ? help, q quit)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    try:
+        cluster = _cluster(hosts)
+    except E.PictlError as exc:
+        _fail(exc)
+    from pictl.tui.app import PictlApp
+
+    PictlApp(cluster, runs_root=runs_dir).run()
 
 
 def _split(value: str | None) -> list[str] | None:

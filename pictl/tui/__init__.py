@@ -1,0 +1,1 @@
+"""The Textual dashboard: `pictl` with no command. Only this package imports Textual."""

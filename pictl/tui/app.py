@@ -1,0 +1,272 @@
+"""`pictl`: the dashboard. Thin: it composes the widgets and wires them to the services.
+
+Services (RunSession, HostMonitor) run in named workers and report through
+messages (`bridge`, `messages`); the state model (`state`) folds them; a 4 Hz
+timer renders what changed, so 800 progress events a second cost a few renders,
+not 800. Failures of any worker surface in one place, `on_worker_state_changed`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.screen import Screen
+from textual.widgets import Footer, Header
+from textual.worker import Worker, WorkerState
+
+from pictl import errors as E
+from pictl.inventory import Cluster
+from pictl.monitor import HostMonitor
+from pictl.profiles import RunOptions
+from pictl.runs import default_runs_root
+from pictl.session import RunSession
+from pictl.tui.bridge import session_sink
+from pictl.tui.messages import (
+    HostHealth,
+    LogLine,
+    PhaseChanged,
+    RankRecord,
+    RunFinished,
+    StageProgress,
+    TracesGrabbed,
+)
+from pictl.tui.state import DashboardState
+from pictl.tui.widgets.confirm import Confirm
+from pictl.tui.widgets.history import HistoryScreen
+from pictl.tui.widgets.hosts_table import HostsTable
+from pictl.tui.widgets.log_view import LogView
+from pictl.tui.widgets.run_form import RunForm
+from pictl.tui.widgets.run_summary import RunSummary
+from pictl.tui.widgets.stage_list import StageList
+
+TRACE_STEPS = 8
+RENDER_HZ = 4
+
+
+class PictlApp(App):
+    CSS_PATH = "pictl.tcss"
+    TITLE = "pictl"
+    BINDINGS = [
+        Binding("r", "run", "run"),
+        Binding("s", "stop", "stop"),
+        Binding("t", "traces", "traces"),
+        Binding("/", "filter", "filter logs"),
+        Binding("h", "history", "history"),
+        Binding("question_mark", "help", "help", key_display="?"),
+        Binding("q", "quit_pictl", "quit"),
+    ]
+
+    def __init__(self, cluster: Cluster, *, runs_root: Path | None = None, monitor: bool = True,
+                 clock: Callable[[], float] = time.time, session_factory: Callable[..., RunSession] = RunSession,
+                 trace_steps: int = TRACE_STEPS) -> None:
+        super().__init__()
+        self.cluster = cluster
+        self.runs_root = runs_root or default_runs_root()
+        self.state = DashboardState(cluster)
+        self.clock = clock
+        self.monitor_enabled = monitor
+        self.session_factory = session_factory
+        self.trace_steps = trace_steps
+        self.session: RunSession | None = None
+        self.last_form: dict = {}
+        self._dirty: set[str] = set()
+        self.sub_title = f"{cluster.name}: {len(cluster.hosts)} host(s) from {cluster.source}"
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False)
+        yield HostsTable(id="hosts")
+        with Horizontal(id="middle"):
+            yield StageList(id="stages")
+            yield RunSummary(id="summary")
+        yield LogView(id="logs")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        for widget_id, title in (("hosts", "hosts"), ("stages", "stages"), ("summary", "run"), ("logs", "logs")):
+            self.query_one(f"#{widget_id}").border_title = title
+        self.render_all()
+        self.set_interval(1 / RENDER_HZ, self.render_dirty)
+        self.set_interval(1.0, lambda: self._dirty.update({"hosts", "summary"}))
+        if self.monitor_enabled:
+            monitor = HostMonitor(self.cluster, lambda s: self.post_message(HostHealth(s)))
+            self.run_worker(monitor.run(), name="host monitor", group="monitor", exit_on_error=False)
+
+    # -- rendering ----------------------------------------------------------------------------------
+
+    def render_all(self) -> None:
+        self._dirty = {"hosts", "stages", "summary"}
+        self.render_dirty()
+
+    def render_dirty(self) -> None:
+        dirty, self._dirty = self._dirty, set()
+        now = self.clock()
+        if "hosts" in dirty:
+            self.query_one(HostsTable).show_state(self.state, now)
+        if "stages" in dirty:
+            self.query_one(StageList).show_state(self.state)
+        if "summary" in dirty:
+            self.query_one(RunSummary).show_state(self.state, now)
+
+    # -- service messages --------------------------------------------------------------------------
+
+    def on_phase_changed(self, msg: PhaseChanged) -> None:
+        self.state.on_phase(msg.name, msg.text, self.clock())
+        self.query_one(LogView).add("pictl", "", "stdout", f"{msg.name}: {msg.text}")
+        self._dirty.update({"hosts", "summary"})
+
+    def on_rank_record(self, msg: RankRecord) -> None:
+        self.state.on_record(msg.source, msg.host, msg.record, self.clock())
+        self._dirty.update({"stages", "summary", "hosts"})
+
+    def on_stage_progress(self, msg: StageProgress) -> None:
+        self.on_rank_record(msg)
+
+    def on_log_line(self, msg: LogLine) -> None:
+        self.query_one(LogView).add(msg.host, msg.source, msg.stream, msg.line)
+
+    def on_host_health(self, msg: HostHealth) -> None:
+        was_up = self.state.hosts.get(msg.sample.host)
+        was_up = was_up.up if was_up else None
+        self.state.on_sample(msg.sample)
+        if was_up and not msg.sample.up:
+            self.notify(f"host {msg.sample.host} is not answering: {msg.sample.error}", severity="error")
+        self._dirty.add("hosts")
+
+    async def on_run_finished(self, msg: RunFinished) -> None:
+        self.state.finish(msg.summary, msg.error)
+        self.render_all()
+        if msg.error:
+            self.notify(msg.error, title="run failed" if "interrupted" not in msg.error else "run stopped",
+                        severity="error" if "interrupted" not in msg.error else "warning", timeout=10)
+        else:
+            self.notify(f"speedup {msg.summary.get('speedup')}x, outputs match: {msg.summary.get('outputs_match')}",
+                        title="run finished")
+
+    def on_traces_grabbed(self, msg: TracesGrabbed) -> None:
+        self.state.on_traces(msg.grab)
+        got, missing = len(msg.grab["files"]), msg.grab["missing"]
+        self.notify(f"{got} rank trace(s) in {msg.grab['directory']}"
+                    + "".join(f"\nrank {r}: {why}" for r, why in missing.items()),
+                    title="traces", severity="warning" if missing else "information", timeout=10)
+        self._dirty.add("summary")
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        """The one place a failed worker becomes a notice (expected errors arrive as messages)."""
+        if event.state == WorkerState.ERROR:
+            self.notify(f"{event.worker.name}: {event.worker.error}", severity="error", timeout=10)
+
+    # -- the run -----------------------------------------------------------------------------------
+
+    @property
+    def run_active(self) -> bool:
+        return self.state.running
+
+    def start_run(self, options: RunOptions, profile: str | None = None) -> None:
+        if self.run_active:
+            self.notify("a run is already in progress", severity="warning")
+            return
+        self.state.start_run(options.model_dump(), self.clock())
+        self.session = self.session_factory(self.cluster, options, on_event=session_sink(self.post_message),
+                                            runs_root=self.runs_root, profile=profile)
+        self.call_later(self._reset_stages)
+        self.run_worker(self._run(self.session), name="run", group="run", exclusive=True, exit_on_error=False)
+
+    async def _reset_stages(self) -> None:
+        await self.query_one(StageList).reset(self.state)
+
+    async def _run(self, session: RunSession) -> None:
+        try:
+            summary = await session.run()
+        except E.PictlError as exc:
+            self.post_message(RunFinished(session.last_summary, str(exc)))
+            return
+        self.post_message(RunFinished(summary, None))
+
+    async def _grab(self, session: RunSession) -> None:
+        try:
+            grab = await session.grab_traces(self.trace_steps)
+        except E.PictlError as exc:
+            self.notify(str(exc), title="traces", severity="warning")
+            return
+        self.post_message(TracesGrabbed(grab.to_json()))
+
+    async def stop_run(self) -> None:
+        """Cancel the run worker and wait for the session to stop every process it started."""
+        runs = [w for w in self.workers if w.group == "run" and w.is_running]
+        for worker in runs:
+            worker.cancel()
+        await self.workers.wait_for_complete(runs)
+
+    # -- actions ------------------------------------------------------------------------------------
+
+    def action_run(self) -> None:
+        if self.run_active:
+            self.notify("a run is in progress: stop it first (s)", severity="warning")
+            return
+
+        def chosen(result: tuple[RunOptions, str | None] | None) -> None:
+            if result is not None:
+                options, profile = result
+                self.last_form = {"profile": profile, "stages": options.stages, "policy": options.policy,
+                                  "split": ",".join(options.split), "chunk": options.chunk, "images": options.images}
+                self.start_run(options, profile)
+
+        self.push_screen(RunForm(self.last_form), chosen)
+
+    def action_stop(self) -> None:
+        if not self.run_active:
+            self.notify("no run to stop", severity="warning")
+            return
+
+        async def answered(stop: bool | None) -> None:
+            if stop:
+                self.state.phase_message = "stopping every rank"
+                await self.stop_run()
+
+        self.push_screen(Confirm("Stop the run? Every rank on every host is stopped.", "Stop"), answered)
+
+    def action_traces(self) -> None:
+        if not self.run_active or self.session is None or not self.session.pipeline_live:
+            self.notify("no pipeline is running: start a run (r) and press t while it runs", title="traces",
+                        severity="warning")
+            return
+        self.notify(f"profiling {self.trace_steps} steps on every rank...", title="traces")
+        self.run_worker(self._grab(self.session), name="traces", group="traces", exit_on_error=False)
+
+    def action_filter(self) -> None:
+        self.query_one(LogView).open_filter()
+
+    def action_history(self) -> None:
+        self.push_screen(HistoryScreen(self.runs_root))
+
+    def action_help(self) -> None:
+        if self.screen.query("HelpPanel"):
+            self.action_hide_help_panel()
+        else:
+            self.action_show_help_panel()
+
+    async def action_quit_pictl(self) -> None:
+        if not self.run_active:
+            self.exit()
+            return
+
+        async def answered(stop: bool | None) -> None:
+            if stop:
+                await self.stop_run()
+                self.exit()
+
+        self.push_screen(Confirm("A run is in progress. Stop it (every rank on every host) and quit?",
+                                 "Stop and quit"), answered)
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        yield SystemCommand("Run", "Start a run (r)", self.action_run)
+        yield SystemCommand("Stop", "Stop the run (s)", self.action_stop)
+        yield SystemCommand("Traces", "Grab profiler traces from every rank (t)", self.action_traces)
+        yield SystemCommand("History", "Past runs (h)", self.action_history)
+        yield SystemCommand("Filter logs", "Filter the log by host, rank, text (/)", self.action_filter)

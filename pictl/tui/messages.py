@@ -1,0 +1,68 @@
+"""Messages the dashboard's services post to the app: session events and host samples, made Textual."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual.message import Message
+
+from pictl.monitor import HostSample
+
+
+class PhaseChanged(Message):
+    """The run moved to a new step."""
+
+    def __init__(self, name: str, text: str) -> None:
+        super().__init__()
+        self.name, self.text = name, text
+
+
+class RankRecord(Message):
+    """A telemetry record from a rank (or the serial run) that is not a progress tick."""
+
+    def __init__(self, source: str, host: str, record: dict[str, Any]) -> None:
+        super().__init__()
+        self.source, self.host, self.record = source, host, record
+
+
+class StageProgress(RankRecord):
+    """A rank's progress tick: a newer one for the same rank replaces a stale one still queued."""
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, StageProgress) and message.source == self.source \
+            and message.record.get("rank") == self.record.get("rank")
+
+
+class LogLine(Message):
+    """A line of ordinary output from a host or rank."""
+
+    def __init__(self, source: str, host: str, stream: str, line: str) -> None:
+        super().__init__()
+        self.source, self.host, self.stream, self.line = source, host, stream, line
+
+
+class HostHealth(Message):
+    """A host sample: the newest replaces a stale one for the same host."""
+
+    def __init__(self, sample: HostSample) -> None:
+        super().__init__()
+        self.sample = sample
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, HostHealth) and message.sample.host == self.sample.host
+
+
+class RunFinished(Message):
+    """The run ended: its summary (None when it failed before starting) and the error, if any."""
+
+    def __init__(self, summary: dict[str, Any] | None, error: str | None) -> None:
+        super().__init__()
+        self.summary, self.error = summary, error
+
+
+class TracesGrabbed(Message):
+    """Traces from a grab arrived (some ranks may be missing)."""
+
+    def __init__(self, grab: dict[str, Any]) -> None:
+        super().__init__()
+        self.grab = grab

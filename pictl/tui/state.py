@@ -1,0 +1,202 @@
+"""What the dashboard shows, folded from session events and host samples. No Textual here.
+
+Widgets read this model and render it; the app feeds it. Keeping the folding out
+of the widgets lets the bench and the tests drive it without a screen, and keeps
+every figure computed once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from pictl.inventory import Cluster
+from pictl.launch import place_stages
+from pictl.monitor import HostSample
+from remote import protocol as P
+
+SPARK_POINTS = 60
+
+
+@dataclass
+class HostRow:
+    name: str
+    up: bool | None = None  # None: not sampled yet
+    activity: str = "idle"
+    ranks: list[int] = field(default_factory=list)
+    cpu_pct: float | None = None
+    mem_used_mb: int | None = None
+    mem_total_mb: int | None = None
+    temp_c: float | None = None
+    throttled: str | None = None
+    last_event: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class StageView:
+    rank: int
+    host: str
+    modules: list[str] = field(default_factory=list)
+    ips: deque[float] = field(default_factory=lambda: deque(maxlen=SPARK_POINTS))
+    phase: str = "waiting"
+    repeat: int = 0
+    microbatches: int = 0
+    microbatches_total: int = 0
+    compute_s: float = 0.0
+    wait_s: float = 0.0
+    send_s: float = 0.0
+    bytes_per_s: float = 0.0
+    error: str | None = None
+    _last: tuple[float, int, int] | None = None  # (time, microbatches, bytes) of the previous progress event
+
+
+# Which hosts a session phase keeps busy, and how the hosts table names it.
+_PHASE_ACTIVITY = {"push": "pushing", "balance": "profiling", "plan": "planning", "baseline": "serial baseline",
+                   "pipeline": "running", "traces": "running", "cleanup": "cleaning up"}
+
+
+class DashboardState:
+    """The whole dashboard's data: hosts, stages, the run's figures, its log position."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.hosts = {h.name: HostRow(h.name) for h in cluster.hosts}
+        self.stages: dict[int, StageView] = {}
+        self.options: dict[str, Any] = {}
+        self.running = False
+        self.phase = "idle"
+        self.phase_message = "press r to start a run"
+        self.summary: dict[str, Any] | None = None
+        self.error: str | None = None
+        self.failure: dict[str, Any] | None = None
+        self.serial_ips: float | None = None
+        self.pipeline_ips: list[float] = []
+        self.accuracy: float | None = None
+        self.started_at: float | None = None
+        self.pipeline_started_at: float | None = None
+        self.traces: list[dict[str, Any]] = []
+        self.trace_note: str | None = None
+
+    # -- run lifecycle ----------------------------------------------------------------------------
+
+    def start_run(self, options: dict[str, Any], now: float | None = None) -> None:
+        self.options = options
+        self.running, self.summary, self.error, self.failure = True, None, None, None
+        self.serial_ips, self.pipeline_ips, self.accuracy, self.traces, self.trace_note = None, [], None, [], None
+        self.started_at, self.pipeline_started_at = now or time.time(), None
+        self.phase, self.phase_message = "connect", "connecting"
+        self.stages = {}
+        for row in self.hosts.values():
+            row.ranks, row.activity = [], "idle"
+        for node in place_stages(self.cluster, int(options.get("stages", 1))):
+            row = self.hosts[node.host.name]
+            row.ranks, row.activity = list(node.ranks), "connecting"
+            for r in node.ranks:
+                self.stages[r] = StageView(r, node.host.name)
+
+    def _busy_hosts(self) -> list[HostRow]:
+        return [r for r in self.hosts.values() if r.ranks]
+
+    def on_phase(self, name: str, message: str, now: float | None = None) -> None:
+        self.phase, self.phase_message = name, message
+        activity = _PHASE_ACTIVITY.get(name)
+        busy = self._busy_hosts()
+        if name in ("plan", "baseline") and busy:
+            for row in busy:
+                row.activity = "waiting"
+            busy[0].activity = activity or name
+        elif activity:
+            for row in busy:
+                row.activity = activity
+        if name == "pipeline":
+            self.pipeline_started_at = now or time.time()
+
+    def on_record(self, source: str, host: str, rec: dict[str, Any], now: float | None = None) -> None:
+        now = now or time.time()
+        if host in self.hosts:
+            self.hosts[host].last_event = now
+        kind = rec.get(P.KEY_EVENT)
+        if source == "serial":
+            if kind == P.THROUGHPUT:
+                self.serial_ips = float(rec["ips"])
+            return
+        st = self.stages.get(int(rec.get(P.KEY_RANK, 0)))
+        if kind == P.STAGE_READY and st:
+            st.modules = list(rec.get("modules", []))
+        elif kind == P.PROGRESS and st:
+            self._progress(st, rec)
+        elif kind == P.THROUGHPUT and not rec.get("traced"):
+            self.pipeline_ips.append(float(rec["ips"]))
+        elif kind == P.ACCURACY and rec.get("applicable"):
+            self.accuracy = rec.get("top1")
+        elif kind == P.ERROR and st:
+            st.error = rec.get("message")
+        elif kind == P.TRACE and st and not rec.get("file"):
+            self.trace_note = f"rank {st.rank}: {rec.get('message')}"
+
+    def _progress(self, st: StageView, rec: dict[str, Any]) -> None:
+        t = float(rec.get(P.KEY_TIME, time.time()))
+        mbs, sent = int(rec["microbatches"]), int(rec.get("bytes_sent", 0))
+        if st._last and (rec["phase"], rec["repeat"]) == (st.phase, st.repeat) and t > st._last[0] \
+                and mbs >= st._last[1]:
+            dt = t - st._last[0]
+            chunk = int(self.options.get("chunk", 1))
+            st.ips.append((mbs - st._last[1]) * chunk / dt)
+            st.bytes_per_s = (sent - st._last[2]) / dt
+        st._last = (t, mbs, sent)
+        st.phase, st.repeat = rec["phase"], int(rec["repeat"])
+        st.microbatches, st.microbatches_total = mbs, int(rec["microbatches_total"])
+        st.compute_s, st.wait_s, st.send_s = float(rec["compute_s"]), float(rec["wait_s"]), float(rec["send_s"])
+
+    def on_sample(self, sample: HostSample) -> None:
+        row = self.hosts.get(sample.host)
+        if row is None:
+            return
+        row.up, row.error = sample.up, sample.error
+        if sample.up:
+            row.cpu_pct, row.mem_used_mb, row.mem_total_mb = sample.cpu_pct, sample.mem_used_mb, sample.mem_total_mb
+            row.temp_c, row.throttled = sample.temp_c, sample.throttled
+
+    def on_traces(self, grab: dict[str, Any]) -> None:
+        self.traces.append(grab)
+
+    def finish(self, summary: dict[str, Any] | None, error: str | None) -> None:
+        self.running = False
+        self.summary, self.error = summary, error
+        self.failure = (summary or {}).get("error")
+        failed_host = (self.failure or {}).get("host")
+        for row in self._busy_hosts():
+            row.activity = "failed" if row.name == failed_host else ("stopped" if error else "done")
+        self.phase = "done" if not error else ("stopped" if "interrupted" in error else "failed")
+        self.phase_message = error or "finished"
+        if summary and summary.get("traces"):
+            known = {g["directory"] for g in self.traces}
+            self.traces += [g for g in summary["traces"] if g["directory"] not in known]
+
+    # -- derived figures --------------------------------------------------------------------------
+
+    def progress(self, now: float | None = None) -> tuple[float, float | None]:
+        """Fraction of the pipeline's steps done (by the last stage) and the seconds left, if known."""
+        if not self.stages:
+            return 0.0, None
+        last = self.stages[max(self.stages)]
+        if not last.microbatches_total:
+            return 0.0, None
+        warmup, repeats = int(self.options.get("warmup", 1)), int(self.options.get("repeats", 3))
+        passes = warmup + repeats + (1 if self.options.get("trace_steps") else 0)
+        index = {"warmup": last.repeat, "timed": warmup + last.repeat, "trace": warmup + repeats}.get(last.phase, 0)
+        done = (index * last.microbatches_total + last.microbatches) / (passes * last.microbatches_total)
+        done = min(done, 1.0)
+        if not self.running or not self.pipeline_started_at or done <= 0:
+            return done, None
+        elapsed = (now or time.time()) - self.pipeline_started_at
+        return done, elapsed * (1 - done) / done
+
+    @property
+    def live_ips(self) -> float | None:
+        if self.summary and self.summary.get("throughput_ips"):
+            return self.summary["throughput_ips"]
+        return sum(self.pipeline_ips) / len(self.pipeline_ips) if self.pipeline_ips else None

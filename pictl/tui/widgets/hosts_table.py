@@ -1,0 +1,46 @@
+"""One row per host: up or down, what pictl does there, its ranks, CPU, memory, temperature, last event."""
+
+from __future__ import annotations
+
+import time
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+from pictl.tui.state import DashboardState, HostRow
+
+COLUMNS = ("host", "link", "activity", "ranks", "CPU %", "memory MB", "temp C", "throttled", "last event")
+
+
+def _link(row: HostRow) -> Text:
+    if row.up is None:
+        return Text("...", style="dim")
+    return Text("up", style="green") if row.up else Text("DOWN", style="bold red")
+
+
+def _age(row: HostRow, now: float) -> str:
+    return "-" if row.last_event is None else f"{max(0.0, now - row.last_event):.0f}s ago"
+
+
+class HostsTable(DataTable):
+    """Rows keyed by host name; `show` updates cells in place (no flicker, no re-sorting)."""
+
+    def on_mount(self) -> None:
+        self.cursor_type = "row"
+        self.zebra_stripes = True
+        for col in COLUMNS:
+            self.add_column(col, key=col)
+
+    def show_state(self, state: DashboardState, now: float | None = None) -> None:
+        now = now or time.time()
+        for row in state.hosts.values():
+            activity = Text(row.activity, style="bold red" if row.activity == "failed" or row.up is False else "")
+            cells = [row.name, _link(row), activity, ",".join(map(str, row.ranks)) or "-",
+                     "-" if row.cpu_pct is None else f"{row.cpu_pct:.0f}",
+                     "-" if row.mem_used_mb is None else f"{row.mem_used_mb}/{row.mem_total_mb}",
+                     "-" if row.temp_c is None else f"{row.temp_c:.1f}", row.throttled or "-", _age(row, now)]
+            if row.name not in self.rows:
+                self.add_row(*cells, key=row.name)
+            else:
+                for col, value in zip(COLUMNS, cells, strict=True):
+                    self.update_cell(row.name, col, value)

@@ -1,0 +1,70 @@
+"""The run at a glance: throughput, serial baseline, speedup against the ideal, accuracy, outputs, progress."""
+
+from __future__ import annotations
+
+import time
+
+from rich.table import Table
+from rich.text import Text
+from textual.widgets import Static
+
+from pictl.tui.state import DashboardState
+
+
+def _f(value: float | None, spec: str = ".2f", unit: str = "") -> str:
+    return "-" if value is None else f"{format(value, spec)}{unit}"
+
+
+def _eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+class RunSummary(Static):
+    """Re-rendered from the state (a few times per second at most)."""
+
+    def show_state(self, state: DashboardState, now: float | None = None) -> None:
+        s = state.summary or {}
+        stages = int(state.options.get("stages", 0)) or None
+        ips = state.live_ips
+        serial = s.get("serial_ips") or state.serial_ips
+        speedup = s.get("speedup") or (ips / serial if ips and serial else None)
+        done, eta = state.progress(now or time.time())
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="bold")
+        grid.add_column()
+        phase_style = {"failed": "bold red", "stopped": "yellow", "done": "green"}.get(state.phase, "cyan")
+        grid.add_row("run", Text(f"{state.phase}: {state.phase_message}", style=phase_style))
+        if stages:
+            split = ", ".join(s.get("split_points") or []) or state.options.get("policy", "-")
+            grid.add_row("stages", f"{stages} ({split})")
+        grid.add_row("pipeline", _f(ips, unit=" img/s"))
+        grid.add_row("serial", _f(serial, unit=" img/s") + ("  (reused)" if s.get("serial_reused") else ""))
+        grid.add_row("speedup", f"{_f(speedup, unit='x')}" + (f"  of {stages}x ideal" if stages else "")
+                     + (f"  efficiency {speedup / stages:.2f}" if speedup and stages else ""))
+        accuracy = s.get("accuracy", state.accuracy)
+        grid.add_row("accuracy", "n/a" if accuracy is None else f"{accuracy:.2%}")
+        match = s.get("outputs_match")
+        grid.add_row("outputs", Text("-" if match is None else ("match" if match else
+                                                                f"DIFFER (max |diff| {s.get('max_abs_diff')})"),
+                                     style="" if match is None else ("green" if match else "bold red")))
+        bar_width = 20
+        filled = round(done * bar_width)
+        grid.add_row("progress", f"{'█' * filled}{'░' * (bar_width - filled)} {done:.0%}  ETA {_eta(eta)}")
+        if state.failure:
+            f = state.failure
+            where = f"host {f.get('host')}" + (f" rank {f['rank']}" if f.get("rank") is not None else "")
+            grid.add_row(Text("failed", style="bold red"), Text(f"{where}: {f.get('message')}", style="red"))
+            for line in (f.get("last_lines") or [])[-4:]:
+                grid.add_row("", Text(line, style="dim"))
+        for grab in state.traces[-1:]:
+            grid.add_row("traces", str(grab.get("directory")))
+            for rank, share in sorted(grab.get("per_rank", {}).items(), key=lambda kv: int(kv[0])):
+                grid.add_row("", f"rank {rank}: compute {share['compute_pct']:.0f}%  send {share['send_pct']:.0f}%  "
+                                 f"recv-wait {share['recv_wait_pct']:.0f}%  idle {share['idle_pct']:.0f}%")
+            for rank, why in grab.get("missing", {}).items():
+                grid.add_row("", Text(f"rank {rank}: missing ({why})", style="yellow"))
+        if state.trace_note:
+            grid.add_row("", Text(state.trace_note, style="yellow"))
+        self.update(grid)

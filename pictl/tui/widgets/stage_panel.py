@@ -1,0 +1,57 @@
+"""One pipeline stage: its modules, live throughput, a compute / wait / send bar, microbatches, bytes/s."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Label, Sparkline, Static
+
+from pictl.tui.state import StageView
+
+BAR_WIDTH = 24
+
+
+def breakdown_bar(compute: float, wait: float, send: float, width: int = BAR_WIDTH) -> Text:
+    """A bar split into compute (green), waiting (yellow) and sending (blue), with the shares."""
+    total = compute + wait + send
+    bar = Text()
+    if total <= 0:
+        return bar.append("." * width, style="dim")
+    cells = [round(width * v / total) for v in (compute, wait, send)]
+    cells[0] = width - cells[1] - cells[2]
+    for n, style in zip(cells, ("green", "yellow", "blue"), strict=True):
+        bar.append("█" * max(0, n), style=style)
+    bar.append(f" compute {100 * compute / total:.0f}%  wait {100 * wait / total:.0f}%  "
+               f"send {100 * send / total:.0f}%")
+    return bar
+
+
+def _span(modules: list[str]) -> str:
+    return "-" if not modules else (modules[0] if len(modules) == 1 else f"{modules[0]} .. {modules[-1]}")
+
+
+class StagePanel(Vertical):
+    """Rendered from a StageView; `show` is cheap enough to call on every progress tick."""
+
+    def __init__(self, rank: int) -> None:
+        super().__init__(id=f"stage-{rank}", classes="stage")
+        self.rank = rank
+
+    def compose(self) -> ComposeResult:
+        yield Label(f"stage {self.rank}", classes="stage-title")
+        yield Sparkline([], summary_function=max, classes="stage-spark")
+        yield Static("", classes="stage-figures")
+
+    def show_state(self, st: StageView) -> None:
+        self.query_one(".stage-title", Label).update(
+            Text.assemble((f"stage {st.rank}", "bold"), f" on {st.host}  ", (_span(st.modules), "dim")))
+        self.query_one(Sparkline).data = list(st.ips) or [0.0]
+        figures = Text()
+        if st.error:
+            figures.append(f"FAILED: {st.error}\n", style="bold red")
+        figures.append_text(breakdown_bar(st.compute_s, st.wait_s, st.send_s))
+        rate = st.ips[-1] if st.ips else None
+        figures.append(f"\n{st.phase} {st.repeat}: {st.microbatches}/{st.microbatches_total} microbatches  "
+                       f"{'-' if rate is None else f'{rate:.2f}'} img/s  {st.bytes_per_s / 1e6:.2f} MB/s sent")
+        self.query_one(".stage-figures", Static).update(figures)
