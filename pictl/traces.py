@@ -157,8 +157,8 @@ def merge(traces: dict[int, tuple[str, dict[str, Any]]], offsets_ns: dict[str, i
     t0 = min((base + ev["ts"] for _, _, d, base in shifted for ev in d["traceEvents"] if "ts" in ev), default=0.0)
     events: list[dict[str, Any]] = []
     for rank, host, data, base_us in shifted:
-        events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"{host}/rank {rank}"}})
-        events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
+        events += [{"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"{host}/rank {rank}"}},
+                   {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}}]
         for ev in data["traceEvents"]:
             if ev.get("ph") == "M" and ev.get("name") in ("process_name", "process_sort_index", "process_labels"):
                 continue  # ours replace them: OS pids collide across hosts

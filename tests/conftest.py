@@ -8,6 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,3 +72,15 @@ def ssh_cluster():
         skip_loudly(f"SSH TEST CLUSTER UNAVAILABLE ({exc})")
     yield cluster
     cluster.down()
+
+
+def processes_under(root: Path) -> list[psutil.Process]:
+    """Processes whose working directory is inside this test's cluster (ranks, torchrun agents)."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if str(root) in proc.cwd():
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found

@@ -9,23 +9,10 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
-from conftest import ROOT, write_cluster
+from conftest import ROOT, processes_under, write_cluster
 
 pytestmark = pytest.mark.slow
-
-
-def _processes_under(root: Path) -> list[psutil.Process]:
-    """Processes whose working directory is inside this test's cluster (ranks, torchrun agents)."""
-    found = []
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if str(root) in proc.cwd():
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
 
 
 def _start(tmp_path: Path, env: dict[str, str]) -> tuple[subprocess.Popen, Path]:
@@ -52,16 +39,16 @@ def _wait_for_pipeline_progress(env: dict[str, str], proc: subprocess.Popen, tim
 
 def _assert_nothing_left(cluster: Path) -> None:
     deadline = time.monotonic() + 10
-    while _processes_under(cluster) and time.monotonic() < deadline:
+    while processes_under(cluster) and time.monotonic() < deadline:
         time.sleep(0.2)
-    left = [(p.pid, " ".join(p.cmdline())[:120]) for p in _processes_under(cluster)]
+    left = [(p.pid, " ".join(p.cmdline())[:120]) for p in processes_under(cluster)]
     assert not left, f"processes left behind: {left}"
 
 
 def test_ctrl_c_stops_every_rank_and_writes_the_summary(tmp_path: Path, pictl_env) -> None:
     proc, cluster = _start(tmp_path, pictl_env)
     run_dir = _wait_for_pipeline_progress(pictl_env, proc)
-    assert len(_processes_under(cluster)) >= 4  # two torchrun agents, two ranks
+    assert len(processes_under(cluster)) >= 4  # two torchrun agents, two ranks
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-2000:]
@@ -75,7 +62,7 @@ def test_ctrl_c_stops_every_rank_and_writes_the_summary(tmp_path: Path, pictl_en
 def test_a_killed_rank_fails_the_run_naming_host_and_rank(tmp_path: Path, pictl_env) -> None:
     proc, cluster = _start(tmp_path, pictl_env)
     run_dir = _wait_for_pipeline_progress(pictl_env, proc)
-    ranks = [p for p in _processes_under(cluster / "h1") if "remote.pipeline" in " ".join(p.cmdline())
+    ranks = [p for p in processes_under(cluster / "h1") if "remote.pipeline" in " ".join(p.cmdline())
              and "torch.distributed.run" not in " ".join(p.cmdline())]
     assert len(ranks) == 1
     ranks[0].kill()
@@ -93,7 +80,7 @@ def test_a_killed_controller_leaves_nothing_running(tmp_path: Path, pictl_env) -
     """SIGKILL gives pictl no chance to clean up: the supervisors see their pipe close and stop the ranks."""
     proc, cluster = _start(tmp_path, pictl_env)
     _wait_for_pipeline_progress(pictl_env, proc)
-    assert _processes_under(cluster)
+    assert processes_under(cluster)
     proc.kill()
     proc.communicate(timeout=30)
     _assert_nothing_left(cluster)

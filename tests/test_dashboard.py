@@ -1,0 +1,181 @@
+"""The dashboard under a real Textual Pilot: real runs (local cluster, real torchrun), real traces."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from conftest import processes_under, write_cluster
+from textual.widgets import DataTable, Input, RichLog, Sparkline
+
+from pictl.inventory import load_cluster
+from pictl.tui.app import PictlApp
+from pictl.tui.messages import LogLine
+from pictl.tui.widgets.confirm import Confirm
+from pictl.tui.widgets.history import HistoryScreen
+from pictl.tui.widgets.run_form import RunForm
+from pictl.tui.widgets.stage_panel import StagePanel
+
+SIZE = (150, 50)
+
+
+def _app(tmp_path: Path, hosts: int = 2, **kwargs) -> PictlApp:  # noqa: ANN003
+    cluster = load_cluster(write_cluster(tmp_path / "cluster", hosts))
+    return PictlApp(cluster, runs_root=tmp_path / "runs", **kwargs)
+
+
+async def _start_from_form(pilot, stages: str, images: str) -> None:  # noqa: ANN001
+    await pilot.press("r")
+    await pilot.pause()
+    form = pilot.app.screen
+    assert isinstance(form, RunForm)
+    form.query_one("#stages", Input).value = stages
+    form.query_one("#images", Input).value = images
+    await pilot.click("#start")
+    await pilot.pause()
+    assert not isinstance(pilot.app.screen, RunForm), pilot.app.screen.query_one("#form-error").render()
+
+
+async def _until(pilot, condition, timeout: float = 240, step: float = 0.2) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting for the dashboard"
+        await pilot.pause(step)
+
+
+def _screen_text(app: PictlApp) -> str:
+    """What the terminal shows, as text (from Textual's own screenshot)."""
+    import html
+    import re
+
+    svg = app.export_screenshot()
+    return html.unescape(" ".join(re.findall(r">([^<]*)</text>", svg))).replace("\xa0", " ")
+
+
+def _panel_text(app: PictlApp, rank: int) -> str:
+    return str(app.query_one(f"#stage-{rank}", StagePanel).query_one(".stage-figures").render())
+
+
+@pytest.mark.slow
+async def test_run_from_the_form_live_panels_traces_and_history(tmp_path: Path) -> None:
+    app = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("t")  # no run yet: a notice, nothing else
+        await pilot.pause()
+        assert any("no pipeline is running" in n.message for n in app._notifications)
+        await _start_from_form(pilot, "2", "12")
+        assert app.state.running and sorted(app.state.stages) == [0, 1]
+        await _until(pilot, lambda: app.state.stages[1].microbatches > 0 and app.session.pipeline_live)
+        seen = []  # the panels change while the run goes on
+        await pilot.press("t")
+        for _ in range(10):
+            await pilot.pause(0.3)
+            seen.append(_panel_text(app, 1))
+        assert len(set(seen)) > 1 and "microbatches" in seen[-1]
+        assert any(len(app.query_one("#stage-1", StagePanel).query_one(Sparkline).data) > 1 for _ in [0])
+        hosts = app.query_one("#hosts", DataTable)
+        assert str(hosts.get_cell("h0", "activity")) in ("running", "waiting")
+        await _until(pilot, lambda: not app.state.running and app.state.traces)
+        s = app.state.summary
+        assert app.state.phase == "done" and s["status"] == "ok" and s["outputs_match"] is True
+        assert "match" in _screen_text(app)
+        grab = app.state.traces[0]
+        assert sorted(grab["files"]) == ["0", "1"] and not grab["missing"]
+        assert all(Path(f).exists() for f in grab["files"].values()) and Path(grab["timeline"]).exists()
+        assert s["traced_passes"] >= 1
+        await pilot.pause(0.5)
+        assert "rank 1: compute" in _screen_text(app)  # the per-rank breakdown from the traces
+        await pilot.press("h")
+        await pilot.pause()
+        assert isinstance(app.screen, HistoryScreen)
+        table = app.screen.query_one(DataTable)
+        assert table.row_count == 1 and str(table.get_cell("0", "status")) == "ok"
+        await pilot.press("enter")
+        await pilot.pause()
+        detail = _screen_text(app)
+        assert s["run_id"] in detail and "traces" in detail and "rank 0: compute" in detail
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HistoryScreen)
+
+
+@pytest.mark.slow
+async def test_stop_and_quit_ask_first_and_leave_nothing_running(tmp_path: Path) -> None:
+    app = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await _start_from_form(pilot, "2", "60")
+        await _until(pilot, lambda: app.session.pipeline_live and app.state.stages[0].microbatches > 0)
+        await pilot.press("q")
+        await pilot.pause()
+        assert isinstance(app.screen, Confirm)
+        await pilot.press("n")  # keep going
+        await pilot.pause()
+        assert app.state.running and app.is_running
+        await pilot.press("s")
+        await pilot.pause()
+        assert isinstance(app.screen, Confirm)
+        await pilot.press("y")
+        await _until(pilot, lambda: not app.state.running, timeout=60)
+        assert app.state.phase == "stopped"
+        assert app.state.summary["status"] == "interrupted"
+        assert not processes_under(tmp_path / "cluster")
+        assert str(app.query_one("#hosts", DataTable).get_cell("h1", "activity")) == "stopped"
+
+
+async def test_log_filter_by_host_rank_and_text(tmp_path: Path) -> None:
+    app = _app(tmp_path, hosts=3, monitor=False)
+    async with app.run_test(size=SIZE) as pilot:
+        for host, source, line in (("h0", "h0", "loading weights"), ("h1", "rank1", "ready: blocks.6 .. head"),
+                                   ("h1", "h1", "Traceback: boom"), ("h2", "rank2", "pass 1: 3.2 img/s")):
+            app.post_message(LogLine(source, host, "stdout", line))
+        await pilot.pause()
+        log = app.query_one("#log-lines", RichLog)
+        assert len(log.lines) == 4
+        await pilot.press("slash")
+        await pilot.press(*"host:h1")
+        await pilot.pause()
+        assert len(log.lines) == 2
+        await pilot.press("space", *"rank:1")
+        await pilot.pause()
+        assert len(log.lines) == 1 and "ready" in log.lines[0].text
+        await pilot.press("escape")
+        await pilot.pause()
+        assert len(log.lines) == 4
+        await pilot.press("slash", *"IMG/S", "enter")
+        await pilot.pause()
+        assert len(log.lines) == 1 and "h2/rank2" in log.lines[0].text
+
+
+async def test_a_host_that_drops_turns_red(tmp_path: Path) -> None:
+    inv = tmp_path / "hosts.toml"
+    inv.write_text('[cluster]\nname = "t"\n[[host]]\nname = "ok"\ntransport = "local"\n'
+                   f'workdir = "{tmp_path}/ok"\n[[host]]\nname = "gone"\ntransport = "ssh"\n'
+                   'address = "127.0.0.1"\nport = 9\n')
+    app = PictlApp(load_cluster(inv), runs_root=tmp_path / "runs")
+    async with app.run_test(size=SIZE) as pilot:
+        started = time.monotonic()
+        await _until(pilot, lambda: app.state.hosts["gone"].up is False and app.state.hosts["ok"].up, timeout=15)
+        await pilot.pause(0.5)
+        assert time.monotonic() - started < 8
+        cell = app.query_one("#hosts", DataTable).get_cell("gone", "link")
+        assert cell.plain == "DOWN" and "red" in str(cell.style)
+
+
+async def test_keys_are_listed_in_help_and_the_palette(tmp_path: Path) -> None:
+    app = _app(tmp_path, monitor=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause()
+        panel = app.screen.query("HelpPanel")
+        assert panel
+        text = _screen_text(app)
+        for word in ("run", "stop", "traces", "filter logs", "history", "quit"):
+            assert word in text
+        commands = [c.title for c in app.get_system_commands(app.screen)]
+        assert {"Run", "Stop", "Traces", "History", "Filter logs"} <= set(commands)
+        await pilot.press("s")  # nothing to stop: a notice, no dialog
+        await pilot.pause()
+        assert not isinstance(app.screen, Confirm)
+        await pilot.press("q")
+        await pilot.pause()
+    assert not app.is_running
