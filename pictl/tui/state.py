@@ -180,6 +180,8 @@ class DashboardState:
 
     def progress(self, now: float | None = None) -> tuple[float, float | None]:
         """Fraction of the pipeline's steps done (by the last stage) and the seconds left, if known."""
+        if self.summary and self.summary.get("status") == "ok":
+            return 1.0, None
         if not self.stages:
             return 0.0, None
         last = self.stages[max(self.stages)]
