@@ -11,12 +11,12 @@ setup: $(STAMP)
 
 # The SSH tests start Debian's openssh-server in network namespaces (root only;
 # without root they skip with a loud reason, and fail under CI=true). The test
-# hosts create venvs with Debian's python3, which needs python3-venv.
+# hosts create venvs with Debian's python3, which needs python3-venv. The dashboard test drives tmux.
 system-deps:
 	@if [ "$$(id -u)" = 0 ] && { [ ! -x /usr/sbin/sshd ] || ! command -v ip >/dev/null || \
-			! /usr/bin/python3 -c 'import ensurepip' 2>/dev/null; }; then \
+			! /usr/bin/python3 -c 'import ensurepip' 2>/dev/null || ! command -v tmux >/dev/null; }; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-			openssh-server iproute2 python3 python3-venv; fi
+			openssh-server iproute2 python3 python3-venv tmux; fi
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "pictl needs Python >= 3.11"'
