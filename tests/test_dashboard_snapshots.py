@@ -13,8 +13,9 @@ from conftest import write_cluster
 
 from pictl.inventory import load_cluster
 from pictl.monitor import HostSample
+from pictl.session import RankEvent
 from pictl.tui.app import PictlApp
-from pictl.tui.messages import HostHealth, LogLine, PhaseChanged, RankRecord, RunFinished, StageProgress
+from pictl.tui.messages import HostHealth, LogLine, PhaseChanged, RankRecord, RunFinished
 from pictl.tui.widgets.stage_list import StageList
 
 NOW = 1_800_000_000.0
@@ -50,9 +51,9 @@ async def _during(pilot) -> None:  # noqa: ANN001
         app.post_message(RankRecord(host, host, _rec("stage_ready", rank, NOW - 20, modules=MODULES[rank],
                                                      params=7_000_000 + rank, load_s=1.2)))
         app.post_message(LogLine(f"rank{rank}", host, "stdout", f"ready: {MODULES[rank][0]} .. {MODULES[rank][1]}"))
-    for k in range(1, 9):  # one tick per rank at a time: queued ticks for a rank replace each other
+    for k in range(1, 9):  # one tick per rank at a time, through the bridge, where a newer tick replaces a queued one
         for rank in range(3):
-            app.post_message(StageProgress(f"h{rank}", f"h{rank}", _rec(
+            app.bridge(RankEvent(f"h{rank}", f"h{rank}", _rec(
                 "progress", rank, NOW - 10 + k, stage=rank, phase="timed", repeat=0, microbatches_total=24,
                 microbatches=(2 + k % 3) * k, compute_s=0.3 * k, wait_s=0.05 * k * rank,
                 send_s=0.02 * k * (2 - rank), bytes_sent=3 * k * 302_592 * (rank < 2))))
@@ -65,7 +66,8 @@ async def _during(pilot) -> None:  # noqa: ANN001
 async def _after(pilot) -> None:  # noqa: ANN001
     await _during(pilot)
     app: PictlApp = pilot.app
-    summary = {"status": "ok", "run_id": "20270115-080000-s3-abcd", "stages": 3, "split_points": ["blocks.4", "blocks.8"],
+    summary = {"status": "ok", "run_id": "20270115-080000-s3-abcd", "stages": 3,
+               "split_points": ["blocks.4", "blocks.8"],
                "throughput_ips": 9.61, "serial_ips": 3.45, "serial_reused": True, "speedup": 2.786,
                "outputs_match": True, "max_abs_diff": 0.0, "accuracy": None, "traces": [
                    {"id": "run", "directory": "/runs/20270115-080000-s3-abcd/traces", "files": {"0": "a", "1": "b"},

@@ -32,10 +32,10 @@ class RemoteProcess(ABC):
         self._queue: asyncio.Queue[tuple[str, str] | None] = asyncio.Queue()
 
     async def _line(self, stream: str, line: str) -> None:
-        await self._queue.put((stream, line.rstrip("\n")))
+        self._queue.put_nowait((stream, line.rstrip("\n")))  # unbounded: never a reason to yield here
 
     async def _stream_ended(self) -> None:
-        await self._queue.put(None)
+        self._queue.put_nowait(None)
 
     async def lines(self) -> AsyncIterator[tuple[str, str]]:
         """(stream, line) pairs as they arrive, stream being "stdout" or "stderr"."""

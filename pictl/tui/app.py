@@ -25,14 +25,14 @@ from pictl.monitor import HostMonitor
 from pictl.profiles import RunOptions
 from pictl.runs import default_runs_root
 from pictl.session import RunSession
-from pictl.tui.bridge import session_sink
+from pictl.tui.bridge import SessionBridge
 from pictl.tui.messages import (
     HostHealth,
     LogLine,
     PhaseChanged,
+    ProgressReady,
     RankRecord,
     RunFinished,
-    StageProgress,
     TracesGrabbed,
 )
 from pictl.tui.state import DashboardState
@@ -45,7 +45,7 @@ from pictl.tui.widgets.run_summary import RunSummary
 from pictl.tui.widgets.stage_list import StageList
 
 TRACE_STEPS = 8
-RENDER_HZ = 4
+RENDER_HZ = 2
 
 
 class PictlApp(App):
@@ -73,6 +73,7 @@ class PictlApp(App):
         self.session_factory = session_factory
         self.trace_steps = trace_steps
         self.session: RunSession | None = None
+        self.bridge = SessionBridge(self.post_message)
         self.last_form: dict = {}
         self._dirty: set[str] = set()
         self.sub_title = f"{cluster.name}: {len(cluster.hosts)} host(s) from {cluster.source}"
@@ -123,8 +124,11 @@ class PictlApp(App):
         self.state.on_record(msg.source, msg.host, msg.record, self.clock())
         self._dirty.update({"stages", "summary", "hosts"})
 
-    def on_stage_progress(self, msg: StageProgress) -> None:
-        self.on_rank_record(msg)
+    def on_progress_ready(self, _msg: ProgressReady) -> None:
+        now = self.clock()
+        for tick in self.bridge.take_progress():
+            self.state.on_record(tick.source, tick.host, tick.record, now)
+        self._dirty.update({"stages", "summary", "hosts"})
 
     def on_log_line(self, msg: LogLine) -> None:
         self.query_one(LogView).add(msg.host, msg.source, msg.stream, msg.line)
@@ -171,7 +175,7 @@ class PictlApp(App):
             self.notify("a run is already in progress", severity="warning")
             return
         self.state.start_run(options.model_dump(), self.clock())
-        self.session = self.session_factory(self.cluster, options, on_event=session_sink(self.post_message),
+        self.session = self.session_factory(self.cluster, options, on_event=self.bridge,
                                             runs_root=self.runs_root, profile=profile)
         self.call_later(self._reset_stages)
         self.run_worker(self._run(self.session), name="run", group="run", exclusive=True, exit_on_error=False)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from textual.message import Message
 
 from pictl.session import HostOutput, Phase, RankEvent, SessionEvent
-from pictl.tui.messages import LogLine, PhaseChanged, RankRecord, StageProgress
+from pictl.tui.messages import LogLine, PhaseChanged, ProgressReady, RankRecord
 from remote import protocol as P
 
 
@@ -26,20 +26,38 @@ def _as_log(rec: dict) -> str | None:
     return None
 
 
-def session_sink(post: Callable[[Message], object]) -> Callable[[SessionEvent], None]:
-    """An `on_event` for RunSession that posts each event as a message."""
+class SessionBridge:
+    """An `on_event` for RunSession that posts each event as a message.
 
-    def sink(event: SessionEvent) -> None:
+    Progress ticks (200/s per host is normal) are not posted one by one: the newest
+    per rank waits in `latest`, and one ProgressReady message at a time tells the
+    app to take them. A stale tick is replaced before it costs a message.
+    """
+
+    def __init__(self, post: Callable[[Message], object]) -> None:
+        self.post = post
+        self.latest: dict[tuple[str, int], RankRecord] = {}
+        self._announced = False
+
+    def take_progress(self) -> list[RankRecord]:
+        ticks, self.latest, self._announced = list(self.latest.values()), {}, False
+        return ticks
+
+    def __call__(self, event: SessionEvent) -> None:
         if isinstance(event, Phase):
-            post(PhaseChanged(event.name, event.message))
+            self.post(PhaseChanged(event.name, event.message))
         elif isinstance(event, RankEvent):
             kind = event.record.get(P.KEY_EVENT)
-            cls = StageProgress if kind == P.PROGRESS and event.source != "serial" else RankRecord
-            post(cls(event.source, event.host, event.record))
+            if kind == P.PROGRESS and event.source != "serial":
+                self.latest[(event.source, event.record.get(P.KEY_RANK, 0))] = RankRecord(
+                    event.source, event.host, event.record)
+                if not self._announced:
+                    self._announced = True
+                    self.post(ProgressReady())
+                return
+            self.post(RankRecord(event.source, event.host, event.record))
             if (text := _as_log(event.record)) is not None:
                 who = "serial" if event.source == "serial" else f"rank{event.record.get(P.KEY_RANK, 0)}"
-                post(LogLine(who, event.host, "stderr" if kind == P.ERROR else "stdout", text))
+                self.post(LogLine(who, event.host, "stderr" if kind == P.ERROR else "stdout", text))
         elif isinstance(event, HostOutput):
-            post(LogLine(event.source, event.host, event.stream, event.line))
-
-    return sink
+            self.post(LogLine(event.source, event.host, event.stream, event.line))

@@ -25,12 +25,8 @@ class RankRecord(Message):
         self.source, self.host, self.record = source, host, record
 
 
-class StageProgress(RankRecord):
-    """A rank's progress tick: a newer one for the same rank replaces a stale one still queued."""
-
-    def can_replace(self, message: Message) -> bool:
-        return isinstance(message, StageProgress) and message.source == self.source \
-            and message.record.get("rank") == self.record.get("rank")
+class ProgressReady(Message):
+    """Progress ticks are waiting in the bridge (`SessionBridge.take_progress`); one such message at a time."""
 
 
 class LogLine(Message):

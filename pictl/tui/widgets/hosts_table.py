@@ -41,6 +41,7 @@ class HostsTable(DataTable):
                      "-" if row.temp_c is None else f"{row.temp_c:.1f}", row.throttled or "-", _age(row, now)]
             if row.name not in self.rows:
                 self.add_row(*cells, key=row.name)
-            else:
-                for col, value in zip(COLUMNS, cells, strict=True):
+                continue
+            for col, value in zip(COLUMNS, cells, strict=True):
+                if self.get_cell(row.name, col) != value:  # an unchanged cell costs no repaint
                     self.update_cell(row.name, col, value)

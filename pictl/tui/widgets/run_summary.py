@@ -22,15 +22,26 @@ def _eta(seconds: float | None) -> str:
 
 
 class RunSummary(Static):
-    """Re-rendered from the state (a few times per second at most)."""
+    """Re-rendered from the state (a few times per second at most), and only when a figure changed."""
+
+    _shown: tuple = ()
 
     def show_state(self, state: DashboardState, now: float | None = None) -> None:
+        done, eta = state.progress(now or time.time())
+        key = (state.phase, state.phase_message, state.live_ips, state.serial_ips, state.accuracy,
+               id(state.summary), len(state.traces), state.trace_note, round(done, 3),
+               None if eta is None else round(eta), state.options.get("stages"))
+        if key == self._shown:
+            return
+        self._shown = key
+        self._render_state(state, done, eta)
+
+    def _render_state(self, state: DashboardState, done: float, eta: float | None) -> None:
         s = state.summary or {}
         stages = int(state.options.get("stages", 0)) or None
         ips = state.live_ips
         serial = s.get("serial_ips") or state.serial_ips
         speedup = s.get("speedup") or (ips / serial if ips and serial else None)
-        done, eta = state.progress(now or time.time())
         grid = Table.grid(padding=(0, 2))
         grid.add_column(style="bold")
         grid.add_column()

@@ -43,7 +43,14 @@ class StagePanel(Vertical):
         yield Sparkline([], summary_function=max, classes="stage-spark")
         yield Static("", classes="stage-figures")
 
+    _shown: tuple = ()
+
     def show_state(self, st: StageView) -> None:
+        key = (len(st.ips), st.ips[-1] if st.ips else None, st.modules and st.modules[-1], st.microbatches,
+               st.phase, st.repeat, st.error)
+        if key == self._shown:  # nothing new since the last frame
+            return
+        self._shown = key
         self.query_one(".stage-title", Label).update(
             Text.assemble((f"stage {st.rank}", "bold"), f" on {st.host}  ", (_span(st.modules), "dim")))
         self.query_one(Sparkline).data = list(st.ips) or [0.0]
