@@ -421,6 +421,34 @@ def profile_costs(
 
 
 @app.command()
+def traces(
+    run: Annotated[Optional[str], typer.Argument(help="Run id or directory (default: the run in progress).")] = None,
+    steps: Annotated[int, typer.Option(help="Pipeline steps to profile on every rank.", min=1)] = 8,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for each rank's trace.")] = 120.0,
+    runs_dir: Annotated[Optional[Path], typer.Option(help="Where run directories are.")] = None,
+) -> None:
+    """Profile K steps on every rank of a running pipeline, download the traces and merge them."""
+    from pictl.runs import default_runs_root
+    from pictl.traces import grab_from_outside, live_run
+
+    try:
+        path = live_run(runs_dir or default_runs_root(), run)
+        grab = asyncio.run(_run_cancellable(grab_from_outside(path, steps, timeout)))
+    except E.PictlError as exc:
+        _fail(exc)
+    for rank, file in sorted(grab.files.items()):
+        share = grab.per_rank.get(rank, {})
+        typer.echo(f"rank {rank}: {file}  compute {share.get('compute_pct')}%  send {share.get('send_pct')}%  "
+                   f"recv-wait {share.get('recv_wait_pct')}%  idle {share.get('idle_pct')}%")
+    for rank, why in sorted(grab.missing.items()):
+        typer.echo(f"rank {rank}: missing: {why}", err=True)
+    if grab.timeline:
+        typer.echo(f"timeline: {grab.timeline}")
+    if not grab.files:
+        raise typer.Exit(E.EXIT_RUN_FAILED)
+
+
+@app.command()
 def stop(hosts: Annotated[Optional[Path], typer.Option(help="Inventory file.")] = None) -> None:
     """Stop every process pictl's runs left on the hosts (SIGTERM, then SIGKILL)."""
     from pictl.launch import cleanup_host

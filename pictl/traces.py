@@ -264,3 +264,46 @@ async def grab_traces(ranks: list[RankTrace], run_path: Path, *, steps: int, tim
         grab.per_rank = {r: rank_breakdown(d) for r, (_, d) in loaded.items()}
     write_json_atomic(grab.directory / SUMMARY_FILE, grab.to_json() | {"clock_offset_ns": offsets})
     return grab
+
+
+def live_run(runs_root: Path, run: str | None) -> Path:
+    """The run to trace: the one named, else the newest run directory without a summary (still running)."""
+    if run:
+        path = Path(run) if Path(run).is_dir() else runs_root / run
+        if not (path / "config.json").exists():
+            raise E.ConfigError(f"run '{run}': no such run directory (looked in {runs_root})")
+        if (path / "summary.json").exists():
+            raise E.ConfigError(f"run '{path.name}' has finished: traces come from a live run "
+                                "(or `pictl run --trace-steps K`)")
+        return path
+    live = [p for p in sorted(runs_root.glob("*/"), reverse=True)
+            if (p / "config.json").exists() and not (p / "summary.json").exists()]
+    if not live:
+        raise E.ConfigError(f"no run is in progress in {runs_root}")
+    return live[0]
+
+
+async def grab_from_outside(run_path: Path, steps: int, timeout_s: float) -> TraceGrab:
+    """`pictl traces`: grab from a run another pictl process drives, through the hosts alone."""
+    from pictl.inventory import load_cluster
+    from pictl.transport import transport_for
+
+    config = json.loads((run_path / "config.json").read_text())
+    run_id = json.loads(config["spec"])["run_id"]
+    cluster = load_cluster(config["cluster"])
+    hosts = {h.name: h for h in cluster.hosts}
+    placement = [(hosts[p["host"]], p["ranks"]) for p in config["placement"]]
+    if sum(len(r) for _, r in placement) < 2:
+        raise E.ConfigError(f"run '{run_path.name}' is a serial run: traces are for pipeline runs")
+    transports = {h.name: transport_for(h) for h, _ in placement}
+    try:
+        await asyncio.gather(*(t.connect() for t in transports.values()))
+        ranks = [RankTrace(h.name, r, transports[h.name], h.run_dir(run_id)) for h, rs in placement for r in rs]
+
+        def gave_up(_trace_id: str, rank: int) -> str | None:
+            ended = (run_path / "summary.json").exists()
+            return f"rank {rank}: the run ended before its trace arrived" if ended else None
+
+        return await grab_traces(ranks, run_path, steps=steps, timeout_s=timeout_s, gave_up=gave_up)
+    finally:
+        await asyncio.gather(*(t.close() for t in transports.values()), return_exceptions=True)
