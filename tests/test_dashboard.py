@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
@@ -9,7 +10,9 @@ import pytest
 from conftest import processes_under, write_cluster
 from textual.widgets import DataTable, Input, RichLog, Sparkline
 
+from pictl.baseline import BaselineCache
 from pictl.inventory import load_cluster
+from pictl.session import RunSession
 from pictl.tui.app import PictlApp
 from pictl.tui.messages import LogLine
 from pictl.tui.widgets.confirm import Confirm
@@ -20,9 +23,17 @@ from pictl.tui.widgets.stage_panel import StagePanel
 SIZE = (150, 50)
 
 
-def _app(tmp_path: Path, hosts: int = 2, **kwargs) -> PictlApp:  # noqa: ANN003
+@pytest.fixture(scope="module")
+def baselines(tmp_path_factory) -> BaselineCache:
+    """The real runs here share one serial baseline (same images, same hosts)."""
+    return BaselineCache(tmp_path_factory.mktemp("baselines"))
+
+
+def _app(tmp_path: Path, hosts: int = 2, baselines: BaselineCache | None = None, **kwargs) -> PictlApp:  # noqa: ANN003
     cluster = load_cluster(write_cluster(tmp_path / "cluster", hosts))
-    return PictlApp(cluster, runs_root=tmp_path / "runs", **kwargs)
+    cache = baselines or BaselineCache(tmp_path / "baselines")
+    return PictlApp(cluster, runs_root=tmp_path / "runs",
+                    session_factory=functools.partial(RunSession, baseline_cache=cache), **kwargs)
 
 
 async def _start_from_form(pilot, stages: str, images: str) -> None:  # noqa: ANN001
@@ -58,13 +69,13 @@ def _panel_text(app: PictlApp, rank: int) -> str:
 
 
 @pytest.mark.slow
-async def test_run_from_the_form_live_panels_traces_and_history(tmp_path: Path) -> None:
-    app = _app(tmp_path)
+async def test_run_from_the_form_live_panels_traces_and_history(tmp_path: Path, baselines) -> None:
+    app = _app(tmp_path, baselines=baselines)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("t")  # no run yet: a notice, nothing else
         await pilot.pause()
         assert any("no pipeline is running" in n.message for n in app._notifications)
-        await _start_from_form(pilot, "2", "12")
+        await _start_from_form(pilot, "2", "24")
         assert app.state.running and sorted(app.state.stages) == [0, 1]
         await _until(pilot, lambda: app.state.stages[1].microbatches > 0 and app.session.pipeline_live)
         seen = []  # the panels change while the run goes on
@@ -100,10 +111,10 @@ async def test_run_from_the_form_live_panels_traces_and_history(tmp_path: Path) 
 
 
 @pytest.mark.slow
-async def test_stop_and_quit_ask_first_and_leave_nothing_running(tmp_path: Path) -> None:
-    app = _app(tmp_path)
+async def test_stop_and_quit_ask_first_and_leave_nothing_running(tmp_path: Path, baselines) -> None:
+    app = _app(tmp_path, baselines=baselines)
     async with app.run_test(size=SIZE) as pilot:
-        await _start_from_form(pilot, "2", "60")
+        await _start_from_form(pilot, "2", "24")
         await _until(pilot, lambda: app.session.pipeline_live and app.state.stages[0].microbatches > 0)
         await pilot.press("q")
         await pilot.pause()
