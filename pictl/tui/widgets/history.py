@@ -25,6 +25,15 @@ def load_runs(root: Path, limit: int = 200) -> list[dict[str, Any]]:
         except (OSError, ValueError):
             summary = {"status": "no summary (running or lost)", "run_id": path.name}
         summary.setdefault("run_dir", str(path))
+        # Grabs made by another process (`pictl traces`) are on disk but not in the summary.
+        known = {g.get("directory") for g in summary.get("traces") or []}
+        for grab_file in sorted(path.glob("traces*/summary.json")):
+            try:
+                grab = json.loads(grab_file.read_text())
+            except (OSError, ValueError):
+                continue
+            if grab.get("directory") not in known:
+                summary["traces"] = [*(summary.get("traces") or []), grab]
         runs.append(summary)
     return runs
 
