@@ -129,7 +129,10 @@ def _save(plt, fig, ax, xlabel: str, ylabel: str, path: Path) -> Path:  # noqa: 
 
 
 async def run_sweep(cluster: Cluster, base: RunOptions, points: list[SweepPoint], out: Path, *,
-                    on_event=None, cache: BaselineCache | None = None) -> list[dict[str, Any]]:  # noqa: ANN001
+                    on_event=None, cache: BaselineCache | None = None,  # noqa: ANN001
+                    on_session=None, on_rows=None) -> list[dict[str, Any]]:  # noqa: ANN001
+    """Run every point in turn. `on_session(session)` is called before each run and `on_rows(rows)` after
+    each (the dashboard follows the sweep through them)."""
     from pictl.session import RunSession
 
     out.mkdir(parents=True)
@@ -139,6 +142,8 @@ async def run_sweep(cluster: Cluster, base: RunOptions, points: list[SweepPoint]
     for point in points:
         session = RunSession(cluster, options_for(base, point), on_event=on_event, runs_root=out / "runs",
                              baseline_cache=cache)
+        if on_session:
+            on_session(session)
         try:
             rows.append(row_of(point, await session.run()))
         except (E.RunFailed, E.OutputMismatch, E.TransportError) as exc:
@@ -149,5 +154,7 @@ async def run_sweep(cluster: Cluster, base: RunOptions, points: list[SweepPoint]
             write_table(out, rows, {**meta, "interrupted": True})
             raise
         write_table(out, rows, meta)
+        if on_rows:
+            on_rows(list(rows))
     plot(out, rows)
     return rows

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import time
 from pathlib import Path
 
@@ -12,7 +11,6 @@ from textual.widgets import DataTable, Input, RichLog, Sparkline
 
 from pictl.baseline import BaselineCache
 from pictl.inventory import load_cluster
-from pictl.session import RunSession
 from pictl.tui.app import PictlApp
 from pictl.tui.messages import LogLine
 from pictl.tui.widgets.confirm import Confirm
@@ -32,8 +30,7 @@ def baselines(tmp_path_factory) -> BaselineCache:
 def _app(tmp_path: Path, hosts: int = 2, baselines: BaselineCache | None = None, **kwargs) -> PictlApp:  # noqa: ANN003
     cluster = load_cluster(write_cluster(tmp_path / "cluster", hosts))
     cache = baselines or BaselineCache(tmp_path / "baselines")
-    return PictlApp(cluster, runs_root=tmp_path / "runs",
-                    session_factory=functools.partial(RunSession, baseline_cache=cache), **kwargs)
+    return PictlApp(cluster, runs_root=tmp_path / "runs", baseline_cache=cache, **kwargs)
 
 
 async def _start_from_form(pilot, stages: str, images: str) -> None:  # noqa: ANN001
@@ -61,7 +58,8 @@ def _screen_text(app: PictlApp) -> str:
     import re
 
     svg = app.export_screenshot()
-    return html.unescape(" ".join(re.findall(r">([^<]*)</text>", svg))).replace("\xa0", " ")
+    text = html.unescape(" ".join(re.findall(r">([^<]*)</text>", svg))).replace("\xa0", " ")
+    return " ".join(text.split())  # the SVG splits a line into runs of text: compare words, not spacing
 
 
 def _panel_text(app: PictlApp, rank: int) -> str:
@@ -190,3 +188,30 @@ async def test_keys_are_listed_in_help_and_the_palette(tmp_path: Path) -> None:
         await pilot.press("q")
         await pilot.pause()
     assert not app.is_running
+
+
+@pytest.mark.slow
+async def test_a_sweep_from_the_dashboard_shows_its_table(tmp_path: Path, baselines) -> None:
+    app = _app(tmp_path, baselines=baselines)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("w")
+        await pilot.pause()
+        form = app.screen
+        stages = form.query_one("#stages", Input)
+        stages.value = "1,9"
+        stages.focus()
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.screen is form and "9 stages do not fit" in str(form.query_one("#form-error").render())
+        stages.value = "1,2"
+        form.query_one("#images", Input).value = "24"
+        await pilot.press("enter")
+        await _until(pilot, lambda: app.state.sweep and len(app.state.sweep.get("rows", [])) == 2
+                     and not app.state.running)
+        rows = app.state.sweep["rows"]
+        assert [(r["stages"], r["status"]) for r in rows] == [(1, "ok"), (2, "ok")]
+        await pilot.pause(0.6)
+        text = _screen_text(app)
+        assert "run 2 of 2" in text and "slowest" in text
+        assert f"{rows[1]['speedup']:.2f}x {rows[1]['efficiency']:.2f}" in text
+        assert (Path(app.state.sweep["directory"]) / "table.md").exists()

@@ -20,6 +20,7 @@ from textual.widgets import Footer, Header
 from textual.worker import Worker, WorkerState
 
 from pictl import errors as E
+from pictl.baseline import BaselineCache
 from pictl.inventory import Cluster
 from pictl.monitor import HostMonitor
 from pictl.profiles import RunOptions
@@ -33,6 +34,8 @@ from pictl.tui.messages import (
     ProgressReady,
     RankRecord,
     RunFinished,
+    SweepRows,
+    SweepRunStarted,
     TracesGrabbed,
 )
 from pictl.tui.state import DashboardState
@@ -43,6 +46,7 @@ from pictl.tui.widgets.log_view import LogView
 from pictl.tui.widgets.run_form import RunForm
 from pictl.tui.widgets.run_summary import RunSummary
 from pictl.tui.widgets.stage_list import StageList
+from pictl.tui.widgets.sweep_form import SweepForm
 
 TRACE_STEPS = 8
 RENDER_HZ = 2
@@ -53,6 +57,7 @@ class PictlApp(App):
     TITLE = "pictl"
     BINDINGS = [
         Binding("r", "run", "run"),
+        Binding("w", "sweep", "sweep"),
         Binding("s", "stop", "stop"),
         Binding("t", "traces", "traces"),
         Binding("/", "filter", "filter logs"),
@@ -62,7 +67,7 @@ class PictlApp(App):
     ]
 
     def __init__(self, cluster: Cluster, *, runs_root: Path | None = None, monitor: bool = True,
-                 clock: Callable[[], float] = time.time, session_factory: Callable[..., RunSession] = RunSession,
+                 clock: Callable[[], float] = time.time, baseline_cache: BaselineCache | None = None,
                  trace_steps: int = TRACE_STEPS) -> None:
         super().__init__()
         self.cluster = cluster
@@ -70,7 +75,7 @@ class PictlApp(App):
         self.state = DashboardState(cluster)
         self.clock = clock
         self.monitor_enabled = monitor
-        self.session_factory = session_factory
+        self.baseline_cache = baseline_cache  # None: the user's cache, shared with `pictl run`
         self.trace_steps = trace_steps
         self.session: RunSession | None = None
         self.bridge = SessionBridge(self.post_message)
@@ -159,6 +164,17 @@ class PictlApp(App):
                     title="traces", severity="warning" if missing else "information", timeout=10)
         self._dirty.add("summary")
 
+    async def on_sweep_run_started(self, msg: SweepRunStarted) -> None:
+        self.session = msg.session  # type: ignore[assignment]
+        self.state.start_run(self.session.options.model_dump(), self.clock())
+        self.state.sweep = {**(self.state.sweep or {}), "index": msg.index, "total": msg.total}
+        await self.query_one(StageList).reset(self.state)
+        self._dirty.update({"hosts", "summary"})
+
+    def on_sweep_rows(self, msg: SweepRows) -> None:
+        self.state.sweep = {**(self.state.sweep or {}), "rows": msg.rows, "directory": msg.directory}
+        self._dirty.add("summary")
+
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """The one place a failed worker becomes a notice (expected errors arrive as messages)."""
         if event.state == WorkerState.ERROR:
@@ -175,8 +191,9 @@ class PictlApp(App):
             self.notify("a run is already in progress", severity="warning")
             return
         self.state.start_run(options.model_dump(), self.clock())
-        self.session = self.session_factory(self.cluster, options, on_event=self.bridge,
-                                            runs_root=self.runs_root, profile=profile)
+        self.state.sweep = None
+        self.session = RunSession(self.cluster, options, on_event=self.bridge, runs_root=self.runs_root,
+                                  baseline_cache=self.baseline_cache, profile=profile)
         self.call_later(self._reset_stages)
         self.run_worker(self._run(self.session), name="run", group="run", exclusive=True, exit_on_error=False)
 
@@ -190,6 +207,43 @@ class PictlApp(App):
             self.post_message(RunFinished(session.last_summary, str(exc)))
             return
         self.post_message(RunFinished(summary, None))
+
+    def start_sweep(self, base: RunOptions, points: list, profile: str | None = None) -> None:
+        from pictl.sweep import run_sweep
+
+        out = self.runs_root.parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S")
+        self.state.sweep = {"index": 0, "total": len(points), "rows": [], "directory": str(out)}
+        started = iter(range(len(points)))
+
+        def on_session(session: RunSession) -> None:
+            self.post_message(SweepRunStarted(session, next(started), len(points)))
+
+        async def sweep() -> None:
+            self.state.running = True  # until the first point's session takes over
+            try:
+                rows = await run_sweep(self.cluster, base, points, out, on_event=self.bridge, on_session=on_session,
+                                       cache=self.baseline_cache,
+                                       on_rows=lambda rows: self.post_message(SweepRows(rows, str(out))))
+            except E.PictlError as exc:
+                self.post_message(RunFinished(self.session.last_summary if self.session else None, str(exc)))
+                return
+            self.post_message(SweepRows(rows, str(out)))
+            failed = [r for r in rows if r["status"] != "ok"]
+            self.post_message(RunFinished(self.session.last_summary if self.session else None,
+                                          f"{len(failed)} of {len(rows)} sweep run(s) failed" if failed else None))
+
+        self.run_worker(sweep(), name="sweep", group="run", exclusive=True, exit_on_error=False)
+
+    def action_sweep(self) -> None:
+        if self.run_active:
+            self.notify("a run is in progress: stop it first (s)", severity="warning")
+            return
+
+        def chosen(result: tuple | None) -> None:
+            if result is not None:
+                self.start_sweep(*result)
+
+        self.push_screen(SweepForm(self.cluster), chosen)
 
     async def _grab(self, session: RunSession) -> None:
         try:
@@ -270,6 +324,7 @@ class PictlApp(App):
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         yield SystemCommand("Run", "Start a run (r)", self.action_run)
+        yield SystemCommand("Sweep", "Run every combination of stages, chunks and policies (w)", self.action_sweep)
         yield SystemCommand("Stop", "Stop the run (s)", self.action_stop)
         yield SystemCommand("Traces", "Grab profiler traces from every rank (t)", self.action_traces)
         yield SystemCommand("History", "Past runs (h)", self.action_history)

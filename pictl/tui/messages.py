@@ -62,3 +62,19 @@ class TracesGrabbed(Message):
     def __init__(self, grab: dict[str, Any]) -> None:
         super().__init__()
         self.grab = grab
+
+
+class SweepRunStarted(Message):
+    """A sweep moved on to its next combination (its session is about to run)."""
+
+    def __init__(self, session: object, index: int, total: int) -> None:
+        super().__init__()
+        self.session, self.index, self.total = session, index, total
+
+
+class SweepRows(Message):
+    """The sweep's table so far (rewritten after every run)."""
+
+    def __init__(self, rows: list[dict[str, Any]], directory: str) -> None:
+        super().__init__()
+        self.rows, self.directory = rows, directory

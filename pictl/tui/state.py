@@ -79,6 +79,7 @@ class DashboardState:
         self.pipeline_started_at: float | None = None
         self.traces: list[dict[str, Any]] = []
         self.trace_note: str | None = None
+        self.sweep: dict[str, Any] | None = None  # {"index", "total", "rows", "directory"} while/after a sweep
 
     # -- run lifecycle ----------------------------------------------------------------------------
 

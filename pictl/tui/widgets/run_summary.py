@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
@@ -21,6 +22,21 @@ def _eta(seconds: float | None) -> str:
     return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
+def sweep_table(rows: list[dict]) -> Table:
+    """The sweep's table as `pictl sweep` writes it: speedup, efficiency, throughput, bottleneck."""
+    table = Table(box=None, padding=(0, 1), header_style="bold")
+    for col in ("stages", "chunk", "policy", "img/s", "speedup", "eff", "slowest"):
+        table.add_column(col, justify="left" if col in ("policy", "slowest") else "right", no_wrap=True)
+    for r in rows:
+        if r.get("status") != "ok":
+            table.add_row(str(r["stages"]), str(r["chunk"]), r["policy"], Text(r.get("status", "?"), style="red"),
+                          "", "", Text(str(r.get("error") or "")[:40], style="red"))
+            continue
+        table.add_row(str(r["stages"]), str(r["chunk"]), r["policy"], _f(r.get("throughput_ips")),
+                      _f(r.get("speedup"), unit="x"), _f(r.get("efficiency")), str(r.get("bottleneck") or "-"))
+    return table
+
+
 class RunSummary(Static):
     """Re-rendered from the state (a few times per second at most), and only when a figure changed."""
 
@@ -28,9 +44,11 @@ class RunSummary(Static):
 
     def show_state(self, state: DashboardState, now: float | None = None) -> None:
         done, eta = state.progress(now or time.time())
+        sweep = state.sweep or {}
         key = (state.phase, state.phase_message, state.live_ips, state.serial_ips, state.accuracy,
                id(state.summary), len(state.traces), state.trace_note, round(done, 3),
-               None if eta is None else round(eta), state.options.get("stages"))
+               None if eta is None else round(eta), state.options.get("stages"), sweep.get("index"),
+               len(sweep.get("rows", [])))
         if key == self._shown:
             return
         self._shown = key
@@ -78,4 +96,11 @@ class RunSummary(Static):
                 grid.add_row("", Text(f"rank {rank}: missing ({why})", style="yellow"))
         if state.trace_note:
             grid.add_row("", Text(state.trace_note, style="yellow"))
-        self.update(grid)
+        if not state.sweep:
+            self.update(grid)
+            return
+        # The sweep's table gets the panel's full width, under the run it is on.
+        sweep = state.sweep
+        self.update(Group(grid, Text.assemble(("sweep", "bold"), f"  run {sweep['index'] + 1} of {sweep['total']}  ",
+                                              (sweep.get("directory") or "", "dim")),
+                          sweep_table(sweep.get("rows", []))))

@@ -1,0 +1,85 @@
+"""The form that starts a sweep: stage counts, chunk sizes, policies, profile."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Select
+
+from pictl import errors as E
+from pictl.inventory import Cluster
+from pictl.profiles import RunOptions, available_profiles, resolve_options, sweep_settings
+from pictl.sweep import SweepPoint, sweep_points
+
+
+def _ints(name: str, text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise E.ConfigError(f"{name}: '{text}' is not a comma-separated list of integers") from None
+    if not values or min(values) < 1:
+        raise E.ConfigError(f"{name}: '{text}' needs positive integers")
+    return values
+
+
+class SweepForm(ModalScreen[tuple[RunOptions, list[SweepPoint], str | None] | None]):
+    """Dismisses with (base options, points, profile) once every combination fits the inventory."""
+
+    BINDINGS = [("escape", "cancel", "cancel")]
+
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__()
+        self.cluster = cluster
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="run-form"):
+            yield Label("Start a sweep (one run per combination, shared serial baselines)", classes="form-title")
+            yield Label("profile (its [sweep] table fills what you leave empty)")
+            yield Select([(p, p) for p in available_profiles()], prompt="none", id="profile")
+            yield Label("stages")
+            yield Input("", placeholder="1,2,3,4", id="stages")
+            yield Label("chunks")
+            yield Input("", placeholder="1", id="chunks")
+            yield Label("policies")
+            yield Input("", placeholder="equal", id="policies")
+            yield Label("images per pass")
+            yield Input("", placeholder="from the profile", id="images", type="integer")
+            yield Label("", id="form-error")
+            with Horizontal(classes="buttons"):
+                yield Button("Sweep", variant="primary", id="start")
+                yield Button("Cancel", id="cancel")
+
+    def _value(self, widget_id: str) -> str:
+        return self.query_one(f"#{widget_id}", Input).value.strip()
+
+    def _submit(self) -> None:
+        profile = self.query_one("#profile", Select).value
+        profile = None if profile is Select.NULL else str(profile)
+        try:
+            images = self._value("images")
+            base = resolve_options(profile, {"images": int(images) if images else None})
+            preset = sweep_settings(profile)
+            policies = [p for p in self._value("policies").replace(" ", "").split(",") if p] or preset.policy
+            for p in policies:
+                if p not in ("equal", "balanced"):
+                    raise E.ConfigError(f"policies: '{p}' is not one of equal, balanced")
+            stages = _ints("stages", self._value("stages")) if self._value("stages") else preset.stages
+            chunks = _ints("chunks", self._value("chunks")) if self._value("chunks") else preset.chunks
+            points = sweep_points(self.cluster, base, stages, chunks, policies)
+        except (E.PictlError, ValueError) as exc:
+            self.query_one("#form-error", Label).update(f"[red]{exc}[/]")
+            return
+        self.dismiss((base, points, profile))
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "start":
+            self._submit()
+        else:
+            self.dismiss(None)
+
+    def on_input_submitted(self, _event: Input.Submitted) -> None:
+        self._submit()
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
