@@ -388,23 +388,29 @@ def profile_costs(
 
     from pictl.baseline import default_cache_root
     from pictl.cache import JsonCache
-    from pictl.costs import host_profiles
+    from pictl.costs import host_profiles, link_profiles
     from pictl.push import push_all
     from pictl.transport import raise_for_failures
 
     async def work(transports):  # noqa: ANN001, ANN202
         raise_for_failures(await push_all(transports), transports, "push failed")
-        root = Path(tempfile.mkdtemp()) if fresh else default_cache_root().parent / "costs"
-        return await host_profiles(transports, JsonCache(root), model=model, num_classes=num_classes,
-                                   chunk=chunk, threads=threads)
+        root = Path(tempfile.mkdtemp()) if fresh else default_cache_root().parent
+        found = await host_profiles(transports, JsonCache(root / "costs"), model=model, num_classes=num_classes,
+                                    chunk=chunk, threads=threads)
+        return found, await link_profiles(list(zip(transports, transports[1:], strict=False)),
+                                          JsonCache(root / "links"))
 
     try:
         cluster = _cluster(hosts)
-        profiles, measured = asyncio.run(_run_cancellable(_with_transports(cluster, work)))
+        (profiles, measured), (links, links_measured) = asyncio.run(
+            _run_cancellable(_with_transports(cluster, work)))
     except E.PictlError as exc:
         _fail(exc)
+    link_rows = {f"{a}->{b}": {"latency_ms": round(k.latency_s * 1000, 3), "MB_per_s": round(k.bytes_per_s / 1e6, 1)}
+                 for (a, b), k in links.items()}
     if as_json:
-        typer.echo(json.dumps({"measured": measured, "hosts": profiles}))
+        typer.echo(json.dumps({"measured": measured, "hosts": profiles, "links": link_rows,
+                               "links_measured": links_measured}))
         return
     names = list(profiles)
     table = Table(title=f"{model}: ms per microbatch of {chunk} ({threads} thread(s)); cached unless measured now",
@@ -416,7 +422,15 @@ def profile_costs(
         table.add_row(piece, f"{first['cut_bytes'][i] / 1024:.0f}",
                       *(f"{profiles[n]['compute_s'][i] * 1000:.2f}" for n in names))
     table.add_row("total", "", *(f"{sum(profiles[n]['compute_s']) * 1000:.1f}" for n in names))
-    Console(width=None if sys.stdout.isatty() else 160).print(table)
+    out = Console(width=None if sys.stdout.isatty() else 160)
+    out.print(table)
+    hops = Table(title="links (host to next host, as a stage's output travels)", title_justify="left")
+    for col in ("link", "latency ms", "MB/s", ""):
+        hops.add_column(col)
+    for name, row in link_rows.items():
+        hops.add_row(name, f"{row['latency_ms']:.3f}", f"{row['MB_per_s']:.1f}",
+                     "measured now" if name in links_measured else "cached")
+    out.print(hops)
     typer.echo(f"measured now: {', '.join(measured) or 'none (all cached)'}")
 
 

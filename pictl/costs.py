@@ -5,13 +5,17 @@ and thread count) and reports the bytes entering each cut. A profile is cached
 per host, interpreter, model, chunk, threads and remote code, so only the first
 balanced run (or `pictl profile`) pays the measurement.
 
-Links are not measured yet: a hop between hosts is costed as gigabit Ethernet,
-a hop between two stages on one host as a local copy.
+Links are measured too (`remote/linktest.py`, stdlib, sent with `python -c`):
+from each stage host to the next, the round-trip latency of small pings and the
+rate of a stage-sized stream, cached per host pair and addresses. A hop between
+two stages on one host is costed as a local copy.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 from typing import Any
 
 from pictl import errors as E
@@ -26,6 +30,54 @@ from remote import protocol as P
 
 LAN_LINK = Link(latency_s=0.0002, bytes_per_s=110e6)  # what 1 GbE delivers between Pis
 LOCAL_LINK = Link(latency_s=0.00002, bytes_per_s=2e9)
+LINK_SOURCE = (Path(__file__).resolve().parent.parent / "remote" / "linktest.py").read_text()
+LINK_BYTES = 16 << 20  # a few stage outputs' worth: 0.15 s on gigabit Ethernet
+
+
+def link_key(src: Host, dst: Host) -> str:
+    return JsonCache.key({"link": [src.name, src.address, dst.name, dst.rendezvous_address]})
+
+
+async def measure_link(src: Transport, dst: Transport, nbytes: int = LINK_BYTES) -> Link:
+    """Stream `nbytes` from src to dst's rendezvous address (the path gloo takes) after timing pings."""
+    address = dst.host.rendezvous_address
+    server = await dst.start([dst.host.base_python(), "-c", LINK_SOURCE, "serve", address])
+    try:
+        port = None
+        async for stream, line in server.lines():
+            if stream == "stdout" and line.strip().isdigit():
+                port = int(line)
+            break
+        if port is None:
+            raise E.TransportError(f"host '{dst.host.name}': cannot listen on {address} to measure the link")
+        result = await src.run([src.host.base_python(), "-c", LINK_SOURCE, "send", address, str(port), str(nbytes)],
+                               timeout_s=120)
+        if result.returncode != 0:
+            raise E.TransportError(f"link {src.host.name} -> {dst.host.name}: "
+                                   f"{(result.stderr.strip().splitlines() or ['no output'])[-1]}")
+        measured = json.loads(result.stdout.strip().splitlines()[-1])
+    finally:
+        await server.stop(grace_s=1)
+    return Link(latency_s=float(measured["latency_s"]), bytes_per_s=float(measured["bytes_per_s"]))
+
+
+async def link_profiles(pairs: list[tuple[Transport, Transport]], cache: JsonCache
+                        ) -> tuple[dict[tuple[str, str], Link], list[str]]:
+    """{(src, dst): Link} for each pair of different hosts, one at a time (they share the network)."""
+    links: dict[tuple[str, str], Link] = {}
+    measured: list[str] = []
+    for src, dst in pairs:
+        names = (src.host.name, dst.host.name)
+        if names in links or names[0] == names[1]:
+            continue
+        cached = cache.get(link_key(src.host, dst.host))
+        if cached and cached.get("bytes_per_s", 0) > 0 and "latency_s" in cached:
+            links[names] = Link(cached["latency_s"], cached["bytes_per_s"])
+            continue
+        links[names] = link = await measure_link(src, dst)
+        cache.put(link_key(src.host, dst.host), {"latency_s": link.latency_s, "bytes_per_s": link.bytes_per_s})
+        measured.append(f"{names[0]}->{names[1]}")
+    return links, measured
 
 
 def profile_key(host: Host, model: str, num_classes: int, chunk: int, threads: int) -> str:
@@ -70,9 +122,13 @@ async def host_profiles(transports: list[Transport], cache: JsonCache, *, model:
     return profiles, [t.host.name for t in missing]
 
 
-def cost_table(stage_hosts: list[str], profiles: dict[str, dict[str, Any]]) -> CostTable:
-    """Stage s runs on stage_hosts[s]; its pieces cost what that host measured."""
+def cost_table(stage_hosts: list[str], profiles: dict[str, dict[str, Any]],
+               links: dict[tuple[str, str], Link] | None = None) -> CostTable:
+    """Stage s runs on stage_hosts[s]; its pieces cost what that host measured, each hop what its link did
+    (gigabit Ethernet where a link was not measured, a local copy between stages on one host)."""
     first = profiles[stage_hosts[0]]
-    links = [LOCAL_LINK if a == b else LAN_LINK for a, b in zip(stage_hosts, stage_hosts[1:], strict=False)]
+    measured = links or {}
+    links = [LOCAL_LINK if a == b else measured.get((a, b), LAN_LINK)
+             for a, b in zip(stage_hosts, stage_hosts[1:], strict=False)]
     return CostTable(compute_s=[profiles[h]["compute_s"] for h in stage_hosts], cut_bytes=first["cut_bytes"],
                      links=links, piece_bytes=first["piece_bytes"])

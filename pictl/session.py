@@ -9,6 +9,7 @@ saying how the run ended is written.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from pictl import errors as E
 from pictl.balance import NoFeasibleSplit, balanced_split
 from pictl.baseline import Baseline, BaselineCache
 from pictl.cache import JsonCache
-from pictl.costs import cost_table, host_profiles
+from pictl.costs import cost_table, host_profiles, link_profiles
 from pictl.inventory import Cluster, Host
 from pictl.launch import (
     NodePlan,
@@ -201,14 +202,20 @@ class RunSession:
         profiles, measured = await host_profiles(used, JsonCache(self.cache.root.parent / "costs"),
                                                  model=spec.model, num_classes=spec.num_classes,
                                                  chunk=spec.chunk, threads=spec.threads)
+        hops = [(self._transports[a], self._transports[b]) for a, b in itertools.pairwise(stage_hosts) if a != b]
+        links, measured_links = await link_profiles(hops, JsonCache(self.cache.root.parent / "links"))
         try:
-            split = balanced_split(cost_table(stage_hosts, profiles))
+            split = balanced_split(cost_table(stage_hosts, profiles, links))
         except NoFeasibleSplit as exc:
             raise E.ConfigError(f"policy balanced: {exc}") from None
         pieces = profiles[stage_hosts[0]]["pieces"]
         spec.policy, spec.split_points = "explicit", [pieces[i] for i in split.starts]
         self.prediction = {"stage_ms": [round(s * 1000, 3) for s in split.stage_s],
-                           "bottleneck_ms": round(split.bottleneck_s * 1000, 3), "profiled": measured}
+                           "bottleneck_ms": round(split.bottleneck_s * 1000, 3), "profiled": measured,
+                           "links": {f"{a}->{b}": {"latency_ms": round(k.latency_s * 1000, 3),
+                                                   "MB_per_s": round(k.bytes_per_s / 1e6, 1)}
+                                     for (a, b), k in links.items()},
+                           "links_measured": measured_links}
         self._phase("balance", f"split {', '.join(spec.split_points)}: predicted "
                     + " / ".join(f"{ms:.1f}" for ms in self.prediction["stage_ms"]) + " ms per microbatch"
                     + (f" (measured {', '.join(measured)})" if measured else " (cached profiles)"))

@@ -297,3 +297,24 @@ def test_an_ssh_config_alias_is_all_a_host_entry_needs(ssh_cluster, pictl_env, t
     proc = run_pictl(["push", "--hosts", str(inv)], {**pictl_env, "HOME": str(home)})
     assert proc.returncode == 0, proc.stderr
     assert "h1: " in proc.stdout and (ssh_cluster.workdir(1) / "code" / "remote" / "pipeline.py").is_file()
+
+
+async def test_links_between_hosts_are_measured_over_ssh(ssh_cluster, tmp_path: Path) -> None:
+    """The balanced policy's link costs: pings and a stream between namespaced hosts, over the bridge."""
+    from pictl.cache import JsonCache
+    from pictl.costs import link_profiles
+    from pictl.transport import transport_for
+
+    hosts = load_cluster(ssh_cluster.inventory).hosts[:3]
+    transports = [transport_for(h) for h in hosts]
+    try:
+        await asyncio.gather(*(t.connect() for t in transports))
+        cache = JsonCache(tmp_path / "links")
+        links, measured = await link_profiles(list(zip(transports, transports[1:], strict=False)), cache)
+        assert measured == ["h0->h1", "h1->h2"] and set(links) == {("h0", "h1"), ("h1", "h2")}
+        for link in links.values():
+            assert 0 < link.latency_s < 0.05 and link.bytes_per_s > 10e6
+        again, measured_again = await link_profiles(list(zip(transports, transports[1:], strict=False)), cache)
+        assert measured_again == [] and again == links
+    finally:
+        await asyncio.gather(*(t.close() for t in transports))
