@@ -407,8 +407,34 @@ class RunSession:
 
     # -- the run ----------------------------------------------------------------------------------
 
+    async def _fastest_hosts(self, stages: int) -> Cluster:
+        """Fewer stages than hosts under `balanced`: the stages go to the hosts whose measured pieces
+        add up to the least time (cached profiles; inventory order kept among the chosen)."""
+        hosts = list(self.cluster.hosts)
+        transports = [transport_for(h) for h in hosts]
+        self._phase("balance", f"{stages} stage(s) on {len(hosts)} hosts: choosing the fastest")
+        try:
+            results = await asyncio.gather(*(t.connect() for t in transports), return_exceptions=True)
+            raise_for_failures(results, transports, "")
+            raise_for_failures(await push_all(transports), transports, "push failed")
+            o = self.options
+            profiles, _ = await host_profiles(transports, JsonCache(self.cache.root.parent / "costs"),
+                                              model=o.model, num_classes=o.num_classes, chunk=o.chunk,
+                                              threads=o.threads)
+        finally:
+            await asyncio.gather(*(t.close() for t in transports), return_exceptions=True)
+        total = {h.name: sum(profiles[h.name]["compute_s"]) for h in hosts}
+        chosen = set(sorted(total, key=total.__getitem__)[:stages])
+        self._phase("balance", "fastest hosts: " + ", ".join(
+            f"{h.name} ({total[h.name] * 1000:.0f} ms)" for h in hosts if h.name in chosen)
+            + "; left out: " + ", ".join(f"{h.name} ({total[h.name] * 1000:.0f} ms)"
+                                         for h in hosts if h.name not in chosen))
+        return self.cluster.model_copy(update={"hosts": tuple(h for h in hosts if h.name in chosen)})
+
     async def run(self) -> dict[str, Any]:
         nodes = place_stages(self.cluster, self.options.stages)  # ConfigError: nothing started yet
+        if self.options.policy == "balanced" and 1 < self.options.stages < len(self.cluster.hosts):
+            nodes = place_stages(await self._fastest_hosts(self.options.stages), self.options.stages)
         spec = _spec_from(self.options, self.run_id)
         self._failure_info: dict[str, Any] | None = None
         summary: dict[str, Any] = {}

@@ -76,3 +76,24 @@ def test_balanced_run_predicts_and_measures_each_stage(tmp_path, pictl_env) -> N
     again = json.loads(run_pictl(args, env).stdout)
     assert again["prediction"]["profiled"] == ["h0"] and again["split_points"] == s["split_points"]
     assert again["outputs_match"] is True
+
+
+def test_fewer_stages_than_hosts_take_the_fastest(deit_costs: dict, tmp_path, pictl_env) -> None:
+    """h1 measured twice as slow as h0 and h2 (its cached profile says so): 2 stages go to h0 and h2."""
+    from pictl.cache import JsonCache
+
+    env = {**pictl_env, "PICTL_CACHE_DIR": str(tmp_path / "cache")}
+    hosts = write_cluster(tmp_path / "cluster", 3)
+    cache = JsonCache(tmp_path / "cache" / "costs")
+    for host in load_cluster(hosts).hosts:
+        slow = 2.0 if host.name == "h1" else 1.0
+        cache.put(profile_key(host, "deit_small_patch16_224", 1000, 1, 1),
+                  {**{k: deit_costs[k] for k in ("pieces", "cut_bytes", "piece_bytes")}, "chunk": 1, "threads": 1,
+                   "compute_s": [t * slow for t in deit_costs["compute_s"]], "torch": "cached"})
+    proc = run_pictl(["run", "--hosts", str(hosts), "--stages", "2", "--policy", "balanced", "--images", "4",
+                      "--warmup", "0", "--repeats", "1", "--headless", "--json"], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads(proc.stdout)
+    assert [st["host"] for st in s["per_stage"]] == ["h0", "h2"] and s["outputs_match"] is True
+    assert s["prediction"]["profiled"] == [] and "fastest hosts: h0" in proc.stderr and "left out: h1" in proc.stderr
+    assert s["prediction"]["links_measured"] == ["h0->h2"]
