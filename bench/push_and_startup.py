@@ -108,7 +108,8 @@ def bench_startup(cluster: SshCluster, runs: int) -> list[dict]:
         env = {**os.environ, "PICTL_RUNS_DIR": f"{tmp}/runs", "PICTL_CACHE_DIR": f"{tmp}/cache"}
         for _ in range(runs):
             proc = subprocess.run([*PICTL, "run", "--hosts", str(cluster.inventory), "--stages", "4", "--images",
-                                   "12", "--warmup", "0", "--repeats", "1", "--headless", "--json"],
+                                   "12", "--warmup", "0", "--repeats", "1", "--policy", "equal", "--headless",
+                                   "--json"],
                                   capture_output=True, text=True, env=env)
             if proc.returncode != 0:
                 raise SystemExit(f"pictl run failed ({proc.returncode}): {proc.stderr[-1500:]}")

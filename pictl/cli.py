@@ -85,7 +85,7 @@ def _split(value: str | None) -> list[str] | None:
 def run(
     stages: Annotated[Optional[int], typer.Option(help="Pipeline stages (1 = serial only).")] = None,
     split: Annotated[Optional[str], typer.Option(help="Split points: blocks.3,blocks.6 (stage starts).")] = None,
-    policy: Annotated[Optional[str], typer.Option(help="equal | explicit | balanced (measured costs)")] = None,
+    policy: Annotated[Optional[str], typer.Option(help="balanced (default: measured costs) | equal | explicit")] = None,
     profile: Annotated[Optional[str], typer.Option(help="Named preset from profiles/.")] = None,
     chunk: Annotated[Optional[int], typer.Option(help="Microbatch size.")] = None,
     images: Annotated[Optional[int], typer.Option(help="Images per pass.")] = None,

@@ -25,7 +25,7 @@ class RunOptions(BaseModel):
 
     stages: int = Field(default=2, ge=1)
     """Number of pipeline stages (1 = the serial model alone)."""
-    policy: Literal["equal", "explicit", "balanced"] = "equal"
+    policy: Literal["equal", "explicit", "balanced"] = "balanced"
     """How split points are chosen when `split` is empty: `equal` parameter counts per stage, or `balanced`:
     the smallest slowest-stage time over measured per-piece costs on the hosts."""
     split: list[str] = []

@@ -20,7 +20,7 @@ def hosts(tmp_path: Path) -> Path:
 
 
 def _refused(args: list[str], env: dict[str, str], fragment: str, tmp_path: Path) -> None:
-    proc = run_pictl(["run", "--headless", "--json", "--images", "2", *args], env)
+    proc = run_pictl(["run", "--headless", "--json", "--images", "2", "--policy", "equal", *args], env)
     errors = [line for line in proc.stderr.strip().splitlines() if "error" in line.lower()]
     assert proc.returncode == 2, proc.stderr[-2000:]
     # Progress lines may come first; the error is one line, the last one.

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from conftest import processes_under, write_cluster
-from textual.widgets import DataTable, Input, RichLog, Sparkline
+from textual.widgets import DataTable, Input, RichLog, Select, Sparkline
 
 from pictl.baseline import BaselineCache
 from pictl.inventory import load_cluster
@@ -40,6 +40,7 @@ async def _start_from_form(pilot, stages: str, images: str) -> None:  # noqa: AN
     assert isinstance(form, RunForm)
     form.query_one("#stages", Input).value = stages
     form.query_one("#images", Input).value = images
+    form.query_one("#policy", Select).value = "equal"  # balanced (the default) is tested in test_balanced
     await pilot.click("#start")
     await pilot.pause()
     assert not isinstance(pilot.app.screen, RunForm), pilot.app.screen.query_one("#form-error").render()

@@ -14,7 +14,8 @@ from conftest import run_pictl, write_cluster
 pytestmark = pytest.mark.slow
 
 # Small passes keep each run short; the protocol stays the real one.
-FAST = ["--images", "5", "--chunk", "2", "--warmup", "0", "--repeats", "1", "--headless", "--json"]
+# `--policy equal` unless a test says otherwise: profiling costs for `balanced` is tested in test_balanced.
+FAST = ["--images", "5", "--chunk", "2", "--warmup", "0", "--repeats", "1", "--headless", "--json", "--policy", "equal"]
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from pictl.inventory import load_cluster
 from pictl.transport.ssh import SshTransport
 
 pytestmark = pytest.mark.slow
-FAST = ["--images", "6", "--warmup", "0", "--repeats", "1", "--headless", "--json"]
+FAST = ["--images", "6", "--warmup", "0", "--repeats", "1", "--headless", "--json", "--policy", "equal"]
 
 
 def _host_processes(cluster) -> dict[str, list[str]]:
@@ -129,7 +129,8 @@ def long_run_env(pictl_env: dict[str, str], long_run_cache: Path) -> dict[str, s
 
 def _start_long_run(cluster, env: dict[str, str]) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "pictl", "run", "--hosts", str(cluster.inventory), "--stages",
-                             "4", "--images", "24", "--warmup", "0", "--repeats", "6", "--headless", "--json"],
+                             "4", "--images", "24", "--warmup", "0", "--repeats", "6", "--policy", "equal",
+                             "--headless", "--json"],
                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

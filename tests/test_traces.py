@@ -52,7 +52,7 @@ def test_breakdown_splits_forward_ranges_into_compute_wait_and_send() -> None:
 async def test_traces_from_a_live_two_rank_run(tmp_path: Path) -> None:
     """A planned window (--trace-steps) and one requested mid-run, as the dashboard's `t` does."""
     cluster = load_cluster(write_cluster(tmp_path / "cluster", 2))
-    options = RunOptions(stages=2, images=12, chunk=1, warmup=1, repeats=3, trace_steps=4)
+    options = RunOptions(stages=2, images=12, chunk=1, warmup=1, repeats=3, trace_steps=4, policy="equal")
     grabs: list[asyncio.Task] = []
     session: RunSession
 

@@ -12,7 +12,7 @@ from textual.widgets import Button, Input, Label, Select
 from pictl import errors as E
 from pictl.profiles import RunOptions, available_profiles, resolve_options
 
-POLICIES = ("equal", "balanced", "explicit")
+POLICIES = ("balanced", "equal", "explicit")
 
 
 class RunForm(ModalScreen[tuple[RunOptions, str | None] | None]):
@@ -35,7 +35,7 @@ class RunForm(ModalScreen[tuple[RunOptions, str | None] | None]):
             yield Input(str(last.get("stages", "")), placeholder="from the profile (default 2)", id="stages",
                         type="integer")
             yield Label("split policy")
-            yield Select([(p, p) for p in POLICIES], value=last.get("policy", "equal"), id="policy",
+            yield Select([(p, p) for p in POLICIES], value=last.get("policy", "balanced"), id="policy",
                          allow_blank=False)
             yield Label("split points (explicit), e.g. blocks.3,blocks.6,blocks.9")
             yield Input(last.get("split", ""), id="split")
