@@ -105,19 +105,25 @@ async def measure_host(t: Transport, model: str, num_classes: int, chunk: int, t
 
 
 async def host_profiles(transports: list[Transport], cache: JsonCache, *, model: str, num_classes: int,
-                        chunk: int, threads: int) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """{host name: profile}, measuring in parallel only where the cache has none; and the hosts measured."""
+                        chunk: int, threads: int | dict[str, int]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """{host name: profile}, measuring in parallel only where the cache has none; and the hosts measured.
+
+    `threads` is one count for all hosts, or one per host (a host running two stages gives each half its cores).
+    """
+    def threads_of(t: Transport) -> int:
+        return threads.get(t.host.name, 1) if isinstance(threads, dict) else threads
+
     profiles: dict[str, dict[str, Any]] = {}
     missing: list[Transport] = []
     for t in transports:
-        key = profile_key(t.host, model, num_classes, chunk, threads)
+        key = profile_key(t.host, model, num_classes, chunk, threads_of(t))
         if _usable(cached := cache.get(key)):
             profiles[t.host.name] = cached
         else:
             missing.append(t)
-    measured = await asyncio.gather(*(measure_host(t, model, num_classes, chunk, threads) for t in missing))
+    measured = await asyncio.gather(*(measure_host(t, model, num_classes, chunk, threads_of(t)) for t in missing))
     for t, profile in zip(missing, measured, strict=True):
-        cache.put(profile_key(t.host, model, num_classes, chunk, threads), profile)
+        cache.put(profile_key(t.host, model, num_classes, chunk, threads_of(t)), profile)
         profiles[t.host.name] = profile
     return profiles, [t.host.name for t in missing]
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pictl.errors import ConfigError, TransportError
 from pictl.inventory import Cluster, Host
 from pictl.transport import Transport
+from remote import protocol as P
 
 # Binds the port in argv[1] (0: any free one) on the rendezvous host and prints it, or the
 # reason it is taken. Fixed code: the port travels as an argument, never inside the code.
@@ -59,7 +60,8 @@ def place_stages(cluster: Cluster, stages: int) -> list[NodePlan]:
 
 
 def worker_env(host: Host, threads: int) -> dict[str, str]:
-    env = {"OMP_NUM_THREADS": str(threads), "PYTHONPATH": host.code_dir, "PYTHONUNBUFFERED": "1"}
+    env = {"OMP_NUM_THREADS": str(threads), P.ENV_THREADS: str(threads), "PYTHONPATH": host.code_dir,
+           "PYTHONUNBUFFERED": "1"}
     if host.interface:
         # Gloo otherwise binds to whatever the hostname resolves to (127.0.1.1 on Pi OS).
         env["GLOO_SOCKET_IFNAME"] = host.interface

@@ -49,8 +49,9 @@ class RunOptions(BaseModel):
     warmup: int = Field(default=1, ge=0)
     repeats: int = Field(default=3, ge=1)
     """Timed passes; throughput is their mean, with the spread reported."""
-    threads: int = Field(default=1, ge=1)
-    """torch threads per rank (and for the serial run)."""
+    threads: int = Field(default=1, ge=0)
+    """torch threads per rank (and for the serial run); 0: each host's cores divided among the stages it runs
+    (the serial run gets all of its host's cores)."""
     check_images: int = Field(default=8, ge=1)
     """How many images' logits are compared against the serial run."""
     atol: float = Field(default=0.0, ge=0.0)

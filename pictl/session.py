@@ -127,6 +127,8 @@ class RunSession:
         self.last_summary: dict[str, Any] | None = None
         """The summary of the finished run, failed or not (None when nothing started)."""
         self.nodes: list[NodePlan] = []
+        self.threads: dict[str, int] = {}  # per host, for its ranks (and for the serial run on host 0)
+        self.serial_threads = options.threads
         self.pipeline_live = False
         self.grabs: list[dict[str, Any]] = []
         self._grab_tasks: set[asyncio.Task] = set()
@@ -165,6 +167,7 @@ class RunSession:
         results = await asyncio.gather(*(t.connect() for t in transports), return_exceptions=True)
         raise_for_failures(results, transports, "")  # names every host that failed, not just the first
         self.timeline.mark("connected")
+        await self._divide_threads(nodes)
         pushed = await push_all(transports)
         raise_for_failures(pushed, transports, "push failed")
         self.timeline.mark("pushed")
@@ -194,6 +197,24 @@ class RunSession:
         if stopped:
             self._phase("cleanup", f"stopped {stopped} process group(s) an earlier run left behind")
 
+    async def _divide_threads(self, nodes: list[NodePlan]) -> None:
+        """`--threads 0`: each host's cores are divided among the stages it runs; the serial run, alone
+        on host 0, gets all of them. Otherwise every rank gets the asked-for count."""
+        if self.options.threads > 0:
+            self.threads = {n.host.name: self.options.threads for n in nodes}
+            self.serial_threads = self.options.threads
+            return
+
+        async def cores(n: NodePlan) -> int:
+            result = await self._transports[n.host.name].run(["nproc"], timeout_s=30)
+            return int(result.stdout.strip()) if result.returncode == 0 and result.stdout.strip().isdigit() else 1
+
+        counts = await asyncio.gather(*(cores(n) for n in nodes))
+        self.threads = {n.host.name: max(1, c // len(n.ranks)) for n, c in zip(nodes, counts, strict=True)}
+        self.serial_threads = counts[0]
+        self._phase("threads", ", ".join(f"{n.host.name}: {len(n.ranks)} stage(s) x {self.threads[n.host.name]} "
+                                         f"thread(s) of {c} core(s)" for n, c in zip(nodes, counts, strict=True)))
+
     async def _balance(self, nodes: list[NodePlan], spec: RunSpec) -> None:
         """Choose the split from per-piece costs measured on the hosts (cached), before the spec goes out."""
         stage_hosts = [n.host.name for n in nodes for _ in n.ranks]
@@ -201,7 +222,7 @@ class RunSession:
         self._phase("balance", f"cost profiles of {len(used)} host(s)")
         profiles, measured = await host_profiles(used, JsonCache(self.cache.root.parent / "costs"),
                                                  model=spec.model, num_classes=spec.num_classes,
-                                                 chunk=spec.chunk, threads=spec.threads)
+                                                 chunk=spec.chunk, threads=self.threads)
         hops = [(self._transports[a], self._transports[b]) for a, b in itertools.pairwise(stage_hosts) if a != b]
         links, measured_links = await link_profiles(hops, JsonCache(self.cache.root.parent / "links"))
         try:
@@ -255,7 +276,7 @@ class RunSession:
         return {"model": spec.model, "num_classes": spec.num_classes, "seed": spec.seed,
                 "checkpoint": [str(ckpt), stat.st_size, stat.st_mtime] if stat else None,
                 "data": [spec.data.kind, spec.data.path, spec.data.split], "images": spec.images,
-                "chunk": spec.chunk, "threads": spec.threads, "warmup": spec.warmup, "repeats": spec.repeats,
+                "chunk": spec.chunk, "threads": self.serial_threads, "warmup": spec.warmup, "repeats": spec.repeats,
                 "check_images": spec.check_images, "host": [host.name, host.address, host.python_path()],
                 "code": tree_digest()}
 
@@ -270,7 +291,7 @@ class RunSession:
         run_dir = host.run_dir(spec.run_id)
         stream = _Stream(RunTelemetry())
         argv = supervised(host, module_argv(host, "remote.serial", P.SPEC_FILE), "pgid-serial")
-        proc = await t.start(argv, cwd=run_dir, env=worker_env(host, spec.threads))
+        proc = await t.start(argv, cwd=run_dir, env=worker_env(host, self.serial_threads or 1))
         self._live.append(proc)
         rc = await self._consume("serial", host, proc, stream)
         self._live.remove(proc)
@@ -303,7 +324,7 @@ class RunSession:
             argv = supervised(node.host, torchrun_argv(node, nnodes=len(nodes), master=master, master_port=port,
                                                        spec_path=P.SPEC_FILE), "pgid-torchrun")
             procs[node.host.name] = proc = await self._transports[node.host.name].start(
-                argv, cwd=node.host.run_dir(spec.run_id), env=worker_env(node.host, spec.threads))
+                argv, cwd=node.host.run_dir(spec.run_id), env=worker_env(node.host, self.threads[node.host.name]))
             self._live.append(proc)
 
         async def watch(node: NodePlan) -> None:
@@ -420,7 +441,7 @@ class RunSession:
             o = self.options
             profiles, _ = await host_profiles(transports, JsonCache(self.cache.root.parent / "costs"),
                                               model=o.model, num_classes=o.num_classes, chunk=o.chunk,
-                                              threads=o.threads)
+                                              threads=o.threads or 1)
         finally:
             await asyncio.gather(*(t.close() for t in transports), return_exceptions=True)
         total = {h.name: sum(profiles[h.name]["compute_s"]) for h in hosts}
@@ -515,7 +536,7 @@ class RunSession:
                 # beside what the balanced policy predicted for it.
                 "measured_ms": round((busy[0] + busy[1]) / busy[2] * 1000, 3) if None not in busy and busy[2] else None,
                 "predicted_ms": self.prediction["stage_ms"][rank] if self.prediction else None,
-                "host": host_of.get(rank), "rank": rank,
+                "host": host_of.get(rank), "rank": rank, "threads": self.threads.get(host_of.get(rank, ""), o.threads),
                 "modules": planned.get(rank, {}).get("modules", st.modules if st else []),
                 "params": planned.get(rank, {}).get("params", st.params if st else 0),
                 "compute_s": totals.get("compute_s"), "wait_s": totals.get("wait_s"),

@@ -41,9 +41,12 @@ def die_with_parent() -> None:
             os._exit(1)
 
 
-def set_threads(threads: int) -> None:
+def set_threads(threads: int) -> int:
+    """Use the controller's per-host count when it gave one, else the spec's; returns what is used."""
+    threads = int(os.environ.get(P.ENV_THREADS) or threads)
     torch.set_num_threads(threads)
     os.environ["OMP_NUM_THREADS"] = str(threads)
+    return threads
 
 
 @dataclass

@@ -93,11 +93,11 @@ class TimedStage(PipelineStage):
 def _run(spec: RunSpec, emitter: Emitter) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     die_with_parent()
-    set_threads(spec.threads)
+    threads = set_threads(spec.threads)
     if world != spec.stages:
         raise RuntimeError(f"world size {world} != {spec.stages} stages")
     emitter.emit(P.RUN_START, world_size=world, stages=spec.stages, model=spec.model, images=spec.images,
-                 chunk=spec.chunk, threads=spec.threads, torch=torch.__version__, pid=os.getpid(),
+                 chunk=spec.chunk, threads=threads, torch=torch.__version__, pid=os.getpid(),
                  import_rss_mb=current_rss_mb())
     t_rendezvous = time.perf_counter()
     dist.init_process_group("gloo", timeout=timedelta(seconds=spec.pg_timeout_s))

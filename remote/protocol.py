@@ -37,6 +37,10 @@ TRACE = "trace"  # a rank wrote its profiler trace of a window of steps (remote.
 EVENTS = (RUN_START, STAGE_READY, PROGRESS, THROUGHPUT, ACCURACY, RUN_END, ERROR, PLAN, OUTPUTS, FIRST_OUTPUT,
           COSTS, TRACE)
 
+# Threads for this process, set per host by the controller (`--threads 0` divides a host's cores
+# among the stages it runs); it overrides the spec's single value.
+ENV_THREADS = "PICTL_THREADS"
+
 # Files a run leaves in its directory on each host (relative to the host run dir).
 SPEC_FILE = "spec.json"
 LOGITS_FILE_PIPELINE = "logits-pipeline.f32"

@@ -25,9 +25,9 @@ from remote.spec import RunSpec
 
 
 def _run(spec: RunSpec, emitter: Emitter) -> None:
-    set_threads(spec.threads)
+    threads = set_threads(spec.threads)
     emitter.emit(P.RUN_START, world_size=1, stages=1, model=spec.model, images=spec.images,
-                 chunk=spec.chunk, threads=spec.threads, torch=torch.__version__,
+                 chunk=spec.chunk, threads=threads, torch=torch.__version__,
                  import_rss_mb=current_rss_mb())
     t0 = time.perf_counter()
     model = check_supported(create_meta_model(spec.model, spec.num_classes), spec.model)
