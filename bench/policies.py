@@ -6,11 +6,16 @@ Starts the 4-host sshd cluster with every host capped at --cpu cores (cgroup CFS
 quota), runs `pictl sweep --policy equal,balanced` on it in one invocation (one
 serial baseline, then each stage count with each policy), and prints the sweep
 table: throughput, speedup and efficiency per configuration, side by side.
+Then, per pipeline run, where the efficiency went: each stage's predicted and
+measured ms per microbatch, its compute / wait / send split over the timed
+passes, and the compute / send / receive-wait / idle shares from profiler
+traces of --trace-steps steps (an extra untimed pass).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -23,12 +28,34 @@ sys.path.insert(0, str(ROOT / "tests"))
 from sshcluster import SshCluster, down  # noqa: E402
 
 
+def breakdown(sweep: Path) -> None:
+    """Per pipeline run: where each stage's time went, from the summary and from the traces."""
+    for summary_file in sorted(sweep.glob("runs/*/summary.json")):
+        s = json.loads(summary_file.read_text())
+        if s["stages"] < 2 or s["status"] != "ok":
+            continue
+        print(f"\n{s['stages']} stages, {s['policy']}: {s['throughput_ips']:.2f} img/s, speedup {s['speedup']:.2f}x, "
+              f"efficiency {s['efficiency']:.2f}; split {', '.join(s['split_points'])}")
+        shares = (s.get("traces") or [{}])[0].get("per_rank", {})
+        print(f"  {'rank':>4} {'pred ms':>8} {'meas ms':>8} {'compute':>8} {'wait':>6} {'send':>6}   traced window:"
+              f" compute / send / recv-wait / idle %")
+        for st in s["per_stage"]:
+            busy = [st.get(k) or 0.0 for k in ("compute_s", "wait_s", "send_s")]
+            total = sum(busy) or 1.0
+            tr = shares.get(str(st["rank"]), {})
+            print(f"  {st['rank']:>4} {st.get('predicted_ms') or 0:8.1f} {st.get('measured_ms') or 0:8.1f} "
+                  f"{100 * busy[0] / total:7.0f}% {100 * busy[1] / total:5.0f}% {100 * busy[2] / total:5.0f}%   "
+                  + (" / ".join(f"{tr.get(k, 0):.0f}" for k in ("compute_pct", "send_pct", "recv_wait_pct", "idle_pct"))
+                     if tr else "-"))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu", type=float, default=0.4)
     parser.add_argument("--stages", default="1,2,3,4")
     parser.add_argument("--images", type=int, default=24)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--trace-steps", type=int, default=8)
     args = parser.parse_args()
     cluster = SshCluster(4)
     cluster.up(cpu=args.cpu)
@@ -38,9 +65,11 @@ def main() -> int:
             proc = subprocess.run([sys.executable, "-m", "pictl", "sweep", "--hosts", str(cluster.inventory),
                                    "--stages", args.stages, "--policy", "equal,balanced", "--images",
                                    str(args.images), "--warmup", "1", "--repeats", str(args.repeats),
+                                   "--trace-steps", str(args.trace_steps),
                                    "--out", f"{tmp}/sweep"], env=env, capture_output=True, text=True)
             print(f"{args.cpu} core(s) per host, {args.images} images, {args.repeats} timed passes")
             print(proc.stdout)
+            breakdown(Path(f"{tmp}/sweep"))
             if proc.returncode != 0:
                 print(proc.stderr[-3000:], file=sys.stderr)
             return proc.returncode

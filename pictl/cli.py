@@ -154,6 +154,7 @@ def sweep(
     warmup: Annotated[Optional[int], typer.Option(help="Untimed warm-up passes.")] = None,
     repeats: Annotated[Optional[int], typer.Option(help="Timed passes.")] = None,
     threads: Annotated[Optional[int], typer.Option(help="torch threads per rank.")] = None,
+    trace_steps: Annotated[Optional[int], typer.Option(help="Profile K steps of every pipeline run.")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Sweep directory (default: under the runs root).")] = None,
     hosts: Annotated[Optional[Path], typer.Option(help="Inventory file.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show every host's output.")] = False,
@@ -168,7 +169,7 @@ def sweep(
     renderer = HeadlessRenderer(verbose=verbose)
     try:
         base = resolve_options(profile, {"images": images, "warmup": warmup, "repeats": repeats,
-                                         "threads": threads})
+                                         "threads": threads, "trace_steps": trace_steps})
         preset = sweep_settings(profile)  # flags win over the preset's [sweep] table
         policies = _split(policy) if policy else preset.policy
         for p in policies:
