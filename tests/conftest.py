@@ -34,6 +34,18 @@ def pictl_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+@pytest.fixture(scope="module")
+def module_cache(tmp_path_factory) -> Path:
+    """A cache dir shared by a module's tests: long runs whose faults are in the pipeline measure the
+    serial baseline once, not once per test."""
+    return tmp_path_factory.mktemp("module-cache")
+
+
+@pytest.fixture
+def shared_cache_env(pictl_env: dict[str, str], module_cache: Path) -> dict[str, str]:
+    return {**pictl_env, "PICTL_CACHE_DIR": str(module_cache)}
+
+
 @pytest.fixture
 def cluster4(tmp_path: Path) -> Path:
     return write_cluster(tmp_path / "cluster", 4)

@@ -15,15 +15,9 @@ from conftest import ROOT, processes_under, write_cluster
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def baseline_cache(tmp_path_factory) -> Path:
-    """The long runs here share one serial baseline: the faults are in the pipeline, not in the baseline."""
-    return tmp_path_factory.mktemp("baselines")
-
-
 @pytest.fixture
-def pictl_env(pictl_env: dict[str, str], baseline_cache: Path) -> dict[str, str]:
-    return {**pictl_env, "PICTL_CACHE_DIR": str(baseline_cache)}
+def pictl_env(shared_cache_env: dict[str, str]) -> dict[str, str]:
+    return shared_cache_env  # one serial baseline for the module: the faults are in the pipeline
 
 
 def _start(tmp_path: Path, env: dict[str, str]) -> tuple[subprocess.Popen, Path]:

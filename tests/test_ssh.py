@@ -116,17 +116,6 @@ def test_shell_metacharacters_in_paths_are_never_run(ssh_cluster, tmp_path: Path
     assert not marker.exists()
 
 
-@pytest.fixture(scope="module")
-def long_run_cache(tmp_path_factory) -> Path:
-    """The two long runs share one serial baseline: the faults are in the pipeline, not in the baseline."""
-    return tmp_path_factory.mktemp("long-run-cache")
-
-
-@pytest.fixture
-def long_run_env(pictl_env: dict[str, str], long_run_cache: Path) -> dict[str, str]:
-    return {**pictl_env, "PICTL_CACHE_DIR": str(long_run_cache)}
-
-
 def _start_long_run(cluster, env: dict[str, str]) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "pictl", "run", "--hosts", str(cluster.inventory), "--stages",
                              "4", "--images", "24", "--warmup", "0", "--repeats", "6", "--policy", "equal",
@@ -152,9 +141,9 @@ def _assert_hosts_clean(cluster, timeout: float = 15) -> None:
     assert not _host_processes(cluster), f"left on the hosts: {_host_processes(cluster)}"
 
 
-def test_killed_rank_on_one_host_stops_every_host(ssh_cluster, long_run_env) -> None:
-    proc = _start_long_run(ssh_cluster, long_run_env)
-    run_dir = _wait_progress(long_run_env, proc)
+def test_killed_rank_on_one_host_stops_every_host(ssh_cluster, shared_cache_env) -> None:
+    proc = _start_long_run(ssh_cluster, shared_cache_env)
+    run_dir = _wait_progress(shared_cache_env, proc)
     victims = [p for p in ssh_cluster.processes(2)
                if "remote.pipeline" in _cmdline(p) and "torch.distributed.run" not in _cmdline(p)]
     assert len(victims) == 1
@@ -169,9 +158,9 @@ def test_killed_rank_on_one_host_stops_every_host(ssh_cluster, long_run_env) -> 
     assert time.monotonic() - killed_at < 40
 
 
-def test_killed_controller_leaves_nothing_on_any_host(ssh_cluster, long_run_env) -> None:
-    proc = _start_long_run(ssh_cluster, long_run_env)
-    _wait_progress(long_run_env, proc)
+def test_killed_controller_leaves_nothing_on_any_host(ssh_cluster, shared_cache_env) -> None:
+    proc = _start_long_run(ssh_cluster, shared_cache_env)
+    _wait_progress(shared_cache_env, proc)
     assert _host_processes(ssh_cluster)
     proc.kill()  # the SSH connections drop; each host's supervisor sees EOF and stops its group
     proc.communicate(timeout=30)

@@ -6,19 +6,17 @@ from typing import Any
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select
 
 from pictl import errors as E
 from pictl.profiles import RunOptions, available_profiles, resolve_options
+from pictl.tui.widgets.form_screen import FormScreen
 
 POLICIES = ("balanced", "equal", "explicit")
 
 
-class RunForm(ModalScreen[tuple[RunOptions, str | None] | None]):
+class RunForm(FormScreen[tuple[RunOptions, str | None] | None]):
     """Dismisses with (options, profile) once they validate; a bad value is shown in the form."""
-
-    BINDINGS = [("escape", "cancel", "cancel")]
 
     def __init__(self, last: dict[str, Any] | None = None) -> None:
         super().__init__()
@@ -67,18 +65,6 @@ class RunForm(ModalScreen[tuple[RunOptions, str | None] | None]):
             if profile is None and overrides["stages"] is None:
                 options = options.model_copy(update={"stages": 2})
         except (E.PictlError, ValueError) as exc:
-            self.query_one("#form-error", Label).update(f"[red]{exc}[/]")
+            self.show_error(exc)
             return
         self.dismiss((options, profile))
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "start":
-            self._submit()
-        else:
-            self.dismiss(None)
-
-    def on_input_submitted(self, _event: Input.Submitted) -> None:
-        self._submit()
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)

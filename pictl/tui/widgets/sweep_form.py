@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select
 
 from pictl import errors as E
 from pictl.inventory import Cluster
 from pictl.profiles import RunOptions, available_profiles, resolve_options, sweep_settings
 from pictl.sweep import SweepPoint, sweep_points
+from pictl.tui.widgets.form_screen import FormScreen
 
 
 def _ints(name: str, text: str) -> list[int]:
@@ -23,10 +23,8 @@ def _ints(name: str, text: str) -> list[int]:
     return values
 
 
-class SweepForm(ModalScreen[tuple[RunOptions, list[SweepPoint], str | None] | None]):
+class SweepForm(FormScreen[tuple[RunOptions, list[SweepPoint], str | None] | None]):
     """Dismisses with (base options, points, profile) once every combination fits the inventory."""
-
-    BINDINGS = [("escape", "cancel", "cancel")]
 
     def __init__(self, cluster: Cluster) -> None:
         super().__init__()
@@ -68,18 +66,6 @@ class SweepForm(ModalScreen[tuple[RunOptions, list[SweepPoint], str | None] | No
             chunks = _ints("chunks", self._value("chunks")) if self._value("chunks") else preset.chunks
             points = sweep_points(self.cluster, base, stages, chunks, policies)
         except (E.PictlError, ValueError) as exc:
-            self.query_one("#form-error", Label).update(f"[red]{exc}[/]")
+            self.show_error(exc)
             return
         self.dismiss((base, points, profile))
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "start":
-            self._submit()
-        else:
-            self.dismiss(None)
-
-    def on_input_submitted(self, _event: Input.Submitted) -> None:
-        self._submit()
-
-    def action_cancel(self) -> None:
-        self.dismiss(None)
