@@ -17,7 +17,8 @@ SESSION = f"pictl-test-{os.getpid()}"
 
 
 def _tmux(*args: str) -> str:
-    return subprocess.run(["tmux", *args], check=True, capture_output=True, text=True).stdout
+    # A server of our own (-L): another tmux on the machine cannot change our window size or keys.
+    return subprocess.run(["tmux", "-L", SESSION, *args], check=True, capture_output=True, text=True).stdout
 
 
 def _screen() -> str:
@@ -49,16 +50,16 @@ def tmux_pictl(tmp_path: Path):
     hosts = write_cluster(tmp_path / "cluster", 2)
     command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "pictl", "--hosts", str(hosts),
                                                  "--runs-dir", str(tmp_path / "runs")])
-    _tmux("new-session", "-d", "-s", SESSION, "-x", "120", "-y", "40", "-e", "TERM=xterm-256color",
+    _tmux("-f", "/dev/null", "new-session", "-d", "-s", SESSION, "-x", "120", "-y", "40", "-e", "TERM=xterm-256color",
           "-c", str(ROOT), f"{command}; echo PICTL-EXITED $?; sleep 30")
     try:
         yield tmp_path
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", SESSION], capture_output=True)
+        subprocess.run(["tmux", "-L", SESSION, "kill-server"], capture_output=True)
 
 
 def test_real_terminal_keys_and_screen(tmux_pictl: Path) -> None:
-    screen = _wait_for("q quit")
+    screen = _wait_for("? help")
     assert "hosts" in screen and "h0" in screen and "h1" in screen and "no run yet: press r" in screen
     _wait_for(" up ")  # the host monitor sampled both hosts
     _press("?")
