@@ -80,8 +80,13 @@ async def request_window(first: RankTrace, trace_id: str, steps: int) -> None:
     await first.transport.put_bytes(body, f"{first.run_dir}/{P.TRACE_REQUEST_FILE}")
 
 
-async def clock_offset_ns(t: Transport, samples: int = 3) -> tuple[int, int]:
-    """The host clock minus ours, in ns, and its uncertainty (half the best round trip)."""
+async def clock_offset_ns(t: Transport, samples: int = 5) -> tuple[int, int]:
+    """The host clock minus ours, in ns, and its uncertainty (half the best round trip).
+
+    A local host is this machine: its clock is ours, offset 0 exactly.
+    """
+    if t.host.transport == "local":
+        return 0, 0
     best: tuple[int, int] | None = None
     for _ in range(samples):
         sent = time.time_ns()
@@ -255,14 +260,21 @@ async def grab_traces(ranks: list[RankTrace], run_path: Path, *, steps: int, tim
     grab = await download(ordered, trace_id, grab_directory(run_path), timeout_s=timeout_s,
                           gave_up=lambda r: gave_up(trace_id, r))
     offsets: dict[str, int] = {}
+    clocks: dict[str, Any] = {}
     for host, res in zip(hosts, await offsets_task, strict=True):
-        offsets[host] = 0 if isinstance(res, BaseException) else res[0]  # one clock when unmeasurable: say so below
+        clocks[host] = ({"error": str(res)} if isinstance(res, BaseException)
+                        else {"measured_ns": res[0], "uncertainty_ns": res[1]})
+        # An offset within its own uncertainty is noise (starting `date` over SSH takes milliseconds, the
+        # clocks of NTP-synced hosts agree better than that): shifting by it would reorder events.
+        significant = not isinstance(res, BaseException) and abs(res[0]) > res[1]
+        offsets[host] = res[0] if significant else 0
+        clocks[host]["applied_ns"] = offsets[host]
     loaded = {r: (next(rt.host for rt in ordered if rt.rank == r), load_trace(p)) for r, p in grab.files.items()}
     if loaded:
         grab.timeline = grab.directory / TIMELINE_FILE
         write_json_atomic(grab.timeline, merge(loaded, offsets))
         grab.per_rank = {r: rank_breakdown(d) for r, (_, d) in loaded.items()}
-    write_json_atomic(grab.directory / SUMMARY_FILE, grab.to_json() | {"clock_offset_ns": offsets})
+    write_json_atomic(grab.directory / SUMMARY_FILE, grab.to_json() | {"clocks": clocks})
     return grab
 
 
