@@ -57,39 +57,42 @@ def test_balanced_is_no_worse_than_hand_splits_and_beats_equal_at_five(deit_cost
     assert balanced_split(five).bottleneck_s < evaluate(five, equal).bottleneck_s
 
 
-def test_balanced_run_predicts_and_measures_each_stage(tmp_path, pictl_env) -> None:
+def _seed_profiles(cache_root, hosts, costs: dict, slow: dict[str, float] | None = None) -> None:
+    """Cost profiles as `pictl profile` would cache them, from the measured DeiT-S costs."""
+    from pictl.cache import JsonCache
+
+    cache = JsonCache(cache_root / "costs")
+    for host in load_cluster(hosts).hosts:
+        factor = (slow or {}).get(host.name, 1.0)
+        cache.put(profile_key(host, "deit_small_patch16_224", 1000, 1, 1),
+                  {**{k: costs[k] for k in ("pieces", "cut_bytes", "piece_bytes")}, "chunk": 1, "threads": 1,
+                   "compute_s": [t * factor for t in costs["compute_s"]], "torch": "cached"})
+
+
+def test_balanced_run_predicts_and_measures_each_stage(deit_costs: dict, tmp_path, pictl_env) -> None:
+    """h1's cached profile is used; h0's is truncated, so it is measured again on the host."""
     env = {**pictl_env, "PICTL_CACHE_DIR": str(tmp_path / "cache")}
     hosts = write_cluster(tmp_path / "cluster", 2)
-    args = ["run", "--hosts", str(hosts), "--stages", "2", "--policy", "balanced", "--images", "6",
-            "--warmup", "0", "--repeats", "1", "--headless", "--json"]
-    first = run_pictl(args, env)
-    assert first.returncode == 0, first.stderr[-3000:]
-    s = json.loads(first.stdout)
-    assert s["policy"] == "balanced" and s["outputs_match"] is True and len(s["split_points"]) == 1
-    assert s["prediction"]["profiled"] == ["h0", "h1"] and len(s["prediction"]["stage_ms"]) == 2
-    assert all(st["predicted_ms"] > 0 and st["measured_ms"] > 0 for st in s["per_stage"])
-    assert "predicted" in first.stderr
-    # Again, with h0's profile truncated: h1's is reused from the cache, h0's is measured again.
+    _seed_profiles(tmp_path / "cache", hosts, deit_costs)
     h0 = load_cluster(hosts).hosts[0]
     cached = tmp_path / "cache" / "costs" / f"{profile_key(h0, 'deit_small_patch16_224', 1000, 1, 1)}.json"
     cached.write_text(cached.read_text()[:200])
-    again = json.loads(run_pictl(args, env).stdout)
-    assert again["prediction"]["profiled"] == ["h0"] and again["split_points"] == s["split_points"]
-    assert again["outputs_match"] is True
+    proc = run_pictl(["run", "--hosts", str(hosts), "--stages", "2", "--policy", "balanced", "--images", "6",
+                      "--warmup", "0", "--repeats", "1", "--headless", "--json"], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads(proc.stdout)
+    assert s["policy"] == "balanced" and s["outputs_match"] is True and len(s["split_points"]) == 1
+    assert s["prediction"]["profiled"] == ["h0"] and len(s["prediction"]["stage_ms"]) == 2
+    assert all(st["predicted_ms"] > 0 and st["measured_ms"] > 0 for st in s["per_stage"])
+    assert "predicted" in proc.stderr
+    assert json.loads(cached.read_text())["torch"] != "cached"  # measured on the host, cached again
 
 
 def test_fewer_stages_than_hosts_take_the_fastest(deit_costs: dict, tmp_path, pictl_env) -> None:
     """h1 measured twice as slow as h0 and h2 (its cached profile says so): 2 stages go to h0 and h2."""
-    from pictl.cache import JsonCache
-
     env = {**pictl_env, "PICTL_CACHE_DIR": str(tmp_path / "cache")}
     hosts = write_cluster(tmp_path / "cluster", 3)
-    cache = JsonCache(tmp_path / "cache" / "costs")
-    for host in load_cluster(hosts).hosts:
-        slow = 2.0 if host.name == "h1" else 1.0
-        cache.put(profile_key(host, "deit_small_patch16_224", 1000, 1, 1),
-                  {**{k: deit_costs[k] for k in ("pieces", "cut_bytes", "piece_bytes")}, "chunk": 1, "threads": 1,
-                   "compute_s": [t * slow for t in deit_costs["compute_s"]], "torch": "cached"})
+    _seed_profiles(tmp_path / "cache", hosts, deit_costs, slow={"h1": 2.0})
     proc = run_pictl(["run", "--hosts", str(hosts), "--stages", "2", "--policy", "balanced", "--images", "4",
                       "--warmup", "0", "--repeats", "1", "--headless", "--json"], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
