@@ -19,7 +19,7 @@ from rich.console import Console
 
 from pictl import errors as E
 from pictl.inventory import Cluster, load_cluster
-from pictl.profiles import available_profiles, resolve_options, sweep_settings
+from pictl.profiles import available_profiles, resolve_options
 
 app = typer.Typer(add_completion=False, no_args_is_help=False, help="Pipeline-parallel inference on a small cluster.")
 SHIPPED_HOSTS = Path(__file__).resolve().parent.parent / "hosts.toml"
@@ -134,16 +134,6 @@ def run(
     print_summary(summary, as_json=as_json)
 
 
-def _ints(flag: str, value: str) -> list[int]:
-    try:
-        out = [int(v) for v in _split(value) or []]
-    except ValueError:
-        raise E.ConfigError(f"{flag}: '{value}' is not a comma-separated list of integers") from None
-    if not out or min(out) < 1:
-        raise E.ConfigError(f"{flag}: '{value}' needs positive integers")
-    return out
-
-
 @app.command()
 def sweep(
     stages: Annotated[Optional[str], typer.Option(help="Stage counts, e.g. 1,2,3,4,6 (default 1,2,3,4).")] = None,
@@ -164,20 +154,14 @@ def sweep(
 
     from pictl.headless import HeadlessRenderer
     from pictl.runs import default_runs_root
-    from pictl.sweep import run_sweep, sweep_points
+    from pictl.sweep import plan_sweep, run_sweep
 
     renderer = HeadlessRenderer(verbose=verbose)
     try:
-        base = resolve_options(profile, {"images": images, "warmup": warmup, "repeats": repeats,
-                                         "threads": threads, "trace_steps": trace_steps})
-        preset = sweep_settings(profile)  # flags win over the preset's [sweep] table
-        policies = _split(policy) if policy else preset.policy
-        for p in policies:
-            if p not in ("equal", "balanced"):
-                raise E.ConfigError(f"--policy: '{p}' is not one of equal, balanced")
         cluster = _cluster(hosts)
-        points = sweep_points(cluster, base, _ints("--stages", stages) if stages else preset.stages,
-                              _ints("--chunks", chunks) if chunks else preset.chunks, policies)
+        base, points = plan_sweep(cluster, profile, {"images": images, "warmup": warmup, "repeats": repeats,
+                                                     "threads": threads, "trace_steps": trace_steps},
+                                  stages=stages, chunks=chunks, policies=policy)
         target = out or default_runs_root().parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S")
         if target.exists():
             raise E.ConfigError(f"--out: {target} already exists")

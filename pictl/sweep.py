@@ -20,7 +20,7 @@ from pictl import errors as E
 from pictl.baseline import BaselineCache
 from pictl.inventory import Cluster
 from pictl.launch import place_stages
-from pictl.profiles import RunOptions
+from pictl.profiles import RunOptions, resolve_options, sweep_settings
 from pictl.runs import write_json_atomic
 
 COLUMNS = ("stages", "chunk", "policy", "status", "throughput_ips", "serial_ips", "speedup", "efficiency",
@@ -49,6 +49,33 @@ def sweep_points(cluster: Cluster, base: RunOptions, stages: list[int], chunks: 
             raise E.ConfigError(f"sweep value stages={s} chunk={c} policy={p}: {exc}") from None
         points.append(point)
     return points
+
+
+def parse_ints(name: str, text: str) -> list[int]:
+    """`1,2,4` -> [1, 2, 4]; `name` is how the caller calls the field in the error."""
+    try:
+        values = [int(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise E.ConfigError(f"{name}: '{text}' is not a comma-separated list of integers") from None
+    if not values or min(values) < 1:
+        raise E.ConfigError(f"{name}: '{text}' needs positive integers")
+    return values
+
+
+def plan_sweep(cluster: Cluster, profile: str | None, overrides: dict[str, Any], *, stages: str | None,
+               chunks: str | None, policies: str | None, names: tuple[str, str, str] = ("--stages", "--chunks",
+                                                                                          "--policy"),
+               ) -> tuple[RunOptions, list[SweepPoint]]:
+    """The base options and every combination, from the CLI's or the dashboard's text fields (empty: the
+    profile's [sweep] table); a value that cannot run is refused here, before anything starts."""
+    base = resolve_options(profile, overrides)
+    preset = sweep_settings(profile)  # given values win over the preset's [sweep] table
+    chosen = [p for p in (policies or "").replace(" ", "").split(",") if p] or preset.policy
+    for p in chosen:
+        if p not in ("equal", "balanced"):
+            raise E.ConfigError(f"{names[2]}: '{p}' is not one of equal, balanced")
+    return base, sweep_points(cluster, base, parse_ints(names[0], stages) if stages else preset.stages,
+                              parse_ints(names[1], chunks) if chunks else preset.chunks, chosen)
 
 
 def options_for(base: RunOptions, point: SweepPoint) -> RunOptions:

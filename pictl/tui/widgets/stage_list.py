@@ -20,7 +20,7 @@ class StageList(VerticalScroll):
         await self.mount_all([StagePanel(rank) for rank in sorted(state.stages)])
         self.show_state(state)
 
-    def show_state(self, state: DashboardState, rank: int | None = None) -> None:
+    def show_state(self, state: DashboardState) -> None:
         for panel in self.query(StagePanel):
-            if (rank is None or panel.rank == rank) and panel.rank in state.stages:
+            if panel.rank in state.stages:
                 panel.show_state(state.stages[panel.rank])

@@ -8,19 +8,9 @@ from textual.widgets import Button, Input, Label, Select
 
 from pictl import errors as E
 from pictl.inventory import Cluster
-from pictl.profiles import RunOptions, available_profiles, resolve_options, sweep_settings
-from pictl.sweep import SweepPoint, sweep_points
+from pictl.profiles import RunOptions, available_profiles
+from pictl.sweep import SweepPoint, plan_sweep
 from pictl.tui.widgets.form_screen import FormScreen
-
-
-def _ints(name: str, text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.replace(" ", "").split(",") if v]
-    except ValueError:
-        raise E.ConfigError(f"{name}: '{text}' is not a comma-separated list of integers") from None
-    if not values or min(values) < 1:
-        raise E.ConfigError(f"{name}: '{text}' needs positive integers")
-    return values
 
 
 class SweepForm(FormScreen[tuple[RunOptions, list[SweepPoint], str | None] | None]):
@@ -56,15 +46,9 @@ class SweepForm(FormScreen[tuple[RunOptions, list[SweepPoint], str | None] | Non
         profile = None if profile is Select.NULL else str(profile)
         try:
             images = self._value("images")
-            base = resolve_options(profile, {"images": int(images) if images else None})
-            preset = sweep_settings(profile)
-            policies = [p for p in self._value("policies").replace(" ", "").split(",") if p] or preset.policy
-            for p in policies:
-                if p not in ("equal", "balanced"):
-                    raise E.ConfigError(f"policies: '{p}' is not one of equal, balanced")
-            stages = _ints("stages", self._value("stages")) if self._value("stages") else preset.stages
-            chunks = _ints("chunks", self._value("chunks")) if self._value("chunks") else preset.chunks
-            points = sweep_points(self.cluster, base, stages, chunks, policies)
+            base, points = plan_sweep(self.cluster, profile, {"images": int(images) if images else None},
+                                      stages=self._value("stages"), chunks=self._value("chunks"),
+                                      policies=self._value("policies"), names=("stages", "chunks", "policies"))
         except (E.PictlError, ValueError) as exc:
             self.show_error(exc)
             return
