@@ -18,17 +18,32 @@ import torch
 from torch import nn
 
 from remote.errors import BadInput
+from remote.spec import RunSpec
 
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
 
 
-def create_meta_model(name: str, num_classes: int) -> nn.Module:
+def create_meta_model(name: str, num_classes: int, **kwargs: object) -> nn.Module:
     """The model's structure with no weights behind it."""
     if not timm.is_model(name):
         raise BadInput(f"unknown model '{name}' (timm has no such architecture)")
     with torch.device("meta"):
-        model = timm.create_model(name, pretrained=False, num_classes=num_classes)
+        model = timm.create_model(name, pretrained=False, num_classes=num_classes, **kwargs)
+    img_size = getattr(getattr(model, "patch_embed", None), "img_size", None)
+    if img_size:  # timm keeps the pretrained 224 in the config even when img_size says otherwise
+        model.pretrained_cfg = {**model.pretrained_cfg, "input_size": (3, *img_size)}
     return model.eval()
+
+
+def meta_model_for(spec: RunSpec) -> nn.Module:
+    """The run's architecture: the named timm model, or the pruned one its checkpoint describes."""
+    if spec.checkpoint and spec.checkpoint.endswith(".safetensors"):
+        from remote.artifact import meta_model_from_artifact
+
+        pruned = meta_model_from_artifact(spec.checkpoint, model=spec.model, num_classes=spec.num_classes)
+        if pruned is not None:
+            return pruned
+    return create_meta_model(spec.model, spec.num_classes)
 
 
 def prune_to(model: nn.Module, keep: Iterable[str]) -> None:

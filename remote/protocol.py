@@ -19,6 +19,7 @@ KEY_HOST = "host"
 
 ROLE_PIPELINE = "pipeline"
 ROLE_SERIAL = "serial"
+ROLE_PRUNE = "prune"
 
 # Event names.
 RUN_START = "run_start"
@@ -33,9 +34,13 @@ OUTPUTS = "outputs"
 FIRST_OUTPUT = "first_output"  # the last stage finished its first microbatch (time to first image)
 COSTS = "costs"  # per-piece time and per-cut bytes on one host (remote.costs, for `balanced`)
 TRACE = "trace"  # a rank wrote its profiler trace of a window of steps (remote.tracing)
+PRUNE_START = "prune_start"  # remote.prune: base model's params and MACs, data set sizes
+PRUNE_PROGRESS = "prune_progress"  # a fine-tuning step: epoch, step, loss, images/s
+PRUNE_ACCURACY = "prune_accuracy"  # top-1 before pruning, right after, after each epoch
+PRUNE_DONE = "prune_done"  # the artifact is complete: its path and metadata
 
 EVENTS = (RUN_START, STAGE_READY, PROGRESS, THROUGHPUT, ACCURACY, RUN_END, ERROR, PLAN, OUTPUTS, FIRST_OUTPUT,
-          COSTS, TRACE)
+          COSTS, TRACE, PRUNE_START, PRUNE_PROGRESS, PRUNE_ACCURACY, PRUNE_DONE)
 
 # Threads for this process, set per host by the controller (`--threads 0` divides a host's cores
 # among the stages it runs); it overrides the spec's single value.

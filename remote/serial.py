@@ -18,7 +18,7 @@ from remote import protocol as P
 from remote.data import load_images, load_labels, microbatches
 from remote.emit import Emitter
 from remote.measure import StageCounters, current_rss_mb, peak_rss_mb, run_main, set_threads
-from remote.model import create_meta_model, materialize
+from remote.model import materialize, meta_model_for
 from remote.outputs import open_checkpoint, report_outputs
 from remote.pieces import check_supported
 from remote.spec import RunSpec
@@ -30,7 +30,7 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
                  chunk=spec.chunk, threads=threads, torch=torch.__version__,
                  import_rss_mb=current_rss_mb())
     t0 = time.perf_counter()
-    model = check_supported(create_meta_model(spec.model, spec.num_classes), spec.model)
+    model = check_supported(meta_model_for(spec), spec.model)
     materialize(model, seed=spec.seed, checkpoint=open_checkpoint(spec))
     mbs = microbatches(load_images(spec.data, spec.images, model.pretrained_cfg, spec.seed), spec.chunk)
     labels = load_labels(spec.data, spec.images)

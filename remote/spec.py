@@ -63,3 +63,54 @@ class RunSpec:
     @classmethod
     def load(cls, path: str | Path) -> RunSpec:
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+IMPORTANCES = ("l1", "l2", "taylor", "hessian")
+OPTIMIZERS = ("sgd", "adamw")
+
+
+@dataclass
+class PruneSpec:
+    """One pruning job: prune, fine-tune, evaluate, write the artifact (`remote.prune`)."""
+
+    model: str = "deit_small_patch16_224"
+    model_kwargs: dict = field(default_factory=dict)
+    num_classes: int = 0
+    """Classifier outputs; 0: the data set's class count."""
+    checkpoint: str | None = None
+    """Weights of the base model (safetensors or a plain .pth state dict); None: seeded random weights."""
+    seed: int = 0
+    ratio: float = 0.15
+    importance: str = "hessian"
+    global_pruning: bool = False
+    prune_heads: bool = False
+    """Remove whole heads (at `ratio`) instead of narrowing every head."""
+    round_to: int = 1
+    calib_batches: int = 4
+    """Batches whose gradients score channels for taylor and hessian."""
+    epochs: int = 1
+    lr: float = 0.01
+    batch_size: int = 32
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    weight_decay: float = 5e-5
+    train_images: int = 0
+    """Fine-tune on at most this many training images (0: all)."""
+    eval_images: int = 0
+    """Measure top-1 on at most this many test images (0: all)."""
+    data: DataSpec = field(default_factory=lambda: DataSpec(kind="cifar10"))
+    threads: int = 0
+    """torch threads (0: torch's default)."""
+    device: str = "auto"
+    """auto (CUDA when present), cpu or cuda."""
+    out: str = "pruned.safetensors"
+    progress_interval_s: float = 1.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def load(cls, path: str | Path) -> PruneSpec:
+        raw = json.loads(Path(path).read_text())
+        raw["data"] = DataSpec(**raw.get("data", {}))
+        return cls(**raw)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from remote.model import Checkpoint, create_meta_model, materialize, prune_to
+from remote.model import Checkpoint, materialize, meta_model_for, prune_to
 from remote.partition import StagePlan, plan
 from remote.pieces import Piece, PieceFn, block_piece_count, check_supported, vit_pieces
 from remote.spec import RunSpec
@@ -28,7 +28,7 @@ class ModelLayout:
 
 
 def layout_for(spec: RunSpec) -> ModelLayout:
-    meta = check_supported(create_meta_model(spec.model, spec.num_classes), spec.model)
+    meta = check_supported(meta_model_for(spec), spec.model)
     pieces = vit_pieces(meta)
     stages = plan(pieces, meta, stages=spec.stages, policy=spec.policy, split_points=spec.split_points)
     return ModelLayout(meta, pieces, stages)
