@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pictl import errors as E
+from pictl.artifacts import Artifact
 from pictl.balance import CostTable, Link
 from pictl.cache import JsonCache
 from pictl.inventory import Host
@@ -80,8 +81,10 @@ async def link_profiles(pairs: list[tuple[Transport, Transport]], cache: JsonCac
     return links, measured
 
 
-def profile_key(host: Host, model: str, num_classes: int, chunk: int, threads: int) -> str:
+def profile_key(host: Host, model: str, num_classes: int, chunk: int, threads: int,
+                artifact: Artifact | None = None) -> str:
     return JsonCache.key({"host": [host.name, host.address, host.python_path()], "model": model,
+                          "artifact": artifact.digest if artifact else None,
                           "num_classes": num_classes, "chunk": chunk, "threads": threads, "code": tree_digest()})
 
 
@@ -93,10 +96,13 @@ def _usable(profile: dict[str, Any] | None) -> bool:
     return n > 0 and all(len(profile.get(k, [])) == n for k in ("compute_s", "cut_bytes", "piece_bytes"))
 
 
-async def measure_host(t: Transport, model: str, num_classes: int, chunk: int, threads: int) -> dict[str, Any]:
+async def measure_host(t: Transport, model: str, num_classes: int, chunk: int, threads: int,
+                       artifact: Artifact | None = None) -> dict[str, Any]:
     h = t.host
     argv = [h.python_path(), "-m", "remote.costs", "--model", model, "--num-classes", str(num_classes),
             "--chunk", str(chunk), "--threads", str(threads)]
+    if artifact:  # a pruned model has its own cost shape: profile the artifact, not its base
+        argv += ["--checkpoint", artifact.host_path(h)]
     result = await t.run(argv, env=worker_env(h, threads), timeout_s=600)
     costs, reason = command_outcome(result, P.COSTS)
     if costs is None:
@@ -105,7 +111,8 @@ async def measure_host(t: Transport, model: str, num_classes: int, chunk: int, t
 
 
 async def host_profiles(transports: list[Transport], cache: JsonCache, *, model: str, num_classes: int,
-                        chunk: int, threads: int | dict[str, int]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+                        chunk: int, threads: int | dict[str, int], artifact: Artifact | None = None,
+                        ) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """{host name: profile}, measuring in parallel only where the cache has none; and the hosts measured.
 
     `threads` is one count for all hosts, or one per host (a host running two stages gives each half its cores).
@@ -116,14 +123,15 @@ async def host_profiles(transports: list[Transport], cache: JsonCache, *, model:
     profiles: dict[str, dict[str, Any]] = {}
     missing: list[Transport] = []
     for t in transports:
-        key = profile_key(t.host, model, num_classes, chunk, threads_of(t))
+        key = profile_key(t.host, model, num_classes, chunk, threads_of(t), artifact)
         if _usable(cached := cache.get(key)):
             profiles[t.host.name] = cached
         else:
             missing.append(t)
-    measured = await asyncio.gather(*(measure_host(t, model, num_classes, chunk, threads_of(t)) for t in missing))
+    measured = await asyncio.gather(*(measure_host(t, model, num_classes, chunk, threads_of(t), artifact)
+                                      for t in missing))
     for t, profile in zip(missing, measured, strict=True):
-        cache.put(profile_key(t.host, model, num_classes, chunk, threads_of(t)), profile)
+        cache.put(profile_key(t.host, model, num_classes, chunk, threads_of(t), artifact), profile)
         profiles[t.host.name] = profile
     return profiles, [t.host.name for t in missing]
 

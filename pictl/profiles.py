@@ -31,7 +31,10 @@ class RunOptions(BaseModel):
     split: list[str] = []
     """Module names where stages 2..N begin, e.g. ["blocks.3", "blocks.6"]. Implies `explicit`."""
     model: str = "deit_small_patch16_224"
-    """timm model name (deit_small_patch16_224, deit3_small_patch16_224, ...)."""
+    """timm model name (deit_small_patch16_224, deit3_small_patch16_224, ...), or a pruned-model artifact
+    (`.safetensors` written by `pictl prune`): it brings its architecture, weights and class count."""
+    artifact: str | None = None
+    """Set from `model` when that names an artifact: its absolute path on the controller."""
     num_classes: int = Field(default=1000, ge=1)
     checkpoint: str | None = None
     """State-dict file (.safetensors, or .pth read with weights_only=True). None: seeded random weights."""
@@ -69,7 +72,21 @@ class RunOptions(BaseModel):
             self.policy = "explicit"
         if self.data != "synthetic" and not self.data_path:
             raise ValueError(f"data '{self.data}' needs data_path")
+        if self.model.endswith(".safetensors"):
+            self._take_artifact()
         return self
+
+    def _take_artifact(self) -> None:
+        from pictl.artifacts import open_artifact
+
+        if self.checkpoint:
+            raise ValueError("model: an artifact carries its own weights; drop checkpoint")
+        try:
+            artifact = open_artifact(self.model)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        self.artifact = str(artifact.path)
+        self.model, self.num_classes = artifact.meta.base_model, artifact.meta.num_classes
 
 
 def profile_dirs(extra: Path | None = None) -> list[Path]:

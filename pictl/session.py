@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pictl import errors as E
+from pictl.artifacts import Artifact, artifact_summary, open_artifact, ship_all
 from pictl.balance import NoFeasibleSplit, balanced_split
 from pictl.baseline import Baseline, BaselineCache
 from pictl.cache import JsonCache
@@ -85,9 +86,10 @@ class _Stream:
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=20))
 
 
-def _spec_from(options: RunOptions, run_id: str) -> RunSpec:
+def _spec_from(options: RunOptions, run_id: str, artifact: Artifact | None) -> RunSpec:
     return RunSpec(
-        model=options.model, num_classes=options.num_classes, seed=options.seed, checkpoint=options.checkpoint,
+        model=options.model, num_classes=options.num_classes, seed=options.seed,
+        checkpoint=artifact.run_relative_path if artifact else options.checkpoint,
         # `balanced` is decided on the controller: the hosts receive its split points as explicit ones.
         allow_pickle=options.allow_pickle, stages=options.stages,
         policy="equal" if options.policy == "balanced" else options.policy,
@@ -128,6 +130,7 @@ class RunSession:
         """The summary of the finished run, failed or not (None when nothing started)."""
         self.nodes: list[NodePlan] = []
         self.threads: dict[str, int] = {}  # per host, for its ranks (and for the serial run on host 0)
+        self.artifact = open_artifact(options.artifact) if options.artifact else None
         self.serial_threads = options.threads
         self.pipeline_live = False
         self.grabs: list[dict[str, Any]] = []
@@ -170,6 +173,7 @@ class RunSession:
         await self._divide_threads(nodes)
         pushed = await push_all(transports)
         raise_for_failures(pushed, transports, "push failed")
+        await self._ship_artifact(transports)
         self.timeline.mark("pushed")
         if self.options.policy == "balanced" and spec.stages > 1:
             await self._balance(nodes, spec)
@@ -197,6 +201,16 @@ class RunSession:
         if stopped:
             self._phase("cleanup", f"stopped {stopped} process group(s) an earlier run left behind")
 
+    async def _ship_artifact(self, transports: list[Transport]) -> None:
+        if self.artifact is None:
+            return
+        sent = await ship_all(transports, self.artifact)
+        raise_for_failures(sent, transports, "cannot send the model artifact")
+        count = sum(1 for s in sent if s is True)
+        size_mb = self.artifact.path.stat().st_size / 1e6
+        self._phase("push", f"model artifact {self.artifact.path.name} ({size_mb:.0f} MB) sent to {count} host(s)"
+                    if count else f"model artifact {self.artifact.path.name} already on every host")
+
     async def _divide_threads(self, nodes: list[NodePlan]) -> None:
         """`--threads 0`: each host's cores are divided among the stages it runs; the serial run, alone
         on host 0, gets all of them. Otherwise every rank gets the asked-for count."""
@@ -222,7 +236,7 @@ class RunSession:
         self._phase("balance", f"cost profiles of {len(used)} host(s)")
         profiles, measured = await host_profiles(used, JsonCache(self.cache.root.parent / "costs"),
                                                  model=spec.model, num_classes=spec.num_classes,
-                                                 chunk=spec.chunk, threads=self.threads)
+                                                 chunk=spec.chunk, threads=self.threads, artifact=self.artifact)
         hops = [(self._transports[a], self._transports[b]) for a, b in itertools.pairwise(stage_hosts) if a != b]
         links, measured_links = await link_profiles(hops, JsonCache(self.cache.root.parent / "links"))
         try:
@@ -275,6 +289,7 @@ class RunSession:
         stat = ckpt.stat() if ckpt and ckpt.exists() else None
         return {"model": spec.model, "num_classes": spec.num_classes, "seed": spec.seed,
                 "checkpoint": [str(ckpt), stat.st_size, stat.st_mtime] if stat else None,
+                "artifact": self.artifact.digest if self.artifact else None,
                 "data": [spec.data.kind, spec.data.path, spec.data.split], "images": spec.images,
                 "chunk": spec.chunk, "threads": self.serial_threads, "warmup": spec.warmup, "repeats": spec.repeats,
                 "check_images": spec.check_images, "host": [host.name, host.address, host.python_path()],
@@ -438,10 +453,11 @@ class RunSession:
             results = await asyncio.gather(*(t.connect() for t in transports), return_exceptions=True)
             raise_for_failures(results, transports, "")
             raise_for_failures(await push_all(transports), transports, "push failed")
+            await self._ship_artifact(transports)
             o = self.options
             profiles, _ = await host_profiles(transports, JsonCache(self.cache.root.parent / "costs"),
                                               model=o.model, num_classes=o.num_classes, chunk=o.chunk,
-                                              threads=o.threads or 1)
+                                              threads=o.threads or 1, artifact=self.artifact)
         finally:
             await asyncio.gather(*(t.close() for t in transports), return_exceptions=True)
         total = {h.name: sum(profiles[h.name]["compute_s"]) for h in hosts}
@@ -456,7 +472,7 @@ class RunSession:
         nodes = place_stages(self.cluster, self.options.stages)  # ConfigError: nothing started yet
         if self.options.policy == "balanced" and 1 < self.options.stages < len(self.cluster.hosts):
             nodes = place_stages(await self._fastest_hosts(self.options.stages), self.options.stages)
-        spec = _spec_from(self.options, self.run_id)
+        spec = _spec_from(self.options, self.run_id, self.artifact)
         self._failure_info: dict[str, Any] | None = None
         summary: dict[str, Any] = {}
         plan: dict[str, Any] = {}
@@ -550,6 +566,7 @@ class RunSession:
             "schema": SUMMARY_SCHEMA, "status": status, "run_id": self.run_id,
             "run_dir": str(self.record.path) if self.record else None,
             "model": o.model, "stages": o.stages, "policy": o.policy,
+            "artifact": artifact_summary(self.artifact) if self.artifact else None,
             "split_points": plan.get("split_points", list(o.split)),
             "images": o.images, "chunk": o.chunk, "threads": o.threads, "warmup": o.warmup, "repeats": o.repeats,
             "data": o.data, "profile": self.profile,

@@ -65,8 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--checkpoint", help="a pruned-model artifact: profile its own (narrower) layers")
     args = parser.parse_args(argv)
-    spec = RunSpec(model=args.model, num_classes=args.num_classes, chunk=args.chunk, threads=args.threads)
+    spec = RunSpec(model=args.model, num_classes=args.num_classes, chunk=args.chunk, threads=args.threads,
+                   checkpoint=args.checkpoint)
     emitter = Emitter(P.ROLE_PIPELINE)
     return run_main(emitter, lambda: emitter.emit(P.COSTS, **measure(spec, args.repeats)))
 
