@@ -176,6 +176,79 @@ def sweep(
         raise typer.Exit(E.EXIT_RUN_FAILED)
 
 
+def _model_args(values: list[str] | None) -> dict[str, Any] | None:
+    """KEY=VALUE pairs; values are read as JSON where they parse (numbers, booleans), else as text."""
+    import json
+
+    if not values:
+        return None
+    out: dict[str, Any] = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise E.ConfigError(f"--model-arg '{item}': use KEY=VALUE, e.g. depth=6")
+        try:
+            out[key.strip()] = json.loads(raw)
+        except ValueError:
+            out[key.strip()] = raw
+    return out
+
+
+@app.command()
+def prune(
+    model: Annotated[Optional[str], typer.Option(help="timm ViT/DeiT to prune.")] = None,
+    checkpoint: Annotated[Optional[str], typer.Option(help="Base weights (.safetensors / .pth state dict).")] = None,
+    ratio: Annotated[Optional[float], typer.Option(help="Channel pruning ratio, in (0, 1).")] = None,
+    importance: Annotated[Optional[str], typer.Option(help="l1 | l2 | taylor | hessian (default).")] = None,
+    global_pruning: Annotated[Optional[bool], typer.Option("--global/--uniform",
+                                                           help="Rank channels across layers.")] = None,
+    prune_heads: Annotated[Optional[bool], typer.Option("--prune-heads", help="Remove whole heads.")] = None,
+    epochs: Annotated[Optional[int], typer.Option(help="Fine-tuning epochs (0: none).")] = None,
+    lr: Annotated[Optional[float], typer.Option(help="Learning rate (cosine schedule).")] = None,
+    batch_size: Annotated[Optional[int], typer.Option(help="Fine-tuning batch size.")] = None,
+    optimizer: Annotated[Optional[str], typer.Option(help="sgd (momentum) | adamw.")] = None,
+    calib_batches: Annotated[Optional[int], typer.Option(help="Batches scoring taylor/hessian.")] = None,
+    train_images: Annotated[Optional[int], typer.Option(help="Fine-tune on at most N images (0: all).")] = None,
+    eval_images: Annotated[Optional[int], typer.Option(help="Evaluate on at most N images (0: all).")] = None,
+    data: Annotated[Optional[str], typer.Option(help="cifar10 | cifar100 | imagefolder")] = None,
+    data_path: Annotated[Optional[str], typer.Option(help="Data set directory (on the machine that prunes).")] = None,
+    num_classes: Annotated[Optional[int], typer.Option(help="Classifier outputs (default: the data set's).")] = None,
+    model_arg: Annotated[Optional[list[str]], typer.Option(help="timm constructor argument KEY=VALUE.")] = None,
+    threads: Annotated[Optional[int], typer.Option(help="torch threads (0: all cores).")] = None,
+    device: Annotated[Optional[str], typer.Option(help="auto | cpu | cuda.")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Seed for data order and random weights.")] = None,
+    on: Annotated[Optional[str], typer.Option(help="Prune on this inventory host (default: here).")] = None,
+    hosts: Annotated[Optional[Path], typer.Option(help="Inventory file (for --on).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Where job directories go.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object on stdout.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the job's own output.")] = False,
+) -> None:
+    """Prune a ViT/DeiT (torch-pruning), fine-tune it, and write an artifact `pictl run --model` takes."""
+    from pictl.headless import HeadlessRenderer, print_prune_summary
+    from pictl.prune import PruneSession, prune_options
+
+    renderer = HeadlessRenderer(verbose=verbose)
+    session = None
+    try:
+        options = prune_options({
+            "model": model, "checkpoint": checkpoint, "ratio": ratio, "importance": importance,
+            "global_pruning": global_pruning, "prune_heads": prune_heads, "epochs": epochs, "lr": lr,
+            "batch_size": batch_size, "optimizer": optimizer, "calib_batches": calib_batches,
+            "train_images": train_images, "eval_images": eval_images, "data": data, "data_path": data_path,
+            "num_classes": num_classes, "model_args": _model_args(model_arg), "threads": threads,
+            "device": device, "seed": seed})
+        session = PruneSession(options, cluster=_cluster(hosts) if on else None, on_host=on, root=out,
+                               on_event=renderer)
+        summary = asyncio.run(_run_cancellable(session.run()))
+    except E.PictlError as exc:
+        renderer.close()
+        if session is not None and getattr(session, "summary", None) and as_json:
+            print_prune_summary(session.summary, as_json=True)
+        _fail(exc)
+    renderer.close()
+    print_prune_summary(summary, as_json=as_json)
+
+
 @app.command()
 def report(
     sources: Annotated[list[Path], typer.Argument(help="Run and sweep directories.")],

@@ -19,6 +19,12 @@ from rich.table import Table
 from pictl.session import HostOutput, Phase, RankEvent, SessionEvent
 from remote import protocol as P
 
+PRUNE_EVENTS = (P.PRUNE_START, P.PRUNE_PROGRESS, P.PRUNE_ACCURACY, P.PRUNE_DONE)
+
+
+def macs_text(macs: int) -> str:
+    return f"{macs / 1e9:.2f} GMACs" if macs >= 1e8 else f"{macs / 1e6:.1f} MMACs"
+
 
 def _fmt(value: float | None, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
@@ -62,9 +68,28 @@ class HeadlessRenderer:
         elif kind == P.THROUGHPUT:
             who = "serial" if event.source == "serial" else "pipeline"
             self.err.print(f"pictl {who}: pass {rec['repeat'] + 1}: {rec['ips']:.2f} img/s")
+        elif kind in PRUNE_EVENTS:
+            self._on_prune(rec)
         elif kind == P.ERROR:
             self._stop_live()
             self.err.print(f"[bold red]error[/] {event.source} rank {rank}: {rec['message']}")
+
+    def _on_prune(self, rec: dict[str, Any]) -> None:
+        kind = rec[P.KEY_EVENT]
+        if kind == P.PRUNE_START:
+            self.err.print(f"pictl prune: {rec['model']} on {rec['device']}: {rec['params']:,} parameters, "
+                           f"{macs_text(rec['macs'])}; {rec['train_images']} training and "
+                           f"{rec['eval_images']} test images, {rec['classes']} classes")
+        elif kind == P.PRUNE_ACCURACY:
+            what = {"before": "before pruning", "pruned": "right after pruning"}.get(rec["phase"],
+                                                                                  f"after epoch {rec['epoch']}")
+            extra = f" ({rec['params']:,} parameters, {macs_text(rec['macs'])})" if "params" in rec else ""
+            self.err.print(f"pictl prune: top-1 {what}: {rec['top1']:.2%}{extra}")
+        elif kind == P.PRUNE_PROGRESS and (rec["step"] == rec["steps"]
+                                           or time.monotonic() - self._last_line.get(-1, 0.0) >= 5.0):
+            self._last_line[-1] = time.monotonic()
+            self.err.print(f"pictl prune: epoch {rec['epoch']}/{rec['epochs']} step {rec['step']}/{rec['steps']} "
+                           f"loss {rec['loss']:.4f} {rec['ips']:.1f} img/s")
 
     def _table(self) -> Table:
         table = Table(title="stages", expand=False)
@@ -121,6 +146,34 @@ def print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
         out.print(summary_table(summary))
         if summary.get("run_dir"):
             out.print(f"run directory: {summary['run_dir']}")
+
+
+def prune_table(summary: dict[str, Any]) -> Table:
+    """The course's Part 3 comparison, as far as pruning decides it (throughput: `pictl report`)."""
+    s = summary
+    table = Table(title=f"{s['status'].upper()}  {s['base_model']} pruned by {s['importance']} at ratio {s['ratio']}",
+                  title_justify="left")
+    for col in ("model", "parameters", "MACs", "top-1 before", "top-1 after pruning", "top-1 fine-tuned"):
+        table.add_column(col, justify="left" if col == "model" else "right")
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2%}"
+
+    table.add_row("base", f"{s['params_base']:,}", macs_text(s["macs_base"]), pct(s["top1_before"]), "-", "-")
+    table.add_row(f"pruned ({s['params'] / s['params_base']:.0%} of the parameters)", f"{s['params']:,}",
+                  macs_text(s["macs"]), "-", pct(s["top1_pruned"]),
+                  f"{pct(s['top1'])} (epoch {s['best_epoch']})")
+    return table
+
+
+def print_prune_summary(summary: dict[str, Any], *, as_json: bool) -> None:
+    if summary.get("status") == "ok":
+        Console(stderr=as_json, width=None if sys.stdout.isatty() else 160).print(prune_table(summary))
+    if as_json:
+        sys.stdout.write(json.dumps(summary) + "\n")
+        sys.stdout.flush()
+    elif summary.get("artifact"):
+        print(f"artifact: {summary['artifact']}  (pictl run --model {summary['artifact']})")
 
 
 def check_table(checks: list) -> Table:  # list[HostCheck]

@@ -1,6 +1,6 @@
 """Structured pruning of a timm ViT/DeiT with torch-pruning, fine-tuning, and the artifact.
 
-    python -m remote.prune SPEC.json
+    python -m remote.prune --spec SPEC.json
 
 Runs on the controller or on a host (`pictl prune --on HOST`). Emits `prune_*`
 events (one JSON object per line, like a run) and writes one `.safetensors`
@@ -187,7 +187,7 @@ def _run(spec: PruneSpec, emitter: Emitter) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("spec")
+    parser.add_argument("--spec", required=True)
     args = parser.parse_args(argv)
     emitter = Emitter(P.ROLE_PRUNE)
     from remote.measure import run_main
