@@ -176,24 +176,6 @@ def sweep(
         raise typer.Exit(E.EXIT_RUN_FAILED)
 
 
-def _model_args(values: list[str] | None) -> dict[str, Any] | None:
-    """KEY=VALUE pairs; values are read as JSON where they parse (numbers, booleans), else as text."""
-    import json
-
-    if not values:
-        return None
-    out: dict[str, Any] = {}
-    for item in values:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise E.ConfigError(f"--model-arg '{item}': use KEY=VALUE, e.g. depth=6")
-        try:
-            out[key.strip()] = json.loads(raw)
-        except ValueError:
-            out[key.strip()] = raw
-    return out
-
-
 @app.command()
 def prune(
     model: Annotated[Optional[str], typer.Option(help="timm ViT/DeiT to prune.")] = None,
@@ -225,7 +207,7 @@ def prune(
 ) -> None:
     """Prune a ViT/DeiT (torch-pruning), fine-tune it, and write an artifact `pictl run --model` takes."""
     from pictl.headless import HeadlessRenderer, print_prune_summary
-    from pictl.prune import PruneSession, prune_options
+    from pictl.prune import PruneSession, parse_model_args, prune_options
 
     renderer = HeadlessRenderer(verbose=verbose)
     session = None
@@ -235,7 +217,7 @@ def prune(
             "global_pruning": global_pruning, "prune_heads": prune_heads, "epochs": epochs, "lr": lr,
             "batch_size": batch_size, "optimizer": optimizer, "calib_batches": calib_batches,
             "train_images": train_images, "eval_images": eval_images, "data": data, "data_path": data_path,
-            "num_classes": num_classes, "model_args": _model_args(model_arg), "threads": threads,
+            "num_classes": num_classes, "model_args": parse_model_args(model_arg), "threads": threads,
             "device": device, "seed": seed})
         session = PruneSession(options, cluster=_cluster(hosts) if on else None, on_host=on, root=out,
                                on_event=renderer)

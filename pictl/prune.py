@@ -16,6 +16,7 @@ renamed. The host's copy is removed afterwards.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import time
@@ -81,6 +82,23 @@ class PruneOptions(BaseModel):
         fields = self.model_dump(exclude={"model_args", "data", "data_path", "checkpoint"})
         return PruneSpec(**fields, model_kwargs=dict(self.model_args), checkpoint=checkpoint, out=out,
                          data=DataSpec(kind=self.data, path=data_path))
+
+
+def parse_model_args(values: list[str] | None) -> dict[str, Any] | None:
+    """KEY=VALUE pairs; values are read as JSON where they parse (numbers, booleans), else as text."""
+    items = [v.strip() for v in values or [] if v.strip()]
+    if not items:
+        return None
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise E.ConfigError(f"--model-arg '{item}': use KEY=VALUE, e.g. depth=6")
+        try:
+            out[key.strip()] = json.loads(raw)
+        except ValueError:
+            out[key.strip()] = raw
+    return out
 
 
 def prune_options(values: dict[str, Any]) -> PruneOptions:

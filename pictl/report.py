@@ -1,5 +1,8 @@
 """`pictl report RUN_OR_SWEEP...`: a Markdown report with tables and charts, from what runs left on disk.
 
+With pruned models among the sources (runs made with `--model ARTIFACT`, or
+`pictl prune` job directories): a table of every model's parameters, MACs, top-1,
+serial throughput and pipeline speedup, all against the unpruned serial baseline.
 For a run: the headline figures, the per-stage table (with the balanced policy's
 prediction where there is one), a stacked chart of each stage's time (computing,
 waiting for input, blocked sending), and each link's bytes/s, average over the
@@ -104,15 +107,77 @@ def _sweep_section(sweep_dir: Path, out: Path) -> list[str]:
     return lines
 
 
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1%}"
+
+
+def models_section(runs: list[dict[str, Any]], prunes: list[dict[str, Any]]) -> list[str]:
+    """The course's Part 3 table: each model's size, accuracy, serial throughput and pipeline speedup,
+    all speedups against the unpruned model's serial baseline (the same yardstick for every row)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for job in prunes:
+        key = job["artifact"]
+        rows.setdefault(key, {"name": f"pruned {job['importance']} {job['ratio']}", **job})
+        rows.setdefault("base", {"name": f"{job['base_model']} (unpruned)", "params": job["params_base"],
+                                 "macs": job["macs_base"], "top1": job["top1_before"]})
+    for run in runs:
+        art = run.get("artifact")
+        key = art["path"] if art else "base"
+        row = rows.setdefault(key, {"name": f"pruned {art['importance']} {art['ratio']}" if art
+                                    else f"{run['model']} (unpruned)"})
+        if art:
+            row.update({k: art[k] for k in ("params", "macs", "top1_pruned")}, top1=art["top1"])
+            rows.setdefault("base", {"name": f"{art['base_model']} (unpruned)"}).update(
+                params=art["params_base"], macs=art["macs_base"], top1=art["top1_before"])
+        row["serial_ips"] = run["serial_ips"] or row.get("serial_ips")
+        if run["stages"] > 1 and run["status"] == "ok":
+            row.setdefault("pipelines", []).append((run["stages"], run["throughput_ips"], run["serial_ips"]))
+    if len(rows) < 2:
+        return []
+    base_serial = rows.get("base", {}).get("serial_ips")
+    lines = ["## Models: pruned against unpruned", "",
+             "Top-1 is measured on the pruning job's held-out data; speedups are against the unpruned "
+             "model's serial throughput" + ("" if base_serial else " (no unpruned run given: own serial)") + ".",
+             "", "| model | parameters | GMACs | top-1 after pruning | top-1 | serial img/s | serial vs unpruned | "
+             "pipeline stages: speedup |", "|---|---|---|---|---|---|---|---|"]
+    for key in ["base", *sorted(k for k in rows if k != "base")]:
+        r = rows.get(key)
+        if r is None:
+            continue
+        serial = r.get("serial_ips")
+        # Speedup against the unpruned serial run when there is one, else against the run's own.
+        pipes = ", ".join(f"{n}: {ips / (base_serial or own):.2f}x"
+                          for n, ips, own in sorted(r.get("pipelines", [])) if ips and (base_serial or own))
+        size = (f"{r['params']:,} | {r['macs'] / 1e9:.2f}" if r.get("params") else "- | -")
+        vs_base = f"{serial / base_serial:.2f}x" if serial and base_serial else "-"
+        lines.append(f"| {r['name']} | {size} | {_pct(r.get('top1_pruned'))} | {_pct(r.get('top1'))} | "
+                     f"{serial or '-'} | {vs_base} | {pipes or '-'} |")
+    return [*lines, ""]
+
+
+def _load(src: Path) -> dict[str, Any]:
+    try:
+        return json.loads((src / "summary.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise E.ConfigError(f"{src}: no readable summary.json ({exc})") from None
+
+
 def write_report(sources: list[Path], out: Path) -> Path:
     """report.md (and its charts) in `out`; every source is checked before anything is written."""
     for src in sources:
         if not ((src / "summary.json").is_file() or (src / "sweep.json").is_file()):
-            raise E.ConfigError(f"{src}: not a run directory (summary.json) or a sweep directory (sweep.json)")
+            raise E.ConfigError(f"{src}: not a run directory (summary.json), a sweep directory (sweep.json) "
+                                f"or a pruning job")
+    summaries = {src: _load(src) for src in sources if (src / "summary.json").is_file()}
+    prunes = [s for s in summaries.values() if "job_id" in s and s.get("status") == "ok"]
+    runs = [s for s in summaries.values() if "run_id" in s]
     out.mkdir(parents=True, exist_ok=True)
-    lines = ["# pictl report", ""]
+    lines = ["# pictl report", "", *models_section(runs, prunes)]
     for src in sources:
-        lines += _sweep_section(src, out) if (src / "sweep.json").is_file() else _run_section(src, out)
+        if (src / "sweep.json").is_file():
+            lines += _sweep_section(src, out)
+        elif "run_id" in summaries[src]:
+            lines += _run_section(src, out)
     report = out / "report.md"
     report.write_text("\n".join(lines))
     return report

@@ -123,6 +123,18 @@ def count_macs(model: nn.Module, example: torch.Tensor) -> tuple[int, int]:
     return int(macs), int(params)
 
 
+def prune_model(model: nn.Module, spec: PruneSpec, example: torch.Tensor, calib: list, device: torch.device,
+                ) -> tuple[int, int]:
+    """Prune `model` in place by `spec`'s importance and ratio; returns its (MACs, parameters) after."""
+    imp = importance(spec.importance)
+    pruner = build_pruner(model, spec, example, imp)
+    calibrate(model, imp, spec.importance, calib, device)
+    pruner.step()
+    model.zero_grad(set_to_none=True)
+    set_attention_widths(model)
+    return count_macs(model, example)
+
+
 def _run(spec: PruneSpec, emitter: Emitter) -> None:
     validate(spec)
     device = pick_device(spec)
@@ -149,14 +161,8 @@ def _run(spec: PruneSpec, emitter: Emitter) -> None:
     accuracy: dict = {"before": top1(model, test, device)}
     emitter.emit(P.PRUNE_ACCURACY, phase="before", epoch=None, top1=accuracy["before"])
 
-    imp = importance(spec.importance)
-    pruner = build_pruner(model, spec, example, imp)
     calib = [b for _, b in zip(range(spec.calib_batches), train, strict=False)]
-    calibrate(model, imp, spec.importance, calib, device)
-    pruner.step()
-    model.zero_grad(set_to_none=True)
-    set_attention_widths(model)
-    macs, params = count_macs(model, example)
+    macs, params = prune_model(model, spec, example, calib, device)
     accuracy["pruned"] = top1(model, test, device)
     emitter.emit(P.PRUNE_ACCURACY, phase="pruned", epoch=None, top1=accuracy["pruned"], params=params, macs=macs,
                  widths=pruned_widths(model))

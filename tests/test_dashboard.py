@@ -216,3 +216,43 @@ async def test_a_sweep_from_the_dashboard_shows_its_table(tmp_path: Path, baseli
         assert "run 2 of 2" in text and "slowest" in text
         assert f"{rows[1]['speedup']:.2f}x {rows[1]['efficiency']:.2f}" in text
         assert (Path(app.state.sweep["directory"]) / "table.md").exists()
+
+
+@pytest.mark.slow
+async def test_a_pruning_job_from_the_dashboard(tmp_path: Path) -> None:
+    from digits_fixture import write_digits
+
+    from pictl.tui.widgets.prune_form import PruneForm
+
+    data = write_digits(tmp_path / "digits")
+    app = _app(tmp_path, monitor=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("p")
+        await pilot.pause()
+        form = pilot.app.screen
+        assert isinstance(form, PruneForm)
+        form.query_one("#model", Input).value = "vit_tiny_patch16_224"
+        form.query_one("#model-args", Input).value = "img_size=32,patch_size=8,depth=2,embed_dim=48,num_heads=4"
+        form.query_one("#data", Select).value = "imagefolder"
+        form.query_one("#ratio", Input).value = "1.5"
+        await pilot.click("#start")
+        await pilot.pause()
+        assert isinstance(pilot.app.screen, PruneForm), "a ratio of 1.5 was accepted"
+        assert "ratio" in str(form.query_one("#form-error").render())
+        form.query_one("#ratio", Input).value = "0.3"
+        form.query_one("#data-path", Input).value = str(data)
+        form.query_one("#importance", Select).value = "l1"
+        form.query_one("#epochs", Input).value = "1"
+        await pilot.click("#start")
+        await pilot.pause()
+        assert not isinstance(pilot.app.screen, PruneForm), form.query_one("#form-error").render()
+        await _until(pilot, lambda: app.state.prune and app.state.prune["accuracy"], timeout=120)
+        assert "top-1 before" in _screen_text(app)  # streamed while the job runs
+        await _until(pilot, lambda: not app.state.running, timeout=120)
+        await pilot.pause(0.6)
+        summary = app.state.prune["summary"]
+        assert summary and summary["status"] == "ok", app.state.phase_message
+        screen = _screen_text(app)
+        assert "top-1 epoch 1" in screen and "of the parameters" in screen
+        assert Path(summary["artifact"]).is_file()
+        assert str(tmp_path / "prunes") in summary["artifact"]

@@ -24,6 +24,7 @@ from pictl.baseline import BaselineCache
 from pictl.inventory import Cluster
 from pictl.monitor import HostMonitor
 from pictl.profiles import RunOptions
+from pictl.prune import PruneOptions
 from pictl.runs import default_runs_root
 from pictl.session import RunSession
 from pictl.tui.bridge import SessionBridge
@@ -32,6 +33,7 @@ from pictl.tui.messages import (
     LogLine,
     PhaseChanged,
     ProgressReady,
+    PruneFinished,
     RankRecord,
     RunFinished,
     SweepRows,
@@ -43,6 +45,7 @@ from pictl.tui.widgets.confirm import Confirm
 from pictl.tui.widgets.history import HistoryScreen
 from pictl.tui.widgets.hosts_table import HostsTable
 from pictl.tui.widgets.log_view import LogView
+from pictl.tui.widgets.prune_form import PruneForm
 from pictl.tui.widgets.run_form import RunForm
 from pictl.tui.widgets.run_summary import RunSummary
 from pictl.tui.widgets.stage_list import StageList
@@ -58,6 +61,7 @@ class PictlApp(App):
     BINDINGS = [
         Binding("r", "run", "run"),
         Binding("w", "sweep", "sweep"),
+        Binding("p", "prune", "prune"),
         Binding("s", "stop", "stop"),
         Binding("t", "traces", "traces"),
         Binding("/", "filter", "filter logs"),
@@ -234,6 +238,46 @@ class PictlApp(App):
 
         self.run_worker(sweep(), name="sweep", group="run", exclusive=True, exit_on_error=False)
 
+    def start_prune(self, options: PruneOptions, on: str | None) -> None:
+        from pictl.prune import PruneSession
+
+        self.state.start_prune(options.model_dump(), on or "the controller", self.clock())
+        self.state.sweep = None
+        session = PruneSession(options, cluster=self.cluster, on_host=on, root=self.runs_root.parent / "prunes",
+                               on_event=self.bridge)
+        self.call_later(self._reset_stages)
+
+        async def prune() -> None:
+            try:
+                summary = await session.run()
+            except E.PictlError as exc:
+                self.post_message(PruneFinished(getattr(session, "summary", None), str(exc)))
+                return
+            self.post_message(PruneFinished(summary, None))
+
+        self.run_worker(prune(), name="prune", group="run", exclusive=True, exit_on_error=False)
+
+    def on_prune_finished(self, msg: PruneFinished) -> None:
+        self.state.finish_prune(msg.summary, msg.error)
+        self.render_all()
+        if msg.error:
+            self.notify(msg.error, title="pruning failed" if "interrupted" not in msg.error else "pruning stopped",
+                        severity="error" if "interrupted" not in msg.error else "warning", timeout=10)
+        elif msg.summary:
+            self.notify(f"top-1 {msg.summary['top1']:.2%}; run it with --model {msg.summary['artifact']}",
+                        title="pruned model written", timeout=10)
+
+    def action_prune(self) -> None:
+        if self.run_active:
+            self.notify("a run is in progress: stop it first (s)", severity="warning")
+            return
+
+        def chosen(result: tuple | None) -> None:
+            if result is not None:
+                self.start_prune(*result)
+
+        self.push_screen(PruneForm(self.cluster), chosen)
+
     def action_sweep(self) -> None:
         if self.run_active:
             self.notify("a run is in progress: stop it first (s)", severity="warning")
@@ -325,6 +369,7 @@ class PictlApp(App):
         yield from super().get_system_commands(screen)
         yield SystemCommand("Run", "Start a run (r)", self.action_run)
         yield SystemCommand("Sweep", "Run every combination of stages, chunks and policies (w)", self.action_sweep)
+        yield SystemCommand("Prune", "Prune, fine-tune and evaluate a model (p)", self.action_prune)
         yield SystemCommand("Stop", "Stop the run (s)", self.action_stop)
         yield SystemCommand("Traces", "Grab profiler traces from every rank (t)", self.action_traces)
         yield SystemCommand("History", "Past runs (h)", self.action_history)

@@ -21,6 +21,11 @@ def _as_log(rec: dict) -> str | None:
         return f"ready: {mods[0]} .. {mods[-1]}, {rec.get('params', 0):,} parameters, loaded in {rec.get('load_s')} s"
     if kind == P.THROUGHPUT:
         return f"pass {rec.get('repeat', 0) + 1}: {rec.get('ips')} img/s" + (" (traced)" if rec.get("traced") else "")
+    if kind == P.PRUNE_ACCURACY:
+        return f"top-1 {rec.get('phase')}{'' if rec.get('epoch') is None else ' ' + str(rec['epoch'])}: " \
+               f"{rec.get('top1', 0):.2%}"
+    if kind == P.PRUNE_DONE:
+        return f"artifact written: {rec.get('artifact')}"
     if kind == P.TRACE:
         return f"trace {rec.get('id')}: {rec.get('file') or rec.get('message')}"
     return None
@@ -57,7 +62,7 @@ class SessionBridge:
                 return
             self.post(RankRecord(event.source, event.host, event.record))
             if (text := _as_log(event.record)) is not None:
-                who = "serial" if event.source == "serial" else f"rank{event.record.get(P.KEY_RANK, 0)}"
+                who = event.source if event.source in ("serial", "prune") else f"rank{event.record.get(P.KEY_RANK, 0)}"
                 self.post(LogLine(who, event.host, "stderr" if kind == P.ERROR else "stdout", text))
         elif isinstance(event, HostOutput):
             self.post(LogLine(event.source, event.host, event.stream, event.line))

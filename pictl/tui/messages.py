@@ -78,3 +78,11 @@ class SweepRows(Message):
     def __init__(self, rows: list[dict[str, Any]], directory: str) -> None:
         super().__init__()
         self.rows, self.directory = rows, directory
+
+
+class PruneFinished(Message):
+    """A pruning job ended: its summary (None if it never started) and the error, if any."""
+
+    def __init__(self, summary: dict[str, Any] | None, error: str | None) -> None:
+        super().__init__()
+        self.summary, self.error = summary, error

@@ -80,11 +80,39 @@ class DashboardState:
         self.traces: list[dict[str, Any]] = []
         self.trace_note: str | None = None
         self.sweep: dict[str, Any] | None = None  # {"index", "total", "rows", "directory"} while/after a sweep
+        self.prune: dict[str, Any] | None = None  # the latest pruning job: options, progress, accuracy, summary
 
     # -- run lifecycle ----------------------------------------------------------------------------
 
+    def start_prune(self, options: dict[str, Any], where: str, now: float | None = None) -> None:
+        """A pruning job takes the run panel: there are no stages, only epochs and accuracy."""
+        self.start_run({"stages": 0}, now)
+        self.prune = {"options": options, "where": where, "accuracy": [], "progress": None, "start": None,
+                      "summary": None}
+        self.phase, self.phase_message = "prune", f"pruning on {where}"
+
+    def _on_prune(self, rec: dict[str, Any]) -> None:
+        assert self.prune is not None
+        kind = rec.get(P.KEY_EVENT)
+        if kind == P.PRUNE_START:
+            self.prune["start"] = rec
+        elif kind == P.PRUNE_PROGRESS:
+            self.prune["progress"] = rec
+        elif kind == P.PRUNE_ACCURACY:
+            self.prune["accuracy"].append(rec)
+        elif kind == P.ERROR:
+            self.phase_message = str(rec.get("message"))
+
+    def finish_prune(self, summary: dict[str, Any] | None, error: str | None) -> None:
+        if self.prune is not None:
+            self.prune["summary"] = summary
+        self.finish(None, error)
+        if not error and summary:
+            self.phase_message = f"artifact {summary.get('artifact')}"
+
     def start_run(self, options: dict[str, Any], now: float | None = None) -> None:
         self.options = options
+        self.prune = None
         self.running, self.summary, self.error, self.failure = True, None, None, None
         self.serial_ips, self.pipeline_ips, self.accuracy, self.traces, self.trace_note = None, [], None, [], None
         self.started_at, self.pipeline_started_at = now or time.time(), None
@@ -120,6 +148,9 @@ class DashboardState:
         if host in self.hosts:
             self.hosts[host].last_event = now
         kind = rec.get(P.KEY_EVENT)
+        if source == "prune" and self.prune is not None:
+            self._on_prune(rec)
+            return
         if source == "serial":
             if kind == P.THROUGHPUT:
                 self.serial_ips = float(rec["ips"])

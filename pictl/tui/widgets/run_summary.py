@@ -37,6 +37,36 @@ def sweep_table(rows: list[dict]) -> Table:
     return table
 
 
+def prune_grid(state: DashboardState) -> Table:
+    """A pruning job: what it prunes, where fine-tuning is, top-1 at each step, the artifact."""
+    job = state.prune or {}
+    o, start, prog, done = job.get("options", {}), job.get("start") or {}, job.get("progress"), job.get("summary")
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    phase_style = {"failed": "bold red", "stopped": "yellow", "done": "green"}.get(state.phase, "cyan")
+    grid.add_row("prune", Text(f"{state.phase}: {state.phase_message}", style=phase_style))
+    grid.add_row("model", f"{o.get('model')}  {o.get('importance')} importance, ratio {o.get('ratio')}"
+                          f"{'  global' if o.get('global_pruning') else ''}  on {job.get('where')}")
+    if start:
+        grid.add_row("data", f"{start.get('train_images')} training / {start.get('eval_images')} test images, "
+                             f"{start.get('classes')} classes, {start.get('device')}")
+    for rec in job.get("accuracy", []):
+        label = {"before": "before", "pruned": "pruned"}.get(rec["phase"], f"epoch {rec.get('epoch')}")
+        size = f"  {rec['params']:,} parameters" if "params" in rec else ""
+        grid.add_row(f"top-1 {label}", f"{rec['top1']:.2%}{size}")
+    if prog and not done:
+        frac = prog["step"] / max(prog["steps"], 1)
+        filled = round(frac * 20)
+        grid.add_row("fine-tune", f"epoch {prog['epoch']}/{prog['epochs']} {'█' * filled}{'░' * (20 - filled)} "
+                                  f"loss {prog['loss']:.4f}  {prog['ips']:.0f} img/s")
+    if done and done.get("status") == "ok":
+        grid.add_row("result", f"top-1 {done['top1']:.2%} (epoch {done['best_epoch']}), "
+                               f"{done['params'] / done['params_base']:.0%} of the parameters, "
+                               f"{done['macs'] / done['macs_base']:.0%} of the MACs")
+    return grid
+
+
 class RunSummary(Static):
     """Re-rendered from the state (a few times per second at most), and only when a figure changed."""
 
@@ -45,7 +75,9 @@ class RunSummary(Static):
     def show_state(self, state: DashboardState, now: float | None = None) -> None:
         done, eta = state.progress(now or time.time())
         sweep = state.sweep or {}
+        prune = state.prune or {}
         key = (state.phase, state.phase_message, state.live_ips, state.serial_ips, state.accuracy,
+               id(prune.get("progress")), len(prune.get("accuracy", [])), id(prune.get("summary")),
                id(state.summary), len(state.traces), state.trace_note, round(done, 3),
                None if eta is None else round(eta), state.options.get("stages"), sweep.get("index"),
                len(sweep.get("rows", [])))
@@ -55,6 +87,9 @@ class RunSummary(Static):
         self._render_state(state, done, eta)
 
     def _render_state(self, state: DashboardState, done: float, eta: float | None) -> None:
+        if state.prune is not None:
+            self.update(prune_grid(state))
+            return
         s = state.summary or {}
         stages = int(state.options.get("stages", 0)) or None
         ips = state.live_ips
