@@ -185,6 +185,7 @@ def prune(
     global_pruning: Annotated[Optional[bool], typer.Option("--global/--uniform",
                                                            help="Rank channels across layers.")] = None,
     prune_heads: Annotated[Optional[bool], typer.Option("--prune-heads", help="Remove whole heads.")] = None,
+    round_to: Annotated[Optional[int], typer.Option(help="Keep widths multiples of N (e.g. 8 for SIMD).")] = None,
     epochs: Annotated[Optional[int], typer.Option(help="Fine-tuning epochs (0: none).")] = None,
     lr: Annotated[Optional[float], typer.Option(help="Learning rate (cosine schedule).")] = None,
     batch_size: Annotated[Optional[int], typer.Option(help="Fine-tuning batch size.")] = None,
@@ -214,7 +215,8 @@ def prune(
     try:
         options = prune_options({
             "model": model, "checkpoint": checkpoint, "ratio": ratio, "importance": importance,
-            "global_pruning": global_pruning, "prune_heads": prune_heads, "epochs": epochs, "lr": lr,
+            "global_pruning": global_pruning, "prune_heads": prune_heads, "round_to": round_to, "epochs": epochs,
+            "lr": lr,
             "batch_size": batch_size, "optimizer": optimizer, "calib_batches": calib_batches,
             "train_images": train_images, "eval_images": eval_images, "data": data, "data_path": data_path,
             "num_classes": num_classes, "model_args": parse_model_args(model_arg), "threads": threads,

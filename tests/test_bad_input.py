@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,11 @@ import torch
 from conftest import ROOT, run_pictl, write_cluster
 from safetensors.torch import save_file
 
+from remote.emit import Emitter
+from remote.errors import BadInput
 from remote.model import create_meta_model, materialize
+from remote.plan import _run as plan_run
+from remote.spec import DataSpec, RunSpec
 
 BAD = ROOT / "tests" / "data" / "bad_hosts"
 
@@ -47,6 +52,7 @@ def test_bad_inventory(file: str, fragment: str, pictl_env, tmp_path: Path) -> N
     (["--stages", "0"], "stages: Input should be greater than or equal to 1"),
     (["--stages", "5"], "5 stages do not fit"),
     (["--data", "cifar10"], "needs data_path"),
+    (["--model", "/nonexistent/pruned.safetensors"], "model artifact /nonexistent/pruned.safetensors: no such file"),
 ])
 def test_refused_before_anything_runs(args: list[str], fragment: str, hosts: Path, pictl_env,
                                       tmp_path: Path) -> None:
@@ -56,18 +62,25 @@ def test_refused_before_anything_runs(args: list[str], fragment: str, hosts: Pat
 @pytest.mark.slow
 @pytest.mark.parametrize("make_args, fragment", [
     (lambda d: ["--stages", "2", "--split", "blocks.42"], "split point 'blocks.42' is not a module of the model"),
-    (lambda d: ["--stages", "3", "--split", "blocks.3,blocks.3.norm1"], "are the same place"),
-    (lambda d: ["--stages", "76", "--hosts", str(write_cluster(d / "big", 76))], "75 is the most"),
-    (lambda d: ["--stages", "2", "--checkpoint", str(d / "missing.safetensors")], "no such file"),
-    (lambda d: ["--stages", "2", "--data", "cifar10", "--data-path", str(d / "nodata")], "does not exist"),
     (lambda d: ["--stages", "2", "--checkpoint", str(d / "wrong.safetensors")], "the model expects [1000, 384]"),
 ])
 def test_refused_by_the_plan_on_the_first_host(make_args, fragment: str, hosts: Path, pictl_env,
                                                tmp_path: Path) -> None:
+    """End to end: the host's planning step refuses, the controller says so in one line and cleans up."""
     if "wrong" in str(make_args(tmp_path)):
         state = materialize(create_meta_model("deit_small_patch16_224", 1000), seed=0, checkpoint=None).state_dict()
         save_file({**state, "head.weight": torch.zeros(10, 384)}, tmp_path / "wrong.safetensors")
-    args = make_args(tmp_path)
-    if "--hosts" not in args:
-        args = ["--hosts", str(hosts), *args]
-    _refused(args, pictl_env, fragment, tmp_path)
+    _refused(["--hosts", str(hosts), *make_args(tmp_path)], pictl_env, fragment, tmp_path)
+
+
+@pytest.mark.parametrize("spec, fragment", [
+    (lambda d: RunSpec(stages=3, split_points=["blocks.3", "blocks.3.norm1"]), "are the same place"),
+    (lambda d: RunSpec(stages=76), "75 is the most"),
+    (lambda d: RunSpec(stages=2, checkpoint=str(d / "missing.safetensors")), "no such file"),
+    (lambda d: RunSpec(stages=2, data=DataSpec(kind="cifar10", path=str(d / "nodata"))), "does not exist"),
+])
+def test_the_plan_refuses(spec, fragment: str, tmp_path: Path) -> None:  # noqa: ANN001
+    """The same planning step in this process (each CLI round trip costs a torch import on the host)."""
+    with pytest.raises(BadInput) as refused:
+        plan_run(spec(tmp_path), Emitter("pipeline", stream=io.StringIO()))
+    assert fragment in str(refused.value)
