@@ -267,27 +267,23 @@ class PictlApp(App):
             self.notify(f"top-1 {msg.summary['top1']:.2%}; run it with --model {msg.summary['artifact']}",
                         title="pruned model written", timeout=10)
 
-    def action_prune(self) -> None:
+    def _form_then(self, form: Screen, start: Callable[..., None]) -> None:
+        """Open `form` when nothing runs; what it returns (a tuple) starts the job."""
         if self.run_active:
             self.notify("a run is in progress: stop it first (s)", severity="warning")
             return
 
         def chosen(result: tuple | None) -> None:
             if result is not None:
-                self.start_prune(*result)
+                start(*result)
 
-        self.push_screen(PruneForm(self.cluster), chosen)
+        self.push_screen(form, chosen)
+
+    def action_prune(self) -> None:
+        self._form_then(PruneForm(self.cluster), self.start_prune)
 
     def action_sweep(self) -> None:
-        if self.run_active:
-            self.notify("a run is in progress: stop it first (s)", severity="warning")
-            return
-
-        def chosen(result: tuple | None) -> None:
-            if result is not None:
-                self.start_sweep(*result)
-
-        self.push_screen(SweepForm(self.cluster), chosen)
+        self._form_then(SweepForm(self.cluster), self.start_sweep)
 
     async def _grab(self, session: RunSession) -> None:
         try:
