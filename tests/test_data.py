@@ -77,3 +77,27 @@ def test_uneven_microbatches_are_padded_to_the_chunk() -> None:
     mbs = microbatches(torch.arange(10.0).view(10, 1), 4)
     assert [m.shape[0] for m in mbs] == [4, 4, 4]
     assert mbs[2].view(-1).tolist() == [8.0, 9.0, 0.0, 0.0]
+
+
+def test_cifar_train_and_test_splits_for_pruning(tmp_path: Path) -> None:
+    from remote.datasets import labelled_set
+
+    root = write_cifar10(tmp_path / "full", images=4, train_batches=5)
+    spec = DataSpec(kind="cifar10", path=str(root))
+    train, test = labelled_set(spec, "train", CFG), labelled_set(spec, "test", CFG, limit=3)
+    assert (len(train), len(test), train.num_classes) == (20, 3, 10)
+    image, label = train[0]
+    assert image.shape == (3, 224, 224) and 0 <= label < 10
+    # Only the test batch: fine-tuning has nothing to learn from, and says which files are missing.
+    with pytest.raises(BadInput, match="no cifar10 'train' files"):
+        labelled_set(DataSpec(kind="cifar10", path=str(write_cifar10(tmp_path / "test-only"))), "train", CFG)
+    with pytest.raises(BadInput, match="pruning needs labelled data"):
+        labelled_set(DataSpec(), "train", CFG)
+
+
+def test_a_model_the_pruner_cannot_handle_is_named() -> None:
+    from remote.model import create_meta_model
+    from remote.pieces import check_supported
+
+    with pytest.raises(BadInput, match="resnet18"):
+        check_supported(create_meta_model("resnet18", 10), "resnet18")
