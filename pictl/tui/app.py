@@ -94,7 +94,7 @@ class PictlApp(App):
             yield StageList(id="stages")
             yield RunSummary(id="summary")
         yield LogView(id="logs")
-        yield Footer()
+        yield Footer(compact=True)  # every key fits an 80-column terminal
 
     def on_mount(self) -> None:
         for widget_id, title in (("hosts", "hosts"), ("stages", "stages"), ("summary", "run"), ("logs", "logs")):
