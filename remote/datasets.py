@@ -3,7 +3,8 @@
 CIFAR-10/100 come from their python-pickle files (read by `remote.data`'s data-only
 unpickler) and are upscaled to the model's input per image; an ImageFolder needs a
 `train/` and a `test/` (or `val/`) directory of class folders. `limit` takes a
-seeded random subset, so a short run still sees every class.
+seeded random subset, so a short run still sees every class. A split small enough
+(256 MB of input tensors) is decoded once and kept in memory.
 """
 
 from __future__ import annotations
@@ -52,6 +53,28 @@ def _imagefolder_split(data: DataSpec, split: str, model_cfg: dict) -> Dataset:
     return ds
 
 
+CACHE_BYTES = 256 * 1024 * 1024
+
+
+class _InMemory(Dataset):
+    """A split decoded once: fine-tuning reads every image once per epoch, and decoding and resizing
+    small images costs more than the small model they feed. Only when the whole split fits."""
+
+    def __init__(self, ds: Dataset) -> None:
+        first = ds[0][0]
+        self.images = torch.empty((len(ds), *first.shape), dtype=first.dtype)
+        self.labels = []
+        for i in range(len(ds)):
+            self.images[i], label = ds[i]
+            self.labels.append(label)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return self.images[i], self.labels[i]
+
+
 def labelled_set(data: DataSpec, split: str, model_cfg: dict, *, limit: int = 0, seed: int = 0) -> Dataset:
     """`split` ("train" or "test") of the data set, at most `limit` images (0: all)."""
     if data.kind in _CIFAR:
@@ -65,6 +88,8 @@ def labelled_set(data: DataSpec, split: str, model_cfg: dict, *, limit: int = 0,
     if limit and limit < len(ds):
         order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(seed))
         ds = Subset(ds, order[:limit].tolist())
+    if len(ds) and len(ds) * ds[0][0].numel() * 4 <= CACHE_BYTES:  # the eval transform is deterministic
+        ds = _InMemory(ds)
     ds.num_classes = classes  # type: ignore[attr-defined]
     return ds
 

@@ -131,7 +131,11 @@ def prune_model(model: nn.Module, spec: PruneSpec, example: torch.Tensor, calib:
     calibrate(model, imp, spec.importance, calib, device)
     pruner.step()
     model.zero_grad(set_to_none=True)
-    set_attention_widths(model)
+    # The pruner counts removed heads in its own table, not on the modules: without this, a qkv
+    # that lost whole heads would be read as every head narrowed (same shapes, wrong attention).
+    heads = {name: int(pruner.num_heads.get(model.get_submodule(name).qkv, count))
+             for name, count in attention_heads(model).items()}
+    set_attention_widths(model, heads)
     return count_macs(model, example)
 
 

@@ -24,8 +24,8 @@ def _start(tmp_path: Path, env: dict[str, str]) -> tuple[subprocess.Popen, Path]
     cluster = tmp_path / "cluster"
     hosts = write_cluster(cluster, 2)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pictl", "run", "--hosts", str(hosts), "--stages", "2", "--images", "30",
-         "--warmup", "0", "--repeats", "5", "--policy", "equal", "--headless", "--json"],
+        [sys.executable, "-m", "pictl", "run", "--hosts", str(hosts), "--stages", "2", "--images", "20",
+         "--warmup", "0", "--repeats", "4", "--policy", "equal", "--headless", "--json"],
         env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return proc, cluster
 

@@ -6,6 +6,7 @@ must load on a host without unpickling and give the same outputs in a pipeline a
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -71,6 +72,7 @@ def test_digits_prune_and_finetune(pictl_env, tmp_path: Path) -> None:
     data = write_digits(tmp_path / "digits")
     base = tmp_path / "base.safetensors"
     base_top1 = _train_base(data, base)
+    print(f"unpruned held-out top-1: {base_top1:.2%}")
     assert base_top1 >= THRESHOLD, f"the unpruned model reaches only {base_top1:.2%}: the threshold means nothing"
 
     common = ["prune", "--model", "vit_tiny_patch16_224", *sum((["--model-arg", a] for a in DIGITS_VIT), []),
@@ -118,10 +120,11 @@ def test_deit_small_each_importance(pictl_env, tmp_path: Path) -> None:
     x = torch.randn(2, 3, 224, 224)
     calib = [(torch.randn(2, 3, 224, 224), torch.tensor([3, 7]))]
     made = {}
+    base = materialize(create_meta_model("deit_small_patch16_224", 1000), seed=0, checkpoint=None)
+    base_params = sum(p.numel() for p in base.parameters())
     for imp in IMPORTANCES:
         spec = PruneSpec(ratio=0.15, importance=imp, global_pruning=imp == "hessian")
-        model = materialize(create_meta_model(spec.model, 1000), seed=0, checkpoint=None)
-        base_params = sum(p.numel() for p in model.parameters())
+        model = copy.deepcopy(base)
         _, params = prune_model(model, spec, x[:1], calib, torch.device("cpu"))
         assert params < base_params, imp
         with torch.no_grad():
@@ -154,3 +157,27 @@ def test_deit_small_each_importance(pictl_env, tmp_path: Path) -> None:
     assert sum(st["params"] for st in summary["per_stage"]) == summary["artifact"]["params"]
     sent = [p for p in (tmp_path / "cluster").glob("h*/models/*.safetensors")]
     assert len(sent) == 2, "the artifact goes to every host once"
+
+
+def test_whole_heads_are_removed_and_counted(tmp_path: Path) -> None:
+    """--prune-heads drops heads of full width: the modules must say fewer heads, not narrower ones."""
+    import torch
+
+    from remote.artifact import attention_heads, save_artifact
+    from remote.artifact_meta import ArtifactMeta
+    from remote.model import Checkpoint, create_meta_model, materialize, meta_model_for
+    from remote.prune import prune_model
+    from remote.spec import PruneSpec, RunSpec
+
+    kwargs = {"img_size": 32, "patch_size": 8, "depth": 2, "embed_dim": 96, "num_heads": 4}
+    model = materialize(create_meta_model("vit_tiny_patch16_224", 10, **kwargs), seed=0, checkpoint=None)
+    x = torch.randn(2, 3, 32, 32)
+    prune_model(model, PruneSpec(ratio=0.5, importance="l2", prune_heads=True), x[:1], [], torch.device("cpu"))
+    assert [(b.attn.num_heads, b.attn.head_dim) for b in model.blocks] == [(2, 24), (2, 24)]
+    path = save_artifact(model, ArtifactMeta(base_model="vit_tiny_patch16_224", num_classes=10,
+                                             heads=attention_heads(model), model_kwargs=kwargs),
+                         tmp_path / "heads.safetensors")
+    rebuilt = materialize(meta_model_for(RunSpec(model="vit_tiny_patch16_224", num_classes=10, checkpoint=str(path))),
+                          seed=0, checkpoint=Checkpoint(str(path)))
+    with torch.no_grad():
+        assert torch.equal(rebuilt(x), model.eval()(x))
