@@ -23,7 +23,7 @@ class PruneForm(FormScreen[tuple[PruneOptions, str | None] | None]):
 
     def compose(self) -> ComposeResult:
         defaults = PruneOptions.model_fields
-        with Vertical(id="run-form"):
+        with Vertical(id="prune-form"):
             yield Label("Prune a model (torch-pruning), fine-tune it, write an artifact", classes="form-title")
             yield Label("model (timm name) and its arguments, e.g. depth=6,img_size=32")
             with Horizontal(classes="pair"):
