@@ -1,6 +1,6 @@
 """equal vs balanced on slow emulated devices: the sweep on the SSH test cluster, each host CPU-capped.
 
-    sudo .venv/bin/python bench/policies.py [--cpu 0.4] [--stages 1,2,3,4] [--images 24]
+    sudo .venv/bin/python bench/policies.py [--cpu 0.4] [--stages 1,2,3,4] [--images 24] [--slow-host 2]
 
 Starts the 4-host sshd cluster with every host capped at --cpu cores (cgroup CFS
 quota), runs `pictl sweep --policy equal,balanced` on it in one invocation (one
@@ -37,13 +37,15 @@ def breakdown(sweep: Path) -> None:
         print(f"\n{s['stages']} stages, {s['policy']}: {s['throughput_ips']:.2f} img/s, speedup {s['speedup']:.2f}x, "
               f"efficiency {s['efficiency']:.2f}; split {', '.join(s['split_points'])}")
         shares = (s.get("traces") or [{}])[0].get("per_rank", {})
-        print(f"  {'rank':>4} {'pred ms':>8} {'meas ms':>8} {'compute':>8} {'wait':>6} {'send':>6}   traced window:"
-              f" compute / send / recv-wait / idle %")
+        print(f"  {'rank':>4} {'host':>4} {'params':>7} {'pred ms':>8} {'meas ms':>8} {'compute':>8} {'wait':>6} "
+              f"{'send':>6}   traced window: compute / send / recv-wait / idle %")
+        all_params = sum(st["params"] for st in s["per_stage"]) or 1
         for st in s["per_stage"]:
             busy = [st.get(k) or 0.0 for k in ("compute_s", "wait_s", "send_s")]
             total = sum(busy) or 1.0
             tr = shares.get(str(st["rank"]), {})
-            print(f"  {st['rank']:>4} {st.get('predicted_ms') or 0:8.1f} {st.get('measured_ms') or 0:8.1f} "
+            print(f"  {st['rank']:>4} {st['host']:>4} {100 * st['params'] / all_params:6.1f}% "
+                  f"{st.get('predicted_ms') or 0:8.1f} {st.get('measured_ms') or 0:8.1f} "
                   f"{100 * busy[0] / total:7.0f}% {100 * busy[1] / total:5.0f}% {100 * busy[2] / total:5.0f}%   "
                   + (" / ".join(f"{tr.get(k, 0):.0f}" for k in ("compute_pct", "send_pct", "recv_wait_pct", "idle_pct"))
                      if tr else "-"))
@@ -56,9 +58,13 @@ def main() -> int:
     parser.add_argument("--images", type=int, default=24)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--trace-steps", type=int, default=8)
+    parser.add_argument("--slow-host", type=int, default=None,
+                        help="cap this host (0-3) at half the others' quota: balanced should give it half the work")
     args = parser.parse_args()
     cluster = SshCluster(4)
     cluster.up(cpu=args.cpu)
+    if args.slow_host is not None:
+        cluster.set_cpu(args.slow_host, args.cpu / 2)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             env = {**os.environ, "PICTL_RUNS_DIR": f"{tmp}/runs", "PICTL_CACHE_DIR": f"{tmp}/cache"}
@@ -67,7 +73,8 @@ def main() -> int:
                                    str(args.images), "--warmup", "1", "--repeats", str(args.repeats),
                                    "--trace-steps", str(args.trace_steps),
                                    "--out", f"{tmp}/sweep"], env=env, capture_output=True, text=True)
-            print(f"{args.cpu} core(s) per host, {args.images} images, {args.repeats} timed passes")
+            slow = f" (h{args.slow_host}: {args.cpu / 2})" if args.slow_host is not None else ""
+            print(f"{args.cpu} core(s) per host{slow}, {args.images} images, {args.repeats} timed passes")
             print(proc.stdout)
             breakdown(Path(f"{tmp}/sweep"))
             if proc.returncode != 0:

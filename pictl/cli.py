@@ -464,6 +464,8 @@ def profile_costs(
         table.add_row(piece, f"{first['cut_bytes'][i] / 1024:.0f}",
                       *(f"{profiles[n]['compute_s'][i] * 1000:.2f}" for n in names))
     table.add_row("total", "", *(f"{sum(profiles[n]['compute_s']) * 1000:.1f}" for n in names))
+    # > 1: the host cannot keep up its burst speed (a CPU quota, thermal throttling); times include it.
+    table.add_row("sustained / burst", "", *(f"{profiles[n].get('sustained_scale', 1.0):.2f}x" for n in names))
     out = Console(width=None if sys.stdout.isatty() else 160)
     out.print(table)
     hops = Table(title="links (host to next host, as a stage's output travels)", title_justify="left")

@@ -107,7 +107,8 @@ async def measure_host(t: Transport, model: str, num_classes: int, chunk: int, t
     costs, reason = command_outcome(result, P.COSTS)
     if costs is None:
         raise E.RunFailed(f"host '{h.name}': cost profiling failed: {reason}")
-    return {k: costs[k] for k in ("pieces", "compute_s", "cut_bytes", "piece_bytes", "chunk", "threads", "torch")}
+    return {k: costs[k] for k in ("pieces", "compute_s", "cut_bytes", "piece_bytes", "chunk", "threads", "torch",
+                                  "sustained_scale")}
 
 
 async def host_profiles(transports: list[Transport], cache: JsonCache, *, model: str, num_classes: int,

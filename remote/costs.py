@@ -4,7 +4,8 @@
 
 Runs the whole model piece by piece on one microbatch of the spec's chunk size,
 with the spec's thread count, and emits one `costs` event: per piece its median
-forward time, the bytes of the state entering it (what a stage that begins there
+forward time (scaled to the speed the whole model keeps up for a second, see
+`sustained_scale`), the bytes of the state entering it (what a stage that begins there
 receives; inside a block that includes the residual) and its weight bytes.
 """
 
@@ -32,6 +33,32 @@ def _bytes(state: tuple[torch.Tensor, ...]) -> int:
     return sum(t.numel() * t.element_size() for t in state)
 
 
+SUSTAIN_S = 1.0
+"""Ten CFS periods (100 ms each): long enough that a CPU quota throttles as it does in a run."""
+
+
+@torch.no_grad()
+def sustained_scale(model: torch.nn.Module, pieces: list, state: tuple[torch.Tensor, ...], burst_total: float) -> float:
+    """How much slower the whole model runs back to back than its pieces timed one by one.
+
+    A piece takes milliseconds, less than a CFS period: under a CPU quota (a throttled Pi, a
+    capped container) it runs at full speed before the quota runs out, so per-piece medians show
+    an unthrottled host and every capped host looks alike. Running the pieces back to back for
+    ten periods measures the speed a stage really gets; the per-piece shape is kept and scaled
+    to it. On an uncapped host the scale is about 1.
+    """
+    passes, start = 0, time.perf_counter()
+    while True:
+        s = state
+        for piece in pieces:
+            s = piece.fn(model, s)
+        passes += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= SUSTAIN_S and passes >= 2:
+            break
+    return (elapsed / passes) / burst_total if burst_total > 0 else 1.0
+
+
 def measure(spec: RunSpec, repeats: int) -> dict:
     set_threads(spec.threads)
     whole = replace(spec, stages=1, policy="equal", split_points=[])
@@ -40,6 +67,7 @@ def measure(spec: RunSpec, repeats: int) -> dict:
     # Time does not depend on pixel values: synthetic images, whatever the run's data set.
     state: tuple[torch.Tensor, ...] = (load_images(DataSpec(), spec.chunk, layout.meta_model.pretrained_cfg,
                                                    spec.seed),)
+    first = state
     compute, entering = [], []
     with torch.no_grad():
         for piece in layout.pieces:
@@ -52,7 +80,9 @@ def measure(spec: RunSpec, repeats: int) -> dict:
                 times.append(time.perf_counter() - start)
             compute.append(statistics.median(times))
             state = out
-    return {"pieces": [p.name for p in layout.pieces], "compute_s": [round(t, 7) for t in compute],
+    scale = sustained_scale(model, layout.pieces, first, sum(compute))
+    return {"pieces": [p.name for p in layout.pieces], "compute_s": [round(t * scale, 7) for t in compute],
+            "burst_compute_s": [round(t, 7) for t in compute], "sustained_scale": round(scale, 4),
             "cut_bytes": entering,
             "piece_bytes": [4 * count_params(layout.meta_model, p.modules) for p in layout.pieces],
             "chunk": spec.chunk, "threads": spec.threads, "model": spec.model, "torch": torch.__version__}
