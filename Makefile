@@ -30,7 +30,7 @@ demo: setup
 
 test: setup system-deps
 	$(VENV)/bin/ruff check pictl remote tests bench
-	$(VENV)/bin/python -m pytest -q -rs --durations=20 -n 2 --dist loadgroup
+	$(VENV)/bin/python -m pytest -q -rs --durations=20
 
 bench: setup
 	$(VENV)/bin/python bench/serial_vs_pipeline.py

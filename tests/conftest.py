@@ -96,16 +96,3 @@ def processes_under(root: Path) -> list[psutil.Process]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Work groups for pytest-xdist (`make test` runs two workers, `--dist loadgroup`).
-
-    Every test that uses the SSH cluster goes to one worker: the cluster is one set of network
-    namespaces and users, set up once per session, and cannot exist twice. Every other module
-    stays whole: its tests share module fixtures (a measured serial baseline that later tests
-    reuse, in file order).
-    """
-    for item in items:
-        ssh = "ssh_cluster" in getattr(item, "fixturenames", ())
-        item.add_marker(pytest.mark.xdist_group("ssh-cluster" if ssh else item.module.__name__))
