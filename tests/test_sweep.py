@@ -28,22 +28,19 @@ def test_a_value_that_cannot_run_stops_the_sweep_before_it_starts(tmp_path: Path
 def test_a_sweep_writes_table_and_plots(tmp_path: Path, pictl_env) -> None:
     hosts = write_cluster(tmp_path / "cluster", 2)
     out = tmp_path / "sweep"
-    proc = run_pictl(["sweep", "--hosts", str(hosts), "--out", str(out), "--stages", "1,2", "--chunks", "1,2",
+    proc = run_pictl(["sweep", "--hosts", str(hosts), "--out", str(out), "--stages", "1,2", "--chunks", "2",
                       "--images", "4", "--warmup", "0", "--repeats", "1"], pictl_env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads((out / "sweep.json").read_text())["rows"]
-    assert [(r["stages"], r["chunk"], r["policy"]) for r in rows] == [
-        (1, 1, "serial"), (1, 2, "serial"), (2, 1, "equal"), (2, 2, "equal")]
+    # One chunk size keeps CI short: the chunk plot is drawn for several (bench/ and `pictl sweep` do that).
+    assert [(r["stages"], r["chunk"], r["policy"]) for r in rows] == [(1, 2, "serial"), (2, 2, "equal")]
     assert all(r["status"] == "ok" and r["outputs_match"] is True for r in rows)
-    assert [r["speedup"] for r in rows[:2]] == [1.0, 1.0]
-    for r in rows[2:]:  # each chunk size is compared with its own serial baseline
-        serial = next(s for s in rows[:2] if s["chunk"] == r["chunk"])
-        assert r["serial_ips"] == serial["throughput_ips"]
-        assert r["efficiency"] == pytest.approx(r["speedup"] / 2, abs=1e-3)
-    assert len(list(csv.DictReader((out / "table.csv").open()))) == 4
-    for png in ("speedup_vs_stages.png", "throughput_vs_chunk.png"):
-        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (out / "table.md").read_text().count("\n") == 6 and "sweep directory" in proc.stdout
+    assert rows[0]["speedup"] == 1.0
+    assert rows[1]["serial_ips"] == rows[0]["throughput_ips"]  # compared with its chunk's serial baseline
+    assert rows[1]["efficiency"] == pytest.approx(rows[1]["speedup"] / 2, abs=1e-3)
+    assert len(list(csv.DictReader((out / "table.csv").open()))) == 2
+    assert (out / "speedup_vs_stages.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "table.md").read_text().count("\n") == 4 and "sweep directory" in proc.stdout
 
     run = next(p for p in (out / "runs").iterdir() if "-s2-" in p.name)
     reported = run_pictl(["report", str(out), str(run), "--out", str(tmp_path / "report")], pictl_env)
