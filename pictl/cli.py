@@ -226,7 +226,7 @@ def prune(
         summary = asyncio.run(_run_cancellable(session.run()))
     except E.PictlError as exc:
         renderer.close()
-        if session is not None and getattr(session, "summary", None) and as_json:
+        if session is not None and session.summary and as_json:
             print_prune_summary(session.summary, as_json=True)
         _fail(exc)
     renderer.close()

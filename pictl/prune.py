@@ -32,7 +32,7 @@ from pictl.push import push_to
 from pictl.runs import default_runs_root, write_json_atomic
 from pictl.session import EventSink, HostOutput, Phase, RankEvent
 from pictl.telemetry import parse_event
-from pictl.transport import transport_for
+from pictl.transport import Transport, transport_for
 from remote import protocol as P
 from remote.spec import DataSpec, PruneSpec
 
@@ -133,6 +133,8 @@ class PruneSession:
         self.events: dict[str, dict[str, Any]] = {}
         self.accuracy: list[dict[str, Any]] = []
         self._tail: list[str] = []
+        self.summary: dict[str, Any] | None = None
+        """The job's summary once it ended, failed or not (None before)."""
 
     def _phase(self, message: str) -> None:
         self._sink(Phase("prune", message))
@@ -212,7 +214,7 @@ class PruneSession:
             await asyncio.shield(asyncio.gather(t.remove_tree(remote_dir), return_exceptions=True))
             await asyncio.shield(t.close())
 
-    async def _execute(self, t: Any, host: Host, env: dict[str, str], cwd: str | None = None) -> None:
+    async def _execute(self, t: Transport, host: Host, env: dict[str, str], cwd: str | None = None) -> None:
         argv = [host.python_path(), "-m", "remote.prune", "--spec", "spec.json"]
         if self.host is not None:
             argv = supervised(host, argv, "pgid-prune")  # dies with our connection

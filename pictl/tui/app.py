@@ -251,7 +251,7 @@ class PictlApp(App):
             try:
                 summary = await session.run()
             except E.PictlError as exc:
-                self.post_message(PruneFinished(getattr(session, "summary", None), str(exc)))
+                self.post_message(PruneFinished(session.summary, str(exc)))
                 return
             self.post_message(PruneFinished(summary, None))
 
