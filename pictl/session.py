@@ -84,6 +84,7 @@ class _Stream:
 
     telemetry: RunTelemetry
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=20))
+    on_plan: Callable[[dict[str, Any]], None] | None = None  # the serial run may plan first
 
 
 def _spec_from(options: RunOptions, run_id: str, artifact: Artifact | None) -> RunSpec:
@@ -135,6 +136,7 @@ class RunSession:
         self.pipeline_live = False
         self.grabs: list[dict[str, Any]] = []
         self._grab_tasks: set[asyncio.Task] = set()
+        self._unrecorded: list[tuple[str, str, str]] = []  # (kind, source, line) that came before the record
 
     # -- events -----------------------------------------------------------------------------------
 
@@ -146,20 +148,43 @@ class RunSession:
         async for channel, line in proc.lines():
             record = parse_event(line) if channel == "stdout" else None
             if record is not None:
-                if self.record:
-                    self.record.event(source, line)
+                self._keep("event", source, line)
+                if record[P.KEY_EVENT] == P.PLAN and stream.on_plan is not None:
+                    stream.on_plan(record)
+                    stream.on_plan = None
                 stream.telemetry.apply(host.name, record)
                 if stream.telemetry is self.telemetry:  # a pipeline rank, not the serial baseline
                     self.timeline.observe(record)
-                self._sink(RankEvent(source, host.name, record))
+                if not (record[P.KEY_EVENT] == P.ERROR and stream.on_plan is not None):
+                    # (an error before the plan is bad input: the run's one error line says it)
+                    self._sink(RankEvent(source, host.name, record))
                 if record[P.KEY_EVENT] == P.ERROR and on_error is not None:
                     on_error.set()
             else:
                 stream.tail.append(f"{source}: {line}")
-                if self.record:
-                    self.record.log(source, line)
+                self._keep("log", source, line)
                 self._sink(HostOutput(source, host.name, channel, line))
         return await proc.wait()
+
+    def _keep(self, kind: str, source: str, line: str) -> None:
+        if self.record is None:
+            self._unrecorded.append((kind, source, line))
+        elif kind == "event":
+            self.record.event(source, line)
+        else:
+            self.record.log(source, line)
+
+    def _open_record(self, nodes: list[NodePlan], spec: RunSpec, plan: dict[str, Any]) -> None:
+        """The spec passed the plan: from here on the run exists, and ends with a summary."""
+        self.record = RunRecord(self.runs_root, self.run_id)
+        self.record.write_config({"options": self.options.model_dump(), "profile": self.profile,
+                                  "cluster": self.cluster.source, "spec": spec.to_json(),
+                                  "placement": [{"host": n.host.name, "ranks": list(n.ranks)} for n in nodes],
+                                  "plan": plan})
+        for kind, source, line in self._unrecorded:
+            self._keep(kind, source, line)
+        self._unrecorded.clear()
+        self.timeline.mark("planned")
 
     # -- steps ------------------------------------------------------------------------------------
 
@@ -265,20 +290,26 @@ class RunSession:
                               "images": spec.images, "host": [host.name, host.address, host.python_path()],
                               "code": tree_digest()})
 
-    async def _plan(self, host: Host, spec: RunSpec) -> dict[str, Any]:
+    def _cached_plan(self, host: Host, spec: RunSpec) -> dict[str, Any] | None:
         key = self._plan_key(host, spec)
         if key and (cached := self.plans.get(key)):
             self.plan_reused = True
             self._phase("plan", f"plan for {spec.stages} stage(s) reused (same model, split and code)")
             return cached
+        return None
+
+    def _keep_plan(self, host: Host, spec: RunSpec, plan: dict[str, Any]) -> None:
+        if key := self._plan_key(host, spec):
+            self.plans.put(key, plan)
+
+    async def _plan(self, host: Host, spec: RunSpec) -> dict[str, Any]:
         self._phase("plan", f"validating the spec and planning {spec.stages} stage(s) on {host.name}")
         t = self._transports[host.name]
         result = await t.run(module_argv(host, "remote.plan", P.SPEC_FILE), cwd=host.run_dir(spec.run_id),
                              env=worker_env(host, 1), timeout_s=300)
         plan, message = command_outcome(result, P.PLAN)
         if plan is not None:
-            if key:
-                self.plans.put(key, plan)
+            self._keep_plan(host, spec, plan)
             return plan
         if result.returncode == P.EXIT_BAD_INPUT:
             raise E.ConfigError(message)
@@ -295,22 +326,45 @@ class RunSession:
                 "check_images": spec.check_images, "host": [host.name, host.address, host.python_path()],
                 "code": tree_digest()}
 
-    async def _baseline(self, host: Host, spec: RunSpec) -> Baseline:
+    def _reusable_baseline(self, host: Host, spec: RunSpec) -> Baseline | None:
+        return self.cache.get(JsonCache.key(self._baseline_fields(host, spec))) if self.reuse_baseline else None
+
+    async def _baseline(self, host: Host, spec: RunSpec,
+                        on_plan: Callable[[dict[str, Any]], None] | None = None) -> Baseline:
+        """The serial run on `host` (or its cached result). With `on_plan`, the same process plans first
+        and `on_plan` gets the plan; bad input found by planning is a ConfigError, as from `_plan`."""
         fields = self._baseline_fields(host, spec)
         key = JsonCache.key(fields)
-        if self.reuse_baseline and (cached := self.cache.get(key)):
+        if on_plan is None and (cached := self._reusable_baseline(host, spec)):
             self._phase("baseline", f"serial baseline reused: {cached.ips:.2f} img/s on {host.name}")
             return cached
-        self._phase("baseline", f"measuring the serial baseline on {host.name}")
+        self._phase("baseline", f"measuring the serial baseline on {host.name}" if on_plan is None else
+                    f"validating the spec, planning {spec.stages} stage(s) and measuring the serial "
+                    f"baseline on {host.name}")
         t = self._transports[host.name]
         run_dir = host.run_dir(spec.run_id)
-        stream = _Stream(RunTelemetry())
-        argv = supervised(host, module_argv(host, "remote.serial", P.SPEC_FILE), "pgid-serial")
+        planned: list[dict[str, Any]] = []
+
+        def plan_arrived(plan: dict[str, Any]) -> None:
+            planned.append(plan)
+            self._keep_plan(host, spec, plan)
+            assert on_plan is not None
+            on_plan(plan)
+
+        stream = _Stream(RunTelemetry(), on_plan=plan_arrived if on_plan else None)
+        serial = module_argv(host, "remote.serial", P.SPEC_FILE) + (["--plan"] if on_plan else [])
+        argv = supervised(host, serial, "pgid-serial")
         proc = await t.start(argv, cwd=run_dir, env=worker_env(host, self.serial_threads or 1))
         self._live.append(proc)
         rc = await self._consume("serial", host, proc, stream)
         self._live.remove(proc)
         tel = stream.telemetry
+        if on_plan and not planned:
+            st = tel.stages.get(0)
+            message = st.error["message"] if st and st.error else (list(stream.tail) or ["no output"])[-1]
+            if rc == P.EXIT_BAD_INPUT:
+                raise E.ConfigError(message)
+            raise E.RunFailed(f"host '{host.name}': planning failed: {message}")
         st = tel.stages.get(0)
         if rc != 0 or not st or not st.ended or tel.mean_ips is None:
             message = st.error["message"] if st and st.error else f"exit status {rc}"
@@ -478,21 +532,24 @@ class RunSession:
         plan: dict[str, Any] = {}
         baseline: Baseline | None = None
         try:
+            host0 = nodes[0].host
             try:
                 await self._prepare_hosts(nodes, spec)
-                plan = await self._plan(nodes[0].host, spec)
+                plan = self._cached_plan(host0, spec) or {}
+                if plan or self._reusable_baseline(host0, spec):
+                    plan = plan or await self._plan(host0, spec)
+                    self._open_record(nodes, spec, plan)
+                    baseline = await self._baseline(host0, spec)
+                else:  # neither is known: one process plans, then measures (one torch import, not two)
+                    def opened(p: dict[str, Any]) -> None:
+                        plan.update(p)
+                        self._open_record(nodes, spec, p)
+                    baseline = await self._baseline(host0, spec, on_plan=opened)
             except E.ConfigError:
-                # Bad input: leave nothing behind, on the hosts or here.
-                await asyncio.gather(*(t.remove_tree(t.host.run_dir(spec.run_id))
-                                       for t in self._transports.values()), return_exceptions=True)
+                if self.record is None:  # bad input: leave nothing behind, on the hosts or here
+                    await asyncio.gather(*(t.remove_tree(t.host.run_dir(spec.run_id))
+                                           for t in self._transports.values()), return_exceptions=True)
                 raise
-            self.record = RunRecord(self.runs_root, self.run_id)
-            self.record.write_config({"options": self.options.model_dump(), "profile": self.profile,
-                                      "cluster": self.cluster.source, "spec": spec.to_json(),
-                                      "placement": [{"host": n.host.name, "ranks": list(n.ranks)} for n in nodes],
-                                      "plan": plan})
-            self.timeline.mark("planned")
-            baseline = await self._baseline(nodes[0].host, spec)
             self.timeline.mark("baselined")
             if spec.stages > 1:
                 self.nodes = nodes

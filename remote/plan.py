@@ -4,7 +4,8 @@
 
 Builds the model on the meta device only (no weights), checks split points, the
 checkpoint's names and shapes, and the data set, then emits one `plan` event.
-Exit 2 with an `error` event when the spec cannot work.
+Exit 2 with an `error` event when the spec cannot work. `remote.serial --plan`
+emits the same event first, saving a torch import when both are needed.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from remote.spec import RunSpec
 from remote.stage import compact_pieces, layout_for, stage_io_shapes
 
 
-def _run(spec: RunSpec, emitter: Emitter) -> None:
+def emit_plan(spec: RunSpec, emitter: Emitter) -> None:
+    """Check the spec against the model, the checkpoint and the data; emit the stage plan (BadInput if not)."""
     if spec.chunk < 1 or spec.images < 1:
         from remote.errors import BadInput
 
@@ -51,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", required=True)
     args = parser.parse_args(argv)
     emitter = Emitter(P.ROLE_PIPELINE)
-    return run_main(emitter, lambda: _run(RunSpec.load(args.spec), emitter))
+    return run_main(emitter, lambda: emit_plan(RunSpec.load(args.spec), emitter))
 
 
 if __name__ == "__main__":

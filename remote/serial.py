@@ -1,6 +1,9 @@
 """The serial baseline: the whole model on one host, same inputs, same protocol.
 
-    python -m remote.serial --spec spec.json
+    python -m remote.serial --spec spec.json [--plan]
+
+`--plan` first checks the spec and emits its stage plan, as `remote.plan` does:
+the controller needs both on the first run, and one process imports torch once.
 
 Batches are the pipeline's microbatches (same size, same zero padding), so the
 logits are computed with the same shapes and compare bit for bit.
@@ -21,14 +24,18 @@ from remote.measure import StageCounters, current_rss_mb, peak_rss_mb, run_main,
 from remote.model import materialize, meta_model_for
 from remote.outputs import open_checkpoint, report_outputs
 from remote.pieces import check_supported
+from remote.plan import emit_plan
 from remote.spec import RunSpec
 
 
-def _run(spec: RunSpec, emitter: Emitter) -> None:
+def _run(spec: RunSpec, emitter: Emitter, *, plan: bool = False) -> None:
     threads = set_threads(spec.threads)
+    import_rss_mb = current_rss_mb()
+    if plan:
+        emit_plan(spec, emitter)
     emitter.emit(P.RUN_START, world_size=1, stages=1, model=spec.model, images=spec.images,
                  chunk=spec.chunk, threads=threads, torch=torch.__version__,
-                 import_rss_mb=current_rss_mb())
+                 import_rss_mb=import_rss_mb)
     t0 = time.perf_counter()
     model = check_supported(meta_model_for(spec), spec.model)
     materialize(model, seed=spec.seed, checkpoint=open_checkpoint(spec))
@@ -67,9 +74,10 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--spec", required=True)
+    parser.add_argument("--plan", action="store_true", help="emit the stage plan first")
     args = parser.parse_args(argv)
     emitter = Emitter(P.ROLE_SERIAL)
-    return run_main(emitter, lambda: _run(RunSpec.load(args.spec), emitter))
+    return run_main(emitter, lambda: _run(RunSpec.load(args.spec), emitter, plan=args.plan))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from remote.emit import Emitter
 from remote.errors import BadInput
 from remote.model import create_meta_model, materialize
-from remote.plan import _run as plan_run
+from remote.plan import emit_plan
 from remote.spec import DataSpec, RunSpec
 
 BAD = ROOT / "tests" / "data" / "bad_hosts"
@@ -82,5 +82,5 @@ def test_refused_by_the_plan_on_the_first_host(make_args, fragment: str, hosts: 
 def test_the_plan_refuses(spec, fragment: str, tmp_path: Path) -> None:  # noqa: ANN001
     """The same planning step in this process (each CLI round trip costs a torch import on the host)."""
     with pytest.raises(BadInput) as refused:
-        plan_run(spec(tmp_path), Emitter("pipeline", stream=io.StringIO()))
+        emit_plan(spec(tmp_path), Emitter("pipeline", stream=io.StringIO()))
     assert fragment in str(refused.value)
