@@ -60,7 +60,11 @@ def test_two_stages_at_a_block_boundary(shared, pictl_env) -> None:
     assert json.loads((run_dir / "summary.json").read_text()) == s
     events = [json.loads(line) for line in (run_dir / "events" / "h1.jsonl").read_text().splitlines()]
     assert {"run_start", "stage_ready", "progress", "throughput", "run_end"} <= {e["event"] for e in events}
-    assert (run_dir / "events" / "serial.jsonl").is_file() and (run_dir / "config.json").is_file()
+    # The first run plans in the serial-baseline process (one torch import on h0): the plan comes first,
+    # kept in the record although it arrived before the record existed.
+    serial = [json.loads(line) for line in (run_dir / "events" / "serial.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in serial[:2]] == ["plan", "run_start"]
+    assert json.loads((run_dir / "config.json").read_text())["plan"]["split_points"] == ["blocks.6"]
 
 
 def test_a_repeated_run_reuses_plan_and_baseline(shared, pictl_env) -> None:
