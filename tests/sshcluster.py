@@ -47,6 +47,9 @@ LAB_VENV = Path("/opt/pictl-testlab/venv")
 STATE = Path("/tmp/pictl-sshcluster")
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
 CFS_PERIOD_US = 100_000
+"""The kernel's default period. Within a period a capped host runs at full speed until its quota is
+spent, so work shorter than a period (a small pipeline stage) is not slowed: a shorter period
+(`cfs_period_us`) makes a capped host uniformly slow, as a slow CPU is."""
 
 
 class Unavailable(Exception):
@@ -97,6 +100,7 @@ class SshCluster:
         self.procs: list[subprocess.Popen] = []
         self.layout: dict = {}
         self.inventory: Path | None = None
+        self.cfs_period_us = CFS_PERIOD_US
 
     def address(self, i: int) -> str:
         return f"{SUBNET}.{11 + i}"
@@ -194,8 +198,8 @@ class SshCluster:
 
     def set_cpu(self, i: int, cores: float | None) -> None:
         """Cap host i (its sshd and everything started through it) at `cores` CPUs; None lifts the cap."""
-        quota = -1 if cores is None else max(1000, int(cores * CFS_PERIOD_US))
-        (self.cgroup(i) / "cpu.cfs_period_us").write_text(str(CFS_PERIOD_US))
+        quota = -1 if cores is None else max(1000, int(cores * self.cfs_period_us))
+        (self.cgroup(i) / "cpu.cfs_period_us").write_text(str(self.cfs_period_us))
         (self.cgroup(i) / "cpu.cfs_quota_us").write_text(str(quota))
 
     def _sshd(self, i: int, client_pub: str) -> str:
