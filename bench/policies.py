@@ -1,6 +1,6 @@
 """equal vs balanced on slow emulated devices: the sweep on the SSH test cluster, each host CPU-capped.
 
-    sudo .venv/bin/python bench/policies.py [--cpu 0.4] [--period-ms 100] [--stages 1,2,3,4] [--images 24]
+    sudo .venv/bin/python bench/policies.py [--cpu 0.4] [--period-ms 10] [--stages 1,2,3,4] [--images 96]
                                             [--slow-host 2]
 
 Starts the 4-host sshd cluster with every host capped at --cpu cores (a cgroup
@@ -63,9 +63,10 @@ def breakdown(sweep: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu", type=float, default=0.4)
-    parser.add_argument("--period-ms", type=float, default=100.0, help="CFS period of the quota (kernel default 100)")
+    parser.add_argument("--period-ms", type=float, default=10.0,
+                        help="CFS period of the quota (10: uniformly slow hosts; the kernel's default is 100)")
     parser.add_argument("--stages", default="1,2,3,4")
-    parser.add_argument("--images", type=int, default=24)
+    parser.add_argument("--images", type=int, default=96)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--trace-steps", type=int, default=8)
     parser.add_argument("--slow-host", type=int, default=None,

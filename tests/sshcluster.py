@@ -46,10 +46,12 @@ SUBNET = "10.231.0"
 LAB_VENV = Path("/opt/pictl-testlab/venv")
 STATE = Path("/tmp/pictl-sshcluster")
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
-CFS_PERIOD_US = 100_000
-"""The kernel's default period. Within a period a capped host runs at full speed until its quota is
-spent, so work shorter than a period (a small pipeline stage) is not slowed: a shorter period
-(`cfs_period_us`) makes a capped host uniformly slow, as a slow CPU is."""
+CFS_PERIOD_US = 10_000
+"""The period of the emulated CPU quota. Within a period a capped host runs at full speed until its
+quota is spent, so with the kernel's default (100 ms) a pipeline stage that waits part of the time
+bursts at full speed while an always-busy one is throttled: capped hosts then look faster or slower
+than they are, depending on their stage. A 10 ms period makes a capped host uniformly slow, as a
+slow CPU is (`cfs_period_us` sets another)."""
 
 
 class Unavailable(Exception):
