@@ -85,16 +85,6 @@ def test_three_stages_inside_blocks_reuses_the_baseline(shared, pictl_env) -> No
     assert s["per_stage"][0]["bytes_sent"] == 3 * 2 * (2 * 197 * 384 * 4)
 
 
-def test_equal_policy_and_labelled_data_report_accuracy(shared, pictl_env, tmp_path: Path) -> None:
-    data = write_cifar10(tmp_path / "cifar", images=6)
-    s = _run(shared, _env(shared, pictl_env), "--stages", "2", "--policy", "equal", "--data", "cifar10",
-             "--data-path", str(data), "--num-classes", "10")
-    # A 10-class head is tiny, so half the parameters are reached a piece earlier than with 1000 classes.
-    assert s["split_points"] == ["blocks.5.mlp.fc2"] and s["outputs_match"] is True
-    assert s["accuracy"] is not None and 0.0 <= s["accuracy"] <= 1.0
-    assert s["accuracy"] == s["serial_accuracy"]  # same logits, same labels
-
-
 def test_one_stage_is_the_serial_run(shared, pictl_env) -> None:
     s = _run(shared, _env(shared, pictl_env), "--stages", "1")
     assert s["serial_reused"] is True and s["speedup"] == 1.0 and s["outputs_match"] is True
@@ -117,17 +107,24 @@ def test_output_mismatch_fails_the_run(shared, pictl_env, tmp_path: Path) -> Non
     assert json.loads((Path(s["run_dir"]) / "summary.json").read_text())["status"] == "failed"
 
 
-def test_threads_0_divides_each_hosts_cores_among_its_stages(tmp_path: Path, pictl_env) -> None:
-    """2 stages on one host of 2 slots: each rank gets half the host's cores, the serial run all of them."""
+def test_labelled_data_and_threads_0_on_one_host_of_two_slots(tmp_path: Path, pictl_env) -> None:
+    """Accuracy from labelled data; and with `--threads 0`, 2 stages on one host of 2 slots: each rank
+    gets half the host's cores, the serial run all of them."""
     import os
 
     hosts = write_cluster(tmp_path / "cluster", 1, slots=2)
-    proc = run_pictl(["run", "--hosts", str(hosts), *FAST, "--stages", "2", "--threads", "0"], pictl_env)
+    data = write_cifar10(tmp_path / "cifar", images=6)
+    proc = run_pictl(["run", "--hosts", str(hosts), *FAST, "--stages", "2", "--threads", "0", "--data", "cifar10",
+                      "--data-path", str(data), "--num-classes", "10"], pictl_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.loads(proc.stdout)
+    # A 10-class head is tiny, so half the parameters are reached a piece earlier than with 1000 classes.
+    assert s["split_points"] == ["blocks.5.mlp.fc2"] and s["outputs_match"] is True
+    assert s["accuracy"] is not None and 0.0 <= s["accuracy"] <= 1.0
+    assert s["accuracy"] == s["serial_accuracy"]  # same logits, same labels
     cores = len(os.sched_getaffinity(0))
     assert [(st["host"], st["threads"]) for st in s["per_stage"]] == [("h0", max(1, cores // 2))] * 2
-    assert s["outputs_match"] is True and f"h0: 2 stage(s) x {max(1, cores // 2)} thread(s)" in proc.stderr
+    assert f"h0: 2 stage(s) x {max(1, cores // 2)} thread(s)" in proc.stderr
     run_dir = Path(s["run_dir"])
     starts = [json.loads(line) for line in (run_dir / "events" / "h0.jsonl").read_text().splitlines()
               if '"run_start"' in line]

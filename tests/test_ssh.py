@@ -118,7 +118,7 @@ def test_shell_metacharacters_in_paths_are_never_run(ssh_cluster, tmp_path: Path
 
 def _start_long_run(cluster, env: dict[str, str]) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "pictl", "run", "--hosts", str(cluster.inventory), "--stages",
-                             "4", "--images", "24", "--warmup", "0", "--repeats", "6", "--policy", "equal",
+                             "4", "--images", "24", "--warmup", "0", "--repeats", "3", "--policy", "equal",
                              "--headless", "--json"],
                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
