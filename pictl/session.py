@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pictl import errors as E
-from pictl.artifacts import Artifact, artifact_summary, open_artifact, ship_all
+from pictl.artifacts import artifact_summary, open_artifact, ship_all
 from pictl.balance import NoFeasibleSplit, balanced_split
 from pictl.baseline import Baseline, BaselineCache
 from pictl.cache import JsonCache
@@ -34,6 +34,7 @@ from pictl.launch import (
     torchrun_argv,
     worker_env,
 )
+from pictl.planning import plan_key, plans_cache, spec_from
 from pictl.profiles import RunOptions
 from pictl.push import push_all, tree_digest
 from pictl.runs import RunRecord, default_runs_root
@@ -42,7 +43,7 @@ from pictl.timeline import StartupTimeline
 from pictl.traces import RankTrace, TraceGrab, grab_traces
 from pictl.transport import RemoteProcess, Transport, preload, raise_for_failures, transport_for
 from remote import protocol as P
-from remote.spec import DataSpec, RunSpec
+from remote.spec import RunSpec
 
 SUMMARY_SCHEMA = 1
 
@@ -87,21 +88,6 @@ class _Stream:
     on_plan: Callable[[dict[str, Any]], None] | None = None  # the serial run may plan first
 
 
-def _spec_from(options: RunOptions, run_id: str, artifact: Artifact | None) -> RunSpec:
-    return RunSpec(
-        model=options.model, num_classes=options.num_classes, seed=options.seed,
-        checkpoint=artifact.run_relative_path if artifact else options.checkpoint,
-        # `balanced` is decided on the controller: the hosts receive its split points as explicit ones.
-        allow_pickle=options.allow_pickle, stages=options.stages,
-        policy="equal" if options.policy == "balanced" else options.policy,
-        split_points=list(options.split), chunk=options.chunk, images=options.images, warmup=options.warmup,
-        repeats=options.repeats, threads=options.threads,
-        data=DataSpec(kind=options.data, path=options.data_path, split=options.data_split),
-        check_images=min(options.check_images, options.images), pg_timeout_s=options.pg_timeout_s,
-        trace_steps=options.trace_steps if options.stages > 1 else 0,
-        run_id=run_id)
-
-
 class RunSession:
     """Runs one experiment on a cluster; `await run()` returns the summary dict."""
 
@@ -115,7 +101,7 @@ class RunSession:
         self._sink = on_event or (lambda _e: None)
         self.runs_root = runs_root or default_runs_root()
         self.cache = baseline_cache or BaselineCache()
-        self.plans = JsonCache(self.cache.root.parent / "plans")
+        self.plans = plans_cache(self.cache)
         self.plan_reused = False
         self.prediction: dict[str, Any] | None = None
         self.reuse_baseline = reuse_baseline
@@ -280,18 +266,8 @@ class RunSession:
                     + " / ".join(f"{ms:.1f}" for ms in self.prediction["stage_ms"]) + " ms per microbatch"
                     + (f" (measured {', '.join(measured)})" if measured else " (cached profiles)"))
 
-    def _plan_key(self, host: Host, spec: RunSpec) -> str | None:
-        if spec.checkpoint or spec.data.kind != "synthetic":
-            return None  # planning also checks files on the hosts: do it every time
-        # Planning imports torch and timm on host 0 (8-16 s on a slow host); a plan is a pure
-        # function of these fields when no file on the hosts is involved.
-        return JsonCache.key({"model": spec.model, "num_classes": spec.num_classes, "stages": spec.stages,
-                              "policy": spec.policy, "split": list(spec.split_points), "chunk": spec.chunk,
-                              "images": spec.images, "host": [host.name, host.address, host.python_path()],
-                              "code": tree_digest()})
-
     def _cached_plan(self, host: Host, spec: RunSpec) -> dict[str, Any] | None:
-        key = self._plan_key(host, spec)
+        key = plan_key(host, spec)
         if key and (cached := self.plans.get(key)):
             self.plan_reused = True
             self._phase("plan", f"plan for {spec.stages} stage(s) reused (same model, split and code)")
@@ -299,7 +275,7 @@ class RunSession:
         return None
 
     def _keep_plan(self, host: Host, spec: RunSpec, plan: dict[str, Any]) -> None:
-        if key := self._plan_key(host, spec):
+        if key := plan_key(host, spec):
             self.plans.put(key, plan)
 
     async def _plan(self, host: Host, spec: RunSpec) -> dict[str, Any]:
@@ -526,7 +502,7 @@ class RunSession:
         nodes = place_stages(self.cluster, self.options.stages)  # ConfigError: nothing started yet
         if self.options.policy == "balanced" and 1 < self.options.stages < len(self.cluster.hosts):
             nodes = place_stages(await self._fastest_hosts(self.options.stages), self.options.stages)
-        spec = _spec_from(self.options, self.run_id, self.artifact)
+        spec = spec_from(self.options, self.run_id, self.artifact)
         self._failure_info: dict[str, Any] | None = None
         summary: dict[str, Any] = {}
         plan: dict[str, Any] = {}

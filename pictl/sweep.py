@@ -46,9 +46,13 @@ def sweep_points(cluster: Cluster, base: RunOptions, stages: list[int], chunks: 
             options_for(base, point)
             place_stages(cluster, s)
         except E.ConfigError as exc:
-            raise E.ConfigError(f"sweep value stages={s} chunk={c} policy={p}: {exc}") from None
+            raise E.ConfigError(f"{point_label(SweepPoint(s, c, p))}: {exc}") from None
         points.append(point)
     return points
+
+
+def point_label(point: SweepPoint) -> str:
+    return f"sweep value stages={point.stages} chunk={point.chunk} policy={point.policy}"
 
 
 def parse_ints(name: str, text: str) -> list[int]:
@@ -160,8 +164,15 @@ async def run_sweep(cluster: Cluster, base: RunOptions, points: list[SweepPoint]
                     on_session=None, on_rows=None) -> list[dict[str, Any]]:  # noqa: ANN001
     """Run every point in turn. `on_session(session)` is called before each run and `on_rows(rows)` after
     each (the dashboard follows the sweep through them)."""
-    from pictl.session import RunSession
+    from pictl.planning import plan_ahead
+    from pictl.session import Phase, RunSession
 
+    # One planning process for the pipeline runs (not a torch import each), and one that cannot work
+    # is refused before the first run starts. A serial point plans inside its own baseline run.
+    planned = await plan_ahead(cluster, [(point_label(p), options_for(base, p)) for p in points if p.stages > 1],
+                               baselines=cache)
+    if planned and on_event:
+        on_event(Phase("plan", f"{planned} sweep run(s) planned in one process"))
     out.mkdir(parents=True)
     meta = {"started_at": time.time(), "cluster": cluster.source, "options": base.model_dump(),
             "points": [p.__dict__ for p in points]}

@@ -1,11 +1,13 @@
 """Validate a spec and print its stage plan, before anything is launched.
 
-    python -m remote.plan --spec spec.json
+    python -m remote.plan --spec spec.json [--spec another.json ...]
 
 Builds the model on the meta device only (no weights), checks split points, the
 checkpoint's names and shapes, and the data set, then emits one `plan` event.
 Exit 2 with an `error` event when the spec cannot work. `remote.serial --plan`
-emits the same event first, saving a torch import when both are needed.
+emits the same event first, saving a torch import when both are needed. With
+several specs (a sweep's runs), one process plans them all, in order: each
+`plan` event names its spec file, and the first spec that cannot work ends it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sys
 from remote import protocol as P
 from remote.data import check_data
 from remote.emit import Emitter
+from remote.errors import BadInput
 from remote.measure import run_main
 from remote.model import expected_shapes
 from remote.outputs import open_checkpoint
@@ -24,11 +27,9 @@ from remote.spec import RunSpec
 from remote.stage import compact_pieces, layout_for, stage_io_shapes
 
 
-def emit_plan(spec: RunSpec, emitter: Emitter) -> None:
+def emit_plan(spec: RunSpec, emitter: Emitter, **extra: str) -> None:
     """Check the spec against the model, the checkpoint and the data; emit the stage plan (BadInput if not)."""
     if spec.chunk < 1 or spec.images < 1:
-        from remote.errors import BadInput
-
         raise BadInput("chunk and images must be at least 1")
     layout = layout_for(spec)
     checkpoint = open_checkpoint(spec)
@@ -45,15 +46,20 @@ def emit_plan(spec: RunSpec, emitter: Emitter) -> None:
     ]
     emitter.emit(P.PLAN, model=spec.model, split_points=split_point_names(layout.pieces, layout.stages),
                  total_params=sum(s.params for s in layout.stages), max_stages=len(layout.pieces),
-                 num_classes=spec.num_classes, stages=stages)
+                 num_classes=spec.num_classes, stages=stages, **extra)
+
+
+def _plan_all(paths: list[str], emitter: Emitter) -> None:
+    for path in paths:  # the caller knows which spec failed: the first without a plan
+        emit_plan(RunSpec.load(path), emitter, spec_file=path)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--spec", required=True)
+    parser.add_argument("--spec", required=True, action="append", help="a spec file (repeat for several)")
     args = parser.parse_args(argv)
     emitter = Emitter(P.ROLE_PIPELINE)
-    return run_main(emitter, lambda: emit_plan(RunSpec.load(args.spec), emitter))
+    return run_main(emitter, lambda: _plan_all(args.spec, emitter))
 
 
 if __name__ == "__main__":

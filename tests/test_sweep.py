@@ -43,6 +43,10 @@ def test_a_sweep_writes_table_and_plots(tmp_path: Path, pictl_env) -> None:
     assert (out / "table.md").read_text().count("\n") == 4 and "sweep directory" in proc.stdout
 
     run = next(p for p in (out / "runs").iterdir() if "-s2-" in p.name)
+    # The pipeline run was planned before the sweep began (one process for all of them), the serial
+    # one inside its own baseline run: no planning process of their own.
+    assert "1 sweep run(s) planned in one process" in proc.stderr
+    assert json.loads((run / "summary.json").read_text())["plan_reused"] is True
     reported = run_pictl(["report", str(out), str(run), "--out", str(tmp_path / "report")], pictl_env)
     assert reported.returncode == 0, reported.stderr
     text = (tmp_path / "report" / "report.md").read_text()
