@@ -64,13 +64,15 @@ async def plan_ahead(cluster: Cluster, runs: list[tuple[str, RunOptions]], *,
     Returns how many plans were made."""
     plans = plans_cache(baselines or BaselineCache())
     todo: dict[str, tuple[Host, list[tuple[str, RunSpec, str]]]] = {}
+    seen: set[str] = set()
     for label, options in runs:
         if (options.policy == "balanced" and options.stages > 1) or options.artifact:
             continue
         host = place_stages(cluster, options.stages)[0].host
         spec = spec_from(options, "plan-ahead", None)
         key = plan_key(host, spec)
-        if key and not plans.get(key) and key not in {k for _, _, k in todo.get(host.name, (host, []))[1]}:
+        if key and key not in seen and not plans.get(key):
+            seen.add(key)
             todo.setdefault(host.name, (host, []))[1].append((label, spec, key))
     made = 0
     for host, items in todo.values():

@@ -311,7 +311,7 @@ class RunSession:
         and `on_plan` gets the plan; bad input found by planning is a ConfigError, as from `_plan`."""
         fields = self._baseline_fields(host, spec)
         key = JsonCache.key(fields)
-        if on_plan is None and (cached := self._reusable_baseline(host, spec)):
+        if on_plan is None and self.reuse_baseline and (cached := self.cache.get(key)):
             self._phase("baseline", f"serial baseline reused: {cached.ips:.2f} img/s on {host.name}")
             return cached
         self._phase("baseline", f"measuring the serial baseline on {host.name}" if on_plan is None else
