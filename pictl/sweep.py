@@ -1,7 +1,8 @@
 """`pictl sweep`: one run per combination of stages, chunk sizes and policies; one table, two plots.
 
 Every combination is checked against the inventory before anything runs (a value
-that cannot run is bad input, nothing started). Runs go one after another and
+that cannot run is bad input, nothing started), and the pipeline runs are planned
+together in one process (`planning.plan_ahead`). Runs go one after another and
 share the serial baseline cache, so each chunk size is measured serially once.
 The table is rewritten after every run: an interrupted or failing sweep keeps
 what it measured.
