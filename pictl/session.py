@@ -319,10 +319,8 @@ class RunSession:
                     f"baseline on {host.name}")
         t = self._transports[host.name]
         run_dir = host.run_dir(spec.run_id)
-        planned: list[dict[str, Any]] = []
 
         def plan_arrived(plan: dict[str, Any]) -> None:
-            planned.append(plan)
             self._keep_plan(host, spec, plan)
             assert on_plan is not None
             on_plan(plan)
@@ -335,7 +333,7 @@ class RunSession:
         rc = await self._consume("serial", host, proc, stream)
         self._live.remove(proc)
         tel = stream.telemetry
-        if on_plan and not planned:
+        if stream.on_plan is not None:  # still waiting: the process ended before its plan
             st = tel.stages.get(0)
             message = st.error["message"] if st and st.error else (list(stream.tail) or ["no output"])[-1]
             if rc == P.EXIT_BAD_INPUT:
