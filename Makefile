@@ -30,6 +30,7 @@ demo: setup
 
 test: setup system-deps
 	$(VENV)/bin/ruff check pictl remote tests bench
+	$(VENV)/bin/mypy
 	$(VENV)/bin/python -m pytest -q -rs --durations=20
 
 bench: setup

@@ -26,10 +26,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from conftest import write_cluster  # noqa: E402
 
+from pictl.cluster.transport import transport_for  # noqa: E402
+from pictl.events import (
+    RankEvent,  # noqa: E402
+    parse_event,  # noqa: E402
+)
 from pictl.inventory import load_cluster  # noqa: E402
-from pictl.session import RankEvent  # noqa: E402
-from pictl.telemetry import parse_event  # noqa: E402
-from pictl.transport import transport_for  # noqa: E402
 from pictl.tui.app import PictlApp  # noqa: E402
 
 EMITTER = """

@@ -1,19 +1,23 @@
-"""equal vs balanced on slow emulated devices: the sweep on the SSH test cluster, each host CPU-capped.
+"""equal vs balanced vs a plain torch.distributed.pipelining run, side by side in one invocation.
 
-    sudo .venv/bin/python bench/policies.py [--cpu 0.4] [--period-ms 10] [--stages 1,2,3,4] [--images 96]
-                                            [--slow-host 2]
+    .venv/bin/python bench/policies.py --cluster local [--stages 2] [--images 48]           # no root
+    sudo .venv/bin/python bench/policies.py --cluster ssh [--cpu 0.4] [--period-ms 10] [--stages 2,3,4]
+                                            [--images 96] [--slow-host 2] [--rounds 1]
 
-Starts the 4-host sshd cluster with every host capped at --cpu cores (a cgroup
-CFS quota, enforced per --period-ms: within a period a host runs at full speed
-until its quota is spent, so the kernel's 100 ms lets short stages burst, while
-10 ms makes every host uniformly slow, as a slow CPU is), runs `pictl sweep
---policy equal,balanced` on it in one invocation (one serial baseline, then
-each stage count with each policy), and prints the sweep table: throughput,
-speedup and efficiency per configuration, side by side.
-Then, per pipeline run, where the efficiency went: each stage's predicted and
-measured ms per microbatch, its compute / wait / send split over the timed
-passes, and the compute / send / receive-wait / idle shares from profiler
-traces of --trace-steps steps (an extra untimed pass).
+For each stage count, against one serial baseline (pictl's, measured once and reused by every run),
+in turn: the plain reference (`bench/reference.py pipeline`: ScheduleGPipe at the block-boundary
+equal split, no pictl code in the loop, launched with torchrun on the same hosts, as
+`bench/check_speedup.py` does), `pictl run --policy
+equal`, `pictl run` (balanced, refined during the run) and `pictl run --no-refine` (the one-shot
+split). Each is printed as img/s, as a ratio to the serial baseline and as a ratio to the plain
+reference; the plain serial loop is measured too, so the two serial baselines can be compared.
+`--rounds 2` runs the whole sequence twice (interleaved), for a spread.
+
+`--cluster local` is the shipped kind of cluster: one local host per stage on this machine.
+`--cluster ssh` starts the 4-host SSH test cluster (root: network namespaces, sshd, cgroups) with
+every host capped at --cpu cores (a CFS quota enforced per --period-ms; host --slow-host at half).
+Then, per balanced run, where the time went: each stage's predicted and measured compute per
+microbatch, its wait and send, and each refinement round.
 """
 
 from __future__ import annotations
@@ -21,80 +25,126 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
-from sshcluster import SshCluster, down  # noqa: E402
+from check_speedup import equal_blocks, place_reference, reference_pipeline, reference_serial  # noqa: E402
+
+from pictl.inventory import load_cluster  # noqa: E402
 
 
-def breakdown(sweep: Path) -> None:
-    """Per pipeline run: where each stage's time went, from the summary and from the traces."""
-    for summary_file in sorted(sweep.glob("runs/*/summary.json")):
-        s = json.loads(summary_file.read_text())
-        if s["stages"] < 2 or s["status"] != "ok":
-            continue
-        # GPipe fills and drains the pipeline once per pass: with M microbatches, S stages can be busy
-        # at most M / (M + S - 1) of the pass even when perfectly balanced.
-        microbatches = -(-s["images"] // s["chunk"])
-        bound = microbatches / (microbatches + s["stages"] - 1)
-        print(f"\n{s['stages']} stages, {s['policy']}: {s['throughput_ips']:.2f} img/s, speedup {s['speedup']:.2f}x, "
-              f"efficiency {s['efficiency']:.2f} (fill/drain bound {bound:.2f}, {s['efficiency'] / bound:.2f} of it); "
-              f"split {', '.join(s['split_points'])}")
-        shares = (s.get("traces") or [{}])[0].get("per_rank", {})
-        print(f"  {'rank':>4} {'host':>4} {'params':>7} {'pred ms':>8} {'meas ms':>8} {'compute':>8} {'wait':>6} "
-              f"{'send':>6}   traced window: compute / send / recv-wait / idle %")
-        all_params = sum(st["params"] for st in s["per_stage"]) or 1
-        for st in s["per_stage"]:
-            busy = [st.get(k) or 0.0 for k in ("compute_s", "wait_s", "send_s")]
-            total = sum(busy) or 1.0
-            tr = shares.get(str(st["rank"]), {})
-            print(f"  {st['rank']:>4} {st['host']:>4} {100 * st['params'] / all_params:6.1f}% "
-                  f"{st.get('predicted_ms') or 0:8.1f} {st.get('measured_ms') or 0:8.1f} "
-                  f"{100 * busy[0] / total:7.0f}% {100 * busy[1] / total:5.0f}% {100 * busy[2] / total:5.0f}%   "
-                  + (" / ".join(f"{tr.get(k, 0):.0f}" for k in ("compute_pct", "send_pct", "recv_wait_pct", "idle_pct"))
-                     if tr else "-"))
+def start_cluster(kind: str, tmp: Path, hosts: int, args: argparse.Namespace) -> tuple[Path, Callable[[], None]]:
+    """The inventory to run on, and what stops it."""
+    if kind == "local":
+        from conftest import write_cluster
+
+        return write_cluster(tmp / "cluster", hosts), lambda: None
+    from sshcluster import SshCluster
+
+    cluster = SshCluster(4)
+    cluster.cfs_period_us = int(args.period_ms * 1000)
+    inventory = cluster.up(cpu=args.cpu)
+    if args.slow_host is not None:
+        cluster.set_cpu(args.slow_host, args.cpu / 2)
+    return inventory, cluster.down
+
+
+def pictl_run(inventory: Path, env: dict, stages: int, images: int, repeats: int, *extra: str) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "pictl", "run", "--hosts", str(inventory), "--stages", str(stages),
+                           "--images", str(images), "--warmup", "1", "--repeats", str(repeats), "--threads", "1",
+                           "--headless", "--json", *extra], env=env, capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise SystemExit(f"pictl run {' '.join(extra)} failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    return json.loads(proc.stdout)
+
+
+def stage_lines(s: dict) -> list[str]:
+    out = []
+    for r in (s.get("refine") or {}).get("rounds", []):
+        out.append(f"    refine {r['round']}: {', '.join(r['split_points'])}: predicted "
+                   f"{'/'.join(f'{v:.1f}' for v in r['predicted_ms'])}, measured "
+                   f"{'/'.join(f'{v:.1f}' for v in r['measured_ms'])} ms")
+    for st in s["per_stage"]:
+        err = st.get("prediction_error")
+        out.append(f"    rank {st['rank']} {st['host']:>7}: compute {st['measured_ms']:7.1f} ms (predicted "
+                   f"{st.get('predicted_ms') or 0:7.1f}, error {'-' if err is None else format(err, '+.1%')}), "
+                   f"wait {st['wait_ms']:6.1f}, send {st['send_ms']:6.1f} ms per microbatch")
+    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cluster", choices=("local", "ssh"), default="local")
     parser.add_argument("--cpu", type=float, default=0.4)
-    parser.add_argument("--period-ms", type=float, default=10.0,
-                        help="CFS period of the quota (10: uniformly slow hosts; the kernel's default is 100)")
-    parser.add_argument("--stages", default="1,2,3,4")
-    parser.add_argument("--images", type=int, default=96)
+    parser.add_argument("--period-ms", type=float, default=10.0)
+    parser.add_argument("--stages", default="2")
+    parser.add_argument("--images", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--trace-steps", type=int, default=8)
-    parser.add_argument("--slow-host", type=int, default=None,
-                        help="cap this host (0-3) at half the others' quota: balanced should give it half the work")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--slow-host", type=int, default=None)
+    parser.add_argument("--no-one-shot", action="store_true", help="skip the --no-refine runs")
     args = parser.parse_args()
-    cluster = SshCluster(4)
-    cluster.cfs_period_us = int(args.period_ms * 1000)
-    cluster.up(cpu=args.cpu)
-    if args.slow_host is not None:
-        cluster.set_cpu(args.slow_host, args.cpu / 2)
+    stage_counts = [int(s) for s in args.stages.split(",")]
+    tmp = Path(tempfile.mkdtemp(prefix="pictl-bench-"))
+    env = {**os.environ, "PICTL_RUNS_DIR": str(tmp / "runs"), "PICTL_CACHE_DIR": str(tmp / "cache")}
+    inventory, stop = start_cluster(args.cluster, tmp, max(stage_counts), args)
+    protocol = ["--images", str(args.images), "--warmup", "1", "--repeats", str(args.repeats), "--threads", "1"]
+    results: dict[tuple[int, str], list[dict]] = {}
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            env = {**os.environ, "PICTL_RUNS_DIR": f"{tmp}/runs", "PICTL_CACHE_DIR": f"{tmp}/cache"}
-            proc = subprocess.run([sys.executable, "-m", "pictl", "sweep", "--hosts", str(cluster.inventory),
-                                   "--stages", args.stages, "--policy", "equal,balanced", "--images",
-                                   str(args.images), "--warmup", "1", "--repeats", str(args.repeats),
-                                   "--trace-steps", str(args.trace_steps),
-                                   "--out", f"{tmp}/sweep"], env=env, capture_output=True, text=True)
-            slow = f" (h{args.slow_host}: {args.cpu / 2})" if args.slow_host is not None else ""
-            print(f"{args.cpu} core(s) per host{slow} (CFS period {args.period_ms:g} ms), {args.images} images, "
-                  f"{args.repeats} timed passes")
-            print(proc.stdout)
-            breakdown(Path(f"{tmp}/sweep"))
-            if proc.returncode != 0:
-                print(proc.stderr[-3000:], file=sys.stderr)
-            return proc.returncode
+        hosts = list(load_cluster(inventory).hosts)
+        scripts = [place_reference(h) for h in hosts]
+        serial = pictl_run(inventory, env, 1, args.images, args.repeats)
+        plain_serial = reference_serial(hosts[0], scripts[0], protocol, 1)
+        for _ in range(args.rounds):
+            for stages in stage_counts:
+                results.setdefault((stages, "plain"), []).append(
+                    reference_pipeline(hosts[:stages], scripts[:stages], equal_blocks(stages), protocol, 1))
+                for label, extra in (("equal", ["--policy", "equal"]), ("balanced", []),
+                                     ("one-shot", ["--no-refine"])):
+                    if label == "one-shot" and args.no_one_shot:
+                        continue
+                    results.setdefault((stages, label), []).append(
+                        pictl_run(inventory, env, stages, args.images, args.repeats, *extra))
     finally:
-        down()
+        stop()
+    caps = f"{args.cpu} core(s) per host, CFS period {args.period_ms:g} ms" if args.cluster == "ssh" else "uncapped"
+    slow = f", h{args.slow_host} at half" if args.slow_host is not None else ""
+    print(f"{args.cluster} cluster ({caps}{slow}); {args.images} images, chunk 1, 1 thread per rank, 1 warm-up and "
+          f"{args.repeats} timed passes, {args.rounds} round(s)")
+    print(f"serial baseline: pictl {serial['throughput_ips']:.2f} img/s {serial['throughput_spread_ips']}, "
+          f"plain loop {plain_serial['mean_ips']:.2f} img/s ({plain_serial['mean_ips'] / serial['throughput_ips']:.3f} "
+          f"of pictl's)")
+    print(f"{'stages':>6} {'run':>9} {'img/s':>7} {'spread':>13} {'x serial':>8} {'x plain':>7} {'eff':>5}  split")
+    for stages in stage_counts:
+        plain = statistics.fmean(r["mean_ips"] for r in results[(stages, "plain")])
+        for label in ("plain", "equal", "balanced", "one-shot"):
+            runs = results.get((stages, label))
+            if not runs:
+                continue
+            if label == "plain":
+                ips = [x for r in runs for x in r["ips"]]
+                split = ", ".join(runs[0]["split"])
+            else:
+                ips = [x for r in runs for x in r["throughput_spread_ips"]]
+                split = ", ".join(runs[-1]["split_points"])
+            mean = statistics.fmean(r["mean_ips"] if label == "plain" else r["throughput_ips"] for r in runs)
+            speedup = mean / serial["throughput_ips"]
+            print(f"{stages:>6} {label:>9} {mean:7.2f} {min(ips):6.2f}-{max(ips):<6.2f} {speedup:7.2f}x "
+                  f"{mean / plain:6.2f}x {speedup / stages:5.2f}  {split}")
+    for (stages, label), runs in results.items():
+        if label in ("balanced", "one-shot", "equal"):
+            print(f"\n{stages} stages, {label} (last round): split {', '.join(runs[-1]['split_points'])}")
+            print("\n".join(stage_lines(runs[-1])))
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0
 
 
 if __name__ == "__main__":

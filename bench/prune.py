@@ -22,8 +22,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from remote.model import create_meta_model, materialize  # noqa: E402
-from remote.prune import count_macs, prune_model  # noqa: E402
+from remote.pruning.prune import count_macs, prune_model  # noqa: E402
+from remote.runtime.model import create_meta_model, materialize  # noqa: E402
 from remote.spec import PruneSpec  # noqa: E402
 
 MODEL = "deit_small_patch16_224"

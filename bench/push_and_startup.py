@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from sshcluster import SshCluster, down  # noqa: E402
 
-from pictl.push import local_tree  # noqa: E402
+from pictl.cluster.push import local_tree  # noqa: E402
 
 PICTL = [sys.executable, "-m", "pictl"]
 

@@ -19,10 +19,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pictl.baseline import BaselineCache  # noqa: E402
 from pictl.inventory import load_cluster  # noqa: E402
-from pictl.profiles import resolve_options  # noqa: E402
-from pictl.session import RunSession  # noqa: E402
+from pictl.planning.profiles import resolve_options  # noqa: E402
+from pictl.run.baselines import BaselineCache  # noqa: E402
+from pictl.run.session import RunSession  # noqa: E402
 
 
 def main() -> int:

@@ -13,6 +13,8 @@ EXIT_RUN_FAILED = 3
 EXIT_UNREACHABLE = 4
 EXIT_OUTPUT_MISMATCH = 5
 EXIT_NOT_READY = 6
+EXIT_FLAGGED = 7
+EXIT_BUSY = 8
 EXIT_INTERRUPTED = 130
 
 
@@ -42,6 +44,18 @@ class AuthError(TransportError):
     """The host answered, but refused our user or key."""
 
 
+class NotReady(PictlError):
+    """A host answers but cannot run pictl's work: no python or venv there, a workdir it cannot create."""
+
+    exit_code = EXIT_NOT_READY
+
+
+class HostBusy(PictlError):
+    """Another run holds a host's lease (its workdir): nothing was started; `--wait` queues instead."""
+
+    exit_code = EXIT_BUSY
+
+
 class RunFailed(PictlError):
     """A rank or the serial run failed on a host."""
 
@@ -54,7 +68,13 @@ class OutputMismatch(PictlError):
     exit_code = EXIT_OUTPUT_MISMATCH
 
 
+class Flagged(PictlError):
+    """The run finished, but its result raised sanity flags and `--strict` was given."""
+
+    exit_code = EXIT_FLAGGED
+
+
 class Interrupted(PictlError):
-    """The user stopped the run (Ctrl-C)."""
+    """The user stopped the run (Ctrl-C, SIGTERM, SIGHUP)."""
 
     exit_code = EXIT_INTERRUPTED

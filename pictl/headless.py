@@ -16,7 +16,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from pictl.session import HostOutput, Phase, RankEvent, SessionEvent
+from pictl.events import HostOutput, Phase, RankEvent, SessionEvent
+from pictl.summary import baseline_text
 from remote import protocol as P
 
 PRUNE_EVENTS = (P.PRUNE_START, P.PRUNE_PROGRESS, P.PRUNE_ACCURACY, P.PRUNE_DONE)
@@ -68,6 +69,8 @@ class HeadlessRenderer:
         elif kind == P.THROUGHPUT:
             who = "serial" if event.source == "serial" else "pipeline"
             self.err.print(f"pictl {who}: pass {rec['repeat'] + 1}: {rec['ips']:.2f} img/s")
+        elif kind in (P.REFINE, P.REFINED):
+            self.err.print(refine_line(rec), markup=False, highlight=False)
         elif kind in PRUNE_EVENTS:
             self._on_prune(rec)
         elif kind == P.ERROR:
@@ -111,39 +114,66 @@ class HeadlessRenderer:
         self._stop_live()
 
 
+def _ms_list(values: list[float]) -> str:
+    return " / ".join(f"{v:.1f}" for v in values)
+
+
+def refine_line(rec: dict[str, Any]) -> str:
+    """One line per refinement step of `balanced` (a `refine` or `refined` event)."""
+    if rec[P.KEY_EVENT] == P.REFINED:
+        return (f"pictl refine: the timed passes run {', '.join(rec['split_points'])} (predicted "
+                f"{_ms_list(rec['predicted_ms'])} ms per microbatch, {rec['rounds']} split(s) measured)")
+    then = f"next: {', '.join(rec['next_split'])}" if rec.get("next_split") else "keep it"
+    return (f"pictl refine: round {rec['round']}: {', '.join(rec['split_points'])}: predicted "
+            f"{_ms_list(rec['predicted_ms'])}, measured {_ms_list(rec['measured_ms'])} ms compute per "
+            f"microbatch; {then}")
+
+
+def flag_lines(summary: dict[str, Any]) -> list[str]:
+    return [f"flag {f['code']}: {f['message']}" for f in summary.get("flags") or []]
+
+
 def summary_table(summary: dict[str, Any]) -> Table:
     s = summary
     title = (f"{s['status'].upper()}  {s['stages']} stage(s)  split {', '.join(s['split_points']) or '-'}  "
              f"pipeline {_fmt(s['throughput_ips'])} img/s  serial {_fmt(s['serial_ips'])} img/s"
-             f"{' (reused)' if s.get('serial_reused') else ''}  speedup {_fmt(s['speedup'])}x "
+             f"{baseline_text(s)}  speedup {_fmt(s['speedup'])}x "
              f"(ideal {s['stages']}x)  outputs match {s['outputs_match']} (max |diff| {s['max_abs_diff']})  "
              f"accuracy {'n/a' if s['accuracy'] is None else format(s['accuracy'], '.2%')}")
     table = Table(title=title, title_justify="left")
     predicted = s.get("prediction") is not None
-    cols = ["rank", "host", "modules", "params", "compute s", "wait s", "send s", "MB sent", "peak RSS MB"]
-    for col in cols + (["ms/mb predicted", "ms/mb measured"] if predicted else []):
+    # Per microbatch: the stage's compute, and apart from it the time it waited for input and was
+    # blocked on sends (back-pressure from the next stage).
+    cols = ["rank", "host", "modules", "params", "compute ms", "wait ms", "send ms", "MB sent", "peak RSS MB"]
+    for col in cols + (["predicted ms", "error"] if predicted else []):
         table.add_column(col, justify="left" if col in ("host", "modules") else "right")
     for st in s["per_stage"]:
         mods = st["modules"] or []
         span = f"{mods[0]} .. {mods[-1]}" if len(mods) > 1 else (mods[0] if mods else "-")
-        cells = [str(st["rank"]), st["host"] or "-", span, f"{st['params']:,}", _fmt(st["compute_s"]),
-                 _fmt(st["wait_s"]), _fmt(st["send_s"]),
+        cells = [str(st["rank"]), st["host"] or "-", span, f"{st['params']:,}", _fmt(st.get("measured_ms"), ".1f"),
+                 _fmt(st.get("wait_ms"), ".1f"), _fmt(st.get("send_ms"), ".1f"),
                  _fmt(st["bytes_sent"] / 1e6 if st["bytes_sent"] is not None else None, ".1f"),
                  _fmt(st["peak_rss_mb"], ".0f")]
         if predicted:  # where the cost model was right or wrong, stage by stage
-            cells += [_fmt(st.get("predicted_ms"), ".1f"), _fmt(st.get("measured_ms"), ".1f")]
+            error = st.get("prediction_error")
+            cells += [_fmt(st.get("predicted_ms"), ".1f"), "-" if error is None else f"{error:+.0%}"]
         table.add_row(*cells)
     return table
 
 
 def print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
     if as_json:
-        Console(stderr=True, width=None if sys.stderr.isatty() else 160).print(summary_table(summary))
+        err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+        err.print(summary_table(summary))
+        for line in flag_lines(summary):
+            err.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
         sys.stdout.write(json.dumps(summary) + "\n")
         sys.stdout.flush()
     else:
         out = Console(width=None if sys.stdout.isatty() else 160)
         out.print(summary_table(summary))
+        for line in flag_lines(summary):  # one line each, however long: scripts grep them
+            out.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
         if summary.get("run_dir"):
             out.print(f"run directory: {summary['run_dir']}")
 
@@ -179,7 +209,7 @@ def print_prune_summary(summary: dict[str, Any], *, as_json: bool) -> None:
 def check_table(checks: list) -> Table:  # list[HostCheck]
     table = Table(title="pictl check", title_justify="left")
     for col in ("host", "ready", "ssh", "python", "venv", "torch", "timm", "cpus", "free MB", "temp C",
-                "throttled", "clock ms", "interface", "rendezvous"):
+                "throttled", "clock ms", "+/- ms", "interface", "rendezvous"):
         table.add_column(col)
     for c in checks:
         p = c.probe
@@ -193,7 +223,7 @@ def check_table(checks: list) -> Table:  # list[HostCheck]
             p.get("python", "-"), venv.get("python", "missing") if venv else "-",
             pkgs.get("torch") or "-", pkgs.get("timm") or "-", str(p.get("cpus", "-")),
             str(p.get("mem_available_mb", "-")), _fmt(p.get("temperature_c"), ".1f"), p.get("throttled") or "-",
-            _fmt(c.clock_offset_ms, ".1f"),
+            _fmt(c.clock_offset_ms, ".3f"), _fmt(c.clock_uncertainty_ms, ".3f"),
             f"{iface.get('name')} {iface.get('address') or ''}".strip() if iface else "-",
             ("ok" if reach.get("ok") else "[red]fail[/]") if reach else "-")
     return table

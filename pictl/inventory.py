@@ -23,14 +23,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pictl.errors import ConfigError
 
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+_INTERFACE_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.:@-]{0,14}$"
+"""A Linux interface name: at most 15 characters, no `/` or spaces (gloo and the probe use it as given)."""
+RESERVED_NAMES = frozenset({"serial"})
+"""Names a host cannot take: the serial baseline's records use them (`events/serial.jsonl`)."""
 
 
 class Host(BaseModel):
     """One machine of the cluster."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: TOML has real types, so `port = "22"` or `slots = true` is a mistake to name, not to coerce.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    name: str = Field(pattern=_NAME_PATTERN)
+    name: str = Field(pattern=_NAME_PATTERN, max_length=64)
     """Short name used in logs, run records and trace files."""
     transport: Literal["local", "ssh"] = "ssh"
     """`local` runs on this machine (the shipped demo cluster); `ssh` reaches the host over SSH."""
@@ -46,7 +51,7 @@ class Host(BaseModel):
     """known_hosts file that verifies this host's key; default: ~/.ssh/known_hosts."""
     lan_address: str | None = None
     """Address the other hosts use to reach this one (the rendezvous); default: `address`."""
-    interface: str | None = None
+    interface: str | None = Field(default=None, pattern=_INTERFACE_PATTERN)
     """Network interface gloo binds to (GLOO_SOCKET_IFNAME), e.g. eth0. Required for real Pis."""
     workdir: str = "~/pictl"
     """Directory on the host that pictl owns: code, specs, run outputs."""
@@ -60,6 +65,13 @@ class Host(BaseModel):
     """Position in the pipeline (0 runs the first stage); default: the order of [[host]] entries."""
     slots: int = Field(default=1, ge=1, le=64)
     """How many stage processes this host may run at once."""
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        if name.lower() in RESERVED_NAMES:
+            raise ValueError(f"'{name}' is reserved (the serial baseline's records use it); choose another name")
+        return name
 
     @property
     def rendezvous_address(self) -> str:
@@ -98,6 +110,8 @@ class Cluster(BaseModel):
 
     name: str = "cluster"
     hosts: tuple[Host, ...]
+    baseline_max_age: float | None = Field(default=None, gt=0)
+    """Seconds a cached serial baseline may be reused for (`[cluster]`; a run's own setting wins)."""
     source: str = ""
     """The file this was read from (for messages)."""
 
@@ -120,6 +134,7 @@ class Cluster(BaseModel):
             raise ValueError(f"host[{missing}].rank: missing (give every host a rank, or none)")
         seen: dict[int, int] = {}
         for i, host in enumerate(self.hosts):
+            assert host.rank is not None  # every host has one (checked above)
             if host.rank >= len(self.hosts) or host.rank in seen:
                 what = "is used twice" if host.rank in seen else f"is out of range (0..{len(self.hosts) - 1})"
                 raise ValueError(f"host[{i}].rank: {host.rank} {what}")
@@ -151,8 +166,8 @@ def _field_path(loc: tuple) -> str:
     for item in loc:
         if isinstance(item, int):
             parts[-1] = f"{parts[-1]}[{item}]" if parts else f"[{item}]"
-        else:
-            parts.append(str(item))
+        else:  # a key the user wrote may hold anything (a newline): quote what is not a plain name
+            parts.append(str(item) if str(item).replace("_", "a").isalnum() else repr(str(item)))
     return ".".join(parts).replace("hosts[", "host[")
 
 
@@ -164,24 +179,50 @@ def format_validation_error(source: str, exc: ValidationError) -> str:
     return f"{source}: {where + ': ' if where else ''}{msg}{more}"
 
 
+def read_toml(path: Path, what: str) -> dict:
+    """A TOML file as a dict, or ConfigError naming the file: missing, unreadable, not UTF-8, not TOML."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: {what} not found")
+    try:
+        return tomllib.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); TOML files are UTF-8") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the {what} ({exc.strerror or exc})") from None
+
+
 def load_cluster(path: str | Path) -> Cluster:
     """Read and validate an inventory, or raise ConfigError naming the file and field."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: inventory file not found")
-    try:
-        raw = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
+    raw = read_toml(path, "inventory file")
     unknown = set(raw) - {"cluster", "defaults", "host"}
     if unknown:
-        raise ConfigError(f"{path}: unknown section '{sorted(unknown)[0]}' (expected [cluster], [defaults], [[host]])")
+        raise ConfigError(f"{path}: unknown section {sorted(unknown)[0]!r} (expected [cluster], [defaults], [[host]])")
+    for section in ("cluster", "defaults"):
+        if not isinstance(raw.get(section, {}), dict):
+            raise ConfigError(f"{path}: '{section}' must be a table ([{section}]), not a "
+                              f"{type(raw[section]).__name__}")
     defaults = raw.get("defaults", {})
     hosts = raw.get("host", [])
     if not isinstance(hosts, list):
         raise ConfigError(f"{path}: 'host' must be an array of tables ([[host]])")
-    merged = [{**defaults, **h} if isinstance(h, dict) else h for h in hosts]
+    for i, h in enumerate(hosts):
+        if not isinstance(h, dict):
+            raise ConfigError(f"{path}: host[{i}] must be a table ([[host]]), not a {type(h).__name__}")
+    merged = [{**defaults, **h} for h in hosts]
+    table = raw.get("cluster", {})
+    for key, value in table.items():
+        if key not in ("name", "baseline_max_age"):
+            raise ConfigError(f"{path}: cluster.{key!r}: unknown field (name, baseline_max_age)")
+        if key == "name" and not isinstance(value, str):
+            raise ConfigError(f"{path}: cluster.name: must be a string, not a {type(value).__name__}")
+        if key == "baseline_max_age" and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ConfigError(f"{path}: cluster.baseline_max_age: must be a number of seconds, not a "
+                              f"{type(value).__name__}")
     try:
-        return Cluster(name=raw.get("cluster", {}).get("name", path.stem), hosts=merged, source=str(path))
+        return Cluster.model_validate({"name": table.get("name", path.stem), "hosts": merged, "source": str(path),
+                                       "baseline_max_age": table.get("baseline_max_age")})
     except ValidationError as exc:
         raise ConfigError(format_validation_error(str(path), exc)) from exc

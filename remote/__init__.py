@@ -1,5 +1,23 @@
-"""Code that runs on the cluster hosts: model, partition, pipeline and serial runners.
+"""Code that runs on the cluster hosts.
 
-Everything here may import torch; nothing in `pictl/` imports this package except
-`remote.protocol` and `remote.spec`, which are torch-free by design.
+    protocol.py, spec.py, errors.py, emit.py, balance.py   the shared floor: torch-free, imported by
+                                                            `pictl/` too (names, the run spec, the
+                                                            split solver and its refinement)
+    data/        images and labelled sets (synthetic, CIFAR, ImageFolder)
+    runtime/     the model as pieces, stage-local building, the pipeline, serial and plan runners
+    profiling/   what `balanced` measures: per-piece costs, links
+    pruning/     torch-pruning and fine-tuning (`pictl prune`)
+    host/        housekeeping, stdlib only: supervise, cleanup, leases, provisioning, the probe
+
+Only the floor may be imported by the controller; everything else may import torch.
 """
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def source(relative: str) -> str:
+    """The text of a stdlib-only module under remote/ (e.g. "host/probe.py"), sent to a host as
+    `python -c SOURCE` so it runs before any code is pushed there."""
+    return (Path(__file__).resolve().parent / relative).read_text()

@@ -27,6 +27,22 @@ class DataSpec:
 
 
 @dataclass
+class RefineSpec:
+    """`balanced` refines its split during the run: the cost table the first split came from."""
+
+    compute_s: list[list[float]]
+    """Per stage, the seconds each piece takes on that stage's host (as profiled and corrected)."""
+    cut_bytes: list[float]
+    links: list[list[float]]
+    """Per link (stage s to s + 1): [latency_s, bytes_per_s]."""
+    comm_s_per_byte: list[float]
+    max_rounds: int = 3
+    """Splits measured at most (the first included); each after the first costs one calibration pass."""
+    min_gain: float = 0.03
+    """Try a new split only when its predicted bottleneck is at least this much better."""
+
+
+@dataclass
 class RunSpec:
     """Everything a host needs to run its part of one experiment."""
 
@@ -50,6 +66,8 @@ class RunSpec:
     """Profile this many steps in one extra untimed pass after the timed ones (0: none)."""
     pg_timeout_s: float = 300.0
     run_id: str = ""
+    refine: RefineSpec | None = None
+    """Set by `balanced` (unless --no-refine): correct the split from what the first passes measure."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -58,6 +76,7 @@ class RunSpec:
     def from_dict(cls, raw: dict) -> RunSpec:
         raw = dict(raw)
         raw["data"] = DataSpec(**raw.get("data", {}))
+        raw["refine"] = RefineSpec(**raw["refine"]) if raw.get("refine") else None
         return cls(**raw)
 
     @classmethod
@@ -71,7 +90,7 @@ OPTIMIZERS = ("sgd", "adamw")
 
 @dataclass
 class PruneSpec:
-    """One pruning job: prune, fine-tune, evaluate, write the artifact (`remote.prune`)."""
+    """One pruning job: prune, fine-tune, evaluate, write the artifact (`remote.pruning.prune`)."""
 
     model: str = "deit_small_patch16_224"
     model_kwargs: dict = field(default_factory=dict)

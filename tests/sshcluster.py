@@ -8,8 +8,8 @@ CPU (e.g. 0.4) caps each host at that many cores with a cgroup-v1 CFS quota, so
 
 Each host is a network namespace on a bridge with its own address and `eth0`,
 running Debian's openssh-server with its own host key, and a login of its own
-(`pictl-tI`, home `/home/pictl-tI`). The host keys go into a known_hosts file the
-inventory names, so nothing disables host-key checking. The hosts share a
+(`pictl-tI`, home `/home/pictl-tI`; `PICTL_SSHCLUSTER_TAG` replaces the `t`). The host
+keys go into a known_hosts file the inventory names, so nothing disables host-key checking. The hosts share a
 read-only "lab image" with the pinned torch stack, like a prepared Pi image: the
 inventory's `venv` points at it, and each login's python also sees it through its
 user site-packages (what `system_site_packages = true` reuses).
@@ -39,12 +39,17 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run as a script too
 
-from pictl.provision import remote_requirements  # noqa: E402  (the one pinned list)
+from pictl.cluster.provision import remote_requirements  # noqa: E402  (the one pinned list)
 
-BRIDGE = "pictl-br0"
-SUBNET = "10.231.0"
+TAG = os.environ.get("PICTL_SSHCLUSTER_TAG", "t")
+"""Names this cluster's namespaces, logins and state (`pictl-<TAG><i>`), so clusters of different
+tags (two checkouts tested at once on one machine) never touch each other's."""
+if not (len(TAG) == 1 and TAG.isalpha() and TAG.islower()):
+    raise SystemExit(f"PICTL_SSHCLUSTER_TAG must be one lower-case letter, not {TAG!r}")
+BRIDGE = f"pictl-br{TAG}"
+SUBNET = f"10.231.{ord(TAG) - ord('a')}"
 LAB_VENV = Path("/opt/pictl-testlab/venv")
-STATE = Path("/tmp/pictl-sshcluster")
+STATE = Path("/tmp/pictl-sshcluster" if TAG == "t" else f"/tmp/pictl-sshcluster-{TAG}")
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
 CFS_PERIOD_US = 10_000
 """The period of the emulated CPU quota. Within a period a capped host runs at full speed until its
@@ -115,7 +120,7 @@ class SshCluster:
         return self.address(i) if self.port(i) == 22 else f"{self.address(i)}:{self.port(i)}"
 
     def user(self, i: int) -> str:
-        return f"pictl-t{i}"
+        return f"pictl-{TAG}{i}"
 
     def workdir_spec(self, i: int) -> str:
         """The workdir as the inventory writes it."""
@@ -127,7 +132,7 @@ class SshCluster:
 
     def exec_on(self, i: int) -> list[str]:
         """Prefix that runs a command on host i's network."""
-        return ["ip", "netns", "exec", f"pictl-t{i}"]
+        return ["ip", "netns", "exec", f"pictl-{TAG}{i}"]
 
     def _belongs(self, i: int, p: psutil.Process) -> bool:
         return p.info["username"] == self.user(i)
@@ -172,7 +177,7 @@ class SshCluster:
         _sh("ip", "addr", "add", f"{SUBNET}.1/24", "dev", BRIDGE)
         _sh("ip", "link", "set", BRIDGE, "up")
         for i in range(self.n):
-            ns, veth = f"pictl-t{i}", f"pictl-v{i}"
+            ns, veth = f"pictl-{TAG}{i}", f"pictl-v{TAG}{i}"
             _sh("ip", "netns", "add", ns)
             _sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
             _sh("ip", "link", "set", veth, "master", BRIDGE)
@@ -196,7 +201,7 @@ class SshCluster:
         _sh("chown", "-R", f"{self.user(i)}:{self.user(i)}", str(home / ".local"))
 
     def cgroup(self, i: int) -> Path:
-        return CPU_CGROUP / f"pictl-t{i}"
+        return CPU_CGROUP / f"pictl-{TAG}{i}"
 
     def set_cpu(self, i: int, cores: float | None) -> None:
         """Cap host i (its sshd and everything started through it) at `cores` CPUs; None lifts the cap."""
@@ -220,7 +225,12 @@ class SshCluster:
         def enter_cgroup() -> None:  # in the child, before exec: sshd and its sessions inherit the cgroup
             (cgroup / "cgroup.procs").write_text(str(os.getpid()))
 
-        self.procs.append(subprocess.Popen(["ip", "netns", "exec", f"pictl-t{i}", "/usr/sbin/sshd", "-D", "-e",
+        # `ip netns exec` mounts a fresh /sys, without the cgroup file systems: mount the CPU controller
+        # again in the host's own mount namespace, so its CPU quota is readable there, as on a real host.
+        mount = (f"mount -t tmpfs cgroup_root /sys/fs/cgroup && mkdir -p /sys/fs/cgroup/cpu && "
+                 f"mount -t cgroup -o {_cpu_controllers()} cgroup /sys/fs/cgroup/cpu; exec \"$@\"")
+        self.procs.append(subprocess.Popen(["ip", "netns", "exec", f"pictl-{TAG}{i}", "sh", "-c", mount, "sh",
+                                            "/usr/sbin/sshd", "-D", "-e",
                                             "-f", str(d / "sshd_config")], stdout=subprocess.DEVNULL,
                                            stderr=open(d / "sshd.log", "w"),  # noqa: SIM115
                                            preexec_fn=enter_cgroup))
@@ -360,6 +370,16 @@ def start_cluster(hosts: int = 4, cpu: float | None = None) -> SshCluster:
     return cluster
 
 
+def _cpu_controllers() -> str:
+    """The controllers mounted together with the CPU one (`cpu`, or `cpu,cpuacct`), as mount options."""
+    target = os.path.realpath(CPU_CGROUP)
+    for line in Path("/proc/mounts").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 3 and fields[2] == "cgroup" and fields[1] == target:
+            return ",".join(o for o in fields[3].split(",") if o in ("cpu", "cpuacct"))
+    return "cpu"
+
+
 def _wait_port(address: str, port: int, log: Path, timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     while True:
@@ -380,16 +400,16 @@ def down(n: int = 16) -> None:
         except (ValueError, ProcessLookupError):
             pass
     for i in range(n):
-        _sh("ip", "netns", "pids", f"pictl-t{i}", check=False)
-        pids = _sh("ip", "netns", "pids", f"pictl-t{i}", check=False).stdout.split()
+        _sh("ip", "netns", "pids", f"pictl-{TAG}{i}", check=False)
+        pids = _sh("ip", "netns", "pids", f"pictl-{TAG}{i}", check=False).stdout.split()
         for pid in pids:
             try:
                 os.kill(int(pid), 9)
             except ProcessLookupError:
                 pass
-        _sh("ip", "netns", "del", f"pictl-t{i}", check=False)
-        _sh("ip", "link", "del", f"pictl-v{i}", check=False)
-        cgroup = CPU_CGROUP / f"pictl-t{i}"
+        _sh("ip", "netns", "del", f"pictl-{TAG}{i}", check=False)
+        _sh("ip", "link", "del", f"pictl-v{TAG}{i}", check=False)
+        cgroup = CPU_CGROUP / f"pictl-{TAG}{i}"
         if cgroup.exists():
             for pid in (cgroup / "cgroup.procs").read_text().split():
                 try:
@@ -404,7 +424,7 @@ def down(n: int = 16) -> None:
                     time.sleep(0.1)
     _sh("ip", "link", "del", BRIDGE, check=False)
     for i in range(n):
-        for leftover in (Path(f"/home/pictl-t{i}/pictl"), Path(f"/home/pictl-t{i}/.local")):
+        for leftover in (Path(f"/home/pictl-{TAG}{i}/pictl"), Path(f"/home/pictl-{TAG}{i}/.local")):
             if leftover.exists():
                 shutil.rmtree(leftover, ignore_errors=True)
     shutil.rmtree(STATE, ignore_errors=True)

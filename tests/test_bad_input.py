@@ -12,8 +12,8 @@ from safetensors.torch import save_file
 
 from remote.emit import Emitter
 from remote.errors import BadInput
-from remote.model import create_meta_model, materialize
-from remote.plan import emit_plan
+from remote.runtime.model import create_meta_model, materialize
+from remote.runtime.plan import emit_plan
 from remote.spec import DataSpec, RunSpec
 
 BAD = ROOT / "tests" / "data" / "bad_hosts"

@@ -18,7 +18,7 @@ def test_check_the_shipped_local_cluster(pictl_env) -> None:
     assert h["probe"]["venv"]["packages"]["torch"] and h["probe"]["cpus"] >= 1
     assert h["probe"]["interface"] == {"name": "lo", "exists": True, "address": "127.0.0.1"}
     assert h["probe"]["rendezvous"]["ok"] is True
-    assert abs(h["clock_offset_ms"]) <= h["clock_uncertainty_ms"] + 5  # one machine: no real offset
+    assert h["clock_offset_ms"] == 0.0 and h["clock_uncertainty_ms"] == 0.0  # a local host is this machine
 
 
 @pytest.mark.slow
@@ -28,6 +28,10 @@ def test_check_ssh_hosts_and_name_the_unready(ssh_cluster, pictl_env, tmp_path: 
     hosts = json.loads(proc.stdout)["hosts"]
     assert [h["probe"]["interface"]["address"] for h in hosts] == [ssh_cluster.address(i) for i in range(4)]
     assert all(h["probe"]["rendezvous"]["ok"] for h in hosts)
+    # The hosts share this machine's clock: the true offset is 0, and NTP's bound must contain it.
+    for h in hosts:
+        assert 0 < h["clock_uncertainty_ms"] < 2.0, h
+        assert abs(h["clock_offset_ms"]) <= h["clock_uncertainty_ms"] + 0.001, h
 
     from test_ssh import _dead_endpoint
 

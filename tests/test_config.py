@@ -6,10 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from pictl.cluster.commands import worker_env
 from pictl.errors import ConfigError
 from pictl.inventory import load_cluster
-from pictl.launch import place_stages, torchrun_argv, worker_env
-from pictl.profiles import available_profiles, resolve_options
+from pictl.planning.placement import place_stages
+from pictl.planning.profiles import available_profiles, resolve_options
+from pictl.run.launch import torchrun_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 BAD = ROOT / "tests" / "data" / "bad_hosts"
@@ -85,10 +87,11 @@ def test_placement_and_torchrun_lines() -> None:
     nodes = place_stages(cluster, 3)
     assert [(n.host.name, n.node_rank, list(n.ranks)) for n in nodes] == [
         ("local0", 0, [0]), ("local1", 1, [1]), ("local2", 2, [2])]
-    argv = torchrun_argv(nodes[1], nnodes=3, master=nodes[0].host, master_port=29555, spec_path="spec.json")
+    argv = torchrun_argv(nodes[1], nnodes=3, master=nodes[0].host, master_port=29555, spec_path="spec.json",
+                         run_id="20261123-1-s3-ab12")
     assert argv[1:3] == ["-m", "torch.distributed.run"]
     assert {"--nnodes=3", "--nproc-per-node=1", "--node-rank=1", "--rdzv-backend=static",
-            "--master-addr=127.0.0.1", "--master-port=29555"} <= set(argv)
+            "--rdzv-id=20261123-1-s3-ab12", "--master-addr=127.0.0.1", "--master-port=29555"} <= set(argv)
     env = worker_env(nodes[1].host, threads=4)
     assert env["OMP_NUM_THREADS"] == "4" and env["GLOO_SOCKET_IFNAME"] == "lo"
     with pytest.raises(ConfigError, match="5 stages do not fit"):
@@ -122,7 +125,7 @@ def test_bad_ranks_are_named(tmp_path: Path, ranks: list, fragment: str) -> None
 
 
 def test_sweep_presets_reproduce_the_course_tables(tmp_path: Path, monkeypatch) -> None:
-    from pictl.profiles import sweep_settings
+    from pictl.planning.profiles import sweep_settings
 
     stages = sweep_settings("lab6-stages")
     assert stages.stages == [1, 2, 3, 4, 6] and stages.policy == ["equal", "balanced"]

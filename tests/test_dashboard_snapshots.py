@@ -11,9 +11,9 @@ from pathlib import Path
 
 from conftest import write_cluster
 
+from pictl.cluster.monitor import HostSample
+from pictl.events import RankEvent
 from pictl.inventory import load_cluster
-from pictl.monitor import HostSample
-from pictl.session import RankEvent
 from pictl.tui.app import PictlApp
 from pictl.tui.messages import HostHealth, LogLine, PhaseChanged, RankRecord, RunFinished
 from pictl.tui.widgets.stage_list import StageList
@@ -51,6 +51,16 @@ async def _during(pilot) -> None:  # noqa: ANN001
         app.post_message(RankRecord(host, host, _rec("stage_ready", rank, NOW - 20, modules=MODULES[rank],
                                                      params=7_000_000 + rank, load_s=1.2)))
         app.post_message(LogLine(f"rank{rank}", host, "stdout", f"ready: {MODULES[rank][0]} .. {MODULES[rank][1]}"))
+    # `balanced` measured its first split, moved a cut, and kept the second
+    app.post_message(RankRecord("h0", "h0", _rec("refine", 0, NOW - 16, round=1, split_points=["blocks.3", "blocks.8"],
+                                                 predicted_ms=[301.0, 298.0, 305.0], measured_ms=[352.0, 250.0, 301.0],
+                                                 next_split=["blocks.4", "blocks.8"])))
+    app.post_message(RankRecord("h0", "h0", _rec("refine", 0, NOW - 13, round=2, split_points=["blocks.4", "blocks.8"],
+                                                 predicted_ms=[290.0, 293.0, 301.0], measured_ms=[296.0, 291.0, 303.0],
+                                                 next_split=None)))
+    app.post_message(RankRecord("h0", "h0", _rec("refined", 0, NOW - 13, rounds=2,
+                                                 split_points=["blocks.4", "blocks.8"],
+                                                 predicted_ms=[296.0, 291.0, 303.0])))
     for k in range(1, 9):  # one tick per rank at a time, through the bridge, where a newer tick replaces a queued one
         for rank in range(3):
             app.bridge(RankEvent(f"h{rank}", f"h{rank}", _rec(
@@ -69,6 +79,11 @@ async def _after(pilot) -> None:  # noqa: ANN001
     summary = {"status": "ok", "run_id": "20270115-080000-s3-abcd", "stages": 3,
                "split_points": ["blocks.4", "blocks.8"],
                "throughput_ips": 9.61, "serial_ips": 3.45, "serial_reused": True, "speedup": 2.786,
+               "baseline": {"host": "h0", "reused": True, "age_s": 1260.0},
+               "flags": [{"code": "throughput_spread", "message": "pipeline throughput varied from 8.70 to 10.40 "
+                                                                   "img/s across the timed passes (18% of its mean)"},
+                         {"code": "fill_drain_bound", "message": "24 microbatches through 3 stages: efficiency "
+                                                                 "capped at 0.92"}],
                "outputs_match": True, "max_abs_diff": 0.0, "accuracy": None, "traces": [
                    {"id": "run", "directory": "/runs/20270115-080000-s3-abcd/traces", "files": {"0": "a", "1": "b"},
                     "missing": {"2": "no trace from h2 within 120 s"},

@@ -9,7 +9,7 @@ import pytest
 import torch
 from cifar_fixture import write_cifar10
 
-from remote.data import load_images, load_labels, microbatches
+from remote.data.images import load_images, load_labels, microbatches
 from remote.errors import BadInput
 from remote.spec import DataSpec
 
@@ -80,7 +80,7 @@ def test_uneven_microbatches_are_padded_to_the_chunk() -> None:
 
 
 def test_cifar_train_and_test_splits_for_pruning(tmp_path: Path) -> None:
-    from remote.datasets import labelled_set
+    from remote.data.datasets import labelled_set
 
     root = write_cifar10(tmp_path / "full", images=4, train_batches=5)
     spec = DataSpec(kind="cifar10", path=str(root))
@@ -96,8 +96,8 @@ def test_cifar_train_and_test_splits_for_pruning(tmp_path: Path) -> None:
 
 
 def test_a_model_the_pruner_cannot_handle_is_named() -> None:
-    from remote.model import create_meta_model
-    from remote.pieces import check_supported
+    from remote.runtime.model import create_meta_model
+    from remote.runtime.pieces import check_supported
 
     with pytest.raises(BadInput, match="resnet18"):
         check_supported(create_meta_model("resnet18", 10), "resnet18")

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from remote.errors import BadInput
-from remote.model import create_meta_model, materialize
-from remote.partition import equal_split, piece_params, plan, split_point_names
-from remote.pieces import vit_pieces
+from remote.runtime.model import create_meta_model, materialize
+from remote.runtime.partition import equal_split, piece_params, plan, split_point_names
+from remote.runtime.pieces import vit_pieces
+from remote.runtime.stage import build_stage, layout_for
 from remote.spec import RunSpec
-from remote.stage import build_stage, layout_for
 
 
 @pytest.fixture(scope="module")

@@ -78,7 +78,10 @@ def test_installer_failure_names_the_host_and_shows_its_last_lines(ssh_cluster, 
     proc = run_pictl(["provision", "--hosts", str(inv), "--wheels", str(tmp_path / "wheels")], pictl_env)
     assert proc.returncode == 6, proc.stderr
     assert "pictl: error: host 'h3': install failed" in proc.stderr
-    assert "No matching distribution found for torch" in proc.stderr
+    # pip's own last lines, whichever way it says that torch cannot be had (a pip config with constraints,
+    # as on this machine kind, words it as a conflict)
+    assert ("No matching distribution found for torch" in proc.stderr
+            or "ERROR: Cannot install torch" in proc.stderr), proc.stderr
     assert "provisioned 3 of 4 host(s)" in proc.stdout
     assert not (ssh_cluster.workdir(3) / "venv" / ".pictl-provisioned").exists()
     _assert_hosts_clean(ssh_cluster)
@@ -87,7 +90,7 @@ def test_installer_failure_names_the_host_and_shows_its_last_lines(ssh_cluster, 
 @pytest.mark.parametrize(("change", "fragment"), [
     ({1: {"python": "/usr/bin/python3.9"}}, "host 'h1': python '/usr/bin/python3.9' not found"),
     ({2: {"venv": "/opt/pictl-testlab/h2-venv"}},
-     "host 'h2': venv path /opt/pictl-testlab/h2-venv is not writable by user pictl-t2"),
+     "host 'h2': venv path /opt/pictl-testlab/h2-venv is not writable by user {user2}"),
 ])
 def test_host_that_cannot_hold_a_venv_is_named(ssh_cluster, pictl_env, tmp_path: Path, change: dict,
                                                fragment: str) -> None:
@@ -96,6 +99,7 @@ def test_host_that_cannot_hold_a_venv_is_named(ssh_cluster, pictl_env, tmp_path:
     proc = run_pictl(["provision", "--hosts", str(inv), "--wheels", str(tmp_path / "wheels")], pictl_env)
     assert proc.returncode == 6
     errors = [line for line in proc.stderr.splitlines() if line.startswith("pictl: error:")]
+    fragment = fragment.format(user2=ssh_cluster.user(2))
     assert len(errors) == 1 and fragment in errors[0], proc.stderr
     _assert_hosts_clean(ssh_cluster)
 

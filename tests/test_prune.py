@@ -1,6 +1,6 @@
 """The pruning workflow: bad input, a real prune + fine-tune on real images, and DeiT-S per importance.
 
-`pictl prune` runs torch-pruning in a process of its own (`remote.prune`); its artifact
+`pictl prune` runs torch-pruning in a process of its own (`remote.pruning.prune`); its artifact
 must load on a host without unpickling and give the same outputs in a pipeline as serially.
 """
 
@@ -48,9 +48,9 @@ def _train_base(data: Path, out: Path) -> float:
     import torch
     from safetensors.torch import save_file
 
-    from remote.datasets import labelled_set
-    from remote.finetune import finetune, loader
-    from remote.model import create_meta_model, materialize
+    from remote.data.datasets import labelled_set
+    from remote.pruning.finetune import finetune, loader
+    from remote.runtime.model import create_meta_model, materialize
     from remote.spec import DataSpec, PruneSpec
 
     kwargs = {k: int(v) for k, v in (a.split("=") for a in DIGITS_VIT)}
@@ -109,11 +109,11 @@ def test_deit_small_each_importance(pictl_env, tmp_path: Path) -> None:
     a globally pruned one (uneven block widths) gives the same logits in 2 stages as serially."""
     import torch
 
-    from remote.artifact import attention_heads, save_artifact
     from remote.artifact_meta import ArtifactMeta
     from remote.errors import BadInput
-    from remote.model import Checkpoint, create_meta_model, materialize, meta_model_for
-    from remote.prune import prune_model
+    from remote.pruning.prune import prune_model
+    from remote.runtime.artifact import attention_heads, meta_model_for, save_artifact
+    from remote.runtime.model import Checkpoint, create_meta_model, materialize
     from remote.spec import IMPORTANCES, PruneSpec, RunSpec
 
     torch.manual_seed(0)
@@ -163,10 +163,10 @@ def test_whole_heads_are_removed_and_counted(tmp_path: Path) -> None:
     """--prune-heads drops heads of full width: the modules must say fewer heads, not narrower ones."""
     import torch
 
-    from remote.artifact import attention_heads, save_artifact
     from remote.artifact_meta import ArtifactMeta
-    from remote.model import Checkpoint, create_meta_model, materialize, meta_model_for
-    from remote.prune import prune_model
+    from remote.pruning.prune import prune_model
+    from remote.runtime.artifact import attention_heads, meta_model_for, save_artifact
+    from remote.runtime.model import Checkpoint, create_meta_model, materialize
     from remote.spec import PruneSpec, RunSpec
 
     kwargs = {"img_size": 32, "patch_size": 8, "depth": 2, "embed_dim": 96, "num_heads": 4}

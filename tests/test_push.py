@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import run_pictl
 
+from pictl.cluster.push import MANIFEST, local_tree, push_to
+from pictl.cluster.transport.local import LocalTransport
 from pictl.inventory import Host
-from pictl.push import MANIFEST, local_tree, push_to
-from pictl.transport.local import LocalTransport
 
 
 def _push(host: Host, files: dict[str, bytes]):
@@ -36,7 +36,7 @@ def test_manifest_sync(tmp_path: Path) -> None:
 
 def test_the_shipped_tree_includes_remote_and_profiles() -> None:
     names = set(local_tree())
-    assert {"remote/pipeline.py", "remote/supervise.py", "profiles/lab6.toml"} <= names
+    assert {"remote/runtime/pipeline.py", "remote/host/supervise.py", "profiles/lab6.toml"} <= names
 
 
 @pytest.mark.slow
@@ -51,5 +51,5 @@ def test_push_to_ssh_hosts_then_unchanged_repush(ssh_cluster, pictl_env) -> None
     again = run_pictl(["push", "--hosts", str(ssh_cluster.inventory)], pictl_env)
     assert again.returncode == 0 and again.stdout.count("up to date") == 4, again.stdout
     assert time.monotonic() - start < 10
-    placed = ssh_cluster.workdir(3) / "code" / "remote" / "pipeline.py"
-    assert placed.read_bytes() == local_tree()["remote/pipeline.py"]
+    placed = ssh_cluster.workdir(3) / "code" / "remote" / "runtime" / "pipeline.py"
+    assert placed.read_bytes() == local_tree()["remote/runtime/pipeline.py"]

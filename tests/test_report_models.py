@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pictl.report import models_section
+from pictl.records.report import models_section
 
 ART = {"path": "/p/model.safetensors", "digest": "d", "base_model": "deit_small_patch16_224", "ratio": 0.15,
        "importance": "hessian", "params": 16_000_000, "params_base": 22_000_000, "macs": 3_370_000_000,

@@ -9,9 +9,9 @@ import torch
 from safetensors.torch import save_file
 
 from remote.errors import BadInput
-from remote.model import Checkpoint, create_meta_model, materialize
+from remote.runtime.model import Checkpoint, create_meta_model, materialize
+from remote.runtime.stage import build_stage, layout_for
 from remote.spec import RunSpec
-from remote.stage import build_stage, layout_for
 
 MODEL = "deit_small_patch16_224"
 

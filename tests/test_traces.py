@@ -11,11 +11,12 @@ import pytest
 from conftest import write_cluster
 
 from pictl import errors as E
-from pictl.baseline import BaselineCache
+from pictl.events import RankEvent
 from pictl.inventory import load_cluster
-from pictl.profiles import RunOptions
-from pictl.session import RankEvent, RunSession
-from pictl.traces import merge, rank_breakdown
+from pictl.planning.profiles import RunOptions
+from pictl.run.baselines import BaselineCache
+from pictl.run.session import RunSession
+from pictl.run.traces import merge, rank_breakdown
 from remote import protocol as P
 
 

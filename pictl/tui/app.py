@@ -20,13 +20,13 @@ from textual.widgets import Footer, Header
 from textual.worker import Worker, WorkerState
 
 from pictl import errors as E
-from pictl.baseline import BaselineCache
+from pictl.cluster.monitor import HostMonitor, HostSample
 from pictl.inventory import Cluster
-from pictl.monitor import HostMonitor
-from pictl.profiles import RunOptions
-from pictl.prune import PruneOptions
-from pictl.runs import default_runs_root
-from pictl.session import RunSession
+from pictl.jobs.prune import PruneOptions
+from pictl.planning.profiles import RunOptions
+from pictl.records.runs import default_runs_root
+from pictl.run.baselines import BaselineCache
+from pictl.run.session import RunSession
 from pictl.tui.bridge import SessionBridge
 from pictl.tui.messages import (
     HostHealth,
@@ -36,6 +36,7 @@ from pictl.tui.messages import (
     PruneFinished,
     RankRecord,
     RunFinished,
+    StagesPlaced,
     SweepRows,
     SweepRunStarted,
     TracesGrabbed,
@@ -103,7 +104,10 @@ class PictlApp(App):
         self.set_interval(1 / RENDER_HZ, self.render_dirty)
         self.set_interval(1.0, lambda: self._dirty.update({"hosts", "summary"}))
         if self.monitor_enabled:
-            monitor = HostMonitor(self.cluster, lambda s: self.post_message(HostHealth(s)))
+            def post(sample: HostSample) -> None:
+                self.post_message(HostHealth(sample))
+
+            monitor = HostMonitor(self.cluster, post)
             self.run_worker(monitor.run(), name="host monitor", group="monitor", exit_on_error=False)
 
     # -- rendering ----------------------------------------------------------------------------------
@@ -129,6 +133,10 @@ class PictlApp(App):
         self.query_one(LogView).add("pictl", "", "stdout", f"{msg.name}: {msg.text}")
         self._dirty.update({"hosts", "summary"})
 
+    def on_stages_placed(self, msg: StagesPlaced) -> None:
+        self.state.on_placed(msg.placed)
+        self._dirty.update({"hosts", "stages", "summary"})
+
     def on_rank_record(self, msg: RankRecord) -> None:
         self.state.on_record(msg.source, msg.host, msg.record, self.clock())
         self._dirty.update({"stages", "summary", "hosts"})
@@ -143,8 +151,8 @@ class PictlApp(App):
         self.query_one(LogView).add(msg.host, msg.source, msg.stream, msg.line)
 
     def on_host_health(self, msg: HostHealth) -> None:
-        was_up = self.state.hosts.get(msg.sample.host)
-        was_up = was_up.up if was_up else None
+        row = self.state.hosts.get(msg.sample.host)
+        was_up = row.up if row else None
         self.state.on_sample(msg.sample)
         if was_up and not msg.sample.up:
             self.notify(f"host {msg.sample.host} is not answering: {msg.sample.error}", severity="error")
@@ -156,7 +164,7 @@ class PictlApp(App):
         if msg.error:
             self.notify(msg.error, title="run failed" if "interrupted" not in msg.error else "run stopped",
                         severity="error" if "interrupted" not in msg.error else "warning", timeout=10)
-        else:
+        elif msg.summary is not None:
             self.notify(f"speedup {msg.summary.get('speedup')}x, outputs match: {msg.summary.get('outputs_match')}",
                         title="run finished")
 
@@ -169,8 +177,8 @@ class PictlApp(App):
         self._dirty.add("summary")
 
     async def on_sweep_run_started(self, msg: SweepRunStarted) -> None:
-        self.session = msg.session  # type: ignore[assignment]
-        self.state.start_run(self.session.options.model_dump(), self.clock())
+        self.session = msg.session
+        self.state.start_run(msg.session.options.model_dump(), self.clock())
         self.state.sweep = {**(self.state.sweep or {}), "index": msg.index, "total": msg.total}
         await self.query_one(StageList).reset(self.state)
         self._dirty.update({"hosts", "summary"})
@@ -213,7 +221,7 @@ class PictlApp(App):
         self.post_message(RunFinished(summary, None))
 
     def start_sweep(self, base: RunOptions, points: list, profile: str | None = None) -> None:
-        from pictl.sweep import run_sweep
+        from pictl.jobs.sweep import run_sweep
 
         out = self.runs_root.parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S")
         self.state.sweep = {"index": 0, "total": len(points), "rows": [], "directory": str(out)}
@@ -239,7 +247,7 @@ class PictlApp(App):
         self.run_worker(sweep(), name="sweep", group="run", exclusive=True, exit_on_error=False)
 
     def start_prune(self, options: PruneOptions, on: str | None) -> None:
-        from pictl.prune import PruneSession
+        from pictl.jobs.prune import PruneSession
 
         self.state.start_prune(options.model_dump(), on or "the controller", self.clock())
         self.state.sweep = None

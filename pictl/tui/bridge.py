@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 from textual.message import Message
 
-from pictl.session import HostOutput, Phase, RankEvent, SessionEvent
-from pictl.tui.messages import LogLine, PhaseChanged, ProgressReady, RankRecord
+from pictl.events import HostOutput, Phase, Placed, RankEvent, SessionEvent
+from pictl.tui.messages import LogLine, PhaseChanged, ProgressReady, RankRecord, StagesPlaced
 from remote import protocol as P
 
 
@@ -64,5 +64,7 @@ class SessionBridge:
             if (text := _as_log(event.record)) is not None:
                 who = event.source if event.source in ("serial", "prune") else f"rank{event.record.get(P.KEY_RANK, 0)}"
                 self.post(LogLine(who, event.host, "stderr" if kind == P.ERROR else "stdout", text))
+        elif isinstance(event, Placed):
+            self.post(StagesPlaced(event))
         elif isinstance(event, HostOutput):
             self.post(LogLine(event.source, event.host, event.stream, event.line))

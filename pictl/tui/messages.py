@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual.message import Message
 
-from pictl.monitor import HostSample
+from pictl.cluster.monitor import HostSample
+from pictl.events import Placed
+
+if TYPE_CHECKING:
+    from pictl.run.session import RunSession
 
 
 class PhaseChanged(Message):
@@ -15,6 +19,14 @@ class PhaseChanged(Message):
     def __init__(self, name: str, text: str) -> None:
         super().__init__()
         self.name, self.text = name, text
+
+
+class StagesPlaced(Message):
+    """Where the run's stages went (the fastest hosts under `balanced`, slots, threads)."""
+
+    def __init__(self, placed: Placed) -> None:
+        super().__init__()
+        self.placed = placed
 
 
 class RankRecord(Message):
@@ -67,7 +79,7 @@ class TracesGrabbed(Message):
 class SweepRunStarted(Message):
     """A sweep moved on to its next combination (its session is about to run)."""
 
-    def __init__(self, session: object, index: int, total: int) -> None:
+    def __init__(self, session: RunSession, index: int, total: int) -> None:
         super().__init__()
         self.session, self.index, self.total = session, index, total
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pictl.cluster.monitor import HostSample
+from pictl.events import Placed
 from pictl.inventory import Cluster
-from pictl.launch import place_stages
-from pictl.monitor import HostSample
+from pictl.planning.placement import place_stages
 from remote import protocol as P
 
 SPARK_POINTS = 60
@@ -81,6 +83,7 @@ class DashboardState:
         self.trace_note: str | None = None
         self.sweep: dict[str, Any] | None = None  # {"index", "total", "rows", "directory"} while/after a sweep
         self.prune: dict[str, Any] | None = None  # the latest pruning job: options, progress, accuracy, summary
+        self.refine: list[dict[str, Any]] = []  # `balanced` correcting its split: each round, then the result
 
     # -- run lifecycle ----------------------------------------------------------------------------
 
@@ -115,16 +118,31 @@ class DashboardState:
         self.prune = None
         self.running, self.summary, self.error, self.failure = True, None, None, None
         self.serial_ips, self.pipeline_ips, self.accuracy, self.traces, self.trace_note = None, [], None, [], None
+        self.refine = []
         self.started_at, self.pipeline_started_at = now or time.time(), None
         self.phase, self.phase_message = "connect", "connecting"
         self.stages = {}
         for row in self.hosts.values():
             row.ranks, row.activity = [], "idle"
+        # A first guess from the inventory's order, so the panels appear at once; `on_placed` has the word.
         for node in place_stages(self.cluster, int(options.get("stages", 1))):
-            row = self.hosts[node.host.name]
-            row.ranks, row.activity = list(node.ranks), "connecting"
-            for r in node.ranks:
-                self.stages[r] = StageView(r, node.host.name)
+            self._put(node.host.name, node.ranks, "connecting")
+
+    def _put(self, host: str, ranks: Iterable[int], activity: str) -> None:
+        row = self.hosts[host]
+        row.ranks, row.activity = list(ranks), activity
+        for r in ranks:
+            self.stages[r] = StageView(r, host)
+
+    def on_placed(self, placed: Placed) -> None:
+        """Where the session put the stages (under `balanced`, maybe not the first hosts)."""
+        activity = _PHASE_ACTIVITY.get(self.phase) or "waiting"
+        self.stages = {}
+        for row in self.hosts.values():
+            row.ranks, row.activity = [], "idle"
+        for part in placed.stages:
+            if part.host in self.hosts:
+                self._put(part.host, part.ranks, activity)
 
     def _busy_hosts(self) -> list[HostRow]:
         return [r for r in self.hosts.values() if r.ranks]
@@ -156,8 +174,10 @@ class DashboardState:
                 self.serial_ips = float(rec["ips"])
             return
         st = self.stages.get(int(rec.get(P.KEY_RANK, 0)))
-        if kind == P.STAGE_READY and st:
+        if kind in (P.STAGE_READY, P.STAGE_MOVED) and st:
             st.modules = list(rec.get("modules", []))
+        elif kind in (P.REFINE, P.REFINED):
+            self.refine.append(rec)
         elif kind == P.PROGRESS and st:
             self._progress(st, rec)
         elif kind == P.THROUGHPUT and not rec.get("traced"):
@@ -221,7 +241,8 @@ class DashboardState:
             return 0.0, None
         warmup, repeats = int(self.options.get("warmup", 1)), int(self.options.get("repeats", 3))
         passes = warmup + repeats + (1 if self.options.get("trace_steps") else 0)
-        index = {"warmup": last.repeat, "timed": warmup + last.repeat, "trace": warmup + repeats}.get(last.phase, 0)
+        index = {"warmup": last.repeat, "calibrate": warmup, "timed": warmup + last.repeat,
+                 "trace": warmup + repeats}.get(last.phase, 0)
         done = (index * last.microbatches_total + last.microbatches) / (passes * last.microbatches_total)
         done = min(done, 1.0)
         if not self.running or not self.pipeline_started_at or done <= 0:

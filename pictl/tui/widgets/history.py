@@ -13,7 +13,8 @@ from textual.containers import Vertical
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from pictl.runs import SUMMARY_FILE
+from pictl.records.runs import SUMMARY_FILE
+from pictl.summary import baseline_text
 
 
 def load_runs(root: Path, limit: int = 200) -> list[dict[str, Any]]:
@@ -50,11 +51,15 @@ def run_details(s: dict[str, Any]) -> Table:
                          ("model", s.get("model")), ("stages", s.get("stages")),
                          ("split", ", ".join(s.get("split_points") or []) or "-"), ("policy", s.get("policy")),
                          ("pipeline", f"{_f(s.get('throughput_ips'))} img/s"),
-                         ("serial", f"{_f(s.get('serial_ips'))} img/s"), ("speedup", f"{_f(s.get('speedup'))}x"),
+                         ("serial", f"{_f(s.get('serial_ips'))} img/s{baseline_text(s)}"),
+                         ("speedup", f"{_f(s.get('speedup'))}x"),
                          ("outputs match", s.get("outputs_match")), ("accuracy", s.get("accuracy"))):
         grid.add_row(label, str(value))
     if s.get("error"):
         grid.add_row(Text("error", style="red"), Text(str(s["error"].get("message")), style="red"))
+    for i, flag in enumerate(s.get("flags") or []):
+        grid.add_row(Text("flags" if i == 0 else "", style="bold yellow"),
+                     Text(f"{flag['code']}: {flag['message']}", style="yellow"))
     for st in s.get("per_stage", []):
         grid.add_row(f"stage {st['rank']}", f"{st.get('host')}  compute {_f(st.get('compute_s'))}s  "
                      f"wait {_f(st.get('wait_s'))}s  send {_f(st.get('send_s'))}s")
@@ -86,12 +91,13 @@ class HistoryScreen(Screen):
         self.runs = load_runs(self.runs_root)
         table = self.query_one(DataTable)
         table.border_title = f"runs in {self.runs_root}"
-        for col in ("run", "status", "stages", "img/s", "serial", "speedup", "match", "traces"):
+        for col in ("run", "status", "stages", "img/s", "serial", "speedup", "match", "traces", "flags"):
             table.add_column(col, key=col)
         for i, s in enumerate(self.runs):
             table.add_row(s.get("run_id", "?"), s.get("status", "?"), str(s.get("stages", "-")),
                           _f(s.get("throughput_ips")), _f(s.get("serial_ips")), _f(s.get("speedup")),
-                          str(s.get("outputs_match", "-")), str(len(s.get("traces") or [])), key=str(i))
+                          str(s.get("outputs_match", "-")), str(len(s.get("traces") or [])),
+                          str(len(s.get("flags") or [])) if "flags" in s else "-", key=str(i))
         if not self.runs:
             self.query_one("#history-detail", Static).update(f"no runs in {self.runs_root} yet")
         table.focus()

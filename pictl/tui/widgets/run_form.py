@@ -9,7 +9,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, Input, Label, Select
 
 from pictl import errors as E
-from pictl.profiles import RunOptions, available_profiles, resolve_options
+from pictl.planning.profiles import RunOptions, available_profiles, resolve_options
 from pictl.tui.widgets.form_screen import FormScreen
 
 POLICIES = ("balanced", "equal", "explicit")

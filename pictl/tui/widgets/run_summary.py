@@ -1,4 +1,5 @@
-"""The run at a glance: throughput, serial baseline, speedup against the ideal, accuracy, outputs, progress."""
+"""The run at a glance: throughput, serial baseline (reused? how old?), speedup against the ideal, accuracy,
+outputs, progress, and the result's sanity flags."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
+from pictl.summary import baseline_text
 from pictl.tui.state import DashboardState
 
 
@@ -35,6 +37,18 @@ def sweep_table(rows: list[dict]) -> Table:
         table.add_row(str(r["stages"]), str(r["chunk"]), r["policy"], _f(r.get("throughput_ips")),
                       _f(r.get("speedup"), unit="x"), _f(r.get("efficiency")), str(r.get("bottleneck") or "-"))
     return table
+
+
+def refine_text(rec: dict) -> str:
+    """A refinement round (predicted / measured ms per stage, and what follows), or the final split."""
+    def ms(values: list[float]) -> str:
+        return "/".join(f"{v:.0f}" for v in values)
+
+    split = ",".join(rec.get("split_points") or [])
+    if rec.get("event") == "refined":
+        return f"{split} after {rec.get('rounds')} measured split(s), predicted {ms(rec['predicted_ms'])} ms"
+    then = f" -> {','.join(rec['next_split'])}" if rec.get("next_split") else ", kept"
+    return f"{split}: predicted {ms(rec['predicted_ms'])}, measured {ms(rec['measured_ms'])} ms{then}"
 
 
 def prune_grid(state: DashboardState) -> Table:
@@ -80,7 +94,7 @@ class RunSummary(Static):
                id(prune.get("progress")), len(prune.get("accuracy", [])), id(prune.get("summary")),
                id(state.summary), len(state.traces), state.trace_note, round(done, 3),
                None if eta is None else round(eta), state.options.get("stages"), sweep.get("index"),
-               len(sweep.get("rows", [])))
+               len(sweep.get("rows", [])), len(state.refine))
         if key == self._shown:
             return
         self._shown = key
@@ -103,8 +117,10 @@ class RunSummary(Static):
         if stages:
             split = ", ".join(s.get("split_points") or []) or state.options.get("policy", "-")
             grid.add_row("stages", f"{stages} ({split})")
+        if state.refine:  # `balanced` measuring a split and correcting itself: the latest step
+            grid.add_row("refine", refine_text(state.refine[-1]))
         grid.add_row("pipeline", _f(ips, unit=" img/s"))
-        grid.add_row("serial", _f(serial, unit=" img/s") + ("  (reused)" if s.get("serial_reused") else ""))
+        grid.add_row("serial", _f(serial, unit=" img/s") + baseline_text(s))
         grid.add_row("speedup", f"{_f(speedup, unit='x')}" + (f"  of {stages}x ideal" if stages else "")
                      + (f"  efficiency {speedup / stages:.2f}" if speedup and stages else ""))
         accuracy = s.get("accuracy", state.accuracy)
@@ -116,6 +132,9 @@ class RunSummary(Static):
         bar_width = 20
         filled = round(done * bar_width)
         grid.add_row("progress", f"{'█' * filled}{'░' * (bar_width - filled)} {done:.0%}  ETA {_eta(eta)}")
+        for i, flag in enumerate(s.get("flags") or []):  # what makes these numbers suspect: one line each
+            grid.add_row(Text("flags" if i == 0 else "", style="bold yellow"),
+                         Text(f"{flag['code']}: {flag['message']}", style="yellow", no_wrap=True, overflow="ellipsis"))
         if state.failure:
             f = state.failure
             where = f"host {f.get('host')}" + (f" rank {f['rank']}" if f.get("rank") is not None else "")

@@ -8,8 +8,8 @@ from textual.widgets import Button, Input, Label, Select
 
 from pictl import errors as E
 from pictl.inventory import Cluster
-from pictl.profiles import RunOptions, available_profiles
-from pictl.sweep import SweepPoint, plan_sweep
+from pictl.jobs.sweep import SweepPoint, plan_sweep
+from pictl.planning.profiles import RunOptions, available_profiles
 from pictl.tui.widgets.form_screen import FormScreen
 
 

@@ -1,0 +1,243 @@
+"""An independent check of pictl's speedup: pictl against a plain reference, same hosts, one invocation.
+
+    .venv/bin/python bench/check_speedup.py [--hosts hosts.toml] [--stages 2] [--images 48] [--rounds 2]
+    sudo .venv/bin/python bench/check_speedup.py --ssh [--cpu 0.4] [--period-ms 10] --stages 4
+
+Per round, on the same hosts and with the same protocol (model, split, images,
+chunk, threads, warm-up and timed passes): the plain serial reference on the
+first host (the whole timm model in a loop: `bench/reference.py serial`), then
+`pictl run --fresh-baseline` (its serial baseline, then its pipeline), then the
+plain pipeline reference (`bench/reference.py pipeline`: the eager timm model cut
+at the same block boundaries into torch.distributed.pipelining `PipelineStage`s,
+ScheduleGPipe over gloo, one `torchrun` per host, started with plain `ssh` on SSH
+hosts; its output is checked against the whole model's). Every other round the
+two references swap places. No pictl code runs in the reference's loop. Prints each
+side's serial and pipeline throughput, both speedups and their ratio
+(pictl / reference: 1.00 means pictl's figure is what a plain run gets).
+
+A round is marked DISTURBED, and left out of the median, when other work evidently
+changed the machine during it: a run whose timed passes spread by more than 10 %,
+or pictl's and the reference's serial runs (the same loop, same host) differing by
+more than 5 %.
+
+`--ssh` starts the SSH test cluster (root; `tests/sshcluster.py`) with every host
+capped at `--cpu` cores, and stops it afterwards. The shipped `hosts.toml` is the
+local cluster: no root needed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from pictl.inventory import Host, load_cluster  # noqa: E402  (reads hosts.toml; not in any timed loop)
+
+REFERENCE = Path(__file__).resolve().parent / "reference.py"
+_FREE_PORT = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+
+
+def _word(value: str) -> str:
+    return '"$HOME"/' + shlex.quote(value[2:]) if value.startswith("~/") else shlex.quote(value)
+
+
+def on_host(host: Host, argv: list[str], env: dict[str, str] | None = None) -> list[str]:
+    """The command line that runs `argv` on `host`: as is on a local host, through plain ssh(1) otherwise
+    (with the inventory's key and known_hosts; host keys are checked)."""
+    if host.transport == "local":
+        return ["env", *(f"{k}={v}" for k, v in (env or {}).items()), *argv]
+    ssh = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
+    if host.port:
+        ssh += ["-p", str(host.port)]
+    if host.key:
+        ssh += ["-i", str(Path(host.key).expanduser())]
+    if host.known_hosts:
+        ssh += ["-o", f"UserKnownHostsFile={Path(host.known_hosts).expanduser()}"]
+    words = ["env", *(f"{k}={v}" for k, v in (env or {}).items()), *argv] if env else argv
+    return [*ssh, f"{host.user}@{host.address}" if host.user else host.address, " ".join(map(_word, words))]
+
+
+def place_reference(host: Host) -> str:
+    """Put reference.py on the host; its path there."""
+    if host.transport == "local":
+        return str(REFERENCE)
+    where = f"{host.workdir.rstrip('/')}/bench-reference"
+    subprocess.run(on_host(host, ["sh", "-c", 'mkdir -p "$1" && cat > "$1/reference.py"', "sh", where]),
+                   input=REFERENCE.read_bytes(), check=True, capture_output=True)
+    return f"{where}/reference.py"
+
+
+def _env(host: Host, threads: int) -> dict[str, str]:
+    env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+    if host.interface:
+        env["GLOO_SOCKET_IFNAME"] = host.interface
+    return env
+
+
+def _last_json(out: str, what: str) -> dict:
+    for line in reversed(out.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise SystemExit(f"{what}: no result\n{out[-2000:]}")
+
+
+def reference_serial(host: Host, script: str, protocol: list[str], threads: int) -> dict:
+    proc = subprocess.run(on_host(host, [host.python_path(), script, "serial", *protocol], _env(host, threads)),
+                          capture_output=True, text=True, timeout=1800)
+    if proc.returncode:
+        raise SystemExit(f"reference serial on {host.name} failed:\n{proc.stderr[-3000:]}")
+    return _last_json(proc.stdout, "reference serial")
+
+
+def reference_pipeline(hosts: list[Host], scripts: list[str], split: list[str], protocol: list[str],
+                       threads: int) -> dict:
+    """One torchrun per host (static rendezvous on the first), like pictl's launch; the last rank's result."""
+    master = hosts[0]
+    port = subprocess.run(on_host(master, [master.python_path(), "-c", _FREE_PORT]), capture_output=True,
+                          text=True, check=True).stdout.strip()
+    procs = []
+    for i, (host, script) in enumerate(zip(hosts, scripts, strict=True)):
+        argv = [host.python_path(), "-m", "torch.distributed.run", f"--nnodes={len(hosts)}", "--nproc-per-node=1",
+                f"--node-rank={i}", "--rdzv-backend=static", f"--master-addr={master.rendezvous_address}",
+                f"--master-port={port}", "--max-restarts=0", script, "pipeline", "--split", ",".join(split),
+                *protocol]
+        procs.append(subprocess.Popen(on_host(host, argv, _env(host, threads)), stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, start_new_session=True))
+    outs = [p.communicate(timeout=1800) for p in procs]
+    for host, p, (_, err) in zip(hosts, procs, outs, strict=True):
+        if p.returncode:
+            raise SystemExit(f"reference pipeline on {host.name} failed:\n{err[-3000:]}")
+    result = _last_json(outs[-1][0], "reference pipeline")
+    if not result.get("matches_model"):
+        raise SystemExit(f"reference pipeline: its output differs from the whole model's: {result}")
+    return result
+
+
+def pictl_run(inventory: Path, stages: int, split: list[str], args: argparse.Namespace, tmp: str) -> dict:
+    env = {**os.environ, "PICTL_RUNS_DIR": f"{tmp}/runs", "PICTL_CACHE_DIR": f"{tmp}/cache"}
+    proc = subprocess.run([sys.executable, "-m", "pictl", "run", "--hosts", str(inventory), "--stages", str(stages),
+                           "--split", ",".join(split), "--model", args.model, "--images", str(args.images),
+                           "--chunk", str(args.chunk), "--warmup", str(args.warmup), "--repeats", str(args.repeats),
+                           "--threads", str(args.threads), "--fresh-baseline", "--headless", "--json"],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    if proc.returncode:
+        raise SystemExit(f"pictl run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout)
+
+
+def equal_blocks(stages: int, blocks: int = 12) -> list[str]:
+    """Stages of (nearly) equal block counts: the split both sides use."""
+    return [f"blocks.{round(blocks * k / stages)}" for k in range(1, stages)]
+
+
+def compare(inventory: Path, args: argparse.Namespace) -> list[dict]:
+    hosts = list(load_cluster(inventory).hosts)
+    if args.stages > len(hosts):
+        raise SystemExit(f"--stages {args.stages}: {inventory} has {len(hosts)} hosts (one stage per host)")
+    hosts = hosts[: args.stages]
+    split = equal_blocks(args.stages)
+    protocol = ["--model", args.model, "--images", str(args.images), "--chunk", str(args.chunk),
+                "--warmup", str(args.warmup), "--repeats", str(args.repeats), "--threads", str(args.threads)]
+    scripts = [place_reference(h) for h in hosts]
+    print(f"{args.model}, {args.stages} stages split at {', '.join(split)}, {args.images} images, chunk {args.chunk}, "
+          f"{args.threads} thread(s), {args.warmup} warm-up + {args.repeats} timed passes; hosts "
+          f"{', '.join(h.name for h in hosts)} from {inventory}", flush=True)
+    rounds = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            # The reference's two runs swap places every other round, so a load that drifts over the rounds
+            # weighs on both sides alike.
+            if r % 2 == 0:
+                ref_serial = reference_serial(hosts[0], scripts[0], protocol, args.threads)
+            else:
+                ref_pipe = reference_pipeline(hosts, scripts, split, protocol, args.threads)
+            ours = pictl_run(inventory, args.stages, split, args, tmp)
+            if r % 2 == 0:
+                ref_pipe = reference_pipeline(hosts, scripts, split, protocol, args.threads)
+            else:
+                ref_serial = reference_serial(hosts[0], scripts[0], protocol, args.threads)
+            row = {"pictl_serial": ours["serial_ips"], "pictl_pipeline": ours["throughput_ips"],
+                   "pictl_speedup": ours["speedup"], "ref_serial": ref_serial["mean_ips"],
+                   "ref_pipeline": ref_pipe["mean_ips"], "flags": [f["code"] for f in ours.get("flags", [])]}
+            row["ref_speedup"] = row["ref_pipeline"] / row["ref_serial"]
+            row["ratio"] = row["pictl_speedup"] / row["ref_speedup"]
+            row["disturbed"] = disturbances(ours, ref_serial, ref_pipe)
+            rounds.append(row)
+            print(f"round {r + 1}: serial img/s pictl {row['pictl_serial']:.2f} reference {row['ref_serial']:.2f} | "
+                  f"pipeline img/s pictl {row['pictl_pipeline']:.2f} reference {row['ref_pipeline']:.2f} | "
+                  f"speedup pictl {row['pictl_speedup']:.2f}x reference {row['ref_speedup']:.2f}x | "
+                  f"ratio {row['ratio']:.3f}  (pictl's flags: {', '.join(row['flags']) or 'none'})"
+                  + (f"  DISTURBED: {'; '.join(row['disturbed'])}" if row["disturbed"] else ""), flush=True)
+    for h, script in zip(hosts, scripts, strict=True):
+        if h.transport != "local":
+            subprocess.run(on_host(h, ["rm", "-rf", str(Path(script).parent)]), capture_output=True)
+    ratios = [row["ratio"] for row in rounds]
+    clean = [row["ratio"] for row in rounds if not row["disturbed"]]
+    print("speedup ratio pictl / reference: "
+          + (f"{statistics.median(clean):.3f} (median of the {len(clean)} undisturbed round(s) of {len(rounds)}: "
+             f"{', '.join(f'{x:.3f}' for x in clean)}); " if clean else "no undisturbed round; ")
+          + f"all rounds: {', '.join(f'{x:.3f}' for x in ratios)}")
+    return rounds
+
+
+SPREAD_LIMIT = 0.10
+SERIAL_AGREEMENT = 0.05
+
+
+def disturbances(ours: dict, ref_serial: dict, ref_pipe: dict) -> list[str]:
+    """Signs that other work changed the machine during a round, which then compares nothing: a run whose
+    timed passes spread by more than 10 %, or two serial runs (the same loop over the same model on the
+    same host, minutes apart) that differ by more than 5 %."""
+    out = []
+    for what, ips in (("pictl pipeline", ours["throughput_spread_ips"]), ("pictl serial", ours["serial_spread_ips"]),
+                      ("reference serial", ref_serial["ips"]), ("reference pipeline", ref_pipe["ips"])):
+        if ips and (max(ips) - min(ips)) / statistics.fmean(ips) > SPREAD_LIMIT:
+            out.append(f"{what} passes spread {(max(ips) - min(ips)) / statistics.fmean(ips):.0%}")
+    if abs(ours["serial_ips"] / ref_serial["mean_ips"] - 1) > SERIAL_AGREEMENT:
+        out.append(f"the serial runs differ by {abs(ours['serial_ips'] / ref_serial['mean_ips'] - 1):.0%}")
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hosts", type=Path, default=ROOT / "hosts.toml")
+    parser.add_argument("--ssh", action="store_true", help="start the SSH test cluster (root) and use it")
+    parser.add_argument("--cpu", type=float, default=0.4, help="--ssh: cores per host (a CFS quota)")
+    parser.add_argument("--period-ms", type=float, default=10.0, help="--ssh: the quota's CFS period")
+    parser.add_argument("--stages", type=int, default=2)
+    parser.add_argument("--model", default="deit_small_patch16_224")
+    parser.add_argument("--images", type=int, default=48)
+    parser.add_argument("--chunk", type=int, default=1)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=4)
+    args = parser.parse_args()
+    if not args.ssh:
+        compare(args.hosts, args)
+        return 0
+    from sshcluster import SshCluster, down
+
+    cluster = SshCluster(max(4, args.stages))
+    cluster.cfs_period_us = int(args.period_ms * 1000)
+    try:
+        cluster.up(cpu=args.cpu)
+        print(f"SSH test cluster: {cluster.n} hosts at {args.cpu} core(s) each (CFS period {args.period_ms:g} ms)")
+        compare(cluster.inventory, args)
+    finally:
+        down()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

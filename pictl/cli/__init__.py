@@ -1,0 +1,61 @@
+"""The `pictl` command: parses arguments, runs a session, maps errors to exit codes.
+
+Each command lives with its kind (`runs`: experiments and their records; `jobs`: sweeps and pruning;
+`hosts`: the inventory, readiness, code, venvs, keys; `costs`: what `balanced` measures); `common`
+holds what they share (the app, one-line errors, signals, connections).
+
+Exit codes: 0 ok, 1 internal error, 2 bad input or config (nothing started),
+3 a run failed on a host, 4 a host could not be reached, 5 pipeline output differs
+from the serial run, 6 a host is not ready (python, venv, packages: see `pictl check`
+and `pictl provision`), 7 the run raised sanity flags under `--strict`, 8 a host is busy (another run
+holds its lease), 130 interrupted (Ctrl-C, SIGTERM, SIGHUP).
+"""
+
+from __future__ import annotations
+
+import sys
+from importlib import import_module
+
+from rich.console import Console
+
+from pictl import errors as E
+from pictl.cli.common import app
+
+# Each module registers its commands on `app`; this order is the order of `pictl --help`.
+for _kind in ("runs", "jobs", "costs", "hosts"):
+    import_module(f"pictl.cli.{_kind}")
+
+__all__ = ["app", "entrypoint"]
+
+
+def entrypoint() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(E.EXIT_INTERRUPTED)
+    except Exception as exc:  # a bug in pictl: one line here, the traceback in a file (PICTL_DEBUG=1 shows it)
+        import os
+
+        if os.environ.get("PICTL_DEBUG"):
+            raise
+        Console(stderr=True, highlight=False, soft_wrap=True).print(
+            f"pictl: error: internal error (a bug in pictl): {type(exc).__name__}: {exc}; "
+            f"{_save_traceback(exc)}", markup=False)
+        sys.exit(E.EXIT_INTERNAL)
+
+
+def _save_traceback(exc: BaseException) -> str:
+    import time
+    import traceback
+
+    import platformdirs
+
+    try:
+        path = platformdirs.user_log_path("pictl") / "internal-errors.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as fh:
+            fh.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} pictl {' '.join(sys.argv[1:])}\n")
+            fh.write("".join(traceback.format_exception(exc)))
+        return f"traceback in {path}"
+    except OSError:
+        return "run again with PICTL_DEBUG=1 for the traceback"

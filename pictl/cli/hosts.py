@@ -1,0 +1,242 @@
+"""The hosts themselves: the inventory as read, readiness, code and venvs, their keys, stopping what is left."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from pictl import errors as E
+from pictl.cli.common import (
+    HostsOpt,
+    WaitOpt,
+    app,
+    confirm,
+    fail,
+    on_fleet,
+    read_cluster,
+    run_cancellable,
+    stderr,
+    wide_console,
+)
+from pictl.cluster.fleet import Fleet
+
+
+@app.command("hosts")
+def list_hosts(hosts: Annotated[Optional[Path], typer.Option(help="Inventory file.")] = None) -> None:
+    """Show the inventory as pictl reads it."""
+    try:
+        cluster = read_cluster(hosts)
+    except E.PictlError as exc:
+        fail(exc)
+    for h in cluster.hosts:
+        port = f":{h.port}" if h.port else ""
+        typer.echo(f"{h.name}\t{h.transport}\t{h.address}{port}\tslots={h.slots}\tworkdir={h.workdir}")
+
+
+@app.command()
+def check(
+    hosts: HostsOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+) -> None:
+    """Is every host ready? Reachability, python, venv, packages, memory, heat, clock, network."""
+    import json
+
+    from pictl.cluster.check import check_cluster
+    from pictl.headless import check_table
+
+    try:
+        checks = asyncio.run(check_cluster(read_cluster(hosts)))
+    except E.PictlError as exc:
+        fail(exc)
+    if as_json:
+        typer.echo(json.dumps({"ready": all(c.ready for c in checks), "hosts": [c.as_dict() for c in checks]}))
+    else:
+        wide_console().print(check_table(checks))
+    not_ready = [c for c in checks if not c.ready]
+    err = stderr()
+    for c in not_ready:
+        reason = c.error or "; ".join(c.problems)
+        err.print(f"pictl: host '{c.host}' is not ready: {reason}", markup=False)
+    if not_ready:
+        # A host we could not log in to (down, our key refused, its key untrusted) is 4, as in `pictl run`.
+        raise typer.Exit(E.EXIT_UNREACHABLE if any(not c.authenticated for c in not_ready) else E.EXIT_NOT_READY)
+
+
+@app.command()
+def push(
+    hosts: HostsOpt = None,
+    wait: WaitOpt = False,
+) -> None:
+    """Sync remote/ and profiles/ to every host (only what changed)."""
+    import time
+
+    from pictl.cluster.push import PushResult, local_tree, push_to
+    from pictl.cluster.transport import preload
+
+    async def work(fleet: Fleet) -> list[PushResult]:
+        files = local_tree()
+        return list((await fleet.each(lambda t: push_to(t, files), "push failed")).values())
+
+    try:
+        cluster = read_cluster(hosts)
+        preload(cluster)  # the timing below is the push, not Python importing asyncssh
+        start = time.perf_counter()
+        results = asyncio.run(run_cancellable(on_fleet(cluster, work, lease="push", wait=wait)))
+    except E.PictlError as exc:
+        fail(exc)
+    for r in results:
+        state = "up to date" if not (r.sent or r.removed) else f"sent {r.sent} file(s), {r.bytes_sent:,} bytes"
+        typer.echo(f"{r.host}: {state}" + (f", removed {r.removed}" if r.removed else ""))
+    typer.echo(f"pushed to {len(results)} host(s) in {time.perf_counter() - start:.2f}s")
+
+
+@app.command()
+def provision(
+    wheels: Annotated[Optional[Path], typer.Option(help="Offline: install only from these wheels.")] = None,
+    installer: Annotated[str, typer.Option(help="auto (uv when the host has it, else pip) | uv | pip")] = "auto",
+    force: Annotated[bool, typer.Option("--force", help="Install again even when up to date.")] = False,
+    extra_index_url: Annotated[Optional[str], typer.Option(help="Online: another index, e.g. CPU-only torch.")] = None,
+    hosts: HostsOpt = None,
+    wait: WaitOpt = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show every installer line.")] = False,
+) -> None:
+    """Create each host's venv and install the pinned torch stack (only where something changed)."""
+    import time
+
+    from pictl.cluster.provision import ProvisionError, ProvisionResult, Wheelhouse, provision_all
+
+    err = stderr()
+    last_step: dict[str, str] = {}
+
+    def progress(host: str, message: str) -> None:
+        # Step changes always; installer lines only with -v (pip is chatty).
+        step = message.split(":", 1)[0]
+        if verbose or (message.endswith("...") and last_step.get(host) != step) or message.startswith("sending"):
+            err.print(f"{host}: {message}", markup=False)
+        last_step[host] = step
+
+    async def work(fleet: Fleet) -> list[ProvisionResult | BaseException]:
+        return await provision_all(list(fleet), Wheelhouse(wheels) if wheels else None, force=force,
+                                   installer=installer, extra_index_url=extra_index_url, progress=progress,
+                                   wait=wait)
+
+    start = time.perf_counter()
+    try:
+        if installer not in ("auto", "uv", "pip"):
+            raise E.ConfigError(f"--installer: '{installer}' is not one of auto, uv, pip")
+        if wheels is not None and not wheels.is_dir():
+            raise E.ConfigError(f"--wheels: {wheels} is not a directory")
+        if wheels is not None and extra_index_url:
+            raise E.ConfigError("--extra-index-url: offline (--wheels) installs use no index")
+        cluster = read_cluster(hosts)
+        results = asyncio.run(run_cancellable(on_fleet(cluster, work)))
+    except E.PictlError as exc:
+        fail(exc)
+    failures = []
+    for host, r in zip(cluster.hosts, results, strict=True):
+        if isinstance(r, BaseException):
+            failures.append(r)
+            err.print(f"pictl: error: {r if isinstance(r, E.PictlError) else f'host {host.name!r}: {r}'}",
+                      markup=False, soft_wrap=True)
+        elif r.state == "installed":
+            typer.echo(f"{r.host}: installed with {r.installer} in {r.seconds:.1f}s")
+        elif r.state == "skipped":
+            typer.echo(f"{r.host}: uses the controller's Python (no venv configured), nothing to do")
+        else:
+            typer.echo(f"{r.host}: up to date")
+    typer.echo(f"provisioned {len(results) - len(failures)} of {len(results)} host(s) "
+               f"in {time.perf_counter() - start:.2f}s")
+    if failures:
+        codes = {f.exit_code if isinstance(f, E.PictlError) else E.EXIT_INTERNAL for f in failures}
+        raise typer.Exit(E.EXIT_UNREACHABLE if E.EXIT_UNREACHABLE in codes else
+                         ProvisionError.exit_code if ProvisionError.exit_code in codes else max(codes))
+
+
+@app.command()
+def wheels(
+    dest: Annotated[Path, typer.Argument(help="Directory to fill with wheels (created if missing).")],
+    platform: Annotated[str, typer.Option(help="Host CPU: aarch64 (Raspberry Pi 4/5), armv7l or x86_64.")] = "aarch64",
+    python_version: Annotated[str, typer.Option(help="The hosts' python, e.g. 3.11.")] = "3.11",
+    extra_index_url: Annotated[Optional[str], typer.Option(help="Another index, e.g. a CPU-only torch one.")] = None,
+) -> None:
+    """Gather the pinned requirements as wheels for the hosts' platform (for `provision --wheels`)."""
+    from pictl.cluster.wheels import gather_wheels
+    from pictl.records.runs import writable_dir
+
+    try:
+        writable_dir(dest, "DEST")
+        files = gather_wheels(dest, platform=platform, python_version=python_version,
+                              extra_index_url=extra_index_url)
+    except E.PictlError as exc:
+        fail(exc)
+    typer.echo(f"{len(files)} wheel(s) in {dest} ({sum(f.stat().st_size for f in files) / 1e6:.0f} MB)")
+
+
+@app.command()
+def stop(
+    all_runs: Annotated[bool, typer.Option("--all", help="Also other controllers' runs in the same workdirs.")]
+    = False,
+    hosts: HostsOpt = None,
+) -> None:
+    """Stop the process groups this controller's runs left on the hosts (SIGTERM, then SIGKILL)."""
+    from pictl.cluster.commands import cleanup_host
+    from pictl.cluster.leases import controller_name
+
+    async def work(fleet: Fleet) -> list[dict[str, Any] | BaseException]:
+        return list((await fleet.results(lambda t: cleanup_host(t, orphans_only=False, owner=owner))).values())
+
+    try:
+        owner = None if all_runs else controller_name()
+        cluster = read_cluster(hosts)
+        results = asyncio.run(on_fleet(cluster, work))
+    except E.PictlError as exc:
+        fail(exc)
+    failed = False
+    for host, res in zip(cluster.hosts, results, strict=True):
+        if isinstance(res, BaseException):
+            failed = True
+            typer.echo(f"{host.name}: {res}", err=True)
+            continue
+        others = [k for k in res["kept"] if k.get("reason") == "another controller's run"]
+        foreign = [k for k in res["kept"] if k.get("reason") != "another controller's run"]
+        typer.echo(f"{host.name}: stopped {len(res['stopped'])} process group(s)"
+                   + (f", kept {len(others)} of other controllers' runs (--all stops them)" if others else "")
+                   + (f", {len(foreign)} not ours" if foreign else ""))
+    if failed:
+        raise typer.Exit(E.EXIT_UNREACHABLE)
+
+
+@app.command()
+def trust(
+    host: Annotated[str, typer.Argument(help="Host name from the inventory.")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Trust the key without asking.")] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the host's key.", min=0.1, max=300)] = 10.0,
+    hosts: HostsOpt = None,
+) -> None:
+    """Show a host's SSH key (type, SHA256 fingerprint), ask, and record it where pictl's connection looks."""
+    from pictl.cluster.trust import fetch_key, record_key, resolve
+
+    async def offered():  # noqa: ANN202
+        target = await resolve(h, timeout_s=timeout)
+        return target, await fetch_key(target, timeout_s=timeout)
+
+    try:
+        h = read_cluster(hosts).host(host)
+        target, key = asyncio.run(offered())
+        typer.echo(f"{target.describe()} presents a {key.algorithm} key {key.fingerprint}")
+        if key.already_trusted:
+            typer.echo(f"already trusted as '{target.entry}' in {target.known_hosts}: nothing to do")
+            return
+        for old in key.replaces:
+            typer.echo(f"WARNING: {target.known_hosts} trusts another key for '{target.entry}' ({old}); "
+                       "trusting this one replaces it: do so only if the host was reinstalled or re-keyed")
+        typer.echo(f"it would be recorded as '{target.entry}' in {target.known_hosts}")
+        if not yes and not confirm(f"Trust this key for {host}?"):
+            raise E.HostKeyError(f"host '{host}': key not trusted (the answer was no); nothing was written")
+        record_key(target, key)
+    except E.PictlError as exc:
+        fail(exc)
+    typer.echo(f"trusted {host}: {key.fingerprint} recorded as '{target.entry}' in {target.known_hosts}")

@@ -1,0 +1,135 @@
+"""Work made of many runs or of its own kind: `sweep` (every combination, shared baselines) and `prune`."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from pictl import errors as E
+from pictl.cli.common import (
+    HostsOpt,
+    ImagesOpt,
+    RepeatsOpt,
+    ThreadsOpt,
+    VerboseOpt,
+    WaitOpt,
+    WarmupOpt,
+    app,
+    checked_runs_root,
+    fail,
+    note_profile,
+    read_cluster,
+    run_cancellable,
+    wide_console,
+)
+
+
+@app.command()
+def sweep(
+    stages: Annotated[Optional[str], typer.Option(help="Stage counts, e.g. 1,2,3,4,6 (default 1,2,3,4).")] = None,
+    chunks: Annotated[Optional[str], typer.Option(help="Microbatch sizes, e.g. 1,2,4,8 (default 1).")] = None,
+    policy: Annotated[Optional[str], typer.Option(help="Policies to compare, e.g. equal,balanced.")] = None,
+    profile: Annotated[Optional[str], typer.Option(help="Preset: run options, and its [sweep] values.")] = None,
+    images: ImagesOpt = None,
+    warmup: WarmupOpt = None,
+    repeats: RepeatsOpt = None,
+    threads: ThreadsOpt = None,
+    trace_steps: Annotated[Optional[int], typer.Option(help="Profile K steps of every pipeline run.")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Sweep directory (default: under the runs root).")] = None,
+    hosts: HostsOpt = None,
+    wait: WaitOpt = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Run every combination against shared serial baselines; write a table and plots."""
+    import time
+
+    from pictl.headless import HeadlessRenderer
+    from pictl.jobs.sweep import plan_sweep, run_sweep
+    from pictl.records.runs import default_runs_root, writable_dir
+
+    renderer = HeadlessRenderer(verbose=verbose)
+    try:
+        cluster = read_cluster(hosts)
+        base, points = plan_sweep(cluster, profile, {"images": images, "warmup": warmup, "repeats": repeats,
+                                                     "threads": threads, "trace_steps": trace_steps},
+                                  stages=stages, chunks=chunks, policies=policy)
+        note_profile(profile)
+        checked_runs_root(None)
+        target = out or default_runs_root().parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S")
+        if target.exists():
+            raise E.ConfigError(f"--out: {target} already exists")
+        writable_dir(target, "--out")
+        rows = asyncio.run(run_cancellable(run_sweep(cluster, base, points, target, on_event=renderer,
+                                                      wait=wait)))
+    except E.PictlError as exc:
+        renderer.close()
+        fail(exc)
+    renderer.close()
+    wide_console().print((target / "table.md").read_text(), markup=False)
+    typer.echo(f"sweep directory: {target}")
+    if any(r["status"] != "ok" for r in rows):
+        raise typer.Exit(E.EXIT_RUN_FAILED)
+
+
+@app.command()
+def prune(
+    model: Annotated[Optional[str], typer.Option(help="timm ViT/DeiT to prune.")] = None,
+    checkpoint: Annotated[Optional[str], typer.Option(help="Base weights (.safetensors / .pth state dict).")] = None,
+    ratio: Annotated[Optional[float], typer.Option(help="Channel pruning ratio, in (0, 1).")] = None,
+    importance: Annotated[Optional[str], typer.Option(help="l1 | l2 | taylor | hessian (default).")] = None,
+    global_pruning: Annotated[Optional[bool], typer.Option("--global/--uniform",
+                                                           help="Rank channels across layers.")] = None,
+    prune_heads: Annotated[Optional[bool], typer.Option("--prune-heads", help="Remove whole heads.")] = None,
+    round_to: Annotated[Optional[int], typer.Option(help="Keep widths multiples of N (e.g. 8 for SIMD).")] = None,
+    epochs: Annotated[Optional[int], typer.Option(help="Fine-tuning epochs (0: none).")] = None,
+    lr: Annotated[Optional[float], typer.Option(help="Learning rate (cosine schedule).")] = None,
+    batch_size: Annotated[Optional[int], typer.Option(help="Fine-tuning batch size.")] = None,
+    optimizer: Annotated[Optional[str], typer.Option(help="sgd (momentum) | adamw.")] = None,
+    calib_batches: Annotated[Optional[int], typer.Option(help="Batches scoring taylor/hessian.")] = None,
+    train_images: Annotated[Optional[int], typer.Option(help="Fine-tune on at most N images (0: all).")] = None,
+    eval_images: Annotated[Optional[int], typer.Option(help="Evaluate on at most N images (0: all).")] = None,
+    data: Annotated[Optional[str], typer.Option(help="cifar10 | cifar100 | imagefolder")] = None,
+    data_path: Annotated[Optional[str], typer.Option(help="Data set directory (on the machine that prunes).")] = None,
+    num_classes: Annotated[Optional[int], typer.Option(help="Classifier outputs (default: the data set's).")] = None,
+    model_arg: Annotated[Optional[list[str]], typer.Option(help="timm constructor argument KEY=VALUE.")] = None,
+    threads: Annotated[Optional[int], typer.Option(help="torch threads (0: all cores).")] = None,
+    device: Annotated[Optional[str], typer.Option(help="auto | cpu | cuda.")] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Seed for data order and random weights.")] = None,
+    on: Annotated[Optional[str], typer.Option(help="Prune on this inventory host (default: here).")] = None,
+    hosts: Annotated[Optional[Path], typer.Option(help="Inventory file (for --on).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Where job directories go.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object on stdout.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the job's own output.")] = False,
+) -> None:
+    """Prune a ViT/DeiT (torch-pruning), fine-tune it, and write an artifact `pictl run --model` takes."""
+    from pictl.headless import HeadlessRenderer, print_prune_summary
+    from pictl.jobs.prune import PruneSession, parse_model_args, prune_options
+
+    renderer = HeadlessRenderer(verbose=verbose)
+    session = None
+    try:
+        options = prune_options({
+            "model": model, "checkpoint": checkpoint, "ratio": ratio, "importance": importance,
+            "global_pruning": global_pruning, "prune_heads": prune_heads, "round_to": round_to, "epochs": epochs,
+            "lr": lr,
+            "batch_size": batch_size, "optimizer": optimizer, "calib_batches": calib_batches,
+            "train_images": train_images, "eval_images": eval_images, "data": data, "data_path": data_path,
+            "num_classes": num_classes, "model_args": parse_model_args(model_arg), "threads": threads,
+            "device": device, "seed": seed})
+        if out is not None:
+            from pictl.records.runs import writable_dir
+
+            writable_dir(out, "--out")
+        session = PruneSession(options, cluster=read_cluster(hosts) if on else None, on_host=on, root=out,
+                               on_event=renderer)
+        summary = asyncio.run(run_cancellable(session.run()))
+    except E.PictlError as exc:
+        renderer.close()
+        if session is not None and session.summary and as_json:
+            print_prune_summary(session.summary, as_json=True)
+        fail(exc)
+    renderer.close()
+    print_prune_summary(summary, as_json=as_json)

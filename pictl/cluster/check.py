@@ -1,0 +1,122 @@
+"""`pictl check`: is every host ready to run? One result per host, gathered in parallel.
+
+The probe (`remote/host/probe.py`, stdlib only) travels as `python -c SOURCE`, so a
+host needs no pushed code and no venv to be checked. Host 0 opens a temporary
+listener, and every host connects to it at host 0's rendezvous address: the
+real path gloo's rendezvous will take. Each host's clock is measured NTP-style
+(`pictl.cluster.clock`) over the same connection.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pictl import errors as E
+from pictl.cluster.clock import PROBE_SOURCE, ClockOffset, measure_clock
+from pictl.cluster.fleet import Fleet
+from pictl.cluster.transport import RemoteProcess, Transport
+from pictl.inventory import Cluster, Host
+
+
+@dataclass
+class HostCheck:
+    host: str
+    reachable: bool = False
+    authenticated: bool = False
+    error: str | None = None
+    probe: dict[str, Any] = field(default_factory=dict)
+    clock_offset_ms: float | None = None
+    clock_uncertainty_ms: float | None = None
+    """Half the best round trip of many exchanges: the true offset lies within this of the estimate."""
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ready(self) -> bool:
+        return self.authenticated and not self.problems
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ready": self.ready}
+
+
+def _problems(host: Host, probe: dict[str, Any]) -> list[str]:
+    out = []
+    if not probe.get("python_ok"):
+        out.append(f"python {probe.get('python')} at {host.base_python()} is older than 3.11")
+    venv = probe.get("venv", {})
+    if not venv.get("exists"):
+        out.append(f"no venv at {host.venv_path()} (run `pictl provision`)")
+    else:
+        missing = [p for p, v in venv.get("packages", {}).items() if v is None] or (["?"] if "error" in venv else [])
+        if missing:
+            out.append(f"venv lacks {', '.join(missing)} (run `pictl provision`)")
+    iface = probe.get("interface")
+    if iface and not iface.get("exists"):
+        out.append(f"interface {iface['name']} does not exist")
+    reach = probe.get("rendezvous")
+    if reach and not reach.get("ok"):
+        out.append(f"cannot reach the rendezvous {reach['target']}: {reach.get('error')}")
+    return out
+
+
+async def _probe(t: Transport, rendezvous: str | None) -> tuple[dict[str, Any], ClockOffset]:
+    h = t.host
+    argv = [h.base_python(), "-c", PROBE_SOURCE, "report", "--venv", h.venv_path()]
+    if h.interface:
+        argv += ["--interface", h.interface]
+    if rendezvous:
+        argv += ["--connect", rendezvous]
+    result = await t.run(argv, timeout_s=60)
+    if result.returncode != 0:
+        raise E.TransportError(f"host '{h.name}': probe failed with {h.base_python()}: "
+                               f"{(result.stderr.strip().splitlines() or ['no output'])[-1]}")
+    probe = json.loads(result.stdout.strip().splitlines()[-1])
+    return probe, await measure_clock(t)
+
+
+async def _listen(t: Transport) -> tuple[RemoteProcess, int]:
+    proc = await t.start([t.host.base_python(), "-c", PROBE_SOURCE, "listen"])
+    async for stream, line in proc.lines():
+        if stream == "stdout" and line.strip().isdigit():
+            return proc, int(line)
+        break
+    await proc.stop(grace_s=1)
+    raise E.TransportError(f"host '{t.host.name}': cannot open a test listener")
+
+
+async def check_cluster(cluster: Cluster) -> list[HostCheck]:
+    fleet = Fleet(cluster.hosts)  # one unreachable host is reported, not raised: the others are checked
+    checks = {h.name: HostCheck(h.name) for h in cluster.hosts}
+    for name, res in (await fleet.results(lambda t: t.connect())).items():
+        check = checks[name]
+        check.reachable = not isinstance(res, BaseException) or isinstance(res, E.HostKeyError | E.AuthError)
+        check.authenticated = not isinstance(res, BaseException)
+        if isinstance(res, BaseException):
+            check.error = str(res)
+    first = cluster.hosts[0].name
+    listener: RemoteProcess | None = None
+    try:
+        rendezvous = None
+        if checks[first].authenticated:
+            try:
+                listener, port = await _listen(fleet[first])
+                rendezvous = f"{cluster.hosts[0].rendezvous_address}:{port}"
+            except E.PictlError as exc:
+                checks[first].problems.append(str(exc))
+        live = [name for name, c in checks.items() if c.authenticated]
+        for name, found in (await fleet.results(lambda t: _probe(t, rendezvous), live)).items():
+            check = checks[name]
+            if isinstance(found, BaseException):
+                check.problems.append(str(found))
+                continue
+            probe, clock = found
+            check.probe = probe
+            check.clock_offset_ms = round(clock.offset_ns / 1e6, 3)
+            check.clock_uncertainty_ms = round(clock.uncertainty_ns / 1e6, 3)
+            check.problems += _problems(fleet[name].host, probe)
+    finally:
+        if listener is not None:
+            await listener.stop(grace_s=2)
+        await fleet.close()
+    return list(checks.values())

@@ -1,0 +1,153 @@
+"""Shared hosts: a run holds a lease on every host's workdir, and knows which runs are its controller's.
+
+Several teams use the same Pis. Before anything is pushed, a run starts
+`remote/host/lease.py` on each host (as `python -c`, so it needs no pushed code); that
+process holds the workdir's lease while our connection lasts. All hosts or none:
+when one is busy the leases already taken are given back, so two runs that each
+got half the cluster never wait on each other. A busy host is refused with one
+line naming the run, user, controller and start time that hold it (`HostBusy`,
+exit 8), or, with `wait`, tried again until it is free.
+
+`controller_name()` is how the hosts know whose run a process group belongs to
+(`pictl stop` stops only this controller's runs unless `--all`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import json
+import os
+import random
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import remote
+from pictl import errors as E
+from pictl.cluster.transport import RemoteProcess, Transport
+
+LEASE_SOURCE = remote.source("host/lease.py")
+RETRY_S = (2.0, 5.0)
+"""A waiting run looks again after a random pause in this range (two waiters do not retry in step)."""
+ANSWER_TIMEOUT_S = 60.0
+
+
+def controller_name() -> str:
+    """Who starts runs from here: $PICTL_CONTROLLER (e.g. a team name on a shared lab PC), else user@host."""
+    name = os.environ.get("PICTL_CONTROLLER") or f"{getpass.getuser()}@{socket.gethostname()}"
+    if not name.isprintable() or not 0 < len(name) <= 128:
+        raise E.ConfigError("PICTL_CONTROLLER: at most 128 printable characters")
+    return name
+
+
+@dataclass
+class Lease:
+    """A held lease: the process on the host that holds it, and what it recorded."""
+
+    transport: Transport
+    process: RemoteProcess
+    record: dict[str, Any]
+
+    async def release(self) -> None:
+        await self.process.stop(grace_s=5.0)  # closing its stdin is the release
+
+
+def describe(record: dict[str, Any]) -> str:
+    started = record.get("started_at")
+    since = time.strftime("%H:%M:%S", time.localtime(started)) if isinstance(started, int | float) else "?"
+    return f"run {record.get('run_id', '?')} of {record.get('user', '?')} on {record.get('controller', '?')} " \
+           f"(since {since})"
+
+
+def _busy_message(busy: list[tuple[str, dict[str, Any]]]) -> str:
+    """One clause per holder: "host 'h0', host 'h1' held by run X of alice on laptop (since 10:02:03)"."""
+    holders: dict[str, list[str]] = {}
+    for host, record in busy:
+        holders.setdefault(describe(record), []).append(f"'{host}'")
+    return "; ".join(f"host{'s' if len(names) > 1 else ''} {', '.join(names)} busy: held by {who}"
+                     for who, names in holders.items())
+
+
+@dataclass
+class _Answer:
+    """One host's answer to one attempt."""
+
+    state: str
+    """held | busy | not_ready"""
+    lease: Lease | None = None
+    holder: dict[str, Any] | None = None
+    why: str = ""
+
+
+async def _take(t: Transport, run_id: str, check_python: bool) -> _Answer:
+    h = t.host
+    record = {"run_id": run_id, "user": getpass.getuser(), "controller": socket.gethostname(),
+              "owner": controller_name()}
+    argv = [h.base_python(), "-c", LEASE_SOURCE, "hold", "--workdir", h.workdir, "--record", json.dumps(record)]
+    proc = await t.start([*argv, "--python", h.python_path()] if check_python else argv)
+    answer: dict[str, Any] = {}
+    errors: list[str] = []
+
+    async def first_answer() -> None:
+        async for stream, line in proc.lines():
+            if stream == "stdout":
+                try:
+                    answer.update(json.loads(line))
+                    return
+                except (ValueError, TypeError):
+                    pass
+            errors.append(line)
+
+    try:
+        await asyncio.wait_for(first_answer(), ANSWER_TIMEOUT_S)
+    except TimeoutError:
+        await proc.stop(grace_s=1.0)
+        raise E.TransportError(f"host '{h.name}': no answer when taking the lease") from None
+    except BaseException:
+        await asyncio.shield(proc.stop(grace_s=1.0))
+        raise
+    if answer.get("state") == "held":
+        return _Answer("held", lease=Lease(t, proc, answer.get("lease") or {}))
+    rc = await proc.wait()
+    if answer.get("state") == "busy":
+        return _Answer("busy", holder=answer.get("lease") or {})
+    if answer.get("state") == "not_ready":
+        return _Answer("not_ready", why=f"host '{h.name}': {answer.get('error')}")
+    why = "not found" if rc == 127 else (errors or [f"exit status {rc}"])[-1]
+    return _Answer("not_ready", why=f"host '{h.name}': python '{h.base_python()}' {why} (set `python` in the "
+                                    "inventory)")
+
+
+async def release_all(leases: list[Lease]) -> None:
+    await asyncio.gather(*(lease.release() for lease in leases), return_exceptions=True)
+
+
+async def take_leases(transports: list[Transport], run_id: str, *, wait: bool = False, check_python: bool = True,
+                      on_wait: Callable[[str], None] = lambda message: None) -> list[Lease]:
+    """Every host's lease, or none: HostBusy names who holds a busy one (with `wait`, try until free).
+    `check_python`: also refuse (NotReady) a host whose run interpreter (its venv) is missing."""
+    last = ""
+    while True:
+        results = await asyncio.gather(*(_take(t, run_id, check_python) for t in transports),
+                                       return_exceptions=True)
+        answers = [r for r in results if isinstance(r, _Answer)]
+        held = [a.lease for a in answers if a.lease is not None]
+        if len(held) == len(transports):
+            return held
+        await release_all(held)  # all or none
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        if not_ready := [a.why for a in answers if a.state == "not_ready"]:
+            raise E.NotReady("; ".join(not_ready))
+        busy = _busy_message([(t.host.name, a.holder or {})
+                              for t, a in zip(transports, answers, strict=True) if a.state == "busy"])
+        if not wait:
+            raise E.HostBusy(f"{busy} (--wait queues behind it)")
+        if busy != last:  # say it when the holder changes, not at every look
+            on_wait(f"waiting: {busy}")
+            last = busy
+        await asyncio.sleep(random.uniform(*RETRY_S))

@@ -1,0 +1,135 @@
+"""Live host health: CPU %, runnable threads, memory, temperature and throttling, up or down.
+
+Every few seconds each host runs one fixed shell command (no user values in it)
+that prints /proc/stat (the CPU line and the runnable count), the load average,
+/proc/meminfo, the SoC temperature and, on a Raspberry Pi, `vcgencmd get_throttled`.
+CPU % is the busy share between two samples. A host that does not answer within
+the timeout is reported down, so the dashboard turns it red within seconds. A run
+samples its own hosts with the same monitor, over its open connections, for the
+sanity flags of its result (`summarize_samples`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pictl import errors as E
+from pictl.cluster.transport import Transport, transport_for
+from pictl.inventory import Cluster
+
+# One `cat` (and `vcgencmd` on a Pi): 1.7 ms of CPU per sample here, against 6.8 ms for a process per file.
+SAMPLE_SCRIPT = (
+    "cat /proc/stat /proc/loadavg /proc/meminfo /sys/class/thermal/thermal_zone0/temp 2>/dev/null; "
+    "command -v vcgencmd >/dev/null && vcgencmd get_throttled; true"
+)
+
+
+@dataclass(frozen=True)
+class HostSample:
+    """One host's health at `at` (controller clock)."""
+
+    host: str
+    up: bool
+    at: float
+    cpu_pct: float | None = None
+    mem_used_mb: int | None = None
+    mem_total_mb: int | None = None
+    temp_c: float | None = None
+    throttled: str | None = None
+    error: str | None = None
+    runnable: int | None = None
+    """Threads running or waiting for a CPU (/proc/stat procs_running), not counting the sampler's own."""
+    load1: float | None = None
+
+
+def parse_sample(host: str, text: str, previous: tuple[int, int] | None, at: float
+                 ) -> tuple[HostSample, tuple[int, int] | None]:
+    """A sample from the script's output, and the (busy, total) jiffies for the next one."""
+    cpu_pct = mem_total = mem_avail = temp = runnable = load1 = None
+    throttled = None
+    jiffies = None
+    for line in text.splitlines():
+        parts = line.split()
+        if not parts:
+            continue
+        if parts[0] == "cpu":
+            values = [int(v) for v in parts[1:]]
+            idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+            jiffies = (sum(values) - idle, sum(values))
+        elif parts[0] == "procs_running" and len(parts) > 1 and parts[1].isdigit():
+            runnable = max(0, int(parts[1]) - 1)  # the `cat` reading it was running
+        elif len(parts) == 5 and "/" in parts[3]:  # /proc/loadavg
+            load1 = float(parts[0])
+        elif parts[0] == "MemTotal:":
+            mem_total = int(parts[1]) // 1024
+        elif parts[0] == "MemAvailable:":
+            mem_avail = int(parts[1]) // 1024
+        elif parts[0].isdigit():
+            temp = int(parts[0]) / 1000.0
+        elif parts[0].startswith("throttled="):
+            throttled = parts[0].split("=", 1)[1]
+    if jiffies and previous and jiffies[1] > previous[1]:
+        cpu_pct = round(100.0 * (jiffies[0] - previous[0]) / (jiffies[1] - previous[1]), 1)
+    used = mem_total - mem_avail if mem_total is not None and mem_avail is not None else None
+    return HostSample(host, True, at, cpu_pct, used, mem_total, temp, throttled, runnable=runnable,
+                      load1=load1), jiffies
+
+
+def summarize_samples(samples: list[HostSample], start: float, end: float) -> dict | None:
+    """One host's samples taken between `start` and `end` (controller clock), folded: None if there were none."""
+    inside = [s for s in samples if s.up and start <= s.at <= end]
+    if not inside:
+        return None
+    runnable = [s.runnable for s in inside if s.runnable is not None]
+    cpu = [s.cpu_pct for s in inside if s.cpu_pct is not None]
+    temps = [s.temp_c for s in inside if s.temp_c is not None]
+    return {"samples": len(inside),
+            "runnable_mean": round(sum(runnable) / len(runnable), 2) if runnable else None,
+            "runnable_max": max(runnable, default=None), "cpu_pct_mean": round(sum(cpu) / len(cpu), 1) if cpu else None,
+            "temp_max_c": max(temps, default=None),
+            "throttled": sorted({s.throttled for s in inside if s.throttled})}
+
+
+class HostMonitor:
+    """Samples every host of a cluster on its own connections until stopped."""
+
+    def __init__(self, cluster: Cluster, on_sample: Callable[[HostSample], None], *,
+                 interval_s: float = 2.0, timeout_s: float = 4.0, transports: list[Transport] | None = None) -> None:
+        """With `transports` (connected; a run's own), samples over them and leaves them open."""
+        self.cluster = cluster
+        self.transports = transports
+        self.on_sample = on_sample
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+
+    async def _watch(self, t: Transport, *, owned: bool = True) -> None:
+        previous: tuple[int, int] | None = None
+        connected = not owned
+        while True:
+            started = time.monotonic()
+            try:
+                if not connected:
+                    await asyncio.wait_for(t.connect(), self.timeout_s)
+                    connected = True
+                result = await t.run(["sh", "-c", SAMPLE_SCRIPT], timeout_s=self.timeout_s)
+                sample, previous = parse_sample(t.host.name, result.stdout, previous, time.time())
+            except (E.PictlError, OSError, TimeoutError) as exc:
+                if owned:
+                    connected = False
+                    await t.close()
+                sample = HostSample(t.host.name, False, time.time(), error=str(exc) or type(exc).__name__)
+            self.on_sample(sample)
+            await asyncio.sleep(max(0.0, self.interval_s - (time.monotonic() - started)))
+
+    async def run(self) -> None:
+        if self.transports is not None:
+            await asyncio.gather(*(self._watch(t, owned=False) for t in self.transports))
+            return
+        transports = [transport_for(h) for h in self.cluster.hosts]
+        try:
+            await asyncio.gather(*(self._watch(t) for t in transports))
+        finally:
+            await asyncio.gather(*(t.close() for t in transports), return_exceptions=True)

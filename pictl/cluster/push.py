@@ -1,0 +1,119 @@
+"""Sync what the hosts need (`remote/`, `profiles/`) with a content-hash manifest.
+
+The manifest (`<code dir>/.pictl-manifest.json`, {path: sha256}) is what pictl
+placed last time. A push sends only files whose hash changed, each to a
+temporary name renamed into place, removes files it placed earlier that no longer
+exist, and never touches anything it did not place. An unchanged re-push reads
+one small file per host and sends nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Awaitable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pictl import PROJECT_ROOT
+from pictl.cluster.transport import Transport
+from pictl.errors import TransportError
+
+PROJECT = PROJECT_ROOT
+MANIFEST = ".pictl-manifest.json"
+
+
+@dataclass(frozen=True)
+class PushResult:
+    host: str
+    sent: int
+    bytes_sent: int
+    removed: int
+    unchanged: int
+
+
+def local_tree() -> dict[str, bytes]:
+    """What every host gets: the `remote/` package and the run presets."""
+    remote = PROJECT / "remote"
+    files = {f"remote/{p.relative_to(remote).as_posix()}": p.read_bytes() for p in sorted(remote.rglob("*.py"))
+             if "__pycache__" not in p.parts}
+    files.update({f"profiles/{p.name}": p.read_bytes() for p in sorted((PROJECT / "profiles").glob("*.toml"))})
+    return files
+
+
+def manifest_of(files: dict[str, bytes]) -> dict[str, str]:
+    return {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+
+
+def manifest_digest(files: dict[str, bytes]) -> str:
+    """One short digest of a tree: what keys every cache that depends on the code the hosts run."""
+    return hashlib.sha256(json.dumps(manifest_of(files), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def tree_digest() -> str:
+    """The digest of the tree as it is now (a run reads it once: `RunContext.code`)."""
+    return manifest_digest(local_tree())
+
+
+async def _remote_manifest(t: Transport, base: str) -> dict[str, str]:
+    try:
+        raw = await t.get_bytes(f"{base}/{MANIFEST}")
+    except TransportError:
+        return {}  # first push, or a manifest we cannot read: send everything
+    try:
+        data = json.loads(raw)
+        return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+    except ValueError:
+        return {}
+
+
+async def _bounded(jobs: Iterable[Awaitable[None]], limit: int = 16) -> None:
+    gate = asyncio.Semaphore(limit)
+
+    async def one(job: Awaitable[None]) -> None:
+        async with gate:
+            await job
+
+    await asyncio.gather(*(one(j) for j in jobs))
+
+
+async def push_to(t: Transport, files: dict[str, bytes] | None = None, *, base: str | None = None) -> PushResult:
+    """Make `base` (default: the host's code dir) hold exactly `files`, sending only what changed."""
+    files = files if files is not None else local_tree()
+    base = base or t.host.code_dir
+    wanted = manifest_of(files)
+    placed = await _remote_manifest(t, base)
+    changed = [name for name, digest in wanted.items() if placed.get(name) != digest]
+    gone = [name for name in placed if name not in wanted]
+    # SFTP serves several requests at once on one channel: overlap the round trips.
+    await _bounded(t.put_bytes(files[name], f"{base}/{name}") for name in changed)
+    await _bounded(t.remove_file(f"{base}/{name}") for name in gone)
+    if changed or gone or placed != wanted:
+        await t.put_bytes(json.dumps(wanted, sort_keys=True, indent=1).encode(), f"{base}/{MANIFEST}")
+    return PushResult(t.host.name, len(changed), sum(len(files[n]) for n in changed), len(gone),
+                      len(wanted) - len(changed))
+
+
+def file_digests(paths: dict[str, Path]) -> dict[str, str]:
+    """sha256 of each file, read in blocks (a wheelhouse is gigabytes: never whole in memory)."""
+    out = {}
+    for name, path in paths.items():
+        with path.open("rb") as fh:
+            out[name] = hashlib.file_digest(fh, "sha256").hexdigest()
+    return out
+
+
+async def push_files(t: Transport, paths: dict[str, Path], digests: dict[str, str], *, base: str) -> PushResult:
+    """Like `push_to`, for large local files: streamed one at a time, each file read as it is sent."""
+    placed = await _remote_manifest(t, base)
+    changed = [name for name, digest in digests.items() if placed.get(name) != digest]
+    gone = [name for name in placed if name not in digests]
+    for name in changed:
+        await t.put_file(paths[name], f"{base}/{name}")
+    await _bounded(t.remove_file(f"{base}/{name}") for name in gone)
+    if changed or gone or placed != digests:
+        await t.put_bytes(json.dumps(digests, sort_keys=True, indent=1).encode(), f"{base}/{MANIFEST}")
+    return PushResult(t.host.name, len(changed), sum(paths[n].stat().st_size for n in changed), len(gone),
+                      len(digests) - len(changed))
+

@@ -1,0 +1,148 @@
+"""The local transport: "hosts" that are this machine (the shipped demo cluster, tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+from collections.abc import Mapping
+from pathlib import Path
+
+from pictl.cluster.transport.base import CommandResult, RemoteProcess, Transport
+from pictl.errors import NotReady, TransportError
+
+
+def _path(p: str) -> Path:
+    return Path(os.path.expanduser(p))
+
+
+def _env(env: Mapping[str, str] | None) -> dict[str, str]:
+    return {**os.environ, **(env or {})}
+
+
+class LocalProcess(RemoteProcess):
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        super().__init__()
+        self._proc = proc
+        self._readers = [asyncio.create_task(self._pump(proc.stdout, "stdout")),
+                         asyncio.create_task(self._pump(proc.stderr, "stderr"))]
+
+    async def _pump(self, stream: asyncio.StreamReader | None, name: str) -> None:
+        assert stream is not None
+        while True:
+            try:
+                raw = await stream.readline()
+            except ValueError:  # a line longer than the stream limit: pass it on in pieces
+                raw = await stream.read(1 << 16)
+            if not raw:
+                break
+            await self._line(name, raw.decode(errors="replace"))
+        await self._stream_ended()
+
+    async def send_line(self, line: str) -> None:
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(line.encode() + b"\n")
+            await self._proc.stdin.drain()
+        except (OSError, BrokenPipeError) as exc:
+            raise TransportError(f"cannot write to the process: {exc}") from exc
+
+    async def wait(self) -> int:
+        rc = await self._proc.wait()
+        await asyncio.gather(*self._readers, return_exceptions=True)
+        return rc
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.returncode
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        try:
+            os.killpg(self._proc.pid, sig)  # started with start_new_session: pgid == pid
+        except ProcessLookupError:
+            pass
+
+    def close_stdin(self) -> None:
+        if self._proc.stdin and not self._proc.stdin.is_closing():
+            self._proc.stdin.close()
+
+    async def stop(self, grace_s: float = 8.0) -> None:
+        self.close_stdin()
+        if self._proc.returncode is not None:
+            # The leader is gone, but members of its group may remain.
+            self._signal_group(signal.SIGKILL)
+            return
+        self._signal_group(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self._proc.wait(), grace_s)
+        except TimeoutError:
+            pass
+        self._signal_group(signal.SIGKILL)
+        await self._proc.wait()
+
+
+class LocalTransport(Transport):
+    async def run(self, argv: list[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None,
+                  timeout_s: float | None = None) -> CommandResult:
+        process = await self.start(argv, cwd=cwd, env=env)
+        process.close_stdin()
+        out: list[str] = []
+        err: list[str] = []
+
+        async def collect() -> int:
+            async for stream, line in process.lines():
+                (out if stream == "stdout" else err).append(line)
+            return await process.wait()
+
+        try:
+            rc = await asyncio.wait_for(collect(), timeout_s)
+        except (TimeoutError, asyncio.CancelledError):
+            await process.stop(grace_s=1.0)
+            raise
+        return CommandResult(rc, "\n".join(out), "\n".join(err))
+
+    async def start(self, argv: list[str], *, cwd: str | None = None,
+                    env: Mapping[str, str] | None = None) -> LocalProcess:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, cwd=str(_path(cwd)) if cwd else None, env=_env(env),
+                # A pipe we hold open: supervised commands stop when it reaches EOF (we are gone).
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, start_new_session=True, limit=1 << 20)
+        except (FileNotFoundError, PermissionError) as exc:
+            # The host is this machine, so it is there: what is missing is its interpreter or directory.
+            raise NotReady(f"host '{self.host.name}': cannot start {argv[0]}: {exc.strerror} "
+                           f"({exc.filename or argv[0]})") from exc
+        except OSError as exc:
+            raise TransportError(f"host '{self.host.name}': cannot start {argv[0]}: {exc}") from exc
+        return LocalProcess(proc)
+
+    async def put_bytes(self, data: bytes, remote_path: str) -> None:
+        path = _path(remote_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.pictl-tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+
+    async def put_file(self, local_path: Path, remote_path: str) -> None:
+        path = _path(remote_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.pictl-tmp")
+        await asyncio.to_thread(shutil.copyfile, local_path, tmp)
+        os.replace(tmp, path)
+
+    async def get_bytes(self, remote_path: str) -> bytes:
+        try:
+            return _path(remote_path).read_bytes()
+        except OSError as exc:
+            raise TransportError(f"host '{self.host.name}': cannot read {remote_path}: {exc}") from exc
+
+    async def makedirs(self, remote_path: str) -> None:
+        _path(remote_path).mkdir(parents=True, exist_ok=True)
+
+    async def remove_file(self, remote_path: str) -> None:
+        _path(remote_path).unlink(missing_ok=True)
+
+    async def remove_tree(self, remote_path: str) -> None:
+        shutil.rmtree(_path(remote_path), ignore_errors=True)

@@ -1,0 +1,258 @@
+"""`pictl prune`: prune, fine-tune and evaluate a model on the controller or on one host.
+
+The work is `remote.pruning.prune` (torch, torch-pruning), started as a process whose events
+stream back like a run's. Everything lands in a job directory:
+
+    <data dir>/prunes/<id>/
+        spec.json, events/prune.jsonl, logs/prune.log     (a run directory's layout: `RunRecord`)
+        model.safetensors      the artifact (`pictl run --model` takes it)
+        summary.json           written atomically at the end, also when the job failed
+
+With `--on HOST` the job holds that host's lease (as a run does: it is the host's whole
+CPU for a while) and runs in `<workdir>/runs/prune-<id>`, where `pictl stop` finds its
+process group (base weights sent there first); the artifact is fetched back, written
+under a temporary name and renamed. The host's copy is removed afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pictl import errors as E
+from pictl.cluster.commands import supervised, worker_env
+from pictl.cluster.leases import Lease, controller_name, release_all, take_leases
+from pictl.cluster.push import push_to
+from pictl.cluster.stream import ProcessStream
+from pictl.cluster.transport import Transport, transport_for
+from pictl.events import EventSink, Phase
+from pictl.inventory import Cluster, Host, format_validation_error
+from pictl.records.runs import RunRecord, default_runs_root
+from remote import protocol as P
+from remote.spec import DataSpec, PruneSpec
+
+ARTIFACT_NAME = "model.safetensors"
+
+
+class PruneOptions(BaseModel):
+    """A pruning job as a person asks for it; checked before anything starts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = "deit_small_patch16_224"
+    model_args: dict[str, Any] = {}
+    """Extra timm constructor arguments of the base model (img_size, depth, embed_dim, ...)."""
+    num_classes: int = Field(default=0, ge=0)
+    checkpoint: str | None = None
+    """Base weights on the controller (.safetensors or a plain .pth state dict); None: seeded random weights."""
+    ratio: float = Field(default=0.15, gt=0, lt=1)
+    importance: Literal["l1", "l2", "taylor", "hessian"] = "hessian"
+    global_pruning: bool = False
+    prune_heads: bool = False
+    round_to: int = Field(default=1, ge=1)
+    calib_batches: int = Field(default=4, ge=1)
+    epochs: int = Field(default=1, ge=0)
+    lr: float = Field(default=0.01, gt=0)
+    batch_size: int = Field(default=32, ge=1)
+    optimizer: Literal["sgd", "adamw"] = "sgd"
+    momentum: float = Field(default=0.9, ge=0, lt=1)
+    weight_decay: float = Field(default=5e-5, ge=0)
+    train_images: int = Field(default=0, ge=0)
+    eval_images: int = Field(default=0, ge=0)
+    data: Literal["cifar10", "cifar100", "imagefolder"] = "cifar10"
+    data_path: str | None = None
+    threads: int = Field(default=0, ge=0)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _needs_data(self) -> PruneOptions:
+        if not self.data_path:
+            raise ValueError(f"data '{self.data}' needs data_path (pruning fine-tunes and evaluates on real data)")
+        if self.checkpoint and not Path(self.checkpoint).expanduser().is_file():
+            raise ValueError(f"checkpoint {self.checkpoint}: no such file")
+        return self
+
+    def spec(self, *, out: str, checkpoint: str | None, data_path: str) -> PruneSpec:
+        fields = self.model_dump(exclude={"model_args", "data", "data_path", "checkpoint"})
+        return PruneSpec(**fields, model_kwargs=dict(self.model_args), checkpoint=checkpoint, out=out,
+                         data=DataSpec(kind=self.data, path=data_path))
+
+
+def parse_model_args(values: list[str] | None) -> dict[str, Any] | None:
+    """KEY=VALUE pairs; values are read as JSON where they parse (numbers, booleans), else as text."""
+    items = [v.strip() for v in values or [] if v.strip()]
+    if not items:
+        return None
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise E.ConfigError(f"--model-arg '{item}': use KEY=VALUE, e.g. depth=6")
+        try:
+            out[key.strip()] = json.loads(raw)
+        except ValueError:
+            out[key.strip()] = raw
+    return out
+
+
+def prune_options(values: dict[str, Any]) -> PruneOptions:
+    try:
+        return PruneOptions(**{k: v for k, v in values.items() if v is not None})
+    except ValidationError as exc:
+        raise E.ConfigError(format_validation_error("pictl prune", exc)) from None
+
+
+class NotReady(E.PictlError):
+    """The machine chosen to prune on lacks the packages."""
+
+    exit_code = E.EXIT_NOT_READY
+
+
+def default_prunes_root() -> Path:
+    return default_runs_root().parent / "prunes"
+
+
+class PruneSession:
+    """One pruning job; `await run()` returns its summary (also written to summary.json)."""
+
+    def __init__(self, options: PruneOptions, *, cluster: Cluster | None = None, on_host: str | None = None,
+                 root: Path | None = None, on_event: EventSink | None = None) -> None:
+        self.options = options
+        self.host: Host | None = cluster.host(on_host) if on_host and cluster else None
+        if on_host and self.host is None:
+            raise E.ConfigError(f"--on {on_host}: no inventory to find the host in")
+        self.job_id = f"{time.strftime('%Y%m%d-%H%M%S')}-prune-{secrets.token_hex(2)}"
+        self.dir = (root or default_prunes_root()) / self.job_id
+        self._sink = on_event or (lambda _e: None)
+        self.events: dict[str, dict[str, Any]] = {}
+        self.accuracy: list[dict[str, Any]] = []
+        self._tail: list[str] = []
+        self.summary: dict[str, Any] | None = None
+        """The job's summary once it ended, failed or not (None before)."""
+
+    def _phase(self, message: str) -> None:
+        self._sink(Phase("prune", message))
+
+    async def run(self) -> dict[str, Any]:
+        self.record = RunRecord(self.dir.parent, self.job_id)
+        summary: dict[str, Any] = {"status": "failed", "job_id": self.job_id, "job_dir": str(self.dir),
+                                   "where": self.host.name if self.host else "controller",
+                                   "options": self.options.model_dump()}
+        started = time.time()
+        try:
+            artifact = await (self._on_host() if self.host else self._local())
+            done = self.events[P.PRUNE_DONE]
+            summary.update(status="ok", artifact=str(artifact), **comparison(done["meta"]))
+            return summary
+        except asyncio.CancelledError:
+            summary["status"] = "interrupted"
+            raise E.Interrupted("interrupted: the pruning job was stopped") from None
+        except E.PictlError as exc:
+            summary["error"] = {"type": type(exc).__name__, "message": str(exc)}
+            raise
+        finally:
+            for stale in self.dir.glob(".*.tmp"):  # a write cut short by a stop: not a result
+                stale.unlink(missing_ok=True)
+            summary["duration_s"] = round(time.time() - started, 2)
+            summary["accuracy_trace"] = self.accuracy
+            self.record.finish(summary)
+            self.summary = summary
+
+    async def _local(self) -> Path:
+        import importlib.util
+
+        if importlib.util.find_spec("torch_pruning") is None or importlib.util.find_spec("timm") is None:
+            raise NotReady("this controller has no torch, timm and torch-pruning to prune with: "
+                           "install pictl[remote] here, or run the job on a host with --on HOST")
+        o = self.options
+        spec = o.spec(out=str(self.dir / ARTIFACT_NAME),
+                      checkpoint=str(Path(o.checkpoint).expanduser().resolve()) if o.checkpoint else None,
+                      data_path=str(Path(o.data_path or "").expanduser()))
+        (self.dir / "spec.json").write_text(spec.to_json())
+        controller = Host(name="controller", transport="local", workdir=str(self.dir))
+        self._phase(f"pruning {o.model} on the controller: {o.importance} importance, ratio {o.ratio}, "
+                    f"{o.epochs} fine-tuning epoch(s)")
+        env = {k: v for k, v in worker_env(controller, o.threads or (os.cpu_count() or 1)).items()
+               if k != "PYTHONPATH"}  # the controller runs its own installed `remote`, not pushed code
+        await self._execute(transport_for(controller), controller, env)
+        return self.dir / ARTIFACT_NAME
+
+    async def _on_host(self) -> Path:
+        assert self.host is not None
+        h, o = self.host, self.options
+        t = transport_for(h)
+        remote_dir = h.run_dir(f"prune-{self.job_id}")
+        leases: list[Lease] = []
+        try:
+            await t.connect()
+            leases = await take_leases([t], f"prune-{self.job_id}")
+            await push_to(t)
+            await t.put_bytes(controller_name().encode(), f"{remote_dir}/{P.OWNER_FILE}")
+            base = None
+            if o.checkpoint:
+                src = Path(o.checkpoint).expanduser()
+                base = f"base{src.suffix}"
+                self._phase(f"sending the base weights ({src.stat().st_size / 1e6:.0f} MB) to {h.name}")
+                await t.put_bytes(src.read_bytes(), f"{remote_dir}/{base}")
+            spec = o.spec(out=ARTIFACT_NAME, checkpoint=base, data_path=o.data_path or "")
+            (self.dir / "spec.json").write_text(spec.to_json())
+            await t.put_bytes(spec.to_json().encode(), f"{remote_dir}/spec.json")
+            self._phase(f"pruning {o.model} on {h.name}: {o.importance} importance, ratio {o.ratio}, "
+                        f"{o.epochs} fine-tuning epoch(s)")
+            await self._execute(t, h, worker_env(h, o.threads or 1), cwd=remote_dir)
+            data = await t.get_bytes(f"{remote_dir}/{ARTIFACT_NAME}")
+            target = self.dir / ARTIFACT_NAME
+            tmp = self.dir / f".{ARTIFACT_NAME}.tmp"
+            tmp.write_bytes(data)
+            os.replace(tmp, target)
+            self._phase(f"artifact fetched from {h.name} ({len(data) / 1e6:.1f} MB)")
+            return target
+        finally:
+            await asyncio.shield(asyncio.gather(t.remove_tree(remote_dir), return_exceptions=True))
+            await asyncio.shield(release_all(leases))
+            await asyncio.shield(t.close())
+
+    async def _execute(self, t: Transport, host: Host, env: dict[str, str], cwd: str | None = None) -> None:
+        argv = [host.python_path(), "-m", "remote.pruning.prune", "--spec", "spec.json"]
+        if self.host is not None:
+            argv = supervised(host, argv, "pgid-prune")  # dies with our connection
+        proc = await t.start(argv, cwd=cwd or str(self.dir), env=env)
+
+        def on_record(record: dict[str, Any]) -> bool:
+            self.events[record[P.KEY_EVENT]] = record
+            if record[P.KEY_EVENT] == P.PRUNE_ACCURACY:
+                self.accuracy.append({k: record.get(k) for k in ("phase", "epoch", "top1")})
+            return True
+
+        stream = ProcessStream("prune", host.name, self.record, self._sink, on_record)
+        try:
+            rc = await stream.consume(proc)
+        except asyncio.CancelledError:
+            await asyncio.shield(proc.stop())
+            raise
+        self._tail = [line.removeprefix("prune: ") for line in stream.tail]
+        if rc == 0 and P.PRUNE_DONE in self.events:
+            return
+        error = self.events.get(P.ERROR, {}).get("message") or (self._tail or ["no output"])[-1]
+        if rc == P.EXIT_BAD_INPUT:
+            raise E.ConfigError(error)
+        raise E.RunFailed(f"{host.name}: pruning failed: {error}")
+
+
+def comparison(meta: dict[str, Any]) -> dict[str, Any]:
+    """The course's Part 3 columns that pruning alone decides (throughput comes from runs)."""
+    acc = meta.get("accuracy", {})
+    return {"base_model": meta["base_model"], "ratio": meta["ratio"], "importance": meta["importance"],
+            "params_base": meta["params_base"], "params": meta["params"],
+            "macs_base": meta["macs_base"], "macs": meta["macs"],
+            "top1_before": acc.get("before"), "top1_pruned": acc.get("pruned"),
+            "top1_epochs": acc.get("epochs", []), "top1": acc.get("best"), "best_epoch": acc.get("best_epoch"),
+            "widths": meta.get("widths")}

@@ -1,0 +1,203 @@
+"""`pictl sweep`: one run per combination of stages, chunk sizes and policies; one table, two plots.
+
+Every combination is checked against the inventory before anything runs (a value
+that cannot run is bad input, nothing started), and the pipeline runs are planned
+together in one process (`planning.plan_ahead`). Runs go one after another and
+share the serial baseline cache, so each chunk size is measured serially once.
+The table is rewritten after every run: an interrupted or failing sweep keeps
+what it measured.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pictl import errors as E
+from pictl.inventory import Cluster
+from pictl.planning.placement import place_stages
+from pictl.planning.profiles import RunOptions, resolve_options, sweep_settings
+from pictl.records.runs import write_json_atomic
+from pictl.run.baselines import BaselineCache
+
+COLUMNS = ("stages", "chunk", "policy", "status", "throughput_ips", "serial_ips", "speedup", "efficiency",
+           "bottleneck_rank", "bottleneck", "split_points", "outputs_match", "run_id", "flags")
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    stages: int
+    chunk: int
+    policy: str
+
+
+def sweep_points(cluster: Cluster, base: RunOptions, stages: list[int], chunks: list[int],
+                 policies: list[str]) -> list[SweepPoint]:
+    """The combinations in run order; one serial point per chunk (a policy means nothing there)."""
+    points: list[SweepPoint] = []
+    for s, c, p in itertools.product(stages, chunks, policies):
+        point = SweepPoint(s, c, "serial" if s == 1 else p)
+        if point in points:
+            continue
+        try:
+            options_for(base, point)
+            place_stages(cluster, s)
+        except E.ConfigError as exc:
+            raise E.ConfigError(f"{point_label(SweepPoint(s, c, p))}: {exc}") from None
+        points.append(point)
+    return points
+
+
+def point_label(point: SweepPoint) -> str:
+    return f"sweep value stages={point.stages} chunk={point.chunk} policy={point.policy}"
+
+
+def parse_ints(name: str, text: str) -> list[int]:
+    """`1,2,4` -> [1, 2, 4]; `name` is how the caller calls the field in the error."""
+    try:
+        values = [int(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise E.ConfigError(f"{name}: '{text}' is not a comma-separated list of integers") from None
+    if not values or min(values) < 1:
+        raise E.ConfigError(f"{name}: '{text}' needs positive integers")
+    return values
+
+
+def plan_sweep(cluster: Cluster, profile: str | None, overrides: dict[str, Any], *, stages: str | None,
+               chunks: str | None, policies: str | None, names: tuple[str, str, str] = ("--stages", "--chunks",
+                                                                                          "--policy"),
+               ) -> tuple[RunOptions, list[SweepPoint]]:
+    """The base options and every combination, from the CLI's or the dashboard's text fields (empty: the
+    profile's [sweep] table); a value that cannot run is refused here, before anything starts."""
+    base = resolve_options(profile, overrides)
+    preset = sweep_settings(profile)  # given values win over the preset's [sweep] table
+    chosen: list[str] = [p for p in (policies or "").replace(" ", "").split(",") if p] or list(preset.policy)
+    for p in chosen:
+        if p not in ("equal", "balanced"):
+            raise E.ConfigError(f"{names[2]}: '{p}' is not one of equal, balanced")
+    return base, sweep_points(cluster, base, parse_ints(names[0], stages) if stages else preset.stages,
+                              parse_ints(names[1], chunks) if chunks else preset.chunks, chosen)
+
+
+def options_for(base: RunOptions, point: SweepPoint) -> RunOptions:
+    values = {**base.model_dump(), "stages": point.stages, "chunk": point.chunk, "split": []}
+    values["policy"] = base.policy if point.policy == "serial" else point.policy
+    try:
+        return RunOptions(**values)
+    except ValueError as exc:
+        raise E.ConfigError(str(exc).splitlines()[0]) from None
+
+
+def row_of(point: SweepPoint, summary: dict[str, Any] | None, error: str | None = None) -> dict[str, Any]:
+    row: dict[str, Any] = {"stages": point.stages, "chunk": point.chunk, "policy": point.policy}
+    if summary is None:
+        return {**row, "status": "failed", "error": error}
+    busy = [(st["compute_s"] or 0) + (st["send_s"] or 0) for st in summary["per_stage"]]
+    slowest = max(range(len(busy)), key=busy.__getitem__) if busy else None
+    return {**row, "status": summary["status"], "throughput_ips": summary["throughput_ips"],
+            "serial_ips": summary["serial_ips"], "speedup": summary["speedup"], "efficiency": summary["efficiency"],
+            "bottleneck_rank": slowest,
+            "bottleneck": (summary["per_stage"][slowest]["modules"] or ["-"])[0] if slowest is not None else None,
+            "split_points": summary["split_points"], "outputs_match": summary["outputs_match"],
+            "run_id": summary["run_id"], "flags": [f["code"] for f in summary.get("flags") or []],
+            **({"error": error} if error else {})}
+
+
+def write_table(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    write_json_atomic(out / "sweep.json", {**meta, "rows": rows})
+    with (out / "table.csv.tmp").open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows({**r, "split_points": " ".join(r.get("split_points") or []),
+                          "flags": " ".join(r.get("flags") or [])} for r in rows)
+    (out / "table.csv.tmp").replace(out / "table.csv")
+    lines = ["| " + " | ".join(COLUMNS[:10]) + " |", "|" + "---|" * 10]
+    for r in rows:
+        lines.append("| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in COLUMNS[:10]) + " |")
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+
+
+def plot(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
+    """speedup vs stages (with the ideal line); throughput vs chunk when more than one chunk ran."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on a controller over SSH
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r.get("status") == "ok" and r.get("speedup")]
+    written = []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    stages = sorted({r["stages"] for r in ok}) or [1]
+    ax.plot(stages, stages, "k--", label="ideal")
+    for (policy, chunk), group in itertools.groupby(sorted((r for r in ok if r["stages"] > 1),
+                                                          key=lambda r: (r["policy"], r["chunk"], r["stages"])),
+                                                   key=lambda r: (r["policy"], r["chunk"])):
+        g = list(group)
+        ax.plot([1] + [r["stages"] for r in g], [1.0] + [r["speedup"] for r in g], "o-",
+                label=f"{policy}, chunk {chunk}")
+    written.append(_save(plt, fig, ax, "stages", "speedup over serial", out / "speedup_vs_stages.png"))
+    if len({r["chunk"] for r in ok}) > 1:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        key = lambda r: (r["policy"], r["stages"], r["chunk"])  # noqa: E731
+        for (policy, n), group in itertools.groupby(sorted(ok, key=key), key=lambda r: (r["policy"], r["stages"])):
+            g = list(group)
+            ax.plot([r["chunk"] for r in g], [r["throughput_ips"] for r in g], "o-", label=f"{policy}, {n} stage(s)")
+        written.append(_save(plt, fig, ax, "chunk (images per microbatch)", "images / s",
+                             out / "throughput_vs_chunk.png"))
+    return written
+
+
+def _save(plt, fig, ax, xlabel: str, ylabel: str, path: Path) -> Path:  # noqa: ANN001
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+async def run_sweep(cluster: Cluster, base: RunOptions, points: list[SweepPoint], out: Path, *,
+                    on_event=None, cache: BaselineCache | None = None,  # noqa: ANN001
+                    on_session=None, on_rows=None, wait: bool = False) -> list[dict[str, Any]]:  # noqa: ANN001
+    """Run every point in turn. `on_session(session)` is called before each run and `on_rows(rows)` after
+    each (the dashboard follows the sweep through them). Each run leases its hosts: with `wait`, a run
+    whose hosts another run holds waits for them; without, the sweep stops there (HostBusy)."""
+    from pictl.events import Phase
+    from pictl.planning.specs import plan_ahead
+    from pictl.run.session import RunSession
+
+    # One planning process for the pipeline runs (not a torch import each), and one that cannot work
+    # is refused before the first run starts. A serial point plans inside its own baseline run.
+    planned = await plan_ahead(cluster, [(point_label(p), options_for(base, p)) for p in points if p.stages > 1],
+                               cache_root=cache.root.parent if cache else None)
+    if planned and on_event:
+        on_event(Phase("plan", f"{planned} sweep run(s) planned in one process"))
+    out.mkdir(parents=True)
+    meta = {"started_at": time.time(), "cluster": cluster.source, "options": base.model_dump(),
+            "points": [p.__dict__ for p in points]}
+    rows: list[dict[str, Any]] = []
+    for point in points:
+        session = RunSession(cluster, options_for(base, point), on_event=on_event, runs_root=out / "runs",
+                             baseline_cache=cache, wait=wait)
+        if on_session:
+            on_session(session)
+        try:
+            rows.append(row_of(point, await session.run()))
+        except (E.RunFailed, E.OutputMismatch, E.TransportError) as exc:
+            # One failed configuration does not lose the others; the row says why.
+            rows.append(row_of(point, session.last_summary, error=str(exc)))
+        except E.Interrupted:
+            rows.append(row_of(point, session.last_summary, error="interrupted"))
+            write_table(out, rows, {**meta, "interrupted": True})
+            raise
+        write_table(out, rows, meta)
+        if on_rows:
+            on_rows(list(rows))
+    plot(out, rows)
+    return rows

@@ -1,0 +1,239 @@
+"""Cost profiles for the `balanced` policy: measured on each host, cached, turned into a CostTable.
+
+`remote.profiling.costs` times every piece of the model on the host inside whole passes run
+back to back (with the run's chunk and thread count), and reports the bytes entering
+each cut and what copying them costs the host. Hosts that share one machine are
+profiled one at a time. A profile is cached per host, interpreter, model, chunk,
+threads and remote code, so only the first balanced run (or `pictl profile`) pays
+the measurement; a run that measured its stages slower or faster than their
+profiles stores the correction beside the profile, and the next run starts from it.
+
+Links are measured too (`remote/profiling/linktest.py`, stdlib, sent with `python -c`):
+from each stage host to the next, the round-trip latency of small pings and the
+rate of a stage-sized stream, cached per host pair and addresses. A hop between
+two stages on one host is costed as a local copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
+from typing import Any, TypeGuard, TypeVar
+
+import remote
+from pictl import errors as E
+from pictl.cluster.artifacts import Artifact
+from pictl.cluster.commands import worker_env
+from pictl.cluster.transport import Transport
+from pictl.events import command_outcome
+from pictl.inventory import Host
+from pictl.records.cache import JsonCache
+from remote import protocol as P
+from remote.balance import CostTable, Link
+
+T = TypeVar("T")
+LAN_LINK = Link(latency_s=0.0002, bytes_per_s=110e6)  # what 1 GbE delivers between Pis
+LOCAL_LINK = Link(latency_s=0.00002, bytes_per_s=2e9)
+LINK_SOURCE = remote.source("profiling/linktest.py")
+LINK_BYTES = 16 << 20  # a few stage outputs' worth: 0.15 s on gigabit Ethernet
+
+
+def link_key(src: Host, dst: Host) -> str:
+    return JsonCache.key({"link": [src.name, src.address, dst.name, dst.rendezvous_address]})
+
+
+async def measure_link(src: Transport, dst: Transport, nbytes: int = LINK_BYTES) -> Link:
+    """Stream `nbytes` from src to dst's rendezvous address (the path gloo takes) after timing pings."""
+    address = dst.host.rendezvous_address
+    server = await dst.start([dst.host.base_python(), "-c", LINK_SOURCE, "serve", address])
+    try:
+        port = None
+        async for stream, line in server.lines():
+            if stream == "stdout" and line.strip().isdigit():
+                port = int(line)
+            break
+        if port is None:
+            raise E.TransportError(f"host '{dst.host.name}': cannot listen on {address} to measure the link")
+        result = await src.run([src.host.base_python(), "-c", LINK_SOURCE, "send", address, str(port), str(nbytes)],
+                               timeout_s=120)
+        if result.returncode != 0:
+            raise E.TransportError(f"link {src.host.name} -> {dst.host.name}: "
+                                   f"{(result.stderr.strip().splitlines() or ['no output'])[-1]}")
+        measured = json.loads(result.stdout.strip().splitlines()[-1])
+    finally:
+        await server.stop(grace_s=1)
+    return Link(latency_s=float(measured["latency_s"]), bytes_per_s=float(measured["bytes_per_s"]))
+
+
+async def link_profiles(pairs: list[tuple[Transport, Transport]], cache: JsonCache
+                        ) -> tuple[dict[tuple[str, str], Link], list[str]]:
+    """{(src, dst): Link} for each pair of different hosts, one at a time (they share the network)."""
+    links: dict[tuple[str, str], Link] = {}
+    measured: list[str] = []
+    for src, dst in pairs:
+        names = (src.host.name, dst.host.name)
+        if names in links or names[0] == names[1]:
+            continue
+        cached = cache.get(link_key(src.host, dst.host))
+        if cached and cached.get("bytes_per_s", 0) > 0 and "latency_s" in cached:
+            links[names] = Link(cached["latency_s"], cached["bytes_per_s"])
+            continue
+        links[names] = link = await measure_link(src, dst)
+        cache.put(link_key(src.host, dst.host), {"latency_s": link.latency_s, "bytes_per_s": link.bytes_per_s})
+        measured.append(f"{names[0]}->{names[1]}")
+    return links, measured
+
+
+def profile_key(host: Host, model: str, num_classes: int, chunk: int, threads: int, *, code: str,
+                artifact: Artifact | None = None) -> str:
+    """A profile depends on the host, its interpreter, the model, the microbatch, the threads and the code
+    (`code`: the pushed tree's digest)."""
+    return JsonCache.key({"host": [host.name, host.address, host.python_path()], "model": model,
+                          "artifact": artifact.digest if artifact else None,
+                          "num_classes": num_classes, "chunk": chunk, "threads": threads, "code": code})
+
+
+PROFILE_FIELDS = ("pieces", "compute_s", "cut_bytes", "piece_bytes", "chunk", "threads", "torch", "spread",
+                  "passes", "pass_ms", "attempts", "comm_s_per_byte", "measured_from", "measured_until")
+
+
+def _usable(profile: dict[str, Any] | None) -> TypeGuard[dict[str, Any]]:
+    """A corrupt, truncated or old-format profile is measured again, never trusted."""
+    if not profile or not all(k in profile for k in PROFILE_FIELDS):
+        return False
+    n = len(profile.get("pieces", []))
+    return n > 0 and all(len(profile.get(k, [])) == n for k in ("compute_s", "cut_bytes", "piece_bytes"))
+
+
+async def measure_host(t: Transport, model: str, num_classes: int, chunk: int, threads: int,
+                       artifact: Artifact | None = None) -> dict[str, Any]:
+    h = t.host
+    argv = [h.python_path(), "-m", "remote.profiling.costs", "--model", model, "--num-classes", str(num_classes),
+            "--chunk", str(chunk), "--threads", str(threads)]
+    if artifact:  # a pruned model has its own cost shape: profile the artifact, not its base
+        argv += ["--checkpoint", artifact.host_path(h)]
+    result = await t.run(argv, env=worker_env(h, threads), timeout_s=600)
+    costs, reason = command_outcome(result, P.COSTS)
+    if costs is None:
+        raise E.RunFailed(f"host '{h.name}': cost profiling failed: {reason}")
+    return {k: costs[k] for k in PROFILE_FIELDS}
+
+
+MACHINE_ID = "cat /etc/machine-id /proc/sys/kernel/random/boot_id 2>/dev/null || true"
+
+
+async def machine_of(t: Transport) -> str:
+    """What identifies the machine behind a host: machine id and boot id where readable, else its address.
+
+    Hosts on one machine (the local cluster, network namespaces, containers) share its cores: timed at
+    once, each would measure the others' load.
+    """
+    if t.host.transport == "local":
+        return "this machine"
+    result = await t.run(["sh", "-c", MACHINE_ID], timeout_s=30)
+    ids = result.stdout.split()
+    return " ".join(ids) if len(ids) == 2 else f"{t.host.address}:{t.host.port or 22}"
+
+
+async def measure_one_at_a_time(transports: list[Transport], measure: Callable[[Transport], Awaitable[T]],
+                                same: Callable[[Transport], Hashable]) -> tuple[list[T], list[list[str]]]:
+    """`measure` on every host: hosts on different machines at once, hosts sharing a machine one after
+    another, and hosts of one machine with the same `same(t)` (one address, interpreter and thread count:
+    the shipped local cluster) once for all of them.
+    Returns the results in order, and the groups of host names that shared a machine."""
+    machines = await asyncio.gather(*(machine_of(t) for t in transports))
+    groups: dict[str, dict[Hashable, list[int]]] = {}
+    for i, machine in enumerate(machines):
+        groups.setdefault(machine, {}).setdefault(same(transports[i]), []).append(i)
+    results: list[Any] = [None] * len(transports)
+
+    async def in_turn(twins: dict[Hashable, list[int]]) -> None:
+        for indices in twins.values():
+            result = await measure(transports[indices[0]])
+            for i in indices:
+                results[i] = result
+
+    await asyncio.gather(*(in_turn(twins) for twins in groups.values()))
+    shared = [[transports[i].host.name for ix in twins.values() for i in ix]
+              for twins in groups.values() if sum(map(len, twins.values())) > 1]
+    return results, shared
+
+
+@dataclass(frozen=True)
+class Profiles:
+    """Cost profiles of some hosts, where each came from, and the corrections earlier runs measured."""
+
+    by_host: dict[str, dict[str, Any]]
+    measured: list[str]
+    """Hosts profiled now (the others came from the cache)."""
+    shared: list[list[str]]
+    """Groups of just-measured hosts that share one machine (profiled one at a time)."""
+
+    use_corrections: bool = True
+    """False (`--no-refine`): the profiles alone, as measured."""
+
+    def correction(self, host: str) -> float:
+        """How much slower than its profile a run found the host (1.0: never corrected, or not used)."""
+        return float(self.by_host[host].get("correction", 1.0)) if self.use_corrections else 1.0
+
+
+async def host_profiles(transports: list[Transport], cache: JsonCache, *, model: str, num_classes: int,
+                        chunk: int, threads: int | dict[str, int], code: str, artifact: Artifact | None = None,
+                        use_corrections: bool = True) -> Profiles:
+    """Every host's profile: from the cache, or measured now (hosts sharing a machine one at a time).
+
+    `threads` is one count for all hosts, or one per host (a host running two stages gives each half its cores).
+    """
+    def count(t: Transport) -> int:
+        return threads.get(t.host.name, 1) if isinstance(threads, dict) else threads
+
+    def key(t: Transport) -> str:
+        return profile_key(t.host, model, num_classes, chunk, count(t), code=code, artifact=artifact)
+
+    def measure(t: Transport) -> Awaitable[dict[str, Any]]:
+        return measure_host(t, model, num_classes, chunk, count(t), artifact)
+
+    def same(t: Transport) -> Hashable:
+        return t.host.address, t.host.python_path(), count(t)
+
+    profiles: dict[str, dict[str, Any]] = {}
+    missing: list[Transport] = []
+    for t in transports:
+        if _usable(cached := cache.get(key(t))):
+            profiles[t.host.name] = cached
+        else:
+            missing.append(t)
+    measured, shared = await measure_one_at_a_time(missing, measure, same) if missing else ([], [])
+    for t, profile in zip(missing, measured, strict=True):
+        cache.put(key(t), profile)
+        profiles[t.host.name] = profile
+    return Profiles(profiles, [t.host.name for t in missing], shared, use_corrections)
+
+
+def keep_corrections(cache: JsonCache, hosts: dict[str, Host], corrections: dict[str, float], *,
+                     model: str, num_classes: int, chunk: int, threads: dict[str, int], code: str,
+                     artifact: Artifact | None = None) -> None:
+    """Store what a run measured (per host: measured / profiled time) with the host's profile, so the next
+    run on the cluster starts from the corrected model."""
+    for name, factor in corrections.items():
+        key = profile_key(hosts[name], model, num_classes, chunk, threads.get(name, 1), code=code, artifact=artifact)
+        if _usable(profile := cache.get(key)):
+            cache.put(key, {**profile, "correction": round(factor, 4)})
+
+
+def cost_table(stage_hosts: list[str], profiles: Profiles,
+               links: dict[tuple[str, str], Link] | None = None) -> CostTable:
+    """Stage s runs on stage_hosts[s]; its pieces cost what that host measured (times the correction an
+    earlier run found), each hop what its link did (gigabit Ethernet where a link was not measured, a
+    local copy between stages on one host)."""
+    by_host = profiles.by_host
+    first = by_host[stage_hosts[0]]
+    measured = links or {}
+    hops = [LOCAL_LINK if a == b else measured.get((a, b), LAN_LINK)
+            for a, b in zip(stage_hosts, stage_hosts[1:], strict=False)]
+    table = CostTable(compute_s=[by_host[h]["compute_s"] for h in stage_hosts], cut_bytes=first["cut_bytes"],
+                      links=hops, comm_s_per_byte=[by_host[h]["comm_s_per_byte"] for h in stage_hosts],
+                      piece_bytes=first["piece_bytes"])
+    return table.corrected([profiles.correction(h) for h in stage_hosts])

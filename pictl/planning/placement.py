@@ -1,0 +1,46 @@
+"""Where each stage runs: stages in order over the inventory's hosts, within their slots."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pictl.errors import ConfigError
+from pictl.inventory import Cluster, Host
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """One torchrun agent: a host and the consecutive stages (ranks) it runs."""
+
+    host: Host
+    node_rank: int
+    first_rank: int
+    nproc: int
+
+    @property
+    def ranks(self) -> range:
+        return range(self.first_rank, self.first_rank + self.nproc)
+
+
+def place_stages(cluster: Cluster, stages: int) -> list[NodePlan]:
+    """Stages in order over hosts in order: one per host while they last, then up to each host's slots.
+
+    Adjacent stages share a host, so an extra hop stays local.
+    """
+    if stages > cluster.slots:
+        raise ConfigError(f"{stages} stages do not fit {cluster.source}: {len(cluster.hosts)} hosts with "
+                          f"{cluster.slots} stage slot(s) in all (raise a host's `slots` to run more)")
+    counts = [0] * len(cluster.hosts)
+    remaining = stages
+    while remaining:  # round-robin one extra stage per host, never past its slots
+        for i, host in enumerate(cluster.hosts):
+            if remaining and counts[i] < host.slots:
+                counts[i] += 1
+                remaining -= 1
+    nodes: list[NodePlan] = []
+    rank = 0
+    for host, n in zip(cluster.hosts, counts, strict=True):
+        if n:
+            nodes.append(NodePlan(host, len(nodes), rank, n))
+            rank += n
+    return nodes

@@ -1,0 +1,117 @@
+"""Run specs and their stage plans: what the hosts are told, and the plans cached on the controller.
+
+A plan comes from `remote.runtime.plan` on a run's first host (it builds the model on the
+meta device, so it imports torch and timm: 8-16 s on a slow host). When no file
+on the hosts is involved a plan is a pure function of the spec, so it is cached;
+`plan_ahead` plans a sweep's runs in one process before the first starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from pictl import errors as E
+from pictl.cluster.artifacts import Artifact
+from pictl.cluster.commands import worker_env
+from pictl.cluster.push import local_tree, manifest_digest, push_to
+from pictl.cluster.transport import transport_for
+from pictl.events import command_outcome, parse_event
+from pictl.inventory import Cluster, Host
+from pictl.planning.placement import place_stages
+from pictl.planning.profiles import RunOptions
+from pictl.records.cache import JsonCache
+from pictl.records.cache import cache_root as default_cache_root
+from remote import protocol as P
+from remote.spec import DataSpec, RunSpec
+
+
+def spec_from(options: RunOptions, run_id: str, artifact: Artifact | None) -> RunSpec:
+    return RunSpec(
+        model=options.model, num_classes=options.num_classes, seed=options.seed,
+        checkpoint=artifact.run_relative_path if artifact else options.checkpoint,
+        # `balanced` is decided on the controller: the hosts receive its split points as explicit ones.
+        allow_pickle=options.allow_pickle, stages=options.stages,
+        policy="equal" if options.policy == "balanced" else options.policy,
+        split_points=list(options.split), chunk=options.chunk, images=options.images, warmup=options.warmup,
+        repeats=options.repeats, threads=options.threads,
+        data=DataSpec(kind=options.data, path=options.data_path, split=options.data_split),
+        check_images=min(options.check_images, options.images), pg_timeout_s=options.pg_timeout_s,
+        trace_steps=options.trace_steps if options.stages > 1 else 0,
+        run_id=run_id)
+
+
+def plans_cache(root: Path) -> JsonCache:
+    """Plans, under the cache root (`records.cache.cache_root`, or the one a run was given)."""
+    return JsonCache(root / "plans")
+
+
+def plan_key(host: Host, spec: RunSpec, *, code: str) -> str | None:
+    """The cache key of `spec`'s plan on `host` with the pushed tree `code`, or None when the plan must be
+    made every time."""
+    if spec.checkpoint or spec.data.kind != "synthetic":
+        return None  # planning also checks files on the hosts: do it every time
+    return JsonCache.key({"model": spec.model, "num_classes": spec.num_classes, "stages": spec.stages,
+                          "policy": spec.policy, "split": list(spec.split_points), "chunk": spec.chunk,
+                          "images": spec.images, "host": [host.name, host.address, host.python_path()],
+                          "code": code})
+
+
+async def plan_ahead(cluster: Cluster, runs: list[tuple[str, RunOptions]], *,
+                     cache_root: Path | None = None) -> int:
+    """Plan every run in `runs` (label, options) whose plan can be cached and is not, in one `remote.runtime.plan`
+    process per first host, and cache the plans: each run's session then finds its plan, which saves a
+    torch import per run, and a run whose spec cannot work is refused before any run starts
+    (ConfigError: "<label>: <why>"). `balanced` runs are left out: their split is chosen at run time.
+    Returns how many plans were made."""
+    plans = plans_cache(cache_root or default_cache_root())
+    tree = local_tree()
+    code = manifest_digest(tree)
+    todo: dict[str, tuple[Host, list[tuple[str, RunSpec, str]]]] = {}
+    seen: set[str] = set()
+    for label, options in runs:
+        if (options.policy == "balanced" and options.stages > 1) or options.artifact:
+            continue
+        host = place_stages(cluster, options.stages)[0].host
+        spec = spec_from(options, "plan-ahead", None)
+        key = plan_key(host, spec, code=code)
+        if key and key not in seen and not plans.get(key):
+            seen.add(key)
+            todo.setdefault(host.name, (host, []))[1].append((label, spec, key))
+    made = 0
+    for host, items in todo.values():
+        made += await _plan_on(host, items, plans, tree)
+    return made
+
+
+async def _plan_on(host: Host, items: list[tuple[str, RunSpec, str]], plans: JsonCache,
+                   tree: dict[str, bytes]) -> int:
+    t = transport_for(host)
+    work_dir = host.run_dir(f"plan-ahead-{time.strftime('%Y%m%d-%H%M%S')}-{id(items):x}")
+    try:
+        await t.connect()
+        await push_to(t, tree)
+        names = [f"spec-{i}.json" for i in range(len(items))]
+        for name, (_, spec, _) in zip(names, items, strict=True):
+            await t.put_bytes(spec.to_json().encode(), f"{work_dir}/{name}")
+        argv = [host.python_path(), "-m", "remote.runtime.plan", *(a for n in names for a in ("--spec", n))]
+        result = await t.run(argv, cwd=work_dir, env=worker_env(host, 1), timeout_s=300 + 10 * len(items))
+    finally:  # best effort: a host that could not be reached has nothing to remove
+        await asyncio.gather(t.remove_tree(work_dir), return_exceptions=True)
+        await t.close()
+    planned: dict[str, dict[str, Any]] = {}
+    for event in filter(None, map(parse_event, result.stdout.splitlines())):
+        if event[P.KEY_EVENT] == P.PLAN and event.get("spec_file") in names:
+            planned[event.pop("spec_file")] = event
+    for name, (_, _, key) in zip(names, items, strict=True):
+        if name in planned:
+            plans.put(key, planned[name])
+    if len(planned) < len(items):
+        label = next(lbl for name, (lbl, _, _) in zip(names, items, strict=True) if name not in planned)
+        _, message = command_outcome(result, P.PLAN) if result.returncode else (None, "no plan")
+        if result.returncode == P.EXIT_BAD_INPUT:
+            raise E.ConfigError(f"{label}: {message}")
+        raise E.RunFailed(f"host '{host.name}': planning failed: {message}")
+    return len(planned)

@@ -1,0 +1,76 @@
+"""Cache of serial baselines, and when a cached one may stand for a new run's.
+
+Keyed (`RunSession._baseline_fields`) by everything that changes the serial figure
+or its logits: the model or artifact, the checkpoint's content hash (taken on the
+host), the host's torch/timm versions and interpreter, threads, chunk, data,
+protocol, the host and the remote code. A baseline also records when it was
+measured and the host's state then; it is reused only while the host's state
+compares (`pictl.cluster.hoststate.state_change`) and it is younger than the run's
+`baseline_max_age`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pictl.cluster.hoststate import state_change
+from pictl.records.cache import cache_root
+from pictl.records.runs import write_json_atomic
+from pictl.summary import age_text
+
+
+def default_cache_root() -> Path:
+    return cache_root() / "baselines"
+
+
+@dataclass
+class Baseline:
+    ips: float
+    ips_spread: list[float]
+    top1: float | None
+    logits: bytes
+    measured_at: float
+    peak_rss_mb: float | None = None
+    import_rss_mb: float | None = None
+    reused: bool = False
+    host_state: dict[str, Any] | None = None
+    """The host as the serial run found it (`remote/host/probe.py state`)."""
+
+
+def reuse_refusal(cached: Baseline, state_now: dict[str, Any], *, max_age_s: float | None, now: float) -> str | None:
+    """Why `cached` may not stand for a serial run now (None: it may)."""
+    age = max(0.0, now - cached.measured_at)
+    if max_age_s is not None and age > max_age_s:
+        return f"the cached baseline is {age_text(age)} old, older than baseline_max_age ({age_text(max_age_s)})"
+    change = state_change(cached.host_state, state_now)
+    return f"the host changed since the cached baseline was measured {age_text(age)} ago: {change}" if change else None
+
+
+class BaselineCache:
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = root or default_cache_root()
+
+    def get(self, key: str) -> Baseline | None:
+        entry = self.root / key
+        try:
+            meta = json.loads((entry / "baseline.json").read_text())
+            logits = (entry / "logits-serial.f32").read_bytes()
+        except (OSError, ValueError):
+            return None
+        return Baseline(meta["ips"], meta["ips_spread"], meta.get("top1"), logits, meta["measured_at"],
+                        meta.get("peak_rss_mb"), meta.get("import_rss_mb"), reused=True,
+                        host_state=meta.get("host_state"))
+
+    def put(self, key: str, baseline: Baseline, fields: dict[str, Any]) -> None:
+        entry = self.root / key
+        entry.mkdir(parents=True, exist_ok=True)
+        (entry / "logits-serial.f32").write_bytes(baseline.logits)
+        # Written last and atomically: an entry without it does not exist.
+        write_json_atomic(entry / "baseline.json", {"ips": baseline.ips, "ips_spread": baseline.ips_spread,
+                                                    "top1": baseline.top1, "measured_at": baseline.measured_at,
+                                                    "peak_rss_mb": baseline.peak_rss_mb,
+                                                    "import_rss_mb": baseline.import_rss_mb,
+                                                    "host_state": baseline.host_state, "key_fields": fields})

@@ -1,0 +1,128 @@
+"""What the phases of one run share: its options and identity, the open connections, the processes it
+started, the record (once it exists), the caches, and the one sink every event goes to.
+
+The phases (`hosts`, `placement`, `split`, `staging`, `serial`, `pipeline`, `compare`, `summarize`) each
+take this and the previous phase's result and return their own; the session (`session.py`) orders them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pictl import errors as E
+from pictl.cluster.artifacts import Artifact
+from pictl.cluster.fleet import Fleet
+from pictl.cluster.leases import Lease
+from pictl.cluster.monitor import HostSample
+from pictl.cluster.push import local_tree, manifest_digest
+from pictl.cluster.transport import RemoteProcess, Transport
+from pictl.events import EventSink, Phase
+from pictl.inventory import Cluster, Host
+from pictl.planning.profiles import RunOptions
+from pictl.records.cache import JsonCache
+from pictl.records.runs import RunRecord
+from pictl.run.baselines import BaselineCache
+from pictl.run.telemetry import RunTelemetry
+from pictl.run.timeline import StartupTimeline
+
+
+@dataclass
+class RunContext:
+    cluster: Cluster
+    options: RunOptions
+    run_id: str
+    sink: EventSink
+    runs_root: Path
+    baselines: BaselineCache
+    artifact: Artifact | None = None
+    profile: str | None = None
+    wait_for_hosts: bool = False
+    """A host another run holds: wait for it (True) or refuse at once (HostBusy)."""
+    reuse_baseline: bool = True
+    started: float = field(default_factory=time.time)
+    timeline: StartupTimeline = field(default_factory=StartupTimeline)
+    telemetry: RunTelemetry = field(default_factory=RunTelemetry)
+    """The pipeline's ranks, folded (the serial run has its own)."""
+    fleet: Fleet = field(default_factory=lambda: Fleet(()))
+    leases: list[Lease] = field(default_factory=list)
+    live: list[RemoteProcess] = field(default_factory=list)
+    record: RunRecord | None = None
+    samples: list[HostSample] = field(default_factory=list)
+    """The run's hosts, sampled while it runs (for its flags)."""
+    windows: dict[str, list[float]] = field(default_factory=dict)
+    """"baseline" / "pipeline" -> [start, end] on the controller's clock."""
+    failure: dict[str, Any] | None = None
+    """Where a failed run failed: host, rank, message, the last lines."""
+    _early: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        # Read and hashed once per run: what is pushed and what keys the caches are the same tree.
+        self.tree: dict[str, bytes] = local_tree()
+        self.code: str = manifest_digest(self.tree)
+
+    # -- events and the record ----------------------------------------------------------------------
+
+    def phase(self, name: str, message: str) -> None:
+        self.sink(Phase(name, message))
+
+    def event(self, source: str, line: str) -> None:
+        """Keep a telemetry line (before the record exists, until it does: the plan may come first)."""
+        self._keep("event", source, line)
+
+    def log(self, source: str, line: str) -> None:
+        self._keep("log", source, line)
+
+    def _keep(self, kind: str, source: str, line: str) -> None:
+        if self.record is None:
+            self._early.append((kind, source, line))
+        elif kind == "event":
+            self.record.event(source, line)
+        else:
+            self.record.log(source, line)
+
+    def open_record(self, config: dict[str, Any]) -> RunRecord:
+        """The spec passed its plan: from here on the run exists, and ends with a summary."""
+        self.record = RunRecord(self.runs_root, self.run_id)
+        self.record.write_config(config)
+        early, self._early = self._early, []
+        for kind, source, line in early:
+            self._keep(kind, source, line)
+        return self.record
+
+    # -- hosts and processes --------------------------------------------------------------------------
+
+    def transport(self, host: Host | str) -> Transport:
+        return self.fleet[host if isinstance(host, str) else host.name]
+
+    async def start(self, host: Host, argv: list[str], *, cwd: str, env: Mapping[str, str]) -> RemoteProcess:
+        """Start a long-running command that the run stops, whatever happens."""
+        proc = await self.transport(host).start(argv, cwd=cwd, env=env)
+        self.live.append(proc)
+        return proc
+
+    async def stop_all(self) -> None:
+        live, self.live = self.live, []
+        await asyncio.gather(*(p.stop() for p in live), return_exceptions=True)
+
+    def failed(self, host: str, rank: int | None, what: str, message: str, tail: deque[str] | list[str],
+               ) -> E.RunFailed:
+        """The error a run failure raises; the summary's `error` tells where, with the host's last lines."""
+        self.failure = {"host": host, "rank": rank, "message": message, "last_lines": list(tail)}
+        where = f"host '{host}'" + (f" rank {rank}" if rank is not None else "")
+        return E.RunFailed(f"{what} failed on {where}: {message}")
+
+    # -- caches ---------------------------------------------------------------------------------------
+
+    @property
+    def cache_root(self) -> Path:
+        return self.baselines.root.parent
+
+    def cache(self, kind: str) -> JsonCache:
+        """`plans`, `costs` or `links`, beside the baselines."""
+        return JsonCache(self.cache_root / kind)

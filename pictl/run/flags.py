@@ -1,0 +1,210 @@
+"""Sanity flags: what makes a run's numbers suspect, each with one line that says why.
+
+`compute_flags(summary)` is a pure function of a run's summary, which carries every
+host's state at the start of the run (`hosts.<name>.state`) and its samples while
+the serial baseline and the pipeline ran (`during_baseline`, `during_pipeline`),
+so each flag can be tested without a cluster and without torch. Codes are stable
+(scripts and `--strict` use them); messages are for people.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from pictl.cluster.hoststate import HOT_C, LOAD_TOLERANCE_CORES, capacity, state_change, throttling
+from pictl.summary import age_text
+
+SPREAD_LIMIT = 0.10
+"""Largest (max - min) / mean of the timed passes' throughput that is not flagged."""
+FILL_DRAIN_MIN = 0.95
+"""Smallest GPipe fill/drain bound M / (M + S - 1) that is not flagged."""
+
+CODES = ("speedup_above_stages", "speedup_below_1", "throughput_spread", "host_overloaded", "host_throttled",
+         "host_hot", "baseline_stale", "stages_share_cores", "fill_drain_bound")
+
+
+@dataclass(frozen=True)
+class Flag:
+    code: str
+    message: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"code": self.code, "message": self.message}
+
+
+def compute_flags(summary: dict[str, Any]) -> list[Flag]:
+    """Every flag the summary's figures raise, in the order of CODES."""
+    found = [*_speedup(summary), *_spread(summary), *_host_health(summary), *_stale_baseline(summary),
+             *_sharing(summary), *_fill_drain(summary)]
+    return sorted(found, key=lambda f: CODES.index(f.code))
+
+
+def _hosts(s: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return s.get("hosts") or {}
+
+
+def _state(s: dict[str, Any], host: str | None) -> dict[str, Any]:
+    return (_hosts(s).get(host or "") or {}).get("state") or {}
+
+
+# -- speedup -------------------------------------------------------------------------------------
+
+def _speedup(s: dict[str, Any]) -> list[Flag]:
+    speedup, stages = s.get("speedup"), s.get("stages", 1)
+    if speedup is None or stages < 2:
+        return []
+    if speedup > stages:
+        return [Flag("speedup_above_stages", f"speedup {speedup:.2f}x is above the {stages} stages: {_above_why(s)}")]
+    if speedup < 1:
+        return [Flag("speedup_below_1", f"the {stages}-stage pipeline ({s['throughput_ips']:.2f} img/s) is slower "
+                                        f"than the serial run ({s['serial_ips']:.2f} img/s)")]
+    return []
+
+
+def _stage_ms_per_image(s: dict[str, Any]) -> float | None:
+    """Compute time of all stages together per image (timed passes), ms."""
+    total = 0.0
+    for st in s.get("per_stage") or []:
+        if not st.get("compute_s") or not st.get("microbatches"):
+            return None
+        total += st["compute_s"] / (st["microbatches"] * s.get("chunk", 1))
+    return total * 1000 if total else None
+
+
+def _above_why(s: dict[str, Any]) -> str:
+    """Which is it: a suspect serial baseline (and the evidence), or a model that got cheaper when split."""
+    base = s.get("baseline") or {}
+    host = base.get("host")
+    if s.get("serial_reused"):
+        return (f"the serial baseline is suspect: it was reused, measured {age_text(base.get('age_s') or 0)} earlier "
+                "(--fresh-baseline measures it again)")
+    measured = base.get("state") or {}
+    if (measured.get("busy_cores") or 0.0) > LOAD_TOLERANCE_CORES:
+        return (f"the serial baseline is suspect: other work kept {measured['busy_cores']:.1f} cores busy on {host} "
+                "when it was measured")
+    during = (_hosts(s).get(host or "") or {}).get("during_baseline") or {}
+    if (during.get("runnable_mean") or 0.0) > (measured.get("cpus") or math.inf) + LOAD_TOLERANCE_CORES:
+        return (f"the serial baseline is suspect: {host} ran {during['runnable_mean']:.1f} threads on "
+                f"{measured['cpus']} CPUs while it was measured")
+    if any(throttling(v) for v in during.get("throttled") or []) or (during.get("temp_max_c") or 0.0) >= HOT_C:
+        return f"the serial baseline is suspect: {host} was throttled or hot while it was measured"
+    stage_ms, serial_ms = _stage_ms_per_image(s), 1000.0 / s["serial_ips"] if s.get("serial_ips") else None
+    if stage_ms and serial_ms and stage_ms < 0.9 * serial_ms:
+        return (f"the model got cheaper when split: the stages together computed an image in {stage_ms:.0f} ms, "
+                f"the whole model in {serial_ms:.0f} ms (smaller stages fit the caches better)")
+    return (f"the serial baseline is suspect: no load was seen on {host}, yet the stages together computed an "
+            f"image in {stage_ms or 0:.0f} ms against the serial run's {serial_ms or 0:.0f} ms")
+
+
+def _spread(s: dict[str, Any]) -> list[Flag]:
+    runs = [("serial baseline", s.get("serial_spread_ips"), s.get("serial_ips"))]
+    if s.get("stages", 1) > 1:
+        runs.insert(0, ("pipeline", s.get("throughput_spread_ips"), s.get("throughput_ips")))
+    out = []
+    for what, spread, mean in runs:
+        if spread and len(spread) == 2 and mean and (spread[1] - spread[0]) / mean > SPREAD_LIMIT:
+            out.append(Flag("throughput_spread", f"{what} throughput varied from {spread[0]:.2f} to {spread[1]:.2f} "
+                                                 f"img/s across the timed passes ({(spread[1] - spread[0]) / mean:.0%} "
+                                                 "of its mean): other work ran, or a host throttled"))
+    return out
+
+
+# -- hosts ---------------------------------------------------------------------------------------
+
+def _machines(s: dict[str, Any], names: list[str]) -> list[list[str]]:
+    """Hosts grouped by machine: those that share a kernel (the same boot id) are one machine."""
+    groups: dict[str, list[str]] = defaultdict(list)
+    for name in names:
+        groups[_state(s, name).get("boot_id") or f"host:{name}"].append(name)
+    return list(groups.values())
+
+
+def _who(group: list[str]) -> str:
+    return group[0] if len(group) == 1 else f"{', '.join(group)} (one machine)"
+
+
+def _host_health(s: dict[str, Any]) -> list[Flag]:
+    out = []
+    for window, during in (("during_pipeline", "the pipeline"), ("during_baseline", "the serial baseline")):
+        seen = {name: rec[window] for name, rec in _hosts(s).items() if rec.get(window)}
+        for group in _machines(s, list(seen)):
+            # Hosts on one machine sampled the same kernel: what any of them saw, the machine had.
+            aggs = [seen[h] for h in group]
+            runnable = max((a.get("runnable_mean") or 0.0 for a in aggs), default=0.0)
+            throttled = sorted({v for a in aggs for v in a.get("throttled") or []})
+            hottest = max((a.get("temp_max_c") or 0.0 for a in aggs), default=0.0)
+            cpus = _state(s, group[0]).get("cpus")
+            # Half a core of slack: the controller and the sampler themselves run now and then.
+            if cpus and runnable > cpus + LOAD_TOLERANCE_CORES:
+                out.append(Flag("host_overloaded", f"{_who(group)} had {runnable:.1f} threads running "
+                                                   f"or waiting for {cpus} CPUs during {during}"))
+            why = sorted({w for v in throttled for w in throttling(v)})
+            if why:
+                out.append(Flag("host_throttled", f"{_who(group)} was throttled during {during} "
+                                                  f"({', '.join(why)}; vcgencmd get_throttled "
+                                                  f"{', '.join(throttled)})"))
+            if hottest >= HOT_C:
+                out.append(Flag("host_hot", f"{_who(group)} reached {hottest:.0f} C during {during} "
+                                            f"(throttling starts at {HOT_C:.0f} C)"))
+    return out
+
+
+def _stale_baseline(s: dict[str, Any]) -> list[Flag]:
+    base = s.get("baseline") or {}
+    if not s.get("serial_reused") or not base:
+        return []
+    age, limit = base.get("age_s") or 0.0, base.get("max_age_s")
+    why = []
+    if limit is not None and age > limit:
+        why.append(f"it is older than baseline_max_age ({age_text(limit)})")
+    if (change := state_change(base.get("state"), _state(s, base.get("host")))) is not None:
+        why.append(f"its host changed since: {change}")
+    return [Flag("baseline_stale", f"the serial baseline was reused ({age_text(age)} old) although "
+                                   + " and ".join(why))] if why else []
+
+
+def _sharing(s: dict[str, Any]) -> list[Flag]:
+    """More stage threads than cores: on one host (its CPUs or its quota), or on one machine across hosts."""
+    stages = [st for st in s.get("per_stage") or [] if st.get("host")]
+    if len(stages) < 2:
+        return []
+    count: dict[str, int] = defaultdict(int)
+    threads: dict[str, int] = defaultdict(int)
+    for st in stages:
+        count[st["host"]] += 1
+        threads[st["host"]] += st.get("threads") or 1
+    out = []
+    for host in count:
+        cores = capacity(_state(s, host)) if _state(s, host) else None
+        if cores is not None and count[host] > 1 and threads[host] > cores:
+            out.append(Flag("stages_share_cores", f"{host} runs {count[host]} stages with {threads[host]} threads "
+                                                  f"on {cores:g} cores"))
+    for group in _machines(s, list(count)):
+        if len(group) < 2 or not all(_state(s, h) for h in group):
+            continue
+        cpus = max(_state(s, h).get("cpus") or 1 for h in group)
+        # A host's CPU quota caps what its threads can take from the machine.
+        used = sum(min(threads[h], capacity(_state(s, h))) for h in group)
+        if used > cpus:
+            out.append(Flag("stages_share_cores", f"{', '.join(group)} are one machine (one kernel) with {cpus} CPUs "
+                                                  f"running {sum(count[h] for h in group)} stages with "
+                                                  f"{sum(threads[h] for h in group)} threads"))
+    return out
+
+
+def _fill_drain(s: dict[str, Any]) -> list[Flag]:
+    stages = s.get("stages", 1)
+    if stages < 2 or not s.get("images"):
+        return []
+    chunk = s.get("chunk") or 1
+    microbatches = -(-s["images"] // chunk)
+    bound = microbatches / (microbatches + stages - 1)
+    if bound >= FILL_DRAIN_MIN:
+        return []
+    need = math.ceil(round(FILL_DRAIN_MIN / (1 - FILL_DRAIN_MIN) * (stages - 1), 6)) * chunk
+    return [Flag("fill_drain_bound", f"{microbatches} microbatches through {stages} stages: filling and draining the "
+                                     f"pipeline every pass caps its efficiency at {bound:.2f}; {need} images or more "
+                                     f"keep the cap at {FILL_DRAIN_MIN}")]

@@ -1,0 +1,138 @@
+"""Phase 6, launch and stream: torchrun on every host, every rank's lines read as they come, until every
+rank has finished or one has failed (then every host is stopped, and the blame lands on the cause).
+
+A port chosen at launch is free when chosen, but another user's process may bind it before torchrun's
+agent has started: then every host is stopped and the launch is tried again on another port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from pictl import errors as E
+from pictl.cluster.commands import PORT_ATTEMPTS, PORT_TAKEN, master_port, supervised, worker_env
+from pictl.cluster.stream import ProcessStream
+from pictl.cluster.transport import RemoteProcess
+from pictl.planning.placement import NodePlan
+from pictl.run.context import RunContext
+from pictl.run.launch import torchrun_argv
+from pictl.run.placement import Placement
+from pictl.run.split import SplitChoice, keep_refined
+from pictl.run.staging import Staged
+from remote import protocol as P
+
+
+class _PortTaken(Exception):
+    """torchrun could not bind the rendezvous port we chose: it was taken in between."""
+
+
+@dataclass(frozen=True)
+class PipelineDone:
+    corrections: dict[str, float] | None
+    """`balanced` refined its split: each host's correction (measured / profiled), kept for the next run."""
+
+
+class Pipeline:
+    """One launch of the pipeline; `live` while its ranks run (trace grabs look at it)."""
+
+    def __init__(self, ctx: RunContext, placement: Placement, choice: SplitChoice, staged: Staged) -> None:
+        self.ctx, self.placement, self.choice, self.staged = ctx, placement, choice, staged
+        self.live = False
+        self.corrections: dict[str, float] | None = None
+
+    async def run(self) -> PipelineDone:
+        ctx, master = self.ctx, self.placement.first.host
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            port = self.staged.master_port or await master_port(ctx.transport(master), None)
+            try:
+                await self._launch(port)
+                return PipelineDone(self.corrections)
+            except _PortTaken:
+                if self.staged.master_port or attempt == PORT_ATTEMPTS:
+                    raise ctx.failed(master.name, 0, "the pipeline", f"the rendezvous port {port} was taken on "
+                                     f"{master.name} before torchrun could bind it", deque()) from None
+                ctx.phase("pipeline", f"port {port} was taken on {master.name} before torchrun bound it; "
+                                      "launching again on another port")
+        raise AssertionError("unreachable")
+
+    def _on_record(self, host: str, record: dict[str, Any]) -> bool:
+        ctx = self.ctx
+        ctx.telemetry.apply(host, record)
+        if record[P.KEY_EVENT] == P.REFINED and self.choice.prediction is not None:
+            self.corrections = keep_refined(ctx, self.placement, self.choice, record)
+        ctx.timeline.observe(record)
+        return True
+
+    async def _launch(self, port: int) -> None:
+        ctx, spec, nodes = self.ctx, self.choice.spec, self.placement.nodes
+        master = nodes[0].host
+        ctx.phase("pipeline", f"launching {spec.stages} stage(s) on {len(nodes)} host(s), "
+                              f"rendezvous {master.rendezvous_address}:{port}")
+        failed = asyncio.Event()
+        tail: deque[str] = deque(maxlen=20)
+        procs: dict[str, RemoteProcess] = {}
+        self.live = True
+        ctx.windows["pipeline"] = [time.time(), time.time()]
+        for node in nodes:
+            argv = supervised(node.host, torchrun_argv(node, nnodes=len(nodes), master=master, master_port=port,
+                                                       spec_path=P.SPEC_FILE, run_id=spec.run_id), "pgid-torchrun")
+            procs[node.host.name] = await ctx.start(node.host, argv, cwd=node.host.run_dir(spec.run_id),
+                                                    env=worker_env(node.host, self.placement.threads[node.host.name]))
+
+        async def watch(node: NodePlan) -> None:
+            name = node.host.name
+
+            def on_record(record: dict[str, Any]) -> bool:
+                if record[P.KEY_EVENT] == P.ERROR:
+                    failed.set()
+                return self._on_record(name, record)
+
+            stream = ProcessStream(name, name, ctx, ctx.sink, on_record, tail)
+            rc = await stream.consume(procs[name])
+            stages = ctx.telemetry.stages
+            if rc != 0 and not all(stages.get(r) and stages[r].ended for r in node.ranks):
+                failed.set()
+
+        watchers = [asyncio.create_task(watch(n)) for n in nodes]
+        waiter = asyncio.create_task(failed.wait())
+        try:
+            await asyncio.wait([*watchers, waiter], return_when=asyncio.FIRST_COMPLETED)
+            while not failed.is_set() and not all(w.done() for w in watchers):
+                await asyncio.wait([*watchers, waiter], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            self.live = False
+            ctx.windows["pipeline"][1] = time.time()
+        if failed.is_set():
+            # A rank that dies makes its peers fail too ("connection closed by peer"); give
+            # the dead rank's torchrun a moment to exit so the blame lands on the cause.
+            await asyncio.sleep(1.5)
+            exited = {name: p.returncode for name, p in procs.items()}
+            await ctx.stop_all()
+            await asyncio.gather(*watchers, return_exceptions=True)
+            if not ctx.telemetry.stages and any(PORT_TAKEN in line for line in tail):
+                raise _PortTaken(port)  # no rank ever started: nothing of this attempt is in the figures
+            raise self._blame(exited, tail)
+
+    def _blame(self, exited: dict[str, int | None], tail: deque[str]) -> E.RunFailed:
+        """A rank that died without a word first, then the earliest rank that reported an error."""
+        ctx, stages = self.ctx, self.ctx.telemetry.stages
+        for node in self.placement.nodes:
+            rc = exited.get(node.host.name)
+            if rc in (None, 0):
+                continue
+            for rank in node.ranks:
+                st = stages.get(rank)
+                if not (st and (st.ended or st.error)):
+                    return ctx.failed(node.host.name, rank, "the pipeline", f"the rank died without reporting "
+                                      f"an error (torchrun exit status {rc}: killed, out of memory or crashed)", tail)
+        st = ctx.telemetry.first_error()
+        if st is not None and st.error is not None:
+            return ctx.failed(self.placement.node_of(st.rank).host.name, st.rank, "the pipeline",
+                              st.error["message"], tail)
+        return ctx.failed(self.placement.first.host.name, None, "the pipeline",
+                          "torchrun exited before every rank finished", tail)

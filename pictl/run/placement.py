@@ -1,0 +1,102 @@
+"""Phase 2, placement: which host runs which stages, and with how many torch threads; announced once
+(`Placed`), so no reader (headless, the dashboard, the summary) works it out again.
+
+Stages go over the inventory's hosts in order, within their slots (`planning.placement`). Under
+`balanced` with fewer stages than hosts, they go to the hosts whose measured pieces add up to the
+least time; the others' leases are given back. `--threads 0` divides each host's cores among the
+stages it runs; the serial run, alone on the first host, gets all of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from pictl.cluster.leases import release_all
+from pictl.events import Placed, StagePlacement
+from pictl.inventory import Cluster
+from pictl.planning.costs import host_profiles
+from pictl.planning.placement import NodePlan, place_stages
+from pictl.run.context import RunContext
+
+
+@dataclass(frozen=True)
+class Placement:
+    nodes: tuple[NodePlan, ...]
+    threads: dict[str, int]
+    """Torch threads of each rank, per host."""
+    serial_threads: int
+
+    @property
+    def stage_hosts(self) -> list[str]:
+        """The host of every stage, in stage order."""
+        return [n.host.name for n in self.nodes for _ in n.ranks]
+
+    @property
+    def first(self) -> NodePlan:
+        return self.nodes[0]
+
+    def node_of(self, rank: int) -> NodePlan:
+        return next(n for n in self.nodes if rank in n.ranks)
+
+    def announced(self) -> Placed:
+        return Placed(tuple(StagePlacement(n.host.name, tuple(n.ranks), self.threads[n.host.name])
+                            for n in self.nodes), self.nodes[0].host.name, self.serial_threads)
+
+
+def candidates(cluster: Cluster, stages: int, policy: str) -> Cluster:
+    """The hosts a run may use before it has measured anything (ConfigError if the stages do not fit)."""
+    place_stages(cluster, stages)
+    if policy == "balanced" and 1 < stages < len(cluster.hosts):
+        return cluster  # every host: the fastest are chosen from their profiles
+    used = {n.host.name for n in place_stages(cluster, stages)}
+    return cluster.model_copy(update={"hosts": tuple(h for h in cluster.hosts if h.name in used)})
+
+
+async def place(ctx: RunContext, cluster: Cluster) -> Placement:
+    o = ctx.options
+    if o.policy == "balanced" and 1 < o.stages < len(cluster.hosts):
+        cluster = await _fastest(ctx, cluster, o.stages)
+    nodes = tuple(place_stages(cluster, o.stages))
+    threads, serial_threads = await _divide_threads(ctx, nodes)
+    placement = Placement(nodes, threads, serial_threads)
+    ctx.sink(placement.announced())
+    return placement
+
+
+async def _fastest(ctx: RunContext, cluster: Cluster, stages: int) -> Cluster:
+    """The `stages` hosts whose measured (and corrected) pieces add up to the least time; inventory order
+    kept among the chosen. The hosts left out are given back to other runs."""
+    o = ctx.options
+    ctx.phase("balance", f"{stages} stage(s) on {len(cluster.hosts)} hosts: choosing the fastest")
+    profiles = await host_profiles(list(ctx.fleet), ctx.cache("costs"), model=o.model, num_classes=o.num_classes,
+                                   chunk=o.chunk, threads=o.threads or 1, code=ctx.code, artifact=ctx.artifact,
+                                   use_corrections=o.refine)
+    for group in profiles.shared:
+        ctx.phase("balance", f"{', '.join(group)} share one machine: profiled one at a time")
+    hosts = list(cluster.hosts)
+    total = {h.name: sum(profiles.by_host[h.name]["compute_s"]) * profiles.correction(h.name) for h in hosts}
+    chosen = set(sorted(total, key=total.__getitem__)[:stages])
+    ctx.phase("balance", "fastest hosts: " + ", ".join(
+        f"{h.name} ({total[h.name] * 1000:.0f} ms)" for h in hosts if h.name in chosen)
+        + "; left out: " + ", ".join(f"{h.name} ({total[h.name] * 1000:.0f} ms)" for h in hosts
+                                     if h.name not in chosen))
+    unused = [lease for lease in ctx.leases if lease.transport.host.name not in chosen]
+    ctx.leases = [lease for lease in ctx.leases if lease.transport.host.name in chosen]
+    await release_all(unused)
+    return cluster.model_copy(update={"hosts": tuple(h for h in hosts if h.name in chosen)})
+
+
+async def _divide_threads(ctx: RunContext, nodes: tuple[NodePlan, ...]) -> tuple[dict[str, int], int]:
+    if ctx.options.threads > 0:
+        return {n.host.name: ctx.options.threads for n in nodes}, ctx.options.threads
+
+    async def cores(n: NodePlan) -> int:
+        result = await ctx.transport(n.host).run(["nproc"], timeout_s=30)
+        return int(result.stdout.strip()) if result.returncode == 0 and result.stdout.strip().isdigit() else 1
+
+    counts = await asyncio.gather(*(cores(n) for n in nodes))
+    threads = {n.host.name: max(1, c // len(n.ranks)) for n, c in zip(nodes, counts, strict=True)}
+    ctx.phase("threads", ", ".join(f"{n.host.name}: {len(n.ranks)} stage(s) x {threads[n.host.name]} "
+                                   f"thread(s) of {c} core(s)" for n, c in zip(nodes, counts, strict=True)))
+    return threads, counts[0]

@@ -1,0 +1,171 @@
+"""Phase 5, plan and baseline: the spec is validated and planned on the first host, and the serial run
+measured there (or a cached one reused, when it may stand for this run's).
+
+A plan is cached when no file on the hosts is involved; a baseline when the model, checkpoint content,
+data, protocol, threads, host, interpreter, packages and code all match, and is reused only while the
+host's state compares and it is younger than `baseline_max_age`. When neither is known, one process
+plans and then measures (one torch import, not two). The record opens once the plan exists.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pictl import errors as E
+from pictl.cluster.commands import module_argv, supervised, worker_env
+from pictl.cluster.hoststate import HostFacts
+from pictl.cluster.stream import ProcessStream
+from pictl.events import command_outcome
+from pictl.inventory import Host
+from pictl.planning.specs import plan_key, plans_cache
+from pictl.records.cache import JsonCache
+from pictl.run.baselines import Baseline, reuse_refusal
+from pictl.run.context import RunContext
+from pictl.run.placement import Placement
+from pictl.run.staging import Staged
+from pictl.run.telemetry import RunTelemetry
+from pictl.summary import age_text
+from remote import protocol as P
+from remote.spec import RunSpec
+
+
+@dataclass(frozen=True)
+class Serial:
+    plan: dict[str, Any]
+    plan_reused: bool
+    baseline: Baseline
+    refused: str | None
+    """Why a cached baseline was not reused (None: reused, or none was cached)."""
+
+
+async def plan_and_baseline(ctx: RunContext, placement: Placement, spec: RunSpec, staged: Staged) -> Serial:
+    host = placement.first.host
+    fields = baseline_fields(ctx, host, spec, staged.facts[host.name], placement.serial_threads)
+    plans = plans_cache(ctx.cache_root)
+    key = plan_key(host, spec, code=ctx.code)
+    reused = plans.get(key) if key else None
+    if reused:
+        ctx.phase("plan", f"plan for {spec.stages} stage(s) reused (same model, split and code)")
+    cached, refused = _reusable(ctx, fields, staged.facts[host.name].state)
+    if reused or cached:
+        plan = reused or await _plan(ctx, host, spec, key)
+        _open_record(ctx, placement, spec, plan)
+        if cached:
+            ctx.phase("baseline", f"serial baseline reused: {cached.ips:.2f} img/s on {host.name}, measured "
+                                  f"{age_text(time.time() - cached.measured_at)} ago")
+            return Serial(plan, reused is not None, cached, refused)
+        measured = await _measure(ctx, placement, spec, staged, fields, refused)
+        return Serial(plan, reused is not None, measured, refused)
+
+    found: dict[str, Any] = {}
+
+    def plan_arrived(plan: dict[str, Any]) -> None:
+        if key:
+            plans.put(key, plan)
+        found.update(plan)
+        _open_record(ctx, placement, spec, plan)
+
+    # Neither is known: one process plans, then measures (the record opens when the plan arrives).
+    baseline = await _measure(ctx, placement, spec, staged, fields, refused, on_plan=plan_arrived)
+    return Serial(found, False, baseline, refused)
+
+
+def baseline_fields(ctx: RunContext, host: Host, spec: RunSpec, facts: HostFacts, threads: int) -> dict[str, Any]:
+    """Everything that changes the serial figure or its logits: the baseline cache's key."""
+    ckpt = facts.checkpoint or {}
+    return {"model": spec.model, "num_classes": spec.num_classes, "seed": spec.seed,
+            # the content, wherever the file lives (a file that is not there keys with its path and error)
+            "checkpoint": (ckpt.get("sha256") or [ckpt.get("path"), ckpt.get("error")]) if ckpt else None,
+            "packages": facts.packages, "python": facts.python,
+            "artifact": ctx.artifact.digest if ctx.artifact else None,
+            "data": [spec.data.kind, spec.data.path, spec.data.split], "images": spec.images,
+            "chunk": spec.chunk, "threads": threads, "warmup": spec.warmup, "repeats": spec.repeats,
+            "check_images": spec.check_images, "host": [host.name, host.address, host.python_path()],
+            "code": ctx.code}
+
+
+def baseline_max_age(ctx: RunContext) -> float | None:
+    return ctx.options.baseline_max_age or ctx.cluster.baseline_max_age
+
+
+def _reusable(ctx: RunContext, fields: dict[str, Any], state_now: dict[str, Any]) -> tuple[Baseline | None, str | None]:
+    """The cached baseline if it may stand for this run's (same key, a host state that compares, young
+    enough); else None, and why when there was one."""
+    if not ctx.reuse_baseline:
+        return None, "--fresh-baseline asks for a new measurement"
+    cached = ctx.baselines.get(JsonCache.key(fields))
+    if cached is None:
+        return None, None
+    refused = reuse_refusal(cached, state_now, max_age_s=baseline_max_age(ctx), now=time.time())
+    return (None, refused) if refused else (cached, None)
+
+
+async def _plan(ctx: RunContext, host: Host, spec: RunSpec, key: str | None) -> dict[str, Any]:
+    ctx.phase("plan", f"validating the spec and planning {spec.stages} stage(s) on {host.name}")
+    result = await ctx.transport(host).run(module_argv(host, "remote.runtime.plan", P.SPEC_FILE),
+                                           cwd=host.run_dir(spec.run_id), env=worker_env(host, 1), timeout_s=300)
+    plan, message = command_outcome(result, P.PLAN)
+    if plan is not None:
+        if key:
+            plans_cache(ctx.cache_root).put(key, plan)
+        return plan
+    if result.returncode == P.EXIT_BAD_INPUT:
+        raise E.ConfigError(message)
+    raise E.RunFailed(f"host '{host.name}': planning failed: {message}")
+
+
+def _open_record(ctx: RunContext, placement: Placement, spec: RunSpec, plan: dict[str, Any]) -> None:
+    # The inventory as an absolute path: `pictl traces` may run from another directory.
+    source = ctx.cluster.source
+    ctx.open_record({"options": ctx.options.model_dump(), "profile": ctx.profile,
+                     "cluster": str(Path(source).resolve()) if source else "", "spec": spec.to_json(),
+                     "placement": [{"host": n.host.name, "ranks": list(n.ranks)} for n in placement.nodes],
+                     "plan": plan})
+    ctx.timeline.mark("planned")
+
+
+async def _measure(ctx: RunContext, placement: Placement, spec: RunSpec, staged: Staged, fields: dict[str, Any],
+                   refused: str | None, on_plan: Callable[[dict[str, Any]], None] | None = None) -> Baseline:
+    """The serial run on the first host. With `on_plan`, the same process plans first and `on_plan` gets
+    the plan; bad input found by planning is a ConfigError, as from `_plan`."""
+    host = placement.first.host
+    ctx.phase("baseline", (f"measuring the serial baseline on {host.name}" if on_plan is None else
+                           f"validating the spec, planning {spec.stages} stage(s) and measuring the serial "
+                           f"baseline on {host.name}") + (f": {refused}" if refused else ""))
+    ctx.windows["baseline"] = [time.time(), time.time()]
+    telemetry = RunTelemetry()
+    waiting = [on_plan] if on_plan is not None else []  # the plan's callback, until the plan has come
+
+    def on_record(record: dict[str, Any]) -> bool:
+        kind = record[P.KEY_EVENT]
+        if kind == P.PLAN and waiting:
+            waiting.pop()(record)
+        telemetry.apply(host.name, record)
+        # An error before the plan is bad input: the run's one error line says it.
+        return not (kind == P.ERROR and waiting)
+
+    stream = ProcessStream("serial", host.name, ctx, ctx.sink, on_record)
+    argv = module_argv(host, "remote.runtime.serial", P.SPEC_FILE) + (["--plan"] if on_plan else [])
+    proc = await ctx.start(host, supervised(host, argv, "pgid-serial"), cwd=host.run_dir(spec.run_id),
+                           env=worker_env(host, placement.serial_threads or 1))
+    rc = await stream.consume(proc)
+    ctx.windows["baseline"][1] = time.time()
+    ctx.live.remove(proc)
+    st = telemetry.stages.get(0)
+    if waiting:  # still waiting: the process ended before its plan
+        message = st.error["message"] if st and st.error else (list(stream.tail) or ["no output"])[-1]
+        if rc == P.EXIT_BAD_INPUT:
+            raise E.ConfigError(message)
+        raise E.RunFailed(f"host '{host.name}': planning failed: {message}")
+    if rc != 0 or not st or not st.ended or telemetry.mean_ips is None:
+        message = st.error["message"] if st and st.error else f"exit status {rc}"
+        raise ctx.failed(host.name, 0, "serial baseline", message, stream.tail)
+    logits = await ctx.transport(host).get_bytes(f"{host.run_dir(spec.run_id)}/{P.LOGITS_FILE_SERIAL}")
+    baseline = Baseline(telemetry.mean_ips, telemetry.ips_spread or [], telemetry.top1, logits, time.time(),
+                        st.peak_rss_mb, st.import_rss_mb, host_state=staged.facts[host.name].state)
+    ctx.baselines.put(JsonCache.key(fields), baseline, fields)
+    return baseline

@@ -1,0 +1,232 @@
+"""One run, start to end, as a straight line of phases; each takes the previous one's result:
+
+    open_hosts -> HostsReady        connect, lease, push once               (run/hosts.py)
+    place -> Placement              stages on hosts, threads; `Placed`      (run/placement.py)
+    choose_split -> SplitChoice     balanced's costs, split and refinement  (run/split.py)
+    stage -> Staged                 spec on the hosts, orphans, host facts  (run/staging.py)
+    plan_and_baseline -> Serial     the plan, the serial baseline, record   (run/serial.py)
+    Pipeline.run -> PipelineDone    torchrun everywhere, lines streamed     (run/pipeline.py)
+    collect_and_compare -> Comparison                                       (run/compare.py)
+    summarize -> summary                                                    (run/summarize.py)
+
+The session orders them, owns the sink and the record, takes trace windows while the pipeline runs,
+and handles stop and failure in one place: whatever happens (bad input, a failing host, Ctrl-C),
+every process it started is stopped, each host confirms, and once a run directory exists a summary
+saying how the run ended is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from pathlib import Path
+from typing import Any
+
+from pictl import errors as E
+from pictl.cluster.artifacts import open_artifact
+from pictl.cluster.commands import cleanup_host
+from pictl.cluster.leases import release_all
+from pictl.cluster.monitor import HostMonitor
+from pictl.cluster.transport import preload
+from pictl.events import EventSink
+from pictl.inventory import Cluster
+from pictl.planning.profiles import RunOptions
+from pictl.planning.specs import spec_from
+from pictl.records.runs import RunRecord, default_runs_root
+from pictl.run.baselines import BaselineCache
+from pictl.run.compare import collect_and_compare
+from pictl.run.context import RunContext
+from pictl.run.hosts import open_hosts
+from pictl.run.pipeline import Pipeline
+from pictl.run.placement import candidates, place
+from pictl.run.serial import baseline_max_age, plan_and_baseline
+from pictl.run.split import choose_split
+from pictl.run.staging import stage
+from pictl.run.summarize import Reached, bare_summary, summarize
+from pictl.run.traces import RankTrace, TraceGrab, grab_traces
+
+SAMPLE_INTERVAL_S = 2.0
+
+
+async def _to_the_end(work: Awaitable[None]) -> None:
+    """Await `work` to completion even if we are cancelled again meanwhile (a second Ctrl-C): the
+    hosts must confirm their processes are gone before the record closes."""
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            continue
+    task.result()
+
+
+class RunSession:
+    """Runs one experiment on a cluster; `await run()` returns the summary dict."""
+
+    def __init__(self, cluster: Cluster, options: RunOptions, *, on_event: EventSink | None = None,
+                 runs_root: Path | None = None, baseline_cache: BaselineCache | None = None,
+                 reuse_baseline: bool = True, profile: str | None = None, wait: bool = False) -> None:
+        preload(cluster)  # before the start-up clock: importing is not connecting
+        self.ctx = RunContext(cluster, options, RunRecord.new_id(options.stages), on_event or (lambda _e: None),
+                              runs_root or default_runs_root(), baseline_cache or BaselineCache(),
+                              artifact=open_artifact(options.artifact) if options.artifact else None,
+                              profile=profile, wait_for_hosts=wait, reuse_baseline=reuse_baseline)
+        self.reached = Reached()
+        self.pipeline: Pipeline | None = None
+        self.last_summary: dict[str, Any] | None = None
+        """The summary of the finished run, failed or not (None when nothing started)."""
+        self._grab_tasks: set[asyncio.Task] = set()
+        self._monitor: asyncio.Task | None = None
+
+    @property
+    def run_id(self) -> str:
+        return self.ctx.run_id
+
+    @property
+    def options(self) -> RunOptions:
+        return self.ctx.options
+
+    @property
+    def baseline_max_age(self) -> float | None:
+        """How old a cached serial baseline may be and still stand for this run (seconds; None: no bound)."""
+        return baseline_max_age(self.ctx)
+
+    @property
+    def pipeline_live(self) -> bool:
+        return self.pipeline is not None and self.pipeline.live
+
+    async def run(self) -> dict[str, Any]:
+        ctx, reached = self.ctx, self.reached
+        o = ctx.options
+        usable = candidates(ctx.cluster, o.stages, o.policy)  # ConfigError: nothing started yet
+        spec = spec_from(o, ctx.run_id, ctx.artifact)
+        summary: dict[str, Any] = {}
+        try:
+            try:
+                await open_hosts(ctx, list(usable.hosts))
+                reached.placement = placement = await place(ctx, usable)
+                reached.choice = choice = await choose_split(ctx, placement, spec)
+                spec = choice.spec
+                reached.staged = staged = await stage(ctx, placement, spec)
+                self._monitor = asyncio.create_task(self._watch_hosts())
+                reached.serial = serial = await plan_and_baseline(ctx, placement, spec, staged)
+            except E.ConfigError:
+                if ctx.record is None:  # bad input: leave nothing behind, on the hosts or here
+                    await asyncio.gather(*(t.remove_tree(t.host.run_dir(spec.run_id)) for t in ctx.fleet),
+                                         return_exceptions=True)
+                raise
+            ctx.timeline.mark("baselined")
+            if spec.stages > 1:
+                self.pipeline = Pipeline(ctx, placement, choice, staged)
+                reached.pipeline = await self.pipeline.run()
+                await self._settle_grabs(ok=True)
+                if spec.trace_steps:
+                    await self.grab_traces(spec.trace_steps, trace_id="run", request=False, timeout_s=30)
+            reached.comparison = cmp = await collect_and_compare(ctx, placement, spec, serial.baseline)
+            summary = summarize(ctx, reached, "ok")
+            if not cmp.outputs_match:
+                summary["status"] = "failed"
+                raise E.OutputMismatch(f"pipeline output differs from the serial run "
+                                       f"(max abs diff {cmp.max_abs_diff})")
+            return summary
+        except asyncio.CancelledError:
+            summary = summarize(ctx, reached, "interrupted")
+            raise E.Interrupted("interrupted: every rank was stopped") from None
+        except Exception as exc:  # pictl's own errors, and any other (a bug): the record says which
+            if ctx.record is None:
+                raise  # failed before the run existed: nothing to summarise
+            if not summary:
+                summary = summarize(ctx, reached, "failed")
+            summary["status"] = "failed"
+            summary["error"] = {"type": type(exc).__name__, "message": str(exc), **(ctx.failure or {})}
+            raise
+        finally:
+            try:
+                try:
+                    await _to_the_end(self._settle_grabs(ok=False))
+                finally:
+                    await _to_the_end(self._cleanup(spec.run_id))
+            finally:  # however the run ended, and whatever the clean-up met, the record closes
+                if ctx.record is not None:
+                    summary = summary or bare_summary(ctx)
+                    ctx.record.finish(summary)
+                    self.last_summary = summary
+
+    async def _watch_hosts(self) -> None:
+        """Sample the run's hosts while it runs (load, heat, throttling), over its own connections."""
+        placement = self.reached.placement
+        assert placement is not None
+        monitor = HostMonitor(self.ctx.cluster, self.ctx.samples.append, interval_s=SAMPLE_INTERVAL_S,
+                              transports=[self.ctx.transport(n.host) for n in placement.nodes])
+        await monitor.run()
+
+    async def _cleanup(self, run_id: str) -> None:
+        """Stop every process, wait for each host to confirm, leave no run directory there, free the hosts."""
+        ctx = self.ctx
+        if self._monitor is not None:
+            self._monitor.cancel()
+            await asyncio.gather(self._monitor, return_exceptions=True)
+        await ctx.stop_all()
+        used = [ctx.transport(n.host) for n in self.reached.placement.nodes] if self.reached.placement else []
+        if ctx.leases:  # (we got as far as pushing the code that does it)
+            await asyncio.gather(*(cleanup_host(t, orphans_only=False, finish=run_id) for t in used),
+                                 return_exceptions=True)
+        await release_all(ctx.leases)
+        ctx.leases = []
+        await ctx.fleet.close()
+
+    # -- traces -----------------------------------------------------------------------------------
+
+    def _rank_traces(self) -> list[RankTrace]:
+        placement = self.reached.placement
+        assert placement is not None
+        return [RankTrace(n.host.name, r, self.ctx.transport(n.host), n.host.run_dir(self.run_id))
+                for n in placement.nodes for r in n.ranks]
+
+    def _trace_gave_up(self, trace_id: str, rank: int) -> str | None:
+        """Why `rank` will never deliver trace `trace_id`, or None while it still may."""
+        tel = self.ctx.telemetry
+        for ev in tel.traces:
+            if ev.get("id") == trace_id and ev.get("stage") == rank and not ev.get("file"):
+                return f"rank {rank}: {ev.get('message') or 'no trace written'}"
+        st = tel.stages.get(rank)
+        if st is not None and st.error:
+            return f"rank {rank} failed: {st.error.get('message')}"
+        if not self.pipeline_live:
+            return f"rank {rank}: the run ended before its trace arrived"
+        return None
+
+    async def grab_traces(self, steps: int, *, timeout_s: float = 120.0, trace_id: str | None = None,
+                          request: bool = True) -> TraceGrab:
+        """Profile `steps` steps on every rank of the running pipeline and merge what arrives.
+
+        The run goes on meanwhile; passes the window touches are kept out of its throughput.
+        """
+        ctx = self.ctx
+        if request and (not self.pipeline_live or ctx.record is None):
+            raise E.ConfigError("no pipeline is running: traces are taken from a live run (or run --trace-steps)")
+        assert ctx.record is not None
+        task = asyncio.current_task()
+        if task is not None:
+            self._grab_tasks.add(task)
+        ranks = self._rank_traces()
+        ctx.phase("traces", f"profiling {steps} step(s) on {len(ranks)} rank(s)")
+        try:
+            grab = await grab_traces(ranks, ctx.record.path, steps=steps, timeout_s=timeout_s,
+                                     gave_up=self._trace_gave_up, trace_id=trace_id, request=request)
+        finally:
+            self._grab_tasks.discard(task)
+        self.reached.traces.append(grab.to_json())
+        got = f"{len(grab.files)} of {len(grab.files) + len(grab.missing)} rank trace(s) in {grab.directory}"
+        ctx.phase("traces", got + "".join(f"; {why}" for why in grab.missing.values()))
+        return grab
+
+    async def _settle_grabs(self, ok: bool) -> None:
+        """Let trace grabs that are under way finish (a finished run has flushed every trace)."""
+        pending = [t for t in self._grab_tasks if not t.done()]
+        if not pending:
+            return
+        if not ok:
+            for t in pending:
+                t.cancel()
+        await asyncio.wait(pending, timeout=60)

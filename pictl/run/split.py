@@ -1,0 +1,92 @@
+"""Phase 3, costs and split: under `balanced`, the split with the smallest predicted bottleneck, from the
+hosts' cost profiles and the links between them; with refinement, the ranks get the cost table too and
+correct the split from what they measure (`remote.runtime.refine`), and what they found is kept with
+each host's profile (`keep_refined`) so the next run on the cluster starts from it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pictl import errors as E
+from pictl.planning.costs import cost_table, host_profiles, keep_corrections, link_profiles
+from pictl.run.context import RunContext
+from pictl.run.placement import Placement
+from remote.balance import NoFeasibleSplit, balanced_split
+from remote.spec import RefineSpec, RunSpec
+
+
+@dataclass(frozen=True)
+class SplitChoice:
+    """The spec the hosts get (its split points decided), and under `balanced` what was predicted."""
+
+    spec: RunSpec
+    prediction: dict[str, Any] | None = None
+
+
+async def choose_split(ctx: RunContext, placement: Placement, spec: RunSpec) -> SplitChoice:
+    if ctx.options.policy != "balanced" or spec.stages == 1:
+        return SplitChoice(spec)
+    o = ctx.options
+    stage_hosts = placement.stage_hosts
+    used = ctx.fleet.only(dict.fromkeys(stage_hosts))
+    ctx.phase("balance", f"cost profiles of {len(used)} host(s)")
+    profiles = await host_profiles(used, ctx.cache("costs"), model=spec.model, num_classes=spec.num_classes,
+                                   chunk=spec.chunk, threads=placement.threads, code=ctx.code,
+                                   artifact=ctx.artifact, use_corrections=o.refine)
+    hops = [(ctx.transport(a), ctx.transport(b)) for a, b in itertools.pairwise(stage_hosts) if a != b]
+    links, measured_links = await link_profiles(hops, ctx.cache("links"))
+    table = cost_table(stage_hosts, profiles, links)
+    try:
+        split = balanced_split(table)
+    except NoFeasibleSplit as exc:
+        raise E.ConfigError(f"policy balanced: {exc}") from None
+    pieces = profiles.by_host[stage_hosts[0]]["pieces"]
+    refine = RefineSpec(compute_s=[list(row) for row in table.compute_s], cut_bytes=list(table.cut_bytes),
+                        links=[[k.latency_s, k.bytes_per_s] for k in table.links],
+                        comm_s_per_byte=list(table.comm_s_per_byte)) if o.refine else None
+    chosen = replace(spec, policy="explicit", split_points=[pieces[i] for i in split.starts], refine=refine)
+    prediction: dict[str, Any] = {"stage_ms": [round(s * 1000, 3) for s in split.stage_s],
+                  "link_ms": [round(s * 1000, 3) for s in split.link_s],
+                  "bottleneck_ms": round(split.bottleneck_s * 1000, 3), "profiled": profiles.measured,
+                  "shared_machine": profiles.shared,
+                  "corrections": {h: profiles.correction(h) for h in dict.fromkeys(stage_hosts)},
+                  "links": {f"{a}->{b}": {"latency_ms": round(k.latency_s * 1000, 3),
+                                          "MB_per_s": round(k.bytes_per_s / 1e6, 1)} for (a, b), k in links.items()},
+                  "links_measured": measured_links, "first_split": list(chosen.split_points), "refine": o.refine}
+    for group in profiles.shared:
+        ctx.phase("balance", f"{', '.join(group)} share one machine: profiled one at a time")
+    source = f"measured {', '.join(profiles.measured)}" if profiles.measured else "cached profiles"
+    corrected = [f"{h} x{f:.2f}" for h, f in prediction["corrections"].items() if f != 1.0]
+    ctx.phase("balance", f"split {', '.join(chosen.split_points)}: predicted "
+              + " / ".join(f"{ms:.1f}" for ms in prediction["stage_ms"]) + " ms per microbatch"
+              + f" ({source}" + (f"; corrected by earlier runs: {', '.join(corrected)}" if corrected else "")
+              + ")" + ("; refined during the run" if o.refine else ""))
+    return SplitChoice(chosen, prediction)
+
+
+def final_prediction(choice: SplitChoice, refined: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What the run predicted for the split its timed passes ran: the ranks' refined prediction when they
+    refined, else the controller's; with the corrections the run found, per host."""
+    if choice.prediction is None or refined is None:
+        return choice.prediction
+    return {**choice.prediction, "stage_ms": refined["predicted_ms"], "link_ms": refined.get("link_ms", []),
+            "bottleneck_ms": max([*refined["predicted_ms"], *refined.get("link_ms", [])])}
+
+
+def keep_refined(ctx: RunContext, placement: Placement, choice: SplitChoice, refined: dict[str, Any]) -> dict:
+    """The ranks settled on a split: each host's correction (measured / profiled) is kept with its profile.
+    Returns the corrections, per host."""
+    assert choice.prediction is not None
+    earlier = choice.prediction["corrections"]
+    per_host: dict[str, list[float]] = {}
+    for host, factor in zip(placement.stage_hosts, refined["factors"], strict=True):
+        per_host.setdefault(host, []).append(factor)
+    corrections = {h: earlier.get(h, 1.0) * sum(fs) / len(fs) for h, fs in per_host.items()}
+    o = ctx.options
+    keep_corrections(ctx.cache("costs"), {n.host.name: n.host for n in placement.nodes}, corrections,
+                     model=o.model, num_classes=o.num_classes, chunk=o.chunk, threads=placement.threads,
+                     code=ctx.code, artifact=ctx.artifact)
+    return {h: round(f, 4) for h, f in corrections.items()}

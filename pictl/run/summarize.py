@@ -1,0 +1,153 @@
+"""Phase 8, the summary: the run's figures from what every earlier phase returned (a failed or interrupted
+run gets one too, from the phases it reached), with its sanity flags."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pictl import errors as E
+from pictl.cluster.artifacts import artifact_summary
+from pictl.cluster.hoststate import host_records
+from pictl.run.baselines import Baseline
+from pictl.run.compare import Comparison
+from pictl.run.context import RunContext
+from pictl.run.flags import compute_flags
+from pictl.run.pipeline import PipelineDone
+from pictl.run.placement import Placement
+from pictl.run.serial import Serial, baseline_max_age
+from pictl.run.split import SplitChoice, final_prediction
+from pictl.run.staging import Staged
+from pictl.summary import SUMMARY_SCHEMA, checked
+
+
+@dataclass
+class Reached:
+    """The phase results a run got to: a failed or interrupted run stops anywhere."""
+
+    placement: Placement | None = None
+    choice: SplitChoice | None = None
+    staged: Staged | None = None
+    serial: Serial | None = None
+    pipeline: PipelineDone | None = None
+    comparison: Comparison | None = None
+    traces: list[dict[str, Any]] = field(default_factory=list)
+
+
+def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
+    o, tel = ctx.options, ctx.telemetry
+    baseline = reached.serial.baseline if reached.serial else None
+    plan = reached.serial.plan if reached.serial else {}
+    serial_only = o.stages == 1
+    ips = baseline.ips if serial_only and baseline else tel.mean_ips
+    prediction = final_prediction(reached.choice, tel.refined) if reached.choice else None
+    if prediction is not None and reached.pipeline and reached.pipeline.corrections:
+        prediction = {**prediction, "corrections_after": reached.pipeline.corrections}
+    speedup = ips / baseline.ips if ips and baseline else None
+    cmp = reached.comparison
+    summary: dict[str, Any] = {
+        "schema": SUMMARY_SCHEMA, "status": status, "run_id": ctx.run_id,
+        "run_dir": str(ctx.record.path) if ctx.record else None,
+        "model": o.model, "stages": o.stages, "policy": o.policy,
+        "artifact": artifact_summary(ctx.artifact) if ctx.artifact else None,
+        "split_points": (tel.refined or plan).get("split_points", list(o.split)),
+        "images": o.images, "chunk": o.chunk, "threads": o.threads, "warmup": o.warmup, "repeats": o.repeats,
+        "data": o.data, "profile": ctx.profile,
+        "throughput_ips": round(ips, 4) if ips else None,
+        "throughput_spread_ips": baseline.ips_spread if serial_only and baseline else tel.ips_spread,
+        "serial_ips": round(baseline.ips, 4) if baseline else None,
+        "serial_reused": baseline.reused if baseline else None,
+        "serial_peak_rss_mb": baseline.peak_rss_mb if baseline else None,
+        "serial_import_rss_mb": baseline.import_rss_mb if baseline else None,
+        "speedup": round(speedup, 4) if speedup else None,
+        "efficiency": round(speedup / o.stages, 4) if speedup else None,
+        "outputs_match": cmp.outputs_match if cmp else None,
+        "max_abs_diff": cmp.max_abs_diff if cmp else None, "compared_images": min(o.check_images, o.images),
+        "accuracy": baseline.top1 if serial_only and baseline else tel.top1,
+        "serial_accuracy": baseline.top1 if baseline else None,
+        "per_stage": _per_stage(ctx, reached, plan, prediction),
+        "plan_reused": reached.serial.plan_reused if reached.serial else False,
+        "traces": reached.traces,
+        "traced_passes": len(tel.traced_throughputs),
+        "prediction": prediction,
+        "refine": {"rounds": [{k: r.get(k) for k in ("round", "split_points", "predicted_ms", "measured_ms",
+                                                      "link_ms", "factors", "next_split")}
+                              for r in tel.refine_rounds]} if tel.refine_rounds else None,
+        "startup": ctx.timeline.summary(),
+        "started_at": ctx.started, "duration_s": round(time.time() - ctx.started, 2),
+        "serial_spread_ips": baseline.ips_spread if baseline else None,
+        "baseline": _baseline_record(ctx, reached, baseline),
+        "hosts": _host_records(ctx, reached),
+    }
+    summary["flags"] = [f.to_json() for f in compute_flags(summary)]
+    return checked(summary)
+
+
+def _per_stage(ctx: RunContext, reached: Reached, plan: dict[str, Any],
+               prediction: dict[str, Any] | None) -> list[dict[str, Any]]:
+    o = ctx.options
+    placement = reached.placement
+    host_of = {r: n.host.name for n in placement.nodes for r in n.ranks} if placement else {}
+    threads = placement.threads if placement else {}
+    planned = {s["stage"]: s for s in plan.get("stages", [])}
+    out = []
+    for rank in range(o.stages):
+        st = ctx.telemetry.stages.get(rank)
+        totals = st.totals if st else {}
+        n = totals.get("microbatches")
+
+        def per_mb(key: str, n: int | None = n, totals: dict[str, Any] = totals) -> float | None:
+            return round(totals[key] / n * 1000, 3) if n and totals.get(key) is not None else None
+
+        predicted = prediction["stage_ms"][rank] if prediction else None
+        measured = per_mb("compute_s")
+        out.append({
+            # The stage's compute per microbatch, beside what `balanced` predicted for it; the time it
+            # waited for input and was blocked on sends (back-pressure) are shown apart, never folded in.
+            "measured_ms": measured, "predicted_ms": predicted,
+            "prediction_error": round(measured / predicted - 1, 4) if measured and predicted else None,
+            "wait_ms": per_mb("wait_s"), "send_ms": per_mb("send_s"),
+            "host": host_of.get(rank), "rank": rank, "threads": threads.get(host_of.get(rank, ""), o.threads),
+            # A refined run moved its cuts: the ranks' own word on what they ran comes before the plan's.
+            "modules": (st.modules if st and st.modules else planned.get(rank, {}).get("modules", [])),
+            "params": (st.params if st and st.modules else planned.get(rank, {}).get("params", 0)),
+            "compute_s": totals.get("compute_s"), "wait_s": totals.get("wait_s"),
+            "send_s": totals.get("send_s"), "bytes_sent": totals.get("bytes_sent"),
+            "microbatches": totals.get("microbatches"),
+            "load_s": st.load_s if st else None, "import_rss_mb": st.import_rss_mb if st else None,
+            "peak_rss_mb": st.peak_rss_mb if st else None,
+        })
+    return out
+
+
+def _baseline_record(ctx: RunContext, reached: Reached, baseline: Baseline | None) -> dict[str, Any] | None:
+    if baseline is None or reached.placement is None or reached.serial is None:
+        return None
+    return {"host": reached.placement.first.host.name, "measured_at": baseline.measured_at,
+            "reused": baseline.reused,
+            "age_s": round(max(0.0, ctx.started - baseline.measured_at), 1) if baseline.reused else 0.0,
+            "max_age_s": baseline_max_age(ctx), "state": baseline.host_state,
+            "not_reused_because": None if baseline.reused else reached.serial.refused}
+
+
+def _host_records(ctx: RunContext, reached: Reached) -> dict[str, Any]:
+    if reached.placement is None or reached.staged is None:
+        return {}
+    ready = ctx.timeline.marks.get("stages_ready")  # the pipeline's samples count from its last stage ready
+    p = reached.placement
+    return host_records([(n.host.name, list(n.ranks), p.threads.get(n.host.name)) for n in p.nodes],
+                        reached.staged.facts, ctx.samples, ctx.windows,
+                        pipeline_ready_at=time.time() - (time.monotonic() - ready) if ready else None)
+
+
+def bare_summary(ctx: RunContext) -> dict[str, Any]:
+    """What the record says when even the summary could not be made: how it ended, never `{}`."""
+    exc = sys.exc_info()[1]
+    status = "interrupted" if isinstance(exc, asyncio.CancelledError | E.Interrupted) else "failed"
+    return checked({"schema": SUMMARY_SCHEMA, "status": status, "run_id": ctx.run_id, "stages": ctx.options.stages,
+                    "run_dir": str(ctx.record.path) if ctx.record else None, "per_stage": [],
+                    "error": {"type": type(exc).__name__, "message": str(exc)} if exc else None,
+                    "started_at": ctx.started, "duration_s": round(time.time() - ctx.started, 2)})

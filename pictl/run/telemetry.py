@@ -1,0 +1,111 @@
+"""Keep the latest picture of every stage, folded from its ranks' events."""
+
+from __future__ import annotations
+
+import statistics
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+from remote import protocol as P
+
+
+@dataclass
+class StageState:
+    """What is known about one rank, updated as its events arrive."""
+
+    rank: int
+    host: str
+    pieces: list[str] = field(default_factory=list)
+    modules: list[str] = field(default_factory=list)
+    params: int = 0
+    load_s: float | None = None
+    import_rss_mb: float | None = None
+    ready_rss_mb: float | None = None
+    peak_rss_mb: float | None = None
+    progress: dict[str, Any] = field(default_factory=dict)
+    totals: dict[str, Any] = field(default_factory=dict)
+    ended: bool = False
+    error: dict[str, Any] | None = None
+    last_event_t: float = 0.0
+
+
+class RunTelemetry:
+    """Folds a run's events (all ranks and the serial run) into figures."""
+
+    def __init__(self) -> None:
+        self.stages: dict[int, StageState] = {}
+        self.throughputs: list[float] = []
+        self.traced_throughputs: list[float] = []  # passes a profiler window touched: slower, kept apart
+        self.traces: list[dict[str, Any]] = []
+        self.accuracy: dict[str, Any] | None = None
+        self.outputs: dict[str, Any] | None = None
+        self.refine_rounds: list[dict[str, Any]] = []  # `balanced` correcting its split during the run
+        self.refined: dict[str, Any] | None = None
+
+    def stage(self, rank: int, host: str) -> StageState:
+        if rank not in self.stages:
+            self.stages[rank] = StageState(rank, host)
+        return self.stages[rank]
+
+    def apply(self, host: str, ev: dict[str, Any]) -> None:
+        st = self.stage(int(ev.get(P.KEY_RANK, 0)), host)
+        st.last_event_t = ev.get(P.KEY_TIME, 0.0)
+        kind = ev[P.KEY_EVENT]
+        if kind == P.RUN_START:
+            st.import_rss_mb = ev.get("import_rss_mb")
+        elif kind == P.STAGE_READY:
+            st.modules, st.pieces = ev.get("modules", []), ev.get("pieces", [])
+            st.params, st.load_s, st.ready_rss_mb = ev.get("params", 0), ev.get("load_s"), ev.get("rss_mb")
+        elif kind == P.STAGE_MOVED:
+            st.modules, st.pieces, st.params = ev.get("modules", []), ev.get("pieces", []), ev.get("params", 0)
+        elif kind == P.PROGRESS:
+            st.progress = ev
+        elif kind == P.THROUGHPUT:
+            (self.traced_throughputs if ev.get("traced") else self.throughputs).append(float(ev["ips"]))
+        elif kind == P.TRACE:
+            self.traces.append({**ev, "host": host})
+        elif kind == P.REFINE:
+            self.refine_rounds.append(ev)
+        elif kind == P.REFINED:
+            self.refined = ev
+        elif kind == P.ACCURACY:
+            self.accuracy = ev
+        elif kind == P.OUTPUTS:
+            self.outputs = ev
+        elif kind == P.RUN_END:
+            st.ended, st.peak_rss_mb = True, ev.get("peak_rss_mb")
+            st.totals = {k: ev.get(k) for k in ("microbatches", "compute_s", "wait_s", "send_s", "bytes_sent")}
+        elif kind == P.ERROR:
+            st.error = ev
+
+    @property
+    def _counted(self) -> list[float]:
+        # Traced passes count only when every timed pass was traced: better a slower figure than none.
+        return self.throughputs or self.traced_throughputs
+
+    @property
+    def mean_ips(self) -> float | None:
+        return statistics.fmean(self._counted) if self._counted else None
+
+    @property
+    def ips_spread(self) -> list[float] | None:
+        return [min(self._counted), max(self._counted)] if self._counted else None
+
+    def first_error(self) -> StageState | None:
+        failed = [s for s in self.stages.values() if s.error]
+        return min(failed, key=lambda s: (s.error or {}).get(P.KEY_TIME, 0)) if failed else None
+
+    @property
+    def top1(self) -> float | None:
+        return self.accuracy.get("top1") if self.accuracy and self.accuracy.get("applicable") else None
+
+
+def max_abs_diff(a: bytes, b: bytes) -> float | None:
+    """Largest |a - b| over two float32 logit files, or None when their sizes differ."""
+    if len(a) != len(b) or len(a) % 4:
+        return None
+    xa, xb = array("f"), array("f")
+    xa.frombytes(a)
+    xb.frombytes(b)
+    return max((abs(x - y) for x, y in zip(xa, xb, strict=True)), default=0.0)

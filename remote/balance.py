@@ -1,0 +1,214 @@
+"""The `balanced` policy's core: exact minimum-bottleneck split points over a cost table, and the loop
+that corrects the table from what a run measures.
+
+Pure Python over numbers, no torch: the controller solves the first split, and the
+pipeline's ranks solve again during the run (every rank the same way), from the
+same table.
+
+A pipeline in steady state delivers one microbatch per bottleneck: its slowest
+resource's time per microbatch. The resources are the stages (a stage's pieces on
+its host, plus the CPU its host spends sending its output and receiving its input:
+gloo's socket copies share a capped host's quota with the compute) and the links
+(latency + bytes / bandwidth of the cut's state, on the wire while the stages
+compute: sends are asynchronous, so a link overlaps the stages and only bounds the
+pipeline when it is the slowest part). Dynamic programming over (stages placed,
+pieces covered) finds the split with the smallest bottleneck exactly, in
+O(stages x pieces^2): 8 x 75^2 steps for DeiT-S cut inside blocks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class Link:
+    """The connection a stage's output crosses to reach the next stage."""
+
+    latency_s: float = 0.0
+    bytes_per_s: float = math.inf
+
+
+@dataclass(frozen=True)
+class CostTable:
+    compute_s: Sequence[Sequence[float]]
+    """compute_s[s][p]: seconds piece p takes per microbatch on the host of stage s."""
+    cut_bytes: Sequence[float]
+    """cut_bytes[p]: bytes sent when a stage ends just before piece p (index 0 unused)."""
+    links: Sequence[Link]
+    """links[s]: from stage s to stage s + 1 (len = stages - 1)."""
+    comm_s_per_byte: Sequence[float] = ()
+    """comm_s_per_byte[s]: seconds the host of stage s spends per byte it sends or receives (empty: free)."""
+    piece_bytes: Sequence[float] = ()
+    """Weights of each piece, for the memory limit (empty: no limit applies)."""
+    memory_limit: Sequence[float] = ()
+    """memory_limit[s]: bytes of weights the host of stage s can hold for it (empty: unlimited)."""
+
+    @property
+    def stages(self) -> int:
+        return len(self.compute_s)
+
+    @property
+    def pieces(self) -> int:
+        return len(self.cut_bytes)
+
+    def corrected(self, factors: Sequence[float]) -> CostTable:
+        """The table with stage s's host `factors[s]` times slower than profiled (compute and copies)."""
+        comm = self.comm_s_per_byte or [0.0] * self.stages
+        return replace(self, compute_s=[[t * f for t in row] for row, f in zip(self.compute_s, factors, strict=True)],
+                       comm_s_per_byte=[c * f for c, f in zip(comm, factors, strict=True)])
+
+
+@dataclass(frozen=True)
+class Split:
+    starts: tuple[int, ...]
+    """First piece of stages 2..N."""
+    stage_s: tuple[float, ...]
+    """Predicted seconds per microbatch of each stage: its compute plus its host's copies in and out."""
+    link_s: tuple[float, ...] = ()
+    """Predicted seconds per microbatch on each link (stage s to s + 1)."""
+
+    @property
+    def bottleneck_s(self) -> float:
+        return max((*self.stage_s, *self.link_s))
+
+
+class NoFeasibleSplit(ValueError):
+    """Every way to cut breaks a memory limit (or there are more stages than pieces)."""
+
+
+def stage_time(table: CostTable, stage: int, first: int, end: int) -> float:
+    """Seconds per microbatch of `stage` running pieces [first, end); inf if it breaks its memory limit."""
+    if end <= first:
+        return math.inf
+    if table.memory_limit and sum(table.piece_bytes[first:end]) > table.memory_limit[stage]:
+        return math.inf
+    seconds = sum(table.compute_s[stage][first:end])
+    if table.comm_s_per_byte:
+        moved = (table.cut_bytes[first] if stage > 0 else 0.0) + \
+            (table.cut_bytes[end] if stage < table.stages - 1 else 0.0)
+        seconds += table.comm_s_per_byte[stage] * moved
+    return seconds
+
+
+def link_time(table: CostTable, stage: int, end: int) -> float:
+    """Seconds per microbatch on the link after `stage` when that stage ends before piece `end`."""
+    if stage >= table.stages - 1:
+        return 0.0
+    link = table.links[stage]
+    return link.latency_s + table.cut_bytes[end] / link.bytes_per_s
+
+
+def evaluate(table: CostTable, starts: Sequence[int]) -> Split:
+    bounds = [0, *starts, table.pieces]
+    return Split(tuple(starts), tuple(stage_time(table, s, bounds[s], bounds[s + 1]) for s in range(table.stages)),
+                 tuple(link_time(table, s, bounds[s + 1]) for s in range(table.stages - 1)))
+
+
+def balanced_split(table: CostTable) -> Split:
+    """The split with the smallest bottleneck (ties: the first found, scanning cuts left to right)."""
+    k, n = table.stages, table.pieces
+    if k > n:
+        raise NoFeasibleSplit(f"{k} stages but only {n} pieces to share")
+    # best[s][j]: smallest bottleneck for stages 0..s-1 covering pieces [0, j); cut[s][j]: where stage s-1 began.
+    best = [[math.inf] * (n + 1) for _ in range(k + 1)]
+    cut = [[0] * (n + 1) for _ in range(k + 1)]
+    best[0][0] = 0.0
+    for s in range(1, k + 1):
+        # Stage s-1 needs one piece at least, and the stages after it one each.
+        for j in range(s, n - (k - s) + 1):
+            wire = link_time(table, s - 1, j) if j < n else 0.0
+            for i in range(s - 1, j):
+                if best[s - 1][i] == math.inf:
+                    continue
+                value = max(best[s - 1][i], stage_time(table, s - 1, i, j), wire)
+                if value < best[s][j]:
+                    best[s][j], cut[s][j] = value, i
+    if best[k][n] == math.inf:
+        raise NoFeasibleSplit("no split fits every stage's memory limit")
+    starts, j = [], n
+    for s in range(k, 1, -1):
+        j = cut[s][j]
+        starts.append(j)
+    return evaluate(table, sorted(starts))
+
+
+def brute_force_split(table: CostTable) -> Split:
+    """Every split, for testing the dynamic programme on small tables."""
+    splits = (evaluate(table, starts) for starts in itertools.combinations(range(1, table.pieces), table.stages - 1))
+    found = min(splits, key=lambda sp: sp.bottleneck_s, default=None)
+    if found is None or found.bottleneck_s == math.inf:
+        raise NoFeasibleSplit("no split fits every stage's memory limit")
+    return found
+
+
+@dataclass(frozen=True)
+class Round:
+    """One split the run tried: what the model predicted for it, and what the stages measured."""
+
+    starts: tuple[int, ...]
+    predicted_s: tuple[float, ...]
+    """Per stage, under the correction factors in force when the split was chosen."""
+    measured_s: tuple[float, ...]
+    """Per stage: compute per microbatch as the run measured it."""
+    link_s: tuple[float, ...]
+    factors: tuple[float, ...]
+    """The correction factors this measurement led to (measured / profiled, per stage)."""
+
+    @property
+    def measured_bottleneck_s(self) -> float:
+        return max((*self.measured_s, *self.link_s))
+
+
+@dataclass
+class Refiner:
+    """A prediction is a hypothesis, the run is the measurement: corrects the table from each measured
+    split and solves again while that promises a real gain.
+
+    Each stage's host gets a factor (measured / profiled time of the pieces it ran), the corrected
+    table is solved, and the new split is tried when its predicted bottleneck beats the current
+    split's (under the same corrected table) by more than `min_gain`; at most `max_rounds` splits
+    are measured. `chosen` is the split with the smallest measured bottleneck, so refining never
+    ends on a split that measured worse than the first.
+    """
+
+    table: CostTable
+    starts: tuple[int, ...]
+    factors: list[float] = field(default_factory=list)
+    max_rounds: int = 3
+    min_gain: float = 0.03
+    rounds: list[Round] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.starts = tuple(self.starts)
+        self.factors = list(self.factors) or [1.0] * self.table.stages
+
+    def predicted(self, starts: Sequence[int] | None = None) -> Split:
+        return evaluate(self.table.corrected(self.factors), self.starts if starts is None else starts)
+
+    def observe(self, measured_s: Sequence[float]) -> tuple[int, ...] | None:
+        """The current split measured `measured_s` per stage: the next split to try, or None when done."""
+        before = self.predicted()
+        self.factors = [f * (m / p if p > 0 and m > 0 else 1.0)
+                        for f, m, p in zip(self.factors, measured_s, before.stage_s, strict=True)]
+        corrected = self.table.corrected(self.factors)
+        self.rounds.append(Round(self.starts, before.stage_s, tuple(measured_s),
+                                 evaluate(corrected, self.starts).link_s, tuple(self.factors)))
+        if len(self.rounds) >= self.max_rounds:
+            return None
+        now = evaluate(corrected, self.starts).bottleneck_s
+        candidate = balanced_split(corrected)
+        if candidate.starts == self.starts or candidate.bottleneck_s > now * (1.0 - self.min_gain):
+            return None
+        self.starts = candidate.starts
+        return self.starts
+
+    @property
+    def chosen(self) -> tuple[int, ...]:
+        """The measured split with the smallest measured bottleneck (the first one on ties)."""
+        if not self.rounds:
+            return self.starts
+        return min(self.rounds, key=lambda r: r.measured_bottleneck_s).starts

@@ -1,0 +1,161 @@
+"""Input images and labels: synthetic, CIFAR-10/100 (python-pickle layout), ImageFolder.
+
+The first stage needs the images, the last stage only the labels, so labels are
+read without decoding any image. CIFAR's files are pickles by format; they are read
+with an unpickler that admits only the few numpy globals those files contain.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from remote.errors import BadInput
+from remote.spec import DataSpec
+
+_CIFAR = {
+    "cifar10": {"dirs": ("", "cifar-10-batches-py"), "train": [f"data_batch_{i}" for i in range(1, 6)],
+                "test": ["test_batch"], "label": b"labels"},
+    "cifar100": {"dirs": ("", "cifar-100-python"), "train": ["train"], "test": ["test"],
+                 "label": b"fine_labels"},
+}
+_NUMPY_GLOBALS = {
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy", "ndarray"), ("numpy", "dtype"), ("numpy.core.multiarray", "scalar"),
+    ("numpy._core.multiarray", "scalar"),
+    ("_codecs", "encode"),  # how protocol-2 pickles written by Python 3 store bytes
+}
+
+
+class _DataOnlyUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:  # what pickle resolves to
+        if (module, name) in _NUMPY_GLOBALS:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a data file")
+
+
+def _cifar_files(data: DataSpec) -> list[Path]:
+    layout = _CIFAR[data.kind]
+    if not data.path:
+        raise BadInput(f"data kind '{data.kind}' needs a data path")
+    root = Path(data.path).expanduser()
+    if not root.is_dir():
+        raise BadInput(f"data directory {root}: does not exist")
+    if data.split not in ("train", "test"):
+        raise BadInput(f"data split '{data.split}': use train or test")
+    for sub in layout["dirs"]:
+        files = [root / sub / name for name in layout[data.split]]
+        if all(f.is_file() for f in files):
+            return files
+    wanted = ", ".join(layout[data.split])
+    raise BadInput(f"data directory {root}: no {data.kind} '{data.split}' files ({wanted}) "
+                   f"in it or in {layout['dirs'][1]}/")
+
+
+def _read_cifar(data: DataSpec, count: int) -> tuple[torch.Tensor, list[int]]:
+    images, labels = [], []
+    for path in _cifar_files(data):
+        try:
+            with path.open("rb") as fh:
+                batch = _DataOnlyUnpickler(fh, encoding="bytes").load()
+            arr, lab = batch[b"data"], batch[_CIFAR[data.kind]["label"]]
+        except Exception as exc:
+            raise BadInput(f"data file {path}: not a {data.kind} batch ({exc})") from exc
+        images.append(torch.from_numpy(arr.reshape(-1, 3, 32, 32)))
+        labels.extend(int(x) for x in lab)
+        if len(labels) >= count:
+            break
+    return torch.cat(images)[:count], labels[:count]
+
+
+def _model_transform_cfg(model_cfg: dict) -> tuple[tuple[int, int], str, tuple, tuple]:
+    size = tuple(model_cfg.get("input_size", (3, 224, 224))[1:])
+    mode = model_cfg.get("interpolation", "bicubic")
+    return size, mode, model_cfg.get("mean", (0.485, 0.456, 0.406)), model_cfg.get("std", (0.229, 0.224, 0.225))
+
+
+def _upscale(raw: torch.Tensor, model_cfg: dict) -> torch.Tensor:
+    """CIFAR 32x32 uint8 -> the model's input size and normalisation."""
+    size, mode, mean, std = _model_transform_cfg(model_cfg)
+    x = raw.float().div_(255.0)
+    x = F.interpolate(x, size=size, mode=mode if mode in ("bilinear", "bicubic") else "bilinear",
+                      align_corners=False)
+    mean_t = torch.tensor(mean).view(1, 3, 1, 1)
+    std_t = torch.tensor(std).view(1, 3, 1, 1)
+    return (x - mean_t) / std_t
+
+
+def _imagefolder(data: DataSpec):  # noqa: ANN202
+    from torchvision.datasets import ImageFolder
+
+    if not data.path or not Path(data.path).expanduser().is_dir():
+        raise BadInput(f"data directory {data.path}: does not exist")
+    try:
+        return ImageFolder(str(Path(data.path).expanduser()))
+    except (FileNotFoundError, RuntimeError) as exc:
+        raise BadInput(f"data directory {data.path}: not an ImageFolder layout ({exc})") from exc
+
+
+def _need(count: int, have: int, data: DataSpec) -> None:
+    if have < count:
+        raise BadInput(f"data set {data.path} has {have} images; {count} were asked for")
+
+
+def load_images(data: DataSpec, count: int, model_cfg: dict, seed: int) -> torch.Tensor:
+    """`count` input images, shape (count, 3, H, W), normalised for the model."""
+    if data.kind == "synthetic":
+        size = tuple(model_cfg.get("input_size", (3, 224, 224)))
+        out = torch.empty((count, *size))
+        for i in range(count):  # image i depends on (seed, i) only, never on batching
+            out[i] = torch.randn(size, generator=torch.Generator().manual_seed(seed * 7919 + i))
+        return out
+    if data.kind in _CIFAR:
+        raw, labels = _read_cifar(data, count)
+        _need(count, len(labels), data)
+        return _upscale(raw, model_cfg)
+    if data.kind == "imagefolder":
+        from timm.data import create_transform, resolve_data_config
+
+        ds = _imagefolder(data)
+        _need(count, len(ds), data)
+        transform = create_transform(**resolve_data_config(pretrained_cfg=model_cfg))
+        return torch.stack([transform(ds[i][0]) for i in range(count)])
+    raise BadInput(f"unknown data kind '{data.kind}'")
+
+
+def load_labels(data: DataSpec, count: int) -> torch.Tensor | None:
+    """Labels of the first `count` images, or None for synthetic data (no accuracy)."""
+    if data.kind == "synthetic":
+        return None
+    if data.kind in _CIFAR:
+        _, labels = _read_cifar(data, count)
+    elif data.kind == "imagefolder":
+        labels = list(_imagefolder(data).targets)
+    else:
+        raise BadInput(f"unknown data kind '{data.kind}'")
+    _need(count, len(labels), data)
+    return torch.tensor(labels[:count])
+
+
+def check_data(data: DataSpec, count: int) -> None:
+    """Fail early, with one clear line, if the data cannot provide `count` labelled images."""
+    load_labels(data, count)
+
+
+def microbatches(images: torch.Tensor, chunk: int) -> list[torch.Tensor]:
+    """Split into microbatches of exactly `chunk` images, zero-padding the last one.
+
+    torch.distributed.pipelining sizes its receive buffers from the first
+    microbatch and silently corrupts a shorter last one; padding keeps every
+    microbatch the same shape, and the padded rows are dropped from the output
+    (ViT rows never mix, so real rows are unaffected).
+    """
+    out = list(images.split(chunk))
+    short = chunk - out[-1].shape[0]
+    if short:
+        out[-1] = torch.cat([out[-1], out[-1].new_zeros((short, *out[-1].shape[1:]))])
+    return out

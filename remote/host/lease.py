@@ -1,0 +1,111 @@
+"""Hold a run's lease on this host's workdir for as long as the controller is attached (stdlib only).
+
+    python -c SOURCE hold --workdir DIR --record JSON [--python PATH]
+
+Sent as `python -c` (like the probe): the lease is taken before any code is pushed,
+so a second run never rewrites the code a first one is using. Prints one JSON line:
+
+- {"state": "held", "lease": {...}}: the lease is ours until our stdin closes (the
+  controller released it, went away, or lost its connection) or we are signalled;
+- {"state": "busy", "lease": {...}}: another run holds it (exit 3);
+- {"state": "not_ready", "error": "..."}: the workdir cannot be made, or there is no
+  interpreter at PATH (exit 2).
+
+The lease is `DIR/lease`, locked with flock(LOCK_EX | LOCK_NB) and holding the
+holder's record as JSON: what the controller sends (run id, user, controller host,
+owner), plus this host's login, the start time and our pid.
+Taking it is atomic (the kernel grants one exclusive lock), and it is never stale:
+the kernel drops the lock when the holder is gone, however it went (even SIGKILL),
+so a record left in a file nobody locks means "free". The file itself stays (an
+unlinked file could be locked by two runs at once); releasing empties it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import getpass
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+
+LEASE_FILE = "lease"
+EXIT_BUSY = 3
+EXIT_NOT_READY = 2
+
+
+def _say(state: dict) -> None:
+    sys.stdout.write(json.dumps(state) + "\n")
+    sys.stdout.flush()
+
+
+def _holder(fd: int) -> dict:
+    """The record in a lease someone else holds (it may be mid-write: read it again for a moment)."""
+    for _ in range(20):
+        os.lseek(fd, 0, os.SEEK_SET)
+        raw = os.read(fd, 65536)
+        try:
+            record = json.loads(raw.decode())
+            if isinstance(record, dict):
+                return record
+        except ValueError:
+            pass
+        time.sleep(0.05)
+    return {}
+
+
+def hold(workdir: str, record: dict, python: str | None) -> int:
+    workdir = os.path.expanduser(workdir)
+    try:
+        os.makedirs(workdir, exist_ok=True)
+        fd = os.open(os.path.join(workdir, LEASE_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        _say({"state": "not_ready", "error": f"cannot use the workdir {workdir}: {exc.strerror or exc}"})
+        return EXIT_NOT_READY
+    interpreter = os.path.expanduser(python) if python and "/" in python else shutil.which(python or "")
+    if python and not (interpreter and os.access(interpreter, os.X_OK)):
+        _say({"state": "not_ready", "error": f"no python at {python} (set `venv`, or run `pictl provision`)"})
+        return EXIT_NOT_READY
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        _say({"state": "busy", "lease": _holder(fd)})
+        return EXIT_BUSY
+    record = {**record, "login": getpass.getuser(), "pid": os.getpid(), "started_at": time.time()}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(record).encode(), 0)
+    os.fsync(fd)
+
+    def release(*_: object) -> None:
+        os.ftruncate(fd, 0)  # free for the next run (the kernel drops the lock when we exit)
+        os._exit(0)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, release)
+    _say({"state": "held", "lease": record})
+    try:
+        while os.read(0, 4096):  # the controller's pipe or SSH channel: EOF is the release
+            pass
+    except OSError:
+        pass
+    release()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    take = sub.add_parser("hold")
+    take.add_argument("--workdir", required=True)
+    take.add_argument("--record", required=True, help="JSON object: run_id, user, controller, owner")
+    take.add_argument("--python")
+    args = parser.parse_args(argv)
+    record = json.loads(args.record)
+    return hold(args.workdir, record if isinstance(record, dict) else {}, args.python)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

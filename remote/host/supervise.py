@@ -1,0 +1,103 @@
+"""Keep a launched command tied to the controller that launched it (stdlib only).
+
+    python -m remote.host.supervise --pgid-file FILE -- COMMAND...
+
+Starts COMMAND in a process group of its own and records that group's id in
+FILE (so `pictl stop` can find it later). The group is stopped (SIGTERM, then
+SIGKILL after a grace period) when any of these happens:
+
+- our stdin reaches end of file: the controller closed the pipe or the SSH
+  channel, or died, or the connection dropped;
+- we receive SIGTERM, SIGINT or SIGHUP;
+- we die ourselves: the child is started with PR_SET_PDEATHSIG, so even a
+  SIGKILLed supervisor takes its child down with it.
+
+COMMAND's output passes straight through; our exit status is COMMAND's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+GRACE_S = 5.0
+
+
+def _die_with_parent() -> None:
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> bool:
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+class Supervisor:
+    def __init__(self, argv: list[str], pgid_file: str) -> None:
+        self.pgid_file = pgid_file
+        self.child = subprocess.Popen(argv, start_new_session=True, preexec_fn=_die_with_parent,
+                                      stdin=subprocess.DEVNULL)
+        self._stopping = threading.Lock()
+        tmp = f"{pgid_file}.tmp"
+        with open(tmp, "w") as fh:
+            fh.write(f"{self.child.pid}\n")
+        os.replace(tmp, pgid_file)
+
+    def stop(self, *_: object) -> None:
+        """Stop the whole group once, politely first."""
+        if not self._stopping.acquire(blocking=False):
+            return
+        pgid = self.child.pid
+        if not _signal_group(pgid, signal.SIGTERM):
+            return
+        deadline = time.monotonic() + GRACE_S
+        while time.monotonic() < deadline and self.child.poll() is None:
+            time.sleep(0.05)
+        _signal_group(pgid, signal.SIGKILL)
+
+    def watch_stdin(self) -> None:
+        # The raw fd, not sys.stdin: a daemon thread blocked inside a buffered reader
+        # aborts the interpreter at shutdown.
+        try:
+            while os.read(0, 4096):
+                pass
+        except OSError:
+            pass
+        self.stop()
+
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self.stop)
+        threading.Thread(target=self.watch_stdin, daemon=True).start()
+        rc = self.child.wait()
+        _signal_group(self.child.pid, signal.SIGKILL)  # whatever the leader left in its group
+        try:
+            os.unlink(self.pgid_file)
+        except FileNotFoundError:
+            pass
+        return rc if rc >= 0 else 128 - rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pgid-file", required=True)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command given")
+    return Supervisor(command, args.pgid_file).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""`balanced` closes the loop inside the run: measure each stage, correct the cost table, split again.
+
+Rank 0 holds a `remote.balance.Refiner` over the table the controller solved the
+first split from (`RunSpec.refine`). After a pass, every rank's measured compute
+per microbatch (the median over the pass's microbatches: a rebuilt stage's first
+calls are slower) reaches rank 0, which corrects the table and decides whether
+another split is worth a calibration pass; every rank learns the decision through
+a broadcast, so all of them rebuild the same split. Only the split changes, so the
+outputs stay bit-identical.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+import torch.distributed as dist
+
+from remote import protocol as P
+from remote.balance import CostTable, Link, Refiner
+from remote.emit import Emitter
+from remote.spec import RefineSpec
+
+
+def refiner_for(refine: RefineSpec, starts: Sequence[int]) -> Refiner:
+    table = CostTable(compute_s=refine.compute_s, cut_bytes=refine.cut_bytes,
+                      links=[Link(lat, bw) for lat, bw in refine.links], comm_s_per_byte=refine.comm_s_per_byte)
+    return Refiner(table, tuple(starts), max_rounds=refine.max_rounds, min_gain=refine.min_gain)
+
+
+def measured_compute_s(times: list[float]) -> float:
+    """One stage's compute per microbatch in one pass."""
+    return statistics.median(times) if times else 0.0
+
+
+def _ms(values: Sequence[float]) -> list[float]:
+    return [round(v * 1000, 3) for v in values]
+
+
+class RefineLoop:
+    """The ranks' side of refinement: one `step` per measured pass."""
+
+    def __init__(self, refine: RefineSpec, starts: Sequence[int], rank: int, world: int,
+                 names: Sequence[str], emitter: Emitter) -> None:
+        self.rank, self.world = rank, world
+        self.names = list(names)  # split-point name of every piece index
+        self.emitter = emitter
+        self.refiner = refiner_for(refine, starts) if rank == 0 else None
+
+    def step(self, my_compute_s: float) -> tuple[int, ...] | None:
+        """After a measured pass: the next split to calibrate, or None when refinement is over."""
+        measured: list[float] | None = [0.0] * self.world if self.rank == 0 else None
+        dist.gather_object(my_compute_s, measured, dst=0)
+        decision: list[object] = [None]
+        if self.refiner is not None:
+            assert measured is not None
+            tried = self.refiner.starts
+            decision[0] = self.refiner.observe(measured)
+            last = self.refiner.rounds[-1]
+            self.emitter.emit(P.REFINE, round=len(self.refiner.rounds), split_points=self._named(tried),
+                              predicted_ms=_ms(last.predicted_s), measured_ms=_ms(last.measured_s),
+                              link_ms=_ms(last.link_s), factors=[round(f, 4) for f in last.factors],
+                              next_split=self._named(decision[0]) if decision[0] is not None else None)
+        dist.broadcast_object_list(decision, src=0)
+        return decision[0]  # type: ignore[return-value]
+
+    def final(self) -> tuple[int, ...]:
+        """The split the timed passes run: the one that measured best. Rank 0 announces it."""
+        chosen: list[object] = [None]
+        if self.refiner is not None:
+            chosen[0] = self.refiner.chosen
+            prediction = self.refiner.predicted(self.refiner.chosen)
+            self.emitter.emit(P.REFINED, rounds=len(self.refiner.rounds), split_points=self._named(chosen[0]),
+                              predicted_ms=_ms(prediction.stage_s), link_ms=_ms(prediction.link_s),
+                              factors=[round(f, 4) for f in self.refiner.factors])
+        dist.broadcast_object_list(chosen, src=0)
+        return tuple(chosen[0])  # type: ignore[arg-type]
+
+    def _named(self, starts: Sequence[int]) -> list[str]:
+        return [self.names[i] for i in starts]

@@ -1,0 +1,85 @@
+"""The serial baseline: the whole model on one host, same inputs, same protocol.
+
+    python -m remote.runtime.serial --spec spec.json [--plan]
+
+`--plan` first checks the spec and emits its stage plan, as `remote.runtime.plan` does:
+the controller needs both on the first run, and one process imports torch once.
+
+Batches are the pipeline's microbatches (same size, same zero padding), so the
+logits are computed with the same shapes and compare bit for bit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+from remote import protocol as P
+from remote.data.images import load_images, load_labels, microbatches
+from remote.emit import Emitter
+from remote.runtime.artifact import meta_model_for
+from remote.runtime.measure import StageCounters, current_rss_mb, peak_rss_mb, run_main, set_threads
+from remote.runtime.model import materialize
+from remote.runtime.outputs import open_checkpoint, report_outputs
+from remote.runtime.pieces import check_supported
+from remote.runtime.plan import emit_plan
+from remote.spec import RunSpec
+
+
+def _run(spec: RunSpec, emitter: Emitter, *, plan: bool = False) -> None:
+    threads = set_threads(spec.threads)
+    import_rss_mb = current_rss_mb()
+    if plan:
+        emit_plan(spec, emitter)
+    emitter.emit(P.RUN_START, world_size=1, stages=1, model=spec.model, images=spec.images,
+                 chunk=spec.chunk, threads=threads, torch=torch.__version__,
+                 import_rss_mb=import_rss_mb)
+    t0 = time.perf_counter()
+    model = check_supported(meta_model_for(spec), spec.model)
+    materialize(model, seed=spec.seed, checkpoint=open_checkpoint(spec))
+    mbs = microbatches(load_images(spec.data, spec.images, model.pretrained_cfg, spec.seed), spec.chunk)
+    labels = load_labels(spec.data, spec.images)
+    emitter.emit(P.STAGE_READY, stage=0, modules=["<whole model>"],
+                 params=sum(p.numel() for p in model.parameters()),
+                 load_s=round(time.perf_counter() - t0, 3), rss_mb=current_rss_mb(), peak_rss_mb=peak_rss_mb())
+
+    totals = StageCounters()
+    check_logits = predictions = None
+    for repeat in range(spec.warmup + spec.repeats):
+        timed = repeat >= spec.warmup
+        outs = []
+        start = time.perf_counter()
+        with torch.no_grad():
+            for mb in mbs:
+                outs.append(model(mb))
+        seconds = time.perf_counter() - start
+        counters = StageCounters(microbatches=len(mbs), compute_s=seconds)
+        emitter.emit(P.PROGRESS, stage=0, phase="timed" if timed else "warmup",
+                     repeat=repeat - spec.warmup if timed else repeat, microbatches_total=len(mbs),
+                     **counters.rounded())
+        if timed:
+            totals.add(counters)
+            emitter.emit(P.THROUGHPUT, repeat=repeat - spec.warmup, images=spec.images,
+                         seconds=round(seconds, 6), ips=round(spec.images / seconds, 4))
+        if predictions is None:
+            logits = torch.cat(outs)[: spec.images]
+            predictions = logits.argmax(dim=1)
+            check_logits = logits[: spec.check_images].clone()
+    report_outputs(emitter, spec, check_logits, predictions, labels, P.LOGITS_FILE_SERIAL)
+    emitter.emit(P.RUN_END, stage=0, status="ok", peak_rss_mb=peak_rss_mb(), **totals.rounded())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--spec", required=True)
+    parser.add_argument("--plan", action="store_true", help="emit the stage plan first")
+    args = parser.parse_args(argv)
+    emitter = Emitter(P.ROLE_SERIAL)
+    return run_main(emitter, lambda: _run(RunSpec.load(args.spec), emitter, plan=args.plan))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

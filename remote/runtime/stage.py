@@ -1,0 +1,116 @@
+"""One pipeline stage as an nn.Module holding only its own weights."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from remote.runtime.artifact import meta_model_for
+from remote.runtime.model import Checkpoint, materialize, prune_to
+from remote.runtime.partition import StagePlan, plan
+from remote.runtime.pieces import Piece, PieceFn, block_piece_count, check_supported, vit_pieces
+from remote.spec import RunSpec
+
+
+@dataclass
+class ModelLayout:
+    """The meta model, its pieces and the run's stages: cheap, no weights."""
+
+    meta_model: nn.Module
+    pieces: list[Piece]
+    stages: list[StagePlan]
+
+    @property
+    def input_size(self) -> tuple[int, int, int]:
+        return tuple(self.meta_model.pretrained_cfg.get("input_size", (3, 224, 224)))  # type: ignore[return-value]
+
+
+def layout_for(spec: RunSpec) -> ModelLayout:
+    meta = check_supported(meta_model_for(spec), spec.model)
+    pieces = vit_pieces(meta)
+    stages = plan(pieces, meta, stages=spec.stages, policy=spec.policy, split_points=spec.split_points)
+    return ModelLayout(meta, pieces, stages)
+
+
+def _whole_block_at(pieces: list[Piece], i: int) -> int | None:
+    """The block index if pieces[i:] begins with every piece of one block, else None."""
+    blk = pieces[i].block
+    run = pieces[i:i + block_piece_count()]
+    whole = (blk is not None and pieces[i].name == f"blocks.{blk}" and len(run) == block_piece_count()
+             and all(p.block == blk for p in run))
+    return blk if whole else None
+
+
+def _grouped(pieces: list[Piece]) -> Iterator[tuple[int | None, Piece]]:
+    """The pieces in order, a block held whole once as (its index, its first piece), any other as (None, it)."""
+    i = 0
+    while i < len(pieces):
+        blk = _whole_block_at(pieces, i)
+        yield blk, pieces[i]
+        i += block_piece_count() if blk is not None else 1
+
+
+def _ops(pieces: list[Piece]) -> list[PieceFn]:
+    """The stage's forward steps; a block held whole runs as timm's own Block.forward."""
+    return [piece.fn if blk is None else (lambda m, s, b=blk: (m.blocks[b](s[0]),))
+            for blk, piece in _grouped(pieces)]
+
+
+class StageModule(nn.Module):
+    """Runs pieces [first, end) of the model; takes and returns the state tensors."""
+
+    def __init__(self, model: nn.Module, pieces: list[Piece]) -> None:
+        super().__init__()
+        self.model = model
+        self.piece_names = [p.name for p in pieces]
+        self._ops = _ops(pieces)
+
+    def forward(self, *state: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        for op in self._ops:
+            state = op(self.model, state)
+        return state[0] if len(state) == 1 else state
+
+
+def stage_modules(layout: ModelLayout, stage: StagePlan) -> list[str]:
+    """Every module and parameter name the stage materialises."""
+    pieces = layout.pieces[stage.first:stage.end]
+    return sorted({m for p in pieces for m in p.modules})
+
+
+def compact_pieces(pieces: list[Piece]) -> list[str]:
+    """Readable stage contents: a block held whole is `blocks.i`, a partial one lists its pieces."""
+    out: list[str] = []
+    for blk, piece in _grouped(pieces):
+        if blk is not None:
+            out.append(f"blocks.{blk}")
+        else:
+            name, part_of = piece.name, piece.block
+            out.append(f"{name}.norm1" if part_of is not None and name == f"blocks.{part_of}" else name)
+    return out
+
+
+def build_stage(spec: RunSpec, layout: ModelLayout, stage: StagePlan,
+                checkpoint: Checkpoint | None) -> StageModule:
+    """Materialise one stage: only its own modules ever get memory."""
+    model = copy.deepcopy(layout.meta_model)  # meta: copying costs no weight memory
+    prune_to(model, stage_modules(layout, stage))
+    materialize(model, seed=spec.seed, checkpoint=checkpoint)
+    return StageModule(model, layout.pieces[stage.first:stage.end]).eval()
+
+
+def stage_io_shapes(layout: ModelLayout, batch: int) -> list[tuple[list[torch.Size], list[torch.Size]]]:
+    """Input and output tensor shapes of every stage for a microbatch of `batch` images."""
+    state: tuple[torch.Tensor, ...] = (torch.empty((batch, *layout.input_size), device="meta"),)
+    shapes = []
+    for stage in layout.stages:
+        module = StageModule(layout.meta_model, layout.pieces[stage.first:stage.end])
+        with torch.no_grad():
+            out = module(*state)
+        out = out if isinstance(out, tuple) else (out,)
+        shapes.append(([t.shape for t in state], [t.shape for t in out]))
+        state = out
+    return shapes

@@ -1,0 +1,201 @@
+"""Sanity flags as a pure function of a run's summary, and when a host's state compares with another.
+
+The summaries are built from a real one: a 2-stage run of DeiT-S on the local cluster
+(2 cores) while other work loaded the machine (`data/run_summary_two_stages.json`).
+`calm()` removes that load; each test then changes the figures that should raise one
+flag, and checks that exactly that flag is raised, with its reason.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+
+import pytest
+from conftest import ROOT
+
+from pictl.cluster.hoststate import state_change, throttling
+from pictl.cluster.monitor import SAMPLE_SCRIPT, parse_sample
+from pictl.run.baselines import Baseline, reuse_refusal
+from pictl.run.flags import CODES, compute_flags
+from pictl.summary import age_text
+
+REAL = json.loads((ROOT / "tests" / "data" / "run_summary_two_stages.json").read_text())
+
+
+def calm(s: dict) -> dict:
+    """The same run as if nothing else had used the machine: each window's threads are the run's own."""
+    s = copy.deepcopy(s)
+    s["serial_spread_ips"] = [round(s["serial_ips"] * 0.98, 4), round(s["serial_ips"] * 1.02, 4)]
+    for rec in s["hosts"].values():
+        rec["during_pipeline"]["runnable_mean"] = 2.1  # the machine's two ranks, and the controller now and then
+        if rec.get("during_baseline"):
+            rec["during_baseline"]["runnable_mean"] = 1.1
+    s["baseline"]["state"]["busy_cores"] = 0.1
+    for rec in s["hosts"].values():
+        rec["state"]["busy_cores"] = 0.1
+    return s
+
+
+def codes(s: dict) -> list[str]:
+    return [f.code for f in compute_flags(s)]
+
+
+def messages(s: dict) -> str:
+    return " | ".join(f.message for f in compute_flags(s))
+
+
+def test_the_real_run_is_flagged_for_the_load_it_ran_under() -> None:
+    # Recomputed from the figures alone, the flags are the ones the run itself stored.
+    assert [f.to_json() for f in compute_flags(REAL)] == REAL["flags"]
+    assert codes(REAL) == ["throughput_spread", "host_overloaded", "host_overloaded"]
+    assert "local0, local1 (one machine) had 4.8 threads running or waiting for 2 CPUs during the pipeline" \
+        in messages(REAL)
+
+
+def test_the_same_run_without_the_load_raises_nothing() -> None:
+    assert compute_flags(calm(REAL)) == []
+
+
+def _set(path: str, value: object) -> Callable[[dict], None]:
+    def change(s: dict) -> None:
+        *parents, last = path.split(".")
+        node = s
+        for p in parents:
+            node = node[int(p)] if isinstance(node, list) else node[p]
+        node[last] = value
+    return change
+
+
+def _speedup(x: float) -> Callable[[dict], None]:
+    def change(s: dict) -> None:
+        s["speedup"], s["throughput_ips"] = x, round(s["serial_ips"] * x, 4)
+    return change
+
+
+def _cheaper(s: dict) -> None:
+    _speedup(2.3)(s)
+    for st in s["per_stage"]:
+        st["compute_s"] /= 2  # each stage's pieces ran twice as fast as inside the whole model
+
+
+CASES = {
+    "speedup above the stages, the baseline reused": (
+        [_speedup(2.3), _set("serial_reused", True), _set("baseline.age_s", 1260.0)],
+        "speedup_above_stages", "the serial baseline is suspect: it was reused, measured 21 min earlier"),
+    "speedup above the stages, the baseline measured under load": (
+        [_speedup(2.3), _set("baseline.state.busy_cores", 1.8)],
+        "speedup_above_stages", "other work kept 1.8 cores busy on local0 when it was measured"),
+    "speedup above the stages, a cheaper model": (
+        [_cheaper], "speedup_above_stages", "the model got cheaper when split"),
+    "speedup below 1": ([_speedup(0.8)], "speedup_below_1", "is slower than the serial run"),
+    "pipeline spread": ([_set("throughput_spread_ips", [7.5, 8.9])], "throughput_spread",
+                        "pipeline throughput varied from 7.50 to 8.90 img/s"),
+    "serial spread": ([_set("serial_spread_ips", [6.8, 8.0])], "throughput_spread", "serial baseline throughput"),
+    "overloaded": ([_set("hosts.local1.during_pipeline.runnable_mean", 2.6),
+                    _set("hosts.local0.during_pipeline.runnable_mean", 2.6)],
+                   "host_overloaded", "had 2.6 threads running or waiting for 2 CPUs during the pipeline"),
+    "throttled": ([_set("hosts.local1.during_pipeline.throttled", ["0x50005"])], "host_throttled",
+                  "was throttled during the pipeline (throttled, under-voltage; vcgencmd get_throttled 0x50005)"),
+    "hot": ([_set("hosts.local0.during_baseline.temp_max_c", 82.5)], "host_hot",
+            "local0 reached 82 C during the serial baseline"),
+    "baseline older than the limit": (
+        [_set("serial_reused", True), _set("baseline.age_s", 7200.0), _set("baseline.max_age_s", 3600.0)],
+        "baseline_stale", "reused (2.0 h old) although it is older than baseline_max_age (60 min)"),
+    "baseline reused across a change": (
+        [_set("serial_reused", True), _set("baseline.age_s", 300.0), _set("hosts.local0.state.busy_cores", 1.5)],
+        "baseline_stale", "its host changed since: other work 0.1 -> 1.5 busy cores"),
+    "threads beyond the machine's cores": (
+        [_set("per_stage.0.threads", 2), _set("per_stage.1.threads", 2)], "stages_share_cores",
+        "local0, local1 are one machine (one kernel) with 2 CPUs running 2 stages with 4 threads"),
+    "too few images": ([_set("images", 6)], "fill_drain_bound",
+                       "6 microbatches through 2 stages: filling and draining the pipeline every pass caps its "
+                       "efficiency at 0.86; 19 images or more keep the cap at 0.95"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_flag_is_raised_by_the_figures_that_make_it(case: str) -> None:
+    changes, code, text = CASES[case]
+    s = calm(REAL)
+    for change in changes:
+        change(s)
+    assert codes(s) == [code] and text in messages(s), messages(s)
+
+
+def test_every_code_has_a_case() -> None:
+    assert {code for _, code, _ in CASES.values()} == set(CODES)
+
+
+def test_stages_on_one_host_beyond_its_quota_share_cores_but_quotas_that_partition_a_machine_do_not() -> None:
+    s = calm(REAL)
+    for rec in s["hosts"].values():
+        rec["state"]["cpu_quota"] = 0.5
+    assert codes(s) == []  # 2 hosts of 0.5 core each on a 2-CPU machine: each stage has its own share
+    s["per_stage"][1]["host"] = "local0"
+    assert codes(s) == ["stages_share_cores"] and "local0 runs 2 stages with 2 threads on 0.5 cores" in messages(s)
+
+
+def test_host_states_compare_within_the_load_tolerance() -> None:
+    then = REAL["baseline"]["state"]
+    assert state_change(then, dict(then)) is None
+    assert state_change(then, {**then, "busy_cores": then["busy_cores"] + 0.4}) is None
+    assert state_change(then, {**then, "busy_cores": then["busy_cores"] + 0.6}) == "other work 1.0 -> 1.6 busy cores"
+    assert state_change(then, {**then, "cpu_quota": 0.5}) == "CPU quota None -> 0.5"
+    assert state_change(then, {**then, "throttled": "0x4"}) == "throttling none -> throttled"
+    assert state_change(then, {**then, "temperature_c": 81.0}) == "temperature None -> 81.0 C"
+    assert state_change(None, then) == "the cached baseline recorded no host state"
+    assert throttling("0x50005") == ["under-voltage", "throttled"] and throttling("0x50000") == []
+
+
+def test_a_cached_baseline_is_refused_when_too_old_or_its_host_changed() -> None:
+    state = REAL["baseline"]["state"]
+    cached = Baseline(7.5, [7.2, 8.1], None, b"", measured_at=1000.0, reused=True, host_state=state)
+    assert reuse_refusal(cached, state, max_age_s=None, now=1000.0 + 86400 * 3) is None
+    assert reuse_refusal(cached, state, max_age_s=3600, now=1000.0 + 1800) is None
+    assert reuse_refusal(cached, state, max_age_s=3600, now=1000.0 + 5400) == \
+        "the cached baseline is 1.5 h old, older than baseline_max_age (60 min)"
+    assert reuse_refusal(cached, {**state, "busy_cores": 0.0}, max_age_s=None, now=1060.0) == \
+        "the host changed since the cached baseline was measured 60 s ago: other work 1.0 -> 0.0 busy cores"
+    assert [age_text(s) for s in (40, 1260, 12600, 200000)] == ["40 s", "21 min", "3.5 h", "2.3 days"]
+
+
+def test_the_monitor_reads_runnable_threads_and_load_from_this_machine() -> None:
+    import subprocess
+
+    out = subprocess.run(["sh", "-c", SAMPLE_SCRIPT], capture_output=True, text=True, check=True).stdout
+    sample, jiffies = parse_sample("here", out, None, 0.0)
+    assert sample.runnable is not None and sample.runnable >= 0 and sample.load1 is not None and jiffies
+    assert sample.mem_total_mb and sample.mem_total_mb > 0
+
+
+def test_baseline_max_age_comes_from_the_run_else_from_the_inventory(tmp_path) -> None:
+    from conftest import write_cluster
+
+    from pictl import errors as E
+    from pictl.inventory import load_cluster
+    from pictl.planning.profiles import RunOptions
+    from pictl.run.session import RunSession
+
+    inventory = write_cluster(tmp_path / "cluster", 1)
+    inventory.write_text(inventory.read_text().replace('name = "test"', 'name = "test"\nbaseline_max_age = 600'))
+    cluster = load_cluster(inventory)
+    assert cluster.baseline_max_age == 600
+    assert RunSession(cluster, RunOptions(), runs_root=tmp_path).baseline_max_age == 600
+    assert RunSession(cluster, RunOptions(baseline_max_age=60), runs_root=tmp_path).baseline_max_age == 60
+    inventory.write_text(inventory.read_text().replace("baseline_max_age = 600", "baseline_max_age = -1"))
+    with pytest.raises(E.ConfigError, match="baseline_max_age: Input should be greater than 0"):
+        load_cluster(inventory)
+
+
+def test_the_report_lists_the_flags_and_the_baseline(tmp_path) -> None:
+    from pictl.records.report import write_report
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps(REAL))
+    text = write_report([run], tmp_path / "report").read_text()
+    assert "Serial baseline: measured on local0 for this run." in text
+    assert "**Sanity flags** (these numbers are suspect):" in text
+    assert "- `host_overloaded`: local0, local1 (one machine) had 4.8 threads running" in text
