@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from pictl.events import HostOutput, Phase, RankEvent, SessionEvent
 from pictl.summary import baseline_text
@@ -35,7 +36,9 @@ class HeadlessRenderer:
     """Turns session events into stderr progress; `print_summary` prints the result."""
 
     def __init__(self, *, verbose: bool = False, console: Console | None = None) -> None:
-        self.err = console or Console(stderr=True, highlight=False)
+        # soft_wrap: one event per line however long (a log file or CI keeps whole figures and paths); styles
+        # only reach a terminal, so a non-terminal gets plain text.
+        self.err = console or Console(stderr=True, highlight=False, soft_wrap=True)
         self.verbose = verbose
         self._live: Live | None = None
         self._progress: dict[int, dict[str, Any]] = {}
@@ -51,7 +54,7 @@ class HeadlessRenderer:
         elif isinstance(event, RankEvent):
             self._on_record(event)
         elif isinstance(event, HostOutput) and (self.verbose or event.stream == "stderr" and "Error" in event.line):
-            self.err.print(f"[dim]{event.source}[/] {event.line}", markup=False, highlight=False)
+            self.err.print(Text.assemble((event.source, "dim"), " ", event.line), highlight=False)
 
     def _on_record(self, event: RankEvent) -> None:
         rec = event.record

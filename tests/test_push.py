@@ -34,9 +34,10 @@ def test_manifest_sync(tmp_path: Path) -> None:
     assert (code / MANIFEST).is_file()
 
 
-def test_the_shipped_tree_includes_remote_and_profiles() -> None:
+def test_the_shipped_tree_is_the_remote_package() -> None:
     names = set(local_tree())
-    assert {"remote/runtime/pipeline.py", "remote/host/supervise.py", "profiles/lab6.toml"} <= names
+    assert {"remote/runtime/pipeline.py", "remote/host/supervise.py"} <= names
+    assert all(n.startswith("remote/") and n.endswith(".py") for n in names)  # the presets stay here
 
 
 @pytest.mark.slow

@@ -1,8 +1,9 @@
 """The `pictl` command: parses arguments, runs a session, maps errors to exit codes.
 
-Each command lives with its kind (`runs`: experiments and their records; `jobs`: sweeps and pruning;
-`hosts`: the inventory, readiness, code, venvs, keys; `costs`: what `balanced` measures); `common`
-holds what they share (the app, one-line errors, signals, connections).
+Each command lives with its kind (`runs`: experiments; `catalog`: `pictl runs`, past runs as data;
+`jobs`: sweeps and pruning; `hosts`: the inventory, readiness, code, venvs, keys; `costs`: what
+`balanced` measures; `init`: a new inventory); `common` holds what they share (the app, one-line
+errors, signals, connections).
 
 Exit codes: 0 ok, 1 internal error, 2 bad input or config (nothing started),
 3 a run failed on a host, 4 a host could not be reached, 5 pipeline output differs
@@ -22,7 +23,7 @@ from pictl import errors as E
 from pictl.cli.common import app
 
 # Each module registers its commands on `app`; this order is the order of `pictl --help`.
-for _kind in ("runs", "jobs", "costs", "hosts"):
+for _kind in ("runs", "catalog", "jobs", "costs", "hosts", "init"):
     import_module(f"pictl.cli.{_kind}")
 
 __all__ = ["app", "entrypoint"]

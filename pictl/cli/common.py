@@ -6,31 +6,62 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import Awaitable, Callable
+from enum import Enum, StrEnum
 from pathlib import Path
-from typing import Annotated, NoReturn, Optional, TypeVar
+from typing import Annotated, Any, NoReturn, Optional, TypeVar
 
 import typer
 from rich.console import Console
 
-from pictl import PROJECT_ROOT
 from pictl import errors as E
 from pictl.cluster.fleet import Fleet, connected
 from pictl.inventory import Cluster, load_cluster
+from pictl.planning.profiles import RunOptions
+from pictl.shipped import shipped_path
 
 T = TypeVar("T")
 
-app = typer.Typer(add_completion=False, no_args_is_help=False, help="Pipeline-parallel inference on a small cluster.")
-SHIPPED_HOSTS = PROJECT_ROOT / "hosts.toml"
+app = typer.Typer(no_args_is_help=False, context_settings={"help_option_names": ["-h", "--help"]},
+                  help="Pipeline-parallel inference on a small cluster. Plain `pictl` opens the dashboard; "
+                       "`pictl COMMAND -h` explains a command.")
+SHIPPED_HOSTS = shipped_path("hosts.toml")
 
-HostsOpt = Annotated[Optional[Path], typer.Option(help="Inventory file (default ./hosts.toml, else shipped).")]
-RunsDirOpt = Annotated[Optional[Path], typer.Option(help="Where run directories go.")]
-WaitOpt = Annotated[bool, typer.Option("--wait", help="Wait for hosts another run holds (else exit 8).")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object on stdout.")]
-VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show every host's output.")]
-ImagesOpt = Annotated[Optional[int], typer.Option(help="Images per pass.")]
-WarmupOpt = Annotated[Optional[int], typer.Option(help="Untimed warm-up passes.")]
-RepeatsOpt = Annotated[Optional[int], typer.Option(help="Timed passes.")]
-ThreadsOpt = Annotated[Optional[int], typer.Option(help="torch threads per rank.")]
+MEASURE_PANEL, HOSTS_PANEL = "Measurement", "Output and hosts"
+
+
+def choices(name: str, values: tuple[str, ...]) -> Any:
+    """A str Enum of `values`: Typer lists them in help and refuses anything else (exit 2)."""
+    return StrEnum(name, {v: v for v in values})
+
+
+def chosen(value: Enum | None) -> str | None:
+    return None if value is None else str(value.value)
+
+
+def default_of(name: str) -> str:
+    """A run option's default as help shows it (the flags default to None so that a profile can set them)."""
+    default = RunOptions.model_fields[name].default
+    return f" \\[default: {default if default is not None else 'none'}]"  # escaped: Rich markup would eat it
+
+
+HostsOpt = Annotated[Optional[Path], typer.Option(help="Inventory file (default ./hosts.toml, else shipped).",
+                                                  rich_help_panel=HOSTS_PANEL)]
+RunsDirOpt = Annotated[Optional[Path], typer.Option(help="Where run directories go.", rich_help_panel=HOSTS_PANEL)]
+WaitOpt = Annotated[bool, typer.Option("--wait", help="Wait for hosts another run holds (else exit 8).",
+                                       rich_help_panel=HOSTS_PANEL)]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object on stdout.",
+                                       rich_help_panel=HOSTS_PANEL)]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show every host's output.",
+                                          rich_help_panel=HOSTS_PANEL)]
+ImagesOpt = Annotated[Optional[int], typer.Option(help="Images per pass." + default_of("images"),
+                                                  rich_help_panel=MEASURE_PANEL)]
+WarmupOpt = Annotated[Optional[int], typer.Option(help="Untimed warm-up passes." + default_of("warmup"),
+                                                  rich_help_panel=MEASURE_PANEL)]
+RepeatsOpt = Annotated[Optional[int], typer.Option(help="Timed passes." + default_of("repeats"),
+                                                   rich_help_panel=MEASURE_PANEL)]
+ThreadsOpt = Annotated[Optional[int], typer.Option(help="torch threads per rank (0: the host's cores shared "
+                                                        "among its stages)." + default_of("threads"),
+                                                   rich_help_panel=MEASURE_PANEL)]
 
 
 def stderr() -> Console:
@@ -43,18 +74,48 @@ def fail(exc: E.PictlError) -> NoReturn:
     raise typer.Exit(exc.exit_code)
 
 
+class _BeforeCommand:
+    """`--hosts`/`--runs-dir` given before the command (`pictl --hosts x.toml run`): the app's callback
+    records them, and every command's own option falls back to them."""
+
+    hosts: Path | None = None
+    runs_dir: Path | None = None
+
+
+before_command = _BeforeCommand()
+
+
+def top_level(name: str, value: Path | None) -> Path | None:
+    """A command's `--hosts`/`--runs-dir`, or the one given before the command; two different values are
+    refused rather than one silently winning."""
+    before = getattr(before_command, name)
+    if value is not None and before is not None and Path(value).resolve() != Path(before).resolve():
+        flag = "--" + name.replace("_", "-")
+        raise E.ConfigError(f"{flag}: given before the command ({before}) and after it ({value}); give it once")
+    return value if value is not None else before
+
+
 def read_cluster(path: Path | None) -> Cluster:
+    path = top_level("hosts", path)
     if path is None:
         local = Path.cwd() / "hosts.toml"
         path = local if local.is_file() else SHIPPED_HOSTS
     return load_cluster(path)
 
 
+def runs_root(runs_dir: Path | None) -> Path:
+    """Where run directories are: `--runs-dir` (after or before the command), else the user's data folder."""
+    from pictl.records.runs import default_runs_root
+
+    return top_level("runs_dir", runs_dir) or default_runs_root()
+
+
 def checked_runs_root(runs_dir: Path | None) -> Path:
     """Where run directories go, checked before anything starts (a file there is bad input, not a crash)."""
-    from pictl.records.runs import default_runs_root, writable_dir
+    from pictl.records.runs import writable_dir
 
-    return writable_dir(runs_dir or default_runs_root(), "--runs-dir" if runs_dir else "the runs directory")
+    given = top_level("runs_dir", runs_dir)
+    return writable_dir(runs_root(given), "--runs-dir" if given else "the runs directory")
 
 
 def note_profile(profile: str | None) -> None:
@@ -120,11 +181,9 @@ async def on_fleet(hosts: Cluster, work: Callable[[Fleet], Awaitable[T]], *, lea
 
 def confirm(question: str) -> bool:
     """Ask on the terminal (or read an answer from stdin); no answer (end of input) is no."""
-    import click
-
     try:
         return typer.confirm(question, default=False)
-    except click.exceptions.Abort:
+    except typer.Abort:
         return False
 
 

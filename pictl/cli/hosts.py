@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -11,6 +12,7 @@ import typer
 from pictl import errors as E
 from pictl.cli.common import (
     HostsOpt,
+    JsonOpt,
     WaitOpt,
     app,
     confirm,
@@ -22,18 +24,30 @@ from pictl.cli.common import (
     wide_console,
 )
 from pictl.cluster.fleet import Fleet
+from pictl.inventory import Host
 
 
 @app.command("hosts")
-def list_hosts(hosts: Annotated[Optional[Path], typer.Option(help="Inventory file.")] = None) -> None:
-    """Show the inventory as pictl reads it."""
+def list_hosts(hosts: Annotated[Optional[Path], typer.Option(help="Inventory file.")] = None,
+               as_json: JsonOpt = False) -> None:
+    """Show the inventory as pictl reads it: one row per host, defaults filled in."""
+    from rich.table import Table
+
     try:
         cluster = read_cluster(hosts)
     except E.PictlError as exc:
         fail(exc)
+    if as_json:
+        typer.echo(json.dumps({"cluster": cluster.name, "file": str(cluster.source),
+                               "hosts": [h.model_dump() for h in cluster.hosts]}))
+        return
+    table = Table(title=f"{cluster.name}: {cluster.source}", title_justify="left", header_style="bold", box=None)
+    for heading in ("host", "transport", "address", "user", "slots", "workdir", "venv"):
+        table.add_column(heading, overflow="fold")
     for h in cluster.hosts:
-        port = f":{h.port}" if h.port else ""
-        typer.echo(f"{h.name}\t{h.transport}\t{h.address}{port}\tslots={h.slots}\tworkdir={h.workdir}")
+        address = f"{h.address}:{h.port}" if h.port else h.address
+        table.add_row(h.name, h.transport, address, h.user or "-", str(h.slots), h.workdir, h.venv or "-")
+    wide_console().print(table)
 
 
 @app.command()
@@ -70,7 +84,7 @@ def push(
     hosts: HostsOpt = None,
     wait: WaitOpt = False,
 ) -> None:
-    """Sync remote/ and profiles/ to every host (only what changed)."""
+    """Sync remote/ to every host (only what changed)."""
     import time
 
     from pictl.cluster.push import PushResult, local_tree, push_to
@@ -217,26 +231,30 @@ def trust(
     hosts: HostsOpt = None,
 ) -> None:
     """Show a host's SSH key (type, SHA256 fingerprint), ask, and record it where pictl's connection looks."""
+    try:
+        trust_host(read_cluster(hosts).host(host), yes=yes, timeout=timeout)
+    except E.PictlError as exc:
+        fail(exc)
+
+
+def trust_host(h: Host, *, yes: bool, timeout: float) -> None:
+    """Fetch `h`'s key, show it, ask (unless `yes`), record it; HostKeyError if the answer is no."""
     from pictl.cluster.trust import fetch_key, record_key, resolve
 
     async def offered():  # noqa: ANN202
         target = await resolve(h, timeout_s=timeout)
         return target, await fetch_key(target, timeout_s=timeout)
 
-    try:
-        h = read_cluster(hosts).host(host)
-        target, key = asyncio.run(offered())
-        typer.echo(f"{target.describe()} presents a {key.algorithm} key {key.fingerprint}")
-        if key.already_trusted:
-            typer.echo(f"already trusted as '{target.entry}' in {target.known_hosts}: nothing to do")
-            return
-        for old in key.replaces:
-            typer.echo(f"WARNING: {target.known_hosts} trusts another key for '{target.entry}' ({old}); "
-                       "trusting this one replaces it: do so only if the host was reinstalled or re-keyed")
-        typer.echo(f"it would be recorded as '{target.entry}' in {target.known_hosts}")
-        if not yes and not confirm(f"Trust this key for {host}?"):
-            raise E.HostKeyError(f"host '{host}': key not trusted (the answer was no); nothing was written")
-        record_key(target, key)
-    except E.PictlError as exc:
-        fail(exc)
-    typer.echo(f"trusted {host}: {key.fingerprint} recorded as '{target.entry}' in {target.known_hosts}")
+    target, key = asyncio.run(offered())
+    typer.echo(f"{target.describe()} presents a {key.algorithm} key {key.fingerprint}")
+    if key.already_trusted:
+        typer.echo(f"already trusted as '{target.entry}' in {target.known_hosts}: nothing to do")
+        return
+    for old in key.replaces:
+        typer.echo(f"WARNING: {target.known_hosts} trusts another key for '{target.entry}' ({old}); "
+                   "trusting this one replaces it: do so only if the host was reinstalled or re-keyed")
+    typer.echo(f"it would be recorded as '{target.entry}' in {target.known_hosts}")
+    if not yes and not confirm(f"Trust this key for {h.name}?"):
+        raise E.HostKeyError(f"host '{h.name}': key not trusted (the answer was no); nothing was written")
+    record_key(target, key)
+    typer.echo(f"trusted {h.name}: {key.fingerprint} recorded as '{target.entry}' in {target.known_hosts}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -12,6 +13,7 @@ from pictl import errors as E
 from pictl.cli.common import (
     HostsOpt,
     ImagesOpt,
+    JsonOpt,
     RepeatsOpt,
     ThreadsOpt,
     VerboseOpt,
@@ -23,6 +25,7 @@ from pictl.cli.common import (
     note_profile,
     read_cluster,
     run_cancellable,
+    stderr,
     wide_console,
 )
 
@@ -32,7 +35,7 @@ def sweep(
     stages: Annotated[Optional[str], typer.Option(help="Stage counts, e.g. 1,2,3,4,6 (default 1,2,3,4).")] = None,
     chunks: Annotated[Optional[str], typer.Option(help="Microbatch sizes, e.g. 1,2,4,8 (default 1).")] = None,
     policy: Annotated[Optional[str], typer.Option(help="Policies to compare, e.g. equal,balanced.")] = None,
-    profile: Annotated[Optional[str], typer.Option(help="Preset: run options, and its [sweep] values.")] = None,
+    profile: Annotated[Optional[str], typer.Option(help="Preset: run options, and its \\[sweep] values.")] = None,
     images: ImagesOpt = None,
     warmup: WarmupOpt = None,
     repeats: RepeatsOpt = None,
@@ -42,13 +45,14 @@ def sweep(
     hosts: HostsOpt = None,
     wait: WaitOpt = False,
     verbose: VerboseOpt = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Run every combination against shared serial baselines; write a table and plots."""
     import time
 
     from pictl.headless import HeadlessRenderer
     from pictl.jobs.sweep import plan_sweep, run_sweep
-    from pictl.records.runs import default_runs_root, writable_dir
+    from pictl.records.runs import writable_dir
 
     renderer = HeadlessRenderer(verbose=verbose)
     try:
@@ -57,8 +61,8 @@ def sweep(
                                                      "threads": threads, "trace_steps": trace_steps},
                                   stages=stages, chunks=chunks, policies=policy)
         note_profile(profile)
-        checked_runs_root(None)
-        target = out or default_runs_root().parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S")
+        root = checked_runs_root(None)
+        target = out or root.parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S")
         if target.exists():
             raise E.ConfigError(f"--out: {target} already exists")
         writable_dir(target, "--out")
@@ -68,8 +72,12 @@ def sweep(
         renderer.close()
         fail(exc)
     renderer.close()
-    wide_console().print((target / "table.md").read_text(), markup=False)
-    typer.echo(f"sweep directory: {target}")
+    if as_json:  # the rows on stdout; the table a person reads goes to stderr
+        stderr().print((target / "table.md").read_text(), markup=False)
+        typer.echo(json.dumps({"sweep_dir": str(target), "rows": rows}))
+    else:
+        wide_console().print((target / "table.md").read_text(), markup=False)
+        typer.echo(f"sweep directory: {target}")
     if any(r["status"] != "ok" for r in rows):
         raise typer.Exit(E.EXIT_RUN_FAILED)
 

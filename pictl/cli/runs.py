@@ -3,28 +3,47 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from pictl import errors as E
 from pictl.cli.common import (
+    HOSTS_PANEL,
+    MEASURE_PANEL,
     HostsOpt,
     ImagesOpt,
+    JsonOpt,
     RepeatsOpt,
     RunsDirOpt,
     ThreadsOpt,
     VerboseOpt,
     WarmupOpt,
     app,
+    before_command,
     checked_runs_root,
+    choices,
+    chosen,
+    default_of,
     fail,
     note_profile,
     read_cluster,
     run_cancellable,
+    runs_root,
+    wide_console,
 )
-from pictl.planning.profiles import available_profiles, resolve_options
+from pictl.planning.profiles import DATASETS, POLICIES, available_profiles, resolve_options
+
+
+def _version(value: bool) -> None:
+    if value:
+        from pictl import __version__
+
+        typer.echo(f"pictl {__version__}")
+        raise typer.Exit()
 
 
 @app.callback(invoke_without_command=True)
@@ -32,65 +51,101 @@ def main(
     ctx: typer.Context,
     hosts: HostsOpt = None,
     runs_dir: RunsDirOpt = None,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print pictl's version and exit.")] = False,
 ) -> None:
-    """Without a command: the interactive dashboard (r run, s stop, t traces, / filter, h history, ? help, q quit)."""
+    """Without a command: the interactive dashboard (r run, s stop, t traces, / filter, h history, ? help, q quit).
+    --hosts and --runs-dir given here hold for the command after them."""
+    before_command.hosts, before_command.runs_dir = hosts, runs_dir
     if ctx.invoked_subcommand is not None:
         return
     try:
         cluster = read_cluster(hosts)
-        runs_root = checked_runs_root(runs_dir)
+        root = checked_runs_root(runs_dir)
     except E.PictlError as exc:
         fail(exc)
     from pictl.tui.app import PictlApp
 
-    PictlApp(cluster, runs_root=runs_root).run()
+    PictlApp(cluster, runs_root=root).run()
+
+
+EXPERIMENT, MODEL = "Experiment", "Model and data"
+if TYPE_CHECKING:  # to mypy, str Enums; built from the options' Literals so the two cannot drift apart
+    class PolicyChoice(StrEnum): ...
+
+    class DataChoice(StrEnum): ...
+else:
+    PolicyChoice = choices("PolicyChoice", POLICIES)
+    DataChoice = choices("DataChoice", DATASETS)
 
 
 @app.command()
 def run(
-    stages: Annotated[Optional[int], typer.Option(help="Pipeline stages (1 = serial only).")] = None,
-    split: Annotated[Optional[str], typer.Option(help="Split points: blocks.3,blocks.6 (stage starts).")] = None,
-    policy: Annotated[Optional[str], typer.Option(help="balanced (default: measured costs) | equal | explicit")] = None,
-    profile: Annotated[Optional[str], typer.Option(help="Named preset from profiles/.")] = None,
-    chunk: Annotated[Optional[int], typer.Option(help="Microbatch size.")] = None,
+    stages: Annotated[Optional[int], typer.Option(help="Pipeline stages (1 = serial only)." + default_of("stages"),
+                                                  rich_help_panel=EXPERIMENT)] = None,
+    split: Annotated[Optional[str], typer.Option(help="Split points: blocks.3,blocks.6 (stage starts); implies "
+                                                      "--policy explicit.", rich_help_panel=EXPERIMENT)] = None,
+    policy: Annotated[Optional[PolicyChoice], typer.Option(
+        rich_help_panel=EXPERIMENT,
+        help="balanced: measured costs, corrected by the run; equal: parameter counts; explicit: --split."
+             + default_of("policy"))] = None,
+    profile: Annotated[Optional[str], typer.Option(help="Named preset (see `pictl profiles`).",
+                                                   rich_help_panel=EXPERIMENT)] = None,
+    chunk: Annotated[Optional[int], typer.Option(help="Microbatch size." + default_of("chunk"),
+                                                 rich_help_panel=EXPERIMENT)] = None,
+    refine: Annotated[Optional[bool], typer.Option("--refine/--no-refine", rich_help_panel=EXPERIMENT,
+                                                   help="balanced: correct the split from the stages' measured "
+                                                        "compute before the timed passes (default) or keep the "
+                                                        "profiles' one-shot split.")] = None,
     images: ImagesOpt = None,
     warmup: WarmupOpt = None,
     repeats: RepeatsOpt = None,
     threads: ThreadsOpt = None,
-    model: Annotated[Optional[str], typer.Option(help="timm model name.")] = None,
-    num_classes: Annotated[Optional[int], typer.Option(help="Classifier outputs.")] = None,
-    checkpoint: Annotated[Optional[str], typer.Option(help="State dict (.safetensors / .pth).")] = None,
-    allow_pickle: Annotated[Optional[bool], typer.Option("--allow-pickle", help="Trust a pickled checkpoint.")] = None,
-    data: Annotated[Optional[str], typer.Option(help="synthetic | cifar10 | cifar100 | imagefolder")] = None,
-    data_path: Annotated[Optional[str], typer.Option(help="Data set directory on the hosts.")] = None,
-    atol: Annotated[Optional[float], typer.Option(help="Largest logit difference that still matches.")] = None,
-    master_port: Annotated[Optional[int], typer.Option(help="Rendezvous port on host 0 (default: a free one).")] = None,
     trace_steps: Annotated[Optional[int], typer.Option(help="Profile K steps on every rank (extra untimed pass); "
-                                                            "traces land in the run directory.")] = None,
-    refine: Annotated[Optional[bool], typer.Option("--refine/--no-refine", help="balanced: correct the split from "
-                                                   "the stages' measured compute before the timed passes "
-                                                   "(default) or keep the profiles' one-shot split.")] = None,
-    headless: Annotated[bool, typer.Option("--headless", help="No dashboard: progress on stderr.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object on stdout.")] = False,
+                                                            "traces land in the run directory.",
+                                                       rich_help_panel=MEASURE_PANEL)] = None,
+    fresh_baseline: Annotated[bool, typer.Option("--fresh-baseline", help="Measure the serial run again.",
+                                                 rich_help_panel=MEASURE_PANEL)] = False,
+    baseline_max_age: Annotated[Optional[float], typer.Option(help="Reuse a cached serial baseline only if it is "
+                                                                   "younger than this many seconds.",
+                                                              rich_help_panel=MEASURE_PANEL)] = None,
+    atol: Annotated[Optional[float], typer.Option(help="Largest logit difference that still matches."
+                                                       + default_of("atol"), rich_help_panel=MEASURE_PANEL)] = None,
+    model: Annotated[Optional[str], typer.Option(help="timm model name, or an artifact from `pictl prune`."
+                                                      + default_of("model"), rich_help_panel=MODEL)] = None,
+    num_classes: Annotated[Optional[int], typer.Option(help="Classifier outputs." + default_of("num_classes"),
+                                                       rich_help_panel=MODEL)] = None,
+    checkpoint: Annotated[Optional[str], typer.Option(help="State dict (.safetensors / .pth).",
+                                                      rich_help_panel=MODEL)] = None,
+    allow_pickle: Annotated[Optional[bool], typer.Option("--allow-pickle", help="Trust a pickled checkpoint.",
+                                                         rich_help_panel=MODEL)] = None,
+    data: Annotated[Optional[DataChoice], typer.Option(rich_help_panel=MODEL,
+                                                help="Images to run." + default_of("data"))] = None,
+    data_path: Annotated[Optional[str], typer.Option(help="Data set directory on the hosts.",
+                                                     rich_help_panel=MODEL)] = None,
+    headless: Annotated[bool, typer.Option("--headless", help="No dashboard: progress on stderr.",
+                                           rich_help_panel=HOSTS_PANEL)] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object on stdout.",
+                                          rich_help_panel=HOSTS_PANEL)] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 7 if the result raises any sanity flag.",
+                                         rich_help_panel=HOSTS_PANEL)] = False,
+    verbose: VerboseOpt = False,
     hosts: HostsOpt = None,
     runs_dir: RunsDirOpt = None,
-    fresh_baseline: Annotated[bool, typer.Option("--fresh-baseline", help="Measure the serial run again.")] = False,
-    baseline_max_age: Annotated[Optional[float], typer.Option(help="Reuse a cached serial baseline only if it is "
-                                                                   "younger than this many seconds.")] = None,
-    strict: Annotated[bool, typer.Option("--strict", help="Exit 7 if the result raises any sanity flag.")] = False,
-    wait: Annotated[bool, typer.Option("--wait", help="If another run holds a host, wait for it (else exit 8).")]
-    = False,
-    verbose: VerboseOpt = False,
+    master_port: Annotated[Optional[int], typer.Option(help="Rendezvous port on host 0 (default: a free one).",
+                                                       rich_help_panel=HOSTS_PANEL)] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="If another run holds a host, wait for it (else exit 8).",
+                                       rich_help_panel=HOSTS_PANEL)] = False,
 ) -> None:
     """Run one experiment: serial baseline, N-stage pipeline, speedup and output check."""
     from pictl.headless import HeadlessRenderer, print_summary
     from pictl.run.session import RunSession
 
     overrides: dict[str, Any] = {
-        "stages": stages, "split": None, "policy": policy, "chunk": chunk, "images": images, "warmup": warmup,
+        "stages": stages, "split": None, "policy": chosen(policy), "chunk": chunk, "images": images, "warmup": warmup,
         "repeats": repeats, "threads": threads, "model": model, "num_classes": num_classes, "checkpoint": checkpoint,
-        "allow_pickle": allow_pickle, "data": data, "data_path": data_path, "atol": atol, "master_port": master_port,
-        "trace_steps": trace_steps, "refine": refine, "baseline_max_age": baseline_max_age}
+        "allow_pickle": allow_pickle, "data": chosen(data), "data_path": data_path, "atol": atol,
+        "master_port": master_port, "trace_steps": trace_steps, "refine": refine, "baseline_max_age": baseline_max_age}
     renderer = HeadlessRenderer(verbose=verbose)
     session = None
     try:
@@ -128,14 +183,13 @@ def traces(
     run: Annotated[Optional[str], typer.Argument(help="Run id or directory (default: the run in progress).")] = None,
     steps: Annotated[int, typer.Option(help="Pipeline steps to profile on every rank.", min=1, max=10_000)] = 8,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for each rank's trace.", min=1, max=3600)] = 120.0,
-    runs_dir: Annotated[Optional[Path], typer.Option(help="Where run directories are.")] = None,
+    runs_dir: RunsDirOpt = None,
 ) -> None:
     """Profile K steps on every rank of a running pipeline, download the traces and merge them."""
-    from pictl.records.runs import default_runs_root
     from pictl.run.traces import grab_from_outside, live_run
 
     try:
-        path = live_run(runs_dir or default_runs_root(), run)
+        path = live_run(runs_root(runs_dir), run)
         grab = asyncio.run(run_cancellable(grab_from_outside(path, steps, timeout)))
     except E.PictlError as exc:
         fail(exc)
@@ -153,21 +207,40 @@ def traces(
 
 @app.command()
 def report(
-    sources: Annotated[list[Path], typer.Argument(help="Run and sweep directories.")],
+    sources: Annotated[list[str], typer.Argument(help="Runs (ids, unique id prefixes or directories) and sweep "
+                                                      "directories.")],
     out: Annotated[Path, typer.Option(help="Where report.md and its charts go.")] = Path("pictl-report"),
+    runs_dir: RunsDirOpt = None,
 ) -> None:
     """A Markdown report: headline figures, per-stage breakdown chart, link bytes/s, sweep tables and plots."""
+    from pictl.records.catalog import resolve_run
     from pictl.records.report import write_report
 
     try:
-        path = write_report(sources, out)
+        root = runs_root(runs_dir)
+        path = write_report([resolve_run(root, s) for s in sources], out)
     except E.PictlError as exc:
         fail(exc)
     typer.echo(f"report: {path}")
 
 
 @app.command("profiles")
-def list_profiles() -> None:
-    """List the run presets."""
-    for name in available_profiles():
-        typer.echo(name)
+def list_profiles(as_json: JsonOpt = False) -> None:
+    """List the run presets: name, what each is for, and its file (./profiles/ shadows the shipped ones)."""
+    from rich.table import Table
+
+    from pictl.planning.profiles import describe_profile
+
+    try:
+        found = [(name, *describe_profile(name)) for name in available_profiles()]
+    except E.PictlError as exc:
+        fail(exc)
+    if as_json:
+        typer.echo(json.dumps([{"name": n, "description": d, "path": str(p)} for n, d, p in found]))
+        return
+    table = Table(show_header=True, header_style="bold", box=None)
+    for heading in ("profile", "description", "file"):
+        table.add_column(heading, overflow="fold")
+    for name, description, path in found:
+        table.add_row(name, description or "-", str(path))
+    wide_console().print(table)

@@ -1,4 +1,4 @@
-"""Sync what the hosts need (`remote/`, `profiles/`) with a content-hash manifest.
+"""Sync what the hosts need (the `remote/` package) with a content-hash manifest.
 
 The manifest (`<code dir>/.pictl-manifest.json`, {path: sha256}) is what pictl
 placed last time. A push sends only files whose hash changed, each to a
@@ -34,11 +34,10 @@ class PushResult:
 
 
 def local_tree() -> dict[str, bytes]:
-    """What every host gets: the `remote/` package and the run presets."""
+    """What every host gets: the `remote/` package (the presets stay on the controller)."""
     remote = PROJECT / "remote"
     files = {f"remote/{p.relative_to(remote).as_posix()}": p.read_bytes() for p in sorted(remote.rglob("*.py"))
              if "__pycache__" not in p.parts}
-    files.update({f"profiles/{p.name}": p.read_bytes() for p in sorted((PROJECT / "profiles").glob("*.toml"))})
     return files
 
 

@@ -7,6 +7,7 @@ short tail (what a failure shows) and forwarded as `HostOutput`.
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,6 +17,11 @@ from pictl.cluster.transport import RemoteProcess
 from pictl.events import EventSink, HostOutput, RankEvent, parse_event
 
 TAIL_LINES = 20
+EXIT_BARRIER = "Error waiting on exit barrier"
+"""What torchrun's agent logs when a peer agent left its exit barrier first: every worker had finished, and
+the traceback that follows is noise (the field notes, section 9). It goes to the log file only."""
+TRACEBACK_END = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception)\b.*")
+"""The last line of a Python traceback: the exception's (qualified) name, unindented."""
 
 
 class LineKeeper(Protocol):
@@ -39,6 +45,7 @@ class ProcessStream:
     sink: EventSink
     on_record: OnRecord = lambda _record: True
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    _benign: bool = False
 
     async def consume(self, proc: RemoteProcess) -> int:
         """Read `proc` to its end; its exit status."""
@@ -49,7 +56,19 @@ class ProcessStream:
                 if self.on_record(record):
                     self.sink(RankEvent(self.source, self.host, record))
             else:
-                self.tail.append(f"{self.source}: {line}")
                 self.keep.log(self.source, line)
+                if self._is_benign(line):
+                    continue
+                self.tail.append(f"{self.source}: {line}")
                 self.sink(HostOutput(self.source, self.host, channel, line))
         return await proc.wait()
+
+    def _is_benign(self, line: str) -> bool:
+        """Inside torchrun's exit-barrier traceback (from its first line to the exception's line)."""
+        if EXIT_BARRIER in line:
+            self._benign = True
+            return True
+        if self._benign and TRACEBACK_END.match(line):
+            self._benign = False
+            return True
+        return self._benign

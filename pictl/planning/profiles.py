@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from pictl import PROJECT_ROOT
 from pictl.errors import ConfigError
 from pictl.inventory import format_validation_error, read_toml
+from pictl.shipped import shipped_path
 
-SHIPPED_PROFILES = PROJECT_ROOT / "profiles"
+SHIPPED_PROFILES = shipped_path("profiles")
 PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 """A profile is named, never a path: `--profile ../x` must not read any TOML file it points at."""
 FLAG_ONLY = {"allow_pickle": "--allow-pickle", "artifact": "--model FILE.safetensors"}
@@ -28,6 +28,12 @@ FLAG_ONLY = {"allow_pickle": "--allow-pickle", "artifact": "--model FILE.safeten
 running code from a pickle, or name an artifact behind `model`'s back."""
 MAX_IMAGES = 2000
 """Images per pass: the first host holds them all (about 0.6 MB each at 224x224) before the timed passes."""
+
+
+Policy = Literal["balanced", "equal", "explicit"]
+Dataset = Literal["synthetic", "cifar10", "cifar100", "imagefolder"]
+POLICIES: tuple[str, ...] = get_args(Policy)
+DATASETS: tuple[str, ...] = get_args(Dataset)
 
 
 class RunOptions(BaseModel):
@@ -38,7 +44,7 @@ class RunOptions(BaseModel):
 
     stages: int = Field(default=2, ge=1, le=128)
     """Number of pipeline stages (1 = the serial model alone)."""
-    policy: Literal["equal", "explicit", "balanced"] = "balanced"
+    policy: Policy = "balanced"
     """How split points are chosen when `split` is empty: `equal` parameter counts per stage, or `balanced`:
     the smallest slowest-stage time over measured per-piece costs on the hosts."""
     split: list[str] = []
@@ -55,7 +61,7 @@ class RunOptions(BaseModel):
     allow_pickle: bool = False
     """Allow a checkpoint that is a whole pickled model (runs code from the file)."""
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
-    data: Literal["synthetic", "cifar10", "cifar100", "imagefolder"] = "synthetic"
+    data: Dataset = "synthetic"
     data_path: str | None = Field(default=None, min_length=1, max_length=4096)
     """Directory of the data set on the hosts (CIFAR python layout or ImageFolder)."""
     data_split: Literal["train", "test"] = "test"
@@ -159,6 +165,12 @@ def _profile_document(name: str, extra: Path | None) -> tuple[dict[str, Any], Pa
         if key in raw:
             raise ConfigError(f"{path}: {key}: a profile cannot set this; give {flag} on the command line")
     return raw, path
+
+
+def describe_profile(name: str, extra: Path | None = None) -> tuple[str, Path]:
+    """A profile's `description` line and the file it comes from (`pictl profiles`)."""
+    raw, path = _profile_document(name, extra)
+    return str(raw.get("description", "")), path
 
 
 def load_profile(name: str, extra: Path | None = None) -> tuple[dict[str, Any], Path]:

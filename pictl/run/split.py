@@ -58,13 +58,24 @@ async def choose_split(ctx: RunContext, placement: Placement, spec: RunSpec) -> 
                   "links_measured": measured_links, "first_split": list(chosen.split_points), "refine": o.refine}
     for group in profiles.shared:
         ctx.phase("balance", f"{', '.join(group)} share one machine: profiled one at a time")
-    source = f"measured {', '.join(profiles.measured)}" if profiles.measured else "cached profiles"
+    source = f"measured {', '.join(profiles.measured)}" if profiles.measured else cached_age(profiles.by_host)
     corrected = [f"{h} x{f:.2f}" for h, f in prediction["corrections"].items() if f != 1.0]
     ctx.phase("balance", f"split {', '.join(chosen.split_points)}: predicted "
               + " / ".join(f"{ms:.1f}" for ms in prediction["stage_ms"]) + " ms per microbatch"
               + f" ({source}" + (f"; corrected by earlier runs: {', '.join(corrected)}" if corrected else "")
               + ")" + ("; refined during the run" if o.refine else ""))
     return SplitChoice(chosen, prediction)
+
+
+def cached_age(by_host: dict[str, dict[str, Any]]) -> str:
+    """"profiles cached 3 min ago": how old the oldest cached profile in use is."""
+    import time
+
+    until = [p["measured_until"] for p in by_host.values() if isinstance(p.get("measured_until"), (int, float))]
+    if not until:
+        return "cached profiles"
+    age = max(0.0, time.time() - min(until))
+    return f"profiles cached {age:.0f} s ago" if age < 120 else f"profiles cached {age / 60:.0f} min ago"
 
 
 def final_prediction(choice: SplitChoice, refined: dict[str, Any] | None) -> dict[str, Any] | None:

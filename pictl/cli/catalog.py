@@ -1,0 +1,143 @@
+"""`pictl runs`: past runs as data. List them (filtered, sorted), show one, compare several side by side,
+export them as CSV. Runs are named by id, a unique id prefix, or their directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.table import Table
+
+from pictl import errors as E
+from pictl.cli.common import JsonOpt, RunsDirOpt, app, fail, runs_root, wide_console
+from pictl.records import catalog
+
+runs_app = typer.Typer(help="Past runs: list (filter, sort), show one, compare several, export as CSV.",
+                       context_settings={"help_option_names": ["-h", "--help"]})
+app.add_typer(runs_app, name="runs")
+
+SinceOpt = Annotated[Optional[str], typer.Option(help="Runs started on or after this date (2026-11-23) or time.")]
+StagesOpt = Annotated[Optional[int], typer.Option(help="Only runs with this many stages.")]
+PolicyOpt = Annotated[Optional[str], typer.Option(help="Only runs with this policy (balanced, equal, explicit).")]
+StatusOpt = Annotated[Optional[str], typer.Option(help="Only runs with this status (ok, failed, interrupted).")]
+SortOpt = Annotated[str, typer.Option(help=f"Sort by one of: {', '.join(catalog.SORT_KEYS)} (largest first).")]
+SHORT = ("run_id", "status", "stages", "policy", "chunk", "throughput_ips", "serial_ips", "speedup", "outputs_match",
+         "flags")
+"""The list's columns on a terminal (`--json` and the CSV have all of `catalog.COLUMNS`)."""
+HEADINGS = {"run_id": "run", "throughput_ips": "img/s", "serial_ips": "serial", "outputs_match": "match"}
+
+
+@runs_app.callback(invoke_without_command=True)
+def list_runs(
+    ctx: typer.Context,
+    since: SinceOpt = None,
+    stages: StagesOpt = None,
+    policy: PolicyOpt = None,
+    status: StatusOpt = None,
+    sort: SortOpt = "started",
+    limit: Annotated[int, typer.Option(help="Show at most N runs.", min=1)] = 50,
+    as_json: JsonOpt = False,
+    runs_dir: RunsDirOpt = None,
+) -> None:
+    """List past runs, newest first (or sorted by --sort), filtered by date, stages, policy and status."""
+    if ctx.invoked_subcommand is not None:
+        return
+    try:
+        root = runs_root(runs_dir)
+        rows = catalog.table_rows(root, catalog.RunFilter(since, stages, policy, status), sort)[:limit]
+    except E.PictlError as exc:
+        fail(exc)
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    if not rows:
+        typer.echo(f"no runs in {root} match", err=True)
+        return
+    wide_console().print(_table(rows, SHORT, title=f"runs in {root}"))
+
+
+@runs_app.command()
+def show(
+    run: Annotated[str, typer.Argument(help="Run id, unique id prefix, or directory.")],
+    as_json: JsonOpt = False,
+    runs_dir: RunsDirOpt = None,
+) -> None:
+    """One run's summary: figures, baseline, flags, stages and traces."""
+    try:
+        path = catalog.resolve_run(runs_root(runs_dir), run)
+        summary = catalog.load_runs(path.parent)
+        found = next(s for s in summary if Path(s["run_dir"]).resolve() == path.resolve())
+    except E.PictlError as exc:
+        fail(exc)
+    if as_json:
+        typer.echo(json.dumps(found))
+        return
+    wide_console().print(catalog.run_details(found))
+
+
+@runs_app.command()
+def compare(
+    runs: Annotated[list[str], typer.Argument(help="Two or more runs: ids, unique id prefixes, or directories.")],
+    as_json: JsonOpt = False,
+    runs_dir: RunsDirOpt = None,
+) -> None:
+    """Runs side by side: one column per run, one line per figure."""
+    try:
+        if len(runs) < 2:
+            raise E.ConfigError("compare: name two runs or more")
+        root = runs_root(runs_dir)
+        rows = catalog.compare_rows([catalog.resolve_run(root, r) for r in runs])
+    except E.PictlError as exc:
+        fail(exc)
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    table = Table(show_header=True, header_style="bold")
+    table.add_column("")
+    for r in rows:
+        table.add_column(str(r["run_id"]), overflow="fold")
+    for key in catalog.COLUMNS[1:]:
+        table.add_row(HEADINGS.get(key, key), *(_cell(r[key]) for r in rows))
+    wide_console().print(table)
+
+
+@runs_app.command()
+def export(
+    csv_path: Annotated[Optional[Path], typer.Option("--csv", help="Write CSV here (default: stdout).")] = None,
+    since: SinceOpt = None,
+    stages: StagesOpt = None,
+    policy: PolicyOpt = None,
+    status: StatusOpt = None,
+    sort: SortOpt = "started",
+    runs_dir: RunsDirOpt = None,
+) -> None:
+    """Every matching run as one CSV row (all columns)."""
+    try:
+        rows = catalog.table_rows(runs_root(runs_dir), catalog.RunFilter(since, stages, policy, status), sort)
+        text = catalog.to_csv(rows)
+        if csv_path is not None:
+            try:
+                csv_path.write_text(text)
+            except OSError as exc:
+                raise E.ConfigError(f"--csv: {csv_path}: {exc.strerror or exc}") from None
+    except E.PictlError as exc:
+        fail(exc)
+    if csv_path is None:
+        typer.echo(text, nl=False)
+    else:
+        typer.echo(f"{len(rows)} runs: {csv_path}", err=True)
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _table(rows: list[dict[str, Any]], columns: tuple[str, ...], title: str) -> Table:
+    table = Table(title=title, show_header=True, header_style="bold", title_justify="left")
+    for key in columns:
+        table.add_column(HEADINGS.get(key, key), no_wrap=key == "run_id")
+    for r in rows:
+        table.add_row(*(_cell(r[k]) for k in columns))
+    return table
