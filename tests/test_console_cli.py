@@ -1,0 +1,210 @@
+"""The command line as a newcomer meets it: a wheel install, options before the command, help and version,
+`pictl init`, `pictl runs`, and the plain one-line output scripts and CI logs get."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, run_pictl, write_cluster
+
+from pictl.cluster.stream import ProcessStream
+from pictl.cluster.transport import transport_for
+from pictl.events import HostOutput, SessionEvent
+from pictl.headless import HeadlessRenderer
+from pictl.inventory import load_cluster
+
+
+def test_a_wheel_install_finds_its_inventory_and_profiles(tmp_path: Path) -> None:
+    """Build the wheel, install it into a clean venv (no checkout on the path), and use it from elsewhere."""
+    uv = shutil.which("uv") or str(Path(sys.executable).parent / "uv")
+    dist = tmp_path / "dist"
+    subprocess.run([uv, "build", "--wheel", "-q", "-o", str(dist), str(ROOT)], check=True, timeout=300,
+                   capture_output=True)
+    wheel = next(dist.glob("pictl-*.whl"))
+    venv = tmp_path / "venv"
+    subprocess.run([uv, "venv", "-q", "-p", sys.executable, str(venv)], check=True, timeout=120)
+    subprocess.run([uv, "pip", "install", "-q", "-p", str(venv / "bin" / "python"), str(wheel)], check=True,
+                   timeout=600)
+    away = tmp_path / "elsewhere"
+    away.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(PICTL_RUNS_DIR=str(tmp_path / "runs"), PICTL_CACHE_DIR=str(tmp_path / "cache"))
+
+    def pictl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(venv / "bin" / "pictl"), *args], cwd=away, env=env, text=True,
+                              capture_output=True, timeout=120)
+
+    profiles = pictl("profiles", "--json")
+    assert profiles.returncode == 0, profiles.stderr
+    found = {p["name"]: p for p in json.loads(profiles.stdout)}
+    assert {"quick", "lab6"} <= set(found) and found["quick"]["description"]
+    assert "site-packages" in found["quick"]["path"]
+    hosts = pictl("hosts", "--json")
+    assert hosts.returncode == 0, hosts.stderr
+    shipped = json.loads(hosts.stdout)
+    assert shipped["cluster"] == "local" and len(shipped["hosts"]) == 4 and "site-packages" in shipped["file"]
+    # A run refused before anything starts: the shipped profile and inventory are read, 9 stages do not fit.
+    refused = pictl("run", "--profile", "quick", "--stages", "9", "--headless")
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.strip().splitlines()[-1].startswith("pictl: error: 9 stages do not fit ")
+    assert not (tmp_path / "runs").exists()  # nothing half-done
+    version = pictl("--version")
+    assert version.returncode == 0 and version.stdout.strip().startswith("pictl 0.")
+
+
+def test_options_before_the_command_hold_for_it(tmp_path: Path, pictl_env) -> None:
+    mine = write_cluster(tmp_path / "mine", 2)
+    listed = run_pictl(["--hosts", str(mine), "hosts", "--json"], pictl_env)
+    assert listed.returncode == 0 and json.loads(listed.stdout)["file"] == str(mine)
+    missing = run_pictl(["--hosts", str(tmp_path / "nonexistent.toml"), "hosts"], pictl_env)
+    assert missing.returncode == 2 and "nonexistent.toml" in missing.stderr
+    twice = run_pictl(["--hosts", str(mine), "run", "--hosts", str(ROOT / "hosts.toml"), "--headless"], pictl_env)
+    assert twice.returncode == 2 and "--hosts: given before the command" in twice.stderr
+    runs = run_pictl(["--runs-dir", str(tmp_path / "elsewhere"), "runs", "--json"], pictl_env)
+    assert runs.returncode == 0 and json.loads(runs.stdout) == []
+
+
+def test_help_version_and_choices(pictl_env) -> None:
+    short = run_pictl(["-h"], pictl_env)
+    assert short.returncode == 0 and "Plain `pictl` opens the dashboard" in short.stdout
+    assert all(cmd in short.stdout for cmd in ("run", "runs", "init", "sweep", "report"))
+    run_help = run_pictl(["run", "-h"], pictl_env)
+    for shown in ("balanced|equal|explicit", "synthetic|cifar10", "[default: 48]", "[default: balanced]",
+                  "Experiment", "Measurement"):
+        assert shown in run_help.stdout, shown
+    assert "[sweep] values" in run_pictl(["sweep", "-h"], pictl_env).stdout
+    bad = run_pictl(["run", "--policy", "fastest", "--headless"], pictl_env)
+    assert bad.returncode == 2 and "'fastest' is not one of" in bad.stderr
+
+
+def test_init_writes_an_inventory_that_hosts_and_check_read(tmp_path: Path, pictl_env) -> None:
+    out = tmp_path / "hosts.toml"
+    made = run_pictl(["init", "--transport", "local", "--count", "2", "--out", str(out),
+                      "--workdir", str(tmp_path / "work")], pictl_env)
+    assert made.returncode == 0, made.stderr  # check ran on the new hosts and found them ready
+    assert "local0" in made.stdout and "yes" in made.stdout
+    listed = json.loads(run_pictl(["hosts", "--hosts", str(out), "--json"], pictl_env).stdout)
+    assert [h["name"] for h in listed["hosts"]] == ["local0", "local1"]
+    assert listed["hosts"][1]["workdir"] == str(tmp_path / "work" / "local1")
+    again = run_pictl(["init", "--transport", "local", "--count", "3", "--out", str(out)], pictl_env)
+    assert again.returncode == 2 and "already exists" in again.stderr  # never over an existing file
+    ssh = tmp_path / "pis.toml"
+    made = run_pictl(["init", "--address", "pi@10.0.0.5:2222", "--address", "10.0.0.6", "--interface", "eth0",
+                      "--out", str(ssh), "--no-trust", "--no-check"], pictl_env)
+    assert made.returncode == 0, made.stderr
+    pis = load_cluster(ssh)
+    assert [(h.name, h.address, h.port, h.user) for h in pis.hosts] == [
+        ("pi0", "10.0.0.5", 2222, "pi"), ("pi1", "10.0.0.6", None, None)]
+    bad = run_pictl(["init", "--address", "pi@10.0.0.5:99999", "--out", str(tmp_path / "x.toml")], pictl_env)
+    assert bad.returncode == 2 and "port 99999" in bad.stderr and not (tmp_path / "x.toml").exists()
+
+
+def test_the_exit_barrier_traceback_is_kept_to_the_log(tmp_path: Path, capsys) -> None:
+    """torchrun's agent logs a traceback when a peer left the exit barrier first: the log keeps it, the
+    console and the failure tail do not; what follows it is shown again, plainly, on one line."""
+    script = ("import sys\n"
+              "e = sys.stderr.write\n"
+              "e('[E1123 api.py:1008] Error waiting on exit barrier. Elapsed: 0.2 seconds\\n')\n"
+              "e('Traceback (most recent call last):\\n')\n"
+              "e('  File \"/x/api.py\", line 1000, in _exit_barrier\\n')\n"
+              "e('torch.distributed.DistNetworkError: Failed to recv, got 0 bytes.\\n')\n"
+              "e('RuntimeError: a real failure\\n')\n")
+    kept: dict[str, list[str]] = {"log": [], "event": []}
+    shown: list[HostOutput] = []
+
+    class Keep:
+        def event(self, source: str, line: str) -> None:
+            kept["event"].append(line)
+
+        def log(self, source: str, line: str) -> None:
+            kept["log"].append(line)
+
+    async def main() -> int:
+        host = load_cluster(write_cluster(tmp_path / "c", 1)).hosts[0]
+        proc = await transport_for(host).start([sys.executable, "-c", script])
+        renderer = HeadlessRenderer(verbose=True)
+
+        def sink(event: SessionEvent) -> None:
+            renderer(event)
+            if isinstance(event, HostOutput):
+                shown.append(event)
+
+        stream = ProcessStream("h0", "h0", Keep(), sink)
+        rc = await stream.consume(proc)
+        assert list(stream.tail) == ["h0: RuntimeError: a real failure"]
+        return rc
+
+    assert asyncio.run(main()) == 0
+    assert len(kept["log"]) == 5 and "DistNetworkError" in kept["log"][3]
+    assert [e.line for e in shown] == ["RuntimeError: a real failure"]
+    assert capsys.readouterr().err == "h0 RuntimeError: a real failure\n"  # stderr is not a terminal here
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory) -> dict:
+    """Two real 2-stage runs (different splits) in one runs directory, the second reusing the baseline."""
+    root = tmp_path_factory.mktemp("catalog")
+    hosts = write_cluster(root / "cluster", 2)
+    env = {**os.environ, "PICTL_RUNS_DIR": str(root / "runs"), "PICTL_CACHE_DIR": str(root / "cache"),
+           "COLUMNS": "40"}  # a narrow non-terminal: output must still be one event per line
+    procs = [run_pictl(["run", "--hosts", str(hosts), "--stages", "2", "--split", split, "--images", "4",
+                        "--warmup", "0", "--repeats", "1", "--headless", "--json"], env)
+             for split in ("blocks.6", "blocks.4")]
+    for p in procs:
+        assert p.returncode == 0, p.stderr[-3000:]
+    return {"env": env, "procs": procs, "summaries": [json.loads(p.stdout) for p in procs], "root": root}
+
+
+@pytest.mark.slow
+def test_headless_output_on_a_non_terminal_is_plain_one_line_per_event(two_runs) -> None:
+    err = two_runs["procs"][0].stderr
+    assert "[dim]" not in err and "[/]" not in err and "[bold" not in err and "\x1b[" not in err
+    lines = err.splitlines()
+    passes = [line for line in lines if line.startswith("pictl pipeline: pass ")]
+    assert passes and all(line.endswith(" img/s") for line in passes)
+    assert max(len(line) for line in lines if line.startswith("pictl ")) > 40  # not wrapped at COLUMNS
+
+
+@pytest.mark.slow
+def test_runs_lists_shows_compares_and_exports_real_runs(two_runs, tmp_path: Path) -> None:
+    env = two_runs["env"]
+    first, second = two_runs["summaries"]
+    listed = json.loads(run_pictl(["runs", "--json"], env).stdout)
+    assert [r["run_id"] for r in listed] == [second["run_id"], first["run_id"]]  # newest first
+    assert listed[0]["split"] == "blocks.4" and listed[0]["baseline"] == "reused"
+    by_speed = json.loads(run_pictl(["runs", "--json", "--sort", "speedup"], env).stdout)
+    assert [r["speedup"] for r in by_speed] == sorted((r["speedup"] for r in listed), reverse=True)
+    assert json.loads(run_pictl(["runs", "--json", "--stages", "3"], env).stdout) == []
+    assert len(json.loads(run_pictl(["runs", "--json", "--since", "2000-01-01"], env).stdout)) == 2
+    bad = run_pictl(["runs", "--since", "yesterday"], env)
+    assert bad.returncode == 2 and "--since: 'yesterday' is not a date" in bad.stderr
+
+    compare = run_pictl(["runs", "compare", first["run_id"], second["run_id"][:-2]], env)  # an id prefix works
+    assert compare.returncode == 0, compare.stderr
+    split_row = next(line for line in compare.stdout.splitlines() if " split " in line)
+    assert "blocks.6" in split_row and "blocks.4" in split_row
+    rows = json.loads(run_pictl(["runs", "compare", first["run_dir"], second["run_id"], "--json"], env).stdout)
+    assert [r["speedup"] for r in rows] == [round(first["speedup"], 3), round(second["speedup"], 3)]
+    one = run_pictl(["runs", "compare", first["run_id"]], env)
+    assert one.returncode == 2 and "two runs or more" in one.stderr
+
+    shown = run_pictl(["runs", "show", first["run_id"], "--json"], env)
+    assert json.loads(shown.stdout)["run_id"] == first["run_id"]
+    assert run_pictl(["runs", "show", "nope"], env).returncode == 2
+
+    csv_path = tmp_path / "runs.csv"
+    exported = run_pictl(["runs", "export", "--csv", str(csv_path)], env)
+    assert exported.returncode == 0, exported.stderr
+    header, *body = csv_path.read_text().splitlines()
+    assert header.startswith("run_id,started,status,model,stages,policy") and len(body) == 2
+
+    report = run_pictl(["report", first["run_id"], "--out", str(tmp_path / "rep")], env)
+    assert report.returncode == 0, report.stderr
+    assert first["run_id"] in (tmp_path / "rep" / "report.md").read_text()
