@@ -21,6 +21,8 @@ class Phase:
 
     name: str
     message: str
+    serial_ips: float | None = None
+    """The serial baseline's img/s, when this step found it (a reused baseline sends no passes of its own)."""
 
 
 @dataclass(frozen=True)

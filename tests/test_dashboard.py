@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from pictl.run.baselines import BaselineCache
 from pictl.tui.app import PictlApp
 from pictl.tui.messages import LogLine
 from pictl.tui.widgets.confirm import Confirm
+from pictl.tui.widgets.help_screen import HelpScreen
 from pictl.tui.widgets.history import HistoryScreen
 from pictl.tui.widgets.run_form import RunForm
 from pictl.tui.widgets.stage_panel import StagePanel
@@ -76,6 +78,9 @@ async def test_run_from_the_form_live_panels_traces_and_history(tmp_path: Path, 
         assert any("no pipeline is running" in n.message for n in app._notifications)
         await _start_from_form(pilot, "2", "24")
         assert app.state.running and sorted(app.state.stages) == [0, 1]
+        # While it launches or measures the baseline, the run line turns a spinner and counts the seconds.
+        await _until(pilot, lambda: re.search(r"run [⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏] \w+: .*\(\d+s\)", _screen_text(app)), timeout=60)
+        assert app.state.run_dir and Path(app.state.run_dir).name in _screen_text(app).replace(" ", "")
         # Traces grabbed in the timed passes (not the warm-up or balanced's calibration passes), so one is
         # marked as traced and kept out of the figures.
         await _until(pilot, lambda: app.state.stages[1].phase == "timed" and app.session.pipeline_live)
@@ -117,12 +122,13 @@ async def test_stop_and_quit_ask_first_and_leave_nothing_running(tmp_path: Path,
     async with app.run_test(size=SIZE) as pilot:
         await _start_from_form(pilot, "2", "24")
         await _until(pilot, lambda: app.session.pipeline_live and app.state.stages[0].microbatches > 0)
-        await pilot.press("q")
-        await pilot.pause()
-        assert isinstance(app.screen, Confirm)
-        await pilot.press("n")  # keep going
-        await pilot.pause()
-        assert app.state.running and app.is_running
+        for quit_key in ("q", "ctrl+q"):  # ctrl+q (and the palette's Quit) ask too
+            await pilot.press(quit_key)
+            await pilot.pause()
+            assert isinstance(app.screen, Confirm), quit_key
+            await pilot.press("n")  # keep going
+            await pilot.pause()
+            assert app.state.running and app.is_running
         await pilot.press("s")
         await pilot.pause()
         assert isinstance(app.screen, Confirm)
@@ -175,14 +181,24 @@ async def test_a_host_that_drops_turns_red(tmp_path: Path) -> None:
 
 async def test_keys_are_listed_in_help_and_the_palette(tmp_path: Path) -> None:
     app = _app(tmp_path, monitor=False)
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=(80, 24)) as pilot:
         await pilot.press("question_mark")
         await pilot.pause()
-        panel = app.screen.query("HelpPanel")
-        assert panel
-        text = _screen_text(app)
-        for word in ("run", "stop", "traces", "filter logs", "history", "quit"):
-            assert word in text
+        assert isinstance(app.screen, HelpScreen)
+        help_screen = app.screen.query_one("#help")
+        text = ""
+        while True:  # read it all: on 80x24 the help scrolls
+            text += " " + _screen_text(app)
+            if help_screen.scroll_y >= help_screen.max_scroll_y:
+                break
+            help_screen.scroll_page_down(animate=False)
+            await pilot.pause()
+        for said in ("start a run", "stop the run", "grab torch.profiler traces", "past runs", "quit (asks first",
+                     "speedup against", "host:NAME rank:N", "stages=N policy=NAME"):
+            assert said in text, said
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, HelpScreen)
         commands = [c.title for c in app.get_system_commands(app.screen)]
         assert {"Run", "Stop", "Traces", "History", "Filter logs"} <= set(commands)
         await pilot.press("s")  # nothing to stop: a notice, no dialog
@@ -259,3 +275,50 @@ async def test_a_pruning_job_from_the_dashboard(tmp_path: Path) -> None:
         assert "top-1 epoch 1" in screen and "result top-1" in screen, screen
         assert Path(summary["artifact"]).is_file()
         assert str(tmp_path / "prunes") in summary["artifact"]
+
+
+async def test_history_sorts_filters_compares_and_exports(tmp_path: Path) -> None:
+    """Three recorded runs (a real summary, varied): sort by speedup, filter, mark two and compare, export."""
+    import json
+
+    real = json.loads((Path(__file__).parent / "data" / "run_summary_two_stages.json").read_text())
+    for i, (stages, policy, speedup) in enumerate(((2, "equal", 1.41), (4, "balanced", 3.3), (2, "balanced", 1.7))):
+        run_id = f"2026112{i}-120000-s{stages}-abc{i}"
+        run_dir = tmp_path / "runs" / run_id
+        run_dir.mkdir(parents=True)
+        (run_dir / "config.json").write_text("{}")
+        (run_dir / "summary.json").write_text(json.dumps({**real, "run_id": run_id, "run_dir": str(run_dir),
+                                                          "stages": stages, "policy": policy, "speedup": speedup,
+                                                          "started_at": time.time() - 86400 * (3 - i)}))
+    app = _app(tmp_path, monitor=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("h")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, HistoryScreen)
+        table = screen.query_one(DataTable)
+
+        def column(key: str) -> list[str]:
+            return [str(table.get_cell_at((r, [k for _, k in COLUMNS].index(key)))) for r in range(table.row_count)]
+
+        from pictl.tui.widgets.history import COLUMNS
+
+        assert column("speedup") == ["1.7", "3.3", "1.41"]  # newest first
+        await pilot.press("s")  # by speedup
+        await pilot.pause()
+        assert column("speedup") == ["3.3", "1.7", "1.41"]
+        await pilot.press("slash", *"policy=balanced", "enter")
+        await pilot.pause()
+        assert column("policy") == ["balanced", "balanced"]
+        await pilot.press("space", "down", "space", "c")
+        await pilot.pause()
+        detail = _screen_text(app)
+        assert "20261121-120000-s4-abc1" in detail and "20261122-120000-s2-abc2" in detail and "efficiency" in detail
+        await pilot.press("e")
+        await pilot.pause()
+        exported = list((tmp_path).glob("runs-*.csv"))
+        assert len(exported) == 1 and len(exported[0].read_text().splitlines()) == 3  # header + the 2 shown
+        await pilot.press("slash")
+        await pilot.press(*"nonsense=1")
+        await pilot.pause()
+        assert "filter: 'nonsense=1'" in _screen_text(app)

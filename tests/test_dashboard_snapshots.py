@@ -105,3 +105,17 @@ def test_main_screen_after_a_run(snap_compare, tmp_path: Path) -> None:
 
 def test_a_small_terminal_still_renders_the_essentials(snap_compare, tmp_path: Path) -> None:
     assert snap_compare(_app(tmp_path), terminal_size=(80, 24), run_before=_during)
+
+
+async def test_80x24_keeps_the_result_and_quit_in_view(tmp_path: Path) -> None:
+    """Beyond the picture: on 80x24 the words a result is read by are on screen."""
+    import html
+    import re
+
+    app = _app(tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await _after(pilot)
+        svg = app.export_screenshot()
+        text = " ".join(html.unescape(" ".join(re.findall(r">([^<]*)</text>", svg))).replace("\xa0", " ").split())
+        for shown in ("speedup 2.79x", "outputs match", "progress", "100%", "q quit", "? help", "stage 1 on h1"):
+            assert shown in text, shown

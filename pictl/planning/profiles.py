@@ -11,6 +11,7 @@ images is refused, not allocated.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -203,10 +204,15 @@ def sweep_settings(profile: str | None, extra: Path | None = None) -> SweepSetti
         raise ConfigError(format_validation_error(f"{path}: sweep", exc)) from exc
 
 
-def resolve_options(profile: str | None, overrides: dict[str, Any], extra: Path | None = None) -> RunOptions:
-    """Defaults < profile < flags; flags left at None do not override."""
+def as_flag(field_name: str) -> str:
+    return f"--{field_name.replace('_', '-')}"
+
+
+def resolve_options(profile: str | None, overrides: dict[str, Any], extra: Path | None = None, *,
+                    source: str = "command line", name_of: Callable[[str], str] = as_flag) -> RunOptions:
+    """Defaults < profile < flags; flags left at None do not override. Errors name the flag (`name_of`: the
+    dashboard's form names its fields instead) or the profile file, else `source`."""
     base: dict[str, Any] = {}
-    source = "command line"
     if profile:
         base, path = load_profile(profile, extra)
         source = str(path)
@@ -216,7 +222,7 @@ def resolve_options(profile: str | None, overrides: dict[str, Any], extra: Path 
     except ValidationError as exc:
         loc = exc.errors()[0]["loc"]
         if loc and loc[0] in given:  # the flag is to blame, not the profile
-            flag = f"--{str(loc[0]).replace('_', '-')}"
+            flag = name_of(str(loc[0]))
             raise ConfigError(format_validation_error("", exc).removeprefix(": ").replace(str(loc[0]), flag, 1)) \
                 from None
         raise ConfigError(format_validation_error(source, exc)) from None

@@ -68,8 +68,8 @@ class RunContext:
 
     # -- events and the record ----------------------------------------------------------------------
 
-    def phase(self, name: str, message: str) -> None:
-        self.sink(Phase(name, message))
+    def phase(self, name: str, message: str, *, serial_ips: float | None = None) -> None:
+        self.sink(Phase(name, message, serial_ips))
 
     def event(self, source: str, line: str) -> None:
         """Keep a telemetry line (before the record exists, until it does: the plan may come first)."""

@@ -56,7 +56,7 @@ async def plan_and_baseline(ctx: RunContext, placement: Placement, spec: RunSpec
         _open_record(ctx, placement, spec, plan)
         if cached:
             ctx.phase("baseline", f"serial baseline reused: {cached.ips:.2f} img/s on {host.name}, measured "
-                                  f"{age_text(time.time() - cached.measured_at)} ago")
+                                  f"{age_text(time.time() - cached.measured_at)} ago", serial_ips=cached.ips)
             return Serial(plan, reused is not None, cached, refused)
         measured = await _measure(ctx, placement, spec, staged, fields, refused)
         return Serial(plan, reused is not None, measured, refused)

@@ -43,6 +43,7 @@ from pictl.tui.messages import (
 )
 from pictl.tui.state import DashboardState
 from pictl.tui.widgets.confirm import Confirm
+from pictl.tui.widgets.help_screen import HelpScreen
 from pictl.tui.widgets.history import HistoryScreen
 from pictl.tui.widgets.hosts_table import HostsTable
 from pictl.tui.widgets.log_view import LogView
@@ -65,11 +66,16 @@ class PictlApp(App):
         Binding("p", "prune", "prune"),
         Binding("s", "stop", "stop"),
         Binding("t", "traces", "traces"),
-        Binding("/", "filter", "filter logs"),
+        Binding("/", "filter", "filter"),
         Binding("h", "history", "history"),
         Binding("question_mark", "help", "help", key_display="?"),
-        Binding("q", "quit_pictl", "quit"),
+        Binding("q", "quit", "quit"),
     ]
+    # Classes on the screen by size: the stylesheet keeps speedup, outputs and progress in view on 80x24.
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (34, "-tall")]
+    LONG_RUN_S = 30.0
+    """A run that took longer than this rings the terminal's bell (and OSC 9) when it ends."""
 
     def __init__(self, cluster: Cluster, *, runs_root: Path | None = None, monitor: bool = True,
                  clock: Callable[[], float] = time.time, baseline_cache: BaselineCache | None = None,
@@ -95,7 +101,7 @@ class PictlApp(App):
             yield StageList(id="stages")
             yield RunSummary(id="summary")
         yield LogView(id="logs")
-        yield Footer(compact=True)  # every key fits an 80-column terminal
+        yield Footer(compact=True, show_command_palette=False)  # every key, quit included, in 80 columns
 
     def on_mount(self) -> None:
         for widget_id, title in (("hosts", "hosts"), ("stages", "stages"), ("summary", "run"), ("logs", "logs")):
@@ -129,7 +135,7 @@ class PictlApp(App):
     # -- service messages --------------------------------------------------------------------------
 
     def on_phase_changed(self, msg: PhaseChanged) -> None:
-        self.state.on_phase(msg.name, msg.text, self.clock())
+        self.state.on_phase(msg.name, msg.text, self.clock(), serial_ips=msg.serial_ips)
         self.query_one(LogView).add("pictl", "", "stdout", f"{msg.name}: {msg.text}")
         self._dirty.update({"hosts", "summary"})
 
@@ -165,8 +171,13 @@ class PictlApp(App):
             self.notify(msg.error, title="run failed" if "interrupted" not in msg.error else "run stopped",
                         severity="error" if "interrupted" not in msg.error else "warning", timeout=10)
         elif msg.summary is not None:
-            self.notify(f"speedup {msg.summary.get('speedup')}x, outputs match: {msg.summary.get('outputs_match')}",
-                        title="run finished")
+            s = msg.summary
+            speedup = f"{s['speedup']:.2f}x" if isinstance(s.get("speedup"), (int, float)) else "-"
+            match = {True: "outputs match", False: "outputs DIFFER", None: "outputs not compared"}[
+                s.get("outputs_match")]
+            flags = f", {len(s['flags'])} flag(s)" if s.get("flags") else ""
+            self.notify(f"speedup {speedup}, {match}{flags}", title="run finished")
+            self.bell_if_long()
 
     def on_traces_grabbed(self, msg: TracesGrabbed) -> None:
         self.state.on_traces(msg.grab)
@@ -179,6 +190,7 @@ class PictlApp(App):
     async def on_sweep_run_started(self, msg: SweepRunStarted) -> None:
         self.session = msg.session
         self.state.start_run(msg.session.options.model_dump(), self.clock())
+        self.state.run_dir = str(msg.session.ctx.runs_root / msg.session.run_id)
         self.state.sweep = {**(self.state.sweep or {}), "index": msg.index, "total": msg.total}
         await self.query_one(StageList).reset(self.state)
         self._dirty.update({"hosts", "summary"})
@@ -206,6 +218,7 @@ class PictlApp(App):
         self.state.sweep = None
         self.session = RunSession(self.cluster, options, on_event=self.bridge, runs_root=self.runs_root,
                                   baseline_cache=self.baseline_cache, profile=profile)
+        self.state.run_dir = str(self.runs_root / self.session.run_id)
         self.call_later(self._reset_stages)
         self.run_worker(self._run(self.session), name="run", group="run", exclusive=True, exit_on_error=False)
 
@@ -314,6 +327,10 @@ class PictlApp(App):
         if self.run_active:
             self.notify("a run is in progress: stop it first (s)", severity="warning")
             return
+        down = [f"{r.name} ({r.error or 'no answer'})" for r in self.state.hosts.values() if r.up is False]
+        if down:
+            self.notify(f"not answering: {', '.join(down)}; a run placed there fails", title="hosts down",
+                        severity="warning", timeout=8, markup=False)
 
         def chosen(result: tuple[RunOptions, str | None] | None) -> None:
             if result is not None:
@@ -351,12 +368,19 @@ class PictlApp(App):
         self.push_screen(HistoryScreen(self.runs_root))
 
     def action_help(self) -> None:
-        if self.screen.query("HelpPanel"):
-            self.action_hide_help_panel()
-        else:
-            self.action_show_help_panel()
+        self.push_screen(HelpScreen())
 
-    async def action_quit_pictl(self) -> None:
+    def bell_if_long(self) -> None:
+        """A long run ended: ring, and ask the terminal for a desktop notification (OSC 9; ignored where
+        unsupported), so whoever went for coffee knows."""
+        if self.state.started_at is None or self.clock() - self.state.started_at < self.LONG_RUN_S:
+            return
+        self.bell()
+        if self._driver is not None and not self.is_headless:
+            self._driver.write("\x1b]9;pictl: run finished\x07")
+
+    async def action_quit(self) -> None:
+        """q, ctrl+q and the palette's Quit: a run in progress is stopped on every host first, after asking."""
         if not self.run_active:
             self.exit()
             return

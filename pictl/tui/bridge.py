@@ -50,7 +50,7 @@ class SessionBridge:
 
     def __call__(self, event: SessionEvent) -> None:
         if isinstance(event, Phase):
-            self.post(PhaseChanged(event.name, event.message))
+            self.post(PhaseChanged(event.name, event.message, event.serial_ips))
         elif isinstance(event, RankEvent):
             kind = event.record.get(P.KEY_EVENT)
             if kind == P.PROGRESS and event.source != "serial":

@@ -16,9 +16,9 @@ if TYPE_CHECKING:
 class PhaseChanged(Message):
     """The run moved to a new step."""
 
-    def __init__(self, name: str, text: str) -> None:
+    def __init__(self, name: str, text: str, serial_ips: float | None = None) -> None:
         super().__init__()
-        self.name, self.text = name, text
+        self.name, self.text, self.serial_ips = name, text, serial_ips
 
 
 class StagesPlaced(Message):

@@ -52,7 +52,11 @@ class StageView:
     send_s: float = 0.0
     bytes_per_s: float = 0.0
     error: str | None = None
+    pass_ips: float | None = None
+    """img/s over the pass so far: what the stage sustains, comparable with the pipeline's figure (the
+    sparkline's last point is one interval's rate, and drops to 0 when the pass ends)."""
     _last: tuple[float, int, int] | None = None  # (time, microbatches, bytes) of the previous progress event
+    _pass_start: tuple[float, int] | None = None  # (time, microbatches) at the pass's first progress event
 
 
 # Which hosts a session phase keeps busy, and how the hosts table names it.
@@ -84,6 +88,9 @@ class DashboardState:
         self.sweep: dict[str, Any] | None = None  # {"index", "total", "rows", "directory"} while/after a sweep
         self.prune: dict[str, Any] | None = None  # the latest pruning job: options, progress, accuracy, summary
         self.refine: list[dict[str, Any]] = []  # `balanced` correcting its split: each round, then the result
+        self.phase_since: float | None = None
+        self.run_dir: str | None = None  # where this run's record goes (known from its start)
+        self.serial_reused = False
 
     # -- run lifecycle ----------------------------------------------------------------------------
 
@@ -118,9 +125,10 @@ class DashboardState:
         self.prune = None
         self.running, self.summary, self.error, self.failure = True, None, None, None
         self.serial_ips, self.pipeline_ips, self.accuracy, self.traces, self.trace_note = None, [], None, [], None
-        self.refine = []
+        self.refine, self.run_dir, self.serial_reused = [], None, False
         self.started_at, self.pipeline_started_at = now or time.time(), None
         self.phase, self.phase_message = "connect", "connecting"
+        self.phase_since = self.started_at
         self.stages = {}
         for row in self.hosts.values():
             row.ranks, row.activity = [], "idle"
@@ -147,8 +155,11 @@ class DashboardState:
     def _busy_hosts(self) -> list[HostRow]:
         return [r for r in self.hosts.values() if r.ranks]
 
-    def on_phase(self, name: str, message: str, now: float | None = None) -> None:
+    def on_phase(self, name: str, message: str, now: float | None = None, *, serial_ips: float | None = None) -> None:
         self.phase, self.phase_message = name, message
+        self.phase_since = now or time.time()
+        if serial_ips is not None:
+            self.serial_ips, self.serial_reused = serial_ips, True
         activity = _PHASE_ACTIVITY.get(name)
         busy = self._busy_hosts()
         if name in ("plan", "baseline") and busy:
@@ -192,12 +203,16 @@ class DashboardState:
     def _progress(self, st: StageView, rec: dict[str, Any]) -> None:
         t = float(rec.get(P.KEY_TIME, time.time()))
         mbs, sent = int(rec["microbatches"]), int(rec.get("bytes_sent", 0))
+        chunk = int(self.options.get("chunk", 1))
         if st._last and (rec["phase"], rec["repeat"]) == (st.phase, st.repeat) and t > st._last[0] \
                 and mbs >= st._last[1]:
             dt = t - st._last[0]
-            chunk = int(self.options.get("chunk", 1))
             st.ips.append((mbs - st._last[1]) * chunk / dt)
             st.bytes_per_s = (sent - st._last[2]) / dt
+        if st._pass_start is None or (rec["phase"], int(rec["repeat"])) != (st.phase, st.repeat):
+            st._pass_start, st.pass_ips = (t, mbs), None
+        elif t > st._pass_start[0] and mbs > st._pass_start[1]:
+            st.pass_ips = (mbs - st._pass_start[1]) * chunk / (t - st._pass_start[0])
         st._last = (t, mbs, sent)
         st.phase, st.repeat = rec["phase"], int(rec["repeat"])
         st.microbatches, st.microbatches_total = mbs, int(rec["microbatches_total"])
@@ -249,6 +264,23 @@ class DashboardState:
             return done, None
         elapsed = (now or time.time()) - self.pipeline_started_at
         return done, elapsed * (1 - done) / done
+
+    def phase_line(self, now: float) -> tuple[str, bool]:
+        """What the run is doing now, and whether it is waiting on something slow (launch, profiling, the
+        baseline: the panel then shows a spinner and the seconds so far). Once the pipeline reports, the
+        line follows its passes instead of the launch message."""
+        last = self.stages[max(self.stages)] if self.stages else None
+        if self.running and self.phase == "pipeline" and last is not None and last.microbatches_total:
+            warmup, repeats = int(self.options.get("warmup", 1)), int(self.options.get("repeats", 3))
+            label = {"warmup": f"warm-up pass {last.repeat + 1}/{warmup}", "calibrate": "calibrating the split",
+                     "timed": f"timed pass {last.repeat + 1}/{repeats}", "trace": "traced pass"}.get(last.phase,
+                                                                                                 last.phase)
+            return f"pipeline: {label}", False
+        waiting = self.running and self.phase_since is not None
+        text = f"{self.phase}: {self.phase_message}"
+        if waiting and self.phase_since is not None:
+            text += f" ({max(0.0, now - self.phase_since):.0f}s)"
+        return text, waiting
 
     @property
     def live_ips(self) -> float | None:

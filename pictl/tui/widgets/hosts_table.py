@@ -9,7 +9,7 @@ from textual.widgets import DataTable
 
 from pictl.tui.state import DashboardState, HostRow
 
-COLUMNS = ("host", "link", "activity", "ranks", "CPU %", "memory MB", "temp C", "throttled", "last event")
+COLUMNS = ("host", "link", "activity", "ranks", "CPU%", "mem MB", "temp C", "throttled", "last event")
 
 
 def _link(row: HostRow) -> Text:
@@ -34,7 +34,9 @@ class HostsTable(DataTable):
     def show_state(self, state: DashboardState, now: float | None = None) -> None:
         now = now or time.time()
         for row in state.hosts.values():
-            activity = Text(row.activity, style="bold red" if row.activity == "failed" or row.up is False else "")
+            down = row.up is False
+            activity = Text(f"{row.error or 'not answering'}" if down else row.activity,
+                            style="bold red" if row.activity == "failed" or down else "")
             cells = [row.name, _link(row), activity, ",".join(map(str, row.ranks)) or "-",
                      "-" if row.cpu_pct is None else f"{row.cpu_pct:.0f}",
                      "-" if row.mem_used_mb is None else f"{row.mem_used_mb}/{row.mem_total_mb}",
@@ -44,4 +46,20 @@ class HostsTable(DataTable):
                 continue
             for col, value in zip(COLUMNS, cells, strict=True):
                 if self.get_cell(row.name, col) != value:  # an unchanged cell costs no repaint
-                    self.update_cell(row.name, col, value)
+                    self.update_cell(row.name, col, value, update_width=True)  # 610/3796 may become 2871/24100
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        """Enter on a host: what the inventory says about it and what the last sample found."""
+        state: DashboardState = self.app.state  # type: ignore[attr-defined]
+        name = str(event.row_key.value)
+        row, host = state.hosts[name], state.cluster.host(name)
+        where = f"{host.user + '@' if host.user else ''}{host.address}{f':{host.port}' if host.port else ''}"
+        status = ("not sampled yet" if row.up is None else "up" if row.up else f"DOWN: {row.error or 'no answer'}")
+        lines = [f"{host.transport} {where}, workdir {host.workdir}, venv {host.venv or '-'}, {host.slots} slot(s)",
+                 status, f"ranks {','.join(map(str, row.ranks)) or '-'}, {row.activity}"]
+        if row.up:
+            temp = "-" if row.temp_c is None else f"{row.temp_c:.1f} C"
+            lines.append(f"CPU {row.cpu_pct:.0f}%, memory {row.mem_used_mb}/{row.mem_total_mb} MB, temp {temp}, "
+                         f"throttled {row.throttled or '-'}")
+        self.app.notify("\n".join(lines), title=f"host {name}", timeout=12, markup=False,
+                        severity="error" if row.up is False else "information")

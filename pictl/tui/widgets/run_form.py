@@ -55,13 +55,17 @@ class RunForm(FormScreen[tuple[RunOptions, str | None] | None]):
         profile = None if profile is Select.NULL else str(profile)
         split_text = self.query_one("#split", Input).value.strip()
         policy = str(self.query_one("#policy", Select).value)
-        split = [p.strip() for p in split_text.split(",") if p.strip()] if policy == "explicit" else None
+        split = [p.strip() for p in split_text.split(",") if p.strip()]
         overrides = {"stages": self._int("stages"), "policy": policy, "split": split, "chunk": self._int("chunk"),
                      "images": self._int("images")}
         try:
             if policy == "explicit" and not split:
                 raise E.ConfigError("split points: the explicit policy needs them (or choose equal or balanced)")
-            options = resolve_options(profile, overrides)
+            if split and policy != "explicit":  # typed, then the policy changed: say so rather than drop them
+                raise E.ConfigError(f"split points are used by the explicit policy, not {policy}: choose explicit, "
+                                    "or clear them")
+            options = resolve_options(profile, {**overrides, "split": split or None}, source="run form",
+                                      name_of=lambda name: name.replace("_", " "))
             if profile is None and overrides["stages"] is None:
                 options = options.model_copy(update={"stages": 2})
         except (E.PictlError, ValueError) as exc:

@@ -81,26 +81,36 @@ def prune_grid(state: DashboardState) -> Table:
     return grid
 
 
+SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+
+
 class RunSummary(Static):
-    """Re-rendered from the state (a few times per second at most), and only when a figure changed."""
+    """Re-rendered from the state (a few times per second at most), and only when a figure changed.
+
+    The rows a result is read by (speedup, outputs, progress) come first, so that a 24-line terminal shows
+    them; the split, the refinement, flags and traces follow."""
 
     _shown: tuple = ()
 
     def show_state(self, state: DashboardState, now: float | None = None) -> None:
-        done, eta = state.progress(now or time.time())
+        now = now or time.time()
+        done, eta = state.progress(now)
+        phase_line, waiting = state.phase_line(now)
         sweep = state.sweep or {}
         prune = state.prune or {}
         key = (state.phase, state.phase_message, state.live_ips, state.serial_ips, state.accuracy,
                id(prune.get("progress")), len(prune.get("accuracy", [])), id(prune.get("summary")),
                id(state.summary), len(state.traces), state.trace_note, round(done, 3),
                None if eta is None else round(eta), state.options.get("stages"), sweep.get("index"),
-               len(sweep.get("rows", [])), len(state.refine))
+               len(sweep.get("rows", [])), len(state.refine), phase_line, int(now * 4) if waiting else None,
+               state.run_dir)
         if key == self._shown:
             return
         self._shown = key
-        self._render_state(state, done, eta)
+        spinner = f"{SPINNER[int(now * 4) % len(SPINNER)]} " if waiting else ""
+        self._render_state(state, done, eta, spinner + phase_line)
 
-    def _render_state(self, state: DashboardState, done: float, eta: float | None) -> None:
+    def _render_state(self, state: DashboardState, done: float, eta: float | None, phase_line: str) -> None:
         if state.prune is not None:
             self.update(prune_grid(state))
             return
@@ -113,25 +123,28 @@ class RunSummary(Static):
         grid.add_column(style="bold")
         grid.add_column()
         phase_style = {"failed": "bold red", "stopped": "yellow", "done": "green"}.get(state.phase, "cyan")
-        grid.add_row("run", Text(f"{state.phase}: {state.phase_message}", style=phase_style))
+        grid.add_row("run", Text(phase_line, style=phase_style))
+        grid.add_row("speedup", f"{_f(speedup, unit='x')}" + (f"  of {stages}x ideal" if stages else "")
+                     + (f"  efficiency {speedup / stages:.2f}" if speedup and stages else ""))
+        match = s.get("outputs_match")
+        grid.add_row("outputs", Text("-" if match is None else ("match" if match else
+                                                                f"DIFFER (max |diff| {s.get('max_abs_diff')})"),
+                                     style="" if match is None else ("green" if match else "bold red")))
+        bar_width = 12
+        filled = round(done * bar_width)
+        grid.add_row("progress", f"{'█' * filled}{'░' * (bar_width - filled)} {done:.0%}  ETA {_eta(eta)}")
+        grid.add_row("pipeline", _f(ips, unit=" img/s"))
+        grid.add_row("serial", _f(serial, unit=" img/s") + (baseline_text(s) if s else
+                                                             ("  reused" if state.serial_reused else "")))
+        accuracy = s.get("accuracy", state.accuracy)
+        grid.add_row("accuracy", "n/a" if accuracy is None else f"{accuracy:.2%}")
         if stages:
             split = ", ".join(s.get("split_points") or []) or state.options.get("policy", "-")
             grid.add_row("stages", f"{stages} ({split})")
         if state.refine:  # `balanced` measuring a split and correcting itself: the latest step
             grid.add_row("refine", refine_text(state.refine[-1]))
-        grid.add_row("pipeline", _f(ips, unit=" img/s"))
-        grid.add_row("serial", _f(serial, unit=" img/s") + baseline_text(s))
-        grid.add_row("speedup", f"{_f(speedup, unit='x')}" + (f"  of {stages}x ideal" if stages else "")
-                     + (f"  efficiency {speedup / stages:.2f}" if speedup and stages else ""))
-        accuracy = s.get("accuracy", state.accuracy)
-        grid.add_row("accuracy", "n/a" if accuracy is None else f"{accuracy:.2%}")
-        match = s.get("outputs_match")
-        grid.add_row("outputs", Text("-" if match is None else ("match" if match else
-                                                                f"DIFFER (max |diff| {s.get('max_abs_diff')})"),
-                                     style="" if match is None else ("green" if match else "bold red")))
-        bar_width = 20
-        filled = round(done * bar_width)
-        grid.add_row("progress", f"{'█' * filled}{'░' * (bar_width - filled)} {done:.0%}  ETA {_eta(eta)}")
+        if state.run_dir:
+            grid.add_row("record", Text(state.run_dir, style="dim", overflow="fold"))
         for i, flag in enumerate(s.get("flags") or []):  # what makes these numbers suspect: one line each
             grid.add_row(Text("flags" if i == 0 else "", style="bold yellow"),
                          Text(f"{flag['code']}: {flag['message']}", style="yellow", no_wrap=True, overflow="ellipsis"))

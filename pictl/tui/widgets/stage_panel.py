@@ -12,8 +12,10 @@ from pictl.tui.state import StageView
 BAR_WIDTH = 24
 
 
-def breakdown_bar(compute: float, wait: float, send: float, width: int = BAR_WIDTH) -> Text:
-    """A bar split into compute (green), waiting (yellow) and sending (blue), with the shares."""
+def breakdown_bar(compute: float, wait: float, send: float, width: int = BAR_WIDTH, *,
+                  shares_below: bool = False) -> Text:
+    """A bar split into compute (green), waiting (yellow) and sending (blue), with the shares beside it
+    (or below it, in a narrow panel)."""
     total = compute + wait + send
     bar = Text()
     if total <= 0:
@@ -22,8 +24,8 @@ def breakdown_bar(compute: float, wait: float, send: float, width: int = BAR_WID
     cells[0] = width - cells[1] - cells[2]
     for n, style in zip(cells, ("green", "yellow", "blue"), strict=True):
         bar.append("█" * max(0, n), style=style)
-    bar.append(f" compute {100 * compute / total:.0f}%  wait {100 * wait / total:.0f}%  "
-               f"send {100 * send / total:.0f}%")
+    bar.append(("\n" if shares_below else " ") + f"compute {100 * compute / total:.0f}%  "
+               f"wait {100 * wait / total:.0f}%  send {100 * send / total:.0f}%")
     return bar
 
 
@@ -47,18 +49,23 @@ class StagePanel(Vertical):
 
     def show_state(self, st: StageView) -> None:
         key = (len(st.ips), st.ips[-1] if st.ips else None, st.modules and st.modules[-1], st.microbatches,
-               st.phase, st.repeat, st.error)
+               st.phase, st.repeat, st.error, st.pass_ips)
         if key == self._shown:  # nothing new since the last frame
             return
         self._shown = key
         self.query_one(".stage-title", Label).update(
             Text.assemble((f"stage {st.rank}", "bold"), f" on {st.host}  ", (_span(st.modules), "dim")))
-        self.query_one(Sparkline).data = list(st.ips) or [0.0]
+        spark = self.query_one(Sparkline)
+        spark.display = bool(st.ips)  # no points yet: nothing drawn (a flat [0] draws as a full bar)
+        spark.data = list(st.ips)
         figures = Text()
         if st.error:
             figures.append(f"FAILED: {st.error}\n", style="bold red")
-        figures.append_text(breakdown_bar(st.compute_s, st.wait_s, st.send_s))
-        rate = st.ips[-1] if st.ips else None
-        figures.append(f"\n{st.phase} {st.repeat}: {st.microbatches}/{st.microbatches_total} microbatches  "
+        narrow = 0 < self.size.width < 64
+        figures.append_text(breakdown_bar(st.compute_s, st.wait_s, st.send_s, shares_below=narrow))
+        rate = st.pass_ips
+        label = {"warmup": "warm-up", "timed": "timed"}.get(st.phase, st.phase)
+        passes = "" if st.phase == "waiting" else f"{label} pass {st.repeat + 1}: "
+        figures.append(f"\n{passes}{st.microbatches}/{st.microbatches_total}{' mb' if narrow else ' microbatches'}  "
                        f"{'-' if rate is None else f'{rate:.2f}'} img/s  {st.bytes_per_s / 1e6:.2f} MB/s sent")
         self.query_one(".stage-figures", Static).update(figures)
