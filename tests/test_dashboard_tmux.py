@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -50,24 +52,23 @@ def tmux_pictl(tmp_path: Path):
     hosts = write_cluster(tmp_path / "cluster", 2)
     command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "pictl", "--hosts", str(hosts),
                                                  "--runs-dir", str(tmp_path / "runs")])
-    _tmux("-f", "/dev/null", "new-session", "-d", "-s", SESSION, "-x", "120", "-y", "40", "-e", "TERM=xterm-256color",
-          "-c", str(ROOT), f"{command}; echo PICTL-EXITED $?; sleep 30")
+    # 80x24: the smallest terminal people use; speedup, outputs and every key must still be on screen.
+    _tmux("-f", "/dev/null", "new-session", "-d", "-s", SESSION, "-x", "80", "-y", "24", "-e", "TERM=xterm-256color",
+          "-e", f"PICTL_CACHE_DIR={tmp_path / 'cache'}", "-c", str(ROOT), f"{command}; echo PICTL-EXITED $?; sleep 30")
     try:
         yield tmp_path
     finally:
         subprocess.run(["tmux", "-L", SESSION, "kill-server"], capture_output=True)
 
 
-def test_real_terminal_keys_and_screen(tmux_pictl: Path) -> None:
-    screen = _wait_for("? help")
-    assert "hosts" in screen and "h0" in screen and "h1" in screen and "no run yet: press r" in screen
+@pytest.mark.slow
+def test_real_terminal_at_80x24_runs_and_shows_the_result(tmux_pictl: Path) -> None:
+    screen = _wait_for("q quit")
+    assert "hosts" in screen and "h0" in screen and "h1" in screen and "? help" in screen
     _wait_for(" up ")  # the host monitor sampled both hosts
     _press("?")
-    screen = _wait_for("filter logs", timeout=10)
-    assert "traces" in screen and "history" in screen
-    _press("?")
-    _press("r")
-    _wait_for("Start a run", timeout=10)
+    screen = _wait_for("start a run", timeout=10)
+    assert "stop the run" in screen
     _press("Escape")
     _press("t")
     _wait_for("no pipeline is running", timeout=10)
@@ -77,6 +78,24 @@ def test_real_terminal_keys_and_screen(tmux_pictl: Path) -> None:
     _press("/")
     _tmux("send-keys", "-t", SESSION, "-l", "host:h1")
     _wait_for("logs (filter: host:h1)", timeout=10)
-    _press("Escape", "q")
+    _press("Escape")
+    # A real run from the form, by keys alone: stages 2, policy equal, 8 images, Enter starts it.
+    _press("r")
+    _wait_for("Start a run", timeout=10)
+    _press("Tab")
+    _tmux("send-keys", "-t", SESSION, "-l", "2")
+    _press("Tab", "Enter", "Down", "Enter", "Tab", "Tab", "Tab")
+    _tmux("send-keys", "-t", SESSION, "-l", "8")
+    _press("Enter")
+    screen = _wait_for("outputs   match", timeout=300)
+    found = re.search(r"speedup\s+(\d+\.\d+)x\s+of 2x ideal", screen)
+    assert found and float(found.group(1)) > 0, screen
+    assert "progress" in screen and "100%" in screen and "q quit" in screen
+    runs = list((tmux_pictl / "runs").glob("*/summary.json"))
+    assert len(runs) == 1
+    summary = json.loads(runs[0].read_text())
+    assert summary["status"] == "ok" and summary["policy"] == "equal" and summary["images"] == 8
+    assert f"{summary['speedup']:.2f}x" == f"{found.group(1)}x"  # the screen shows the recorded figure
+    _press("q")
     screen = _wait_for("PICTL-EXITED", timeout=15)
     assert "PICTL-EXITED 0" in screen

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from textual.app import App, ComposeResult, SystemCommand
+from textual.app import ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.screen import Screen
@@ -22,18 +22,17 @@ from textual.worker import Worker, WorkerState
 from pictl import errors as E
 from pictl.cluster.monitor import HostMonitor, HostSample
 from pictl.inventory import Cluster
-from pictl.jobs.prune import PruneOptions
 from pictl.planning.profiles import RunOptions
 from pictl.records.runs import default_runs_root
 from pictl.run.baselines import BaselineCache
 from pictl.run.session import RunSession
 from pictl.tui.bridge import SessionBridge
+from pictl.tui.jobs import JobsApp
 from pictl.tui.messages import (
     HostHealth,
     LogLine,
     PhaseChanged,
     ProgressReady,
-    PruneFinished,
     RankRecord,
     RunFinished,
     StagesPlaced,
@@ -47,17 +46,15 @@ from pictl.tui.widgets.help_screen import HelpScreen
 from pictl.tui.widgets.history import HistoryScreen
 from pictl.tui.widgets.hosts_table import HostsTable
 from pictl.tui.widgets.log_view import LogView
-from pictl.tui.widgets.prune_form import PruneForm
 from pictl.tui.widgets.run_form import RunForm
-from pictl.tui.widgets.run_summary import RunSummary
+from pictl.tui.widgets.run_summary import RunSummary, result_line
 from pictl.tui.widgets.stage_list import StageList
-from pictl.tui.widgets.sweep_form import SweepForm
 
 TRACE_STEPS = 8
 RENDER_HZ = 2
 
 
-class PictlApp(App):
+class PictlApp(JobsApp):
     CSS_PATH = "pictl.tcss"
     TITLE = "pictl"
     BINDINGS = [
@@ -171,12 +168,7 @@ class PictlApp(App):
             self.notify(msg.error, title="run failed" if "interrupted" not in msg.error else "run stopped",
                         severity="error" if "interrupted" not in msg.error else "warning", timeout=10)
         elif msg.summary is not None:
-            s = msg.summary
-            speedup = f"{s['speedup']:.2f}x" if isinstance(s.get("speedup"), (int, float)) else "-"
-            match = {True: "outputs match", False: "outputs DIFFER", None: "outputs not compared"}[
-                s.get("outputs_match")]
-            flags = f", {len(s['flags'])} flag(s)" if s.get("flags") else ""
-            self.notify(f"speedup {speedup}, {match}{flags}", title="run finished")
+            self.notify(result_line(msg.summary), title="run finished")
             self.bell_if_long()
 
     def on_traces_grabbed(self, msg: TracesGrabbed) -> None:
@@ -206,10 +198,6 @@ class PictlApp(App):
 
     # -- the run -----------------------------------------------------------------------------------
 
-    @property
-    def run_active(self) -> bool:
-        return self.state.running
-
     def start_run(self, options: RunOptions, profile: str | None = None) -> None:
         if self.run_active:
             self.notify("a run is already in progress", severity="warning")
@@ -222,9 +210,6 @@ class PictlApp(App):
         self.call_later(self._reset_stages)
         self.run_worker(self._run(self.session), name="run", group="run", exclusive=True, exit_on_error=False)
 
-    async def _reset_stages(self) -> None:
-        await self.query_one(StageList).reset(self.state)
-
     async def _run(self, session: RunSession) -> None:
         try:
             summary = await session.run()
@@ -232,79 +217,6 @@ class PictlApp(App):
             self.post_message(RunFinished(session.last_summary, str(exc)))
             return
         self.post_message(RunFinished(summary, None))
-
-    def start_sweep(self, base: RunOptions, points: list, profile: str | None = None) -> None:
-        from pictl.jobs.sweep import run_sweep
-
-        out = self.runs_root.parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S")
-        self.state.sweep = {"index": 0, "total": len(points), "rows": [], "directory": str(out)}
-        started = iter(range(len(points)))
-
-        def on_session(session: RunSession) -> None:
-            self.post_message(SweepRunStarted(session, next(started), len(points)))
-
-        async def sweep() -> None:
-            self.state.running = True  # until the first point's session takes over
-            try:
-                rows = await run_sweep(self.cluster, base, points, out, on_event=self.bridge, on_session=on_session,
-                                       cache=self.baseline_cache,
-                                       on_rows=lambda rows: self.post_message(SweepRows(rows, str(out))))
-            except E.PictlError as exc:
-                self.post_message(RunFinished(self.session.last_summary if self.session else None, str(exc)))
-                return
-            self.post_message(SweepRows(rows, str(out)))
-            failed = [r for r in rows if r["status"] != "ok"]
-            self.post_message(RunFinished(self.session.last_summary if self.session else None,
-                                          f"{len(failed)} of {len(rows)} sweep run(s) failed" if failed else None))
-
-        self.run_worker(sweep(), name="sweep", group="run", exclusive=True, exit_on_error=False)
-
-    def start_prune(self, options: PruneOptions, on: str | None) -> None:
-        from pictl.jobs.prune import PruneSession
-
-        self.state.start_prune(options.model_dump(), on or "the controller", self.clock())
-        self.state.sweep = None
-        session = PruneSession(options, cluster=self.cluster, on_host=on, root=self.runs_root.parent / "prunes",
-                               on_event=self.bridge)
-        self.call_later(self._reset_stages)
-
-        async def prune() -> None:
-            try:
-                summary = await session.run()
-            except E.PictlError as exc:
-                self.post_message(PruneFinished(session.summary, str(exc)))
-                return
-            self.post_message(PruneFinished(summary, None))
-
-        self.run_worker(prune(), name="prune", group="run", exclusive=True, exit_on_error=False)
-
-    def on_prune_finished(self, msg: PruneFinished) -> None:
-        self.state.finish_prune(msg.summary, msg.error)
-        self.render_all()
-        if msg.error:
-            self.notify(msg.error, title="pruning failed" if "interrupted" not in msg.error else "pruning stopped",
-                        severity="error" if "interrupted" not in msg.error else "warning", timeout=10)
-        elif msg.summary:
-            self.notify(f"top-1 {msg.summary['top1']:.2%}; run it with --model {msg.summary['artifact']}",
-                        title="pruned model written", timeout=10)
-
-    def _form_then(self, form: Screen, start: Callable[..., None]) -> None:
-        """Open `form` when nothing runs; what it returns (a tuple) starts the job."""
-        if self.run_active:
-            self.notify("a run is in progress: stop it first (s)", severity="warning")
-            return
-
-        def chosen(result: tuple | None) -> None:
-            if result is not None:
-                start(*result)
-
-        self.push_screen(form, chosen)
-
-    def action_prune(self) -> None:
-        self._form_then(PruneForm(self.cluster), self.start_prune)
-
-    def action_sweep(self) -> None:
-        self._form_then(SweepForm(self.cluster), self.start_sweep)
 
     async def _grab(self, session: RunSession) -> None:
         try:
@@ -327,10 +239,9 @@ class PictlApp(App):
         if self.run_active:
             self.notify("a run is in progress: stop it first (s)", severity="warning")
             return
-        down = [f"{r.name} ({r.error or 'no answer'})" for r in self.state.hosts.values() if r.up is False]
-        if down:
-            self.notify(f"not answering: {', '.join(down)}; a run placed there fails", title="hosts down",
-                        severity="warning", timeout=8, markup=False)
+        if down := self.state.down_hosts():
+            self.notify(f"not answering: {down}; a run placed there fails", title="hosts down", severity="warning",
+                        timeout=8, markup=False)
 
         def chosen(result: tuple[RunOptions, str | None] | None) -> None:
             if result is not None:

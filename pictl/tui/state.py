@@ -227,6 +227,10 @@ class DashboardState:
             row.cpu_pct, row.mem_used_mb, row.mem_total_mb = sample.cpu_pct, sample.mem_used_mb, sample.mem_total_mb
             row.temp_c, row.throttled = sample.temp_c, sample.throttled
 
+    def down_hosts(self) -> str:
+        """The hosts the monitor found not answering, each with why ("" when none)."""
+        return ", ".join(f"{r.name} ({r.error or 'no answer'})" for r in self.hosts.values() if r.up is False)
+
     def on_traces(self, grab: dict[str, Any]) -> None:
         self.traces.append(grab)
 

@@ -39,6 +39,15 @@ def sweep_table(rows: list[dict]) -> Table:
     return table
 
 
+def result_line(s: dict) -> str:
+    """A finished run in one line (the toast): speedup, whether the outputs matched, how many flags."""
+    speedup = f"{s['speedup']:.2f}x" if isinstance(s.get("speedup"), (int, float)) else "-"
+    matched = s.get("outputs_match")
+    match = "outputs not compared" if matched is None else ("outputs match" if matched else "outputs DIFFER")
+    flags = f", {len(s['flags'])} flag(s)" if s.get("flags") else ""
+    return f"speedup {speedup}, {match}{flags}"
+
+
 def refine_text(rec: dict) -> str:
     """A refinement round (predicted / measured ms per stage, and what follows), or the final split."""
     def ms(values: list[float]) -> str:

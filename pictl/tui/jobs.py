@@ -1,0 +1,119 @@
+"""The dashboard's jobs beside a single run: sweeps (many runs, one table) and pruning (one job, its own
+panel), and the forms that start them. PictlApp builds on this; the run itself stays in `app`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from textual.app import App
+from textual.screen import Screen
+
+from pictl import errors as E
+from pictl.inventory import Cluster
+from pictl.jobs.prune import PruneOptions
+from pictl.planning.profiles import RunOptions
+from pictl.run.baselines import BaselineCache
+from pictl.run.session import RunSession
+from pictl.tui.bridge import SessionBridge
+from pictl.tui.messages import PruneFinished, RunFinished, SweepRows, SweepRunStarted
+from pictl.tui.state import DashboardState
+from pictl.tui.widgets.prune_form import PruneForm
+from pictl.tui.widgets.stage_list import StageList
+from pictl.tui.widgets.sweep_form import SweepForm
+
+
+class JobsApp(App):
+    """Starts sweeps and pruning jobs in the `run` worker group, as PictlApp starts runs."""
+
+    cluster: Cluster
+    state: DashboardState
+    bridge: SessionBridge
+    runs_root: Path
+    baseline_cache: BaselineCache | None
+    session: RunSession | None
+    clock: Callable[[], float]
+
+    def render_all(self) -> None:
+        raise NotImplementedError
+
+    async def _reset_stages(self) -> None:
+        await self.query_one(StageList).reset(self.state)
+
+    @property
+    def run_active(self) -> bool:
+        return self.state.running
+
+    def start_sweep(self, base: RunOptions, points: list, profile: str | None = None) -> None:
+        from pictl.jobs.sweep import run_sweep
+
+        out = self.runs_root.parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S")
+        self.state.sweep = {"index": 0, "total": len(points), "rows": [], "directory": str(out)}
+        started = iter(range(len(points)))
+
+        def on_session(session: RunSession) -> None:
+            self.post_message(SweepRunStarted(session, next(started), len(points)))
+
+        async def sweep() -> None:
+            self.state.running = True  # until the first point's session takes over
+            try:
+                rows = await run_sweep(self.cluster, base, points, out, on_event=self.bridge, on_session=on_session,
+                                       cache=self.baseline_cache,
+                                       on_rows=lambda rows: self.post_message(SweepRows(rows, str(out))))
+            except E.PictlError as exc:
+                self.post_message(RunFinished(self.session.last_summary if self.session else None, str(exc)))
+                return
+            self.post_message(SweepRows(rows, str(out)))
+            failed = [r for r in rows if r["status"] != "ok"]
+            self.post_message(RunFinished(self.session.last_summary if self.session else None,
+                                          f"{len(failed)} of {len(rows)} sweep run(s) failed" if failed else None))
+
+        self.run_worker(sweep(), name="sweep", group="run", exclusive=True, exit_on_error=False)
+
+    def start_prune(self, options: PruneOptions, on: str | None) -> None:
+        from pictl.jobs.prune import PruneSession
+
+        self.state.start_prune(options.model_dump(), on or "the controller", self.clock())
+        self.state.sweep = None
+        session = PruneSession(options, cluster=self.cluster, on_host=on, root=self.runs_root.parent / "prunes",
+                               on_event=self.bridge)
+        self.call_later(self._reset_stages)
+
+        async def prune() -> None:
+            try:
+                summary = await session.run()
+            except E.PictlError as exc:
+                self.post_message(PruneFinished(session.summary, str(exc)))
+                return
+            self.post_message(PruneFinished(summary, None))
+
+        self.run_worker(prune(), name="prune", group="run", exclusive=True, exit_on_error=False)
+
+    def on_prune_finished(self, msg: PruneFinished) -> None:
+        self.state.finish_prune(msg.summary, msg.error)
+        self.render_all()
+        if msg.error:
+            self.notify(msg.error, title="pruning failed" if "interrupted" not in msg.error else "pruning stopped",
+                        severity="error" if "interrupted" not in msg.error else "warning", timeout=10)
+        elif msg.summary:
+            self.notify(f"top-1 {msg.summary['top1']:.2%}; run it with --model {msg.summary['artifact']}",
+                        title="pruned model written", timeout=10)
+
+    def _form_then(self, form: Screen, start: Callable[..., None]) -> None:
+        """Open `form` when nothing runs; what it returns (a tuple) starts the job."""
+        if self.run_active:
+            self.notify("a run is in progress: stop it first (s)", severity="warning")
+            return
+
+        def chosen(result: tuple | None) -> None:
+            if result is not None:
+                start(*result)
+
+        self.push_screen(form, chosen)
+
+    def action_prune(self) -> None:
+        self._form_then(PruneForm(self.cluster), self.start_prune)
+
+    def action_sweep(self) -> None:
+        self._form_then(SweepForm(self.cluster), self.start_sweep)
