@@ -136,12 +136,36 @@ def flag_lines(summary: dict[str, Any]) -> list[str]:
     return [f"flag {f['code']}: {f['message']}" for f in summary.get("flags") or []]
 
 
+def outputs_text(s: dict[str, Any]) -> str:
+    """How the output check went: bit-identity with an exact wire, top-1 agreement with a lossy one."""
+    wire = s.get("wire") or {}
+    if not wire.get("lossy"):
+        return f"outputs match {s['outputs_match']} (max |diff| {s['max_abs_diff']})"
+    agreed = "-" if s.get("agreement") is None else f"{s['agreement']:.2%}"
+    return (f"lossy wire {wire['format']}: top-1 agreement {agreed} (at least {wire['min_agreement']:.0%} "
+            f"passes), max |diff| {_fmt(s['max_abs_diff'], '.4f')}, mean |diff| {_fmt(s.get('mean_abs_diff'), '.4f')}"
+            f", accuracy {'n/a' if s['accuracy'] is None else format(s['accuracy'], '.2%')} against serial "
+            f"{'n/a' if s.get('serial_accuracy') is None else format(s['serial_accuracy'], '.2%')}")
+
+
+def wire_lines(s: dict[str, Any]) -> list[str]:
+    """One line per link when anything but fp32 travelled."""
+    wire = s.get("wire") or {}
+    if wire.get("format", "fp32") == "fp32":
+        return []
+    return [f"link {k['link']} at {k['cut']}: {k['format']}, {_fmt((k['wire_bytes'] or 0) / 1e6, '.2f')} MB on the "
+            f"wire of {_fmt((k['raw_bytes'] or 0) / 1e6, '.2f')} MB ({_fmt(k['ratio'], '.3f')}), compress "
+            f"{_fmt(k['compress_s'], '.3f')} s, decompress {_fmt(k['decompress_s'], '.3f')} s, average "
+            f"{_fmt((k['avg_Bps'] or 0) / 1e6, '.2f')} MB/s, peak {_fmt((k['peak_Bps'] or 0) / 1e6, '.2f')} MB/s"
+            for k in wire.get("links", [])]
+
+
 def summary_table(summary: dict[str, Any]) -> Table:
     s = summary
     title = (f"{s['status'].upper()}  {s['stages']} stage(s)  split {', '.join(s['split_points']) or '-'}  "
              f"pipeline {_fmt(s['throughput_ips'])} img/s  serial {_fmt(s['serial_ips'])} img/s"
              f"{baseline_text(s)}  speedup {_fmt(s['speedup'])}x "
-             f"(ideal {s['stages']}x)  outputs match {s['outputs_match']} (max |diff| {s['max_abs_diff']})  "
+             f"(ideal {s['stages']}x)  {outputs_text(s)}  "
              f"accuracy {'n/a' if s['accuracy'] is None else format(s['accuracy'], '.2%')}")
     table = Table(title=title, title_justify="left")
     predicted = s.get("prediction") is not None
@@ -168,6 +192,8 @@ def print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
     if as_json:
         err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
         err.print(summary_table(summary))
+        for line in wire_lines(summary):
+            err.print(line, markup=False, highlight=False, soft_wrap=True)
         for line in flag_lines(summary):
             err.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
         sys.stdout.write(json.dumps(summary) + "\n")
@@ -175,6 +201,8 @@ def print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
     else:
         out = Console(width=None if sys.stdout.isatty() else 160)
         out.print(summary_table(summary))
+        for line in wire_lines(summary):
+            out.print(line, markup=False, highlight=False, soft_wrap=True)
         for line in flag_lines(summary):  # one line each, however long: scripts grep them
             out.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
         if summary.get("run_dir"):

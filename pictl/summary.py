@@ -45,6 +45,10 @@ class StageFigures(_Open):
     wait_s: float | None = None
     send_s: float | None = None
     bytes_sent: int | None = None
+    raw_bytes: int | None = None
+    compress_s: float | None = None
+    decompress_s: float | None = None
+    peak_Bps: float | None = None
 
 
 class BaselineRecord(_Open):
@@ -57,6 +61,28 @@ class BaselineRecord(_Open):
     max_age_s: float | None = None
     state: dict[str, Any] | None = None
     not_reused_because: str | None = None
+
+
+class LinkFigures(_Open):
+    """One link (stage r to r+1) under `--wire`."""
+
+    link: str
+    cut: str
+    format: str
+    wire_bytes: int | None = None
+    raw_bytes: int | None = None
+    ratio: float | None = None
+    compress_s: float | None = None
+    decompress_s: float | None = None
+    avg_Bps: float | None = None
+    peak_Bps: float | None = None
+
+
+class WireFigures(_Open):
+    format: str
+    lossy: bool
+    min_agreement: float | None = None
+    links: list[LinkFigures] = []
 
 
 class RunError(_Open):
@@ -83,6 +109,10 @@ class RunSummary(_Open):
     baseline: BaselineRecord | None = None
     flags: list[SanityFlag] = []
     error: RunError | None = None
+    wire: WireFigures | None = None
+    agreement: float | None = None
+    """Lossy wire: the share of images whose top-1 class is the serial run's (None with an exact wire)."""
+    mean_abs_diff: float | None = None
     started_at: float | None = None
     duration_s: float | None = None
 

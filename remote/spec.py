@@ -66,6 +66,8 @@ class RunSpec:
     """Profile this many steps in one extra untimed pass after the timed ones (0: none)."""
     pg_timeout_s: float = 300.0
     run_id: str = ""
+    wire: str = "fp32"
+    """What travels between stages (`remote.wire`): one format, or per cut."""
     refine: RefineSpec | None = None
     """Set by `balanced` (unless --no-refine): correct the split from what the first passes measure."""
 

@@ -97,6 +97,12 @@ def run(
                                                    help="balanced: correct the split from the stages' measured "
                                                         "compute before the timed passes (default) or keep the "
                                                         "profiles' one-shot split.")] = None,
+    wire: Annotated[Optional[str], typer.Option(
+        help="What travels between stages: fp32 (exact), fp16, bf16, int8, lowrank:R; for every cut, or per cut "
+             "(blocks.4=fp16,blocks.8=int8)." + default_of("wire"), rich_help_panel=EXPERIMENT)] = None,
+    min_agreement: Annotated[Optional[float], typer.Option(
+        help="A lossy --wire passes when this share of images gets the serial run's top-1 class."
+             + default_of("min_agreement"), rich_help_panel=EXPERIMENT)] = None,
     images: ImagesOpt = None,
     warmup: WarmupOpt = None,
     repeats: RepeatsOpt = None,
@@ -145,7 +151,8 @@ def run(
         "stages": stages, "split": None, "policy": chosen(policy), "chunk": chunk, "images": images, "warmup": warmup,
         "repeats": repeats, "threads": threads, "model": model, "num_classes": num_classes, "checkpoint": checkpoint,
         "allow_pickle": allow_pickle, "data": chosen(data), "data_path": data_path, "atol": atol,
-        "master_port": master_port, "trace_steps": trace_steps, "refine": refine, "baseline_max_age": baseline_max_age}
+        "master_port": master_port, "trace_steps": trace_steps, "refine": refine, "baseline_max_age": baseline_max_age,
+        "wire": wire, "min_agreement": min_agreement}
     renderer = HeadlessRenderer(verbose=verbose)
     session = None
     try:

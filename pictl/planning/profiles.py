@@ -15,11 +15,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pictl.errors import ConfigError
 from pictl.inventory import format_validation_error, read_toml
 from pictl.shipped import shipped_path
+from remote.wire import parse_wire
 
 SHIPPED_PROFILES = shipped_path("profiles")
 PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -82,6 +83,11 @@ class RunOptions(BaseModel):
     """Largest absolute logit difference still counted as a match (0: bit-identical)."""
     master_port: int | None = Field(default=None, ge=1024, le=65535)
     """Rendezvous port on the first host; default: one the host says is free when the run starts."""
+    wire: str = Field(default="fp32", min_length=1, max_length=4096)
+    """What travels between stages (`remote.wire`): `fp32` (exact), `fp16`, `bf16`, `int8`, `lowrank:R`, for
+    every cut or per cut (`blocks.4=fp16,blocks.8=int8`, explicit splits only)."""
+    min_agreement: float = Field(default=0.99, ge=0.0, le=1.0)
+    """A lossy wire passes when at least this share of images gets the serial run's top-1 class."""
     refine: bool = True
     """`balanced` only: after the warm-up pass, correct the cost model from each stage's measured compute
     and split again while that promises a gain of a few percent (at most 3 splits measured); False keeps
@@ -107,7 +113,28 @@ class RunOptions(BaseModel):
                 setattr(self, name, str(Path.cwd() / value))
         if self.model.endswith(".safetensors"):
             self._take_artifact()
+        self._check_wire()
         return self
+
+    @field_validator("wire")
+    @classmethod
+    def _parse_wire(cls, text: str) -> str:
+        return str(parse_wire(text))  # a ValueError names the bad part; the flag or field is named with it
+
+    def _check_wire(self) -> None:
+        wire = parse_wire(self.wire)
+        cuts = [cut for cut, _ in wire.per_cut]
+        if cuts and not self.split:
+            raise ValueError(f"wire: per-cut formats ({', '.join(cuts)}) need explicit split points (--split); "
+                             f"give one format for every cut instead")
+        unknown = [c for c in cuts if c not in self.split]
+        if unknown:
+            raise ValueError(f"wire: {', '.join(unknown)} is not a cut of this run (split points: "
+                             f"{', '.join(self.split)})")
+
+    @property
+    def lossy_wire(self) -> bool:
+        return self.stages > 1 and not parse_wire(self.wire).lossless
 
     def _take_artifact(self) -> None:
         from pictl.cluster.artifacts import open_artifact

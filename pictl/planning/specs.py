@@ -38,7 +38,9 @@ def spec_from(options: RunOptions, run_id: str, artifact: Artifact | None) -> Ru
         split_points=list(options.split), chunk=options.chunk, images=options.images, warmup=options.warmup,
         repeats=options.repeats, threads=options.threads,
         data=DataSpec(kind=options.data, path=options.data_path, split=options.data_split),
-        check_images=min(options.check_images, options.images), pg_timeout_s=options.pg_timeout_s,
+        # A lossy wire is judged by top-1 agreement over every image: all their logits are compared.
+        check_images=options.images if options.lossy_wire else min(options.check_images, options.images),
+        pg_timeout_s=options.pg_timeout_s, wire=options.wire,
         trace_steps=options.trace_steps if options.stages > 1 else 0,
         run_id=run_id)
 

@@ -23,7 +23,8 @@ from pictl.records.runs import CONFIG_FILE, SUMMARY_FILE
 from pictl.summary import baseline_text
 
 COLUMNS = ("run_id", "started", "status", "model", "stages", "policy", "chunk", "images", "split", "throughput_ips",
-           "serial_ips", "speedup", "efficiency", "outputs_match", "accuracy", "baseline", "flags", "run_dir")
+           "serial_ips", "speedup", "efficiency", "outputs_match", "wire", "agreement", "accuracy", "baseline", "flags",
+           "run_dir")
 """What a row holds, in the order `runs`, `compare` and the CSV show it."""
 SORT_KEYS = ("started", "speedup", "throughput_ips", "stages", "status")
 
@@ -81,6 +82,7 @@ def load_runs(root: Path, limit: int | None = None) -> list[dict[str, Any]]:
 def row(summary: dict[str, Any]) -> dict[str, Any]:
     """One run's comparable figures (None where the run did not get that far)."""
     baseline = summary.get("baseline") or {}
+    wire = summary.get("wire") or {}
     started = summary.get("started_at")
     return {
         "run_id": summary.get("run_id"),
@@ -97,6 +99,9 @@ def row(summary: dict[str, Any]) -> dict[str, Any]:
         "speedup": _rounded(summary.get("speedup"), 3),
         "efficiency": _rounded(summary.get("efficiency"), 3),
         "outputs_match": summary.get("outputs_match"),
+        # A lossy wire's runs pass by top-1 agreement, never by identity: the row says which wire it was.
+        "wire": f"{wire.get('format')}{' (lossy wire)' if wire.get('lossy') else ''}" if wire else None,
+        "agreement": summary.get("agreement"),
         "accuracy": summary.get("accuracy"),
         "baseline": ("reused" if baseline.get("reused") else "measured") if baseline else None,
         "flags": ",".join(dict.fromkeys(f.get("code", "?") for f in summary.get("flags") or [])) or None,
@@ -176,6 +181,14 @@ def fmt(value: Any, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _outputs(s: dict[str, Any]) -> str:
+    wire = s.get("wire") or {}
+    if not wire.get("lossy"):
+        return str(s.get("outputs_match"))
+    agreed = fmt(s.get("agreement"), ".2%")
+    return f"{s.get('outputs_match')} (lossy wire {wire.get('format')}: top-1 agreement {agreed})"
+
+
 def run_details(s: dict[str, Any]) -> Table:
     """One run as label/value lines: `pictl runs show` and the dashboard's history."""
     grid = Table.grid(padding=(0, 2))
@@ -187,7 +200,7 @@ def run_details(s: dict[str, Any]) -> Table:
                          ("pipeline", f"{fmt(s.get('throughput_ips'))} img/s"),
                          ("serial", f"{fmt(s.get('serial_ips'))} img/s{baseline_text(s)}"),
                          ("speedup", f"{fmt(s.get('speedup'))}x"),
-                         ("outputs match", s.get("outputs_match")), ("accuracy", s.get("accuracy"))):
+                         ("outputs match", _outputs(s)), ("accuracy", s.get("accuracy"))):
         grid.add_row(label, "-" if value is None else str(value))
     if s.get("error"):
         grid.add_row(Text("error", style="red"), Text(str(s["error"].get("message")), style="red"))

@@ -73,6 +73,23 @@ def stage_chart(summary: RunSummary, path: Path) -> Path:
     return path
 
 
+def _wire_lines(s: RunSummary) -> list[str]:
+    """With `--wire` other than fp32: how the outputs were judged, and each link's bytes and bandwidth."""
+    if s.wire is None or s.wire.format == "fp32":
+        return []
+    judged = (f"**lossy wire** `{s.wire.format}`: top-1 agreement with the serial run {s.agreement} (at least "
+              f"{s.wire.min_agreement} passes), mean |logit diff| {s.mean_abs_diff}." if s.wire.lossy
+              else f"wire `{s.wire.format}` (exact).")
+    lines = [judged, "", "| link | cut | format | MB on the wire | MB raw | ratio | compress s | decompress s | "
+                         "average MB/s | peak MB/s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for k in s.wire.links:
+        def mb(v: float | None) -> str:
+            return "-" if v is None else f"{v / 1e6:.2f}"
+        lines.append(f"| {k.link} | {k.cut} | {k.format} | {mb(k.wire_bytes)} | {mb(k.raw_bytes)} | {k.ratio} | "
+                     f"{k.compress_s} | {k.decompress_s} | {mb(k.avg_Bps)} | {mb(k.peak_Bps)} |")
+    return [*lines, ""]
+
+
 def _run_section(run_dir: Path, out: Path) -> list[str]:
     s = read_run_summary(run_dir / SUMMARY_FILE)
     extra = s.model_extra or {}
@@ -82,7 +99,7 @@ def _run_section(run_dir: Path, out: Path) -> list[str]:
              f"status **{s.status}**.", "",
              "| throughput img/s | serial img/s | speedup | efficiency | outputs match |", "|---|---|---|---|---|",
              f"| {s.throughput_ips} | {s.serial_ips} | {s.speedup} | {s.efficiency} | "
-             f"{s.outputs_match} |", "", *_baseline_and_flags(s)]
+             f"{s.outputs_match} |", "", *_wire_lines(s), *_baseline_and_flags(s)]
     if s.stages > 1:
         # Per microbatch: the stage's compute (what `balanced` predicts), and apart from it the time it
         # waited for input and was blocked on sends.

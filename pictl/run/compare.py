@@ -1,5 +1,6 @@
 """Phase 7, collect and compare: the last stage's check logits, fetched and kept beside the serial run's,
-and how far apart they are (bit-identical unless `--atol` allows more)."""
+and how far apart they are: bit-identical (unless `--atol` allows more) with an exact wire; with a lossy
+`--wire`, top-1 agreement over every image, at least `--min-agreement`."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 from pictl.run.baselines import Baseline
 from pictl.run.context import RunContext
 from pictl.run.placement import Placement
-from pictl.run.telemetry import max_abs_diff
+from pictl.run.telemetry import agreement, max_abs_diff
 from remote import protocol as P
 from remote.spec import RunSpec
 
@@ -18,6 +19,10 @@ class Comparison:
     max_abs_diff: float | None
     """None when the two logit files do not even have the same size."""
     outputs_match: bool
+    lossy: bool = False
+    agreement: float | None = None
+    """Lossy wire: the share of images whose top-1 class is the serial run's."""
+    mean_abs_diff: float | None = None
 
 
 async def collect_and_compare(ctx: RunContext, placement: Placement, spec: RunSpec,
@@ -31,4 +36,10 @@ async def collect_and_compare(ctx: RunContext, placement: Placement, spec: RunSp
         logits = baseline.logits
     ctx.record.save_bytes(P.LOGITS_FILE_SERIAL, baseline.logits)
     diff = max_abs_diff(logits, baseline.logits)
-    return Comparison(diff, diff is not None and diff <= ctx.options.atol)
+    if not ctx.options.lossy_wire:
+        return Comparison(diff, diff is not None and diff <= ctx.options.atol)
+    agreed = agreement(logits, baseline.logits, spec.num_classes)
+    if agreed is None:
+        return Comparison(None, False, lossy=True)
+    share, mean = agreed
+    return Comparison(diff, share >= ctx.options.min_agreement, lossy=True, agreement=share, mean_abs_diff=mean)

@@ -126,6 +126,10 @@ class RunSession:
             summary = summarize(ctx, reached, "ok")
             if not cmp.outputs_match:
                 summary["status"] = "failed"
+                if cmp.lossy:
+                    raise E.OutputMismatch(f"lossy wire ({o.wire}): top-1 agreement with the serial run "
+                                           f"{cmp.agreement if cmp.agreement is None else f'{cmp.agreement:.4f}'} "
+                                           f"is below --min-agreement {o.min_agreement}")
                 raise E.OutputMismatch(f"pipeline output differs from the serial run "
                                        f"(max abs diff {cmp.max_abs_diff})")
             return summary

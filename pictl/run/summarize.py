@@ -4,6 +4,7 @@ run gets one too, from the phases it reached), with its sanity flags."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import sys
 import time
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from typing import Any
 from pictl import errors as E
 from pictl.cluster.artifacts import artifact_summary
 from pictl.cluster.hoststate import host_records
+from pictl.planning.profiles import RunOptions
 from pictl.run.baselines import Baseline
 from pictl.run.compare import Comparison
 from pictl.run.context import RunContext
@@ -22,6 +24,7 @@ from pictl.run.serial import Serial, baseline_max_age
 from pictl.run.split import SplitChoice, final_prediction
 from pictl.run.staging import Staged
 from pictl.summary import SUMMARY_SCHEMA, checked
+from remote.wire import parse_wire
 
 
 @dataclass
@@ -48,6 +51,7 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
         prediction = {**prediction, "corrections_after": reached.pipeline.corrections}
     speedup = ips / baseline.ips if ips and baseline else None
     cmp = reached.comparison
+    per_stage = _per_stage(ctx, reached, plan, prediction)
     summary: dict[str, Any] = {
         "schema": SUMMARY_SCHEMA, "status": status, "run_id": ctx.run_id,
         "run_dir": str(ctx.record.path) if ctx.record else None,
@@ -65,10 +69,13 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
         "speedup": round(speedup, 4) if speedup else None,
         "efficiency": round(speedup / o.stages, 4) if speedup else None,
         "outputs_match": cmp.outputs_match if cmp else None,
-        "max_abs_diff": cmp.max_abs_diff if cmp else None, "compared_images": min(o.check_images, o.images),
+        "max_abs_diff": cmp.max_abs_diff if cmp else None,
+        "compared_images": o.images if o.lossy_wire else min(o.check_images, o.images),
+        "wire": wire_summary(o, per_stage) if o.stages > 1 else None,
+        "agreement": cmp.agreement if cmp else None, "mean_abs_diff": cmp.mean_abs_diff if cmp else None,
         "accuracy": baseline.top1 if serial_only and baseline else tel.top1,
         "serial_accuracy": baseline.top1 if baseline else None,
-        "per_stage": _per_stage(ctx, reached, plan, prediction),
+        "per_stage": per_stage,
         "plan_reused": reached.serial.plan_reused if reached.serial else False,
         "traces": reached.traces,
         "traced_passes": len(tel.traced_throughputs),
@@ -84,6 +91,25 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
     }
     summary["flags"] = [f.to_json() for f in compute_flags(summary)]
     return checked(summary)
+
+
+def wire_summary(o: RunOptions, per_stage: list[dict[str, Any]]) -> dict[str, Any]:
+    """What travelled on each link (stage r to r+1): bytes on the wire and uncompressed, their ratio, what
+    encoding (on r) and decoding (on r+1) cost, the average bandwidth (wire bytes over r's computation
+    time, the related work's definition) and the peak (the fastest microbatch)."""
+    links = []
+    for sender, receiver in itertools.pairwise(per_stage):
+        cut = (receiver.get("modules") or ["?"])[0]
+        wire, raw, compute = sender.get("bytes_sent"), sender.get("raw_bytes"), sender.get("compute_s")
+        links.append({
+            "link": f"{sender['rank']}->{receiver['rank']}", "cut": cut,
+            "format": str(parse_wire(o.wire).at(cut)), "wire_bytes": wire, "raw_bytes": raw,
+            "ratio": round(wire / raw, 4) if wire is not None and raw else None,
+            "compress_s": sender.get("compress_s"), "decompress_s": receiver.get("decompress_s"),
+            "avg_Bps": round(wire / compute, 1) if wire is not None and compute else None,
+            "peak_Bps": sender.get("peak_Bps")})
+    return {"format": o.wire, "lossy": o.lossy_wire, "min_agreement": o.min_agreement if o.lossy_wire else None,
+            "links": links}
 
 
 def _per_stage(ctx: RunContext, reached: Reached, plan: dict[str, Any],
@@ -116,6 +142,8 @@ def _per_stage(ctx: RunContext, reached: Reached, plan: dict[str, Any],
             "params": (st.params if st and st.modules else planned.get(rank, {}).get("params", 0)),
             "compute_s": totals.get("compute_s"), "wait_s": totals.get("wait_s"),
             "send_s": totals.get("send_s"), "bytes_sent": totals.get("bytes_sent"),
+            "raw_bytes": totals.get("raw_bytes"), "compress_s": totals.get("compress_s"),
+            "decompress_s": totals.get("decompress_s"), "peak_Bps": totals.get("peak_Bps"),
             "microbatches": totals.get("microbatches"),
             "load_s": st.load_s if st else None, "import_rss_mb": st.import_rss_mb if st else None,
             "peak_rss_mb": st.peak_rss_mb if st else None,

@@ -75,7 +75,8 @@ class RunTelemetry:
             self.outputs = ev
         elif kind == P.RUN_END:
             st.ended, st.peak_rss_mb = True, ev.get("peak_rss_mb")
-            st.totals = {k: ev.get(k) for k in ("microbatches", "compute_s", "wait_s", "send_s", "bytes_sent")}
+            st.totals = {k: ev.get(k) for k in ("microbatches", "compute_s", "wait_s", "send_s", "bytes_sent",
+                                                "raw_bytes", "compress_s", "decompress_s", "peak_Bps")}
         elif kind == P.ERROR:
             st.error = ev
 
@@ -99,6 +100,22 @@ class RunTelemetry:
     @property
     def top1(self) -> float | None:
         return self.accuracy.get("top1") if self.accuracy and self.accuracy.get("applicable") else None
+
+
+def agreement(a: bytes, b: bytes, classes: int) -> tuple[float, float] | None:
+    """Over two float32 logit files of `classes` columns: the share of rows with the same argmax, and the mean
+    |a - b|; None when their sizes differ or are not whole rows."""
+    if len(a) != len(b) or not a or len(a) % (4 * classes):
+        return None
+    xa, xb = array("f"), array("f")
+    xa.frombytes(a)
+    xb.frombytes(b)
+    rows = len(xa) // classes
+    same = 0
+    for r in range(rows):
+        ra, rb = xa[r * classes:(r + 1) * classes], xb[r * classes:(r + 1) * classes]
+        same += ra.index(max(ra)) == rb.index(max(rb))
+    return same / rows, sum(abs(x - y) for x, y in zip(xa, xb, strict=True)) / len(xa)
 
 
 def max_abs_diff(a: bytes, b: bytes) -> float | None:

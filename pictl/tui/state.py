@@ -52,6 +52,8 @@ class StageView:
     send_s: float = 0.0
     bytes_per_s: float = 0.0
     error: str | None = None
+    wire_ratio: float | None = None
+    """Bytes on the wire over their fp32 size (`--wire`), from the stage's progress."""
     pass_ips: float | None = None
     """img/s over the pass so far: what the stage sustains, comparable with the pipeline's figure (the
     sparkline's last point is one interval's rate, and drops to 0 when the pass ends)."""
@@ -216,6 +218,8 @@ class DashboardState:
         st._last = (t, mbs, sent)
         st.phase, st.repeat = rec["phase"], int(rec["repeat"])
         st.microbatches, st.microbatches_total = mbs, int(rec["microbatches_total"])
+        if rec.get("raw_bytes"):
+            st.wire_ratio = sent / int(rec["raw_bytes"])
         st.compute_s, st.wait_s, st.send_s = float(rec["compute_s"]), float(rec["wait_s"]), float(rec["send_s"])
 
     def on_sample(self, sample: HostSample) -> None:

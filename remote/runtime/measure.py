@@ -58,10 +58,17 @@ class StageCounters:
     wait_s: float = 0.0
     send_s: float = 0.0
     bytes_sent: int = 0
+    """Bytes on the wire (after `--wire`'s encoding)."""
+    raw_bytes: int = 0
+    """The same activations' fp32 bytes (what would travel uncompressed)."""
+    compress_s: float = 0.0
+    decompress_s: float = 0.0
+    peak_Bps: float = 0.0
+    """The highest wire bytes per second of computation over one microbatch (a maximum, not a sum)."""
 
     def add(self, other: StageCounters) -> None:
         for key, value in asdict(other).items():
-            setattr(self, key, getattr(self, key) + value)
+            setattr(self, key, max(getattr(self, key), value) if key == "peak_Bps" else getattr(self, key) + value)
 
     def rounded(self) -> dict:
         d = asdict(self)

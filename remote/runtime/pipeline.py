@@ -28,6 +28,7 @@ from torch.profiler import record_function
 from remote import protocol as P
 from remote.data.images import load_images, load_labels, microbatches
 from remote.emit import Emitter
+from remote.runtime.codec import payload_meta
 from remote.runtime.measure import (
     ProgressClock,
     StageCounters,
@@ -40,9 +41,10 @@ from remote.runtime.measure import (
 from remote.runtime.outputs import open_checkpoint, report_outputs
 from remote.runtime.partition import StagePlan
 from remote.runtime.refine import RefineLoop, measured_compute_s
-from remote.runtime.stage import ModelLayout, build_stage, compact_pieces, layout_for, stage_io_shapes
+from remote.runtime.stage import ModelLayout, build_stage, compact_pieces, layout_for, stage_codec, stage_io_shapes
 from remote.runtime.tracing import Tracer, planned_window, rendezvous_store
 from remote.spec import RunSpec
+from remote.wire import FP32
 
 
 class TimedStage(PipelineStage):
@@ -89,12 +91,21 @@ class TimedStage(PipelineStage):
         else:
             out = super().forward_one_chunk(fwd_chunk_id, args, kwargs, save_forward_output)
         elapsed = time.perf_counter() - start
+        codec = self.submod.codec.take() if self.submod.codec is not None else None
+        if codec is not None:  # the stage's compute, without the time it spent on the wire's formats
+            self.counters.compress_s += codec.compress_s
+            self.counters.decompress_s += codec.decompress_s
+            self.counters.raw_bytes += codec.raw_bytes
+            elapsed -= codec.compress_s + codec.decompress_s
         self.counters.compute_s += elapsed
         self.compute_times.append(elapsed)
         self.counters.microbatches += 1
         if not self.is_last:
             outs = out if isinstance(out, tuple) else (out,)
-            self.counters.bytes_sent += sum(t.numel() * t.element_size() for t in outs)
+            sent = sum(t.numel() * t.element_size() for t in outs)
+            self.counters.bytes_sent += sent
+            # The fastest this stage produced wire bytes: one microbatch's payload over its computation.
+            self.counters.peak_Bps = max(self.counters.peak_Bps, sent / max(elapsed, 1e-9))
         if self._on_chunk:
             self._on_chunk()
         return out
@@ -114,11 +125,13 @@ def _build(spec: RunSpec, rank: int, world: int, n_mb: int, on_chunk: Callable[[
            tracer: Tracer) -> tuple[Built, ModelLayout]:
     layout = layout_for(spec)
     plan = layout.stages[rank]
-    module = build_stage(spec, layout, plan, open_checkpoint(spec))
+    codec = stage_codec(spec, layout, rank)
+    module = build_stage(spec, layout, plan, open_checkpoint(spec), codec)
     in_shapes, out_shapes = stage_io_shapes(layout, spec.chunk)[rank]
+    # What travels: the encoded tensors (another dtype, other shapes), so the schedule's buffers fit them.
     stage = TimedStage(module, rank, world, torch.device("cpu"),
-                       input_args=tuple(torch.empty(s, device="meta") for s in in_shapes),
-                       output_args=tuple(torch.empty(s, device="meta") for s in out_shapes),
+                       input_args=tuple(payload_meta(codec.fmt_in or FP32, in_shapes)),
+                       output_args=tuple(payload_meta(codec.fmt_out or FP32, out_shapes)),
                        on_chunk=on_chunk, tracer=tracer)
     return Built(plan, stage, ScheduleGPipe(stage, n_microbatches=n_mb), tuple(s.first for s in layout.stages[1:])), \
         layout

@@ -10,10 +10,12 @@ import torch
 from torch import nn
 
 from remote.runtime.artifact import meta_model_for
+from remote.runtime.codec import Codec
 from remote.runtime.model import Checkpoint, materialize, prune_to
 from remote.runtime.partition import StagePlan, plan
 from remote.runtime.pieces import Piece, PieceFn, block_piece_count, check_supported, vit_pieces
 from remote.spec import RunSpec
+from remote.wire import parse_wire
 
 
 @dataclass
@@ -63,15 +65,21 @@ def _ops(pieces: list[Piece]) -> list[PieceFn]:
 class StageModule(nn.Module):
     """Runs pieces [first, end) of the model; takes and returns the state tensors."""
 
-    def __init__(self, model: nn.Module, pieces: list[Piece]) -> None:
+    def __init__(self, model: nn.Module, pieces: list[Piece], codec: Codec | None = None) -> None:
         super().__init__()
         self.model = model
         self.piece_names = [p.name for p in pieces]
         self._ops = _ops(pieces)
+        self.codec = codec
+        """Decodes what arrives and encodes what leaves (`--wire`); None: fp32 both ways, nothing counted."""
 
     def forward(self, *state: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        if self.codec is not None:
+            state = self.codec.decode(state)
         for op in self._ops:
             state = op(self.model, state)
+        if self.codec is not None:
+            state = self.codec.encode(state)
         return state[0] if len(state) == 1 else state
 
 
@@ -94,12 +102,21 @@ def compact_pieces(pieces: list[Piece]) -> list[str]:
 
 
 def build_stage(spec: RunSpec, layout: ModelLayout, stage: StagePlan,
-                checkpoint: Checkpoint | None) -> StageModule:
+                checkpoint: Checkpoint | None, codec: Codec | None = None) -> StageModule:
     """Materialise one stage: only its own modules ever get memory."""
     model = copy.deepcopy(layout.meta_model)  # meta: copying costs no weight memory
     prune_to(model, stage_modules(layout, stage))
     materialize(model, seed=spec.seed, checkpoint=checkpoint)
-    return StageModule(model, layout.pieces[stage.first:stage.end]).eval()
+    return StageModule(model, layout.pieces[stage.first:stage.end], codec).eval()
+
+
+def stage_codec(spec: RunSpec, layout: ModelLayout, rank: int) -> Codec:
+    """Rank `rank`'s wire formats: the cut it receives at (where it begins) and the one it sends to."""
+    wire = parse_wire(spec.wire)
+    stages = layout.stages
+    fmt_in = wire.at(layout.pieces[stages[rank].first].name) if rank > 0 else None
+    fmt_out = wire.at(layout.pieces[stages[rank + 1].first].name) if rank < len(stages) - 1 else None
+    return Codec(fmt_in, fmt_out)
 
 
 def stage_io_shapes(layout: ModelLayout, batch: int) -> list[tuple[list[torch.Size], list[torch.Size]]]:

@@ -136,8 +136,12 @@ class RunSummary(Static):
         grid.add_row("speedup", f"{_f(speedup, unit='x')}" + (f"  of {stages}x ideal" if stages else "")
                      + (f"  efficiency {speedup / stages:.2f}" if speedup and stages else ""))
         match = s.get("outputs_match")
-        grid.add_row("outputs", Text("-" if match is None else ("match" if match else
-                                                                f"DIFFER (max |diff| {s.get('max_abs_diff')})"),
+        lossy = (s.get("wire") or {}).get("lossy") or state.options.get("wire", "fp32") != "fp32"
+        if lossy and s.get("agreement") is not None:  # a lossy wire passes by top-1 agreement, not identity
+            verdict = f"{'agree' if match else 'DISAGREE'} {s['agreement']:.1%} (lossy wire)"
+        else:
+            verdict = "-" if match is None else ("match" if match else f"DIFFER (max |diff| {s.get('max_abs_diff')})")
+        grid.add_row("outputs", Text(verdict + (" (lossy wire)" if lossy and match is None else ""),
                                      style="" if match is None else ("green" if match else "bold red")))
         bar_width = 12
         filled = round(done * bar_width)

@@ -67,5 +67,6 @@ class StagePanel(Vertical):
         label = {"warmup": "warm-up", "timed": "timed"}.get(st.phase, st.phase)
         passes = "" if st.phase == "waiting" else f"{label} pass {st.repeat + 1}: "
         figures.append(f"\n{passes}{st.microbatches}/{st.microbatches_total}{' mb' if narrow else ' microbatches'}  "
-                       f"{'-' if rate is None else f'{rate:.2f}'} img/s  {st.bytes_per_s / 1e6:.2f} MB/s sent")
+                       f"{'-' if rate is None else f'{rate:.2f}'} img/s  {st.bytes_per_s / 1e6:.2f} MB/s sent"
+                       + (f" (x{st.wire_ratio:.2f})" if st.wire_ratio is not None and st.wire_ratio < 1 else ""))
         self.query_one(".stage-figures", Static).update(figures)

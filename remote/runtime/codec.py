@@ -1,0 +1,120 @@
+"""Encoding a stage's outgoing activations for the wire, and decoding them on the next stage.
+
+The sending stage encodes inside its forward, the receiving one decodes inside its own, so the pipeline
+schedule and gloo only ever see ordinary tensors (of other dtypes and shapes). Every tensor of the state
+is encoded, the residual of an in-block cut included. Formats and their sizes: `remote.wire`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from remote.wire import WireFormat
+
+POWER_ITERATIONS = 2
+"""Power-iteration steps of `lowrank:R` (PowerSGD uses 1 per step with warm starts; a cold start needs 2)."""
+
+
+def _rank(fmt: WireFormat, shape: torch.Size) -> int:
+    return min(fmt.rank, shape[-2], shape[-1])
+
+
+def payload_meta(fmt: WireFormat, shapes: list[torch.Size]) -> list[torch.Tensor]:
+    """Meta tensors of what goes on the wire for fp32 tensors of `shapes` (PipelineStage's input/output args)."""
+    out = []
+    for shape in shapes:
+        if fmt.kind == "fp32":
+            out.append(torch.empty(shape, device="meta"))
+        elif fmt.kind in ("fp16", "bf16"):
+            out.append(torch.empty(shape, device="meta", dtype=getattr(torch, {"fp16": "float16",
+                                                                                 "bf16": "bfloat16"}[fmt.kind])))
+        elif fmt.kind == "int8":
+            out += [torch.empty(shape, device="meta", dtype=torch.int8),
+                    torch.empty((*shape[:-1], 1), device="meta")]
+        else:
+            r = _rank(fmt, shape)
+            out += [torch.empty((*shape[:-1], r), device="meta"), torch.empty((*shape[:-2], shape[-1], r),
+                                                                               device="meta")]
+    return out
+
+
+def _lowrank(x: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (..., T, C) ~ p @ q^T with p (..., T, r) orthonormal and q (..., C, r): power iteration from a fixed
+    start, so that every run (and the serial comparison) sees the same factors for the same input."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn((x.shape[-1], rank), generator=gen, dtype=x.dtype).expand(*x.shape[:-2], -1, -1)
+    for _ in range(POWER_ITERATIONS):
+        p = torch.linalg.qr(x @ q).Q
+        q = x.transpose(-2, -1) @ p
+    return p.contiguous(), q.contiguous()
+
+
+def encode(fmt: WireFormat, state: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    out: list[torch.Tensor] = []
+    for t in state:
+        if fmt.kind == "fp32":
+            out.append(t)
+        elif fmt.kind == "fp16":
+            out.append(t.to(torch.float16))
+        elif fmt.kind == "bf16":
+            out.append(t.to(torch.bfloat16))
+        elif fmt.kind == "int8":
+            scale = t.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / 127.0
+            out += [torch.round(t / scale).clamp_(-127, 127).to(torch.int8), scale.to(torch.float32)]
+        else:
+            out += list(_lowrank(t, _rank(fmt, t.shape)))
+    return tuple(out)
+
+
+def decode(fmt: WireFormat, payload: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    if fmt.kind == "fp32":
+        return payload
+    if fmt.kind in ("fp16", "bf16"):
+        return tuple(t.to(torch.float32) for t in payload)
+    pairs = zip(payload[::2], payload[1::2], strict=True)
+    if fmt.kind == "int8":
+        return tuple(q.to(torch.float32) * scale for q, scale in pairs)
+    return tuple(p @ q.transpose(-2, -1) for p, q in pairs)
+
+
+@dataclass
+class CodecCounters:
+    """What compression cost and saved on one stage (added into the stage's counters every microbatch)."""
+
+    raw_bytes: int = 0
+    compress_s: float = 0.0
+    decompress_s: float = 0.0
+
+
+class Codec:
+    """A stage's two ends: decode what arrives (`fmt_in`), encode what leaves (`fmt_out`); None: not a cut."""
+
+    def __init__(self, fmt_in: WireFormat | None, fmt_out: WireFormat | None) -> None:
+        self.fmt_in, self.fmt_out = fmt_in, fmt_out
+        self.counters = CodecCounters()
+
+    def take(self) -> CodecCounters:
+        taken, self.counters = self.counters, CodecCounters()
+        return taken
+
+    def decode(self, payload: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        if self.fmt_in is None or self.fmt_in.lossless:
+            return payload
+        start = time.perf_counter()
+        state = decode(self.fmt_in, payload)
+        self.counters.decompress_s += time.perf_counter() - start
+        return state
+
+    def encode(self, state: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        if self.fmt_out is None:
+            return state
+        self.counters.raw_bytes += sum(t.numel() * t.element_size() for t in state)
+        if self.fmt_out.lossless:
+            return state
+        start = time.perf_counter()
+        payload = encode(self.fmt_out, state)
+        self.counters.compress_s += time.perf_counter() - start
+        return payload

@@ -1,0 +1,113 @@
+"""What travels between pipeline stages: the wire formats, parsed and sized without torch.
+
+`--wire` takes one format for every cut (`int8`), or per cut (`blocks.4=fp16,blocks.8=int8`; cuts not
+named stay `fp32`), or both (`int8,blocks.4=fp16`). Formats:
+
+- `fp32`: the activations as computed; exact (the default).
+- `fp16`, `bf16`: half-width floats; half the bytes.
+- `int8`: 8-bit integers with one fp32 scale per token (its largest |value| / 127), sent beside them;
+  about a quarter of the bytes.
+- `lowrank:R`: each image's tokens x channels matrix factored to rank R by power iteration (the related
+  work's PowerSGD-style compression), the two factors sent in fp32: R (T + C) / (T C) of the bytes.
+
+The controller validates with this module; `remote.runtime.codec` encodes and decodes with torch.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+KINDS = ("fp32", "fp16", "bf16", "int8", "lowrank")
+MAX_RANK = 256
+_LOWRANK = re.compile(r"^lowrank:(\d{1,4})$")
+
+
+@dataclass(frozen=True)
+class WireFormat:
+    kind: str
+    rank: int = 0
+
+    def __str__(self) -> str:
+        return f"lowrank:{self.rank}" if self.kind == "lowrank" else self.kind
+
+    @property
+    def lossless(self) -> bool:
+        return self.kind == "fp32"
+
+    def payload_bytes(self, shape: tuple[int, ...]) -> int:
+        """Bytes on the wire for one fp32 tensor of `shape` ((batch, tokens, channels) for a ViT state)."""
+        n = math.prod(shape)
+        if self.kind == "fp32":
+            return 4 * n
+        if self.kind in ("fp16", "bf16"):
+            return 2 * n
+        if self.kind == "int8":
+            return n + 4 * math.prod(shape[:-1])  # the values, and one fp32 scale per token
+        batch, channels = math.prod(shape[:-2]), shape[-1]
+        tokens = shape[-2] if len(shape) >= 2 else 1
+        rank = min(self.rank, tokens, channels)
+        return 4 * batch * rank * (tokens + channels)
+
+
+FP32 = WireFormat("fp32")
+
+
+def parse_format(text: str) -> WireFormat:
+    text = text.strip()
+    if text in KINDS and text != "lowrank":
+        return WireFormat(text)
+    if m := _LOWRANK.match(text):
+        rank = int(m.group(1))
+        if not 1 <= rank <= MAX_RANK:
+            raise ValueError(f"'{text}': the rank must be in 1..{MAX_RANK}")
+        return WireFormat("lowrank", rank)
+    raise ValueError(f"'{text}' is not a wire format (fp32, fp16, bf16, int8, lowrank:R)")
+
+
+@dataclass(frozen=True)
+class Wire:
+    """A run's wire: the default format and the cuts given their own."""
+
+    default: WireFormat = FP32
+    per_cut: tuple[tuple[str, WireFormat], ...] = ()
+
+    def at(self, cut: str) -> WireFormat:
+        """The format for the cut where the stage that starts at module `cut` receives its input."""
+        return dict(self.per_cut).get(cut, self.default)
+
+    @property
+    def lossless(self) -> bool:
+        return self.default.lossless and all(f.lossless for _, f in self.per_cut)
+
+    def __str__(self) -> str:
+        parts = [] if self.default == FP32 and self.per_cut else [str(self.default)]
+        return ",".join(parts + [f"{cut}={fmt}" for cut, fmt in self.per_cut])
+
+
+def parse_wire(text: str) -> Wire:
+    """`int8`, `blocks.4=fp16,blocks.8=int8`, or `int8,blocks.4=fp16` (ValueError naming the bad part)."""
+    default, per_cut = FP32, []
+    seen: set[str] = set()
+    parts = [p.strip() for p in text.split(",")]
+    if not any(parts):
+        raise ValueError("no wire format given")
+    defaults = 0
+    for part in parts:
+        if not part:
+            raise ValueError(f"'{text}' has an empty part")
+        cut, sep, fmt = part.partition("=")
+        if not sep:
+            default, defaults = parse_format(part), defaults + 1
+            continue
+        cut = cut.strip()
+        if not re.fullmatch(r"[A-Za-z_][\w.]*", cut):
+            raise ValueError(f"'{cut}' is not a module name")
+        if cut in seen:
+            raise ValueError(f"cut '{cut}' is given twice")
+        seen.add(cut)
+        per_cut.append((cut, parse_format(fmt)))
+    if defaults > 1:
+        raise ValueError(f"'{text}' gives more than one format for every cut")
+    return Wire(default, tuple(per_cut))
