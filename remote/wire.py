@@ -52,6 +52,13 @@ class WireFormat:
 
 
 FP32 = WireFormat("fp32")
+VIT_S_STATE = (1, 197, 384)
+"""A ViT-S/DeiT-S state at 224x224 (tokens x channels): the shape `balanced` sizes a format's ratio with."""
+
+
+def byte_ratio(fmt: WireFormat, shape: tuple[int, ...] = VIT_S_STATE) -> float:
+    """Wire bytes over fp32 bytes for a state of `shape` (exact for fp16/bf16, per model shape otherwise)."""
+    return fmt.payload_bytes(shape) / (4 * math.prod(shape))
 
 
 def parse_format(text: str) -> WireFormat:

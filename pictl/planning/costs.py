@@ -224,16 +224,18 @@ def keep_corrections(cache: JsonCache, hosts: dict[str, Host], corrections: dict
 
 
 def cost_table(stage_hosts: list[str], profiles: Profiles,
-               links: dict[tuple[str, str], Link] | None = None) -> CostTable:
+               links: dict[tuple[str, str], Link] | None = None, *, wire_ratio: float = 1.0) -> CostTable:
     """Stage s runs on stage_hosts[s]; its pieces cost what that host measured (times the correction an
     earlier run found), each hop what its link did (gigabit Ethernet where a link was not measured, a
-    local copy between stages on one host)."""
+    local copy between stages on one host). `wire_ratio`: the bytes a cut sends under `--wire`, over fp32
+    (a slow link then moves cuts to where the compressed state is small)."""
     by_host = profiles.by_host
     first = by_host[stage_hosts[0]]
     measured = links or {}
     hops = [LOCAL_LINK if a == b else measured.get((a, b), LAN_LINK)
             for a, b in zip(stage_hosts, stage_hosts[1:], strict=False)]
-    table = CostTable(compute_s=[by_host[h]["compute_s"] for h in stage_hosts], cut_bytes=first["cut_bytes"],
+    table = CostTable(compute_s=[by_host[h]["compute_s"] for h in stage_hosts],
+                      cut_bytes=[b * wire_ratio for b in first["cut_bytes"]],
                       links=hops, comm_s_per_byte=[by_host[h]["comm_s_per_byte"] for h in stage_hosts],
                       piece_bytes=first["piece_bytes"])
     return table.corrected([profiles.correction(h) for h in stage_hosts])

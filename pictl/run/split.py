@@ -16,6 +16,7 @@ from pictl.run.context import RunContext
 from pictl.run.placement import Placement
 from remote.balance import NoFeasibleSplit, balanced_split
 from remote.spec import RefineSpec, RunSpec
+from remote.wire import byte_ratio, parse_wire
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ async def choose_split(ctx: RunContext, placement: Placement, spec: RunSpec) -> 
                                    artifact=ctx.artifact, use_corrections=o.refine)
     hops = [(ctx.transport(a), ctx.transport(b)) for a, b in itertools.pairwise(stage_hosts) if a != b]
     links, measured_links = await link_profiles(hops, ctx.cache("links"))
-    table = cost_table(stage_hosts, profiles, links)
+    table = cost_table(stage_hosts, profiles, links, wire_ratio=byte_ratio(parse_wire(o.wire).default))
     try:
         split = balanced_split(table)
     except NoFeasibleSplit as exc:
