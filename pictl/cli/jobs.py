@@ -35,6 +35,8 @@ def sweep(
     stages: Annotated[Optional[str], typer.Option(help="Stage counts, e.g. 1,2,3,4,6 (default 1,2,3,4).")] = None,
     chunks: Annotated[Optional[str], typer.Option(help="Microbatch sizes, e.g. 1,2,4,8 (default 1).")] = None,
     policy: Annotated[Optional[str], typer.Option(help="Policies to compare, e.g. equal,balanced.")] = None,
+    wire: Annotated[Optional[str], typer.Option(help="Wire formats to compare, e.g. fp32,fp16,int8,lowrank:8 "
+                                                     "(default fp32).")] = None,
     profile: Annotated[Optional[str], typer.Option(help="Preset: run options, and its \\[sweep] values.")] = None,
     images: ImagesOpt = None,
     warmup: WarmupOpt = None,
@@ -59,7 +61,7 @@ def sweep(
         cluster = read_cluster(hosts)
         base, points = plan_sweep(cluster, profile, {"images": images, "warmup": warmup, "repeats": repeats,
                                                      "threads": threads, "trace_steps": trace_steps},
-                                  stages=stages, chunks=chunks, policies=policy)
+                                  stages=stages, chunks=chunks, policies=policy, wires=wire)
         note_profile(profile)
         root = checked_runs_root(None)
         target = out or root.parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S")

@@ -1,4 +1,4 @@
-"""`pictl sweep`: one run per combination of stages, chunk sizes and policies; one table, two plots.
+"""`pictl sweep`: one run per combination of stages, chunk sizes, policies and wire formats; one table, plots.
 
 Every combination is checked against the inventory before anything runs (a value
 that cannot run is bad input, nothing started), and the pipeline runs are planned
@@ -24,8 +24,11 @@ from pictl.planning.profiles import RunOptions, resolve_options, sweep_settings
 from pictl.records.runs import write_json_atomic
 from pictl.run.baselines import BaselineCache
 
-COLUMNS = ("stages", "chunk", "policy", "status", "throughput_ips", "serial_ips", "speedup", "efficiency",
-           "bottleneck_rank", "bottleneck", "split_points", "outputs_match", "run_id", "flags")
+COLUMNS = ("stages", "chunk", "policy", "wire", "status", "throughput_ips", "serial_ips", "speedup", "efficiency",
+           "bytes_per_image", "agreement", "bottleneck_rank", "bottleneck", "split_points", "outputs_match", "run_id",
+           "flags")
+TABLE_COLUMNS = 12
+"""The first columns go into table.md (all of them into table.csv and sweep.json)."""
 
 
 @dataclass(frozen=True)
@@ -33,14 +36,15 @@ class SweepPoint:
     stages: int
     chunk: int
     policy: str
+    wire: str = "fp32"
 
 
 def sweep_points(cluster: Cluster, base: RunOptions, stages: list[int], chunks: list[int],
-                 policies: list[str]) -> list[SweepPoint]:
-    """The combinations in run order; one serial point per chunk (a policy means nothing there)."""
+                 policies: list[str], wires: list[str] | None = None) -> list[SweepPoint]:
+    """The combinations in run order; one serial point per chunk (a policy or a wire means nothing there)."""
     points: list[SweepPoint] = []
-    for s, c, p in itertools.product(stages, chunks, policies):
-        point = SweepPoint(s, c, "serial" if s == 1 else p)
+    for s, c, p, w in itertools.product(stages, chunks, policies, wires or [base.wire]):
+        point = SweepPoint(s, c, "serial", "fp32") if s == 1 else SweepPoint(s, c, p, w)
         if point in points:
             continue
         try:
@@ -53,7 +57,17 @@ def sweep_points(cluster: Cluster, base: RunOptions, stages: list[int], chunks: 
 
 
 def point_label(point: SweepPoint) -> str:
-    return f"sweep value stages={point.stages} chunk={point.chunk} policy={point.policy}"
+    return f"sweep value stages={point.stages} chunk={point.chunk} policy={point.policy} wire={point.wire}"
+
+
+def parse_wires(name: str, text: str) -> list[str]:
+    """`fp32,int8,lowrank:8` -> one format per sweep value (per-cut formats belong to `pictl run --split`)."""
+    from remote.wire import parse_format
+
+    try:
+        return [str(parse_format(w)) for w in text.replace(" ", "").split(",") if w] or ["fp32"]
+    except ValueError as exc:
+        raise E.ConfigError(f"{name}: {exc}") from None
 
 
 def parse_ints(name: str, text: str) -> list[int]:
@@ -70,7 +84,7 @@ def parse_ints(name: str, text: str) -> list[int]:
 def plan_sweep(cluster: Cluster, profile: str | None, overrides: dict[str, Any], *, stages: str | None,
                chunks: str | None, policies: str | None, names: tuple[str, str, str] = ("--stages", "--chunks",
                                                                                           "--policy"),
-               ) -> tuple[RunOptions, list[SweepPoint]]:
+               wires: str | None = None) -> tuple[RunOptions, list[SweepPoint]]:
     """The base options and every combination, from the CLI's or the dashboard's text fields (empty: the
     profile's [sweep] table); a value that cannot run is refused here, before anything starts."""
     base = resolve_options(profile, overrides)
@@ -80,11 +94,12 @@ def plan_sweep(cluster: Cluster, profile: str | None, overrides: dict[str, Any],
         if p not in ("equal", "balanced"):
             raise E.ConfigError(f"{names[2]}: '{p}' is not one of equal, balanced")
     return base, sweep_points(cluster, base, parse_ints(names[0], stages) if stages else preset.stages,
-                              parse_ints(names[1], chunks) if chunks else preset.chunks, chosen)
+                              parse_ints(names[1], chunks) if chunks else preset.chunks, chosen,
+                              parse_wires("--wire", wires) if wires else None)
 
 
 def options_for(base: RunOptions, point: SweepPoint) -> RunOptions:
-    values = {**base.model_dump(), "stages": point.stages, "chunk": point.chunk, "split": []}
+    values = {**base.model_dump(), "stages": point.stages, "chunk": point.chunk, "split": [], "wire": point.wire}
     values["policy"] = base.policy if point.policy == "serial" else point.policy
     try:
         return RunOptions(**values)
@@ -93,7 +108,7 @@ def options_for(base: RunOptions, point: SweepPoint) -> RunOptions:
 
 
 def row_of(point: SweepPoint, summary: dict[str, Any] | None, error: str | None = None) -> dict[str, Any]:
-    row: dict[str, Any] = {"stages": point.stages, "chunk": point.chunk, "policy": point.policy}
+    row: dict[str, Any] = {"stages": point.stages, "chunk": point.chunk, "policy": point.policy, "wire": point.wire}
     if summary is None:
         return {**row, "status": "failed", "error": error}
     busy = [(st["compute_s"] or 0) + (st["send_s"] or 0) for st in summary["per_stage"]]
@@ -103,6 +118,10 @@ def row_of(point: SweepPoint, summary: dict[str, Any] | None, error: str | None 
             "bottleneck_rank": slowest,
             "bottleneck": (summary["per_stage"][slowest]["modules"] or ["-"])[0] if slowest is not None else None,
             "split_points": summary["split_points"], "outputs_match": summary["outputs_match"],
+            # What crossed the wire per image (all links, one timed pass), and a lossy wire's agreement.
+            "bytes_per_image": round(sum(st.get("bytes_sent") or 0 for st in summary["per_stage"])
+                                     / (summary["images"] * summary["repeats"])) if summary.get("images") else None,
+            "agreement": summary.get("agreement"),
             "run_id": summary["run_id"], "flags": [f["code"] for f in summary.get("flags") or []],
             **({"error": error} if error else {})}
 
@@ -115,9 +134,10 @@ def write_table(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> 
         writer.writerows({**r, "split_points": " ".join(r.get("split_points") or []),
                           "flags": " ".join(r.get("flags") or [])} for r in rows)
     (out / "table.csv.tmp").replace(out / "table.csv")
-    lines = ["| " + " | ".join(COLUMNS[:10]) + " |", "|" + "---|" * 10]
+    shown = COLUMNS[:TABLE_COLUMNS]
+    lines = ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
     for r in rows:
-        lines.append("| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in COLUMNS[:10]) + " |")
+        lines.append("| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in shown) + " |")
     (out / "table.md").write_text("\n".join(lines) + "\n")
 
 
@@ -133,12 +153,12 @@ def plot(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
     fig, ax = plt.subplots(figsize=(6, 4))
     stages = sorted({r["stages"] for r in ok}) or [1]
     ax.plot(stages, stages, "k--", label="ideal")
-    for (policy, chunk), group in itertools.groupby(sorted((r for r in ok if r["stages"] > 1),
-                                                          key=lambda r: (r["policy"], r["chunk"], r["stages"])),
-                                                   key=lambda r: (r["policy"], r["chunk"])):
+    series = lambda r: (r["policy"], r["chunk"], r.get("wire", "fp32"))  # noqa: E731
+    for (policy, chunk, wire), group in itertools.groupby(sorted((r for r in ok if r["stages"] > 1),
+                                                                key=lambda r: (*series(r), r["stages"])), key=series):
         g = list(group)
         ax.plot([1] + [r["stages"] for r in g], [1.0] + [r["speedup"] for r in g], "o-",
-                label=f"{policy}, chunk {chunk}")
+                label=f"{policy}, chunk {chunk}" + ("" if wire == "fp32" else f", {wire}"))
     written.append(_save(plt, fig, ax, "stages", "speedup over serial", out / "speedup_vs_stages.png"))
     if len({r["chunk"] for r in ok}) > 1:
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -148,7 +168,26 @@ def plot(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
             ax.plot([r["chunk"] for r in g], [r["throughput_ips"] for r in g], "o-", label=f"{policy}, {n} stage(s)")
         written.append(_save(plt, fig, ax, "chunk (images per microbatch)", "images / s",
                              out / "throughput_vs_chunk.png"))
+    if len({r.get("wire") for r in ok if r["stages"] > 1}) > 1:
+        written.append(_plot_wires(plt, [r for r in ok if r["stages"] > 1], out / "wire_formats.png"))
     return written
+
+
+def _plot_wires(plt, rows: list[dict[str, Any]], path: Path) -> Path:  # noqa: ANN001
+    """Per wire format (one group of bars per stage count and chunk): throughput, bytes per image, agreement."""
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4))
+    labels = [f"{r['wire']}\n{r['stages']}st c{r['chunk']} {r['policy']}" for r in rows]
+    for ax, key, title in zip(axes, ("throughput_ips", "bytes_per_image", "agreement"),
+                              ("images / s", "bytes on the wire per image", "top-1 agreement (lossy wires)"),
+                              strict=True):
+        ax.bar(range(len(rows)), [r.get(key) or (1.0 if key == "agreement" else 0) for r in rows])
+        ax.set_xticks(range(len(rows)), labels, fontsize=7)
+        ax.set_title(title)
+        ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def _save(plt, fig, ax, xlabel: str, ylabel: str, path: Path) -> Path:  # noqa: ANN001
