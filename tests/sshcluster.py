@@ -209,6 +209,18 @@ class SshCluster:
         (self.cgroup(i) / "cpu.cfs_period_us").write_text(str(self.cfs_period_us))
         (self.cgroup(i) / "cpu.cfs_quota_us").write_text(str(quota))
 
+    def shape_links(self, mbit: float | None) -> None:
+        """Cap what every host sends at `mbit` Mbit/s (a token bucket on its eth0; None: uncapped), so the
+        links between stages behave like Wi-Fi or an old Pi's Ethernet rather than a memory copy."""
+        for i in range(self.n):
+            ns = f"pictl-{TAG}{i}"
+            _sh("ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
+            if mbit is not None:
+                # A burst of 1 ms at the rate (at least 32 kB, what tbf needs per timer tick) and 100 ms of queue.
+                burst = max(32_000, int(mbit * 1e6 / 8 / 1000))
+                _sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate",
+                    f"{mbit}mbit", "burst", str(burst), "latency", "100ms")
+
     def _sshd(self, i: int, client_pub: str) -> str:
         d = self.state / f"host{i}"
         d.mkdir(parents=True)
