@@ -113,7 +113,7 @@ def _run(cluster3: dict, env: dict[str, str], *args: str) -> tuple[int, dict, st
 
 
 @pytest.mark.slow
-def test_a_real_run_sends_half_with_fp16_and_a_quarter_with_int8(cluster3, pictl_env) -> None:
+def test_a_real_run_sends_half_with_fp16_and_a_quarter_with_int8(cluster3, pictl_env, tmp_path: Path) -> None:
     rc, s, err = _run(cluster3, pictl_env, "--stages", "3", "--split", "blocks.4,blocks.8.attn.proj",
                       "--wire", "blocks.4=fp16,blocks.8.attn.proj=int8")
     assert rc == 0, err[-3000:]
@@ -130,6 +130,13 @@ def test_a_real_run_sends_half_with_fp16_and_a_quarter_with_int8(cluster3, pictl
     assert s["outputs_match"] is True and s["agreement"] >= 0.99 and 0 < s["mean_abs_diff"] < 0.1
     assert "lossy wire blocks.4=fp16,blocks.8.attn.proj=int8: top-1 agreement" in err
     assert "link 0->1 at blocks.4: fp16" in err
+    report = run_pictl(["report", s["run_id"], "--out", str(tmp_path / "report")],
+                       {**pictl_env, "PICTL_RUNS_DIR": str(Path(s["run_dir"]).parent)})
+    assert report.returncode == 0, report.stderr
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "**lossy wire** `blocks.4=fp16,blocks.8.attn.proj=int8`" in text
+    assert "| 1->2 | blocks.8.attn.proj | int8 |" in text
+    assert (tmp_path / "report" / f"{s['run_id']}-wire.png").read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.slow

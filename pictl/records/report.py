@@ -73,7 +73,30 @@ def stage_chart(summary: RunSummary, path: Path) -> Path:
     return path
 
 
-def _wire_lines(s: RunSummary) -> list[str]:
+def wire_chart(summary: RunSummary, path: Path) -> Path:
+    """Per link: MB uncompressed beside MB on the wire (the timed passes)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    assert summary.wire is not None
+    links = summary.wire.links
+    fig, ax = plt.subplots(figsize=(max(4, 1.6 * len(links)), 3.5))
+    xs = range(len(links))
+    ax.bar([x - 0.2 for x in xs], [(k.raw_bytes or 0) / 1e6 for k in links], width=0.4, label="fp32")
+    ax.bar([x + 0.2 for x in xs], [(k.wire_bytes or 0) / 1e6 for k in links], width=0.4, label="on the wire")
+    ax.set_xticks(list(xs), [f"{k.link}\n{k.format}" for k in links])
+    ax.set_ylabel("MB (timed passes)")
+    ax.set_title("what each link carried")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _wire_lines(s: RunSummary, out: Path) -> list[str]:
     """With `--wire` other than fp32: how the outputs were judged, and each link's bytes and bandwidth."""
     if s.wire is None or s.wire.format == "fp32":
         return []
@@ -87,7 +110,8 @@ def _wire_lines(s: RunSummary) -> list[str]:
             return "-" if v is None else f"{v / 1e6:.2f}"
         lines.append(f"| {k.link} | {k.cut} | {k.format} | {mb(k.wire_bytes)} | {mb(k.raw_bytes)} | {k.ratio} | "
                      f"{k.compress_s} | {k.decompress_s} | {mb(k.avg_Bps)} | {mb(k.peak_Bps)} |")
-    return [*lines, ""]
+    chart = wire_chart(s, out / f"{s.run_id}-wire.png")
+    return [*lines, "", f"![wire bytes per link]({chart.name})", ""]
 
 
 def _run_section(run_dir: Path, out: Path) -> list[str]:
@@ -99,7 +123,7 @@ def _run_section(run_dir: Path, out: Path) -> list[str]:
              f"status **{s.status}**.", "",
              "| throughput img/s | serial img/s | speedup | efficiency | outputs match |", "|---|---|---|---|---|",
              f"| {s.throughput_ips} | {s.serial_ips} | {s.speedup} | {s.efficiency} | "
-             f"{s.outputs_match} |", "", *_wire_lines(s), *_baseline_and_flags(s)]
+             f"{s.outputs_match} |", "", *_wire_lines(s, out), *_baseline_and_flags(s)]
     if s.stages > 1:
         # Per microbatch: the stage's compute (what `balanced` predicts), and apart from it the time it
         # waited for input and was blocked on sends.
