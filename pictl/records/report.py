@@ -64,8 +64,12 @@ def stage_chart(summary: RunSummary, path: Path) -> Path:
         values = [getattr(st, key) or 0.0 for st in stages]
         ax.bar(labels, values, bottom=bottom, label=key.removesuffix("_s"), color=color)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    ax.set_ylabel("seconds (timed passes)")
-    ax.set_title("where each stage's time went")
+    return _finish(plt, fig, ax, "seconds (timed passes)", "where each stage's time went", path)
+
+
+def _finish(plt, fig, ax, ylabel: str, title: str, path: Path) -> Path:  # noqa: ANN001
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -87,13 +91,7 @@ def wire_chart(summary: RunSummary, path: Path) -> Path:
     ax.bar([x - 0.2 for x in xs], [(k.raw_bytes or 0) / 1e6 for k in links], width=0.4, label="fp32")
     ax.bar([x + 0.2 for x in xs], [(k.wire_bytes or 0) / 1e6 for k in links], width=0.4, label="on the wire")
     ax.set_xticks(list(xs), [f"{k.link}\n{k.format}" for k in links])
-    ax.set_ylabel("MB (timed passes)")
-    ax.set_title("what each link carried")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, "MB (timed passes)", "what each link carried", path)
 
 
 def _wire_lines(s: RunSummary, out: Path) -> list[str]:
