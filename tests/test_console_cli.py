@@ -149,14 +149,14 @@ def test_the_exit_barrier_traceback_is_kept_to_the_log(tmp_path: Path, capsys) -
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory) -> dict:
-    """Two real 2-stage runs (different splits) in one runs directory, the second reusing the baseline."""
+    """Two real runs in one runs directory: the serial run alone, then 2 stages reusing its baseline."""
     root = tmp_path_factory.mktemp("catalog")
     hosts = write_cluster(root / "cluster", 2)
     env = {**os.environ, "PICTL_RUNS_DIR": str(root / "runs"), "PICTL_CACHE_DIR": str(root / "cache"),
            "COLUMNS": "40"}  # a narrow non-terminal: output must still be one event per line
-    procs = [run_pictl(["run", "--hosts", str(hosts), "--stages", "2", "--split", split, "--images", "4",
-                        "--warmup", "0", "--repeats", "1", "--headless", "--json"], env)
-             for split in ("blocks.6", "blocks.4")]
+    procs = [run_pictl(["run", "--hosts", str(hosts), *stages, "--images", "4", "--warmup", "0", "--repeats", "1",
+                        "--headless", "--json"], env)
+             for stages in (["--stages", "1"], ["--stages", "2", "--split", "blocks.4"])]
     for p in procs:
         assert p.returncode == 0, p.stderr[-3000:]
     return {"env": env, "procs": procs, "summaries": [json.loads(p.stdout) for p in procs], "root": root}
@@ -164,7 +164,7 @@ def two_runs(tmp_path_factory) -> dict:
 
 @pytest.mark.slow
 def test_headless_output_on_a_non_terminal_is_plain_one_line_per_event(two_runs) -> None:
-    err = two_runs["procs"][0].stderr
+    err = two_runs["procs"][1].stderr
     assert "[dim]" not in err and "[/]" not in err and "[bold" not in err and "\x1b[" not in err
     lines = err.splitlines()
     passes = [line for line in lines if line.startswith("pictl pipeline: pass ")]
@@ -188,8 +188,9 @@ def test_runs_lists_shows_compares_and_exports_real_runs(two_runs, tmp_path: Pat
 
     compare = run_pictl(["runs", "compare", first["run_id"], second["run_id"][:-2]], env)  # an id prefix works
     assert compare.returncode == 0, compare.stderr
-    split_row = next(line for line in compare.stdout.splitlines() if " split " in line)
-    assert "blocks.6" in split_row and "blocks.4" in split_row
+    cells = {row[0]: row[1:] for row in ([c.strip() for c in line.split("│") if c.strip()]
+                                         for line in compare.stdout.splitlines()) if row}
+    assert cells["stages"] == ["1", "2"] and cells["split"] == ["-", "blocks.4"]
     rows = json.loads(run_pictl(["runs", "compare", first["run_dir"], second["run_id"], "--json"], env).stdout)
     assert [r["speedup"] for r in rows] == [round(first["speedup"], 3), round(second["speedup"], 3)]
     one = run_pictl(["runs", "compare", first["run_id"]], env)

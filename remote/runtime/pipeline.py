@@ -92,13 +92,15 @@ class TimedStage(PipelineStage):
             out = super().forward_one_chunk(fwd_chunk_id, args, kwargs, save_forward_output)
         elapsed = time.perf_counter() - start
         codec = self.submod.codec.take() if self.submod.codec is not None else None
-        if codec is not None:  # the stage's compute, without the time it spent on the wire's formats
+        # Refinement sees the stage's whole busy time (so `balanced` learns what encoding costs from the run);
+        # the compute figure reported leaves the wire's formats out (they have counters of their own).
+        self.compute_times.append(elapsed)
+        if codec is not None:
             self.counters.compress_s += codec.compress_s
             self.counters.decompress_s += codec.decompress_s
             self.counters.raw_bytes += codec.raw_bytes
             elapsed -= codec.compress_s + codec.decompress_s
         self.counters.compute_s += elapsed
-        self.compute_times.append(elapsed)
         self.counters.microbatches += 1
         if not self.is_last:
             outs = out if isinstance(out, tuple) else (out,)
