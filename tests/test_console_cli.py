@@ -1,5 +1,6 @@
 """The command line as a newcomer meets it: a wheel install, options before the command, help and version,
-`pictl init`, `pictl runs`, and the plain one-line output scripts and CI logs get."""
+`pictl init`, and torchrun's exit-barrier noise kept out of the console. (`pictl runs` and the plain
+headless output are tested on real runs in test_wire.py.)"""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from conftest import ROOT, run_pictl, write_cluster
 
 from pictl.cluster.stream import ProcessStream
@@ -145,67 +145,3 @@ def test_the_exit_barrier_traceback_is_kept_to_the_log(tmp_path: Path, capsys) -
     assert len(kept["log"]) == 5 and "DistNetworkError" in kept["log"][3]
     assert [e.line for e in shown] == ["RuntimeError: a real failure"]
     assert capsys.readouterr().err == "h0 RuntimeError: a real failure\n"  # stderr is not a terminal here
-
-
-@pytest.fixture(scope="module")
-def two_runs(tmp_path_factory) -> dict:
-    """Two real runs in one runs directory: the serial run alone, then 2 stages reusing its baseline."""
-    root = tmp_path_factory.mktemp("catalog")
-    hosts = write_cluster(root / "cluster", 2)
-    env = {**os.environ, "PICTL_RUNS_DIR": str(root / "runs"), "PICTL_CACHE_DIR": str(root / "cache"),
-           "COLUMNS": "40"}  # a narrow non-terminal: output must still be one event per line
-    procs = [run_pictl(["run", "--hosts", str(hosts), *stages, "--images", "4", "--warmup", "0", "--repeats", "1",
-                        "--headless", "--json"], env)
-             for stages in (["--stages", "1"], ["--stages", "2", "--split", "blocks.4"])]
-    for p in procs:
-        assert p.returncode == 0, p.stderr[-3000:]
-    return {"env": env, "procs": procs, "summaries": [json.loads(p.stdout) for p in procs], "root": root}
-
-
-@pytest.mark.slow
-def test_headless_output_on_a_non_terminal_is_plain_one_line_per_event(two_runs) -> None:
-    err = two_runs["procs"][1].stderr
-    assert "[dim]" not in err and "[/]" not in err and "[bold" not in err and "\x1b[" not in err
-    lines = err.splitlines()
-    passes = [line for line in lines if line.startswith("pictl pipeline: pass ")]
-    assert passes and all(line.endswith(" img/s") for line in passes)
-    assert max(len(line) for line in lines if line.startswith("pictl ")) > 40  # not wrapped at COLUMNS
-
-
-@pytest.mark.slow
-def test_runs_lists_shows_compares_and_exports_real_runs(two_runs, tmp_path: Path) -> None:
-    env = two_runs["env"]
-    first, second = two_runs["summaries"]
-    listed = json.loads(run_pictl(["runs", "--json"], env).stdout)
-    assert [r["run_id"] for r in listed] == [second["run_id"], first["run_id"]]  # newest first
-    assert listed[0]["split"] == "blocks.4" and listed[0]["baseline"] == "reused"
-    by_speed = json.loads(run_pictl(["runs", "--json", "--sort", "speedup"], env).stdout)
-    assert [r["speedup"] for r in by_speed] == sorted((r["speedup"] for r in listed), reverse=True)
-    assert json.loads(run_pictl(["runs", "--json", "--stages", "3"], env).stdout) == []
-    assert len(json.loads(run_pictl(["runs", "--json", "--since", "2000-01-01"], env).stdout)) == 2
-    bad = run_pictl(["runs", "--since", "yesterday"], env)
-    assert bad.returncode == 2 and "--since: 'yesterday' is not a date" in bad.stderr
-
-    compare = run_pictl(["runs", "compare", first["run_id"], second["run_id"][:-2]], env)  # an id prefix works
-    assert compare.returncode == 0, compare.stderr
-    cells = {row[0]: row[1:] for row in ([c.strip() for c in line.split("│") if c.strip()]
-                                         for line in compare.stdout.splitlines()) if row}
-    assert cells["stages"] == ["1", "2"] and cells["split"] == ["-", "blocks.4"]
-    rows = json.loads(run_pictl(["runs", "compare", first["run_dir"], second["run_id"], "--json"], env).stdout)
-    assert [r["speedup"] for r in rows] == [round(first["speedup"], 3), round(second["speedup"], 3)]
-    one = run_pictl(["runs", "compare", first["run_id"]], env)
-    assert one.returncode == 2 and "two runs or more" in one.stderr
-
-    shown = run_pictl(["runs", "show", first["run_id"], "--json"], env)
-    assert json.loads(shown.stdout)["run_id"] == first["run_id"]
-    assert run_pictl(["runs", "show", "nope"], env).returncode == 2
-
-    csv_path = tmp_path / "runs.csv"
-    exported = run_pictl(["runs", "export", "--csv", str(csv_path)], env)
-    assert exported.returncode == 0, exported.stderr
-    header, *body = csv_path.read_text().splitlines()
-    assert header.startswith("run_id,started,status,model,stages,policy") and len(body) == 2
-
-    report = run_pictl(["report", first["run_id"], "--out", str(tmp_path / "rep")], env)
-    assert report.returncode == 0, report.stderr
-    assert first["run_id"] in (tmp_path / "rep" / "report.md").read_text()

@@ -223,7 +223,7 @@ async def test_a_sweep_from_the_dashboard_shows_its_table(tmp_path: Path, baseli
         await pilot.pause()
         assert app.screen is form and "9 stages do not fit" in str(form.query_one("#form-error").render())
         stages.value = "1,2"
-        form.query_one("#images", Input).value = "24"
+        form.query_one("#images", Input).value = "4"
         await pilot.press("enter")
         await _until(pilot, lambda: app.state.sweep and len(app.state.sweep.get("rows", [])) == 2
                      and not app.state.running)

@@ -41,6 +41,18 @@ def test_two_runs_at_once_the_second_is_refused_then_queued(ssh_cluster, shared_
     inv = str(ssh_cluster.inventory)
     first = subprocess.Popen([sys.executable, "-m", "pictl", "run", "--hosts", inv, *TINY], env=shared_cache_env,
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    started = [first]
+    try:
+        _two_runs(ssh_cluster, shared_cache_env, first, started)
+    finally:  # a failed assertion must not leave a run holding the cluster for the tests after this one
+        for proc in started:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.communicate(timeout=120)
+
+
+def _two_runs(ssh_cluster, shared_cache_env, first: subprocess.Popen, started: list[subprocess.Popen]) -> None:
+    inv = str(ssh_cluster.inventory)
     _wait_for(lambda: _lease(ssh_cluster, 0) and _lease(ssh_cluster, 1), "the first run's leases")
     holder = _lease(ssh_cluster, 0)
     assert holder["run_id"] and holder["login"] == ssh_cluster.user(0) and holder["pid"] > 0
@@ -52,6 +64,7 @@ def test_two_runs_at_once_the_second_is_refused_then_queued(ssh_cluster, shared_
     queued = subprocess.Popen([sys.executable, "-m", "pictl", "run", "--hosts", inv, *TINY, "--wait"],
                               env=shared_cache_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True)
+    started.append(queued)
     out1, err1 = first.communicate(timeout=300)
     out2, err2 = queued.communicate(timeout=300)
     assert first.returncode == 0, err1[-3000:]

@@ -1,9 +1,11 @@
 """`--wire`: formats parsed and sized, each round trip within its documented error on real DeiT-S
-activations, `balanced` sizing cuts by the format, and real runs: bytes per format, agreement, refusal."""
+activations, `balanced` sizing cuts by the format, and real runs: bytes per format, agreement, refusal.
+The two real runs are also the records `pictl runs` and the plain headless output are tested on."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -100,23 +102,27 @@ def test_bad_wire_input_is_refused_before_anything_starts(tmp_path: Path, pictl_
 
 
 @pytest.fixture(scope="module")
-def cluster3(tmp_path_factory) -> dict:
+def wire_runs(tmp_path_factory) -> dict:
+    """Two real runs in one runs directory, the second reusing the first's serial baseline: 3 stages with an
+    fp16 and an int8 cut, then 2 stages with lowrank:1 (far below the agreement threshold). They are also the
+    records `pictl runs` is tested on, and their output is read as a narrow non-terminal would get it."""
     root = tmp_path_factory.mktemp("wire")
-    return {"hosts": write_cluster(root / "cluster", 3), "cache": root / "cache"}
-
-
-def _run(cluster3: dict, env: dict[str, str], *args: str) -> tuple[int, dict, str]:
-    proc = run_pictl(["run", "--hosts", str(cluster3["hosts"]), "--images", "6", "--chunk", "2", "--warmup", "0",
-                      "--repeats", "1", "--headless", "--json", *args],
-                     {**env, "PICTL_CACHE_DIR": str(cluster3["cache"])})
-    return proc.returncode, json.loads(proc.stdout), proc.stderr
+    hosts = write_cluster(root / "cluster", 3)
+    env = {**os.environ, "PICTL_RUNS_DIR": str(root / "runs"), "PICTL_CACHE_DIR": str(root / "cache"),
+           "COLUMNS": "40"}
+    common = ["run", "--hosts", str(hosts), "--images", "6", "--chunk", "2", "--warmup", "0", "--repeats", "1",
+              "--headless", "--json"]
+    procs = [run_pictl([*common, "--stages", "3", "--split", "blocks.4,blocks.8.attn.proj",
+                        "--wire", "blocks.4=fp16,blocks.8.attn.proj=int8"], env),
+             run_pictl([*common, "--stages", "2", "--split", "blocks.6", "--wire", "lowrank:1"], env)]
+    return {"env": env, "procs": procs, "summaries": [json.loads(p.stdout) for p in procs]}
 
 
 @pytest.mark.slow
-def test_a_real_run_sends_half_with_fp16_and_a_quarter_with_int8(cluster3, pictl_env, tmp_path: Path) -> None:
-    rc, s, err = _run(cluster3, pictl_env, "--stages", "3", "--split", "blocks.4,blocks.8.attn.proj",
-                      "--wire", "blocks.4=fp16,blocks.8.attn.proj=int8")
-    assert rc == 0, err[-3000:]
+def test_a_real_run_sends_half_with_fp16_and_a_quarter_with_int8(wire_runs, tmp_path: Path) -> None:
+    proc, s = wire_runs["procs"][0], wire_runs["summaries"][0]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    err = proc.stderr
     first, second = s["wire"]["links"]
     assert (first["cut"], first["format"], second["cut"], second["format"]) == (
         "blocks.4", "fp16", "blocks.8.attn.proj", "int8")
@@ -130,8 +136,7 @@ def test_a_real_run_sends_half_with_fp16_and_a_quarter_with_int8(cluster3, pictl
     assert s["outputs_match"] is True and s["agreement"] >= 0.99 and 0 < s["mean_abs_diff"] < 0.1
     assert "lossy wire blocks.4=fp16,blocks.8.attn.proj=int8: top-1 agreement" in err
     assert "link 0->1 at blocks.4: fp16" in err
-    report = run_pictl(["report", s["run_id"], "--out", str(tmp_path / "report")],
-                       {**pictl_env, "PICTL_RUNS_DIR": str(Path(s["run_dir"]).parent)})
+    report = run_pictl(["report", s["run_id"][:-2], "--out", str(tmp_path / "report")], wire_runs["env"])
     assert report.returncode == 0, report.stderr
     text = (tmp_path / "report" / "report.md").read_text()
     assert "**lossy wire** `blocks.4=fp16,blocks.8.attn.proj=int8`" in text
@@ -140,10 +145,59 @@ def test_a_real_run_sends_half_with_fp16_and_a_quarter_with_int8(cluster3, pictl
 
 
 @pytest.mark.slow
-def test_a_lossy_run_below_the_agreement_threshold_fails_with_exit_5(cluster3, pictl_env) -> None:
-    rc, s, err = _run(cluster3, pictl_env, "--stages", "2", "--split", "blocks.6", "--wire", "lowrank:1")
-    assert rc == 5, err[-3000:]
+def test_a_lossy_run_below_the_agreement_threshold_fails_with_exit_5(wire_runs) -> None:
+    proc, s = wire_runs["procs"][1], wire_runs["summaries"][1]
+    assert proc.returncode == 5, proc.stderr[-3000:]
+    assert s["serial_reused"] is True
     assert s["status"] == "failed" and s["outputs_match"] is False and s["agreement"] < 0.99
     assert s["wire"]["links"][0]["ratio"] < 0.01
-    assert err.strip().splitlines()[-1].startswith("pictl: error: lossy wire (lowrank:1): top-1 agreement")
+    assert proc.stderr.strip().splitlines()[-1].startswith("pictl: error: lossy wire (lowrank:1): top-1 agreement")
     assert json.loads((Path(s["run_dir"]) / "summary.json").read_text())["status"] == "failed"
+
+
+@pytest.mark.slow
+def test_headless_output_on_a_non_terminal_is_plain_one_line_per_event(wire_runs) -> None:
+    err = wire_runs["procs"][0].stderr  # COLUMNS=40, stderr a pipe
+    assert "[dim]" not in err and "[/]" not in err and "[bold" not in err and "\x1b[" not in err
+    lines = err.splitlines()
+    passes = [line for line in lines if line.startswith("pictl pipeline: pass ")]
+    assert passes and all(line.endswith(" img/s") for line in passes)
+    assert max(len(line) for line in lines if line.startswith(("pictl ", "link "))) > 40  # not wrapped
+
+
+@pytest.mark.slow
+def test_runs_lists_shows_compares_and_exports_real_runs(wire_runs, tmp_path: Path) -> None:
+    env = wire_runs["env"]
+    first, second = wire_runs["summaries"]
+    listed = json.loads(run_pictl(["runs", "--json"], env).stdout)
+    assert [r["run_id"] for r in listed] == [second["run_id"], first["run_id"]]  # newest first
+    assert listed[0]["status"] == "failed" and listed[0]["wire"] == "lowrank:1 (lossy wire)"
+    assert listed[1]["split"] == "blocks.4,blocks.8.attn.proj" and listed[1]["baseline"] == "measured"
+    by_stages = json.loads(run_pictl(["runs", "--json", "--sort", "stages"], env).stdout)
+    assert [r["stages"] for r in by_stages] == [3, 2]
+    assert [r["run_id"] for r in json.loads(run_pictl(["runs", "--json", "--status", "failed"], env).stdout)] == [
+        second["run_id"]]
+    assert json.loads(run_pictl(["runs", "--json", "--stages", "4"], env).stdout) == []
+    assert len(json.loads(run_pictl(["runs", "--json", "--since", "2000-01-01"], env).stdout)) == 2
+    bad = run_pictl(["runs", "--since", "yesterday"], env)
+    assert bad.returncode == 2 and "--since: 'yesterday' is not a date" in bad.stderr
+
+    compare = run_pictl(["runs", "compare", first["run_id"], second["run_id"][:-2]], env)  # an id prefix works
+    assert compare.returncode == 0, compare.stderr
+    cells = {row[0]: row[1:] for row in ([c.strip() for c in line.split("│") if c.strip()]
+                                         for line in compare.stdout.splitlines()) if row}
+    assert cells["stages"] == ["3", "2"] and cells["status"] == ["ok", "failed"]
+    rows = json.loads(run_pictl(["runs", "compare", first["run_dir"], second["run_id"], "--json"], env).stdout)
+    assert [r["speedup"] for r in rows] == [round(first["speedup"], 3), round(second["speedup"], 3)]
+    one = run_pictl(["runs", "compare", first["run_id"]], env)
+    assert one.returncode == 2 and "two runs or more" in one.stderr
+
+    shown = run_pictl(["runs", "show", first["run_id"], "--json"], env)
+    assert json.loads(shown.stdout)["run_id"] == first["run_id"]
+    assert run_pictl(["runs", "show", "nope"], env).returncode == 2
+
+    csv_path = tmp_path / "runs.csv"
+    exported = run_pictl(["runs", "export", "--csv", str(csv_path)], env)
+    assert exported.returncode == 0, exported.stderr
+    header, *body = csv_path.read_text().splitlines()
+    assert header.startswith("run_id,started,status,model,stages,policy") and len(body) == 2

@@ -63,12 +63,19 @@ def describe(record: dict[str, Any]) -> str:
 
 
 def _busy_message(busy: list[tuple[str, dict[str, Any]]]) -> str:
-    """One clause per holder: "host 'h0', host 'h1' held by run X of alice on laptop (since 10:02:03)"."""
-    holders: dict[str, list[str]] = {}
+    """One clause per holder: "hosts 'h0', 'h1' busy: held by run X of alice on laptop (since 10:02:03)". A run
+    takes its hosts' leases one by one, maybe a second apart: grouped by run, since its first lease."""
+    holders: dict[tuple[Any, ...], list[tuple[str, dict[str, Any]]]] = {}
     for host, record in busy:
-        holders.setdefault(describe(record), []).append(f"'{host}'")
-    return "; ".join(f"host{'s' if len(names) > 1 else ''} {', '.join(names)} busy: held by {who}"
-                     for who, names in holders.items())
+        who = (record.get("run_id"), record.get("user"), record.get("controller"))
+        holders.setdefault(who, []).append((host, record))
+    clauses = []
+    for held in holders.values():
+        names = [f"'{host}'" for host, _ in held]
+        starts = [r["started_at"] for _, r in held if isinstance(r.get("started_at"), int | float)]
+        first = {**held[0][1], "started_at": min(starts)} if starts else held[0][1]
+        clauses.append(f"host{'s' if len(names) > 1 else ''} {', '.join(names)} busy: held by {describe(first)}")
+    return "; ".join(clauses)
 
 
 @dataclass

@@ -168,7 +168,7 @@ def plot(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
             ax.plot([r["chunk"] for r in g], [r["throughput_ips"] for r in g], "o-", label=f"{policy}, {n} stage(s)")
         written.append(_save(plt, fig, ax, "chunk (images per microbatch)", "images / s",
                              out / "throughput_vs_chunk.png"))
-    if len({r.get("wire") for r in ok if r["stages"] > 1}) > 1:
+    if any(r.get("wire", "fp32") != "fp32" for r in ok if r["stages"] > 1):
         written.append(_plot_wires(plt, [r for r in ok if r["stages"] > 1], out / "wire_formats.png"))
     return written
 
