@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pictl.events import HostOutput, Phase, RankEvent, SessionEvent
+from pictl.headless_train import TRAIN_EVENTS, TrainProgress
 from pictl.summary import baseline_text
 from remote import protocol as P
 
@@ -43,6 +44,7 @@ class HeadlessRenderer:
         self._live: Live | None = None
         self._progress: dict[int, dict[str, Any]] = {}
         self._last_line: dict[int, float] = {}
+        self._train = TrainProgress(self.err)
 
     def __call__(self, event: SessionEvent) -> None:
         if isinstance(event, Phase):
@@ -76,6 +78,8 @@ class HeadlessRenderer:
             self.err.print(refine_line(rec), markup=False, highlight=False)
         elif kind in PRUNE_EVENTS:
             self._on_prune(rec)
+        elif kind in TRAIN_EVENTS:
+            self._train(event.source, rec)
         elif kind == P.ERROR:
             self._stop_live()
             self.err.print(f"[bold red]error[/] {event.source} rank {rank}: {rec['message']}")

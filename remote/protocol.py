@@ -20,6 +20,7 @@ KEY_HOST = "host"
 ROLE_PIPELINE = "pipeline"
 ROLE_SERIAL = "serial"
 ROLE_PRUNE = "prune"
+ROLE_TRAIN = "train"
 
 # Event names.
 RUN_START = "run_start"
@@ -41,9 +42,14 @@ PRUNE_START = "prune_start"  # remote.pruning.prune: base model's params and MAC
 PRUNE_PROGRESS = "prune_progress"  # a fine-tuning step: epoch, step, loss, images/s
 PRUNE_ACCURACY = "prune_accuracy"  # top-1 before pruning, right after, after each epoch
 PRUNE_DONE = "prune_done"  # the artifact is complete: its path and metadata
+TRAIN_START = "train_start"  # remote.training.train: mode, world, batch, chunks, steps, parameters
+TRAIN_STEP = "train_step"  # one optimizer step on one rank: its time by category (and the loss, on the loss rank)
+TRAIN_EVAL = "train_eval"  # top-1 on the held-out images after an epoch
+TRAIN_END = "train_end"  # a rank finished: its totals by category and the file its weights went to
 
 EVENTS = (RUN_START, STAGE_READY, PROGRESS, THROUGHPUT, ACCURACY, RUN_END, ERROR, PLAN, OUTPUTS, FIRST_OUTPUT,
-          COSTS, TRACE, REFINE, REFINED, STAGE_MOVED, PRUNE_START, PRUNE_PROGRESS, PRUNE_ACCURACY, PRUNE_DONE)
+          COSTS, TRACE, REFINE, REFINED, STAGE_MOVED, PRUNE_START, PRUNE_PROGRESS, PRUNE_ACCURACY, PRUNE_DONE,
+          TRAIN_START, TRAIN_STEP, TRAIN_EVAL, TRAIN_END)
 
 # Threads for this process, set per host by the controller (`--threads 0` divides a host's cores
 # among the stages it runs); it overrides the spec's single value.
@@ -61,6 +67,16 @@ TRACE_COMPUTE_RANGE = "pictl:compute"  # the profiler range around each microbat
 
 def trace_file(rank: int) -> str:
     return f"rank{rank}.json.gz"
+
+
+LOGITS_FILE_TRAINED = "logits-trained.f32"  # the trained model on the first evaluation images
+TRAIN_TIME_KEYS = ("data_s", "forward_s", "backward_s", "optimizer_s", "comm_s", "idle_s")
+"""Where a training step's time goes, per rank (they add up to the step's wall time)."""
+
+
+def train_part_file(rank: int) -> str:
+    """The weights a training rank ends with (its stage's, or the whole model under single and ddp)."""
+    return f"weights-rank{rank}.safetensors"
 
 # Exit status of the remote entry points when the input itself is wrong
 # (unknown split point, shapes that do not fit, missing data): the controller maps

@@ -135,3 +135,77 @@ class PruneSpec:
         raw = json.loads(Path(path).read_text())
         raw["data"] = DataSpec(**raw.get("data", {}))
         return cls(**raw)
+
+
+TRAIN_MODES = ("single", "pipeline", "ddp")
+TRAIN_SCHEDULES = ("gpipe", "1f1b")
+
+
+@dataclass
+class TrainSpec:
+    """One training job (`remote.training.train`): the same step, seed, global batch and learning-rate
+    schedule in every mode, so `single`, `pipeline` and `ddp` compute the same function.
+
+    A step takes `batch_size` images as `chunks` microbatches of `batch_size // chunks`: the microbatch is
+    what a BatchNorm sees in every mode. `single` accumulates the microbatches' gradients, `pipeline`
+    streams them through the stages, `ddp` gives each rank `chunks // world` of them.
+    """
+
+    model: str = "deit_small_patch16_224"
+    model_kwargs: dict = field(default_factory=dict)
+    num_classes: int = 10
+    image_size: int = 0
+    """Square input side (0: the model's own, e.g. 224)."""
+    checkpoint: str | None = None
+    """Starting weights (safetensors or a plain .pth state dict); None: seeded random weights."""
+    allow_pickle: bool = False
+    seed: int = 0
+    mode: str = "single"
+    schedule: str = "gpipe"
+    stages: int = 1
+    """Ranks: pipeline stages, or data-parallel replicas under ddp."""
+    policy: str = "equal"
+    split_points: list[str] = field(default_factory=list)
+    batch_size: int = 8
+    """The global batch of one optimizer step, in every mode."""
+    chunks: int = 1
+    steps: int = 0
+    """Optimizer steps in all (0: `epochs` passes over the training images)."""
+    epochs: int = 1
+    stop_after: int = 0
+    """Run only the first N of the `steps` (0: all), on the same learning-rate schedule: the reference."""
+    warmup_steps: int = 1
+    """Steps left out of the throughput (imports, allocator and caches settle)."""
+    lr: float = 0.01
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    amp: bool = False
+    """bf16 autocast on CPU (fp16 on CUDA); the weights, optimizer and wire stay fp32."""
+    train_images: int = 256
+    eval_images: int = 64
+    """Top-1 after every epoch on this many held-out images (0: no evaluation)."""
+    data: DataSpec = field(default_factory=DataSpec)
+    threads: int = 1
+    save: bool = True
+    """Write each rank's weights (`protocol.train_part_file`) for the controller to assemble."""
+    check_images: int = 8
+    """The trained model's logits on this many evaluation images are kept (checkpoint checks)."""
+    break_rank: int | None = None
+    """Fault injection for tests: this rank never applies its optimizer step (its loss drifts)."""
+    progress_interval_s: float = 1.0
+    pg_timeout_s: float = 300.0
+    run_id: str = ""
+
+    @property
+    def microbatch(self) -> int:
+        return self.batch_size // self.chunks
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def load(cls, path: str | Path) -> TrainSpec:
+        raw = json.loads(Path(path).read_text())
+        raw["data"] = DataSpec(**raw.get("data", {}))
+        return cls(**raw)

@@ -10,7 +10,7 @@ pictl/, bottom to top (a module may import its own layer and the ones below):
     cli         cli/, __main__
 Of remote/, the controller imports only the torch-free floor (protocol, spec, errors, emit, balance,
 artifact_meta).
-remote/, bottom to top: the floor; data/ and host/; runtime/; profiling/ and pruning/.
+remote/, bottom to top: the floor; data/ and host/; runtime/; profiling/, pruning/ and training/.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ PICTL_LAYERS = [
     ("planning", ["pictl.planning"]),
     ("run", ["pictl.run"]),
     ("jobs", ["pictl.jobs"]),
-    ("frontends", ["pictl.headless", "pictl.tui"]),
+    ("frontends", ["pictl.headless", "pictl.headless_train", "pictl.tui"]),
     ("cli", ["pictl.cli", "pictl.__main__"]),
 ]
 REMOTE_LAYERS = [
@@ -37,7 +37,7 @@ REMOTE_LAYERS = [
                "remote.artifact_meta"]),
     ("data and host", ["remote.data", "remote.host"]),
     ("runtime", ["remote.runtime"]),
-    ("tools", ["remote.profiling", "remote.pruning"]),
+    ("tools", ["remote.profiling", "remote.pruning", "remote.training"]),
 ]
 REMOTE_FLOOR = REMOTE_LAYERS[0][1]
 

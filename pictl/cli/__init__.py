@@ -23,7 +23,7 @@ from pictl import errors as E
 from pictl.cli.common import app
 
 # Each module registers its commands on `app`; this order is the order of `pictl --help`.
-for _kind in ("runs", "catalog", "jobs", "costs", "hosts", "init"):
+for _kind in ("runs", "catalog", "jobs", "train", "costs", "hosts", "init"):
     import_module(f"pictl.cli.{_kind}")
 
 __all__ = ["app", "entrypoint"]

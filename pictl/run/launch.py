@@ -11,7 +11,7 @@ from pictl.planning.placement import NodePlan
 
 
 def torchrun_argv(node: NodePlan, *, nnodes: int, master: Host, master_port: int, spec_path: str,
-                  run_id: str = "none") -> list[str]:
+                  run_id: str = "none", module: str = "remote.runtime.pipeline") -> list[str]:
     # --rdzv-id: the static rendezvous keys its store by it, so agents of another run that reach our
     # port (a shared Pi) never mix with ours.
     return [
@@ -19,5 +19,5 @@ def torchrun_argv(node: NodePlan, *, nnodes: int, master: Host, master_port: int
         f"--nnodes={nnodes}", f"--nproc-per-node={node.nproc}", f"--node-rank={node.node_rank}",
         "--rdzv-backend=static", f"--rdzv-id={run_id}", f"--master-addr={master.rendezvous_address}",
         f"--master-port={master_port}", "--max-restarts=0",
-        "-m", "remote.runtime.pipeline", "--spec", spec_path,
+        "-m", module, "--spec", spec_path,
     ]

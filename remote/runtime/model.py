@@ -81,6 +81,9 @@ def init_seeded(model: nn.Module, seed: int) -> None:
             p.fill_(1.0)
         else:
             nn.init.trunc_normal_(p, std=0.02, generator=g)
+    for module in model.modules():  # `to_empty` left BatchNorm's running statistics as garbage (CNNs)
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and module.track_running_stats:
+            module.reset_running_stats()
 
 
 def _unwrap_state_dict(obj: object, path: Path) -> dict[str, torch.Tensor]:

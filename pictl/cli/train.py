@@ -1,0 +1,139 @@
+"""`pictl train`: training across the inventory's hosts, single, pipeline-parallel or data-parallel."""
+
+from __future__ import annotations
+
+import asyncio
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional, get_args
+
+import typer
+
+from pictl import errors as E
+from pictl.cli.common import (
+    HostsOpt,
+    JsonOpt,
+    VerboseOpt,
+    WaitOpt,
+    app,
+    choices,
+    chosen,
+    fail,
+    read_cluster,
+    run_cancellable,
+)
+from pictl.jobs.training.options import Mode as ModeLiteral
+from pictl.jobs.training.options import Schedule as ScheduleLiteral
+from pictl.planning.profiles import DATASETS
+
+MODEL_PANEL, STEP_PANEL = "Model and data", "Steps and schedule"
+if TYPE_CHECKING:  # to mypy, str Enums; built from the options' Literals so the two cannot drift apart
+    class Mode(StrEnum): ...
+
+    class Schedule(StrEnum): ...
+
+    class Data(StrEnum): ...
+
+    class Optim(StrEnum): ...
+else:
+    Mode = choices("Mode", get_args(ModeLiteral))
+    Schedule = choices("Schedule", get_args(ScheduleLiteral))
+    Data = choices("TrainData", DATASETS)
+    Optim = choices("Optimizer", ("sgd", "adamw"))
+
+
+@app.command()
+def train(
+    mode: Annotated[Optional[Mode], typer.Option(help="single (one host), pipeline (stages over hosts) or ddp "
+                                                      "(a replica per host). [default: pipeline]",
+                                                 rich_help_panel=STEP_PANEL)] = None,
+    schedule: Annotated[Optional[Schedule], typer.Option(help="Pipeline schedule. [default: gpipe]",
+                                                         rich_help_panel=STEP_PANEL)] = None,
+    stages: Annotated[Optional[int], typer.Option(help="Pipeline stages, or ddp ranks. [default: 2]",
+                                                  rich_help_panel=STEP_PANEL)] = None,
+    split: Annotated[Optional[str], typer.Option(help="Where stages 2..N begin (pipeline), e.g. blocks.6.",
+                                                 rich_help_panel=STEP_PANEL)] = None,
+    batch_size: Annotated[Optional[int], typer.Option(help="Global batch per step, in every mode. [default: 8]",
+                                                      rich_help_panel=STEP_PANEL)] = None,
+    chunks: Annotated[Optional[int], typer.Option(help="Microbatches per step (divides the batch). [default: 4]",
+                                                  rich_help_panel=STEP_PANEL)] = None,
+    steps: Annotated[Optional[int], typer.Option(help="Optimizer steps (0: --epochs over the training images).",
+                                                 rich_help_panel=STEP_PANEL)] = None,
+    epochs: Annotated[Optional[int], typer.Option(help="Epochs when --steps is 0. [default: 1]",
+                                                  rich_help_panel=STEP_PANEL)] = None,
+    warmup_steps: Annotated[Optional[int], typer.Option(help="Steps left out of samples/s. [default: 1]",
+                                                        rich_help_panel=STEP_PANEL)] = None,
+    lr: Annotated[Optional[float], typer.Option(help="Learning rate (cosine over all steps). [default: 0.01]",
+                                                rich_help_panel=STEP_PANEL)] = None,
+    optimizer: Annotated[Optional[Optim], typer.Option(help="[default: sgd (momentum 0.9)]",
+                                                       rich_help_panel=STEP_PANEL)] = None,
+    amp: Annotated[Optional[bool], typer.Option("--amp/--fp32", help="bf16 autocast on the CPU. [default: fp32]",
+                                                rich_help_panel=STEP_PANEL)] = None,
+    check_steps: Annotated[Optional[int], typer.Option(help="Steps whose loss must match a single run's "
+                                                            "(0: no check). [default: 3]",
+                                                       rich_help_panel=STEP_PANEL)] = None,
+    threads: Annotated[Optional[int], typer.Option(help="torch threads per rank. [default: 1]",
+                                                   rich_help_panel=STEP_PANEL)] = None,
+    model: Annotated[Optional[str], typer.Option(help="timm ViT, ResNet or MobileNet/EfficientNet. "
+                                                      "[default: deit_small_patch16_224]",
+                                                 rich_help_panel=MODEL_PANEL)] = None,
+    model_arg: Annotated[Optional[list[str]], typer.Option(help="timm constructor argument KEY=VALUE.",
+                                                           rich_help_panel=MODEL_PANEL)] = None,
+    num_classes: Annotated[Optional[int], typer.Option(help="Classifier outputs (default: the data set's).",
+                                                       rich_help_panel=MODEL_PANEL)] = None,
+    image_size: Annotated[Optional[int], typer.Option(help="Input side in pixels (default: the model's).",
+                                                      rich_help_panel=MODEL_PANEL)] = None,
+    checkpoint: Annotated[Optional[str], typer.Option(help="Starting weights on the hosts (default: seeded random).",
+                                                      rich_help_panel=MODEL_PANEL)] = None,
+    allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Allow a pickled checkpoint.",
+                                               rich_help_panel=MODEL_PANEL)] = False,
+    data: Annotated[Optional[Data], typer.Option(help="[default: synthetic]", rich_help_panel=MODEL_PANEL)] = None,
+    data_path: Annotated[Optional[str], typer.Option(help="Data set directory on the hosts.",
+                                                     rich_help_panel=MODEL_PANEL)] = None,
+    train_images: Annotated[Optional[int], typer.Option(help="Training images. [default: 256]",
+                                                        rich_help_panel=MODEL_PANEL)] = None,
+    eval_images: Annotated[Optional[int], typer.Option(help="Held-out images for top-1 (0: none). [default: 64]",
+                                                       rich_help_panel=MODEL_PANEL)] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Seed for weights and data order. [default: 0]",
+                                                rich_help_panel=MODEL_PANEL)] = None,
+    save: Annotated[Optional[bool], typer.Option("--save/--no-save", help="Assemble the trained model. "
+                                                 "[default: save]", rich_help_panel=MODEL_PANEL)] = None,
+    break_rank: Annotated[Optional[int], typer.Option(hidden=True)] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Where job directories go (default: beside the runs).")] = None,
+    hosts: HostsOpt = None,
+    wait: WaitOpt = False,
+    verbose: VerboseOpt = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Train across the hosts: the loss of every mode checked against a single run's, time per category per rank."""
+    from pictl.cli.runs import split_points
+    from pictl.headless import HeadlessRenderer
+    from pictl.headless_train import print_train_summary
+    from pictl.jobs.prune import parse_model_args
+    from pictl.jobs.training.options import train_options
+    from pictl.jobs.training.session import TrainSession
+
+    renderer = HeadlessRenderer(verbose=verbose)
+    session = None
+    try:
+        options = train_options({
+            "mode": chosen(mode), "schedule": chosen(schedule), "stages": stages, "split": split_points(split),
+            "batch_size": batch_size, "chunks": chunks, "steps": steps, "epochs": epochs, "warmup_steps": warmup_steps,
+            "lr": lr, "optimizer": chosen(optimizer), "amp": amp, "check_steps": check_steps, "threads": threads,
+            "model": model, "model_args": parse_model_args(model_arg), "num_classes": num_classes,
+            "image_size": image_size, "checkpoint": checkpoint, "allow_pickle": allow_pickle or None,
+            "data": chosen(data), "data_path": data_path, "train_images": train_images, "eval_images": eval_images,
+            "seed": seed, "save": save, "break_rank": break_rank})
+        if out is not None:
+            from pictl.records.runs import writable_dir
+
+            writable_dir(out, "--out")
+        session = TrainSession(read_cluster(hosts), options, on_event=renderer, root=out, wait=wait)
+        summary = asyncio.run(run_cancellable(session.run()))
+    except E.PictlError as exc:
+        renderer.close()
+        if session is not None and session.summary:
+            print_train_summary(session.summary, as_json=as_json)
+        fail(exc)
+    renderer.close()
+    print_train_summary(summary, as_json=as_json)

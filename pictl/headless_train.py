@@ -1,0 +1,109 @@
+"""`pictl train` on the terminal: progress lines as the job runs, then its result, its loss check and
+where each rank's step time went (one table), or the summary as JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from remote import protocol as P
+
+TRAIN_EVENTS = (P.TRAIN_START, P.TRAIN_STEP, P.TRAIN_EVAL)
+CATEGORIES = tuple(k.removesuffix("_s") for k in P.TRAIN_TIME_KEYS)
+
+
+class TrainProgress:
+    """Folds training events into one line every few seconds (and at every epoch's evaluation)."""
+
+    def __init__(self, err: Console) -> None:
+        self.err = err
+        self.steps: int | None = None
+        self._last = 0.0
+
+    def __call__(self, source: str, rec: dict[str, Any]) -> None:
+        kind = rec[P.KEY_EVENT]
+        if source == "reference":
+            return  # the reference's steps are not the job's; its losses show in the result
+        if kind == P.TRAIN_START and rec.get(P.KEY_RANK, 0) == 0:
+            self.steps = rec["steps"]
+            self.err.print(f"pictl train: {rec['mode']} on {rec['world_size']} rank(s), {rec['steps']} step(s) of "
+                           f"{rec['batch_size']} images as {rec['chunks']} microbatch(es)"
+                           + (", bf16 autocast" if rec.get("amp") else ""), markup=False)
+        elif kind == P.TRAIN_STEP and "loss" in rec:
+            now = time.monotonic()
+            if now - self._last >= 5.0 or rec["step"] in (1, self.steps):
+                self._last = now
+                rate = rec["samples"] / rec["seconds"] if rec["seconds"] else 0.0
+                self.err.print(f"pictl train: step {rec['step']}/{self.steps} (epoch {rec['epoch']}) loss "
+                               f"{rec['loss']:.4f}, {rate:.1f} samples/s", markup=False)
+        elif kind == P.TRAIN_EVAL:
+            self.err.print(f"pictl train: epoch {rec['epoch']}: top-1 {rec['top1']:.2%} ({rec['correct']}/"
+                           f"{rec['total']})", markup=False)
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def breakdown_table(summary: dict[str, Any]) -> Table:
+    """Per rank: ms per step in each category, with its share of the step."""
+    table = Table(title="time per step, by rank (ms, share)", title_justify="left")
+    for col in ("rank", "host", *CATEGORIES):
+        table.add_column(col, justify="left" if col == "host" else "right")
+    for r in summary.get("breakdown") or []:
+        ms, share = r["per_step_ms"], r["share"]
+        table.add_row(str(r["rank"]), r["host"], *(f"{ms[c]:.1f} ({_pct(share[c])})" if ms[c] is not None else "-"
+                                                   for c in CATEGORIES))
+    return table
+
+
+def agreement_line(summary: dict[str, Any]) -> str | None:
+    check = summary.get("agreement")
+    if not check:
+        return None
+    verdict = "agree" if check["passed"] else "DIFFER"
+    reused = ", reference reused" if check.get("reference_reused") else ""
+    return (f"losses {verdict} with {check['against']} over {check['steps']} step(s): largest relative difference "
+            f"{check['max_rel_diff']} (tolerance {check['tolerance']}{reused})")
+
+
+def train_lines(summary: dict[str, Any]) -> list[str]:
+    s = summary
+    losses = s.get("losses") or []
+    lines = [f"{s['status'].upper()}  {s['mode']}" + (f" ({s['schedule']})" if s.get("schedule") else "")
+             + f", {s.get('stages') or '-'} rank(s): {_num(s.get('samples_per_s'))} samples/s, "
+             f"{s.get('steps_done')} step(s)" + (", bf16 autocast" if s.get("amp") else "")]
+    if losses:
+        lines.append(f"loss {losses[0]['loss']:.4f} (step 1) -> {losses[-1]['loss']:.4f} (step {losses[-1]['step']})")
+    if s.get("evals"):
+        lines.append("top-1 by epoch: " + ", ".join(f"{e['epoch']}: {e['top1']:.2%}" for e in s["evals"]))
+    check = agreement_line(s)
+    if check:
+        lines.append(check)
+    if s.get("error"):
+        lines.append(f"error: {s['error'].get('message')}")
+    if s.get("run_with"):
+        lines.append(f"trained model: {s['checkpoint']['path']}  ({s['run_with']})")
+    if s.get("job_dir"):
+        lines.append(f"job directory: {s['job_dir']}")
+    return lines
+
+
+def print_train_summary(summary: dict[str, Any], *, as_json: bool) -> None:
+    out = Console(stderr=as_json, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+    if summary.get("breakdown"):
+        out.print(breakdown_table(summary))
+    for line in train_lines(summary):
+        out.print(line, markup=False)
+    if as_json:
+        sys.stdout.write(json.dumps(summary) + "\n")
+        sys.stdout.flush()

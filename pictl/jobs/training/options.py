@@ -1,0 +1,129 @@
+"""A training job as a person asks for it, checked before anything starts, and the spec the hosts get.
+
+Every mode trains the same function (`remote.spec.TrainSpec`): same seed, global batch, microbatches
+and learning-rate schedule; what differs is where the work runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pictl import errors as E
+from pictl.inventory import format_validation_error
+from pictl.planning.profiles import MAX_IMAGES
+from remote.spec import DataSpec, TrainSpec
+
+Mode = Literal["single", "pipeline", "ddp"]
+Schedule = Literal["gpipe", "1f1b"]
+LOSS_TOLERANCE = 1e-3
+"""fp32: a mode's loss at each checked step may differ from `single`'s by this much, relative to
+max(1, |loss|). The modes compute the same sums in other orders, so they differ by rounding only
+(measured: the first steps agree to 6 decimals); a stage that trains wrongly is off by far more."""
+AMP_LOSS_TOLERANCE = 5e-2
+"""With --amp the reference stays fp32 (the comparison asked for is against fp32): bf16 rounding moves
+the loss by about 1e-2 relative, so the check allows 5 %."""
+
+
+class TrainOptions(BaseModel):
+    """Everything that defines one training job."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Mode = "pipeline"
+    schedule: Schedule = "gpipe"
+    stages: int = Field(default=2, ge=1, le=128)
+    """Pipeline stages (`pipeline`) or data-parallel ranks (`ddp`); `single` uses one."""
+    policy: Literal["equal", "explicit"] = "equal"
+    split: list[str] = []
+    model: str = Field(default="deit_small_patch16_224", min_length=1, max_length=256)
+    model_args: dict[str, Any] = {}
+    num_classes: int = Field(default=0, ge=0, le=100_000)
+    """Classifier outputs; 0: the data set's (10 for synthetic data; an ImageFolder's is counted on the host)."""
+    image_size: int = Field(default=0, ge=0, le=1024)
+    checkpoint: str | None = Field(default=None, min_length=1, max_length=4096)
+    """Starting weights on the hosts (the same path on each); None: seeded random weights."""
+    allow_pickle: bool = False
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    batch_size: int = Field(default=8, ge=1, le=4096)
+    chunks: int = Field(default=4, ge=1, le=4096)
+    steps: int = Field(default=0, ge=0, le=1_000_000)
+    epochs: int = Field(default=1, ge=1, le=10_000)
+    warmup_steps: int = Field(default=1, ge=0, le=1000)
+    lr: float = Field(default=0.01, gt=0, le=10)
+    optimizer: Literal["sgd", "adamw"] = "sgd"
+    momentum: float = Field(default=0.9, ge=0, lt=1)
+    weight_decay: float = Field(default=0.0, ge=0)
+    amp: bool = False
+    train_images: int = Field(default=256, ge=1, le=10_000_000)
+    eval_images: int = Field(default=64, ge=0, le=1_000_000)
+    data: Literal["synthetic", "cifar10", "cifar100", "imagefolder"] = "synthetic"
+    data_path: str | None = Field(default=None, min_length=1, max_length=4096)
+    threads: int = Field(default=1, ge=1, le=256)
+    check_steps: int = Field(default=3, ge=0, le=100)
+    """Steps whose loss is checked against a `single` run of the same job (0: no check)."""
+    check_images: int = Field(default=8, ge=0, le=MAX_IMAGES)
+    save: bool = True
+    break_rank: int | None = Field(default=None, ge=0)
+    """Fault injection (tests): this rank never applies its optimizer step."""
+
+    @model_validator(mode="after")
+    def _fits(self) -> TrainOptions:
+        if self.batch_size % self.chunks:
+            raise ValueError(f"chunks {self.chunks} do not divide the batch of {self.batch_size} "
+                             f"(every microbatch has the same size)")
+        if self.mode == "single" and self.stages != 1:
+            self.stages = 1
+        if self.mode == "pipeline" and self.stages < 2:
+            raise ValueError("pipeline needs at least 2 stages (use --mode single for one)")
+        if self.mode == "ddp":
+            if self.stages < 2:
+                raise ValueError("ddp needs at least 2 ranks, one per host (use --mode single for one)")
+            if self.chunks % self.stages:
+                raise ValueError(f"ddp shares each step's {self.chunks} microbatch(es) among {self.stages} ranks: "
+                                 f"chunks must be a multiple of {self.stages}")
+        if self.split:
+            if self.mode != "pipeline":
+                raise ValueError("split points apply to --mode pipeline only")
+            self.policy = "explicit"
+        if self.train_images < self.batch_size:
+            raise ValueError(f"train_images {self.train_images} is less than one batch of {self.batch_size}")
+        if self.data != "synthetic" and not self.data_path:
+            raise ValueError(f"data '{self.data}' needs data_path (a directory on the hosts)")
+        if self.data == "synthetic" and self.data_path:
+            raise ValueError("data_path is for cifar10, cifar100 and imagefolder, not synthetic data")
+        if self.checkpoint is not None and not self.checkpoint.strip():
+            raise ValueError("checkpoint is empty (leave it out for random weights)")
+        if self.mode == "single" and self.break_rank:
+            raise ValueError("break_rank: single has only rank 0")
+        return self
+
+    @property
+    def classes(self) -> int:
+        if self.num_classes:
+            return self.num_classes
+        return {"cifar100": 100}.get(self.data, 10) if self.data != "imagefolder" else 0
+
+    def spec(self, run_id: str, *, mode: Mode | None = None, stop_after: int = 0) -> TrainSpec:
+        """The hosts' spec (`mode`, `stop_after` given: the same job run another way, e.g. the first steps of
+        its `single` reference, on the same learning-rate schedule)."""
+        mode = mode or self.mode
+        fields = self.model_dump(include={"model", "image_size", "allow_pickle", "seed", "schedule", "batch_size",
+                                          "chunks", "epochs", "warmup_steps", "lr", "optimizer", "momentum",
+                                          "weight_decay", "amp", "train_images", "eval_images", "threads",
+                                          "check_images", "save", "break_rank"})
+        checkpoint = str(Path(self.checkpoint).expanduser()) if self.checkpoint else None
+        return TrainSpec(**fields, model_kwargs=dict(self.model_args), num_classes=self.classes,
+                         checkpoint=checkpoint, mode=mode, stages=self.stages if mode != "single" else 1,
+                         policy=self.policy, split_points=list(self.split) if mode == "pipeline" else [],
+                         steps=self.steps, stop_after=stop_after,
+                         data=DataSpec(kind=self.data, path=self.data_path, split="train"), run_id=run_id)
+
+
+def train_options(values: dict[str, Any]) -> TrainOptions:
+    try:
+        return TrainOptions(**{k: v for k, v in values.items() if v is not None})
+    except ValidationError as exc:
+        raise E.ConfigError(format_validation_error("pictl train", exc)) from None

@@ -1,0 +1,237 @@
+"""One training job, start to end, as a straight line:
+
+    hosts      connect once, hold every host's lease, push the code
+    stage      the spec and owner file in every host's run directory (orphans of vanished runs swept)
+    reference  the same job as `single` for its first steps on the first host (cached): the losses the
+               job's own first steps must match (skipped for `single`, which is the reference)
+    train      torchrun on every host; every rank's lines streamed, folded and recorded
+    collect    the trained model's logits, and the ranks' weights merged into one model file
+    summary    losses, top-1, samples/s, time per category and rank, the agreement verdict
+
+Whatever happens (bad input, a failing rank, Ctrl-C), every process is stopped, each host confirms,
+its run directory goes, the leases are released, and the job's `summary.json` says how it ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import secrets
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from pictl import errors as E
+from pictl.cluster.commands import cleanup_host
+from pictl.cluster.fleet import Fleet
+from pictl.cluster.leases import Lease, controller_name, release_all, take_leases
+from pictl.cluster.push import local_tree, manifest_digest, push_to
+from pictl.events import EventSink, Phase
+from pictl.inventory import Cluster
+from pictl.jobs.training.checkpoint import MODEL_FILE, merge_parts, trained_meta
+from pictl.jobs.training.launch import REFERENCE_SPEC, Processes, run_ranks, run_reference
+from pictl.jobs.training.options import AMP_LOSS_TOLERANCE, LOSS_TOLERANCE, TrainOptions
+from pictl.jobs.training.telemetry import TrainTelemetry, agreement
+from pictl.planning.placement import NodePlan, place_stages
+from pictl.records.cache import JsonCache, cache_root
+from pictl.records.runs import RunRecord, default_runs_root
+from remote import protocol as P
+
+SUMMARY_SCHEMA = 1
+
+
+def default_trains_root() -> Path:
+    """Training jobs live beside the runs (`.../pictl/trains/<id>/`), in a run directory's layout."""
+    return default_runs_root().parent / "trains"
+
+
+def placement(cluster: Cluster, options: TrainOptions) -> list[NodePlan]:
+    """One rank on the first host for `single`; else stages (or replicas) over the hosts in order."""
+    return place_stages(cluster, 1 if options.mode == "single" else options.stages)
+
+
+class TrainSession:
+    """One training job; `await run()` returns its summary (also written to summary.json)."""
+
+    def __init__(self, cluster: Cluster, options: TrainOptions, *, on_event: EventSink | None = None,
+                 root: Path | None = None, wait: bool = False) -> None:
+        self.cluster, self.options, self.wait = cluster, options, wait
+        self.nodes = placement(cluster, options)  # ConfigError: nothing started yet
+        self.job_id = f"{time.strftime('%Y%m%d-%H%M%S')}-train-{options.mode}-{secrets.token_hex(2)}"
+        self.root = root or default_trains_root()
+        self.sink = on_event or (lambda _e: None)
+        self.telemetry = TrainTelemetry()
+        self.summary: dict[str, Any] | None = None
+        """The job's summary once it ended, failed or not (None when nothing started)."""
+        self.record: RunRecord | None = None
+        self._reference: dict[str, Any] | None = None
+        self._collected: dict[str, Any] = {}
+
+    def _phase(self, name: str, message: str) -> None:
+        self.sink(Phase(name, message))
+
+    async def run(self) -> dict[str, Any]:
+        o, hosts = self.options, [n.host for n in self.nodes]
+        fleet, procs, leases = Fleet(hosts), None, []
+        started, tree = time.time(), local_tree()
+        spec = o.spec(self.job_id)
+        status, error, summary = "failed", None, None
+        try:
+            await fleet.connect()
+            leases = await take_leases(list(fleet), self.job_id, wait=self.wait,
+                                       on_wait=lambda message: self._phase("lease", message))
+            pushed = await fleet.each(lambda t: push_to(t, tree), "push failed")
+            self._phase("push", f"{sum(r.sent for r in pushed.values())} changed file(s) pushed to {len(hosts)} "
+                                "host(s)")
+            self.record = RunRecord(self.root, self.job_id)
+            self.record.write_config({"options": o.model_dump(), "spec": dataclasses.asdict(spec),
+                                      "placement": [{"host": n.host.name, "ranks": list(n.ranks)} for n in self.nodes],
+                                      "hosts_file": str(self.cluster.source)})
+            owner = controller_name().encode()
+
+            async def stage(t: Any) -> None:
+                run_dir = t.host.run_dir(self.job_id)
+                await cleanup_host(t, orphans_only=True, keep=self.job_id)
+                await t.put_bytes(spec.to_json().encode(), f"{run_dir}/{P.SPEC_FILE}")
+                await t.put_bytes(owner, f"{run_dir}/{P.OWNER_FILE}")
+
+            await fleet.each(stage, "cannot prepare the job")
+            procs = Processes(fleet)
+            if o.mode != "single" and o.check_steps:
+                await self._reference_losses(fleet, procs, tree)
+            self._phase("train", f"{o.mode}{' (' + o.schedule + ')' if o.mode == 'pipeline' else ''}: "
+                        f"{len(self.telemetry.ranks) or sum(n.nproc for n in self.nodes)} rank(s) on "
+                        f"{len(self.nodes)} host(s), batch {o.batch_size} as {o.chunks} microbatch(es)")
+            await run_ranks(procs, self.nodes, self.job_id, self.record, self.sink, self.telemetry, o.threads,
+                            lambda host, record: None)
+            await self._collect(fleet)
+            status = "ok"
+            summary = self._summarize(status, started, None)
+            check = summary.get("agreement")
+            if check and not check["passed"]:
+                summary["status"] = status = "failed"
+                raise E.OutputMismatch(f"training: the first {check['steps']} step(s)' losses differ from a single "
+                                       f"run's by up to {check['max_rel_diff']} (relative; tolerance "
+                                       f"{check['tolerance']})")
+            return summary
+        except asyncio.CancelledError:
+            status = "interrupted"
+            raise E.Interrupted("interrupted: every rank was stopped") from None
+        except E.ConfigError:
+            if self.record is not None:  # bad input found on a host: the job never existed
+                shutil.rmtree(self.record.path, ignore_errors=True)
+                self.record = None
+            raise
+        except Exception as exc:
+            error = {"type": type(exc).__name__, "message": str(exc)}
+            raise
+        finally:
+            await _finally(self._cleanup(fleet, procs, leases))
+            if self.record is not None:  # however it ended, the record closes
+                summary = summary or self._summarize(status, started, error)
+                if error and not summary.get("error"):
+                    summary.update(status="failed", error=error)
+                self.record.finish(summary)
+                self.summary = summary
+
+    async def _reference_losses(self, fleet: Fleet, procs: Processes, tree: dict[str, bytes]) -> None:
+        """The `single` reference's first losses: cached per job, host and code; else measured now."""
+        o, node = self.options, self.nodes[0]
+        spec = o.spec(self.job_id, mode="single", stop_after=o.check_steps)
+        spec = dataclasses.replace(spec, amp=False, eval_images=0, check_images=0, save=False, break_rank=None)
+        fields = {k: v for k, v in dataclasses.asdict(spec).items() if k != "run_id"}
+        cache = JsonCache(cache_root() / "train-reference")
+        key = JsonCache.key({"spec": fields, "host": [node.host.name, node.host.address, node.host.python_path()],
+                             "code": manifest_digest(tree)})
+        cached = cache.get(key)
+        if cached is not None:
+            self._reference = {**cached, "reused": True}
+            self._phase("reference", f"single-mode reference reused ({len(cached['losses'])} step(s) on "
+                                     f"{node.host.name})")
+            return
+        self._phase("reference", f"single-mode reference: {o.check_steps} step(s) on {node.host.name}")
+        run_dir = node.host.run_dir(self.job_id)
+        await fleet[node.host.name].put_bytes(spec.to_json().encode(), f"{run_dir}/{REFERENCE_SPEC}")
+        assert self.record is not None
+        losses = await run_reference(procs, node, run_dir, self.record, self.sink, o.threads)
+        self._reference = {"host": node.host.name, "losses": {str(k): v for k, v in losses.items()},
+                           "measured_at": time.time(), "reused": False}
+        cache.put(key, {k: v for k, v in self._reference.items() if k != "reused"})
+
+    async def _collect(self, fleet: Fleet) -> None:
+        """The trained model's logits, and (when saved) its weights merged into one file."""
+        assert self.record is not None
+        tel, o = self.telemetry, self.options
+        if tel.outputs is not None:
+            host, event = tel.outputs
+            run_dir = self.cluster.host(host).run_dir(self.job_id)
+            data = await fleet[host].get_bytes(f"{run_dir}/{event['logits_file']}")
+            self._collected["trained_logits"] = str(self.record.save_bytes(P.LOGITS_FILE_TRAINED, data))
+        parts = [(r.host, r.end["part_file"]) for r in tel.ranks.values() if r.end and r.end.get("part_file")]
+        if not (o.save and parts):
+            return
+        blobs = [await fleet[h].get_bytes(f"{self.cluster.host(h).run_dir(self.job_id)}/{f}")
+                 for h, f in parts]
+        heads: dict[str, int] = {}
+        for r in tel.ranks.values():
+            heads.update((r.end or {}).get("heads") or {})
+        start = tel.start or {}
+        last_eval = tel.evals[-1]["top1"] if tel.evals else None
+        meta = trained_meta(o.model, int(start.get("num_classes") or o.classes or 10),
+                            dict(start.get("model_kwargs") or o.model_args), heads, o.data,
+                            {"best": last_eval, "epochs": [e["top1"] for e in tel.evals]})
+        info = merge_parts(blobs, meta, self.record.path / MODEL_FILE)
+        self._collected["checkpoint"] = info
+        self._phase("collect", f"trained model: {info['path']} ({info['params']:,} parameters)")
+
+    def _summarize(self, status: str, started: float, error: dict[str, Any] | None) -> dict[str, Any]:
+        o, tel = self.options, self.telemetry
+        losses = [{"step": s, "loss": tel.losses[s]} for s in sorted(tel.losses)]
+        tolerance = AMP_LOSS_TOLERANCE if o.amp else LOSS_TOLERANCE
+        check = None
+        if self._reference is not None:
+            reference = {int(k): v for k, v in self._reference["losses"].items()}
+            check = {**agreement(tel.losses, reference, o.check_steps, tolerance),
+                     "reference_host": self._reference["host"], "reference_reused": self._reference["reused"],
+                     "against": "single, fp32"}
+        start = tel.start or {}
+        summary: dict[str, Any] = {
+            "kind": "train", "schema": SUMMARY_SCHEMA, "status": status, "job_id": self.job_id,
+            "job_dir": str(self.record.path) if self.record else None, "mode": o.mode,
+            "schedule": o.schedule if o.mode == "pipeline" else None, "stages": len(tel.ranks) or None,
+            "placement": [{"host": n.host.name, "ranks": list(n.ranks)} for n in self.nodes],
+            "model": o.model, "model_args": o.model_args, "data": o.data, "amp": o.amp,
+            "batch_size": o.batch_size, "chunks": o.chunks, "microbatch": o.batch_size // o.chunks,
+            "steps": start.get("steps"), "steps_done": max(tel.losses, default=0),
+            "steps_per_epoch": start.get("steps_per_epoch"), "lr": o.lr, "optimizer": o.optimizer,
+            "threads": o.threads, "samples_per_s": tel.samples_per_s(o.batch_size),
+            "losses": losses, "evals": tel.evals, "top1": tel.evals[-1]["top1"] if tel.evals else None,
+            "breakdown": tel.breakdown(), "agreement": check, **self._collected,
+            "started_at": started, "duration_s": round(time.time() - started, 2),
+        }
+        if "checkpoint" in self._collected:
+            summary["run_with"] = f"pictl run --model {self._collected['checkpoint']['path']}"
+        if error:
+            summary["error"] = error
+        return summary
+
+    async def _cleanup(self, fleet: Fleet, procs: Processes | None, leases: list[Lease]) -> None:
+        if procs is not None:
+            await procs.stop_all()
+        if leases:
+            await asyncio.gather(*(cleanup_host(t, orphans_only=False, finish=self.job_id) for t in fleet),
+                                 return_exceptions=True)
+        await release_all(leases)
+        await fleet.close()
+
+
+async def _finally(work: Any) -> None:
+    """Await clean-up to its end even if cancelled again meanwhile (a second Ctrl-C)."""
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            continue
+

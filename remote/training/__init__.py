@@ -1,0 +1,1 @@
+"""Training across hosts (`pictl train`): one process per rank, single, pipeline or data-parallel."""

@@ -1,0 +1,137 @@
+"""What a training job reads: labelled training and evaluation images, and which of them each step takes.
+
+Every mode draws the same global batches: epoch e visits the training images in a seeded order, step k
+of it takes the next `batch_size`, and microbatch m of a step is its m-th slice of `microbatch` images
+(an incomplete last batch is left out). Synthetic data is labelled by a fixed random projection of each
+image, so a model can learn it and a falling loss means something; its evaluation images are those a
+`pictl run --data synthetic` with the same seed uses, so a trained checkpoint can be checked there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset, Subset
+
+from remote.data.datasets import _Cifar, _InMemory, labelled_set
+from remote.errors import BadInput
+from remote.spec import DataSpec, TrainSpec
+
+SYNTHETIC_TRAIN_OFFSET = 1_000_000
+"""Synthetic training image i is `load_images`' image i + this: never one of the evaluation images."""
+
+
+def _synthetic_image(seed: int, i: int, size: tuple[int, ...]) -> torch.Tensor:
+    # The same recipe as `remote.data.images.load_images`, so evaluation image i is the run's image i.
+    return torch.randn(size, generator=torch.Generator().manual_seed(seed * 7919 + i))
+
+
+class SyntheticSet(Dataset):
+    """Seeded random images whose class is the argmax of a fixed projection of their 4x4 average pool."""
+
+    def __init__(self, count: int, size: tuple[int, ...], num_classes: int, seed: int, offset: int) -> None:
+        self.count, self.size, self.seed, self.offset = count, size, seed, offset
+        g = torch.Generator().manual_seed(seed * 31 + 17)
+        self.projection = torch.randn((num_classes, size[0] * 16), generator=g)
+        self.labels = [self._label(self.image(i)) for i in range(count)]
+
+    def image(self, i: int) -> torch.Tensor:
+        return _synthetic_image(self.seed, self.offset + i, self.size)
+
+    def _label(self, image: torch.Tensor) -> int:
+        pooled = F.adaptive_avg_pool2d(image.unsqueeze(0), 4).flatten()
+        return int((self.projection @ pooled).argmax())
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return self.image(i), self.labels[i]
+
+
+def _labels(ds: Dataset) -> list[int]:
+    """Every label of `ds`, without decoding an image where the data set allows it."""
+    if isinstance(ds, SyntheticSet | _InMemory | _Cifar):
+        return list(ds.labels)
+    if isinstance(ds, Subset):
+        inner = _labels(ds.dataset)
+        return [inner[i] for i in ds.indices]
+    targets = getattr(ds, "targets", None)  # ImageFolder
+    if targets is not None:
+        return list(targets)
+    return [int(ds[i][1]) for i in range(len(ds))]  # type: ignore[arg-type]
+
+
+@dataclass
+class Labelled:
+    """One split: images fetched by index, labels held in full."""
+
+    images: Dataset
+    labels: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def take(self, indices: list[int]) -> torch.Tensor:
+        return torch.stack([self.images[i][0] for i in indices])
+
+
+def labelled(spec: TrainSpec, split: str, count: int, model_cfg: dict) -> Labelled:
+    """`count` images of `split` ("train" or "test"); synthetic data is made, the others read."""
+    if count <= 0:
+        return Labelled(SyntheticSet(0, (3, 1, 1), 1, 0, 0), torch.zeros(0, dtype=torch.long))
+    if spec.data.kind == "synthetic":
+        size = tuple(model_cfg.get("input_size", (3, 224, 224)))
+        ds: Dataset = SyntheticSet(count, size, spec.num_classes, spec.seed,
+                                   SYNTHETIC_TRAIN_OFFSET if split == "train" else 0)
+    else:
+        ds = labelled_set(DataSpec(kind=spec.data.kind, path=spec.data.path), split, model_cfg,
+                          limit=count, seed=spec.seed)
+        classes = getattr(ds, "num_classes", spec.num_classes)
+        if classes != spec.num_classes:
+            raise BadInput(f"data set {spec.data.path} has {classes} classes; the model is built with "
+                           f"{spec.num_classes} (--num-classes)")
+    if len(ds) < count and spec.data.kind != "synthetic":
+        count = len(ds)
+    return Labelled(ds, torch.tensor(_labels(ds)[:count], dtype=torch.long))
+
+
+@dataclass(frozen=True)
+class Batches:
+    """Which training images each step takes: the same in every mode."""
+
+    images: int
+    batch_size: int
+    microbatch: int
+    seed: int
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.images // self.batch_size
+
+    def step(self, step: int) -> list[list[int]]:
+        """Global step `step` (from 0): its microbatches' image indices."""
+        epoch, k = divmod(step, self.steps_per_epoch)
+        order = torch.randperm(self.images, generator=torch.Generator().manual_seed(self.seed * 1_000 + epoch))
+        chosen = order[k * self.batch_size:(k + 1) * self.batch_size].tolist()
+        return [chosen[i:i + self.microbatch] for i in range(0, self.batch_size, self.microbatch)]
+
+
+def padded_microbatches(indices: list[int], size: int, per_batch: int) -> list[list[int | None]]:
+    """`indices` as microbatches of `size`, grouped so a batch holds `per_batch` of them; the gaps of the
+    last (None) are padding (zero images whose rows are dropped)."""
+    total = -(-len(indices) // (size * per_batch)) * size * per_batch
+    filled: list[int | None] = [*indices, *[None] * (total - len(indices))]
+    return [filled[i:i + size] for i in range(0, total, size)]
+
+
+def take_padded(split: Labelled, indices: list[int | None]) -> torch.Tensor:
+    real = [i for i in indices if i is not None]
+    images = split.take(real) if real else None
+    shape = images.shape[1:] if images is not None else split.images[0][0].shape
+    out = torch.zeros((len(indices), *shape))
+    if images is not None:
+        out[: len(real)] = images
+    return out
