@@ -23,8 +23,9 @@ LOAD_TOLERANCE_CORES = 0.5
 """Other work on a host may differ by this many busy cores between a baseline and its reuse."""
 HOT_C = 80.0
 """A Raspberry Pi 4/5 starts throttling its clock at 80 C (its soft limit)."""
-SAMPLE_S = 0.2
-"""How long the baseline's host is watched for other work (the probe sleeps meanwhile)."""
+SAMPLE_S = 0.4
+"""How long the baseline's host is watched for other work (the probe sleeps meanwhile), in 4 windows whose
+least busy one counts (`remote/host/probe.py`): lasting work, not a process starting or exiting."""
 
 # vcgencmd get_throttled: bits 0-3 describe now, bits 16-19 "since boot".
 _THROTTLE_NOW = {0x1: "under-voltage", 0x2: "frequency capped", 0x4: "throttled", 0x8: "soft temperature limit"}

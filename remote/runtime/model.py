@@ -26,8 +26,11 @@ def create_meta_model(name: str, num_classes: int, **kwargs: object) -> nn.Modul
     """The model's structure with no weights behind it."""
     if not timm.is_model(name):
         raise BadInput(f"unknown model '{name}' (timm has no such architecture)")
-    with torch.device("meta"):
-        model = timm.create_model(name, pretrained=False, num_classes=num_classes, **kwargs)
+    try:
+        with torch.device("meta"):
+            model = timm.create_model(name, pretrained=False, num_classes=num_classes, **kwargs)
+    except TypeError as exc:  # a constructor argument the model does not take (`--model-arg`)
+        raise BadInput(f"model '{name}': {exc}") from None
     img_size = getattr(getattr(model, "patch_embed", None), "img_size", None)
     if img_size:  # timm keeps the pretrained 224 in the config even when img_size says otherwise
         model.pretrained_cfg = {**model.pretrained_cfg, "input_size": (3, *img_size)}

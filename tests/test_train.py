@@ -1,0 +1,179 @@
+"""`pictl train` for real: torchrun on a local cluster, every mode's loss checked against single's, the
+trained model run by `pictl run`, a broken stage caught, Ctrl-C and a killed rank leaving nothing behind,
+and bad input refused before anything starts."""
+
+from __future__ import annotations
+
+import array
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import processes_under, run_pictl, write_cluster
+
+# A small ViT (4 blocks of width 96 on 32x32 images) keeps each run to seconds; the machinery is the real one.
+TINY = ["--model", "vit_tiny_patch16_224", "--model-arg", "img_size=32", "--model-arg", "patch_size=8",
+        "--model-arg", "depth=4", "--model-arg", "embed_dim=96", "--model-arg", "num_heads=4"]
+STEPS = ["--batch-size", "8", "--chunks", "2", "--steps", "6", "--train-images", "32", "--eval-images", "16",
+         "--lr", "0.05", "--json"]
+CATEGORIES = {"data", "forward", "backward", "optimizer", "comm", "idle"}
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("train")
+    return {"root": root, "hosts": write_cluster(root / "cluster", 2)}
+
+
+@pytest.fixture
+def env(shared: dict, pictl_env: dict[str, str]) -> dict[str, str]:
+    # One cache for the module: the single-mode reference of a job is measured once and reused.
+    return {**pictl_env, "PICTL_CACHE_DIR": str(shared["root"] / "cache"),
+            "PICTL_RUNS_DIR": str(shared["root"] / "runs")}
+
+
+def _train(shared: dict, env: dict[str, str], *args: str, code: int = 0, model: tuple[str, ...] = tuple(TINY),
+           ) -> dict:
+    proc = run_pictl(["train", "--hosts", str(shared["hosts"]), *model, *STEPS, *args], env)
+    assert proc.returncode == code, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def _floats(path: Path) -> list[float]:
+    values = array.array("f")
+    values.frombytes(path.read_bytes())
+    return list(values)
+
+
+@pytest.mark.slow
+def test_pipeline_and_ddp_agree_with_single_and_the_model_runs_in_pictl_run(shared, env) -> None:
+    piped = _train(shared, env, "--mode", "pipeline", "--schedule", "gpipe")
+    assert piped["status"] == "ok" and piped["mode"] == "pipeline" and piped["stages"] == 2
+    check = piped["agreement"]
+    assert check["passed"] is True and check["steps"] == 3 and check["reference_reused"] is False
+    assert check["max_rel_diff"] <= 1e-3
+    assert [r["step"] for r in piped["losses"]] == [1, 2, 3, 4, 5, 6]
+    assert [e["epoch"] for e in piped["evals"]] == [1, 2] and all(e["total"] == 16 for e in piped["evals"])
+    assert piped["samples_per_s"] > 0
+    for rank in piped["breakdown"]:  # every category, adding up to each step's wall time
+        assert set(rank["per_step_ms"]) == CATEGORIES and rank["steps"] == 5
+        assert rank["seconds"]["forward_s"] > 0 and rank["seconds"]["backward_s"] > 0
+    assert piped["breakdown"][0]["bytes_sent"] > 0 and piped["breakdown"][0]["seconds"]["comm_s"] > 0
+    assert piped["breakdown"][0]["modules"][0] == "patch_embed" and piped["breakdown"][1]["modules"][-1] == "head"
+
+    ddp = _train(shared, env, "--mode", "ddp")
+    assert ddp["status"] == "ok" and ddp["agreement"]["passed"] is True
+    assert ddp["agreement"]["reference_reused"] is True  # the same job: its single-mode reference is reused
+    assert ddp["breakdown"][1]["seconds"]["comm_s"] > 0 and ddp["breakdown"][0]["allreduce_s"] > 0
+    for a, b in zip(piped["losses"], ddp["losses"], strict=True):  # same function, same numbers
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
+
+    # The assembled checkpoint is a model artifact: `pictl run` rebuilds the model and computes the logits
+    # the trained model computed, bit for bit, serial and pipelined.
+    model = ddp["checkpoint"]["path"]
+    assert ddp["checkpoint"]["params"] == 468_778 and ddp["run_with"] == f"pictl run --model {model}"
+    proc = run_pictl(["run", "--hosts", str(shared["hosts"]), "--model", model, "--stages", "2", "--policy",
+                      "equal", "--images", "8", "--chunk", "4", "--warmup", "0", "--repeats", "1", "--headless",
+                      "--json"], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = json.loads(proc.stdout)
+    assert run["outputs_match"] is True
+    assert _floats(Path(run["run_dir"]) / "logits-serial.f32") == _floats(Path(ddp["trained_logits"]))
+
+
+@pytest.mark.slow
+def test_a_cnn_trains_through_1f1b_and_a_broken_stage_fails_the_check(shared, env) -> None:
+    cnn = ("--model", "resnet18", "--image-size", "32", "--no-save", "--eval-images", "0")
+    ok = _train(shared, env, "--mode", "pipeline", "--schedule", "1f1b", model=cnn)
+    assert ok["status"] == "ok" and ok["schedule"] == "1f1b" and ok["agreement"]["passed"] is True
+    assert ok["breakdown"][0]["modules"][0] == "conv1" and "checkpoint" not in ok
+    # Rank 1 never applies its optimizer step: from step 2 its stage computes another function.
+    broken = _train(shared, env, "--mode", "pipeline", "--schedule", "1f1b", "--break-rank", "1", code=5, model=cnn)
+    assert broken["status"] == "failed" and broken["agreement"]["passed"] is False
+    assert broken["agreement"]["reference_reused"] is True
+    assert broken["agreement"]["per_step"][0]["rel_diff"] == 0.0  # step 1: the same weights
+    assert broken["agreement"]["max_rel_diff"] > 1e-3
+    assert broken["error"]["type"] == "OutputMismatch"
+
+
+def _wait_for_steps(runs: Path, proc: subprocess.Popen, timeout: float = 180) -> Path:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        for events in runs.glob("*/events/h1.jsonl"):
+            if '"event":"train_step"' in events.read_text():
+                return events.parent.parent
+        time.sleep(0.3)
+    raise AssertionError("the job never reported a step")
+
+
+def _nothing_left(cluster: Path) -> None:
+    deadline = time.monotonic() + 10
+    while processes_under(cluster) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [(p.pid, " ".join(p.cmdline())[:120]) for p in processes_under(cluster)]
+    assert not left, f"processes left behind: {left}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["ctrl-c", "killed rank"])
+def test_ctrl_c_and_a_killed_rank_leave_nothing_behind(tmp_path: Path, pictl_env, fault: str) -> None:
+    hosts = write_cluster(tmp_path / "cluster", 2)
+    out = tmp_path / "trains"
+    proc = subprocess.Popen([sys.executable, "-m", "pictl", "train", "--hosts", str(hosts), "--out", str(out), *TINY,
+                             "--mode", "ddp", "--check-steps", "0", "--steps", "4000", "--batch-size", "8",
+                             "--chunks", "2", "--train-images", "32", "--eval-images", "0", "--json"],
+                            env=pictl_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = _wait_for_steps(out, proc)
+    if fault == "ctrl-c":
+        proc.send_signal(signal.SIGINT)
+    else:
+        ranks = [p for p in processes_under(tmp_path / "cluster" / "h1")
+                 if "remote.training.train" in " ".join(p.cmdline()) and "torch.distributed.run" not in
+                 " ".join(p.cmdline())]
+        assert len(ranks) == 1
+        ranks[0].kill()
+    stdout, err = proc.communicate(timeout=120)
+    summary = json.loads((job / "summary.json").read_text())
+    if fault == "ctrl-c":
+        assert proc.returncode == 130, err[-2000:]
+        assert summary["status"] == "interrupted" and summary["steps_done"] >= 1
+    else:
+        assert proc.returncode == 3, err[-2000:]
+        assert summary["status"] == "failed" and "host 'h1' rank 1" in summary["error"]["message"]
+    assert json.loads(stdout)["status"] == summary["status"]
+    _nothing_left(tmp_path / "cluster")
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--mode", "sideways"], "'sideways' is not one of"),
+    (["--schedule", "zigzag"], "'zigzag' is not one of"),
+    (["--batch-size", "8", "--chunks", "3"], "chunks 3 do not divide the batch of 8"),
+    (["--mode", "ddp", "--stages", "1"], "ddp needs at least 2 ranks"),
+    (["--mode", "ddp", "--stages", "2", "--chunks", "1"], "chunks must be a multiple of 2"),
+    (["--mode", "pipeline", "--stages", "3"], "3 stages do not fit"),
+    (["--data", "cifar10"], "needs data_path"),
+    (["--model-arg", "depth"], "use KEY=VALUE"),
+])
+def test_bad_input_is_refused_before_anything_starts(tmp_path: Path, pictl_env, args: list[str], says: str) -> None:
+    hosts = write_cluster(tmp_path / "cluster", 2)
+    proc = run_pictl(["train", "--hosts", str(hosts), "--out", str(tmp_path / "trains"), *args], pictl_env)
+    assert proc.returncode == 2, proc.stderr
+    assert says in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "trains").exists() and not (tmp_path / "cluster" / "h0").exists()
+
+
+@pytest.mark.slow
+def test_a_model_the_hosts_cannot_build_is_refused_with_no_job_left(tmp_path: Path, pictl_env) -> None:
+    hosts = write_cluster(tmp_path / "cluster", 2)
+    proc = run_pictl(["train", "--hosts", str(hosts), "--out", str(tmp_path / "trains"), "--model", "nosuchnet",
+                      "--steps", "2", "--train-images", "16"], pictl_env)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == ("pictl: error: unknown model 'nosuchnet' (timm has no such "
+                                                    "architecture)")
+    assert not list((tmp_path / "trains").glob("*"))
+    assert not list((tmp_path / "cluster").glob("h*/runs/*"))
