@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -29,6 +29,8 @@ from pictl.cli.common import (
     wide_console,
 )
 
+TRAIN_PANEL = "Training (--train)"
+
 
 @app.command()
 def sweep(
@@ -48,8 +50,30 @@ def sweep(
     wait: WaitOpt = False,
     verbose: VerboseOpt = False,
     as_json: JsonOpt = False,
+    train: Annotated[bool, typer.Option("--train", help="Sweep training jobs (`pictl train`) instead of runs.",
+                                        rich_help_panel=TRAIN_PANEL)] = False,
+    modes: Annotated[Optional[str], typer.Option(help="Training modes, e.g. single,pipeline,ddp (default: all).",
+                                                 rich_help_panel=TRAIN_PANEL)] = None,
+    schedules: Annotated[Optional[str], typer.Option(help="Pipeline schedules, e.g. gpipe,1f1b (default: both).",
+                                                     rich_help_panel=TRAIN_PANEL)] = None,
+    model: Annotated[Optional[str], typer.Option(help="Model to train.", rich_help_panel=TRAIN_PANEL)] = None,
+    model_arg: Annotated[Optional[list[str]], typer.Option(help="timm constructor argument KEY=VALUE.",
+                                                           rich_help_panel=TRAIN_PANEL)] = None,
+    image_size: Annotated[Optional[int], typer.Option(help="Input side in pixels.",
+                                                      rich_help_panel=TRAIN_PANEL)] = None,
+    batch_size: Annotated[Optional[int], typer.Option(help="Global batch per step.",
+                                                      rich_help_panel=TRAIN_PANEL)] = None,
+    steps: Annotated[Optional[int], typer.Option(help="Optimizer steps per job.", rich_help_panel=TRAIN_PANEL)] = None,
+    train_images: Annotated[Optional[int], typer.Option(help="Training images.", rich_help_panel=TRAIN_PANEL)] = None,
+    data: Annotated[Optional[str], typer.Option(help="synthetic | cifar10 | cifar100 | imagefolder.",
+                                                rich_help_panel=TRAIN_PANEL)] = None,
+    data_path: Annotated[Optional[str], typer.Option(help="Data set directory on the hosts.",
+                                                     rich_help_panel=TRAIN_PANEL)] = None,
+    amp: Annotated[Optional[bool], typer.Option("--amp/--fp32", help="bf16 autocast.",
+                                                rich_help_panel=TRAIN_PANEL)] = None,
 ) -> None:
-    """Run every combination against shared serial baselines; write a table and plots."""
+    """Run every combination against shared serial baselines (or, with --train, every training job); write a
+    table and plots."""
     import time
 
     from pictl.headless import HeadlessRenderer
@@ -57,6 +81,13 @@ def sweep(
     from pictl.records.runs import writable_dir
 
     renderer = HeadlessRenderer(verbose=verbose)
+    if train:
+        settings = {"model": model, "model_args": model_arg, "image_size": image_size, "batch_size": batch_size,
+                    "steps": steps, "train_images": train_images, "data": data, "data_path": data_path, "amp": amp,
+                    "threads": threads}
+        _train_sweep(renderer, settings, modes=modes, schedules=schedules, stages=stages, chunks=chunks, out=out,
+                     hosts=hosts, wait=wait, as_json=as_json)
+        return
     try:
         cluster = read_cluster(hosts)
         base, points = plan_sweep(cluster, profile, {"images": images, "warmup": warmup, "repeats": repeats,
@@ -77,6 +108,51 @@ def sweep(
     if as_json:  # the rows on stdout; the table a person reads goes to stderr
         stderr().print((target / "table.md").read_text(), markup=False)
         typer.echo(json.dumps({"sweep_dir": str(target), "rows": rows}))
+    else:
+        wide_console().print((target / "table.md").read_text(), markup=False)
+        typer.echo(f"sweep directory: {target}")
+    if any(r["status"] != "ok" for r in rows):
+        raise typer.Exit(E.EXIT_RUN_FAILED)
+
+
+def _train_sweep(renderer: Any, settings: dict[str, Any], *, modes: str | None, schedules: str | None,
+                 stages: str | None, chunks: str | None, out: Path | None, hosts: Path | None, wait: bool,
+                 as_json: bool) -> None:
+    """`pictl sweep --train`: training jobs over modes, schedules, rank counts and chunk counts."""
+    import time
+
+    from pictl.jobs.prune import parse_model_args
+    from pictl.jobs.sweep import parse_ints
+    from pictl.jobs.training.options import train_options
+    from pictl.jobs.training.sweep import run_train_sweep, train_points
+    from pictl.records.runs import writable_dir
+
+    try:
+        settings["model_args"] = parse_model_args(settings["model_args"])
+        base = train_options(settings)
+        wanted = [m for m in (modes or "single,pipeline,ddp").replace(" ", "").split(",") if m]
+        kinds = [k for k in (schedules or "gpipe,1f1b").replace(" ", "").split(",") if k]
+        for name, values, allowed in (("--modes", wanted, ("single", "pipeline", "ddp")),
+                                      ("--schedules", kinds, ("gpipe", "1f1b"))):
+            bad = [v for v in values if v not in allowed]
+            if bad or not values:
+                raise E.ConfigError(f"{name}: '{','.join(bad) or '(none)'}' is not among {', '.join(allowed)}")
+        cluster = read_cluster(hosts)
+        points, skipped = train_points(cluster, base, wanted, parse_ints("--stages", stages or "2"),
+                                       parse_ints("--chunks", chunks or "1,4,8"), kinds)
+        target = out or checked_runs_root(None).parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S-train")
+        if target.exists():
+            raise E.ConfigError(f"--out: {target} already exists")
+        writable_dir(target, "--out")
+        rows = asyncio.run(run_cancellable(run_train_sweep(cluster, base, points, skipped, target, on_event=renderer,
+                                                           wait=wait)))
+    except E.PictlError as exc:
+        renderer.close()
+        fail(exc)
+    renderer.close()
+    if as_json:
+        stderr().print((target / "table.md").read_text(), markup=False)
+        typer.echo(json.dumps({"sweep_dir": str(target), "rows": rows, "skipped": skipped}))
     else:
         wide_console().print((target / "table.md").read_text(), markup=False)
         typer.echo(f"sweep directory: {target}")

@@ -11,6 +11,7 @@ import typer
 
 from pictl import errors as E
 from pictl.cli.common import (
+    HOSTS_PANEL,
     HostsOpt,
     JsonOpt,
     VerboseOpt,
@@ -24,6 +25,7 @@ from pictl.cli.common import (
 )
 from pictl.jobs.training.options import Mode as ModeLiteral
 from pictl.jobs.training.options import Schedule as ScheduleLiteral
+from pictl.jobs.training.options import TrainPolicy
 from pictl.planning.profiles import DATASETS
 
 MODEL_PANEL, STEP_PANEL = "Model and data", "Steps and schedule"
@@ -35,47 +37,53 @@ if TYPE_CHECKING:  # to mypy, str Enums; built from the options' Literals so the
     class Data(StrEnum): ...
 
     class Optim(StrEnum): ...
+
+    class TrainPolicyChoice(StrEnum): ...
 else:
     Mode = choices("Mode", get_args(ModeLiteral))
     Schedule = choices("Schedule", get_args(ScheduleLiteral))
     Data = choices("TrainData", DATASETS)
     Optim = choices("Optimizer", ("sgd", "adamw"))
+    TrainPolicyChoice = choices("TrainPolicyChoice", get_args(TrainPolicy))
 
 
 @app.command()
 def train(
     mode: Annotated[Optional[Mode], typer.Option(help="single (one host), pipeline (stages over hosts) or ddp "
-                                                      "(a replica per host). [default: pipeline]",
+                                                      "(a replica per host). \\[default: pipeline]",
                                                  rich_help_panel=STEP_PANEL)] = None,
-    schedule: Annotated[Optional[Schedule], typer.Option(help="Pipeline schedule. [default: gpipe]",
+    schedule: Annotated[Optional[Schedule], typer.Option(help="Pipeline schedule. \\[default: gpipe]",
                                                          rich_help_panel=STEP_PANEL)] = None,
-    stages: Annotated[Optional[int], typer.Option(help="Pipeline stages, or ddp ranks. [default: 2]",
+    stages: Annotated[Optional[int], typer.Option(help="Pipeline stages, or ddp ranks. \\[default: 2]",
                                                   rich_help_panel=STEP_PANEL)] = None,
+    policy: Annotated[Optional[TrainPolicyChoice], typer.Option(
+        help="How a pipeline is split without --split: equal parameters, or balanced over the hosts' measured "
+             "costs (forward and backward). \\[default: equal]", rich_help_panel=STEP_PANEL)] = None,
     split: Annotated[Optional[str], typer.Option(help="Where stages 2..N begin (pipeline), e.g. blocks.6.",
                                                  rich_help_panel=STEP_PANEL)] = None,
-    batch_size: Annotated[Optional[int], typer.Option(help="Global batch per step, in every mode. [default: 8]",
+    batch_size: Annotated[Optional[int], typer.Option(help="Global batch per step, in every mode. \\[default: 8]",
                                                       rich_help_panel=STEP_PANEL)] = None,
-    chunks: Annotated[Optional[int], typer.Option(help="Microbatches per step (divides the batch). [default: 4]",
+    chunks: Annotated[Optional[int], typer.Option(help="Microbatches per step (divides the batch). \\[default: 4]",
                                                   rich_help_panel=STEP_PANEL)] = None,
     steps: Annotated[Optional[int], typer.Option(help="Optimizer steps (0: --epochs over the training images).",
                                                  rich_help_panel=STEP_PANEL)] = None,
-    epochs: Annotated[Optional[int], typer.Option(help="Epochs when --steps is 0. [default: 1]",
+    epochs: Annotated[Optional[int], typer.Option(help="Epochs when --steps is 0. \\[default: 1]",
                                                   rich_help_panel=STEP_PANEL)] = None,
-    warmup_steps: Annotated[Optional[int], typer.Option(help="Steps left out of samples/s. [default: 1]",
+    warmup_steps: Annotated[Optional[int], typer.Option(help="Steps left out of samples/s. \\[default: 1]",
                                                         rich_help_panel=STEP_PANEL)] = None,
-    lr: Annotated[Optional[float], typer.Option(help="Learning rate (cosine over all steps). [default: 0.01]",
+    lr: Annotated[Optional[float], typer.Option(help="Learning rate (cosine over all steps). \\[default: 0.01]",
                                                 rich_help_panel=STEP_PANEL)] = None,
-    optimizer: Annotated[Optional[Optim], typer.Option(help="[default: sgd (momentum 0.9)]",
+    optimizer: Annotated[Optional[Optim], typer.Option(help="\\[default: sgd (momentum 0.9)]",
                                                        rich_help_panel=STEP_PANEL)] = None,
-    amp: Annotated[Optional[bool], typer.Option("--amp/--fp32", help="bf16 autocast on the CPU. [default: fp32]",
+    amp: Annotated[Optional[bool], typer.Option("--amp/--fp32", help="bf16 autocast on the CPU. \\[default: fp32]",
                                                 rich_help_panel=STEP_PANEL)] = None,
     check_steps: Annotated[Optional[int], typer.Option(help="Steps whose loss must match a single run's "
-                                                            "(0: no check). [default: 3]",
+                                                            "(0: no check). \\[default: 3]",
                                                        rich_help_panel=STEP_PANEL)] = None,
-    threads: Annotated[Optional[int], typer.Option(help="torch threads per rank. [default: 1]",
+    threads: Annotated[Optional[int], typer.Option(help="torch threads per rank. \\[default: 1]",
                                                    rich_help_panel=STEP_PANEL)] = None,
     model: Annotated[Optional[str], typer.Option(help="timm ViT, ResNet or MobileNet/EfficientNet. "
-                                                      "[default: deit_small_patch16_224]",
+                                                      "\\[default: deit_small_patch16_224]",
                                                  rich_help_panel=MODEL_PANEL)] = None,
     model_arg: Annotated[Optional[list[str]], typer.Option(help="timm constructor argument KEY=VALUE.",
                                                            rich_help_panel=MODEL_PANEL)] = None,
@@ -87,19 +95,20 @@ def train(
                                                       rich_help_panel=MODEL_PANEL)] = None,
     allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Allow a pickled checkpoint.",
                                                rich_help_panel=MODEL_PANEL)] = False,
-    data: Annotated[Optional[Data], typer.Option(help="[default: synthetic]", rich_help_panel=MODEL_PANEL)] = None,
+    data: Annotated[Optional[Data], typer.Option(help="\\[default: synthetic]", rich_help_panel=MODEL_PANEL)] = None,
     data_path: Annotated[Optional[str], typer.Option(help="Data set directory on the hosts.",
                                                      rich_help_panel=MODEL_PANEL)] = None,
-    train_images: Annotated[Optional[int], typer.Option(help="Training images. [default: 256]",
+    train_images: Annotated[Optional[int], typer.Option(help="Training images. \\[default: 256]",
                                                         rich_help_panel=MODEL_PANEL)] = None,
-    eval_images: Annotated[Optional[int], typer.Option(help="Held-out images for top-1 (0: none). [default: 64]",
+    eval_images: Annotated[Optional[int], typer.Option(help="Held-out images for top-1 (0: none). \\[default: 64]",
                                                        rich_help_panel=MODEL_PANEL)] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Seed for weights and data order. [default: 0]",
+    seed: Annotated[Optional[int], typer.Option(help="Seed for weights and data order. \\[default: 0]",
                                                 rich_help_panel=MODEL_PANEL)] = None,
     save: Annotated[Optional[bool], typer.Option("--save/--no-save", help="Assemble the trained model. "
-                                                 "[default: save]", rich_help_panel=MODEL_PANEL)] = None,
+                                                 "\\[default: save]", rich_help_panel=MODEL_PANEL)] = None,
     break_rank: Annotated[Optional[int], typer.Option(hidden=True)] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Where job directories go (default: beside the runs).")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Where job directories go (default: beside the runs).",
+                                                rich_help_panel=HOSTS_PANEL)] = None,
     hosts: HostsOpt = None,
     wait: WaitOpt = False,
     verbose: VerboseOpt = False,
@@ -117,7 +126,8 @@ def train(
     session = None
     try:
         options = train_options({
-            "mode": chosen(mode), "schedule": chosen(schedule), "stages": stages, "split": split_points(split),
+            "mode": chosen(mode), "schedule": chosen(schedule), "stages": stages, "policy": chosen(policy),
+            "split": split_points(split),
             "batch_size": batch_size, "chunks": chunks, "steps": steps, "epochs": epochs, "warmup_steps": warmup_steps,
             "lr": lr, "optimizer": chosen(optimizer), "amp": amp, "check_steps": check_steps, "threads": threads,
             "model": model, "model_args": parse_model_args(model_arg), "num_classes": num_classes,

@@ -18,6 +18,7 @@ from remote.spec import DataSpec, TrainSpec
 
 Mode = Literal["single", "pipeline", "ddp"]
 Schedule = Literal["gpipe", "1f1b"]
+TrainPolicy = Literal["equal", "balanced", "explicit"]
 LOSS_TOLERANCE = 1e-3
 """fp32: a mode's loss at each checked step may differ from `single`'s by this much, relative to
 max(1, |loss|). The modes compute the same sums in other orders, so they differ by rounding only
@@ -36,7 +37,7 @@ class TrainOptions(BaseModel):
     schedule: Schedule = "gpipe"
     stages: int = Field(default=2, ge=1, le=128)
     """Pipeline stages (`pipeline`) or data-parallel ranks (`ddp`); `single` uses one."""
-    policy: Literal["equal", "explicit"] = "equal"
+    policy: TrainPolicy = "equal"
     split: list[str] = []
     model: str = Field(default="deit_small_patch16_224", min_length=1, max_length=256)
     model_args: dict[str, Any] = {}
@@ -84,6 +85,8 @@ class TrainOptions(BaseModel):
             if self.chunks % self.stages:
                 raise ValueError(f"ddp shares each step's {self.chunks} microbatch(es) among {self.stages} ranks: "
                                  f"chunks must be a multiple of {self.stages}")
+        if self.policy == "balanced" and self.mode != "pipeline":
+            self.policy = "equal"  # one stage: nothing to balance
         if self.split:
             if self.mode != "pipeline":
                 raise ValueError("split points apply to --mode pipeline only")
@@ -106,7 +109,8 @@ class TrainOptions(BaseModel):
             return self.num_classes
         return {"cifar100": 100}.get(self.data, 10) if self.data != "imagefolder" else 0
 
-    def spec(self, run_id: str, *, mode: Mode | None = None, stop_after: int = 0) -> TrainSpec:
+    def spec(self, run_id: str, *, mode: Mode | None = None, stop_after: int = 0,
+             split: list[str] | None = None) -> TrainSpec:
         """The hosts' spec (`mode`, `stop_after` given: the same job run another way, e.g. the first steps of
         its `single` reference, on the same learning-rate schedule)."""
         mode = mode or self.mode
@@ -117,7 +121,8 @@ class TrainOptions(BaseModel):
         checkpoint = str(Path(self.checkpoint).expanduser()) if self.checkpoint else None
         return TrainSpec(**fields, model_kwargs=dict(self.model_args), num_classes=self.classes,
                          checkpoint=checkpoint, mode=mode, stages=self.stages if mode != "single" else 1,
-                         policy=self.policy, split_points=list(self.split) if mode == "pipeline" else [],
+                         policy="explicit" if split else ("equal" if self.policy == "balanced" else self.policy),
+                         split_points=list(split or self.split) if mode == "pipeline" else [],
                          steps=self.steps, stop_after=stop_after,
                          data=DataSpec(kind=self.data, path=self.data_path, split="train"), run_id=run_id)
 

@@ -32,6 +32,7 @@ from pictl.inventory import Cluster
 from pictl.jobs.training.checkpoint import MODEL_FILE, merge_parts, trained_meta
 from pictl.jobs.training.launch import REFERENCE_SPEC, Processes, run_ranks, run_reference
 from pictl.jobs.training.options import AMP_LOSS_TOLERANCE, LOSS_TOLERANCE, TrainOptions
+from pictl.jobs.training.split import balanced_points
 from pictl.jobs.training.telemetry import TrainTelemetry, agreement
 from pictl.planning.placement import NodePlan, place_stages
 from pictl.records.cache import JsonCache, cache_root
@@ -67,6 +68,7 @@ class TrainSession:
         self.record: RunRecord | None = None
         self._reference: dict[str, Any] | None = None
         self._collected: dict[str, Any] = {}
+        self._prediction: dict[str, Any] | None = None
 
     def _phase(self, name: str, message: str) -> None:
         self.sink(Phase(name, message))
@@ -84,6 +86,13 @@ class TrainSession:
             pushed = await fleet.each(lambda t: push_to(t, tree), "push failed")
             self._phase("push", f"{sum(r.sent for r in pushed.values())} changed file(s) pushed to {len(hosts)} "
                                 "host(s)")
+            if o.policy == "balanced" and o.mode == "pipeline":
+                stage_hosts = [n.host.name for n in self.nodes for _ in n.ranks]
+                self._phase("balance", f"cost profiles of {len(set(stage_hosts))} host(s)")
+                points, self._prediction = await balanced_points(fleet, stage_hosts, o, manifest_digest(tree))
+                spec = o.spec(self.job_id, split=points)
+                self._phase("balance", f"split {', '.join(points)}: predicted " + " / ".join(
+                    f"{ms:.1f}" for ms in self._prediction["stage_ms"]) + " ms per microbatch (forward and backward)")
             self.record = RunRecord(self.root, self.job_id)
             self.record.write_config({"options": o.model_dump(), "spec": dataclasses.asdict(spec),
                                       "placement": [{"host": n.host.name, "ranks": list(n.ranks)} for n in self.nodes],
@@ -207,7 +216,8 @@ class TrainSession:
             "steps_per_epoch": start.get("steps_per_epoch"), "lr": o.lr, "optimizer": o.optimizer,
             "threads": o.threads, "samples_per_s": tel.samples_per_s(o.batch_size),
             "losses": losses, "evals": tel.evals, "top1": tel.evals[-1]["top1"] if tel.evals else None,
-            "breakdown": tel.breakdown(), "agreement": check, **self._collected,
+            "policy": o.policy if o.mode == "pipeline" else None, "split_points": self._split_points(),
+            "prediction": self._prediction, "breakdown": tel.breakdown(), "agreement": check, **self._collected,
             "started_at": started, "duration_s": round(time.time() - started, 2),
         }
         if "checkpoint" in self._collected:
@@ -215,6 +225,12 @@ class TrainSession:
         if error:
             summary["error"] = error
         return summary
+
+    def _split_points(self) -> list[str]:
+        """Where stages 2..N began, as the ranks reported their modules."""
+        ranks = self.telemetry.ranks
+        return [ranks[r].modules[0] for r in sorted(ranks)[1:] if ranks[r].modules] if self.options.mode == "pipeline" \
+            else []
 
     async def _cleanup(self, fleet: Fleet, procs: Processes | None, leases: list[Lease]) -> None:
         if procs is not None:

@@ -1,0 +1,195 @@
+"""`pictl sweep --train`: one training job per mode, schedule, rank count and chunk count, side by side.
+
+The global batch stays the same, so sweeping `--chunks` sweeps the microbatch (the split size): too small
+and a step is bound by its transfers and per-microbatch overheads, too large and the pipeline's bubbles
+grow. `single` runs once per chunk count (its microbatches are accumulated, so it is the reference every
+mode's samples/s is compared with at that count); a ddp point whose chunks do not share evenly among its
+ranks is left out and listed. The table is rewritten after every job (an interrupted sweep keeps what it
+measured); plots: samples/s against chunks per mode, and where a step's time goes per mode.
+"""
+
+from __future__ import annotations
+
+import csv
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pictl import errors as E
+from pictl.events import EventSink, Phase
+from pictl.inventory import Cluster
+from pictl.jobs.training.options import TrainOptions
+from pictl.jobs.training.session import TrainSession, placement
+from pictl.records.runs import write_json_atomic
+from remote import protocol as P
+
+COLUMNS = ("mode", "schedule", "stages", "chunks", "microbatch", "status", "samples_per_s", "speedup",
+           "loss_agreement", "loss_last", "top1", "comm_share", "idle_share", "job_id", "error")
+CATEGORIES = tuple(k.removesuffix("_s") for k in P.TRAIN_TIME_KEYS)
+
+
+@dataclass(frozen=True)
+class TrainPoint:
+    mode: str
+    stages: int
+    chunks: int
+    schedule: str = "gpipe"
+
+    @property
+    def label(self) -> str:
+        how = f"{self.mode} ({self.schedule})" if self.mode == "pipeline" else self.mode
+        return f"{how}, {self.stages} rank(s), {self.chunks} chunk(s)"
+
+
+def train_points(cluster: Cluster, base: TrainOptions, modes: list[str], stages: list[int], chunks: list[int],
+                 schedules: list[str]) -> tuple[list[TrainPoint], list[str]]:
+    """The jobs in run order (single first for each chunk count), and the combinations left out (why)."""
+    points: list[TrainPoint] = []
+    skipped: list[str] = []
+    for c in chunks:
+        for mode in modes:
+            for s in ([1] if mode == "single" else [s for s in stages if s > 1]):
+                for sched in (schedules if mode == "pipeline" else ["gpipe"]):
+                    point = TrainPoint(mode, s, c, sched)
+                    if mode == "ddp" and c % s:
+                        skipped.append(f"{point.label}: {c} chunk(s) do not share evenly among {s} ranks")
+                        continue
+                    try:
+                        placement(cluster, options_for(base, point))
+                    except E.ConfigError as exc:
+                        raise E.ConfigError(f"sweep point {point.label}: {exc}") from None
+                    if point not in points:
+                        points.append(point)
+    if not points:
+        raise E.ConfigError("the sweep has no point that can run")
+    return points, skipped
+
+
+def options_for(base: TrainOptions, point: TrainPoint) -> TrainOptions:
+    values = {**base.model_dump(), "mode": point.mode, "stages": point.stages, "chunks": point.chunks,
+              "schedule": point.schedule, "split": []}
+    try:
+        return TrainOptions(**values)
+    except ValueError as exc:
+        raise E.ConfigError(f"sweep point {point.label}: {str(exc).splitlines()[-1].strip()}") from None
+
+
+def row_of(point: TrainPoint, summary: dict[str, Any] | None, error: str | None = None) -> dict[str, Any]:
+    row: dict[str, Any] = {**asdict(point), "schedule": point.schedule if point.mode == "pipeline" else None}
+    if summary is None:
+        return {**row, "status": "failed", "error": error}
+    ranks = summary.get("breakdown") or []
+
+    def share(key: str) -> float | None:
+        values = [r["share"][key] for r in ranks if r["share"].get(key) is not None]
+        return round(sum(values) / len(values), 4) if values else None
+
+    check = summary.get("agreement")
+    losses = summary.get("losses") or []
+    return {**row, "microbatch": summary.get("microbatch"), "status": summary["status"],
+            "samples_per_s": summary.get("samples_per_s"),
+            "loss_agreement": None if not check else (f"{'ok' if check['passed'] else 'DIFFERS'} "
+                                                      f"({check['max_rel_diff']})"),
+            "loss_last": losses[-1]["loss"] if losses else None, "top1": summary.get("top1"),
+            "comm_share": share("comm"), "idle_share": share("idle"), "job_id": summary.get("job_id"),
+            "per_step_ms": {c: _mean([r["per_step_ms"][c] for r in ranks]) for c in CATEGORIES},
+            "error": error}
+
+
+def _mean(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return round(sum(present) / len(present), 3) if present else None
+
+
+def with_speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each row's samples/s over single's at the same chunk count (None without one)."""
+    single = {r["chunks"]: r.get("samples_per_s") for r in rows if r["mode"] == "single" and r["status"] == "ok"}
+    return [{**r, "speedup": round(r["samples_per_s"] / single[r["chunks"]], 3)
+             if r.get("samples_per_s") and single.get(r["chunks"]) else None} for r in rows]
+
+
+def write_table(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    rows = with_speedups(rows)
+    write_json_atomic(out / "sweep.json", {**meta, "kind": "train", "rows": rows})
+    tmp = out / "table.csv.tmp"
+    with tmp.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    tmp.replace(out / "table.csv")
+    shown = COLUMNS[:-2]
+    lines = ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
+    lines += ["| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in shown) + " |" for r in rows]
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+
+
+def plot(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
+    """samples/s against chunks per mode (and rank count); the time breakdown of a step per job."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in with_speedups(rows) if r["status"] == "ok" and r.get("samples_per_s")]
+    written = []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    series: dict[str, list[dict[str, Any]]] = {}
+    for r in ok:
+        name = r["mode"] + (f" {r['schedule']}" if r.get("schedule") else "") + f", {r['stages']} rank(s)"
+        series.setdefault(name, []).append(r)
+    for name, group in series.items():
+        group.sort(key=lambda r: r["chunks"])
+        ax.plot([r["chunks"] for r in group], [r["samples_per_s"] for r in group], "o-", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("chunks (microbatches per step; the microbatch shrinks as they grow)")
+    ax.set_ylabel("samples / s")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "samples_vs_chunks.png", dpi=120)
+    plt.close(fig)
+    written.append(out / "samples_vs_chunks.png")
+    fig, ax = plt.subplots(figsize=(max(6, len(ok) * 0.7), 4))
+    bottoms = [0.0] * len(ok)
+    for c in CATEGORIES:
+        values = [r["per_step_ms"].get(c) or 0.0 for r in ok]
+        ax.bar(range(len(ok)), values, bottom=bottoms, label=c)
+        bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
+    ax.set_xticks(range(len(ok)), [f"{r['mode']}{' ' + r['schedule'] if r.get('schedule') else ''}\n"
+                                   f"{r['stages']}r c{r['chunks']}" for r in ok], fontsize=7)
+    ax.set_ylabel("ms per step (mean over ranks)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(out / "time_breakdown.png", dpi=120)
+    plt.close(fig)
+    written.append(out / "time_breakdown.png")
+    return written
+
+
+async def run_train_sweep(cluster: Cluster, base: TrainOptions, points: list[TrainPoint], skipped: list[str],
+                          out: Path, *, on_event: EventSink | None = None, wait: bool = False,
+                          ) -> list[dict[str, Any]]:
+    out.mkdir(parents=True)
+    meta = {"started_at": time.time(), "cluster": cluster.source, "options": base.model_dump(),
+            "points": [asdict(p) for p in points], "skipped": skipped}
+    for why in skipped:
+        if on_event:
+            on_event(Phase("sweep", f"left out: {why}"))
+    rows: list[dict[str, Any]] = []
+    for i, point in enumerate(points, 1):
+        if on_event:
+            on_event(Phase("sweep", f"job {i}/{len(points)}: {point.label}"))
+        session = TrainSession(cluster, options_for(base, point), on_event=on_event, root=out / "jobs", wait=wait)
+        try:
+            rows.append(row_of(point, await session.run()))
+        except (E.RunFailed, E.OutputMismatch, E.TransportError) as exc:
+            rows.append(row_of(point, session.summary, error=str(exc)))
+        except E.Interrupted:
+            rows.append(row_of(point, session.summary, error="interrupted"))
+            write_table(out, rows, {**meta, "interrupted": True})
+            raise
+        write_table(out, rows, meta)
+    plot(out, rows)
+    return with_speedups(rows)
