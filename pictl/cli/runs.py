@@ -214,21 +214,36 @@ def traces(
 
 @app.command()
 def report(
-    sources: Annotated[list[str], typer.Argument(help="Runs (ids, unique id prefixes or directories) and sweep "
-                                                      "directories.")],
+    sources: Annotated[list[str], typer.Argument(help="Runs and training jobs (ids, unique id prefixes or "
+                                                      "directories), sweep and pruning job directories.")],
     out: Annotated[Path, typer.Option(help="Where report.md and its charts go.")] = Path("pictl-report"),
     runs_dir: RunsDirOpt = None,
 ) -> None:
     """A Markdown report: headline figures, per-stage breakdown chart, link bytes/s, sweep tables and plots."""
-    from pictl.records.catalog import resolve_run
     from pictl.records.report import write_report
 
     try:
         root = runs_root(runs_dir)
-        path = write_report([resolve_run(root, s) for s in sources], out)
+        path = write_report([_resolve_source(root, s) for s in sources], out)
     except E.PictlError as exc:
         fail(exc)
     typer.echo(f"report: {path}")
+
+
+def _resolve_source(root: Path, ref: str) -> Path:
+    """A run (or a directory) under the runs root, else a training job beside it (`pictl train`)."""
+    from pictl.records.catalog import resolve_run
+
+    try:
+        return resolve_run(root, ref)
+    except E.ConfigError:
+        trains = root.parent / "trains"
+        if "/" in ref or not trains.is_dir():
+            raise
+        try:
+            return resolve_run(trains, ref)
+        except E.ConfigError:
+            raise E.ConfigError(f"run '{ref}': no such run or training job (see `pictl runs`)") from None
 
 
 @app.command("profiles")

@@ -7,7 +7,8 @@ For a run: the headline figures, the serial baseline's age (and why a cached one
 was not reused), the run's sanity flags, the per-stage table (with the balanced policy's
 prediction where there is one), a stacked chart of each stage's time (computing,
 waiting for input, blocked sending), and each link's bytes/s, average over the
-timed passes and the fastest pass. For a sweep: its table and plots.
+timed passes and the fastest pass. For a sweep: its table and plots. For training jobs (`pictl train`):
+a table of every job by mode, and per job where each rank's step time went, with its loss curve.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from pictl import errors as E
 from pictl.records.runs import SUMMARY_FILE, read_record, read_run_summary, writable_dir
+from pictl.records.train_report import job_section, jobs_table
 from pictl.summary import RunSummary, age_text
 
 
@@ -226,7 +228,7 @@ def _load(src: Path) -> dict[str, Any]:
     if "run_id" in summary:
         return read_run_summary(path).model_dump(mode="json", by_alias=True, exclude_unset=True)
     if not isinstance(summary.get("job_id"), str):
-        raise E.ConfigError(f"{path}: neither a run's nor a pruning job's summary (no run_id, no job_id)")
+        raise E.ConfigError(f"{path}: neither a run's nor a job's summary (no run_id, no job_id)")
     return summary
 
 
@@ -238,16 +240,19 @@ def write_report(sources: list[Path], out: Path) -> Path:
             raise E.ConfigError(f"{src}: not a run directory (summary.json), a sweep directory (sweep.json) "
                                 f"or a pruning job")
     summaries = {src: _load(src) for src in sources if (src / SUMMARY_FILE).is_file()}
-    prunes = [s for s in summaries.values() if "job_id" in s and s.get("status") == "ok"]
+    trains = [s for s in summaries.values() if s.get("kind") == "train"]
+    prunes = [s for s in summaries.values() if "job_id" in s and s.get("status") == "ok" and s.get("kind") != "train"]
     runs = [s for s in summaries.values() if "run_id" in s]
     try:
         out.mkdir(parents=True, exist_ok=True)
-        lines = ["# pictl report", "", *models_section(runs, prunes)]
+        lines = ["# pictl report", "", *models_section(runs, prunes), *(jobs_table(trains) if trains else [])]
         for src in sources:
             if (src / "sweep.json").is_file():
                 lines += _sweep_section(src, out)
             elif "run_id" in summaries[src]:
                 lines += _run_section(src, out)
+            elif summaries[src].get("kind") == "train":
+                lines += job_section(summaries[src], out)
         report = out / "report.md"
         report.write_text("\n".join(lines))
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
