@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import array
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -177,3 +178,61 @@ def test_a_model_the_hosts_cannot_build_is_refused_with_no_job_left(tmp_path: Pa
                                                     "architecture)")
     assert not list((tmp_path / "trains").glob("*"))
     assert not list((tmp_path / "cluster").glob("h*/runs/*"))
+
+
+@pytest.mark.slow
+async def test_a_training_job_from_the_dashboard(tmp_path: Path, monkeypatch) -> None:
+    """`n` opens the form; the run panel follows the steps live: loss and its curve, samples/s, each rank's
+    time by category; at the end the loss check against single and the trained model's file."""
+    from textual.widgets import Input, Select
+
+    from pictl.inventory import load_cluster
+    from pictl.tui.app import PictlApp
+    from pictl.tui.widgets.train_form import TrainForm
+
+    monkeypatch.setenv("PICTL_CACHE_DIR", str(tmp_path / "cache"))
+    app = PictlApp(load_cluster(write_cluster(tmp_path / "cluster", 2)), runs_root=tmp_path / "runs", monitor=False)
+    async with app.run_test(size=(150, 50)) as pilot:
+        await pilot.press("n")
+        await pilot.pause()
+        form = pilot.app.screen
+        assert isinstance(form, TrainForm)
+        form.query_one("#mode", Select).value = "ddp"
+        form.query_one("#model", Input).value = "vit_tiny_patch16_224"
+        form.query_one("#model-args", Input).value = "img_size=32,patch_size=8,depth=4,embed_dim=96,num_heads=4"
+        form.query_one("#chunks", Input).value = "3"
+        await pilot.click("#start")
+        await pilot.pause()
+        assert isinstance(pilot.app.screen, TrainForm), "chunks that do not divide the batch were accepted"
+        assert "chunks 3 do not divide" in str(form.query_one("#form-error").render())
+        form.query_one("#chunks", Input).value = "2"
+        form.query_one("#steps", Input).value = "30"
+        form.query_one("#train-images", Input).value = "32"
+        form.query_one("#train-images", Input).focus()
+        await pilot.press("enter")  # Enter in any field submits, as in the other forms
+        await pilot.pause()
+        assert not isinstance(pilot.app.screen, TrainForm), form.query_one("#form-error").render()
+        deadline = time.monotonic() + 240
+        while not (app.state.train and app.state.train.ranks and len(app.state.train.losses) > 3):
+            assert time.monotonic() < deadline and app.state.running, app.state.phase_message
+            await pilot.pause(0.2)
+        await pilot.pause(0.6)
+        live = _screen(app)
+        assert re.search(r"step\s+\d+/30", live) and "samples/s" in live and "rank 1" in live, live
+        while app.state.running:
+            assert time.monotonic() < deadline, "the job did not end"
+            await pilot.pause(0.2)
+        await pilot.pause(0.6)
+        done = app.state.train.summary
+        assert done and done["status"] == "ok" and done["agreement"]["passed"], app.state.phase_message
+        screen = _screen(app)
+        assert "losses agree" in screen and done["checkpoint"]["path"][:40] in screen, screen
+        assert str(tmp_path / "trains") in done["job_dir"]
+
+
+def _screen(app) -> str:  # noqa: ANN001
+    import html
+
+    svg = app.export_screenshot()
+    text = html.unescape(re.sub(r"<[^>]+>", "", svg)).replace("\xa0", " ")
+    return re.sub(r"[ \t]+", " ", text)

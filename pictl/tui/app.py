@@ -61,6 +61,7 @@ class PictlApp(JobsApp):
         Binding("r", "run", "run"),
         Binding("w", "sweep", "sweep"),
         Binding("p", "prune", "prune"),
+        Binding("n", "train", "train", show=False),  # in the palette and help: the footer keeps to 80 columns
         Binding("s", "stop", "stop"),
         Binding("t", "traces", "traces"),
         Binding("/", "filter", "filter"),
@@ -309,6 +310,7 @@ class PictlApp(JobsApp):
         yield SystemCommand("Run", "Start a run (r)", self.action_run)
         yield SystemCommand("Sweep", "Run every combination of stages, chunks and policies (w)", self.action_sweep)
         yield SystemCommand("Prune", "Prune, fine-tune and evaluate a model (p)", self.action_prune)
+        yield SystemCommand("Train", "Train across the hosts: single, pipeline or ddp (n)", self.action_train)
         yield SystemCommand("Stop", "Stop the run (s)", self.action_stop)
         yield SystemCommand("Traces", "Grab profiler traces from every rank (t)", self.action_traces)
         yield SystemCommand("History", "Past runs (h)", self.action_history)

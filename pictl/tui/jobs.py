@@ -1,5 +1,5 @@
-"""The dashboard's jobs beside a single run: sweeps (many runs, one table) and pruning (one job, its own
-panel), and the forms that start them. PictlApp builds on this; the run itself stays in `app`."""
+"""The dashboard's jobs beside a single run: sweeps (many runs, one table), pruning and training (one job
+each, with its own panel), and the forms that start them. PictlApp builds on this; the run itself stays in `app`."""
 
 from __future__ import annotations
 
@@ -13,15 +13,17 @@ from textual.screen import Screen
 from pictl import errors as E
 from pictl.inventory import Cluster
 from pictl.jobs.prune import PruneOptions
+from pictl.jobs.training.options import TrainOptions
 from pictl.planning.profiles import RunOptions
 from pictl.run.baselines import BaselineCache
 from pictl.run.session import RunSession
 from pictl.tui.bridge import SessionBridge
-from pictl.tui.messages import PruneFinished, RunFinished, SweepRows, SweepRunStarted
+from pictl.tui.messages import PruneFinished, RunFinished, SweepRows, SweepRunStarted, TrainFinished
 from pictl.tui.state import DashboardState
 from pictl.tui.widgets.prune_form import PruneForm
 from pictl.tui.widgets.stage_list import StageList
 from pictl.tui.widgets.sweep_form import SweepForm
+from pictl.tui.widgets.train_form import TrainForm
 
 
 class JobsApp(App):
@@ -90,6 +92,36 @@ class JobsApp(App):
 
         self.run_worker(prune(), name="prune", group="run", exclusive=True, exit_on_error=False)
 
+    def start_train(self, options: TrainOptions) -> None:
+        from pictl.jobs.training.session import TrainSession
+
+        session = TrainSession(self.cluster, options, on_event=self.bridge, root=self.runs_root.parent / "trains")
+        self.state.start_train(options.model_dump(), self.clock())
+        self.state.sweep = None
+        self.call_later(self._reset_stages)
+
+        async def train() -> None:
+            try:
+                summary = await session.run()
+            except E.PictlError as exc:
+                self.post_message(TrainFinished(session.summary, str(exc)))
+                return
+            self.post_message(TrainFinished(summary, None))
+
+        self.run_worker(train(), name="train", group="run", exclusive=True, exit_on_error=False)
+
+    def on_train_finished(self, msg: TrainFinished) -> None:
+        self.state.finish_train(msg.summary, msg.error)
+        self.render_all()
+        if msg.error:
+            stopped = "interrupted" in msg.error
+            self.notify(msg.error, title="training stopped" if stopped else "training failed",
+                        severity="warning" if stopped else "error", timeout=10)
+        elif msg.summary:
+            self.notify(f"{msg.summary.get('samples_per_s')} samples/s; losses agree with single" if
+                        msg.summary.get("agreement") else f"{msg.summary.get('samples_per_s')} samples/s",
+                        title="training done", timeout=10)
+
     def on_prune_finished(self, msg: PruneFinished) -> None:
         self.state.finish_prune(msg.summary, msg.error)
         self.render_all()
@@ -114,6 +146,9 @@ class JobsApp(App):
 
     def action_prune(self) -> None:
         self._form_then(PruneForm(self.cluster), self.start_prune)
+
+    def action_train(self) -> None:
+        self._form_then(TrainForm(), self.start_train)
 
     def action_sweep(self) -> None:
         self._form_then(SweepForm(self.cluster), self.start_sweep)

@@ -98,3 +98,11 @@ class PruneFinished(Message):
     def __init__(self, summary: dict[str, Any] | None, error: str | None) -> None:
         super().__init__()
         self.summary, self.error = summary, error
+
+
+class TrainFinished(Message):
+    """A training job ended: its summary (None if it never started) and the error, if any."""
+
+    def __init__(self, summary: dict[str, Any] | None, error: str | None) -> None:
+        super().__init__()
+        self.summary, self.error = summary, error

@@ -17,6 +17,7 @@ from pictl.cluster.monitor import HostSample
 from pictl.events import Placed
 from pictl.inventory import Cluster
 from pictl.planning.placement import place_stages
+from pictl.tui.train_state import TrainView
 from remote import protocol as P
 
 SPARK_POINTS = 60
@@ -89,6 +90,7 @@ class DashboardState:
         self.trace_note: str | None = None
         self.sweep: dict[str, Any] | None = None  # {"index", "total", "rows", "directory"} while/after a sweep
         self.prune: dict[str, Any] | None = None  # the latest pruning job: options, progress, accuracy, summary
+        self.train: TrainView | None = None  # the latest training job
         self.refine: list[dict[str, Any]] = []  # `balanced` correcting its split: each round, then the result
         self.phase_since: float | None = None
         self.run_dir: str | None = None  # where this run's record goes (known from its start)
@@ -122,9 +124,21 @@ class DashboardState:
         if not error and summary:
             self.phase_message = f"artifact {summary.get('artifact')}"
 
+    def start_train(self, options: dict[str, Any], now: float | None = None) -> None:
+        """A training job takes the run panel: steps, the loss, samples/s and each rank's time."""
+        self.start_run({"stages": options.get("stages", 1) if options.get("mode") != "single" else 1}, now)
+        self.train = TrainView(options)
+        self.phase, self.phase_message = "connect", f"training ({options.get('mode')}): connecting"
+
+    def finish_train(self, summary: dict[str, Any] | None, error: str | None) -> None:
+        if self.train is not None:
+            self.train.summary = summary
+        self.finish(None, error)
+
     def start_run(self, options: dict[str, Any], now: float | None = None) -> None:
         self.options = options
         self.prune = None
+        self.train = None
         self.running, self.summary, self.error, self.failure = True, None, None, None
         self.serial_ips, self.pipeline_ips, self.accuracy, self.traces, self.trace_note = None, [], None, [], None
         self.refine, self.run_dir, self.serial_reused = [], None, False
@@ -181,6 +195,11 @@ class DashboardState:
         kind = rec.get(P.KEY_EVENT)
         if source == "prune" and self.prune is not None:
             self._on_prune(rec)
+            return
+        if self.train is not None:
+            self.train.apply(source, host, rec)
+            if kind == P.ERROR:
+                self.phase_message = str(rec.get("message"))
             return
         if source == "serial":
             if kind == P.THROUGHPUT:

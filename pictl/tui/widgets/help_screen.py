@@ -13,6 +13,7 @@ KEYS = (
     ("r", "start a run (a form: profile, stages, policy or split points, chunk, images)"),
     ("w", "start a sweep (every combination of stages, chunks and policies)"),
     ("p", "prune, fine-tune and evaluate a model"),
+    ("n", "train across the hosts (single, pipeline or ddp): loss, samples/s and each rank's time per step"),
     ("s", "stop the run: every rank on every host, after asking"),
     ("t", "grab torch.profiler traces from every rank of the running pipeline, merged in one timeline"),
     ("/", "filter the log (see below); Escape clears it"),

@@ -12,6 +12,7 @@ from textual.widgets import Static
 
 from pictl.summary import baseline_text
 from pictl.tui.state import DashboardState
+from pictl.tui.widgets.train_panel import train_grid
 
 
 def _f(value: float | None, spec: str = ".2f", unit: str = "") -> str:
@@ -107,7 +108,9 @@ class RunSummary(Static):
         phase_line, waiting = state.phase_line(now)
         sweep = state.sweep or {}
         prune = state.prune or {}
-        key = (state.phase, state.phase_message, state.live_ips, state.serial_ips, state.accuracy,
+        train = state.train
+        trained = (train.step, len(train.evals), id(train.summary), len(train.ranks)) if train else None
+        key = (state.phase, state.phase_message, trained, state.live_ips, state.serial_ips, state.accuracy,
                id(prune.get("progress")), len(prune.get("accuracy", [])), id(prune.get("summary")),
                id(state.summary), len(state.traces), state.trace_note, round(done, 3),
                None if eta is None else round(eta), state.options.get("stages"), sweep.get("index"),
@@ -122,6 +125,9 @@ class RunSummary(Static):
     def _render_state(self, state: DashboardState, done: float, eta: float | None, phase_line: str) -> None:
         if state.prune is not None:
             self.update(prune_grid(state))
+            return
+        if state.train is not None:
+            self.update(train_grid(state, phase_line))
             return
         s = state.summary or {}
         stages = int(state.options.get("stages", 0)) or None
