@@ -236,3 +236,25 @@ def _screen(app) -> str:  # noqa: ANN001
     svg = app.export_screenshot()
     text = html.unescape(re.sub(r"<[^>]+>", "", svg)).replace("\xa0", " ")
     return re.sub(r"[ \t]+", " ", text)
+
+
+@pytest.mark.slow
+def test_every_mode_trains_over_ssh(ssh_cluster, pictl_env) -> None:
+    """4 real sshd hosts: a 4-stage pipeline, 4 ddp replicas and a single run, each checked against single."""
+    from test_ssh import _assert_hosts_clean
+
+    common = ["train", "--hosts", str(ssh_cluster.inventory), *TINY, "--batch-size", "8", "--chunks", "4",
+              "--steps", "4", "--train-images", "32", "--eval-images", "8", "--json"]
+    seen = {}
+    for mode in ("pipeline", "ddp", "single"):
+        proc = run_pictl([*common, "--mode", mode, "--stages", "4"], pictl_env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        seen[mode] = s = json.loads(proc.stdout)
+        assert s["status"] == "ok" and len(s["losses"]) == 4, s
+        if mode != "single":
+            assert s["agreement"]["passed"] is True and s["stages"] == 4
+            assert [r["host"] for r in s["breakdown"]] == ["h0", "h1", "h2", "h3"]
+    assert seen["ddp"]["agreement"]["reference_reused"] is True
+    for a, b in zip(seen["single"]["losses"], seen["pipeline"]["losses"], strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
+    _assert_hosts_clean(ssh_cluster)
