@@ -128,13 +128,17 @@ def row_of(point: SweepPoint, summary: dict[str, Any] | None, error: str | None 
 
 def write_table(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
     write_json_atomic(out / "sweep.json", {**meta, "rows": rows})
+    write_tables(out, [{**r, "split_points": " ".join(r.get("split_points") or []),
+                        "flags": " ".join(r.get("flags") or [])} for r in rows], COLUMNS, COLUMNS[:TABLE_COLUMNS])
+
+
+def write_tables(out: Path, rows: list[dict[str, Any]], columns: tuple[str, ...], shown: tuple[str, ...]) -> None:
+    """A sweep's rows as table.csv (every column) and table.md (the `shown` ones), each written whole."""
     with (out / "table.csv.tmp").open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
+        writer = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
-        writer.writerows({**r, "split_points": " ".join(r.get("split_points") or []),
-                          "flags": " ".join(r.get("flags") or [])} for r in rows)
+        writer.writerows(rows)
     (out / "table.csv.tmp").replace(out / "table.csv")
-    shown = COLUMNS[:TABLE_COLUMNS]
     lines = ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
     for r in rows:
         lines.append("| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in shown) + " |")

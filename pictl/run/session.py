@@ -48,7 +48,7 @@ from pictl.run.traces import RankTrace, TraceGrab, grab_traces
 SAMPLE_INTERVAL_S = 2.0
 
 
-async def _to_the_end(work: Awaitable[None]) -> None:
+async def to_the_end(work: Awaitable[None]) -> None:
     """Await `work` to completion even if we are cancelled again meanwhile (a second Ctrl-C): the
     hosts must confirm their processes are gone before the record closes."""
     task = asyncio.ensure_future(work)
@@ -147,9 +147,9 @@ class RunSession:
         finally:
             try:
                 try:
-                    await _to_the_end(self._settle_grabs(ok=False))
+                    await to_the_end(self._settle_grabs(ok=False))
                 finally:
-                    await _to_the_end(self._cleanup(spec.run_id))
+                    await to_the_end(self._cleanup(spec.run_id))
             finally:  # however the run ended, and whatever the clean-up met, the record closes
                 if ctx.record is not None:
                     summary = summary or bare_summary(ctx)

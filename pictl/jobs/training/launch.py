@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 from pictl import errors as E
@@ -18,6 +17,7 @@ from pictl.cluster.fleet import Fleet
 from pictl.cluster.stream import LineKeeper, ProcessStream
 from pictl.cluster.transport import RemoteProcess
 from pictl.events import EventSink
+from pictl.inventory import Host
 from pictl.jobs.training.telemetry import TrainTelemetry
 from pictl.planning.placement import NodePlan
 from pictl.run.launch import torchrun_argv
@@ -34,8 +34,8 @@ class Processes:
         self.fleet = fleet
         self.live: list[RemoteProcess] = []
 
-    async def start(self, node_host: Any, argv: list[str], *, cwd: str, env: dict[str, str]) -> RemoteProcess:
-        proc = await self.fleet[node_host.name].start(argv, cwd=cwd, env=env)
+    async def start(self, host: Host, argv: list[str], *, cwd: str, env: dict[str, str]) -> RemoteProcess:
+        proc = await self.fleet[host.name].start(argv, cwd=cwd, env=env)
         self.live.append(proc)
         return proc
 
@@ -77,7 +77,7 @@ async def run_reference(procs: Processes, node: NodePlan, run_dir: str, keep: Li
 
 
 async def run_ranks(procs: Processes, nodes: list[NodePlan], run_id: str, keep: LineKeeper, sink: EventSink,
-                    tel: TrainTelemetry, threads: int, on_record: Callable[[str, dict[str, Any]], None]) -> None:
+                    tel: TrainTelemetry, threads: int) -> None:
     """torchrun on every host until each rank has ended (or one failed: then every host is stopped)."""
     master = nodes[0].host
     port = await master_port(procs.fleet[master.name], None)
@@ -96,7 +96,6 @@ async def run_ranks(procs: Processes, nodes: list[NodePlan], run_id: str, keep: 
 
         def seen(record: dict[str, Any]) -> bool:
             tel.apply(name, record)
-            on_record(name, record)
             if record[P.KEY_EVENT] == P.ERROR:
                 failed.set()
             return True

@@ -37,6 +37,7 @@ from pictl.jobs.training.telemetry import TrainTelemetry, agreement
 from pictl.planning.placement import NodePlan, place_stages
 from pictl.records.cache import JsonCache, cache_root
 from pictl.records.runs import RunRecord, default_runs_root
+from pictl.run.session import to_the_end
 from remote import protocol as P
 
 SUMMARY_SCHEMA = 1
@@ -112,8 +113,7 @@ class TrainSession:
             self._phase("train", f"{o.mode}{' (' + o.schedule + ')' if o.mode == 'pipeline' else ''}: "
                         f"{len(self.telemetry.ranks) or sum(n.nproc for n in self.nodes)} rank(s) on "
                         f"{len(self.nodes)} host(s), batch {o.batch_size} as {o.chunks} microbatch(es)")
-            await run_ranks(procs, self.nodes, self.job_id, self.record, self.sink, self.telemetry, o.threads,
-                            lambda host, record: None)
+            await run_ranks(procs, self.nodes, self.job_id, self.record, self.sink, self.telemetry, o.threads)
             await self._collect(fleet)
             status = "ok"
             summary = self._summarize(status, started, None)
@@ -136,7 +136,7 @@ class TrainSession:
             error = {"type": type(exc).__name__, "message": str(exc)}
             raise
         finally:
-            await _finally(self._cleanup(fleet, procs, leases))
+            await to_the_end(self._cleanup(fleet, procs, leases))
             if self.record is not None:  # however it ended, the record closes
                 summary = summary or self._summarize(status, started, error)
                 if error and not summary.get("error"):
@@ -240,14 +240,3 @@ class TrainSession:
                                  return_exceptions=True)
         await release_all(leases)
         await fleet.close()
-
-
-async def _finally(work: Any) -> None:
-    """Await clean-up to its end even if cancelled again meanwhile (a second Ctrl-C)."""
-    task = asyncio.ensure_future(work)
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            continue
-

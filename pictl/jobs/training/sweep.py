@@ -10,7 +10,6 @@ measured); plots: samples/s against chunks per mode, and where a step's time goe
 
 from __future__ import annotations
 
-import csv
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 from pictl import errors as E
 from pictl.events import EventSink, Phase
 from pictl.inventory import Cluster
+from pictl.jobs.sweep import write_tables
 from pictl.jobs.training.options import TrainOptions
 from pictl.jobs.training.session import TrainSession, placement
 from pictl.records.runs import write_json_atomic
@@ -112,16 +112,7 @@ def with_speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def write_table(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
     rows = with_speedups(rows)
     write_json_atomic(out / "sweep.json", {**meta, "kind": "train", "rows": rows})
-    tmp = out / "table.csv.tmp"
-    with tmp.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    tmp.replace(out / "table.csv")
-    shown = COLUMNS[:-2]
-    lines = ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
-    lines += ["| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in shown) + " |" for r in rows]
-    (out / "table.md").write_text("\n".join(lines) + "\n")
+    write_tables(out, rows, COLUMNS, COLUMNS[:-2])
 
 
 def plot(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
