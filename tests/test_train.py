@@ -51,27 +51,39 @@ def _floats(path: Path) -> list[float]:
 
 
 @pytest.mark.slow
-def test_pipeline_and_ddp_agree_with_single_and_the_model_runs_in_pictl_run(shared, env) -> None:
-    piped = _train(shared, env, "--mode", "pipeline", "--schedule", "gpipe")
-    assert piped["status"] == "ok" and piped["mode"] == "pipeline" and piped["stages"] == 2
+def test_a_sweep_of_every_mode_agrees_with_single_and_the_model_runs_in_pictl_run(shared, env) -> None:
+    """`pictl sweep --train`: single, a 2-stage GPipe pipeline and 2 ddp replicas of one job, side by side."""
+    out = shared["root"] / "sweep"
+    proc = run_pictl(["sweep", "--train", "--hosts", str(shared["hosts"]), "--out", str(out), *TINY,
+                      "--modes", "single,pipeline,ddp", "--schedules", "gpipe", "--stages", "2", "--chunks", "2",
+                      "--batch-size", "8", "--steps", "30", "--train-images", "32", "--json"], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout)["rows"]
+    assert [(r["mode"], r["stages"], r["chunks"]) for r in rows] == [("single", 1, 2), ("pipeline", 2, 2),
+                                                                      ("ddp", 2, 2)]
+    assert rows[0]["speedup"] == 1.0 and all(r["status"] == "ok" and r["samples_per_s"] > 0 for r in rows)
+    assert rows[1]["loss_agreement"].startswith("ok") and rows[2]["loss_agreement"].startswith("ok")
+    assert {p.name for p in out.glob("*.png")} == {"samples_vs_chunks.png", "time_breakdown.png"}
+    jobs = {json.loads(f.read_text())["mode"]: json.loads(f.read_text()) for f in out.glob("jobs/*/summary.json")}
+
+    piped = jobs["pipeline"]
     check = piped["agreement"]
     assert check["passed"] is True and check["steps"] == 3 and check["reference_reused"] is False
     assert check["max_rel_diff"] <= 1e-3
-    assert [r["step"] for r in piped["losses"]] == [1, 2, 3, 4, 5, 6]
-    assert [e["epoch"] for e in piped["evals"]] == [1, 2] and all(e["total"] == 16 for e in piped["evals"])
-    assert piped["samples_per_s"] > 0
+    assert [r["step"] for r in piped["losses"]] == list(range(1, 31))
+    assert [e["epoch"] for e in piped["evals"]] == list(range(1, 9)) and all(e["total"] == 64 for e in piped["evals"])
     for rank in piped["breakdown"]:  # every category, adding up to each step's wall time
-        assert set(rank["per_step_ms"]) == CATEGORIES and rank["steps"] == 5
+        assert set(rank["per_step_ms"]) == CATEGORIES and rank["steps"] == 29
         assert rank["seconds"]["forward_s"] > 0 and rank["seconds"]["backward_s"] > 0
     assert piped["breakdown"][0]["bytes_sent"] > 0 and piped["breakdown"][0]["seconds"]["comm_s"] > 0
     assert piped["breakdown"][0]["modules"][0] == "patch_embed" and piped["breakdown"][1]["modules"][-1] == "head"
 
-    ddp = _train(shared, env, "--mode", "ddp")
-    assert ddp["status"] == "ok" and ddp["agreement"]["passed"] is True
+    ddp = jobs["ddp"]
+    assert ddp["agreement"]["passed"] is True
     assert ddp["agreement"]["reference_reused"] is True  # the same job: its single-mode reference is reused
     assert ddp["breakdown"][1]["seconds"]["comm_s"] > 0 and ddp["breakdown"][0]["allreduce_s"] > 0
-    for a, b in zip(piped["losses"], ddp["losses"], strict=True):  # same function, same numbers
-        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
+    for a, b, c in zip(jobs["single"]["losses"], piped["losses"], ddp["losses"], strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4) == pytest.approx(c["loss"], rel=1e-4)
 
     # The assembled checkpoint is a model artifact: `pictl run` rebuilds the model and computes the logits
     # the trained model computed, bit for bit, serial and pipelined.
@@ -181,17 +193,18 @@ def test_a_model_the_hosts_cannot_build_is_refused_with_no_job_left(tmp_path: Pa
 
 
 @pytest.mark.slow
-async def test_a_training_job_from_the_dashboard(tmp_path: Path, monkeypatch) -> None:
+async def test_a_training_job_from_the_dashboard(shared, tmp_path: Path, monkeypatch) -> None:
     """`n` opens the form; the run panel follows the steps live: loss and its curve, samples/s, each rank's
-    time by category; at the end the loss check against single and the trained model's file."""
+    time by category; at the end the loss check against single and the trained model's file. (The sweep's
+    ddp job, on its cluster and cache: its single-mode reference is reused.)"""
     from textual.widgets import Input, Select
 
     from pictl.inventory import load_cluster
     from pictl.tui.app import PictlApp
     from pictl.tui.widgets.train_form import TrainForm
 
-    monkeypatch.setenv("PICTL_CACHE_DIR", str(tmp_path / "cache"))
-    app = PictlApp(load_cluster(write_cluster(tmp_path / "cluster", 2)), runs_root=tmp_path / "runs", monitor=False)
+    monkeypatch.setenv("PICTL_CACHE_DIR", str(shared["root"] / "cache"))
+    app = PictlApp(load_cluster(shared["hosts"]), runs_root=tmp_path / "runs", monitor=False)
     async with app.run_test(size=(150, 50)) as pilot:
         await pilot.press("n")
         await pilot.pause()
@@ -240,21 +253,21 @@ def _screen(app) -> str:  # noqa: ANN001
 
 @pytest.mark.slow
 def test_every_mode_trains_over_ssh(ssh_cluster, pictl_env) -> None:
-    """4 real sshd hosts: a 4-stage pipeline, 4 ddp replicas and a single run, each checked against single."""
+    """Real sshd hosts: a 2-stage 1F1B pipeline and 2 ddp replicas, each held to the same job run as single on
+    the first host (its reference, over SSH too)."""
     from test_ssh import _assert_hosts_clean
 
     common = ["train", "--hosts", str(ssh_cluster.inventory), *TINY, "--batch-size", "8", "--chunks", "4",
-              "--steps", "4", "--train-images", "32", "--eval-images", "8", "--json"]
+              "--steps", "4", "--train-images", "32", "--eval-images", "8", "--stages", "2", "--json"]
     seen = {}
-    for mode in ("pipeline", "ddp", "single"):
-        proc = run_pictl([*common, "--mode", mode, "--stages", "4"], pictl_env)
+    for mode in ("pipeline", "ddp"):
+        proc = run_pictl([*common, "--mode", mode, "--schedule", "1f1b"], pictl_env)
         assert proc.returncode == 0, proc.stderr[-3000:]
         seen[mode] = s = json.loads(proc.stdout)
-        assert s["status"] == "ok" and len(s["losses"]) == 4, s
-        if mode != "single":
-            assert s["agreement"]["passed"] is True and s["stages"] == 4
-            assert [r["host"] for r in s["breakdown"]] == ["h0", "h1", "h2", "h3"]
+        assert s["status"] == "ok" and len(s["losses"]) == 4 and s["stages"] == 2, s
+        assert s["agreement"]["passed"] is True and s["agreement"]["reference_host"] == "h0"
+        assert [r["host"] for r in s["breakdown"]] == ["h0", "h1"]
     assert seen["ddp"]["agreement"]["reference_reused"] is True
-    for a, b in zip(seen["single"]["losses"], seen["pipeline"]["losses"], strict=True):
+    for a, b in zip(seen["ddp"]["losses"], seen["pipeline"]["losses"], strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
     _assert_hosts_clean(ssh_cluster)

@@ -228,7 +228,8 @@ def _load(src: Path) -> dict[str, Any]:
     if "run_id" in summary:
         return read_run_summary(path).model_dump(mode="json", by_alias=True, exclude_unset=True)
     if not isinstance(summary.get("job_id"), str):
-        raise E.ConfigError(f"{path}: neither a run's nor a job's summary (no run_id, no job_id)")
+        raise E.ConfigError(f"{path}: neither a run's nor a pruning job's summary, nor a training job's "
+                            "(no run_id, no job_id)")
     return summary
 
 
