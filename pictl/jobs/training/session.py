@@ -148,7 +148,9 @@ class TrainSession:
         """The `single` reference's first losses: cached per job, host and code; else measured now."""
         o, node = self.options, self.nodes[0]
         spec = o.spec(self.job_id, mode="single", stop_after=o.check_steps)
-        spec = dataclasses.replace(spec, amp=False, eval_images=0, check_images=0, save=False, break_rank=None)
+        # What a single run does not depend on is left out, so one reference serves every mode and schedule.
+        spec = dataclasses.replace(spec, amp=False, eval_images=0, check_images=0, save=False, break_rank=None,
+                                   schedule="gpipe", policy="equal")
         fields = {k: v for k, v in dataclasses.asdict(spec).items() if k != "run_id"}
         cache = JsonCache(cache_root() / "train-reference")
         key = JsonCache.key({"spec": fields, "host": [node.host.name, node.host.address, node.host.python_path()],
