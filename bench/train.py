@@ -53,6 +53,7 @@ def main() -> int:
              "--modes", "single,pipeline,ddp", "--schedules", "gpipe,1f1b", "--stages", str(args.stages),
              "--chunks", args.chunks, "--model", args.model, "--batch-size", str(args.batch_size),
              "--steps", str(args.steps), "--train-images", str(args.batch_size * args.steps), "--threads", "1",
+             "--eval-images", str(args.batch_size),
              "--json"], env=env, capture_output=True, text=True, timeout=7200)
     finally:
         stop()

@@ -65,6 +65,8 @@ def sweep(
                                                       rich_help_panel=TRAIN_PANEL)] = None,
     steps: Annotated[Optional[int], typer.Option(help="Optimizer steps per job.", rich_help_panel=TRAIN_PANEL)] = None,
     train_images: Annotated[Optional[int], typer.Option(help="Training images.", rich_help_panel=TRAIN_PANEL)] = None,
+    eval_images: Annotated[Optional[int], typer.Option(help="Held-out images for top-1 (0: none).",
+                                                       rich_help_panel=TRAIN_PANEL)] = None,
     data: Annotated[Optional[str], typer.Option(help="synthetic | cifar10 | cifar100 | imagefolder.",
                                                 rich_help_panel=TRAIN_PANEL)] = None,
     data_path: Annotated[Optional[str], typer.Option(help="Data set directory on the hosts.",
@@ -83,7 +85,8 @@ def sweep(
     renderer = HeadlessRenderer(verbose=verbose)
     if train:
         settings = {"model": model, "model_args": model_arg, "image_size": image_size, "batch_size": batch_size,
-                    "steps": steps, "train_images": train_images, "data": data, "data_path": data_path, "amp": amp,
+                    "steps": steps, "train_images": train_images, "eval_images": eval_images, "data": data,
+                    "data_path": data_path, "amp": amp,
                     "threads": threads}
         _train_sweep(renderer, settings, modes=modes, schedules=schedules, stages=stages, chunks=chunks, out=out,
                      hosts=hosts, wait=wait, as_json=as_json)
