@@ -169,6 +169,7 @@ def test_ctrl_c_and_a_killed_rank_leave_nothing_behind(tmp_path: Path, pictl_env
     (["--mode", "ddp", "--stages", "1"], "ddp needs at least 2 ranks"),
     (["--mode", "ddp", "--stages", "2", "--chunks", "1"], "chunks must be a multiple of 2"),
     (["--mode", "pipeline", "--stages", "3"], "3 stages do not fit"),
+    (["--schedule", "1f1b", "--chunks", "1"], "chunks (1) must be at least the 2 stages"),
     (["--data", "cifar10"], "needs data_path"),
     (["--model-arg", "depth"], "use KEY=VALUE"),
 ])

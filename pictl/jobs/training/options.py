@@ -79,6 +79,9 @@ class TrainOptions(BaseModel):
             self.stages = 1
         if self.mode == "pipeline" and self.stages < 2:
             raise ValueError("pipeline needs at least 2 stages (use --mode single for one)")
+        if self.mode == "pipeline" and self.schedule == "1f1b" and self.chunks < self.stages:
+            raise ValueError(f"1f1b keeps every stage busy with its own microbatch: chunks ({self.chunks}) must be "
+                             f"at least the {self.stages} stages (or use gpipe)")
         if self.mode == "ddp":
             if self.stages < 2:
                 raise ValueError("ddp needs at least 2 ranks, one per host (use --mode single for one)")

@@ -55,6 +55,9 @@ def train_points(cluster: Cluster, base: TrainOptions, modes: list[str], stages:
                     if mode == "ddp" and c % s:
                         skipped.append(f"{point.label}: {c} chunk(s) do not share evenly among {s} ranks")
                         continue
+                    if mode == "pipeline" and sched == "1f1b" and c < s:
+                        skipped.append(f"{point.label}: 1f1b needs at least one microbatch per stage")
+                        continue
                     try:
                         placement(cluster, options_for(base, point))
                     except E.ConfigError as exc:
@@ -89,8 +92,8 @@ def row_of(point: TrainPoint, summary: dict[str, Any] | None, error: str | None 
     losses = summary.get("losses") or []
     return {**row, "microbatch": summary.get("microbatch"), "status": summary["status"],
             "samples_per_s": summary.get("samples_per_s"),
-            "loss_agreement": None if not check else (f"{'ok' if check['passed'] else 'DIFFERS'} "
-                                                      f"({check['max_rel_diff']})"),
+            "loss_agreement": None if not check or check["max_rel_diff"] is None else
+            (f"{'ok' if check['passed'] else 'DIFFERS'} ({check['max_rel_diff']})"),
             "loss_last": losses[-1]["loss"] if losses else None, "top1": summary.get("top1"),
             "comm_share": share("comm"), "idle_share": share("idle"), "job_id": summary.get("job_id"),
             "per_step_ms": {c: _mean([r["per_step_ms"][c] for r in ranks]) for c in CATEGORIES},
