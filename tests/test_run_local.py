@@ -85,12 +85,6 @@ def test_three_stages_inside_blocks_reuses_the_baseline(shared, pictl_env) -> No
     assert s["per_stage"][0]["bytes_sent"] == 3 * 2 * (2 * 197 * 384 * 4)
 
 
-def test_one_stage_is_the_serial_run(shared, pictl_env) -> None:
-    s = _run(shared, _env(shared, pictl_env), "--stages", "1")
-    assert s["serial_reused"] is True and s["speedup"] == 1.0 and s["outputs_match"] is True
-    assert s["split_points"] == [] and s["per_stage"][0]["modules"][0] == "patch_embed"
-
-
 def test_output_mismatch_fails_the_run(shared, pictl_env, tmp_path: Path) -> None:
     """A stale baseline whose logits differ (here: bytes flipped in the cache) must fail the run."""
     env = {**_env(shared, pictl_env), "PICTL_CACHE_DIR": str(tmp_path / "cache")}

@@ -180,8 +180,10 @@ def test_killed_rank_on_one_host_stops_every_host(ssh_cluster, shared_cache_env)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 3, err[-2000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert (summary["error"]["host"], summary["error"]["rank"]) == ("h2", 2)
+    assert summary["status"] == "failed"
+    assert (summary["error"]["host"], summary["error"]["rank"], summary["error"]["type"]) == ("h2", 2, "RunFailed")
     assert "host 'h2' rank 2" in err.strip().splitlines()[-1]
+    assert summary["error"]["last_lines"], "the failing host's last lines are kept"
     _assert_hosts_clean(ssh_cluster)
     assert time.monotonic() - killed_at < 40
 

@@ -50,6 +50,10 @@ def test_a_sweep_writes_table_and_plots(tmp_path: Path, pictl_env) -> None:
         assert (out / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "table.md").read_text().count("\n") == 4 and "wire" in (out / "table.md").read_text()
 
+    serial = json.loads(next(p for p in (out / "runs").iterdir() if "-s1-" in p.name).joinpath(
+        "summary.json").read_text())  # one stage is the serial run: no cut, the whole model on one host
+    assert serial["split_points"] == [] and serial["per_stage"][0]["modules"][0] == "patch_embed"
+    assert serial["per_stage"][0]["modules"][-1] == "head" and serial["outputs_match"] is True
     run = next(p for p in (out / "runs").iterdir() if "-s2-" in p.name)
     # The pipeline run was planned before the sweep began (one process for all of them), the serial
     # one inside its own baseline run: no planning process of their own.

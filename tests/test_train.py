@@ -68,7 +68,8 @@ def test_a_sweep_of_every_mode_agrees_with_single_and_the_model_runs_in_pictl_ru
 
     piped = jobs["pipeline"]
     check = piped["agreement"]
-    assert check["passed"] is True and check["steps"] == 3 and check["reference_reused"] is False
+    assert check["passed"] is True and check["steps"] == 3 and check["reference_reused"] is True
+    assert check["reference_job"] == jobs["single"]["job_id"]  # the sweep's single job is the reference
     assert check["max_rel_diff"] <= 1e-3
     assert [r["step"] for r in piped["losses"]] == list(range(1, 31))
     assert [e["epoch"] for e in piped["evals"]] == list(range(1, 9)) and all(e["total"] == 64 for e in piped["evals"])
@@ -99,15 +100,15 @@ def test_a_sweep_of_every_mode_agrees_with_single_and_the_model_runs_in_pictl_ru
 
 
 @pytest.mark.slow
-def test_a_cnn_trains_through_1f1b_and_a_broken_stage_fails_the_check(shared, env) -> None:
+def test_a_cnn_through_1f1b_with_a_broken_stage_fails_the_check(shared, env) -> None:
+    """A ResNet through 1F1B whose rank 1 never applies its optimizer step: step 1 (the same weights) gives
+    single's loss exactly, so the CNN's pipeline computes single's function; from step 2 the broken stage
+    computes another one and the check fails."""
     cnn = ("--model", "resnet18", "--image-size", "32", "--no-save", "--eval-images", "0")
-    ok = _train(shared, env, "--mode", "pipeline", "--schedule", "1f1b", model=cnn)
-    assert ok["status"] == "ok" and ok["schedule"] == "1f1b" and ok["agreement"]["passed"] is True
-    assert ok["breakdown"][0]["modules"][0] == "conv1" and "checkpoint" not in ok
-    # Rank 1 never applies its optimizer step: from step 2 its stage computes another function.
     broken = _train(shared, env, "--mode", "pipeline", "--schedule", "1f1b", "--break-rank", "1", code=5, model=cnn)
+    assert broken["schedule"] == "1f1b" and len(broken["losses"]) == 6 and "checkpoint" not in broken
+    assert broken["breakdown"][0]["modules"][0] == "conv1" and broken["breakdown"][1]["modules"][-1] == "global_pool"
     assert broken["status"] == "failed" and broken["agreement"]["passed"] is False
-    assert broken["agreement"]["reference_reused"] is True
     assert broken["agreement"]["per_step"][0]["rel_diff"] == 0.0  # step 1: the same weights
     assert broken["agreement"]["max_rel_diff"] > 1e-3
     assert broken["error"]["type"] == "OutputMismatch"

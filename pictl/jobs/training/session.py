@@ -3,7 +3,8 @@
     hosts      connect once, hold every host's lease, push the code
     stage      the spec and owner file in every host's run directory (orphans of vanished runs swept)
     reference  the same job as `single` for its first steps on the first host (cached): the losses the
-               job's own first steps must match (skipped for `single`, which is the reference)
+               job's own first steps must match (skipped for `single`, which is the reference: one that
+               ends well is cached as such)
     train      torchrun on every host; every rank's lines streamed, folded and recorded
     collect    the trained model's logits, and the ranks' weights merged into one model file
     summary    losses, top-1, samples/s, time per category and rank, the agreement verdict
@@ -39,6 +40,7 @@ from pictl.records.cache import JsonCache, cache_root
 from pictl.records.runs import RunRecord, default_runs_root
 from pictl.run.session import to_the_end
 from remote import protocol as P
+from remote.spec import TrainSpec
 
 SUMMARY_SCHEMA = 1
 
@@ -116,6 +118,7 @@ class TrainSession:
             await run_ranks(procs, self.nodes, self.job_id, self.record, self.sink, self.telemetry, o.threads)
             await self._collect(fleet)
             status = "ok"
+            self._keep_as_reference(tree)
             summary = self._summarize(status, started, None)
             check = summary.get("agreement")
             if check and not check["passed"]:
@@ -144,17 +147,39 @@ class TrainSession:
                 self.record.finish(summary)
                 self.summary = summary
 
-    async def _reference_losses(self, fleet: Fleet, procs: Processes, tree: dict[str, bytes]) -> None:
-        """The `single` reference's first losses: cached per job, host and code; else measured now."""
+    def _reference_key(self, tree: dict[str, bytes]) -> tuple[JsonCache, str, TrainSpec]:
+        """Where the `single` reference of this job is cached, its key, and the spec that measures it."""
         o, node = self.options, self.nodes[0]
         spec = o.spec(self.job_id, mode="single", stop_after=o.check_steps)
         # What a single run does not depend on is left out, so one reference serves every mode and schedule.
         spec = dataclasses.replace(spec, amp=False, eval_images=0, check_images=0, save=False, break_rank=None,
                                    schedule="gpipe", policy="equal")
         fields = {k: v for k, v in dataclasses.asdict(spec).items() if k != "run_id"}
-        cache = JsonCache(cache_root() / "train-reference")
         key = JsonCache.key({"spec": fields, "host": [node.host.name, node.host.address, node.host.python_path()],
                              "code": manifest_digest(tree)})
+        return JsonCache(cache_root() / "train-reference"), key, spec
+
+    def _keep_as_reference(self, tree: dict[str, bytes]) -> None:
+        """A `single` job that ended well is the reference of every later job with its settings (a sweep's
+        pipeline and ddp jobs then start no reference run of their own). Not with AMP or a broken rank, and
+        not when an evaluation came before the last checked step (it runs between the reference's steps)."""
+        o, tel = self.options, self.telemetry
+        per_epoch = int((tel.start or {}).get("steps_per_epoch") or 0)
+        if (o.mode != "single" or not o.check_steps or o.amp or o.break_rank is not None
+                or (o.eval_images and per_epoch < o.check_steps)
+                or any(step not in tel.losses for step in range(1, o.check_steps + 1))):
+            return
+        cache, key, _ = self._reference_key(tree)
+        if cache.get(key) is None:
+            losses = {str(step): tel.losses[step] for step in range(1, o.check_steps + 1)}
+            cache.put(key, {"host": self.nodes[0].host.name, "losses": losses, "measured_at": time.time(),
+                            "from_job": self.job_id})
+
+    async def _reference_losses(self, fleet: Fleet, procs: Processes, tree: dict[str, bytes]) -> None:
+        """The `single` reference's first losses: cached per job, host and code; else measured now."""
+        node = self.nodes[0]
+        cache, key, spec = self._reference_key(tree)
+        o = self.options
         cached = cache.get(key)
         if cached is not None:
             self._reference = {**cached, "reused": True}
@@ -205,6 +230,7 @@ class TrainSession:
             reference = {int(k): v for k, v in self._reference["losses"].items()}
             check = {**agreement(tel.losses, reference, o.check_steps, tolerance),
                      "reference_host": self._reference["host"], "reference_reused": self._reference["reused"],
+                     "reference_job": self._reference.get("from_job"),
                      "against": "single, fp32"}
         start = tel.start or {}
         summary: dict[str, Any] = {
