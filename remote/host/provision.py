@@ -129,7 +129,10 @@ def provision(args: argparse.Namespace) -> str:
         elif args.installer == "auto":
             uv = bootstrap_uv(python, index)
     if uv:
-        run_step("install", [*uv, "pip", "install", "--python", python, *index, "-r", args.requirements])
+        # uv writes no bytecode unless asked (pip does): without it a host whose python may not write
+        # __pycache__ compiles torch and timm from source in every process it starts.
+        run_step("install", [*uv, "pip", "install", "--compile-bytecode", "--python", python, *index, "-r",
+                             args.requirements])
     else:
         run_step("install", [python, "-m", "pip", "install", *index, "-r", args.requirements])
     tmp = f"{stamp}.tmp"
