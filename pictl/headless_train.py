@@ -72,8 +72,10 @@ def agreement_line(summary: dict[str, Any]) -> str | None:
         return None
     verdict = "agree" if check["passed"] else "DIFFER"
     reused = ", reference reused" if check.get("reference_reused") else ""
+    fp32 = check.get("vs_fp32")
+    apart = f"; bf16 against single in fp32: largest relative difference {fp32['max_rel_diff']}" if fp32 else ""
     return (f"losses {verdict} with {check['against']} over {check['steps']} step(s): largest relative difference "
-            f"{check['max_rel_diff']} (tolerance {check['tolerance']}{reused})")
+            f"{check['max_rel_diff']} (tolerance {check['tolerance']}{reused}){apart}")
 
 
 def train_lines(summary: dict[str, Any]) -> list[str]:

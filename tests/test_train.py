@@ -173,6 +173,7 @@ def test_ctrl_c_and_a_killed_rank_leave_nothing_behind(tmp_path: Path, pictl_env
     (["--schedule", "1f1b", "--chunks", "1"], "chunks (1) must be at least the 2 stages"),
     (["--data", "cifar10"], "needs data_path"),
     (["--model-arg", "depth"], "use KEY=VALUE"),
+    (["--mode", "pipeline", "--model", "resnet18", "--policy", "balanced"], "policy balanced profiles timm ViTs"),
 ])
 def test_bad_input_is_refused_before_anything_starts(tmp_path: Path, pictl_env, args: list[str], says: str) -> None:
     hosts = write_cluster(tmp_path / "cluster", 2)
@@ -255,21 +256,24 @@ def _screen(app) -> str:  # noqa: ANN001
 
 @pytest.mark.slow
 def test_every_mode_trains_over_ssh(ssh_cluster, pictl_env) -> None:
-    """Real sshd hosts: a 2-stage 1F1B pipeline and 2 ddp replicas, each held to the same job run as single on
-    the first host (its reference, over SSH too)."""
+    """Real sshd hosts: a 2-stage 1F1B pipeline (fp32) and 2 ddp replicas under --amp, each held to the same
+    job run as single on the first host at its own precision (its reference, over SSH too); the --amp job
+    also reports how far bf16 moved its loss from the fp32 reference."""
     from test_ssh import _assert_hosts_clean
 
     common = ["train", "--hosts", str(ssh_cluster.inventory), *TINY, "--batch-size", "8", "--chunks", "4",
               "--steps", "4", "--train-images", "32", "--eval-images", "8", "--stages", "2", "--json"]
     seen = {}
-    for mode in ("pipeline", "ddp"):
-        proc = run_pictl([*common, "--mode", mode, "--schedule", "1f1b"], pictl_env)
+    for mode, extra in (("pipeline", ["--schedule", "1f1b"]), ("ddp", ["--amp"])):
+        proc = run_pictl([*common, "--mode", mode, *extra], pictl_env)
         assert proc.returncode == 0, proc.stderr[-3000:]
         seen[mode] = s = json.loads(proc.stdout)
         assert s["status"] == "ok" and len(s["losses"]) == 4 and s["stages"] == 2, s
         assert s["agreement"]["passed"] is True and s["agreement"]["reference_host"] == "h0"
+        assert s["agreement"]["reference_reused"] is False  # fp32 and bf16 references are not the same
         assert [r["host"] for r in s["breakdown"]] == ["h0", "h1"]
-    assert seen["ddp"]["agreement"]["reference_reused"] is True
-    for a, b in zip(seen["ddp"]["losses"], seen["pipeline"]["losses"], strict=True):
-        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
+    assert seen["pipeline"]["agreement"]["against"] == "single, fp32"
+    amp = seen["ddp"]["agreement"]
+    assert amp["against"] == "single, bf16 autocast" and amp["tolerance"] == 0.01
+    assert amp["vs_fp32"]["steps"] == 3 and amp["vs_fp32"]["max_rel_diff"] is not None
     _assert_hosts_clean(ssh_cluster)

@@ -23,9 +23,13 @@ LOSS_TOLERANCE = 1e-3
 """fp32: a mode's loss at each checked step may differ from `single`'s by this much, relative to
 max(1, |loss|). The modes compute the same sums in other orders, so they differ by rounding only
 (measured: the first steps agree to 6 decimals); a stage that trains wrongly is off by far more."""
-AMP_LOSS_TOLERANCE = 5e-2
-"""With --amp the reference stays fp32 (the comparison asked for is against fp32): bf16 rounding moves
-the loss by about 1e-2 relative, so the check allows 5 %."""
+BALANCED_MODELS = ("deit_", "deit3_", "vit_")
+"""What `--policy balanced` can profile: the inference cost profiles split timm VisionTransformers only."""
+AMP_LOSS_TOLERANCE = 1e-2
+"""With --amp the reference is single under --amp too: the modes compute the same bf16 operations on the
+same microbatches and differ by the order of fp32 sums, which bf16 rounding can amplify a little. (Against
+fp32 the loss moves by far more, 7 % at step 2 for MobileNetV2 on CIFAR-10, in every mode alike: that
+distance is reported as `vs_fp32`, never failed.)"""
 
 
 class TrainOptions(BaseModel):
@@ -94,6 +98,12 @@ class TrainOptions(BaseModel):
             if self.mode != "pipeline":
                 raise ValueError("split points apply to --mode pipeline only")
             self.policy = "explicit"
+        if self.policy == "balanced" and not self.model.startswith(BALANCED_MODELS):
+            raise ValueError(f"policy balanced profiles timm ViTs ({', '.join(p + '*' for p in BALANCED_MODELS)}), "
+                             f"not {self.model}: give --split or --policy equal")
+        if self.policy == "balanced" and self.model_args:
+            raise ValueError("policy balanced profiles the timm model by name: with --model-arg, give --split "
+                             "or --policy equal")
         if self.train_images < self.batch_size:
             raise ValueError(f"train_images {self.train_images} is less than one batch of {self.batch_size}")
         if self.data != "synthetic" and not self.data_path:

@@ -70,6 +70,8 @@ class TrainSession:
         """The job's summary once it ended, failed or not (None when nothing started)."""
         self.record: RunRecord | None = None
         self._reference: dict[str, Any] | None = None
+        self._fp32_reference: dict[int, float] | None = None
+        """Under --amp, the fp32 single reference's losses when one is cached (for the report)."""
         self._collected: dict[str, Any] = {}
         self._prediction: dict[str, Any] | None = None
 
@@ -147,13 +149,16 @@ class TrainSession:
                 self.record.finish(summary)
                 self.summary = summary
 
-    def _reference_key(self, tree: dict[str, bytes]) -> tuple[JsonCache, str, TrainSpec]:
-        """Where the `single` reference of this job is cached, its key, and the spec that measures it."""
+    def _reference_key(self, tree: dict[str, bytes], *, amp: bool | None = None,
+                       ) -> tuple[JsonCache, str, TrainSpec]:
+        """Where the `single` reference of this job is cached, its key, and the spec that measures it: at the
+        job's own precision (an --amp job is held to single under --amp: bf16 moves a CNN's loss by several
+        per cent from fp32's, with every mode computing the same), or at `amp`'s when given."""
         o, node = self.options, self.nodes[0]
         spec = o.spec(self.job_id, mode="single", stop_after=o.check_steps)
         # What a single run does not depend on is left out, so one reference serves every mode and schedule.
-        spec = dataclasses.replace(spec, amp=False, eval_images=0, check_images=0, save=False, break_rank=None,
-                                   schedule="gpipe", policy="equal")
+        spec = dataclasses.replace(spec, amp=o.amp if amp is None else amp, eval_images=0, check_images=0,
+                                   save=False, break_rank=None, schedule="gpipe", policy="equal")
         fields = {k: v for k, v in dataclasses.asdict(spec).items() if k != "run_id"}
         key = JsonCache.key({"spec": fields, "host": [node.host.name, node.host.address, node.host.python_path()],
                              "code": manifest_digest(tree)})
@@ -161,11 +166,11 @@ class TrainSession:
 
     def _keep_as_reference(self, tree: dict[str, bytes]) -> None:
         """A `single` job that ended well is the reference of every later job with its settings (a sweep's
-        pipeline and ddp jobs then start no reference run of their own). Not with AMP or a broken rank, and
-        not when an evaluation came before the last checked step (it runs between the reference's steps)."""
+        pipeline and ddp jobs then start no reference run of their own). Not with a broken rank, and not
+        when an evaluation came before the last checked step (it runs between the reference's steps)."""
         o, tel = self.options, self.telemetry
         per_epoch = int((tel.start or {}).get("steps_per_epoch") or 0)
-        if (o.mode != "single" or not o.check_steps or o.amp or o.break_rank is not None
+        if (o.mode != "single" or not o.check_steps or o.break_rank is not None
                 or (o.eval_images and per_epoch < o.check_steps)
                 or any(step not in tel.losses for step in range(1, o.check_steps + 1))):
             return
@@ -181,6 +186,10 @@ class TrainSession:
         cache, key, spec = self._reference_key(tree)
         o = self.options
         cached = cache.get(key)
+        if o.amp:
+            fp32_cache, fp32_key, _ = self._reference_key(tree, amp=False)
+            found = fp32_cache.get(fp32_key)
+            self._fp32_reference = {int(k): v for k, v in found["losses"].items()} if found else None
         if cached is not None:
             self._reference = {**cached, "reused": True}
             self._phase("reference", f"single-mode reference reused ({len(cached['losses'])} step(s) on "
@@ -231,7 +240,10 @@ class TrainSession:
             check = {**agreement(tel.losses, reference, o.check_steps, tolerance),
                      "reference_host": self._reference["host"], "reference_reused": self._reference["reused"],
                      "reference_job": self._reference.get("from_job"),
-                     "against": "single, fp32"}
+                     "against": "single, bf16 autocast" if o.amp else "single, fp32"}
+            if o.amp and self._fp32_reference:  # how far bf16 moved the loss: reported, never a failure
+                fp32 = agreement(tel.losses, self._fp32_reference, o.check_steps, AMP_LOSS_TOLERANCE)
+                check["vs_fp32"] = {k: fp32[k] for k in ("steps", "max_rel_diff", "per_step")}
         start = tel.start or {}
         summary: dict[str, Any] = {
             "kind": "train", "schema": SUMMARY_SCHEMA, "status": status, "job_id": self.job_id,

@@ -29,9 +29,6 @@ async def balanced_points(fleet: Fleet, stage_hosts: list[str], options: TrainOp
                           ) -> tuple[list[str], dict[str, Any]]:
     """The split points, and what was predicted for them (ms per microbatch, forward and backward)."""
     o = options
-    if o.model_args:
-        raise E.ConfigError("policy balanced profiles the timm model by name: with --model-arg, give --split "
-                            "or --policy equal")
     root = cache_root()
     profiles = await host_profiles(fleet.only(dict.fromkeys(stage_hosts)), JsonCache(root / "costs"), model=o.model,
                                    num_classes=o.classes or 10, chunk=o.batch_size // o.chunks, threads=o.threads,
