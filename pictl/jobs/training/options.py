@@ -32,6 +32,18 @@ fp32 the loss moves by far more, 7 % at step 2 for MobileNetV2 on CIFAR-10, in e
 distance is reported as `vs_fp32`, never failed.)"""
 
 
+def chunks_refusal(mode: str, schedule: str, stages: int, chunks: int) -> str | None:
+    """Why `chunks` microbatches per step cannot run as `mode` on `stages` ranks, or None (a sweep leaves
+    such a combination out; a job is refused)."""
+    if mode == "pipeline" and schedule == "1f1b" and chunks < stages:
+        return (f"1f1b keeps every stage busy with its own microbatch: chunks ({chunks}) must be at least the "
+                f"{stages} stages (or use gpipe)")
+    if mode == "ddp" and chunks % stages:
+        return (f"ddp shares each step's {chunks} microbatch(es) among {stages} ranks: chunks must be a multiple "
+                f"of {stages}")
+    return None
+
+
 class TrainOptions(BaseModel):
     """Everything that defines one training job."""
 
@@ -83,15 +95,11 @@ class TrainOptions(BaseModel):
             self.stages = 1
         if self.mode == "pipeline" and self.stages < 2:
             raise ValueError("pipeline needs at least 2 stages (use --mode single for one)")
-        if self.mode == "pipeline" and self.schedule == "1f1b" and self.chunks < self.stages:
-            raise ValueError(f"1f1b keeps every stage busy with its own microbatch: chunks ({self.chunks}) must be "
-                             f"at least the {self.stages} stages (or use gpipe)")
-        if self.mode == "ddp":
-            if self.stages < 2:
-                raise ValueError("ddp needs at least 2 ranks, one per host (use --mode single for one)")
-            if self.chunks % self.stages:
-                raise ValueError(f"ddp shares each step's {self.chunks} microbatch(es) among {self.stages} ranks: "
-                                 f"chunks must be a multiple of {self.stages}")
+        if self.mode == "ddp" and self.stages < 2:
+            raise ValueError("ddp needs at least 2 ranks, one per host (use --mode single for one)")
+        refused = chunks_refusal(self.mode, self.schedule, self.stages, self.chunks)
+        if refused:
+            raise ValueError(refused)
         if self.policy == "balanced" and self.mode != "pipeline":
             self.policy = "equal"  # one stage: nothing to balance
         if self.split:

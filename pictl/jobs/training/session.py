@@ -82,6 +82,7 @@ class TrainSession:
         o, hosts = self.options, [n.host for n in self.nodes]
         fleet, procs, leases = Fleet(hosts), None, []
         started, tree = time.time(), local_tree()
+        code = manifest_digest(tree)  # once per job: it reads the whole tree
         spec = o.spec(self.job_id)
         status, error, summary = "failed", None, None
         try:
@@ -94,7 +95,7 @@ class TrainSession:
             if o.policy == "balanced" and o.mode == "pipeline":
                 stage_hosts = [n.host.name for n in self.nodes for _ in n.ranks]
                 self._phase("balance", f"cost profiles of {len(set(stage_hosts))} host(s)")
-                points, self._prediction = await balanced_points(fleet, stage_hosts, o, manifest_digest(tree))
+                points, self._prediction = await balanced_points(fleet, stage_hosts, o, code)
                 spec = o.spec(self.job_id, split=points)
                 self._phase("balance", f"split {', '.join(points)}: predicted " + " / ".join(
                     f"{ms:.1f}" for ms in self._prediction["stage_ms"]) + " ms per microbatch (forward and backward)")
@@ -113,14 +114,14 @@ class TrainSession:
             await fleet.each(stage, "cannot prepare the job")
             procs = Processes(fleet)
             if o.mode != "single" and o.check_steps:
-                await self._reference_losses(fleet, procs, tree)
+                await self._reference_losses(fleet, procs, code)
             self._phase("train", f"{o.mode}{' (' + o.schedule + ')' if o.mode == 'pipeline' else ''}: "
                         f"{len(self.telemetry.ranks) or sum(n.nproc for n in self.nodes)} rank(s) on "
                         f"{len(self.nodes)} host(s), batch {o.batch_size} as {o.chunks} microbatch(es)")
             await run_ranks(procs, self.nodes, self.job_id, self.record, self.sink, self.telemetry, o.threads)
             await self._collect(fleet)
             status = "ok"
-            self._keep_as_reference(tree)
+            self._keep_as_reference(code)
             summary = self._summarize(status, started, None)
             check = summary.get("agreement")
             if check and not check["passed"]:
@@ -149,7 +150,7 @@ class TrainSession:
                 self.record.finish(summary)
                 self.summary = summary
 
-    def _reference_key(self, tree: dict[str, bytes], *, amp: bool | None = None,
+    def _reference_key(self, code: str, *, amp: bool | None = None,
                        ) -> tuple[JsonCache, str, TrainSpec]:
         """Where the `single` reference of this job is cached, its key, and the spec that measures it: at the
         job's own precision (an --amp job is held to single under --amp: bf16 moves a CNN's loss by several
@@ -161,10 +162,10 @@ class TrainSession:
                                    save=False, break_rank=None, schedule="gpipe", policy="equal")
         fields = {k: v for k, v in dataclasses.asdict(spec).items() if k != "run_id"}
         key = JsonCache.key({"spec": fields, "host": [node.host.name, node.host.address, node.host.python_path()],
-                             "code": manifest_digest(tree)})
+                             "code": code})
         return JsonCache(cache_root() / "train-reference"), key, spec
 
-    def _keep_as_reference(self, tree: dict[str, bytes]) -> None:
+    def _keep_as_reference(self, code: str) -> None:
         """A `single` job that ended well is the reference of every later job with its settings (a sweep's
         pipeline and ddp jobs then start no reference run of their own). Not with a broken rank, and not
         when an evaluation came before the last checked step (it runs between the reference's steps)."""
@@ -174,20 +175,20 @@ class TrainSession:
                 or (o.eval_images and per_epoch < o.check_steps)
                 or any(step not in tel.losses for step in range(1, o.check_steps + 1))):
             return
-        cache, key, _ = self._reference_key(tree)
+        cache, key, _ = self._reference_key(code)
         if cache.get(key) is None:
             losses = {str(step): tel.losses[step] for step in range(1, o.check_steps + 1)}
             cache.put(key, {"host": self.nodes[0].host.name, "losses": losses, "measured_at": time.time(),
                             "from_job": self.job_id})
 
-    async def _reference_losses(self, fleet: Fleet, procs: Processes, tree: dict[str, bytes]) -> None:
+    async def _reference_losses(self, fleet: Fleet, procs: Processes, code: str) -> None:
         """The `single` reference's first losses: cached per job, host and code; else measured now."""
         node = self.nodes[0]
-        cache, key, spec = self._reference_key(tree)
+        cache, key, spec = self._reference_key(code)
         o = self.options
         cached = cache.get(key)
         if o.amp:
-            fp32_cache, fp32_key, _ = self._reference_key(tree, amp=False)
+            fp32_cache, fp32_key, _ = self._reference_key(code, amp=False)
             found = fp32_cache.get(fp32_key)
             self._fp32_reference = {int(k): v for k, v in found["losses"].items()} if found else None
         if cached is not None:

@@ -19,7 +19,7 @@ from pictl import errors as E
 from pictl.events import EventSink, Phase
 from pictl.inventory import Cluster
 from pictl.jobs.sweep import write_tables
-from pictl.jobs.training.options import TrainOptions
+from pictl.jobs.training.options import TrainOptions, chunks_refusal
 from pictl.jobs.training.session import TrainSession, placement
 from pictl.records.runs import write_json_atomic
 from remote import protocol as P
@@ -52,11 +52,9 @@ def train_points(cluster: Cluster, base: TrainOptions, modes: list[str], stages:
             for s in ([1] if mode == "single" else [s for s in stages if s > 1]):
                 for sched in (schedules if mode == "pipeline" else ["gpipe"]):
                     point = TrainPoint(mode, s, c, sched)
-                    if mode == "ddp" and c % s:
-                        skipped.append(f"{point.label}: {c} chunk(s) do not share evenly among {s} ranks")
-                        continue
-                    if mode == "pipeline" and sched == "1f1b" and c < s:
-                        skipped.append(f"{point.label}: 1f1b needs at least one microbatch per stage")
+                    refused = chunks_refusal(mode, sched, s, c)
+                    if refused:
+                        skipped.append(f"{point.label}: {refused}")
                         continue
                     try:
                         placement(cluster, options_for(base, point))
