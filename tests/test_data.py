@@ -67,6 +67,9 @@ def test_imagefolder(tmp_path: Path) -> None:
             Image.new("RGB", (40, 30), color=(i * 90, 20, 200)).save(tmp_path / cls / f"{i}.png")
     spec = DataSpec(kind="imagefolder", path=str(tmp_path))
     assert load_labels(spec, 4).tolist() == [0, 0, 1, 1]
+    # Fewer images than the folder holds: spread over every class, not the first class's images.
+    assert load_labels(spec, 2).tolist() == [0, 1]
+    assert torch.equal(load_images(spec, 2, CFG, seed=0), load_images(spec, 4, CFG, seed=0)[::2])
     assert load_images(spec, 3, CFG, seed=0).shape == (3, 3, 224, 224)
     (tmp_path / "empty").mkdir()
     with pytest.raises(BadInput, match="not an ImageFolder layout"):
@@ -101,3 +104,18 @@ def test_a_model_the_pruner_cannot_handle_is_named() -> None:
 
     with pytest.raises(BadInput, match="resnet18"):
         check_supported(create_meta_model("resnet18", 10), "resnet18")
+
+
+def test_an_imagefolder_counts_its_classes_before_any_model_exists(tmp_path: Path) -> None:
+    """`pictl train --data imagefolder` sizes the head from the class folders, before it knows the model's
+    input transform (building one without a model config failed inside timm)."""
+    from PIL import Image
+
+    from remote.data.datasets import class_count
+
+    for cls in ("a", "b", "c"):
+        (tmp_path / "train" / cls).mkdir(parents=True)
+        Image.new("RGB", (8, 8)).save(tmp_path / "train" / cls / "0.png")
+    assert class_count(DataSpec(kind="imagefolder", path=str(tmp_path))) == 3
+    with pytest.raises(BadInput, match="needs train/"):
+        class_count(DataSpec(kind="imagefolder", path=str(tmp_path / "train")))

@@ -97,7 +97,7 @@ def test_digits_prune_and_finetune(pictl_env, tmp_path: Path) -> None:
     flat = tmp_path / "flat"
     (flat / "0").mkdir(parents=True)
     proc = run_pictl([*common, "--data-path", str(flat), "--epochs", "0"], pictl_env)
-    _one_error(proc, f"data directory {flat}: an ImageFolder for pruning needs train/")
+    _one_error(proc, f"data directory {flat}: an ImageFolder for training or pruning needs train/")
     jobs = [d for d in (tmp_path / "prunes").iterdir() if d != artifact.parent]
     assert len(jobs) == 1 and not list(jobs[0].glob("*.safetensors"))
     assert json.loads((jobs[0] / "summary.json").read_text())["status"] == "failed"

@@ -34,17 +34,22 @@ class _Cifar(Dataset):
         return _upscale(self.raw[i:i + 1], self.cfg)[0], self.labels[i]
 
 
-def _imagefolder_split(data: DataSpec, split: str, model_cfg: dict) -> Dataset:
-    from timm.data import create_transform, resolve_data_config
-    from torchvision.datasets import ImageFolder
-
+def _split_folder(data: DataSpec, split: str) -> Path:
     root = Path(data.path or "").expanduser()
     if not data.path or not root.is_dir():
         raise BadInput(f"data directory {data.path}: does not exist")
     folder = next((root / d for d in SPLIT_DIRS[split] if (root / d).is_dir()), None)
     if folder is None:
-        raise BadInput(f"data directory {root}: an ImageFolder for pruning needs "
+        raise BadInput(f"data directory {root}: an ImageFolder for training or pruning needs "
                        f"{' or '.join(d + '/' for d in SPLIT_DIRS[split])} with one folder per class")
+    return folder
+
+
+def _imagefolder_split(data: DataSpec, split: str, model_cfg: dict) -> Dataset:
+    from timm.data import create_transform, resolve_data_config
+    from torchvision.datasets import ImageFolder
+
+    folder = _split_folder(data, split)
     try:
         ds = ImageFolder(str(folder), transform=create_transform(**resolve_data_config(pretrained_cfg=model_cfg)))
     except (FileNotFoundError, RuntimeError) as exc:
@@ -100,4 +105,11 @@ def class_count(data: DataSpec) -> int:
         return 10
     if data.kind == "cifar100":
         return 100
-    return _imagefolder_split(data, "train", {}).num_classes  # type: ignore[attr-defined]
+    from torchvision.datasets import ImageFolder
+
+    # The class folders alone: no transform (it needs the model's data config, which may not exist yet).
+    folder = _split_folder(data, "train")
+    try:
+        return len(ImageFolder(str(folder)).classes)
+    except (FileNotFoundError, RuntimeError) as exc:
+        raise BadInput(f"data directory {folder}: not an ImageFolder layout ({exc})") from exc

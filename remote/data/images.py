@@ -1,7 +1,8 @@
 """Input images and labels: synthetic, CIFAR-10/100 (python-pickle layout), ImageFolder.
 
 The first stage needs the images, the last stage only the labels, so labels are
-read without decoding any image. CIFAR's files are pickles by format; they are read
+read without decoding any image. CIFAR's batches are shuffled, so a run takes the first
+images; an ImageFolder is sorted by class, so a run takes images spread evenly over it. CIFAR's files are pickles by format; they are read
 with an unpickler that admits only the few numpy globals those files contain.
 """
 
@@ -123,7 +124,7 @@ def load_images(data: DataSpec, count: int, model_cfg: dict, seed: int) -> torch
         ds = _imagefolder(data)
         _need(count, len(ds), data)
         transform = create_transform(**resolve_data_config(pretrained_cfg=model_cfg))
-        return torch.stack([transform(ds[i][0]) for i in range(count)])
+        return torch.stack([transform(ds[i][0]) for i in spread(len(ds), count)])
     raise BadInput(f"unknown data kind '{data.kind}'")
 
 
@@ -134,11 +135,20 @@ def load_labels(data: DataSpec, count: int) -> torch.Tensor | None:
     if data.kind in _CIFAR:
         _, labels = _read_cifar(data, count)
     elif data.kind == "imagefolder":
-        labels = list(_imagefolder(data).targets)
+        targets = list(_imagefolder(data).targets)
+        _need(count, len(targets), data)
+        labels = [targets[i] for i in spread(len(targets), count)]
     else:
         raise BadInput(f"unknown data kind '{data.kind}'")
     _need(count, len(labels), data)
     return torch.tensor(labels[:count])
+
+
+def spread(total: int, count: int) -> list[int]:
+    """Which `count` of an ImageFolder's `total` images a run takes: evenly spaced over the folder. It lists
+    images class by class, so its first `count` would all be of the first classes (ImageNet's val/ holds 50
+    per class: 48 images would all be class 0, and accuracy would be that one class's)."""
+    return [i * total // count for i in range(count)]
 
 
 def check_data(data: DataSpec, count: int) -> None:
