@@ -1,9 +1,10 @@
 """Input images and labels: synthetic, CIFAR-10/100 (python-pickle layout), ImageFolder.
 
 The first stage needs the images, the last stage only the labels, so labels are
-read without decoding any image. CIFAR's batches are shuffled, so a run takes the first
-images; an ImageFolder is sorted by class, so a run takes images spread evenly over it. CIFAR's files are pickles by format; they are read
-with an unpickler that admits only the few numpy globals those files contain.
+read without decoding any image. CIFAR's batches are shuffled, so a run takes the
+first images; an ImageFolder is sorted by class, so a run takes images spread
+evenly over it. CIFAR's files are pickles by format; they are read with an
+unpickler that admits only the few numpy globals those files contain.
 """
 
 from __future__ import annotations
