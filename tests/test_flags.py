@@ -112,7 +112,28 @@ CASES = {
     "too few images": ([_set("images", 6)], "fill_drain_bound",
                        "6 microbatches through 2 stages: filling and draining the pipeline every pass caps its "
                        "efficiency at 0.86; 19 images or more keep the cap at 0.95"),
+    "a compressing wire that saves nothing": (
+        [_set("wire", {"format": "lowrank:16", "links": [{"link": "0->1", "cut": "blocks.6", "format": "lowrank:16",
+                                                          "wire_bytes": 2603520, "raw_bytes": 2350080}]})],
+        "wire_no_saving", "lowrank:16 sent 1.11 of fp32's bytes at blocks.6 (link 0->1), more than fp32 itself"),
 }
+
+
+def test_a_compressing_wire_is_flagged_only_when_it_sends_more_than_half_precision() -> None:
+    def link(fmt: str, wire: int) -> dict:
+        return {"link": "0->1", "cut": "blocks.6", "format": fmt, "wire_bytes": wire, "raw_bytes": 1000}
+
+    for fmt, wire, flagged in [("lowrank:8", 554, True), ("lowrank:8", 190, False), ("int8", 260, False),
+                               ("fp16", 500, False), ("bf16", 500, False), ("fp32", 1000, False)]:
+        s = calm(REAL)
+        s["wire"] = {"format": fmt, "links": [link(fmt, wire)]}
+        assert codes(s) == (["wire_no_saving"] if flagged else []), (fmt, wire, messages(s))
+    assert "more than fp16's 0.50" in messages(s | {"wire": {"links": [link("lowrank:8", 554)]}})
+    # Three cuts with the same format and ratio: one flag that names them all.
+    three = [link("lowrank:16", 1110) | {"cut": f"blocks.{b}", "link": f"{i}->{i + 1}"}
+             for i, b in enumerate((3, 6, 9))]
+    s["wire"] = {"links": three}
+    assert codes(s) == ["wire_no_saving"] and "at blocks.3 (link 0->1), blocks.6 (link 1->2), blocks.9" in messages(s)
 
 
 @pytest.mark.parametrize("case", list(CASES))

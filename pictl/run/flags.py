@@ -23,7 +23,9 @@ FILL_DRAIN_MIN = 0.95
 """Smallest GPipe fill/drain bound M / (M + S - 1) that is not flagged."""
 
 CODES = ("speedup_above_stages", "speedup_below_1", "throughput_spread", "host_overloaded", "host_throttled",
-         "host_hot", "baseline_stale", "stages_share_cores", "fill_drain_bound")
+         "host_hot", "baseline_stale", "stages_share_cores", "fill_drain_bound", "wire_no_saving")
+HALF_PRECISION = ("fp16", "bf16")
+"""Formats that send half of fp32's bytes by construction: a lossy format that sends more saves less."""
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,7 @@ class Flag:
 def compute_flags(summary: dict[str, Any]) -> list[Flag]:
     """Every flag the summary's figures raise, in the order of CODES."""
     found = [*_speedup(summary), *_spread(summary), *_host_health(summary), *_stale_baseline(summary),
-             *_sharing(summary), *_fill_drain(summary)]
+             *_sharing(summary), *_fill_drain(summary), *_wire(summary)]
     return sorted(found, key=lambda f: CODES.index(f.code))
 
 
@@ -208,3 +210,20 @@ def _fill_drain(s: dict[str, Any]) -> list[Flag]:
     return [Flag("fill_drain_bound", f"{microbatches} microbatches through {stages} stages: filling and draining the "
                                      f"pipeline every pass caps its efficiency at {bound:.2f}; {need} images or more "
                                      f"keep the cap at {FILL_DRAIN_MIN}")]
+
+
+def _wire(s: dict[str, Any]) -> list[Flag]:
+    """A compressing format that sends more than fp16 would on some link (lowrank:R with R near the token or
+    channel count): it costs accuracy and saves less than a format that costs almost none. One flag per
+    format and ratio, naming its cuts."""
+    cuts: dict[tuple[str, float], list[str]] = defaultdict(list)
+    for link in (s.get("wire") or {}).get("links") or []:
+        fmt, wire, raw = link.get("format"), link.get("wire_bytes"), link.get("raw_bytes")
+        if fmt in (None, "fp32", *HALF_PRECISION) or not wire or not raw or wire <= raw / 2:
+            continue
+        cuts[(fmt, round(wire / raw, 2))].append(f"{link.get('cut')} (link {link.get('link')})")
+    flags = []
+    for (fmt, ratio), where in cuts.items():
+        than = "more than fp32 itself" if ratio >= 1 else "more than fp16's 0.50, which loses far less"
+        flags.append(Flag("wire_no_saving", f"{fmt} sent {ratio:.2f} of fp32's bytes at {', '.join(where)}, {than}"))
+    return flags
