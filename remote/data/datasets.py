@@ -9,12 +9,13 @@ seeded random subset, so a short run still sees every class. A split small enoug
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset, Subset
 
-from remote.data.images import _CIFAR, _read_cifar, _upscale
+from remote.data.images import _CIFAR, _imagefolder, _read_cifar, _upscale
 from remote.errors import BadInput
 from remote.spec import DataSpec
 
@@ -105,11 +106,5 @@ def class_count(data: DataSpec) -> int:
         return 10
     if data.kind == "cifar100":
         return 100
-    from torchvision.datasets import ImageFolder
-
     # The class folders alone: no transform (it needs the model's data config, which may not exist yet).
-    folder = _split_folder(data, "train")
-    try:
-        return len(ImageFolder(str(folder)).classes)
-    except (FileNotFoundError, RuntimeError) as exc:
-        raise BadInput(f"data directory {folder}: not an ImageFolder layout ({exc})") from exc
+    return len(_imagefolder(replace(data, path=str(_split_folder(data, "train")))).classes)
