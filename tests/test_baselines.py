@@ -109,9 +109,15 @@ def _stop(procs: list[subprocess.Popen]) -> None:
         p.wait()
 
 
-async def test_a_baseline_measured_under_load_is_not_reused_when_the_host_is_idle(tmp_path: Path) -> None:
+async def test_a_baseline_measured_under_load_is_not_reused_when_the_host_is_idle(tmp_path: Path,
+                                                                                 monkeypatch) -> None:
     """Run 1: other work loads the machine while the serial baseline runs and during the pipeline's first timed
-    pass, then stops. Run 2, same settings, idle: the cached baseline must not stand for it."""
+    pass, then stops. Run 2, same settings, idle: the cached baseline must not stand for it. The hosts are
+    sampled every 0.5 s (these passes are short): run 1's serial baseline is flagged for the load it ran under,
+    and the idle run, whose two stages fill the machine's two CPUs, is not flagged as overloaded."""
+    import pictl.run.session
+
+    monkeypatch.setattr(pictl.run.session, "SAMPLE_INTERVAL_S", 0.5)
     cluster = load_cluster(write_cluster(tmp_path / "cluster", 2))
     # Short passes (CI time): the first timed pass runs loaded and the second does not, which is all it takes.
     options = RunOptions(stages=2, split=["blocks.6"], images=12, chunk=1, warmup=1, repeats=2)
@@ -152,6 +158,8 @@ async def test_a_baseline_measured_under_load_is_not_reused_when_the_host_is_idl
     assert loaded["speedup"] > 2 and "speedup_above_stages" in flags, flags
     assert "the serial baseline is suspect: other work kept" in flags["speedup_above_stages"]
     assert "pipeline throughput varied" in flags["throughput_spread"]
+    # 3 loops and the serial run on 2 CPUs: the kernel saw threads waiting for a CPU most of the time.
+    assert "h0: during the serial baseline, threads waited for a CPU" in flags["host_overloaded"], flags
 
     idle = await RunSession(cluster, options, runs_root=tmp_path / "runs", baseline_cache=cache).run()
     assert idle["serial_reused"] is False and idle["baseline"]["reused"] is False
@@ -159,6 +167,9 @@ async def test_a_baseline_measured_under_load_is_not_reused_when_the_host_is_idl
                                                              "measured")
     assert "busy cores" in idle["baseline"]["not_reused_because"]
     assert idle["serial_ips"] > 1.5 * loaded["serial_ips"]
+    for window in ("during_baseline", "during_pipeline"):
+        assert idle["hosts"]["h0"][window]["cpu_wait_mean"] is not None, idle["hosts"]["h0"]
+    assert "host_overloaded" not in {f["code"] for f in idle["flags"]}, idle["flags"]
     # The honest baseline gives the lower speedup. (Whether a clean run raises no flag at all is checked on a
     # real run's figures in test_flags.py: on this shared 2-core machine the controller itself, reading the
     # ranks, runs beside them, and its noise can spread 3 short passes by 10 %.)

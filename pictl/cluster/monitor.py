@@ -1,9 +1,11 @@
-"""Live host health: CPU %, runnable threads, memory, temperature and throttling, up or down.
+"""Live host health: CPU %, CPU contention, memory, temperature and throttling, up or down.
 
 Every few seconds each host runs one fixed shell command (no user values in it)
-that prints /proc/stat (the CPU line and the runnable count), the load average,
-/proc/meminfo, the SoC temperature and, on a Raspberry Pi, `vcgencmd get_throttled`.
-CPU % is the busy share between two samples. A host that does not answer within
+that prints /proc/stat (the CPU lines and the runnable count), the kernel's CPU
+pressure (/proc/pressure/cpu), the load average, /proc/meminfo, the SoC
+temperature and, on a Raspberry Pi, `vcgencmd get_throttled`. CPU % is the busy
+share between two samples; `cpu_wait` the share of that time in which some
+runnable thread waited for a CPU. A host that does not answer within
 the timeout is reported down, so the dashboard turns it red within seconds. A run
 samples its own hosts with the same monitor, over its open connections, for the
 sanity flags of its result (`summarize_samples`).
@@ -22,7 +24,7 @@ from pictl.inventory import Cluster
 
 # One `cat` (and `vcgencmd` on a Pi): 1.7 ms of CPU per sample here, against 6.8 ms for a process per file.
 SAMPLE_SCRIPT = (
-    "cat /proc/stat /proc/loadavg /proc/meminfo /sys/class/thermal/thermal_zone0/temp 2>/dev/null; "
+    "cat /proc/stat /proc/pressure/cpu /proc/loadavg /proc/meminfo /sys/class/thermal/thermal_zone0/temp 2>/dev/null; "
     "command -v vcgencmd >/dev/null && vcgencmd get_throttled; true"
 )
 
@@ -41,16 +43,41 @@ class HostSample:
     throttled: str | None = None
     error: str | None = None
     runnable: int | None = None
-    """Threads running or waiting for a CPU (/proc/stat procs_running), not counting the sampler's own."""
+    """Threads running or waiting for a CPU at the instant of the sample (/proc/stat procs_running), not
+    counting the sampler's own. An instant's count: samplers of other hosts on the same machine, and some
+    virtual machines' own threads, are in it (a 1-thread loop alone on 2 idle CPUs read 3 to 5 here)."""
     load1: float | None = None
+    cpu_wait: float | None = None
+    """Share of the time since the previous sample in which some runnable thread waited for a CPU: the
+    kernel's pressure stall information (/proc/pressure/cpu "some", Linux >= 4.20), averaged over the CPUs as
+    the kernel does (3 busy threads on 2 CPUs: 0.5; 4: 1.0). None without PSI or a previous sample."""
+    since: float | None = None
+    """When the previous sample was taken (controller clock): `cpu_wait` and `cpu_pct` cover since..at."""
 
 
-def parse_sample(host: str, text: str, previous: tuple[int, int] | None, at: float
-                 ) -> tuple[HostSample, tuple[int, int] | None]:
-    """A sample from the script's output, and the (busy, total) jiffies for the next one."""
-    cpu_pct = mem_total = mem_avail = temp = runnable = load1 = None
+USER_HZ = 100
+"""Ticks per second of /proc/stat's CPU lines (fixed at 100 for user space on Linux)."""
+
+
+@dataclass(frozen=True)
+class Counters:
+    """Cumulative kernel counters one sample hands to the next: busy and total CPU ticks, CPUs online,
+    microseconds in which some thread waited for a CPU (None without PSI), and when they were read."""
+
+    busy: int
+    total: int
+    cpus: int
+    stall_us: int | None
+    at: float
+
+
+def parse_sample(host: str, text: str, previous: Counters | None, at: float
+                 ) -> tuple[HostSample, Counters | None]:
+    """A sample from the script's output, and the counters for the next one."""
+    cpu_pct = mem_total = mem_avail = temp = runnable = load1 = cpu_wait = None
     throttled = None
-    jiffies = None
+    jiffies = stall_us = None
+    cpus = 0
     for line in text.splitlines():
         parts = line.split()
         if not parts:
@@ -59,6 +86,10 @@ def parse_sample(host: str, text: str, previous: tuple[int, int] | None, at: flo
             values = [int(v) for v in parts[1:]]
             idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
             jiffies = (sum(values) - idle, sum(values))
+        elif parts[0].startswith("cpu") and parts[0][3:].isdigit():
+            cpus += 1
+        elif parts[0] == "some" and parts[-1].startswith("total=") and parts[-1][6:].isdigit():
+            stall_us = int(parts[-1][6:])  # /proc/pressure/cpu
         elif parts[0] == "procs_running" and len(parts) > 1 and parts[1].isdigit():
             runnable = max(0, int(parts[1]) - 1)  # the `cat` reading it was running
         elif len(parts) == 5 and "/" in parts[3]:  # /proc/loadavg
@@ -71,11 +102,16 @@ def parse_sample(host: str, text: str, previous: tuple[int, int] | None, at: flo
             temp = int(parts[0]) / 1000.0
         elif parts[0].startswith("throttled="):
             throttled = parts[0].split("=", 1)[1]
-    if jiffies and previous and jiffies[1] > previous[1]:
-        cpu_pct = round(100.0 * (jiffies[0] - previous[0]) / (jiffies[1] - previous[1]), 1)
+    counters = Counters(jiffies[0], jiffies[1], cpus or 1, stall_us, at) if jiffies else None
+    if counters and previous and counters.total > previous.total:
+        cpu_pct = round(100.0 * (counters.busy - previous.busy) / (counters.total - previous.total), 1)
+        if counters.stall_us is not None and previous.stall_us is not None:
+            # The span in the kernel's own time: every CPU's ticks, over the CPUs, at USER_HZ.
+            span_us = (counters.total - previous.total) / counters.cpus / USER_HZ * 1e6
+            cpu_wait = round(min(1.0, max(0.0, (counters.stall_us - previous.stall_us) / span_us)), 3)
     used = mem_total - mem_avail if mem_total is not None and mem_avail is not None else None
     return HostSample(host, True, at, cpu_pct, used, mem_total, temp, throttled, runnable=runnable,
-                      load1=load1), jiffies
+                      load1=load1, cpu_wait=cpu_wait, since=previous.at if previous else None), counters
 
 
 def summarize_samples(samples: list[HostSample], start: float, end: float) -> dict | None:
@@ -84,11 +120,18 @@ def summarize_samples(samples: list[HostSample], start: float, end: float) -> di
     if not inside:
         return None
     runnable = [s.runnable for s in inside if s.runnable is not None]
+    # Each CPU-pressure figure covers the span since the sample before: weighted by how much of that span
+    # lies in the window, so the processes' start-up just before it counts for little.
+    waits = [(s.cpu_wait, min(s.at, end) - max(s.since, start)) for s in samples
+             if s.up and s.cpu_wait is not None and s.since is not None and min(s.at, end) > max(s.since, start)]
+    weight = sum(w for _, w in waits)
     cpu = [s.cpu_pct for s in inside if s.cpu_pct is not None]
     temps = [s.temp_c for s in inside if s.temp_c is not None]
     return {"samples": len(inside),
             "runnable_mean": round(sum(runnable) / len(runnable), 2) if runnable else None,
-            "runnable_max": max(runnable, default=None), "cpu_pct_mean": round(sum(cpu) / len(cpu), 1) if cpu else None,
+            "runnable_max": max(runnable, default=None),
+            "cpu_wait_mean": round(sum(v * w for v, w in waits) / weight, 3) if weight > 0 else None,
+            "cpu_pct_mean": round(sum(cpu) / len(cpu), 1) if cpu else None,
             "temp_max_c": max(temps, default=None),
             "throttled": sorted({s.throttled for s in inside if s.throttled})}
 
@@ -106,7 +149,7 @@ class HostMonitor:
         self.timeout_s = timeout_s
 
     async def _watch(self, t: Transport, *, owned: bool = True) -> None:
-        previous: tuple[int, int] | None = None
+        previous: Counters | None = None
         connected = not owned
         while True:
             started = time.monotonic()
