@@ -1,7 +1,8 @@
 """An independent check of pictl's speedup: pictl against a plain reference, same hosts, one invocation.
 
-    .venv/bin/python bench/check_speedup.py [--hosts hosts.toml] [--stages 2] [--images 48] [--rounds 6]
-    sudo .venv/bin/python bench/check_speedup.py --ssh [--cpu 0.4] [--period-ms 10] --stages 4 [--rounds 4]
+    .venv/bin/python bench/check_speedup.py [--hosts hosts.toml] [--stages 2] [--images 12] [--repeats 20]
+        [--rounds 12] [--save rounds.json]
+    sudo .venv/bin/python bench/check_speedup.py --ssh [--cpu 0.4] [--period-ms 10] --stages 4 [--rounds 8]
 
 Per round, on the same hosts and with the same protocol (model, split, images,
 chunk, threads, warm-up and timed passes): the plain serial reference on the
@@ -10,26 +11,23 @@ first host (the whole timm model in a loop: `bench/reference.py serial`), then
 plain pipeline reference (`bench/reference.py pipeline`: the eager timm model cut
 at the same block boundaries into torch.distributed.pipelining `PipelineStage`s,
 ScheduleGPipe over gloo, one `torchrun` per host, started with plain `ssh` on SSH
-hosts; its output is checked against the whole model's). Every other round the
-two references swap places. No pictl code runs in the reference's loop. Prints each
-side's serial and pipeline throughput, both speedups and their ratio
-(pictl / reference: 1.00 means pictl's figure is what a plain run gets).
+hosts; its output is checked against the whole model's). Each plain run sits next
+to the pictl phase it is compared with. No pictl code runs in the reference's
+loop. Prints each side's serial and pipeline throughput, both speedups and their
+ratio (pictl / reference: 1.00 means pictl's figure is what a plain run gets),
+and the ratio taken apart: pictl's serial over the plain loop's (serial factor)
+and pictl's pipeline over the plain pipeline's (pipeline factor).
 
-Two ratios per round. `mean`: pictl's reported speedup (mean of its timed passes,
-the lab's protocol) over the reference's, computed the same way. `best`: each
-side's fastest timed pass of the pipeline over its fastest serial pass. On this
-machine kind the noise is other virtual machines taking the CPUs (unseen from
-inside: a serial pass slows by up to 24 % with no other thread running), and
-such noise only ever slows a pass, so the fastest pass is each loop's least
-disturbed one: `best` compares the two tools' measurements at the machine's
-undisturbed speed, while `mean` carries whatever the noise did to each of the
-four runs. The summary gives both medians over the rounds, and whether each is
-within 5 % of 1.
-
-A round is marked DISTURBED, and its `mean` left out of that median's undisturbed
-line, when other work evidently changed the machine during it: a run whose timed
-passes spread by more than 10 %, or pictl's and the reference's serial runs (the
-same loop, same host) differing by more than 5 %.
+Two ratios per round: of the means of the timed passes (pictl's reported
+speedup, the lab's protocol) and of each run's fastest pass. This machine kind's
+speed wanders on its own (a serial loop alone, pinned to one CPU, ran 25 % slower
+for 7 s stretches and then recovered; passes of one run spread 15-45 %), so one
+round's ratio scatters by 10-15 %. Many short passes give each run a few passes
+outside those stretches, and the fastest pass each compares the two tools at the
+machine's least disturbed speed; the means carry whatever the noise did to each
+of the four runs. Over the rounds the script prints each ratio's geometric mean
+with a 95 % bootstrap interval, and says whether that interval lies within 5 %
+of 1 (a systematic cost or gain of pictl's would move both ratios).
 
 `--ssh` starts the SSH test cluster (root; `tests/sshcluster.py`) with every host
 capped at `--cpu` cores, and stops it afterwards. The shipped `hosts.toml` is the
@@ -289,12 +287,12 @@ def main() -> int:
     parser.add_argument("--period-ms", type=float, default=10.0, help="--ssh: the quota's CFS period")
     parser.add_argument("--stages", type=int, default=2)
     parser.add_argument("--model", default="deit_small_patch16_224")
-    parser.add_argument("--images", type=int, default=48)
+    parser.add_argument("--images", type=int, default=12)
     parser.add_argument("--chunk", type=int, default=1)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=5, help="timed passes (the lab's protocol: 5)")
+    parser.add_argument("--repeats", type=int, default=20, help="timed passes (many short ones: see above)")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--save", type=Path, help="also write every round's figures to this JSON file")
     args = parser.parse_args()
     if not args.ssh:
