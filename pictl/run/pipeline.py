@@ -15,6 +15,7 @@ from typing import Any
 
 from pictl import errors as E
 from pictl.cluster.commands import PORT_ATTEMPTS, PORT_TAKEN, master_port, supervised, worker_env
+from pictl.cluster.culprit import SilentDeath, await_culprit
 from pictl.cluster.stream import ProcessStream
 from pictl.cluster.transport import RemoteProcess
 from pictl.planning.placement import NodePlan
@@ -75,6 +76,7 @@ class Pipeline:
         failed = asyncio.Event()
         tail: deque[str] = deque(maxlen=20)
         procs: dict[str, RemoteProcess] = {}
+        ended: dict[str, int] = {}  # host -> torchrun's exit status, once its output is read to the end
         self.live = True
         ctx.windows["pipeline"] = [time.time(), time.time()]
         for node in nodes:
@@ -92,7 +94,7 @@ class Pipeline:
                 return self._on_record(name, record)
 
             stream = ProcessStream(name, name, ctx, ctx.sink, on_record, tail)
-            rc = await stream.consume(procs[name])
+            rc = ended[name] = await stream.consume(procs[name])
             stages = ctx.telemetry.stages
             if rc != 0 and not all(stages.get(r) and stages[r].ended for r in node.ranks):
                 failed.set()
@@ -108,28 +110,22 @@ class Pipeline:
             self.live = False
             ctx.windows["pipeline"][1] = time.time()
         if failed.is_set():
-            # A rank that dies makes its peers fail too ("connection closed by peer"); give
-            # the dead rank's torchrun a moment to exit so the blame lands on the cause.
-            await asyncio.sleep(1.5)
-            exited = {name: p.returncode for name, p in procs.items()}
+            stages = ctx.telemetry.stages
+            culprit = await await_culprit(
+                ended, {n.host.name: n.ranks for n in nodes},
+                reported=lambda r: bool(stages.get(r) and (stages[r].ended or stages[r].error)),
+                errored=lambda r: bool(stages.get(r) and stages[r].error))
             await ctx.stop_all()
             await asyncio.gather(*watchers, return_exceptions=True)
             if not ctx.telemetry.stages and any(PORT_TAKEN in line for line in tail):
                 raise _PortTaken(port)  # no rank ever started: nothing of this attempt is in the figures
-            raise self._blame(exited, tail)
+            raise self._blame(culprit, tail)
 
-    def _blame(self, exited: dict[str, int | None], tail: deque[str]) -> E.RunFailed:
+    def _blame(self, culprit: SilentDeath | None, tail: deque[str]) -> E.RunFailed:
         """A rank that died without a word first, then the earliest rank that reported an error."""
-        ctx, stages = self.ctx, self.ctx.telemetry.stages
-        for node in self.placement.nodes:
-            rc = exited.get(node.host.name)
-            if rc in (None, 0):
-                continue
-            for rank in node.ranks:
-                st = stages.get(rank)
-                if not (st and (st.ended or st.error)):
-                    return ctx.failed(node.host.name, rank, "the pipeline", f"the rank died without reporting "
-                                      f"an error (torchrun exit status {rc}: killed, out of memory or crashed)", tail)
+        ctx = self.ctx
+        if culprit is not None:
+            return ctx.failed(culprit.host, culprit.rank, "the pipeline", culprit.message, tail)
         st = ctx.telemetry.first_error()
         if st is not None and st.error is not None:
             return ctx.failed(self.placement.node_of(st.rank).host.name, st.rank, "the pipeline",

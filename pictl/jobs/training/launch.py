@@ -13,6 +13,7 @@ from typing import Any
 
 from pictl import errors as E
 from pictl.cluster.commands import master_port, supervised, worker_env
+from pictl.cluster.culprit import await_culprit
 from pictl.cluster.fleet import Fleet
 from pictl.cluster.stream import LineKeeper, ProcessStream
 from pictl.cluster.transport import RemoteProcess
@@ -84,6 +85,7 @@ async def run_ranks(procs: Processes, nodes: list[NodePlan], run_id: str, keep: 
     failed = asyncio.Event()
     tail: deque[str] = deque(maxlen=20)
     started: dict[str, RemoteProcess] = {}
+    ended: dict[str, int] = {}  # host -> torchrun's exit status, once its output is read to the end
     for node in nodes:
         argv = supervised(node.host, torchrun_argv(node, nnodes=len(nodes), master=master, master_port=port,
                                                    spec_path=P.SPEC_FILE, run_id=run_id, module=MODULE),
@@ -100,7 +102,7 @@ async def run_ranks(procs: Processes, nodes: list[NodePlan], run_id: str, keep: 
                 failed.set()
             return True
 
-        rc = await ProcessStream(name, name, keep, sink, seen, tail).consume(started[name])
+        rc = ended[name] = await ProcessStream(name, name, keep, sink, seen, tail).consume(started[name])
         if rc != 0 and not all(tel.ranks.get(r) and tel.ranks[r].end for r in node.ranks):
             failed.set()
 
@@ -113,18 +115,14 @@ async def run_ranks(procs: Processes, nodes: list[NodePlan], run_id: str, keep: 
         waiter.cancel()
     if not failed.is_set():
         return
-    await asyncio.sleep(1.5)  # a dead rank's peers fail too: let its torchrun exit so the blame lands right
-    exited = {name: p.returncode for name, p in started.items()}
+    culprit = await await_culprit(
+        ended, {n.host.name: n.ranks for n in nodes},
+        reported=lambda r: bool(tel.ranks.get(r) and (tel.ranks[r].end or tel.ranks[r].error)),
+        errored=lambda r: bool(tel.ranks.get(r) and tel.ranks[r].error))
     await procs.stop_all()
     await asyncio.gather(*watchers, return_exceptions=True)
-    for node in nodes:
-        if exited.get(node.host.name) not in (None, 0):
-            for rank in node.ranks:
-                r = tel.ranks.get(rank)
-                if not (r and (r.end or r.error)):
-                    raise E.RunFailed(f"training failed on host '{node.host.name}' rank {rank}: the rank died "
-                                      f"without reporting an error (torchrun exit status "
-                                      f"{exited[node.host.name]}: killed, out of memory or crashed)")
+    if culprit is not None:
+        raise E.RunFailed(f"training failed on host '{culprit.host}' rank {culprit.rank}: {culprit.message}")
     first = tel.first_error()
     if first is not None:
         raise _failure(tail, first.error, first.host, first.rank, "training")
