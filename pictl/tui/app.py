@@ -15,6 +15,7 @@ from pathlib import Path
 from textual.app import ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 from textual.worker import Worker, WorkerState
@@ -121,14 +122,18 @@ class PictlApp(JobsApp):
         self.render_dirty()
 
     def render_dirty(self) -> None:
+        try:
+            hosts, stages, summary = self.query_one(HostsTable), self.query_one(StageList), self.query_one(RunSummary)
+        except NoMatches:
+            return  # the app is shutting down: its widgets are removed before its timers stop
         dirty, self._dirty = self._dirty, set()
         now = self.clock()
         if "hosts" in dirty:
-            self.query_one(HostsTable).show_state(self.state, now)
+            hosts.show_state(self.state, now)
         if "stages" in dirty:
-            self.query_one(StageList).show_state(self.state)
+            stages.show_state(self.state)
         if "summary" in dirty:
-            self.query_one(RunSummary).show_state(self.state, now)
+            summary.show_state(self.state, now)
 
     # -- service messages --------------------------------------------------------------------------
 
