@@ -22,7 +22,7 @@ Two ratios per round: of the means of the timed passes (pictl's reported
 speedup, the lab's protocol) and of each run's fastest pass. This machine kind's
 speed wanders on its own (a serial loop alone, pinned to one CPU, ran 25 % slower
 for 7 s stretches and then recovered; passes of one run spread 15-45 %), so one
-round's ratio scatters by 10-15 %. Many short passes give each run a few passes
+round's ratio scatters by 10-20 %. Many short passes give each run a few passes
 outside those stretches, and the fastest pass each compares the two tools at the
 machine's least disturbed speed; the means carry whatever the noise did to each
 of the four runs. Over the rounds the script prints each ratio's geometric mean
