@@ -6,17 +6,20 @@
 
 Per round, on the same hosts and with the same protocol (model, split, images,
 chunk, threads, warm-up and timed passes): the plain serial reference on the
-first host (the whole timm model in a loop: `bench/reference.py serial`), then
-`pictl run --fresh-baseline` (its serial baseline, then its pipeline), then the
+first host (the whole timm model in a loop: `bench/reference.py serial`),
+`pictl run --fresh-baseline` (its serial baseline, then its pipeline), and the
 plain pipeline reference (`bench/reference.py pipeline`: the eager timm model cut
 at the same block boundaries into torch.distributed.pipelining `PipelineStage`s,
 ScheduleGPipe over gloo, one `torchrun` per host, started with plain `ssh` on SSH
-hosts; its output is checked against the whole model's). Each plain run sits next
-to the pictl phase it is compared with. No pictl code runs in the reference's
-loop. Prints each side's serial and pipeline throughput, both speedups and their
-ratio (pictl / reference: 1.00 means pictl's figure is what a plain run gets),
-and the ratio taken apart: pictl's serial over the plain loop's (serial factor)
-and pictl's pipeline over the plain pipeline's (pipeline factor).
+hosts; its output is checked against the whole model's). The order alternates:
+odd rounds run plain serial, pictl, plain pipeline (each plain run next to the
+pictl phase it is compared with); even rounds plain pipeline, plain serial, pictl,
+so that a speed drifting steadily within a round biases the two orders' ratios
+equally and oppositely and cancels in their geometric mean. No pictl code runs in
+the reference's loop. Prints each side's serial and pipeline throughput, both
+speedups and their ratio (pictl / reference: 1.00 means pictl's figure is what a
+plain run gets), and the ratio taken apart: pictl's serial over the plain loop's
+(serial factor) and pictl's pipeline over the plain pipeline's (pipeline factor).
 
 Two ratios per round: of the means of the timed passes (pictl's reported
 speedup, the lab's protocol) and of each run's fastest pass. This machine kind's
@@ -166,15 +169,22 @@ def compare(inventory: Path, args: argparse.Namespace) -> list[dict]:
     rounds = []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            # Each side's run sits next to the pictl phase it is compared with: the plain serial loop just
-            # before pictl's serial baseline, the plain pipeline just after pictl's pipeline. On this machine
-            # kind the speed drifts by 10-20 % over minutes; adjacent measurements drift least apart.
-            ref_serial = reference_serial(hosts[0], scripts[0], protocol, args.threads)
-            ours = pictl_run(inventory, args.stages, split, args, tmp)
-            ref_pipe = reference_pipeline(hosts, scripts, split, protocol, args.threads)
-            row = round_row(ours, ref_serial, ref_pipe)
+            # Odd rounds: the plain serial loop just before pictl's run (serial baseline, then pipeline), the
+            # plain pipeline just after it. Even rounds: the plain pipeline, then the plain loop, then pictl.
+            # A speed that drifts inside a round (later runs faster, say) lowers the first order's ratio and
+            # raises the second's by as much, so alternating cancels a steady drift in the geometric mean.
+            if r % 2 == 0:
+                ref_serial = reference_serial(hosts[0], scripts[0], protocol, args.threads)
+                ours = pictl_run(inventory, args.stages, split, args, tmp)
+                ref_pipe = reference_pipeline(hosts, scripts, split, protocol, args.threads)
+            else:
+                ref_pipe = reference_pipeline(hosts, scripts, split, protocol, args.threads)
+                ref_serial = reference_serial(hosts[0], scripts[0], protocol, args.threads)
+                ours = pictl_run(inventory, args.stages, split, args, tmp)
+            row = {**round_row(ours, ref_serial, ref_pipe), "order": ORDERS[r % 2]}
             rounds.append(row)
-            print(f"round {r + 1}: serial img/s pictl {row['pictl_serial']:.2f} reference {row['ref_serial']:.2f} "
+            print(f"round {r + 1} ({row['order']}): serial img/s pictl {row['pictl_serial']:.2f} "
+                  f"reference {row['ref_serial']:.2f} "
                   f"(x{row['serial_factor']:.3f}) | pipeline img/s pictl {row['pictl_pipeline']:.2f} reference "
                   f"{row['ref_pipeline']:.2f} (x{row['pipeline_factor']:.3f}) | speedup pictl "
                   f"{row['pictl_speedup']:.2f}x reference {row['ref_speedup']:.2f}x | ratio {row['ratio']:.3f} "
@@ -225,6 +235,8 @@ def round_row(ours: dict, ref_serial: dict, ref_pipe: dict) -> dict:
     return row
 
 
+ORDERS = ("plain serial, pictl, plain pipeline", "plain pipeline, plain serial, pictl")
+
 AGREEMENT = 0.05
 """The issue's bar: pictl's speedup within 5 % of the plain reference's."""
 
@@ -257,8 +269,12 @@ def verdict(rounds: list[dict]) -> str:
         return f"{what}: undecided at {AGREEMENT:.0%} (the interval reaches past it; more rounds narrow it)"
 
     ratios, best = [r["ratio"] for r in rounds], [r["ratio_best"] for r in rounds]
+    # Each order's own mean: far apart, the speed drifted within rounds (the overall mean cancels a steady drift).
+    by_order = [line(f"  rounds in the order {o}", [r["ratio"] for r in rounds if r.get("order") == o])
+                for o in ORDERS if any(r.get("order") == o for r in rounds)]
     return "\n".join([
         line("speedup ratio pictl / reference, means of the timed passes (pictl's reported speedup)", ratios),
+        *by_order,
         line("  serial factor (pictl's serial / the plain loop's)", [r["serial_factor"] for r in rounds]),
         line("  pipeline factor (pictl's pipeline / the plain one's)", [r["pipeline_factor"] for r in rounds]),
         line("speedup ratio pictl / reference, fastest pass of each run", best),
