@@ -191,13 +191,13 @@ def compare(inventory: Path, args: argparse.Namespace) -> list[dict]:
                   f"(fastest passes {row['ratio_best']:.3f})"
                   f"  (pictl's flags: {', '.join(row['flags']) or 'none'})"
                   + (f"  noisy: {'; '.join(row['disturbed'])}" if row["disturbed"] else ""), flush=True)
+            if args.save:  # after every round: an interrupted check keeps the rounds it finished
+                args.save.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                                 "rounds": rounds}, indent=1))
     for h, script in zip(hosts, scripts, strict=True):
         if h.transport != "local":
             subprocess.run(on_host(h, ["rm", "-rf", str(Path(script).parent)]), capture_output=True)
     print(verdict(rounds))
-    if args.save:
-        args.save.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "rounds": rounds},
-                                        indent=1))
     return rounds
 
 
