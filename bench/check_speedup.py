@@ -3,6 +3,7 @@
     .venv/bin/python bench/check_speedup.py [--hosts hosts.toml] [--stages 2] [--images 12] [--repeats 20]
         [--rounds 12] [--save rounds.json]
     sudo .venv/bin/python bench/check_speedup.py --ssh [--cpu 0.4] [--period-ms 10] --stages 4 [--rounds 8]
+    .venv/bin/python bench/check_speedup.py --pool saved1.json saved2.json   (rounds of earlier --save runs)
 
 Per round, on the same hosts and with the same protocol (model, split, images,
 chunk, threads, warm-up and timed passes): the plain serial reference on the
@@ -282,6 +283,21 @@ def verdict(rounds: list[dict]) -> str:
         answer("pictl's speedup (fastest passes)", best)])
 
 
+def pooled(saved: list[Path]) -> str:
+    """The verdict over the rounds of several saved checks: each round compares pictl with the reference
+    within its own minutes, so rounds of checks run at other times (the machine at another speed) pool;
+    each file's protocol is printed so that only like checks are pooled."""
+    rounds, heads = [], []
+    for path in saved:
+        data = json.loads(path.read_text())
+        a = data["args"]
+        where = f"the SSH test cluster at {a.get('cpu')} core(s) per host" if a.get("ssh") == "True" else a.get("hosts")
+        heads.append(f"{path}: {len(data['rounds'])} round(s); {a.get('stages')} stages, {a.get('images')} images x "
+                     f"{a.get('repeats')} passes, on {where}")
+        rounds += data["rounds"]
+    return "\n".join([*heads, verdict(rounds)])
+
+
 SPREAD_LIMIT = 0.10
 
 
@@ -310,7 +326,12 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--save", type=Path, help="also write every round's figures to this JSON file")
+    parser.add_argument("--pool", type=Path, nargs="+", metavar="SAVED",
+                        help="run nothing: the verdict over the rounds of earlier --save files together")
     args = parser.parse_args()
+    if args.pool:
+        print(pooled(args.pool))
+        return 0
     if not args.ssh:
         compare(args.hosts, args)
         return 0
