@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/noise.py [--seconds 60] [--runs 6] [--run-seconds 20]
 
-Two parts, the plain serial loop of `bench/reference.py` (the whole model, one
-image per forward, one thread):
+Two parts, each a serial loop like `bench/reference.py serial` (the whole model,
+one image per forward, one thread) but written here, since it must pin itself to
+a CPU and timestamp every image, which reference.py does not:
 1. one copy pinned to each CPU, all at once, for `--seconds`: each copy's speed
    per second (mean, spread, lowest and highest) and how the copies' speeds
    correlate. A correlation near 1 means the machine slows down as a whole (then
