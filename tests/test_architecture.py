@@ -24,7 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 PICTL_LAYERS = [
-    ("ground", ["pictl", "pictl.errors", "pictl.inventory", "pictl.events", "pictl.summary", "pictl.records"]),
+    ("ground", ["pictl", "pictl.errors", "pictl.inventory", "pictl.events", "pictl.summary", "pictl.records",
+                "pictl.text"]),
     ("cluster", ["pictl.cluster"]),
     ("planning", ["pictl.planning"]),
     ("run", ["pictl.run"]),
