@@ -20,6 +20,7 @@ from rich.text import Text
 from pictl.events import HostOutput, Phase, RankEvent, SessionEvent
 from pictl.headless_train import TRAIN_EVENTS, TrainProgress
 from pictl.summary import baseline_text
+from pictl.text import markup_safe, printable
 from remote import protocol as P
 
 PRUNE_EVENTS = (P.PRUNE_START, P.PRUNE_PROGRESS, P.PRUNE_ACCURACY, P.PRUNE_DONE)
@@ -49,14 +50,14 @@ class HeadlessRenderer:
     def __call__(self, event: SessionEvent) -> None:
         if isinstance(event, Phase):
             self._stop_live()
-            self.err.print(f"[bold cyan]pictl[/] {event.name}: {event.message}")
+            self.err.print(f"[bold cyan]pictl[/] {event.name}: {markup_safe(event.message)}")
             if event.name == "pipeline" and self.err.is_terminal:
                 self._live = Live(self._table(), console=self.err, refresh_per_second=4, transient=True)
                 self._live.start()
         elif isinstance(event, RankEvent):
             self._on_record(event)
         elif isinstance(event, HostOutput) and (self.verbose or event.stream == "stderr" and "Error" in event.line):
-            self.err.print(Text.assemble((event.source, "dim"), " ", event.line), highlight=False)
+            self.err.print(Text.assemble((event.source, "dim"), " ", printable(event.line)), highlight=False)
 
     def _on_record(self, event: RankEvent) -> None:
         rec = event.record
@@ -68,26 +69,28 @@ class HeadlessRenderer:
                 self._live.update(self._table())
             elif time.monotonic() - self._last_line.get(rank, 0.0) >= 5.0:
                 self._last_line[rank] = time.monotonic()
-                self.err.print(f"pictl progress: rank {rank} ({event.host}) {rec['phase']} {rec['repeat']}: "
+                self.err.print(f"pictl progress: rank {rank} ({event.host}) {markup_safe(rec['phase'])} "
+                               f"{rec['repeat']}: "
                                f"{rec['microbatches']}/{rec['microbatches_total']} microbatches, compute "
                                f"{rec['compute_s']:.2f}s wait {rec['wait_s']:.2f}s send {rec['send_s']:.2f}s")
         elif kind == P.THROUGHPUT:
             who = "serial" if event.source == "serial" else "pipeline"
             self.err.print(f"pictl {who}: pass {rec['repeat'] + 1}: {rec['ips']:.2f} img/s")
         elif kind in (P.REFINE, P.REFINED):
-            self.err.print(refine_line(rec), markup=False, highlight=False)
+            self.err.print(printable(refine_line(rec)), markup=False, highlight=False)
         elif kind in PRUNE_EVENTS:
             self._on_prune(rec)
         elif kind in TRAIN_EVENTS:
             self._train(event.source, rec)
         elif kind == P.ERROR:
             self._stop_live()
-            self.err.print(f"[bold red]error[/] {event.source} rank {rank}: {rec['message']}")
+            self.err.print(f"[bold red]error[/] {event.source} rank {rank}: {markup_safe(rec['message'])}")
 
     def _on_prune(self, rec: dict[str, Any]) -> None:
         kind = rec[P.KEY_EVENT]
         if kind == P.PRUNE_START:
-            self.err.print(f"pictl prune: {rec['model']} on {rec['device']}: {rec['params']:,} parameters, "
+            self.err.print(f"pictl prune: {markup_safe(rec['model'])} on {markup_safe(rec['device'])}: "
+                           f"{rec['params']:,} parameters, "
                            f"{macs_text(rec['macs'])}; {rec['train_images']} training and "
                            f"{rec['eval_images']} test images, {rec['classes']} classes")
         elif kind == P.PRUNE_ACCURACY:
@@ -107,7 +110,7 @@ class HeadlessRenderer:
             table.add_column(col, justify="right" if col not in ("host", "pass") else "left")
         for rank in sorted(self._progress):
             r = self._progress[rank]
-            table.add_row(str(rank), r["host"], f"{r['phase']} {r['repeat']}",
+            table.add_row(str(rank), r["host"], markup_safe(f"{r['phase']} {r['repeat']}"),
                           f"{r['microbatches']}/{r['microbatches_total']}", _fmt(r["compute_s"]),
                           _fmt(r["wait_s"]), _fmt(r["send_s"]), _fmt(r["bytes_sent"] / 1e6, ".1f"))
         return table
@@ -137,7 +140,7 @@ def refine_line(rec: dict[str, Any]) -> str:
 
 
 def flag_lines(summary: dict[str, Any]) -> list[str]:
-    return [f"flag {f['code']}: {f['message']}" for f in summary.get("flags") or []]
+    return [printable(f"flag {f['code']}: {f['message']}") for f in summary.get("flags") or []]
 
 
 def outputs_text(s: dict[str, Any]) -> str:
@@ -157,10 +160,11 @@ def wire_lines(s: dict[str, Any]) -> list[str]:
     wire = s.get("wire") or {}
     if wire.get("format", "fp32") == "fp32":
         return []
-    return [f"link {k['link']} at {k['cut']}: {k['format']}, {_fmt((k['wire_bytes'] or 0) / 1e6, '.2f')} MB on the "
+    return [printable(f"link {k['link']} at {k['cut']}: {k['format']}, "
+                      f"{_fmt((k['wire_bytes'] or 0) / 1e6, '.2f')} MB on the "
             f"wire of {_fmt((k['raw_bytes'] or 0) / 1e6, '.2f')} MB ({_fmt(k['ratio'], '.3f')}), compress "
             f"{_fmt(k['compress_s'], '.3f')} s, decompress {_fmt(k['decompress_s'], '.3f')} s, average "
-            f"{_fmt((k['avg_Bps'] or 0) / 1e6, '.2f')} MB/s, peak {_fmt((k['peak_Bps'] or 0) / 1e6, '.2f')} MB/s"
+            f"{_fmt((k['avg_Bps'] or 0) / 1e6, '.2f')} MB/s, peak {_fmt((k['peak_Bps'] or 0) / 1e6, '.2f')} MB/s")
             for k in wire.get("links", [])]
 
 
@@ -171,7 +175,7 @@ def summary_table(summary: dict[str, Any]) -> Table:
              f"{baseline_text(s)}  speedup {_fmt(s['speedup'])}x "
              f"(ideal {s['stages']}x)  {outputs_text(s)}  "
              f"accuracy {'n/a' if s['accuracy'] is None else format(s['accuracy'], '.2%')}")
-    table = Table(title=title, title_justify="left")
+    table = Table(title=markup_safe(title), title_justify="left")
     predicted = s.get("prediction") is not None
     # Per microbatch: the stage's compute, and apart from it the time it waited for input and was
     # blocked on sends (back-pressure from the next stage).
@@ -188,7 +192,7 @@ def summary_table(summary: dict[str, Any]) -> Table:
         if predicted:  # where the cost model was right or wrong, stage by stage
             error = st.get("prediction_error")
             cells += [_fmt(st.get("predicted_ms"), ".1f"), "-" if error is None else f"{error:+.0%}"]
-        table.add_row(*cells)
+        table.add_row(*map(markup_safe, cells))  # module names come from the hosts
     return table
 
 
@@ -210,7 +214,8 @@ def print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
         for line in flag_lines(summary):  # one line each, however long: scripts grep them
             out.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
         if summary.get("run_dir"):
-            out.print(f"run directory: {summary['run_dir']}")
+            out.print(f"run directory: {printable(summary['run_dir'])}", markup=False, highlight=False,
+                      soft_wrap=True)
 
 
 def prune_table(summary: dict[str, Any]) -> Table:

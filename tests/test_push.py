@@ -54,3 +54,33 @@ def test_push_to_ssh_hosts_then_unchanged_repush(ssh_cluster, pictl_env) -> None
     assert time.monotonic() - start < 10
     placed = ssh_cluster.workdir(3) / "code" / "remote" / "runtime" / "pipeline.py"
     assert placed.read_bytes() == local_tree()["remote/runtime/pipeline.py"]
+
+
+def test_a_crafted_manifest_never_removes_a_file_outside_the_code_dir(tmp_path: Path) -> None:
+    """The manifest is the host's file: names that climb out (`..`), absolute ones and odd ones are never
+    taken as paths, through the real CLI on the local cluster (where the host's files are the controller's)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT, write_cluster
+
+    inv = write_cluster(tmp_path / "cluster", 1)
+    env = {**os.environ, "PICTL_RUNS_DIR": str(tmp_path / "runs"), "PICTL_CACHE_DIR": str(tmp_path / "cache")}
+    first = subprocess.run([sys.executable, "-m", "pictl", "push", "--hosts", str(inv)], env=env, cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's own file")
+    code = tmp_path / "cluster" / "h0" / "code"
+    manifest = json.loads((code / MANIFEST).read_text())
+    hostile = {os.path.relpath(victim, code): "0" * 64, str(victim): "0" * 64, "remote/../../../victim.txt": "0",
+               "": "0", "a\nb": "0", "remote/\0x": "0"}
+    (code / MANIFEST).write_text(json.dumps({**manifest, **hostile}))
+    again = subprocess.run([sys.executable, "-m", "pictl", "push", "--hosts", str(inv)], env=env, cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert victim.read_text() == "the user's own file"
+    assert "removed" not in again.stdout, again.stdout
+    assert json.loads((code / MANIFEST).read_text()) == manifest  # rewritten with pictl's own names only

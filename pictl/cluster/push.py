@@ -14,7 +14,7 @@ import hashlib
 import json
 from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from pictl import PROJECT_ROOT
 from pictl.cluster.transport import Transport
@@ -22,6 +22,8 @@ from pictl.errors import TransportError
 
 PROJECT = PROJECT_ROOT
 MANIFEST = ".pictl-manifest.json"
+MANIFEST_LIMIT = 16 << 20
+"""A manifest of a few hundred files is tens of kB; a larger one is not pictl's (and is sent anew)."""
 
 
 @dataclass(frozen=True)
@@ -55,16 +57,32 @@ def tree_digest() -> str:
     return manifest_digest(local_tree())
 
 
-async def _remote_manifest(t: Transport, base: str) -> dict[str, str]:
+async def _remote_manifest(t: Transport, base: str) -> tuple[dict[str, str], bool]:
+    """What pictl placed last time, and whether the file held anything else (then it is rewritten)."""
     try:
-        raw = await t.get_bytes(f"{base}/{MANIFEST}")
+        raw = await t.get_bytes(f"{base}/{MANIFEST}", limit=MANIFEST_LIMIT)
     except TransportError:
-        return {}  # first push, or a manifest we cannot read: send everything
+        return {}, False  # first push, or a manifest we cannot read: send everything
     try:
         data = json.loads(raw)
-        return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
-    except ValueError:
-        return {}
+    except (ValueError, RecursionError):
+        return {}, True
+    if not isinstance(data, dict):
+        return {}, True
+    # The host wrote this file: a name in it is only ever a path pictl itself could have placed there
+    # (`../../x` would remove a file outside the code dir; on the local cluster, a file on the controller).
+    placed = {k: v for k, v in data.items() if placed_name(k) and isinstance(v, str)}
+    return placed, len(placed) != len(data)
+
+
+def placed_name(name: object) -> bool:
+    """Whether `name` is a relative path that stays inside the directory it is joined to."""
+    if not isinstance(name, str) or not name or len(name) > 1024 or "\\" in name:
+        return False
+    if any(ch in name for ch in "\0\n\r") or name.startswith("/"):
+        return False
+    parts = PurePosixPath(name).parts
+    return bool(parts) and all(p not in ("", ".", "..") for p in parts)
 
 
 async def _bounded(jobs: Iterable[Awaitable[None]], limit: int = 16) -> None:
@@ -82,13 +100,13 @@ async def push_to(t: Transport, files: dict[str, bytes] | None = None, *, base: 
     files = files if files is not None else local_tree()
     base = base or t.host.code_dir
     wanted = manifest_of(files)
-    placed = await _remote_manifest(t, base)
+    placed, foreign = await _remote_manifest(t, base)
     changed = [name for name, digest in wanted.items() if placed.get(name) != digest]
     gone = [name for name in placed if name not in wanted]
     # SFTP serves several requests at once on one channel: overlap the round trips.
     await _bounded(t.put_bytes(files[name], f"{base}/{name}") for name in changed)
     await _bounded(t.remove_file(f"{base}/{name}") for name in gone)
-    if changed or gone or placed != wanted:
+    if changed or gone or foreign or placed != wanted:
         await t.put_bytes(json.dumps(wanted, sort_keys=True, indent=1).encode(), f"{base}/{MANIFEST}")
     return PushResult(t.host.name, len(changed), sum(len(files[n]) for n in changed), len(gone),
                       len(wanted) - len(changed))
@@ -105,13 +123,13 @@ def file_digests(paths: dict[str, Path]) -> dict[str, str]:
 
 async def push_files(t: Transport, paths: dict[str, Path], digests: dict[str, str], *, base: str) -> PushResult:
     """Like `push_to`, for large local files: streamed one at a time, each file read as it is sent."""
-    placed = await _remote_manifest(t, base)
+    placed, foreign = await _remote_manifest(t, base)
     changed = [name for name, digest in digests.items() if placed.get(name) != digest]
     gone = [name for name in placed if name not in digests]
     for name in changed:
         await t.put_file(paths[name], f"{base}/{name}")
     await _bounded(t.remove_file(f"{base}/{name}") for name in gone)
-    if changed or gone or placed != digests:
+    if changed or gone or foreign or placed != digests:
         await t.put_bytes(json.dumps(digests, sort_keys=True, indent=1).encode(), f"{base}/{MANIFEST}")
     return PushResult(t.host.name, len(changed), sum(paths[n].stat().st_size for n in changed), len(gone),
                       len(digests) - len(changed))

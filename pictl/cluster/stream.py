@@ -2,7 +2,8 @@
 
 Every stdout line that is a telemetry record (`remote.protocol`) is kept in the record, handed to the
 caller's `on_record` and forwarded as a `RankEvent`; every other line is kept in the log, added to a
-short tail (what a failure shows) and forwarded as `HostOutput`.
+short tail (what a failure shows) and forwarded as `HostOutput`. A line that claims to be telemetry but
+breaks the protocol goes to the log and to `on_rejected`, never to a reader.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pictl.cluster.transport import RemoteProcess
-from pictl.events import EventSink, HostOutput, RankEvent, parse_event
+from pictl.events import EventSink, HostOutput, RankEvent, Rejected, read_line
 
 TAIL_LINES = 20
 EXIT_BARRIER = "Error waiting on exit barrier"
@@ -45,12 +46,19 @@ class ProcessStream:
     sink: EventSink
     on_record: OnRecord = lambda _record: True
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    on_rejected: Callable[[Rejected], None] | None = None
+    """Sees every line that claimed to be telemetry but broke the protocol (it is kept in the log)."""
     _benign: bool = False
 
     async def consume(self, proc: RemoteProcess) -> int:
         """Read `proc` to its end; its exit status."""
         async for channel, line in proc.lines():
-            record = parse_event(line) if channel == "stdout" else None
+            record = read_line(line) if channel == "stdout" else None
+            if isinstance(record, Rejected):
+                self.keep.log(self.source, line)
+                if self.on_rejected is not None:
+                    self.on_rejected(record)
+                continue
             if record is not None:
                 self.keep.event(self.source, line)
                 if self.on_record(record):

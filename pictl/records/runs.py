@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
@@ -20,8 +21,10 @@ from typing import Any
 import platformdirs
 from pydantic import ValidationError
 
+from pictl import errors as E
 from pictl.errors import ConfigError
 from pictl.summary import RunSummary
+from pictl.text import shown
 
 SUMMARY_FILE = "summary.json"
 CONFIG_FILE = "config.json"
@@ -38,9 +41,19 @@ def writable_dir(path: Path, what: str) -> Path:
     writable directory. ConfigError names `what` (the flag or variable) and the path otherwise.
     """
     path = Path(path).expanduser()
-    probe = path
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
+    if not str(path).strip():
+        raise ConfigError(f"{what}: empty path (give a directory)")
+    try:
+        path.resolve(strict=False)  # a symlink loop anywhere on the way: RuntimeError
+        probe = path
+        while not probe.exists() and probe != probe.parent:
+            if probe.is_symlink():  # a dangling link: making the directory would follow it elsewhere
+                raise ConfigError(f"{what}: {probe} is a symbolic link to nowhere")
+            probe = probe.parent
+    except RuntimeError:
+        raise ConfigError(f"{what}: {path} is a symbolic link loop") from None
+    except OSError as exc:  # a name over 255 bytes, a path over 4096
+        raise ConfigError(f"{what}: {shown(path, 120)}: {exc.strerror or exc}") from None
     if not probe.is_dir():
         raise ConfigError(f"{what}: {path} is not a directory" if probe == path
                           else f"{what}: {path} cannot be made ({probe} is not a directory)")
@@ -57,6 +70,8 @@ def read_record(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: no such file") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a pictl record") from None
     except ValueError as exc:  # also a UnicodeDecodeError
         raise ConfigError(f"{path}: not a complete JSON record ({exc}); it may have been cut short") from None
     if not isinstance(data, dict):
@@ -77,33 +92,103 @@ def read_run_summary(path: Path) -> RunSummary:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
+    """Write `data` as `path` whole or not at all: a failed write (a full disk) leaves no temporary behind."""
+    write_bytes_atomic(path, (json.dumps(data, indent=2, sort_keys=False) + "\n").encode())
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+LIVE_FILE = ".live"
+"""Locked (flock) by the controller while the run is open: the lock dies with the process, so a run whose
+summary could not be written (a full disk) or whose controller was killed is never taken for a live one."""
+
+
+def run_is_live(path: Path) -> bool | None:
+    """Whether the run in `path` is open in some controller: None for a record older than the live lock."""
+    try:
+        fd = os.open(path / LIVE_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock we just took
+    return False
 
 
 class RunRecord:
-    """One run's (or job's) directory on the controller: the layout every kind of work shares."""
+    """One run's (or job's) directory on the controller: the layout every kind of work shares.
+
+    A write that fails once the run exists (a full disk) never stops the run: the first failure is kept
+    (`write_error`), the run goes on, its result is printed, and the command exits with
+    RecordWriteFailed's code. The record is then known to be incomplete, never silently short.
+    """
 
     def __init__(self, root: Path, run_id: str) -> None:
         self.run_id = run_id
         self.path = root / run_id
-        (self.path / "events").mkdir(parents=True)
-        (self.path / "logs").mkdir()
+        self.write_error: E.RecordWriteFailed | None = None
+        try:
+            (self.path / "events").mkdir(parents=True)
+            (self.path / "logs").mkdir()
+        except OSError as exc:
+            raise E.RecordWriteFailed(f"cannot create the run directory {self.path}: {exc.strerror or exc}") from None
         self._files: dict[str, Any] = {}
+        self._live: int | None = None
+        try:
+            self._live = os.open(self.path / LIVE_FILE, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fcntl.flock(self._live, fcntl.LOCK_EX)
+        except OSError:
+            self._live = None  # no inode left: the record has no summary either, and reads as not live
 
     @staticmethod
     def new_id(stages: int) -> str:
         return f"{time.strftime('%Y%m%d-%H%M%S')}-s{stages}-{secrets.token_hex(2)}"
 
+    def _failed(self, what: str, exc: OSError) -> None:
+        if self.write_error is None:
+            self.write_error = E.RecordWriteFailed(
+                f"the result was measured, but its record in {self.path} is incomplete: writing {what} failed "
+                f"({exc.strerror or exc})")
+
     def write_config(self, config: dict[str, Any]) -> None:
-        write_json_atomic(self.path / CONFIG_FILE, config)
+        try:
+            write_json_atomic(self.path / CONFIG_FILE, config)
+        except OSError as exc:  # nothing measured yet: the run stops here
+            raise E.RecordWriteFailed(f"cannot write {self.path / CONFIG_FILE}: {exc.strerror or exc}") from None
 
     def _append(self, rel: str, text: str) -> None:
+        if rel in self._files and self._files[rel] is None:
+            return  # this file failed once: the record is marked incomplete, the run goes on
+        try:
+            fh = self._files.get(rel)
+            if fh is None:
+                fh = self._files[rel] = (self.path / rel).open("a", buffering=1)
+            fh.write(text + "\n")
+        except OSError as exc:
+            self._failed(rel, exc)
+            self._close(rel)
+            self._files[rel] = None
+
+    def _close(self, rel: str) -> None:
         fh = self._files.get(rel)
-        if fh is None:
-            fh = self._files[rel] = (self.path / rel).open("a", buffering=1)
-        fh.write(text + "\n")
+        if fh is not None:
+            try:
+                fh.close()
+            except OSError as exc:  # the last buffered line could not be flushed
+                self._failed(rel, exc)
 
     def event(self, source: str, line: str) -> None:
         self._append(f"events/{source}.jsonl", line)
@@ -111,13 +196,25 @@ class RunRecord:
     def log(self, source: str, line: str) -> None:
         self._append(f"logs/{source}.log", line)
 
-    def save_bytes(self, name: str, data: bytes) -> Path:
+    def save_bytes(self, name: str, data: bytes) -> Path | None:
+        """Keep `data` as `name` in the record; None (and the record marked incomplete) if it cannot be written."""
         path = self.path / name
-        path.write_bytes(data)
+        try:
+            write_bytes_atomic(path, data)
+        except OSError as exc:
+            self._failed(name, exc)
+            return None
         return path
 
     def finish(self, summary: dict[str, Any]) -> None:
-        for fh in self._files.values():
-            fh.close()
+        """Close the record with its summary; a summary that cannot be written leaves no partial file."""
+        for rel in list(self._files):
+            self._close(rel)
         self._files.clear()
-        write_json_atomic(self.path / SUMMARY_FILE, summary)
+        try:
+            write_json_atomic(self.path / SUMMARY_FILE, summary)
+        except OSError as exc:
+            self._failed(SUMMARY_FILE, exc)
+        if self._live is not None:
+            os.close(self._live)  # the lock goes with it: the run is over
+            self._live = None

@@ -23,7 +23,7 @@ FILL_DRAIN_MIN = 0.95
 """Smallest GPipe fill/drain bound M / (M + S - 1) that is not flagged."""
 
 CODES = ("speedup_above_stages", "speedup_below_1", "throughput_spread", "host_overloaded", "host_throttled",
-         "host_hot", "baseline_stale", "stages_share_cores", "fill_drain_bound", "wire_no_saving")
+         "host_hot", "baseline_stale", "stages_share_cores", "fill_drain_bound", "wire_no_saving", "telemetry_rejected")
 HALF_PRECISION = ("fp16", "bf16")
 """Formats that send half of fp32's bytes by construction: a lossy format that sends more saves less."""
 
@@ -40,7 +40,7 @@ class Flag:
 def compute_flags(summary: dict[str, Any]) -> list[Flag]:
     """Every flag the summary's figures raise, in the order of CODES."""
     found = [*_speedup(summary), *_spread(summary), *_host_health(summary), *_stale_baseline(summary),
-             *_sharing(summary), *_fill_drain(summary), *_wire(summary)]
+             *_sharing(summary), *_fill_drain(summary), *_wire(summary), *_rejected(summary)]
     return sorted(found, key=lambda f: CODES.index(f.code))
 
 
@@ -246,3 +246,14 @@ def _wire(s: dict[str, Any]) -> list[Flag]:
         than = "more than fp32 itself" if ratio >= 1 else "more than fp16's 0.50, which loses far less"
         flags.append(Flag("wire_no_saving", f"{fmt} sent {ratio:.2f} of fp32's bytes at {', '.join(where)}, {than}"))
     return flags
+
+
+def _rejected(s: dict[str, Any]) -> list[Flag]:
+    """Records a host sent that broke the protocol were left out: the figures stand on the others."""
+    rejected = s.get("telemetry_rejected")
+    if not isinstance(rejected, dict) or not rejected.get("count"):
+        return []
+    hosts = rejected.get("hosts") or {}
+    first = (rejected.get("first") or [{}])[0]
+    return [Flag("telemetry_rejected", f"{rejected['count']} telemetry record(s) broke the protocol and were left "
+                 f"out ({', '.join(f'{n} from {h}' for h, n in hosts.items())}); the first: {first.get('reason')}")]

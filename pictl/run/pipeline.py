@@ -18,6 +18,7 @@ from pictl.cluster.commands import PORT_ATTEMPTS, PORT_TAKEN, master_port, super
 from pictl.cluster.culprit import SilentDeath, await_culprit
 from pictl.cluster.stream import ProcessStream
 from pictl.cluster.transport import RemoteProcess
+from pictl.events import Rejected
 from pictl.planning.placement import NodePlan
 from pictl.run.context import RunContext
 from pictl.run.launch import torchrun_argv
@@ -51,6 +52,7 @@ class Pipeline:
             port = self.staged.master_port or await master_port(ctx.transport(master), None)
             try:
                 await self._launch(port)
+                self._check_figures()
                 return PipelineDone(self.corrections)
             except _PortTaken:
                 if self.staged.master_port or attempt == PORT_ATTEMPTS:
@@ -59,6 +61,20 @@ class Pipeline:
                 ctx.phase("pipeline", f"port {port} was taken on {master.name} before torchrun bound it; "
                                       "launching again on another port")
         raise AssertionError("unreachable")
+
+    def _check_figures(self) -> None:
+        """Every rank ended well: still, a run whose figures did not all arrive (a host sent records that
+        broke the protocol, or none) fails rather than end "OK" with a number missing."""
+        tel, spec = self.ctx.telemetry, self.choice.spec
+        missing = tel.missing_figures(spec.stages, spec.repeats)
+        if missing is None:
+            return
+        rejected = tel.rejected_summary()
+        why = f"{missing}" + (f"; {rejected['count']} telemetry record(s) rejected, the first from "
+                              f"{rejected['first'][0]['host']}: {rejected['first'][0]['reason']}" if rejected else "")
+        silent = next((r for r in range(spec.stages) if not (tel.stages.get(r) and tel.stages[r].ended)),
+                      spec.stages - 1)
+        raise self.ctx.failed(self.placement.node_of(silent).host.name, silent, "the pipeline", why, deque())
 
     def _on_record(self, host: str, record: dict[str, Any]) -> bool:
         ctx = self.ctx
@@ -89,11 +105,16 @@ class Pipeline:
             name = node.host.name
 
             def on_record(record: dict[str, Any]) -> bool:
+                if record.get(P.KEY_RANK, 0) not in node.ranks:  # a host speaks only for the ranks it runs
+                    ctx.telemetry.reject(name, Rejected(record[P.KEY_EVENT], f"rank {record.get(P.KEY_RANK, 0)} "
+                                                                             "does not run on this host"))
+                    return False
                 if record[P.KEY_EVENT] == P.ERROR:
                     failed.set()
                 return self._on_record(name, record)
 
-            stream = ProcessStream(name, name, ctx, ctx.sink, on_record, tail)
+            stream = ProcessStream(name, name, ctx, ctx.sink, on_record, tail,
+                                   on_rejected=lambda why: ctx.telemetry.reject(name, why))
             rc = ended[name] = await stream.consume(procs[name])
             stages = ctx.telemetry.stages
             if rc != 0 and not all(stages.get(r) and stages[r].ended for r in node.ranks):
@@ -109,6 +130,11 @@ class Pipeline:
             waiter.cancel()
             self.live = False
             ctx.windows["pipeline"][1] = time.time()
+        crashed = next((w.exception() for w in watchers if w.done() and not w.cancelled() and w.exception()), None)
+        if crashed is not None:  # reading a host's output failed (a bug): never a run that looks complete
+            await ctx.stop_all()
+            await asyncio.gather(*watchers, return_exceptions=True)
+            raise crashed
         if failed.is_set():
             stages = ctx.telemetry.stages
             culprit = await await_culprit(

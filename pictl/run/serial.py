@@ -19,7 +19,7 @@ from pictl import errors as E
 from pictl.cluster.commands import module_argv, supervised, worker_env
 from pictl.cluster.hoststate import HostFacts
 from pictl.cluster.stream import ProcessStream
-from pictl.events import command_outcome
+from pictl.events import Rejected, command_outcome
 from pictl.inventory import Host
 from pictl.planning.specs import plan_key, plans_cache
 from pictl.records.cache import JsonCache
@@ -142,13 +142,20 @@ async def _measure(ctx: RunContext, placement: Placement, spec: RunSpec, staged:
 
     def on_record(record: dict[str, Any]) -> bool:
         kind = record[P.KEY_EVENT]
+        if record.get(P.KEY_RANK, 0) != 0:  # the serial run is one process: rank 0
+            on_rejected(Rejected(kind, f"rank {record.get(P.KEY_RANK)} in the serial run"))
+            return False
         if kind == P.PLAN and waiting:
             waiting.pop()(record)
         telemetry.apply(host.name, record)
         # An error before the plan is bad input: the run's one error line says it.
         return not (kind == P.ERROR and waiting)
 
-    stream = ProcessStream("serial", host.name, ctx, ctx.sink, on_record)
+    def on_rejected(why: Rejected) -> None:  # named in the failure, and counted in the run's summary
+        telemetry.reject(host.name, why)
+        ctx.telemetry.reject(host.name, why)
+
+    stream = ProcessStream("serial", host.name, ctx, ctx.sink, on_record, on_rejected=on_rejected)
     argv = module_argv(host, "remote.runtime.serial", P.SPEC_FILE) + (["--plan"] if on_plan else [])
     proc = await ctx.start(host, supervised(host, argv, "pgid-serial"), cwd=host.run_dir(spec.run_id),
                            env=worker_env(host, placement.serial_threads or 1))
@@ -161,11 +168,16 @@ async def _measure(ctx: RunContext, placement: Placement, spec: RunSpec, staged:
         if rc == P.EXIT_BAD_INPUT:
             raise E.ConfigError(message)
         raise E.RunFailed(f"host '{host.name}': planning failed: {message}")
-    if rc != 0 or not st or not st.ended or telemetry.mean_ips is None:
-        message = st.error["message"] if st and st.error else f"exit status {rc}"
+    missing = telemetry.missing_figures(1, spec.repeats)
+    ips = telemetry.mean_ips
+    if rc != 0 or not st or not st.ended or missing or ips is None:
+        rejected = telemetry.rejected_summary()
+        message = (st.error["message"] if st and st.error else f"exit status {rc}" if rc != 0
+                   else f"{missing}" + (f"; {rejected['count']} telemetry record(s) rejected: "
+                                        f"{rejected['first'][0]['reason']}" if rejected else ""))
         raise ctx.failed(host.name, 0, "serial baseline", message, stream.tail)
     logits = await ctx.transport(host).get_bytes(f"{host.run_dir(spec.run_id)}/{P.LOGITS_FILE_SERIAL}")
-    baseline = Baseline(telemetry.mean_ips, telemetry.ips_spread or [], telemetry.top1, logits, time.time(),
+    baseline = Baseline(ips, telemetry.ips_spread or [], telemetry.top1, logits, time.time(),
                         st.peak_rss_mb, st.import_rss_mb, host_state=staged.facts[host.name].state)
     ctx.baselines.put(JsonCache.key(fields), baseline, fields)
     return baseline

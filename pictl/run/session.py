@@ -92,6 +92,11 @@ class RunSession:
         return baseline_max_age(self.ctx)
 
     @property
+    def write_error(self) -> E.RecordWriteFailed | None:
+        """The record could not be written whole (a full disk): the result stands, the record is incomplete."""
+        return self.ctx.record.write_error if self.ctx.record is not None else None
+
+    @property
     def pipeline_live(self) -> bool:
         return self.pipeline is not None and self.pipeline.live
 

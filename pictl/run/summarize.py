@@ -88,6 +88,7 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
         "serial_spread_ips": baseline.ips_spread if baseline else None,
         "baseline": _baseline_record(ctx, reached, baseline),
         "hosts": _host_records(ctx, reached),
+        "telemetry_rejected": tel.rejected_summary(),
     }
     summary["flags"] = [f.to_json() for f in compute_flags(summary)]
     return checked(summary)

@@ -7,6 +7,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
+from pictl.events import Rejected
 from remote import protocol as P
 
 
@@ -42,6 +43,31 @@ class RunTelemetry:
         self.outputs: dict[str, Any] | None = None
         self.refine_rounds: list[dict[str, Any]] = []  # `balanced` correcting its split during the run
         self.refined: dict[str, Any] | None = None
+        self.rejected: list[tuple[str, str]] = []  # (host, why): records that broke the protocol, never applied
+
+    def reject(self, host: str, why: Rejected) -> None:
+        self.rejected.append((host, f"{why.event}: {why.reason}"))
+
+    def rejected_summary(self) -> dict[str, Any] | None:
+        """How many records each host sent that broke the protocol, and the first few reasons."""
+        if not self.rejected:
+            return None
+        hosts: dict[str, int] = {}
+        for host, _ in self.rejected:
+            hosts[host] = hosts.get(host, 0) + 1
+        return {"count": len(self.rejected), "hosts": hosts,
+                "first": [{"host": h, "reason": r} for h, r in self.rejected[:5]]}
+
+    def missing_figures(self, stages: int, repeats: int) -> str | None:
+        """Why a pipeline that ended cannot give its figures (a rank without its totals, passes without a
+        throughput), or None when every rank and pass reported."""
+        silent = [r for r in range(stages) if not (self.stages.get(r) and self.stages[r].ended)]
+        if silent:
+            return f"rank(s) {', '.join(map(str, silent))} ended without their figures"
+        passes = len(self.throughputs) + len(self.traced_throughputs)
+        if passes < repeats:
+            return f"{passes} of {repeats} timed pass(es) reported a throughput"
+        return None
 
     def stage(self, rank: int, host: str) -> StageState:
         if rank not in self.stages:

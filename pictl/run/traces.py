@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import math
 import os
 import secrets
 import time
@@ -25,7 +26,7 @@ from typing import Any
 from pictl import errors as E
 from pictl.cluster.clock import measure_clock
 from pictl.cluster.transport import Transport
-from pictl.records.runs import CONFIG_FILE, SUMMARY_FILE, read_record, write_json_atomic
+from pictl.records.runs import CONFIG_FILE, SUMMARY_FILE, read_record, run_is_live, write_json_atomic
 from remote import protocol as P
 
 TIMELINE_FILE = "timeline.json"
@@ -91,7 +92,10 @@ async def download(ranks: list[RankTrace], trace_id: str, directory: Path, *, ti
         remote = f"{rt.run_dir}/{P.TRACES_DIR}/{trace_id}/{P.trace_file(rt.rank)}"
         while True:
             try:
-                data = await rt.transport.get_bytes(remote)
+                data = await rt.transport.get_bytes(remote, limit=TRACE_LIMIT)
+            except E.TooLarge as exc:
+                grab.missing[rt.rank] = str(exc)
+                return
             except E.TransportError:
                 if (why := gave_up(rt.rank)) is not None:
                     grab.missing[rt.rank] = why
@@ -112,13 +116,34 @@ async def download(ranks: list[RankTrace], trace_id: str, directory: Path, *, ti
     return grab
 
 
+TRACE_LIMIT = 256 << 20
+"""The most of a trace file read from a host, compressed, and the most it may hold once decompressed: a few
+steps of a DeiT-S rank are a few MB; a host cannot make the controller allocate without bound."""
+
+
 def load_trace(path: Path) -> dict[str, Any]:
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as fh:
-        data = json.load(fh)
+    try:
+        with opener(path, "rb") as fh:
+            raw = fh.read(TRACE_LIMIT + 1)
+        if len(raw) > TRACE_LIMIT:
+            raise E.ConfigError(f"{path}: more than {TRACE_LIMIT >> 20} MB once decompressed: not read")
+        data = json.loads(raw)
+    except (OSError, EOFError, ValueError, RecursionError) as exc:  # gzip's BadGzipFile is an OSError
+        raise E.ConfigError(f"{path}: not a readable chrome trace ({type(exc).__name__})") from None
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise E.ConfigError(f"{path}: not a chrome trace (no traceEvents list)")
-    return data
+    base = data.get("baseTimeNanoseconds", 0)
+    if not isinstance(base, int) or isinstance(base, bool):
+        raise E.ConfigError(f"{path}: baseTimeNanoseconds is not a whole number")
+    # The file came from a host: only events whose times are numbers reach the merge and the breakdown.
+    events = [ev for ev in data["traceEvents"] if isinstance(ev, dict)
+              and all(_finite(ev[k]) for k in ("ts", "dur") if k in ev)]
+    return {**data, "traceEvents": events}
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # -- merging ------------------------------------------------------------------------------------
@@ -245,7 +270,13 @@ async def grab_traces(ranks: list[RankTrace], run_path: Path, *, steps: int, tim
         # An offset within its own uncertainty is consistent with none: shifting by it would only add noise.
         offsets[host] = res.offset_ns if not isinstance(res, BaseException) and res.significant else 0
         clocks[host]["applied_ns"] = offsets[host]
-    loaded = {r: (next(rt.host for rt in ordered if rt.rank == r), load_trace(p)) for r, p in grab.files.items()}
+    loaded: dict[int, tuple[str, dict[str, Any]]] = {}
+    for r, p in list(grab.files.items()):
+        try:
+            loaded[r] = (next(rt.host for rt in ordered if rt.rank == r), load_trace(p))
+        except E.ConfigError as exc:  # one rank's file is not a trace: the others still merge
+            grab.missing[r] = str(exc)
+            del grab.files[r]
     if loaded:
         grab.timeline = grab.directory / TIMELINE_FILE
         write_json_atomic(grab.timeline, merge(loaded, offsets))
@@ -255,20 +286,25 @@ async def grab_traces(ranks: list[RankTrace], run_path: Path, *, steps: int, tim
 
 
 def live_run(runs_root: Path, run: str | None) -> Path:
-    """The run to trace: the one named, else the newest run directory without a summary (still running)."""
+    """The run to trace: the one named, else the newest run that is still open (its controller holds its live
+    lock; a record from before the lock counts as open while it has no summary)."""
     if run:
         path = Path(run) if Path(run).is_dir() else runs_root / run
         if not (path / CONFIG_FILE).exists():
             raise E.ConfigError(f"run '{run}': no such run directory (looked in {runs_root})")
-        if (path / SUMMARY_FILE).exists():
+        if not _open(path):
             raise E.ConfigError(f"run '{path.name}' has finished: traces come from a live run "
                                 "(or `pictl run --trace-steps K`)")
         return path
-    live = [p for p in sorted(runs_root.glob("*/"), reverse=True)
-            if (p / CONFIG_FILE).exists() and not (p / SUMMARY_FILE).exists()]
+    live = [p for p in sorted(runs_root.glob("*/"), reverse=True) if (p / CONFIG_FILE).exists() and _open(p)]
     if not live:
         raise E.ConfigError(f"no run is in progress in {runs_root}")
     return live[0]
+
+
+def _open(path: Path) -> bool:
+    live = run_is_live(path)
+    return live if live is not None else not (path / SUMMARY_FILE).exists()
 
 
 async def grab_from_outside(run_path: Path, steps: int, timeout_s: float) -> TraceGrab:
@@ -291,7 +327,7 @@ async def grab_from_outside(run_path: Path, steps: int, timeout_s: float) -> Tra
         ranks = [RankTrace(h.name, r, fleet[h.name], h.run_dir(run_id)) for h, rs in placement for r in rs]
 
         def gave_up(_trace_id: str, rank: int) -> str | None:
-            ended = (run_path / SUMMARY_FILE).exists()
+            ended = not _open(run_path)
             return f"rank {rank}: the run ended before its trace arrived" if ended else None
 
         return await grab_traces(ranks, run_path, steps=steps, timeout_s=timeout_s, gave_up=gave_up)

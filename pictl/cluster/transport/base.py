@@ -12,7 +12,18 @@ from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from pictl.errors import TooLarge
 from pictl.inventory import Host
+
+READ_LIMIT = 1 << 30
+"""The most any file from a host is read into memory (merged training weights are the largest, ~350 MB for a
+ViT-Base); callers that know their file's size ask for less. A host cannot make the controller allocate
+without bound."""
+
+
+def too_large(host: str, remote_path: str, size: int, limit: int) -> TooLarge:
+    return TooLarge(f"host '{host}': {remote_path} holds {size:,} bytes, more than the {limit:,} pictl reads "
+                    "of such a file")
 
 
 @dataclass(frozen=True)
@@ -96,8 +107,8 @@ class Transport(ABC):
         await self.put_bytes(local_path.read_bytes(), remote_path)  # implementations stream it
 
     @abstractmethod
-    async def get_bytes(self, remote_path: str) -> bytes:
-        """Read a file from the host."""
+    async def get_bytes(self, remote_path: str, limit: int = READ_LIMIT) -> bytes:
+        """Read a file from the host; TooLarge (nothing read) when it holds more than `limit` bytes."""
 
     @abstractmethod
     async def makedirs(self, remote_path: str) -> None: ...

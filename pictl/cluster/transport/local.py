@@ -9,7 +9,7 @@ import signal
 from collections.abc import Mapping
 from pathlib import Path
 
-from pictl.cluster.transport.base import CommandResult, RemoteProcess, Transport
+from pictl.cluster.transport.base import READ_LIMIT, CommandResult, RemoteProcess, Transport, too_large
 from pictl.errors import NotReady, TransportError
 
 
@@ -132,11 +132,15 @@ class LocalTransport(Transport):
         await asyncio.to_thread(shutil.copyfile, local_path, tmp)
         os.replace(tmp, path)
 
-    async def get_bytes(self, remote_path: str) -> bytes:
+    async def get_bytes(self, remote_path: str, limit: int = READ_LIMIT) -> bytes:
         try:
-            return _path(remote_path).read_bytes()
+            with _path(remote_path).open("rb") as fh:
+                data = fh.read(limit + 1)  # never more than the limit, however large the file
         except OSError as exc:
             raise TransportError(f"host '{self.host.name}': cannot read {remote_path}: {exc}") from exc
+        if len(data) > limit:
+            raise too_large(self.host.name, remote_path, len(data), limit)
+        return data
 
     async def makedirs(self, remote_path: str) -> None:
         _path(remote_path).mkdir(parents=True, exist_ok=True)

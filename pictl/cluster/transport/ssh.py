@@ -15,10 +15,11 @@ import asyncio
 import shlex
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+from typing import cast
 
 import asyncssh
 
-from pictl.cluster.transport.base import CommandResult, RemoteProcess, Transport
+from pictl.cluster.transport.base import READ_LIMIT, CommandResult, RemoteProcess, Transport, too_large
 from pictl.errors import AuthError, HostKeyError, TransportError
 from pictl.inventory import Host
 
@@ -189,11 +190,17 @@ class SshTransport(Transport):
         # sftp.put streams in blocks, several requests in flight
         await self._write(remote_path, lambda sftp, tmp: sftp.put(str(local_path), tmp))
 
-    async def get_bytes(self, remote_path: str) -> bytes:
+    async def get_bytes(self, remote_path: str, limit: int = READ_LIMIT) -> bytes:
         sftp = await self._sftp_client()
         try:
             async with sftp.open(sftp_path(remote_path), "rb") as fh:
-                return await fh.read()
+                size = (await fh.stat()).size or 0
+                if size > limit:
+                    raise too_large(self.host.name, remote_path, size, limit)
+                data = cast(bytes, await fh.read(limit + 1))  # it may have grown since: never over the limit
+                if len(data) > limit:
+                    raise too_large(self.host.name, remote_path, len(data), limit)
+                return data
         except (asyncssh.Error, OSError) as exc:
             raise TransportError(f"{self._where()}: cannot read {remote_path}: {exc}") from exc
 

@@ -113,6 +113,11 @@ async def run_ranks(procs: Processes, nodes: list[NodePlan], run_id: str, keep: 
             await asyncio.wait([*watchers, waiter], return_when=asyncio.FIRST_COMPLETED)
     finally:
         waiter.cancel()
+    crashed = next((w.exception() for w in watchers if w.done() and not w.cancelled() and w.exception()), None)
+    if crashed is not None:  # reading a host's output failed (a bug): never a job that looks complete
+        await procs.stop_all()
+        await asyncio.gather(*watchers, return_exceptions=True)
+        raise crashed
     if not failed.is_set():
         return
     culprit = await await_culprit(

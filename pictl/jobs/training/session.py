@@ -213,7 +213,8 @@ class TrainSession:
             host, event = tel.outputs
             run_dir = self.cluster.host(host).run_dir(self.job_id)
             data = await fleet[host].get_bytes(f"{run_dir}/{event['logits_file']}")
-            self._collected["trained_logits"] = str(self.record.save_bytes(P.LOGITS_FILE_TRAINED, data))
+            saved = self.record.save_bytes(P.LOGITS_FILE_TRAINED, data)
+            self._collected["trained_logits"] = str(saved) if saved else None
         parts = [(r.host, r.end["part_file"]) for r in tel.ranks.values() if r.end and r.end.get("part_file")]
         if not (o.save and parts):
             return
