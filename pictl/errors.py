@@ -15,6 +15,7 @@ EXIT_OUTPUT_MISMATCH = 5
 EXIT_NOT_READY = 6
 EXIT_FLAGGED = 7
 EXIT_BUSY = 8
+EXIT_WRITE_FAILED = 9
 EXIT_INTERRUPTED = 130
 
 
@@ -34,6 +35,10 @@ class TransportError(PictlError):
     """A host could not be reached or a command could not be started on it."""
 
     exit_code = EXIT_UNREACHABLE
+
+
+class TooLarge(TransportError):
+    """A file on a host is larger than pictl reads of its kind: never read whole into memory."""
 
 
 class HostKeyError(TransportError):
@@ -72,6 +77,13 @@ class Flagged(PictlError):
     """The run finished, but its result raised sanity flags and `--strict` was given."""
 
     exit_code = EXIT_FLAGGED
+
+
+class RecordWriteFailed(PictlError):
+    """A result was measured but could not be written (a full disk, a read-only directory): it was printed
+    first, and the half-written file removed."""
+
+    exit_code = EXIT_WRITE_FAILED
 
 
 class Interrupted(PictlError):

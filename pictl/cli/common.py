@@ -44,9 +44,17 @@ def default_of(name: str) -> str:
     return f" \\[default: {default if default is not None else 'none'}]"  # escaped: Rich markup would eat it
 
 
+def path_arg(value: str) -> Path:
+    """A path flag's value: an empty one is refused (Path('') would quietly mean the current directory)."""
+    if not value.strip():
+        raise typer.BadParameter("empty path")
+    return Path(value)
+
+
 HostsOpt = Annotated[Optional[Path], typer.Option(help="Inventory file (default ./hosts.toml, else shipped).",
-                                                  rich_help_panel=HOSTS_PANEL)]
-RunsDirOpt = Annotated[Optional[Path], typer.Option(help="Where run directories go.", rich_help_panel=HOSTS_PANEL)]
+                                                  rich_help_panel=HOSTS_PANEL, parser=path_arg)]
+RunsDirOpt = Annotated[Optional[Path], typer.Option(help="Where run directories go.", rich_help_panel=HOSTS_PANEL,
+                                                    parser=path_arg)]
 WaitOpt = Annotated[bool, typer.Option("--wait", help="Wait for hosts another run holds (else exit 8).",
                                        rich_help_panel=HOSTS_PANEL)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object on stdout.",
@@ -67,6 +75,10 @@ ThreadsOpt = Annotated[Optional[int], typer.Option(help="torch threads per rank 
 def stderr() -> Console:
     # One line, however long: scripts grep it, and a wrapped path is a broken path.
     return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def note(message: str) -> None:
+    stderr().print(f"pictl: note: {message}", markup=False)
 
 
 def fail(exc: E.PictlError) -> NoReturn:

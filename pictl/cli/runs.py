@@ -29,6 +29,7 @@ from pictl.cli.common import (
     chosen,
     default_of,
     fail,
+    note,
     note_profile,
     read_cluster,
     run_cancellable,
@@ -60,6 +61,7 @@ def main(
     if ctx.invoked_subcommand is not None:
         return
     try:
+        _need_a_terminal()
         cluster = read_cluster(hosts)
         root = checked_runs_root(runs_dir)
     except E.PictlError as exc:
@@ -67,6 +69,19 @@ def main(
     from pictl.tui.app import PictlApp
 
     PictlApp(cluster, runs_root=root).run()
+
+
+def _need_a_terminal() -> None:
+    """The dashboard draws a full screen and reads keys: into a pipe it would write escape codes and wait
+    forever for a `q` that never comes."""
+    import sys
+
+    missing = [name for name, stream in (("stdin", sys.stdin), ("stdout", sys.stdout))
+               if stream is None or not stream.isatty()]
+    if missing:
+        raise E.ConfigError(f"the dashboard needs a terminal ({' and '.join(missing)} "
+                            f"{'is' if len(missing) == 1 else 'are'} not one); use `pictl run --headless` "
+                            f"in scripts")
 
 
 EXPERIMENT, MODEL = "Experiment", "Model and data"
@@ -166,9 +181,13 @@ def run(
         renderer.close()
         if session is not None and session.last_summary:
             print_summary(session.last_summary, as_json=as_json)
+        if session is not None and session.write_error is not None:
+            note(str(session.write_error))  # the run's own failure is the exit code; the record's is said too
         fail(exc)
     renderer.close()
-    print_summary(summary, as_json=as_json)
+    print_summary(summary, as_json=as_json)  # first: a measured result is never lost to a full disk
+    if session.write_error is not None:
+        fail(session.write_error)
     if strict and summary.get("flags"):
         fail(E.Flagged(f"--strict: the result raised {len(summary['flags'])} sanity flag(s): "
                         + ", ".join(dict.fromkeys(f["code"] for f in summary["flags"]))))
