@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import itertools
 import json
 import os
 import re
 import shutil
 import subprocess
 import time
+import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import require_netns, run_pictl
+from sshcluster import to_toml
 from test_ssh import _assert_hosts_clean
 
 pytestmark = pytest.mark.slow
@@ -37,11 +42,18 @@ def test_local_host_gets_a_uv_venv_then_is_up_to_date(tmp_path: Path, pictl_env)
     assert _provision_seconds(second.stdout) < 1.0
 
 
-def _lab_image_inventory(ssh_cluster, tmp_path: Path, hosts: dict[int, dict] | None = None) -> Path:
-    """Per-host venvs in each home that reuse the lab image's packages (no package index is reachable)."""
+def _lab_image_inventory(ssh_cluster, tmp_path: Path, hosts: dict[int, dict] | None = None,
+                         only: list[int] | None = None) -> Path:
+    """Per-host venvs in each home that reuse the lab image's packages (no package index is reachable);
+    `only` keeps those hosts."""
     require_netns(ssh_cluster, "per-host logins with the lab image in their python, nor an offline network")
-    return ssh_cluster.variant(tmp_path / "hosts.toml", defaults={"venv": "~/pictl/venv", "system_site_packages": True},
-                               hosts=hosts)
+    inv = ssh_cluster.variant(tmp_path / "hosts.toml", defaults={"venv": "~/pictl/venv", "system_site_packages": True},
+                              hosts=hosts)
+    if only is not None:
+        layout = tomllib.loads(inv.read_text())
+        layout["host"] = [layout["host"][i] for i in only]
+        inv.write_text(to_toml(layout))
+    return inv
 
 
 def test_offline_provision_over_ssh_then_up_to_date_then_run(ssh_cluster, pictl_env, tmp_path: Path) -> None:
@@ -71,18 +83,53 @@ def test_offline_provision_over_ssh_then_up_to_date_then_run(ssh_cluster, pictl_
     _assert_hosts_clean(ssh_cluster)
 
 
-def test_installer_failure_names_the_host_and_shows_its_last_lines(ssh_cluster, pictl_env, tmp_path: Path) -> None:
-    # h3 does not reuse the image and has no index: pip cannot find torch.
-    inv = _lab_image_inventory(ssh_cluster, tmp_path, hosts={3: {"system_site_packages": False}})
+@contextlib.contextmanager
+def _uv_on(ssh_cluster, i: int) -> Iterator[None]:  # noqa: ANN001
+    """Host i finds uv where a user install puts it (~/.local/bin): the lab image has none, and whether
+    the logins' PATH has one depends on the machine, which is how pip's wording once leaked into this test."""
+    from uv import find_uv_bin
+
+    target = Path(f"/home/{ssh_cluster.user(i)}/.local/bin/uv")
+    made = not target.parent.exists()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(find_uv_bin(), target)
+    target.chmod(0o755)
+    try:
+        yield
+    finally:
+        target.unlink(missing_ok=True)
+        if made:
+            target.parent.rmdir()
+
+
+# The step line names the installer (`<uv> pip install`, `<venv python> -m pip`); its own last lines follow
+# the error. Their wording is the installer's (pip: "No matching distribution found for torch", uv: "No
+# solution found ... torch was not found"): only what both say is asserted, that torch cannot be had.
+@pytest.mark.parametrize(("installer", "names_it", "hosts"), [
+    # the three hosts that reuse the image install: one host's failure hides none
+    ("pip", "/bin/python -m pip", [0, 1, 2, 3]),
+    # uv alone: a venv that reuses system packages always uses pip, so h0-h2 cannot take part
+    ("uv", "/uv pip install", [3]),
+])
+def test_installer_failure_names_the_host_and_shows_its_last_lines(ssh_cluster, pictl_env, tmp_path: Path,
+                                                                   installer: str, names_it: str,
+                                                                   hosts: list[int]) -> None:
+    # h3 does not reuse the image and has no index: the installer cannot find torch.
+    inv = _lab_image_inventory(ssh_cluster, tmp_path, hosts={3: {"system_site_packages": False}}, only=hosts)
     (tmp_path / "wheels").mkdir()
-    proc = run_pictl(["provision", "--hosts", str(inv), "--wheels", str(tmp_path / "wheels")], pictl_env)
+    with _uv_on(ssh_cluster, 3) if installer == "uv" else contextlib.nullcontext():
+        proc = run_pictl(["provision", "--hosts", str(inv), "--wheels", str(tmp_path / "wheels"),
+                          "--installer", installer], pictl_env)
     assert proc.returncode == 6, proc.stderr
-    assert "pictl: error: host 'h3': install failed" in proc.stderr
-    # pip's own last lines, whichever way it says that torch cannot be had (a pip config with constraints,
-    # as on this machine kind, words it as a conflict)
-    assert ("No matching distribution found for torch" in proc.stderr
-            or "ERROR: Cannot install torch" in proc.stderr), proc.stderr
-    assert "provisioned 3 of 4 host(s)" in proc.stdout
+    lines = proc.stderr.splitlines()
+    errors = [n for n, line in enumerate(lines) if line.startswith("pictl: error:")]
+    assert len(errors) == 1 and lines[errors[0]].startswith("pictl: error: host 'h3': install failed"), proc.stderr
+    assert any(line.startswith("h3: install: ") and names_it in line for line in lines[:errors[0]]), proc.stderr
+    shown = list(itertools.takewhile(lambda line: line.startswith("    "), lines[errors[0] + 1:]))
+    assert any("torch" in line for line in shown), proc.stderr
+    assert f"provisioned {len(hosts) - 1} of {len(hosts)} host(s)" in proc.stdout
+    for i, line in zip(hosts[:-1], proc.stdout.splitlines()[:-1], strict=True):  # provisioned by an earlier test
+        assert line == f"h{i}: up to date" or line.startswith(f"h{i}: installed with pip "), proc.stdout
     assert not (ssh_cluster.workdir(3) / "venv" / ".pictl-provisioned").exists()
     _assert_hosts_clean(ssh_cluster)
 
