@@ -7,6 +7,8 @@ from typing import Generic, TypeVar
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label
 
+from pictl.text import markup_safe
+
 Result = TypeVar("Result")
 
 
@@ -19,7 +21,7 @@ class FormScreen(ModalScreen[Result], Generic[Result]):
         raise NotImplementedError
 
     def show_error(self, message: object) -> None:
-        self.query_one("#form-error", Label).update(f"[red]{message}[/]")
+        self.query_one("#form-error", Label).update(f"[red]{markup_safe(message)}[/]")
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "start":

@@ -16,6 +16,7 @@ from textual.widgets import DataTable, Footer, Input, Static
 
 from pictl import errors as E
 from pictl.records.catalog import SORT_KEYS, RunFilter, load_runs, row, run_details, to_csv
+from pictl.text import markup_safe
 
 COLUMNS = (("run", "run_id"), ("status", "status"), ("stages", "stages"), ("policy", "policy"),
            ("img/s", "throughput_ips"), ("serial", "serial_ips"), ("speedup", "speedup"),
@@ -79,7 +80,7 @@ class HistoryScreen(Screen):
             table.add_column(label, key=key)
         self._fill()
         if not self.runs:
-            self.query_one("#history-detail", Static).update(f"no runs in {self.runs_root} yet")
+            self.query_one("#history-detail", Static).update(f"no runs in {markup_safe(self.runs_root)} yet")
         table.focus()
 
     def _fill(self) -> None:
@@ -88,7 +89,7 @@ class HistoryScreen(Screen):
         try:
             where, words = parse_query(self.query_text)
         except E.PictlError as exc:
-            self.query_one("#history-detail", Static).update(f"[red]{exc}[/]")
+            self.query_one("#history-detail", Static).update(f"[red]{markup_safe(exc)}[/]")
             return
         picked = [i for i, r in enumerate(self.rows) if where.matches(r)
                   and all(w in f"{r['run_id']} {r['split'] or ''}".lower() for w in words)]

@@ -10,6 +10,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Input, RichLog
 
+from pictl.text import printable
+
 MAX_LINES = 5000
 
 
@@ -70,7 +72,7 @@ class LogView(Vertical):
         self.query_one(Input).display = False
 
     def add(self, host: str, source: str, stream: str, line: str) -> None:
-        entry = Entry(host, source, stream, line)
+        entry = Entry(host, source, stream, printable(line))  # a host's escapes never reach the terminal
         self.entries.append(entry)
         if self.filter.accepts(entry):
             self.query_one(RichLog).write(self._line(entry))

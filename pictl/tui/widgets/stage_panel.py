@@ -7,6 +7,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Label, Sparkline, Static
 
+from pictl.text import printable
 from pictl.tui.state import StageView
 
 BAR_WIDTH = 24
@@ -54,13 +55,13 @@ class StagePanel(Vertical):
             return
         self._shown = key
         self.query_one(".stage-title", Label).update(
-            Text.assemble((f"stage {st.rank}", "bold"), f" on {st.host}  ", (_span(st.modules), "dim")))
+            Text.assemble((f"stage {st.rank}", "bold"), f" on {st.host}  ", (printable(_span(st.modules)), "dim")))
         spark = self.query_one(Sparkline)
         spark.display = bool(st.ips)  # no points yet: nothing drawn (a flat [0] draws as a full bar)
         spark.data = list(st.ips)
         figures = Text()
         if st.error:
-            figures.append(f"FAILED: {st.error}\n", style="bold red")
+            figures.append(f"FAILED: {printable(st.error)}\n", style="bold red")
         narrow = 0 < self.size.width < 64
         figures.append_text(breakdown_bar(st.compute_s, st.wait_s, st.send_s, shares_below=narrow))
         rate = st.pass_ips
