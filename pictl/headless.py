@@ -95,8 +95,9 @@ class HeadlessRenderer:
                            f"{rec['eval_images']} test images, {rec['classes']} classes")
         elif kind == P.PRUNE_ACCURACY:
             what = {"before": "before pruning", "pruned": "right after pruning"}.get(rec["phase"],
-                                                                                  f"after epoch {rec['epoch']}")
-            extra = f" ({rec['params']:,} parameters, {macs_text(rec['macs'])})" if "params" in rec else ""
+                                                                                  f"after epoch {rec.get('epoch')}")
+            extra = (f" ({rec['params']:,} parameters, {macs_text(rec['macs'])})"
+                     if rec.get("params") is not None and rec.get("macs") is not None else "")
             self.err.print(f"pictl prune: top-1 {what}: {rec['top1']:.2%}{extra}")
         elif kind == P.PRUNE_PROGRESS and (rec["step"] == rec["steps"]
                                            or time.monotonic() - self._last_line.get(-1, 0.0) >= 5.0):

@@ -34,7 +34,7 @@ class TrainProgress:
             self.err.print(f"pictl train: {rec['mode']} on {rec['world_size']} rank(s), {rec['steps']} step(s) of "
                            f"{rec['batch_size']} images as {rec['chunks']} microbatch(es)"
                            + (", bf16 autocast" if rec.get("amp") else ""), markup=False)
-        elif kind == P.TRAIN_STEP and "loss" in rec:
+        elif kind == P.TRAIN_STEP and rec.get("loss") is not None:
             now = time.monotonic()
             if now - self._last >= 5.0 or rec["step"] in (1, self.steps):
                 self._last = now

@@ -57,7 +57,7 @@ EVENTS = (RUN_START, STAGE_READY, PROGRESS, THROUGHPUT, ACCURACY, RUN_END, ERROR
 # (any number, NaN too: a diverging loss is shown as it is),
 # "int", "str", "bool", "list", "dict", "strs" (a list of str), "nums" (a list of num); a trailing "?" means
 # the field may be missing or null. Fields not named here pass through unread.
-_COMMON = {KEY_TIME: "num", KEY_RANK: "count?", KEY_ROLE: "str?", KEY_HOST: "str?"}
+_COMMON = {KEY_TIME: "num", KEY_RANK: "count", KEY_ROLE: "str?", KEY_HOST: "str?"}
 _READY = {"stage": "count?", "modules": "strs", "pieces": "strs?", "params": "count", "load_s": "num?",
           "rss_mb": "num?", "peak_rss_mb": "num?", "rendezvous_s": "num?"}
 _COUNTERS = {"microbatches": "count", "compute_s": "num", "wait_s": "num", "send_s": "num", "bytes_sent": "count",
@@ -67,9 +67,8 @@ FIELDS: dict[str, dict[str, str]] = {
                 "threads": "count?", "import_rss_mb": "num?", "pid": "count?"},
     STAGE_READY: _READY,
     STAGE_MOVED: _READY,
-    PROGRESS: {"stage": "count?", "phase": "str?", "repeat": "int?", "microbatches_total": "count?",
-               **{k: v.rstrip("?") + "?" for k, v in _COUNTERS.items()}},
-    THROUGHPUT: {"repeat": "int?", "images": "count?", "seconds": "num?", "ips": "num", "traced": "bool?"},
+    PROGRESS: {"stage": "count?", "phase": "str", "repeat": "int", "microbatches_total": "count", **_COUNTERS},
+    THROUGHPUT: {"repeat": "int", "images": "count?", "seconds": "num?", "ips": "num", "traced": "bool?"},
     ACCURACY: {"applicable": "bool", "correct": "count?", "total": "count?", "top1": "num?"},
     OUTPUTS: {"logits_file": "str", "logits_shape": "list?"},
     FIRST_OUTPUT: {"stage": "count?"},
@@ -82,16 +81,16 @@ FIELDS: dict[str, dict[str, str]] = {
              "link_ms": "nums?", "factors": "nums", "next_split": "strs?"},
     REFINED: {"rounds": "count", "split_points": "strs", "predicted_ms": "nums", "link_ms": "nums?",
               "factors": "nums"},
-    PRUNE_START: {"model": "str", "device": "str", "params": "count", "macs": "count", "train_images": "count?",
-                  "eval_images": "count?", "classes": "count?"},
+    PRUNE_START: {"model": "str", "device": "str", "params": "count", "macs": "count", "train_images": "count",
+                  "eval_images": "count", "classes": "count"},
     PRUNE_PROGRESS: {"epoch": "count", "epochs": "count", "step": "count", "steps": "count", "loss": "real",
                      "ips": "num"},
-    PRUNE_ACCURACY: {"phase": "str", "top1": "num?", "epoch": "count?", "params": "count?", "macs": "count?"},
+    PRUNE_ACCURACY: {"phase": "str", "top1": "num", "epoch": "count?", "params": "count?", "macs": "count?"},
     PRUNE_DONE: {"artifact": "str", "meta": "dict"},
     TRAIN_START: {"mode": "str", "world_size": "count", "batch_size": "count", "chunks": "count", "steps": "count"},
-    TRAIN_STEP: {"stage": "count?", "step": "count", "epoch": "count?", "seconds": "num", "timed": "bool?",
+    TRAIN_STEP: {"stage": "count?", "step": "count", "epoch": "count", "seconds": "num", "timed": "bool?",
                  "samples": "count", "lr": "num?", "times": "dict?", "loss": "real?"},
-    TRAIN_EVAL: {"epoch": "count?", "step": "count?", "correct": "count", "total": "count", "top1": "num",
+    TRAIN_EVAL: {"epoch": "count", "step": "count?", "correct": "count", "total": "count", "top1": "num",
                  "seconds": "num?"},
     TRAIN_END: {"stage": "count?", "status": "str?", "steps": "count", "seconds": "num", "times": "dict",
                 "bytes_sent": "count?", "allreduce_s": "num?", "part_file": "str?", "peak_rss_mb": "num?"},

@@ -208,3 +208,64 @@ def test_a_full_disk_never_loses_a_measured_result(tmp_path: Path) -> None:
         assert traces.returncode == 2 and "no run is in progress" in traces.stderr, traces.stderr
     finally:
         subprocess.run(["umount", "-l", str(runs)], check=False)
+
+
+# -- property: whatever a host prints, the parser and every renderer answer without a crash ----------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from remote import protocol as P  # noqa: E402
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=30),
+                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                 max_size=4), max_leaves=12)
+_KINDS = {"count": st.integers(0, 10**12), "int": st.integers(-5, 10**6), "str": st.text(max_size=40),
+          "num": st.floats(0, 1e9, allow_nan=False), "real": st.floats(), "bool": st.booleans(),
+          "list": st.lists(st.integers(0, 9), max_size=3),
+          "dict": st.dictionaries(st.text(max_size=5), st.floats(0, 9)),
+          "strs": st.lists(st.text(max_size=20), max_size=4), "nums": st.lists(st.floats(0, 1e4), max_size=4)}
+
+
+@st.composite
+def _records(draw) -> dict:
+    """A record of a real event: each field of its declared kind most of the time, anything JSON otherwise."""
+    event = draw(st.sampled_from(P.EVENTS))
+    rec: dict = {"v": 1, "event": event}
+    for name, kind in {**P.COMMON_FIELDS, **P.FIELDS[event]}.items():
+        if draw(st.integers(0, 9)) == 0:
+            rec[name] = draw(_JSON)
+        elif not (kind.endswith("?") and draw(st.booleans())):
+            rec[name] = draw(_KINDS[kind.rstrip("?")])
+    rec["rank"] = draw(st.integers(0, 3)) if draw(st.integers(0, 9)) else rec.get("rank")
+    return rec
+
+
+@settings(max_examples=int(os.environ.get("PICTL_PROPERTY_EXAMPLES", "300")), deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(records=st.lists(_records(), min_size=1, max_size=6), source=st.sampled_from(["h0", "serial", "prune"]))
+def test_host_records_through_the_parser_and_every_renderer_never_crash(records, source) -> None:
+    import io
+
+    from rich.console import Console
+
+    from pictl.headless import HeadlessRenderer
+    from pictl.inventory import Cluster, Host
+    from pictl.tui.state import DashboardState
+
+    out = io.StringIO()
+    renderer = HeadlessRenderer(verbose=True, console=Console(file=out, width=100, force_terminal=False))
+    cluster = Cluster(hosts=[Host(name="h0", transport="local", workdir="/tmp/x", slots=4)])
+    state = DashboardState(cluster)
+    state.start_run({"stages": 4, "chunk": 1, "images": 8})
+    tel = RunTelemetry()
+    for rec in records:
+        got = read_line(json.dumps(rec))
+        if not isinstance(got, dict):
+            continue
+        tel.apply(source, got)
+        renderer(RankEvent(source, "h0", got))
+        renderer(HostOutput(source, "h0", "stdout", json.dumps(rec)[:200]))
+        state.on_record(source, "h0", got)
+    tel.mean_ips, tel.ips_spread, tel.first_error(), tel.top1  # noqa: B018
+    assert "\x1b" not in out.getvalue()
