@@ -13,6 +13,8 @@ Errors name the file and the field (`hosts.toml: host[2].port: ...`).
 
 from __future__ import annotations
 
+import ipaddress
+import re
 import sys
 import tomllib
 from pathlib import Path
@@ -21,12 +23,42 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pictl.errors import ConfigError
+from pictl.text import shown
 
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 _INTERFACE_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.:@-]{0,14}$"
 """A Linux interface name: at most 15 characters, no `/` or spaces (gloo and the probe use it as given)."""
 RESERVED_NAMES = frozenset({"serial"})
 """Names a host cannot take: the serial baseline's records use them (`events/serial.jsonl`)."""
+_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+"""One label of a host name: ASCII letters, digits and inner '-' (and '_', which ~/.ssh/config aliases such
+as `lab_h1` use), at most 63 characters. Nothing else: `a,*` is a known_hosts pattern, `-o...` an option."""
+
+
+def address_problem(address: str) -> str | None:
+    """Why `address` is not a host name (or ~/.ssh/config alias), an IPv4 or an IPv6 address; None when it is
+    one. `pictl init` asks this too, so it never writes an inventory that pictl would refuse."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        pass
+    else:  # an IPv6 zone is an interface name (fe80::1%eth0); ipaddress takes any text there
+        zone = getattr(ip, "scope_id", None)
+        if zone is None or re.fullmatch(_INTERFACE_PATTERN, zone):
+            return None
+        return f"{shown(address, 80)!r}: {shown(zone, 40)!r} is not an interface name"
+    if address.startswith("[") and address.endswith("]"):
+        return f"{shown(address, 80)!r}: give an IPv6 address without brackets"
+    name = address.removesuffix(".")  # a fully qualified name may end in a dot
+    if len(name) > 253:
+        return f"a host name of {len(address)} characters (at most 253)"
+    labels = name.split(".")
+    if not all(_LABEL.fullmatch(label) for label in labels):
+        return (f"{shown(address, 80)!r} is not a host name (dot-separated labels of ASCII letters, digits and "
+                f"'-'), nor an IPv4 or IPv6 address")
+    if all(label.isdigit() for label in labels):
+        return f"{address!r} is not an IPv4 address"
+    return None
 
 
 class Host(BaseModel):
@@ -65,6 +97,14 @@ class Host(BaseModel):
     """Position in the pipeline (0 runs the first stage); default: the order of [[host]] entries."""
     slots: int = Field(default=1, ge=1, le=64)
     """How many stage processes this host may run at once."""
+
+    @field_validator("address", "lan_address")
+    @classmethod
+    def _an_address(cls, address: str | None) -> str | None:
+        problem = None if address is None else address_problem(address)
+        if problem:
+            raise ValueError(problem)
+        return address
 
     @field_validator("name")
     @classmethod
@@ -181,7 +221,11 @@ def format_validation_error(source: str, exc: ValidationError) -> str:
 
 def read_toml(path: Path, what: str) -> dict:
     """A TOML file as a dict, or ConfigError naming the file: missing, unreadable, not UTF-8, not TOML."""
-    if not path.is_file():
+    try:
+        found = path.is_file()
+    except OSError as exc:  # a name over 255 bytes, a path over 4096: bad input, not a crash
+        raise ConfigError(f"{shown(path)}: cannot read the {what} ({exc.strerror or exc})") from None
+    if not found:
         raise ConfigError(f"{path}: {what} not found")
     try:
         return tomllib.loads(path.read_bytes().decode("utf-8"))

@@ -9,15 +9,22 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from pictl.errors import ConfigError
-from pictl.inventory import Cluster, load_cluster
+from pictl.inventory import Cluster, address_problem, load_cluster
+from pictl.text import printable, shown
 
-ADDRESS = re.compile(r"^(?:(?P<user>[^@\s:]+)@)?(?P<address>\[[0-9a-fA-F:]+\]|[^@\s:\[\]]+)(?::(?P<port>\d{1,5}))?$")
-"""`pi@10.0.0.5:2222`, `pi1.local`, `[fe80::1]:22`: user and port optional."""
+USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+"""An SSH login name: ASCII letters, digits, '_', '.' and '-', not starting with '-' (it would read as an option)."""
+PORT = re.compile(r"[0-9]{1,5}")
+"""ASCII digits only: int() also takes `٢٢` or `２２`."""
+MAX_HOSTS = 64
+"""As `--count`'s bound: an answer of 10**9 at the prompt is refused, not asked 10**9 questions about."""
 
 
 @dataclass
@@ -41,13 +48,34 @@ class NewCluster:
 
 
 def parse_address(text: str, name: str) -> NewHost:
-    m = ADDRESS.match(text.strip())
-    if not m:
-        raise ConfigError(f"--address: {text!r} is not [user@]address[:port]")
-    port = int(m["port"]) if m["port"] else None
-    if port is not None and not 1 <= port <= 65535:
-        raise ConfigError(f"--address: {text!r}: port {port} is not in 1..65535")
-    return NewHost(name=name, address=m["address"].strip("[]"), user=m["user"], port=port)
+    """`pi@10.0.0.5:2222`, `pi1.local`, `[fe80::1]:22`, `fe80::1`: user and port optional; the address checked
+    as the inventory checks it (a host name or an IP address; `a,*` or `-oX` are neither)."""
+    shown_text = repr(shown(text, 80))
+    user, at, rest = text.strip().rpartition("@")
+    if at and not USER.fullmatch(user):
+        raise ConfigError(f"--address {shown_text}: {shown(user, 80)!r} is not a user name (ASCII letters, "
+                          f"digits, '_', '.' and '-')")
+    port_text: str | None = None
+    if rest.startswith("["):  # [IPv6] or [IPv6]:port
+        address, _, tail = rest[1:].partition("]")
+        if ":" not in address or (tail and not tail.startswith(":")):
+            raise ConfigError(f"--address {shown_text} is not [user@]address[:port]")
+        port_text = tail[1:] if tail else None
+    elif rest.count(":") == 1:
+        address, port_text = rest.split(":")
+    else:  # a name, IPv4, or a bare IPv6 address (no port: give [address]:port for one)
+        address = rest
+    problem = address_problem(address)
+    if problem:
+        raise ConfigError(f"--address {shown_text}: {problem}")
+    port = None
+    if port_text is not None:
+        if not PORT.fullmatch(port_text):
+            raise ConfigError(f"--address {shown_text}: the port {shown(port_text, 20)!r} is not a number")
+        port = int(port_text)
+        if not 1 <= port <= 65535:
+            raise ConfigError(f"--address {shown_text}: port {port} is not in 1..65535")
+    return NewHost(name=name, address=address, user=user or None, port=port)
 
 
 def new_cluster(*, name: str, transport: str, count: int | None, addresses: list[str], names: list[str],
@@ -55,7 +83,16 @@ def new_cluster(*, name: str, transport: str, count: int | None, addresses: list
                 venv: str | None = None, interface: str | None = None) -> NewCluster:
     """What `pictl init`'s flags (or answers) describe; ConfigError naming the flag when they do not add up."""
     if transport not in ("ssh", "local"):
-        raise ConfigError(f"--transport: {transport!r} is not ssh or local")
+        raise ConfigError(f"--transport: {shown(transport, 80)!r} is not ssh or local")
+    if not name or len(name) > 64 or printable(name) != name:
+        raise ConfigError(f"--name: {shown(name, 80)!r} is not a cluster name (1 to 64 printable characters)")
+    if user is not None and not USER.fullmatch(user):
+        raise ConfigError(f"--user: {shown(user, 80)!r} is not a user name (ASCII letters, digits, '_', '.' "
+                          f"and '-')")
+    if count is not None and not 1 <= count <= MAX_HOSTS:
+        raise ConfigError(f"--count: {count} hosts (1 to {MAX_HOSTS})")
+    if len(addresses) > MAX_HOSTS:
+        raise ConfigError(f"--address: {len(addresses)} hosts (at most {MAX_HOSTS})")
     if transport == "local":
         if addresses:
             raise ConfigError("--address: a local cluster runs on this machine; give --count instead")
@@ -110,22 +147,49 @@ def render(nc: NewCluster) -> str:
 
 
 def write_inventory(path: Path, nc: NewCluster, *, force: bool = False) -> Cluster:
-    """Write `nc` to `path` as one file, after reading it back the way every command will."""
-    path = Path(path).expanduser()
-    if path.exists() and not force:
-        raise ConfigError(f"{path}: already exists (give --force to replace it)")
-    if not path.parent.is_dir():
-        raise ConfigError(f"{path}: its folder {path.parent} does not exist")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """Write `nc` to `path` as one file, after reading it back the way every command will.
+
+    Only a new path or an existing regular file is written (never a device, a fifo, a directory or a
+    link: as root, `--out /dev/full --force` would otherwise replace the device node with a file), and
+    only by renaming a finished temporary file beside it, so `path` is the old file or the new one,
+    never half of one. Any OSError is bad input naming the path (exit 2): nothing was started."""
     try:
-        tmp.write_text(render(nc))
+        path = Path(path).expanduser()
+    except RuntimeError:  # `~nosuchuser/...`
+        raise ConfigError(f"--out {shown(path)}: no such user's home folder") from None
+    where = shown(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:  # a name over 255 bytes, a path over 4096, a file where a folder should be
+        raise ConfigError(f"--out {where}: cannot write it ({exc.strerror or exc})") from None
+    if st is not None:
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+            raise ConfigError(f"--out {where}: {kind}; give a new path or a regular file")
+        if not force:
+            raise ConfigError(f"--out {where}: already exists (give --force to replace it)")
+    if not path.parent.is_dir():
+        raise ConfigError(f"--out {where}: its folder {shown(path.parent)} does not exist")
+    # A short name of our own: `.{path.name}...` would be too long for a target whose name is near 255 bytes.
+    tmp = path.parent / f".pictl-init-{os.getpid()}-{secrets.token_hex(4)}.tmp"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask decides, as for any file
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(render(nc))
+            fh.flush()
+            os.fsync(fh.fileno())
         try:
-            load_cluster(tmp)  # refused here (one line naming the field) rather than by the next command
+            cluster = load_cluster(tmp)  # refused here (one line naming the field) rather than by the next command
         except ConfigError as exc:
             raise ConfigError(str(exc).replace(str(tmp), str(path))) from None
         os.replace(tmp, path)
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot write it ({exc.strerror or exc})") from None
+        raise ConfigError(f"--out {where}: cannot write it ({exc.strerror or exc})") from None
     finally:
-        tmp.unlink(missing_ok=True)
-    return load_cluster(path)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass  # nothing was made there (a read-only folder): nothing to remove
+    return cluster.model_copy(update={"source": str(path)})

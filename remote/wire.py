@@ -21,7 +21,10 @@ from dataclasses import dataclass
 
 KINDS = ("fp32", "fp16", "bf16", "int8", "lowrank")
 MAX_RANK = 256
-_LOWRANK = re.compile(r"^lowrank:(\d{1,4})$")
+# ASCII only: `\d`, `\w` and int() also take other scripts' digits (`lowrank:٣`, `lowrank:１２`), which a
+# spec must not carry as a rank or a module name.
+_LOWRANK = re.compile(r"lowrank:([0-9]{1,4})")
+_CUT = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 
 
 @dataclass(frozen=True)
@@ -65,12 +68,12 @@ def parse_format(text: str) -> WireFormat:
     text = text.strip()
     if text in KINDS and text != "lowrank":
         return WireFormat(text)
-    if m := _LOWRANK.match(text):
+    if m := _LOWRANK.fullmatch(text):
         rank = int(m.group(1))
         if not 1 <= rank <= MAX_RANK:
-            raise ValueError(f"'{text}': the rank must be in 1..{MAX_RANK}")
+            raise ValueError(f"{text!r}: the rank must be in 1..{MAX_RANK}")
         return WireFormat("lowrank", rank)
-    raise ValueError(f"'{text}' is not a wire format (fp32, fp16, bf16, int8, lowrank:R)")
+    raise ValueError(f"{text!r} is not a wire format (fp32, fp16, bf16, int8, lowrank:R)")
 
 
 @dataclass(frozen=True)
@@ -103,18 +106,18 @@ def parse_wire(text: str) -> Wire:
     defaults = 0
     for part in parts:
         if not part:
-            raise ValueError(f"'{text}' has an empty part")
+            raise ValueError(f"{text!r} has an empty part")
         cut, sep, fmt = part.partition("=")
         if not sep:
             default, defaults = parse_format(part), defaults + 1
             continue
         cut = cut.strip()
-        if not re.fullmatch(r"[A-Za-z_][\w.]*", cut):
-            raise ValueError(f"'{cut}' is not a module name")
+        if not _CUT.fullmatch(cut):
+            raise ValueError(f"{cut!r} is not a module name")
         if cut in seen:
-            raise ValueError(f"cut '{cut}' is given twice")
+            raise ValueError(f"cut {cut!r} is given twice")
         seen.add(cut)
         per_cut.append((cut, parse_format(fmt)))
     if defaults > 1:
-        raise ValueError(f"'{text}' gives more than one format for every cut")
+        raise ValueError(f"{text!r} gives more than one format for every cut")
     return Wire(default, tuple(per_cut))

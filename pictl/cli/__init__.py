@@ -28,6 +28,9 @@ for _kind in ("runs", "catalog", "jobs", "train", "costs", "hosts", "init"):
 
 __all__ = ["app", "entrypoint"]
 
+_DEBUG_ON = ("1", "true", "yes")
+"""PICTL_DEBUG values (any case) that show a bug's traceback; anything else, `0` and `false` included, is off."""
+
 
 def entrypoint() -> None:
     try:
@@ -37,7 +40,7 @@ def entrypoint() -> None:
     except Exception as exc:  # a bug in pictl: one line here, the traceback in a file (PICTL_DEBUG=1 shows it)
         import os
 
-        if os.environ.get("PICTL_DEBUG"):
+        if os.environ.get("PICTL_DEBUG", "").strip().lower() in _DEBUG_ON:
             raise
         Console(stderr=True, highlight=False, soft_wrap=True).print(
             f"pictl: error: internal error (a bug in pictl): {type(exc).__name__}: {exc}; "

@@ -13,7 +13,8 @@ from pictl import errors as E
 from pictl.cli.common import app, fail, stderr
 from pictl.cli.hosts import check as check_hosts
 from pictl.cli.hosts import trust_host
-from pictl.scaffold import new_cluster, write_inventory
+from pictl.scaffold import MAX_HOSTS, new_cluster, write_inventory
+from pictl.text import printable
 
 
 @app.command()
@@ -44,18 +45,23 @@ def init(
                 if ask else ("ssh" if address else "local")
         if transport == "ssh" and not address and ask:
             n = count or typer.prompt("how many hosts", type=int, default=4)
+            if not 1 <= n <= MAX_HOSTS:
+                raise E.ConfigError(f"how many hosts: {n} (1 to {MAX_HOSTS})")
             address = [typer.prompt(f"host {i} address ([user@]address[:port])") for i in range(n)]
             user = user or typer.prompt("SSH user for every host (empty: ~/.ssh/config)", default="",
                                         show_default=False) or None
         if transport == "local" and count is None and ask:
             count = typer.prompt("how many local hosts", type=int, default=4)
-        nc = new_cluster(name=name or ("pis" if transport == "ssh" else "local"), transport=transport,
+        nc = new_cluster(name=name if name is not None else ("pis" if transport == "ssh" else "local"),
+                         transport=transport,
                          count=count, addresses=address or [], names=[n for n in (names or "").split(",") if n],
                          user=user, key=key, workdir=workdir, venv=venv, interface=interface)
         cluster = write_inventory(out, nc, force=force)
     except E.PictlError as exc:
         fail(exc)
-    typer.echo(f"wrote {out} ({len(cluster.hosts)} {transport} hosts); `pictl --hosts {out} hosts` shows it")
+    written = Path(cluster.source)  # `~` expanded: the shell leaves it alone in `--out=~/x.toml`
+    typer.echo(f"wrote {printable(written)} ({len(cluster.hosts)} {transport} hosts); "
+               f"`pictl --hosts {printable(written)} hosts` shows it")
     if trust and transport == "ssh":
         for h in cluster.hosts:
             try:
@@ -63,4 +69,4 @@ def init(
             except E.PictlError as exc:  # one host's key is that host's business: say so, go on
                 stderr().print(f"pictl: {exc}", markup=False)
     if check:
-        check_hosts(hosts=out, as_json=False)  # exits 4 or 6 when a host is not ready, as `pictl check`
+        check_hosts(hosts=written, as_json=False)  # exits 4 or 6 when a host is not ready, as `pictl check`

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -82,6 +83,8 @@ def sweep(
     from pictl.jobs.sweep import plan_sweep, run_sweep
     from pictl.records.runs import writable_dir
 
+    if train and profile is not None:  # profiles hold run options: a training sweep would drop it unsaid
+        fail(E.ConfigError("--profile: a training sweep (--train) takes no profile; give its settings as flags"))
     renderer = HeadlessRenderer(verbose=verbose)
     if train:
         settings = {"model": model, "model_args": model_arg, "image_size": image_size, "batch_size": batch_size,
@@ -99,7 +102,7 @@ def sweep(
         note_profile(profile)
         root = checked_runs_root(None)
         target = out or root.parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S")
-        if target.exists():
+        if os.path.lexists(target):  # (False for a name too long to look up: writable_dir names that)
             raise E.ConfigError(f"--out: {target} already exists")
         writable_dir(target, "--out")
         rows = asyncio.run(run_cancellable(run_sweep(cluster, base, points, target, on_event=renderer,
@@ -144,7 +147,7 @@ def _train_sweep(renderer: Any, settings: dict[str, Any], *, modes: str | None, 
         points, skipped = train_points(cluster, base, wanted, parse_ints("--stages", stages or "2"),
                                        parse_ints("--chunks", chunks or "1,4,8"), kinds)
         target = out or checked_runs_root(None).parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S-train")
-        if target.exists():
+        if os.path.lexists(target):  # (False for a name too long to look up: writable_dir names that)
             raise E.ConfigError(f"--out: {target} already exists")
         writable_dir(target, "--out")
         rows = asyncio.run(run_cancellable(run_train_sweep(cluster, base, points, skipped, target, on_event=renderer,

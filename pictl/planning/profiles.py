@@ -177,7 +177,7 @@ def profile_path(name: str, extra: Path | None = None) -> Path:
 
 def shadowed_profile(name: str | None, extra: Path | None = None) -> str | None:
     """A note when `name` resolves to a local file that hides the shipped profile of that name."""
-    if not name:
+    if name is None:
         return None
     path = profile_path(name, extra)
     shipped = SHIPPED_PROFILES / f"{name}.toml"
@@ -219,7 +219,7 @@ class SweepSettings(BaseModel):
 
 
 def sweep_settings(profile: str | None, extra: Path | None = None) -> SweepSettings:
-    if not profile:
+    if profile is None:
         return SweepSettings()
     raw, path = _profile_document(profile, extra)
     sweep = raw.get("sweep", {})
@@ -240,7 +240,7 @@ def resolve_options(profile: str | None, overrides: dict[str, Any], extra: Path 
     """Defaults < profile < flags; flags left at None do not override. Errors name the flag (`name_of`: the
     dashboard's form names its fields instead) or the profile file, else `source`."""
     base: dict[str, Any] = {}
-    if profile:
+    if profile is not None:  # `--profile ''` is a mistake to name (profile_path does), not "no profile"
         base, path = load_profile(profile, extra)
         source = str(path)
     given = {k: v for k, v in overrides.items() if v is not None}

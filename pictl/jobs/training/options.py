@@ -69,10 +69,10 @@ class TrainOptions(BaseModel):
     steps: int = Field(default=0, ge=0, le=1_000_000)
     epochs: int = Field(default=1, ge=1, le=10_000)
     warmup_steps: int = Field(default=1, ge=0, le=1000)
-    lr: float = Field(default=0.01, gt=0, le=10)
+    lr: float = Field(default=0.01, gt=0, le=10, allow_inf_nan=False)
     optimizer: Literal["sgd", "adamw"] = "sgd"
-    momentum: float = Field(default=0.9, ge=0, lt=1)
-    weight_decay: float = Field(default=0.0, ge=0)
+    momentum: float = Field(default=0.9, ge=0, lt=1, allow_inf_nan=False)
+    weight_decay: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     amp: bool = False
     train_images: int = Field(default=256, ge=1, le=10_000_000)
     eval_images: int = Field(default=64, ge=0, le=1_000_000)
