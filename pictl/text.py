@@ -12,7 +12,7 @@ import re
 
 from rich.markup import escape
 
-__all__ = ["markup_safe", "printable", "shown"]
+__all__ = ["ascii_count", "markup_safe", "printable", "shown"]
 
 # C0 controls except tab, DEL, the C1 controls (0x80-0x9f: a lone CSI is 0x9b) and the bidirectional
 # overrides that can make a line read differently from what it holds.
@@ -33,3 +33,13 @@ def shown(text: object, limit: int = 300) -> str:
     """Printable, and at most `limit` characters (a hostile value may be megabytes long)."""
     s = printable(text)
     return s if len(s) <= limit else s[:limit] + f"... ({len(s) - limit} more characters)"
+
+
+def ascii_count(text: str, *, most: int = 1 << 31) -> int | None:
+    """`text` (stripped) as a whole number 0..`most` written in ASCII digits, else None. `str.isdigit` and `int`
+    also take other scripts' digits and superscripts ('٣', '１２', '²'): never from a host or a flag."""
+    s = text.strip()
+    if not s or len(s) > 12 or not (s.isascii() and s.isdigit()):
+        return None
+    value = int(s)
+    return value if value <= most else None

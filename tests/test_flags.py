@@ -123,6 +123,11 @@ CASES = {
         [_set("wire", {"format": "lowrank:16", "links": [{"link": "0->1", "cut": "blocks.6", "format": "lowrank:16",
                                                           "wire_bytes": 2603520, "raw_bytes": 2350080}]})],
         "wire_no_saving", "lowrank:16 sent 1.11 of fp32's bytes at blocks.6 (link 0->1), more than fp32 itself"),
+    "a host's records broke the protocol": (
+        [_set("telemetry_rejected", {"count": 3, "hosts": {"local1": 3},
+                                     "first": [{"host": "local1", "reason": "throughput: 'ips' is not a number"}]})],
+        "telemetry_rejected", "3 telemetry record(s) broke the protocol and were left out (3 from local1); the first: "
+                              "throughput: 'ips' is not a number"),
 }
 
 

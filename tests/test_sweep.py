@@ -13,7 +13,8 @@ from conftest import run_pictl, write_cluster
 @pytest.mark.parametrize(("args", "fragment"), [
     (["--stages", "1,9"], "sweep value stages=9 chunk=1 policy=equal wire=fp32: 9 stages do not fit"),
     (["--wire", "fp32,int4"], "--wire: 'int4' is not a wire format"),
-    (["--stages", "1,x"], "--stages: '1,x' is not a comma-separated list of integers"),
+    (["--stages", "1,x"], "--stages: '1,x' is not a comma-separated list of whole numbers"),
+    (["--stages", "1,\u0663"], "--stages: '1,\u0663' is not a comma-separated list of whole numbers"),
     (["--policy", "equal,greedy"], "--policy: 'greedy' is not one of equal, balanced"),
 ])
 def test_a_value_that_cannot_run_stops_the_sweep_before_it_starts(tmp_path: Path, pictl_env, args: list,

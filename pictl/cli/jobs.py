@@ -224,4 +224,6 @@ def prune(
             print_prune_summary(session.summary, as_json=True)
         fail(exc)
     renderer.close()
-    print_prune_summary(summary, as_json=as_json)
+    print_prune_summary(summary, as_json=as_json)  # first: a measured result is never lost to a full disk
+    if session.record is not None and session.record.write_error is not None:
+        fail(session.record.write_error)

@@ -146,4 +146,6 @@ def train(
             print_train_summary(session.summary, as_json=as_json)
         fail(exc)
     renderer.close()
-    print_train_summary(summary, as_json=as_json)
+    print_train_summary(summary, as_json=as_json)  # first: a measured result is never lost to a full disk
+    if session.record is not None and session.record.write_error is not None:
+        fail(session.record.write_error)

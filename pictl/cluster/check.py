@@ -18,6 +18,7 @@ from pictl.cluster.clock import PROBE_SOURCE, ClockOffset, measure_clock
 from pictl.cluster.fleet import Fleet
 from pictl.cluster.transport import RemoteProcess, Transport
 from pictl.inventory import Cluster, Host
+from pictl.text import ascii_count
 
 
 @dataclass
@@ -78,8 +79,8 @@ async def _probe(t: Transport, rendezvous: str | None) -> tuple[dict[str, Any], 
 async def _listen(t: Transport) -> tuple[RemoteProcess, int]:
     proc = await t.start([t.host.base_python(), "-c", PROBE_SOURCE, "listen"])
     async for stream, line in proc.lines():
-        if stream == "stdout" and line.strip().isdigit():
-            return proc, int(line)
+        if stream == "stdout" and (port := ascii_count(line, most=65535)) is not None:
+            return proc, port
         break
     await proc.stop(grace_s=1)
     raise E.TransportError(f"host '{t.host.name}': cannot open a test listener")

@@ -11,6 +11,7 @@ import json
 from pictl.cluster.transport import Transport
 from pictl.errors import ConfigError, TransportError
 from pictl.inventory import Host
+from pictl.text import ascii_count
 from remote import protocol as P
 
 # Binds the port in argv[1] (0: any free one) on the rendezvous host and prints it, or the
@@ -51,8 +52,9 @@ async def master_port(transport: Transport, wanted: int | None) -> int:
     """
     h = transport.host
     result = await transport.run([h.base_python(), "-c", _PORT_SNIPPET, str(wanted or 0)], timeout_s=30)
-    if result.returncode == 0 and result.stdout.strip().isdigit():
-        return int(result.stdout.strip())
+    port = ascii_count(result.stdout, most=65535) if result.returncode == 0 else None
+    if port:
+        return port
     reason = (result.stderr.strip().splitlines() or ["no answer"])[-1]
     if wanted:
         raise ConfigError(f"master_port: {wanted} is not free on host '{h.name}' ({reason}); choose another "

@@ -34,7 +34,7 @@ from pictl.cluster.stream import ProcessStream
 from pictl.cluster.transport import Transport, transport_for
 from pictl.events import EventSink, Phase
 from pictl.inventory import Cluster, Host, format_validation_error
-from pictl.records.runs import RunRecord, default_runs_root
+from pictl.records.runs import RunRecord, default_runs_root, write_bytes_atomic
 from pictl.text import shown
 from remote import protocol as P
 from remote.spec import DataSpec, PruneSpec
@@ -242,9 +242,11 @@ class PruneSession:
             await self._execute(t, h, worker_env(h, o.threads or 1), cwd=remote_dir)
             data = await t.get_bytes(f"{remote_dir}/{ARTIFACT_NAME}")
             target = self.dir / ARTIFACT_NAME
-            tmp = self.dir / f".{ARTIFACT_NAME}.tmp"
-            tmp.write_bytes(data)
-            os.replace(tmp, target)
+            try:
+                write_bytes_atomic(target, data)
+            except OSError as exc:  # a full disk: the pruned model is the result, and it is not kept
+                raise E.RecordWriteFailed(f"the pruned artifact could not be written to {target}: "
+                                          f"{exc.strerror or exc}") from None
             self._phase(f"artifact fetched from {h.name} ({len(data) / 1e6:.1f} MB)")
             return target
         finally:

@@ -23,6 +23,7 @@ from pictl.planning.placement import place_stages
 from pictl.planning.profiles import RunOptions, resolve_options, sweep_settings
 from pictl.records.runs import write_json_atomic
 from pictl.run.baselines import BaselineCache
+from pictl.text import ascii_count
 
 COLUMNS = ("stages", "chunk", "policy", "wire", "status", "throughput_ips", "serial_ips", "speedup", "efficiency",
            "bytes_per_image", "agreement", "bottleneck_rank", "bottleneck", "split_points", "outputs_match", "run_id",
@@ -72,10 +73,10 @@ def parse_wires(name: str, text: str) -> list[str]:
 
 def parse_ints(name: str, text: str) -> list[int]:
     """`1,2,4` -> [1, 2, 4]; `name` is how the caller calls the field in the error."""
-    try:
-        values = [int(v) for v in text.replace(" ", "").split(",") if v]
-    except ValueError:
-        raise E.ConfigError(f"{name}: '{text}' is not a comma-separated list of integers") from None
+    found = [ascii_count(v) for v in text.replace(" ", "").split(",") if v]
+    values = [v for v in found if v is not None]
+    if len(values) != len(found):
+        raise E.ConfigError(f"{name}: {text!r} is not a comma-separated list of whole numbers")
     if not values or min(values) < 1:
         raise E.ConfigError(f"{name}: '{text}' needs positive integers")
     return values

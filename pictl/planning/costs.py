@@ -30,6 +30,7 @@ from pictl.cluster.transport import Transport
 from pictl.events import command_outcome
 from pictl.inventory import Host
 from pictl.records.cache import JsonCache
+from pictl.text import ascii_count
 from remote import protocol as P
 from remote.balance import CostTable, Link
 
@@ -51,8 +52,8 @@ async def measure_link(src: Transport, dst: Transport, nbytes: int = LINK_BYTES)
     try:
         port = None
         async for stream, line in server.lines():
-            if stream == "stdout" and line.strip().isdigit():
-                port = int(line)
+            if stream == "stdout":
+                port = ascii_count(line, most=65535)
             break
         if port is None:
             raise E.TransportError(f"host '{dst.host.name}': cannot listen on {address} to measure the link")

@@ -18,6 +18,7 @@ from pictl.inventory import Cluster
 from pictl.planning.costs import host_profiles
 from pictl.planning.placement import NodePlan, place_stages
 from pictl.run.context import RunContext
+from pictl.text import ascii_count
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,8 @@ async def _divide_threads(ctx: RunContext, nodes: tuple[NodePlan, ...]) -> tuple
 
     async def cores(n: NodePlan) -> int:
         result = await ctx.transport(n.host).run(["nproc"], timeout_s=30)
-        return int(result.stdout.strip()) if result.returncode == 0 and result.stdout.strip().isdigit() else 1
+        found = ascii_count(result.stdout, most=4096) if result.returncode == 0 else None
+        return found or 1
 
     counts = await asyncio.gather(*(cores(n) for n in nodes))
     threads = {n.host.name: max(1, c // len(n.ranks)) for n, c in zip(nodes, counts, strict=True)}

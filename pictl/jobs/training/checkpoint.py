@@ -34,6 +34,9 @@ def merge_parts(parts: list[bytes], meta: ArtifactMeta, target: Path) -> dict[st
     try:
         save_file(tensors, str(tmp), metadata=meta.to_header())
         os.replace(tmp, target)
+    except OSError as exc:  # a full disk: the trained weights are lost, and the job says so (exit 9)
+        raise E.RecordWriteFailed(f"training: the merged weights could not be written to {target}: "
+                                  f"{exc.strerror or exc}") from None
     finally:
         tmp.unlink(missing_ok=True)
     return {"path": str(target), "tensors": len(tensors), "params": int(sum(a.size for a in tensors.values())),
