@@ -80,7 +80,9 @@ def sweep(
     import time
 
     from pictl.headless import HeadlessRenderer
-    from pictl.jobs.sweep import plan_sweep, run_sweep
+    from pictl.jobs.sweep import markdown_table, plan_sweep, run_sweep
+
+    write_failed: list[E.RecordWriteFailed] = []
     from pictl.records.runs import writable_dir
 
     if train and profile is not None:  # profiles hold run options: a training sweep would drop it unsaid
@@ -106,17 +108,19 @@ def sweep(
             raise E.ConfigError(f"--out: {target} already exists")
         writable_dir(target, "--out")
         rows = asyncio.run(run_cancellable(run_sweep(cluster, base, points, target, on_event=renderer,
-                                                      wait=wait)))
+                                                      wait=wait, write_failed=write_failed)))
     except E.PictlError as exc:
         renderer.close()
         fail(exc)
     renderer.close()
     if as_json:  # the rows on stdout; the table a person reads goes to stderr
-        stderr().print((target / "table.md").read_text(), markup=False)
+        stderr().print(markdown_table(rows), markup=False)
         typer.echo(json.dumps({"sweep_dir": str(target), "rows": rows}))
     else:
-        wide_console().print((target / "table.md").read_text(), markup=False)
+        wide_console().print(markdown_table(rows), markup=False)
         typer.echo(f"sweep directory: {target}")
+    if write_failed:  # printed first: the rows were measured
+        fail(write_failed[0])
     if any(r["status"] != "ok" for r in rows):
         raise typer.Exit(E.EXIT_RUN_FAILED)
 

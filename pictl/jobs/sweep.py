@@ -11,8 +11,10 @@ what it measured.
 from __future__ import annotations
 
 import csv
+import io
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from pictl import errors as E
 from pictl.inventory import Cluster
 from pictl.planning.placement import place_stages
 from pictl.planning.profiles import RunOptions, resolve_options, sweep_settings
-from pictl.records.runs import write_json_atomic
+from pictl.records.runs import write_bytes_atomic, write_json_atomic
 from pictl.run.baselines import BaselineCache
 from pictl.text import ascii_count
 
@@ -135,15 +137,33 @@ def write_table(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> 
 
 def write_tables(out: Path, rows: list[dict[str, Any]], columns: tuple[str, ...], shown: tuple[str, ...]) -> None:
     """A sweep's rows as table.csv (every column) and table.md (the `shown` ones), each written whole."""
-    with (out / "table.csv.tmp").open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    (out / "table.csv.tmp").replace(out / "table.csv")
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=columns, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_bytes_atomic(out / "table.csv", text.getvalue().encode())
+    write_bytes_atomic(out / "table.md", markdown_table(rows, shown).encode())
+
+
+def markdown_table(rows: list[dict[str, Any]], shown: tuple[str, ...] = COLUMNS[:TABLE_COLUMNS]) -> str:
     lines = ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
     for r in rows:
         lines.append("| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in shown) + " |")
-    (out / "table.md").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
+
+
+def _kept(write: Callable[[], object], failed: list[E.RecordWriteFailed] | None) -> None:
+    """Write a sweep file; a full disk never loses the sweep's rows: the failure is kept for the end (exit 9)
+    when the caller collects them, else raised at once."""
+    try:
+        write()
+    except OSError as exc:
+        error = E.RecordWriteFailed(f"the sweep's results were measured, but writing its files failed "
+                                    f"({exc.strerror or exc})")
+        if failed is None:
+            raise error from None
+        if not failed:
+            failed.append(error)
 
 
 def plot(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
@@ -208,10 +228,12 @@ def _save(plt, fig, ax, xlabel: str, ylabel: str, path: Path) -> Path:  # noqa: 
 
 async def run_sweep(cluster: Cluster, base: RunOptions, points: list[SweepPoint], out: Path, *,
                     on_event=None, cache: BaselineCache | None = None,  # noqa: ANN001
-                    on_session=None, on_rows=None, wait: bool = False) -> list[dict[str, Any]]:  # noqa: ANN001
+                    on_session=None, on_rows=None, wait: bool = False,  # noqa: ANN001
+                    write_failed: list[E.RecordWriteFailed] | None = None) -> list[dict[str, Any]]:
     """Run every point in turn. `on_session(session)` is called before each run and `on_rows(rows)` after
     each (the dashboard follows the sweep through them). Each run leases its hosts: with `wait`, a run
-    whose hosts another run holds waits for them; without, the sweep stops there (HostBusy)."""
+    whose hosts another run holds waits for them; without, the sweep stops there (HostBusy). A sweep file
+    that cannot be written goes into `write_failed` and the sweep goes on (the caller prints the rows)."""
     from pictl.events import Phase
     from pictl.planning.specs import plan_ahead
     from pictl.run.session import RunSession
@@ -238,10 +260,12 @@ async def run_sweep(cluster: Cluster, base: RunOptions, points: list[SweepPoint]
             rows.append(row_of(point, session.last_summary, error=str(exc)))
         except E.Interrupted:
             rows.append(row_of(point, session.last_summary, error="interrupted"))
-            write_table(out, rows, {**meta, "interrupted": True})
+            _kept(lambda: write_table(out, rows, {**meta, "interrupted": True}), write_failed)
             raise
-        write_table(out, rows, meta)
+        if session.write_error is not None and write_failed is not None and not write_failed:
+            write_failed.append(session.write_error)
+        _kept(lambda: write_table(out, rows, meta), write_failed)
         if on_rows:
             on_rows(list(rows))
-    plot(out, rows)
+    _kept(lambda: plot(out, rows), write_failed)
     return rows
