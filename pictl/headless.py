@@ -19,6 +19,7 @@ from rich.text import Text
 
 from pictl.events import HostOutput, Phase, RankEvent, SessionEvent
 from pictl.headless_train import TRAIN_EVENTS, TrainProgress
+from pictl.run.waterfall import waterfall_line
 from pictl.summary import baseline_text
 from pictl.text import markup_safe, printable
 from remote import protocol as P
@@ -140,6 +141,22 @@ def refine_line(rec: dict[str, Any]) -> str:
             f"microbatch; {then}")
 
 
+def explain_lines(s: dict[str, Any]) -> list[str]:
+    """Why the speedup is not N (the waterfall, one line), and the latency per image beside the serial's."""
+    lines = []
+    if s.get("waterfall"):
+        lines.append("why not N: " + waterfall_line(s["waterfall"]))
+    lat = s.get("latency") or {}
+
+    def pct(d: dict[str, Any] | None) -> str:
+        return "-" if not d else f"p50 {d['p50_ms']:.1f} / p95 {d['p95_ms']:.1f} / p99 {d['p99_ms']:.1f} ms"
+
+    if lat.get("pipeline") or lat.get("serial"):
+        lines.append(f"latency per image: pipeline {pct(lat.get('pipeline'))}; serial {pct(lat.get('serial'))}"
+                     + ("" if lat.get("clock_aligned", True) else " (hosts' clocks not aligned)"))
+    return [printable(line) for line in lines]
+
+
 def flag_lines(summary: dict[str, Any]) -> list[str]:
     return [printable(f"flag {f['code']}: {f['message']}") for f in summary.get("flags") or []]
 
@@ -201,7 +218,7 @@ def print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
     if as_json:
         err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
         err.print(summary_table(summary))
-        for line in wire_lines(summary):
+        for line in wire_lines(summary) + explain_lines(summary):
             err.print(line, markup=False, highlight=False, soft_wrap=True)
         for line in flag_lines(summary):
             err.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
@@ -210,7 +227,7 @@ def print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
     else:
         out = Console(width=None if sys.stdout.isatty() else 160)
         out.print(summary_table(summary))
-        for line in wire_lines(summary):
+        for line in wire_lines(summary) + explain_lines(summary):
             out.print(line, markup=False, highlight=False, soft_wrap=True)
         for line in flag_lines(summary):  # one line each, however long: scripts grep them
             out.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)

@@ -46,10 +46,11 @@ TRAIN_START = "train_start"  # remote.training.train: mode, world, batch, chunks
 TRAIN_STEP = "train_step"  # one optimizer step on one rank: its time by category (and the loss, on the loss rank)
 TRAIN_EVAL = "train_eval"  # top-1 on the held-out images after an epoch
 TRAIN_END = "train_end"  # a rank finished: its totals by category and the file its weights went to
+MB_TIMES = "mb_times"  # a pass's microbatch wall times entering stage 0 / leaving the last (or the serial's durations)
 
 EVENTS = (RUN_START, STAGE_READY, PROGRESS, THROUGHPUT, ACCURACY, RUN_END, ERROR, PLAN, OUTPUTS, FIRST_OUTPUT,
           COSTS, TRACE, REFINE, REFINED, STAGE_MOVED, PRUNE_START, PRUNE_PROGRESS, PRUNE_ACCURACY, PRUNE_DONE,
-          TRAIN_START, TRAIN_STEP, TRAIN_EVAL, TRAIN_END)
+          TRAIN_START, TRAIN_STEP, TRAIN_EVAL, TRAIN_END, MB_TIMES)
 
 # The fields of each event that the controller reads, and their kinds: a record from a host is checked
 # against these before any reader sees it (a compromised or broken host never crashes a reader, and a
@@ -61,7 +62,9 @@ _COMMON = {KEY_TIME: "num", KEY_RANK: "count", KEY_ROLE: "str?", KEY_HOST: "str?
 _READY = {"stage": "count?", "modules": "strs", "pieces": "strs?", "params": "count", "load_s": "num?",
           "rss_mb": "num?", "peak_rss_mb": "num?", "rendezvous_s": "num?"}
 _COUNTERS = {"microbatches": "count", "compute_s": "num", "wait_s": "num", "send_s": "num", "bytes_sent": "count",
-             "raw_bytes": "count?", "compress_s": "num?", "decompress_s": "num?", "peak_Bps": "num?"}
+             "raw_bytes": "count?", "compress_s": "num?", "decompress_s": "num?", "peak_Bps": "num?",
+             "recv_post_s": "num?", "recv_wait_s": "num?", "first_wait_s": "num?", "send_post_s": "num?",
+             "drain_s": "num?", "run_delay_s": "num?", "pass_s": "num?"}
 FIELDS: dict[str, dict[str, str]] = {
     RUN_START: {"world_size": "count?", "stages": "count?", "images": "count?", "chunk": "count?",
                 "threads": "count?", "import_rss_mb": "num?", "pid": "count?"},
@@ -94,6 +97,7 @@ FIELDS: dict[str, dict[str, str]] = {
                  "seconds": "num?"},
     TRAIN_END: {"stage": "count?", "status": "str?", "steps": "count", "seconds": "num", "times": "dict",
                 "bytes_sent": "count?", "allreduce_s": "num?", "part_file": "str?", "peak_rss_mb": "num?"},
+    MB_TIMES: {"side": "str", "phase": "str", "repeat": "int", "first": "count", "base": "num", "times": "nums"},
 }
 COMMON_FIELDS = _COMMON
 

@@ -22,7 +22,7 @@ from pictl.events import HostOutput, RankEvent, Rejected, read_line
 from pictl.run.flags import compute_flags
 from pictl.run.telemetry import RunTelemetry
 
-GOOD = {"v": 1, "event": "throughput", "t": 1.0, "rank": 1, "ips": 3.5}
+GOOD = {"v": 1, "event": "throughput", "t": 1.0, "rank": 1, "repeat": 0, "ips": 3.5}
 
 BAD_RECORDS = [
     ({**GOOD, "ips": "x"}, "'ips' is not a finite number"),
@@ -35,11 +35,11 @@ BAD_RECORDS = [
     ({**GOOD, "v": 99}, "schema 99"),
     ({"v": 1, "event": "run_end", "t": 1.0, "rank": 0, "microbatches": 4, "compute_s": 1.0, "wait_s": 0.1,
       "send_s": "fast", "bytes_sent": 10}, "'send_s'"),
-    ({"v": 1, "event": "stage_ready", "t": 1.0, "modules": [1, 2], "params": 5}, "'modules' is not a list of"),
-    ({"v": 1, "event": "error", "t": 1.0, "message": {"nested": True}}, "'message' is not a string"),
-    ({"v": 1, "event": "refine", "t": 1.0, "round": 1, "split_points": ["blocks.3"], "predicted_ms": ["a"],
+    ({"v": 1, "event": "stage_ready", "t": 1.0, "rank": 0, "modules": [1, 2], "params": 5}, "'modules' is not a list of"),
+    ({"v": 1, "event": "error", "t": 1.0, "rank": 0, "message": {"nested": True}}, "'message' is not a string"),
+    ({"v": 1, "event": "refine", "t": 1.0, "rank": 0, "round": 1, "split_points": ["blocks.3"], "predicted_ms": ["a"],
       "measured_ms": [1.0], "factors": [1.0]}, "'predicted_ms'"),
-    ({"v": 1, "event": "train_step", "t": 1.0, "step": 1, "seconds": 0.5, "samples": "8"}, "'samples'"),
+    ({"v": 1, "event": "train_step", "t": 1.0, "rank": 0, "epoch": 0, "step": 1, "seconds": 0.5, "samples": "8"}, "'samples'"),
 ]
 
 
@@ -57,7 +57,7 @@ def test_lines_that_are_not_records_stay_log_output_and_deep_nesting_never_raise
     deep = read_line('{"a":' * 5000)
     assert isinstance(deep, Rejected) and "nested" in deep.reason
     assert isinstance(read_line("{" + " " * (2 << 20) + "}"), Rejected)
-    nan_loss = {"v": 1, "event": "train_step", "t": 1.0, "step": 1, "seconds": 0.5, "samples": 8, "loss": float("nan")}
+    nan_loss = {"v": 1, "event": "train_step", "t": 1.0, "rank": 0, "epoch": 0, "step": 1, "seconds": 0.5, "samples": 8, "loss": float("nan")}
     assert isinstance(read_line(json.dumps(nan_loss)), dict)  # a diverging loss is shown as it is
 
 

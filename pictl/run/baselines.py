@@ -18,7 +18,7 @@ from typing import Any
 
 from pictl.cluster.hoststate import state_change
 from pictl.records.cache import cache_root
-from pictl.records.runs import write_json_atomic
+from pictl.records.runs import write_bytes_atomic, write_json_atomic
 from pictl.summary import age_text
 
 
@@ -38,6 +38,9 @@ class Baseline:
     reused: bool = False
     host_state: dict[str, Any] | None = None
     """The host as the serial run found it (`remote/host/probe.py state`)."""
+    timing: dict[str, Any] | None = None
+    """Where the serial run's time went, per image (`serial_timing`): compute, the CPU its threads waited for,
+    and its latency percentiles; None for a baseline cached before pictl measured them."""
 
 
 def reuse_refusal(cached: Baseline, state_now: dict[str, Any], *, max_age_s: float | None, now: float) -> str | None:
@@ -58,19 +61,24 @@ class BaselineCache:
         try:
             meta = json.loads((entry / "baseline.json").read_text())
             logits = (entry / "logits-serial.f32").read_bytes()
-        except (OSError, ValueError):
-            return None
-        return Baseline(meta["ips"], meta["ips_spread"], meta.get("top1"), logits, meta["measured_at"],
-                        meta.get("peak_rss_mb"), meta.get("import_rss_mb"), reused=True,
-                        host_state=meta.get("host_state"))
+            baseline = Baseline(float(meta["ips"]), [float(x) for x in meta["ips_spread"]], meta.get("top1"), logits,
+                                float(meta["measured_at"]), meta.get("peak_rss_mb"), meta.get("import_rss_mb"),
+                                reused=True, host_state=meta.get("host_state"), timing=meta.get("timing"))
+        except (OSError, ValueError, RecursionError, KeyError, TypeError, AttributeError):
+            return None  # a cut-short or foreign entry is no baseline: the run measures one
+        ok = baseline.ips > 0 and all(isinstance(v, dict | None) for v in (baseline.host_state, baseline.timing))
+        return baseline if ok else None
 
     def put(self, key: str, baseline: Baseline, fields: dict[str, Any]) -> None:
         entry = self.root / key
-        entry.mkdir(parents=True, exist_ok=True)
-        (entry / "logits-serial.f32").write_bytes(baseline.logits)
-        # Written last and atomically: an entry without it does not exist.
-        write_json_atomic(entry / "baseline.json", {"ips": baseline.ips, "ips_spread": baseline.ips_spread,
-                                                    "top1": baseline.top1, "measured_at": baseline.measured_at,
-                                                    "peak_rss_mb": baseline.peak_rss_mb,
-                                                    "import_rss_mb": baseline.import_rss_mb,
-                                                    "host_state": baseline.host_state, "key_fields": fields})
+        try:
+            entry.mkdir(parents=True, exist_ok=True)
+            write_bytes_atomic(entry / "logits-serial.f32", baseline.logits)
+            # Written last and atomically: an entry without it does not exist.
+            write_json_atomic(entry / "baseline.json", {
+                "ips": baseline.ips, "ips_spread": baseline.ips_spread, "top1": baseline.top1,
+                "measured_at": baseline.measured_at, "peak_rss_mb": baseline.peak_rss_mb,
+                "import_rss_mb": baseline.import_rss_mb, "host_state": baseline.host_state,
+                "timing": baseline.timing, "key_fields": fields})
+        except OSError:
+            pass  # a cache that cannot be written (a full disk) costs the next run a measurement, nothing more

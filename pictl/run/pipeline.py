@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pictl import errors as E
+from pictl.cluster.clock import measure_clock
 from pictl.cluster.commands import PORT_ATTEMPTS, PORT_TAKEN, master_port, supervised, worker_env
 from pictl.cluster.culprit import SilentDeath, await_culprit
 from pictl.cluster.stream import ProcessStream
@@ -36,6 +37,8 @@ class _PortTaken(Exception):
 class PipelineDone:
     corrections: dict[str, float] | None
     """`balanced` refined its split: each host's correction (measured / profiled), kept for the next run."""
+    clocks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The first and last stages' hosts' clocks against ours (`offset_ns`, `uncertainty_ns`), or why not."""
 
 
 class Pipeline:
@@ -53,7 +56,7 @@ class Pipeline:
             try:
                 await self._launch(port)
                 self._check_figures()
-                return PipelineDone(self.corrections)
+                return PipelineDone(self.corrections, await self._clocks())
             except _PortTaken:
                 if self.staged.master_port or attempt == PORT_ATTEMPTS:
                     raise ctx.failed(master.name, 0, "the pipeline", f"the rendezvous port {port} was taken on "
@@ -61,6 +64,15 @@ class Pipeline:
                 ctx.phase("pipeline", f"port {port} was taken on {master.name} before torchrun bound it; "
                                       "launching again on another port")
         raise AssertionError("unreachable")
+
+    async def _clocks(self) -> dict[str, dict[str, Any]]:
+        """The hosts where images enter and leave, against our clock: a latency spans both (local: 0)."""
+        hosts = list(dict.fromkeys([self.placement.first.host, self.placement.node_of(self.choice.spec.stages - 1)
+                                    .host]))
+        found = await asyncio.gather(*(measure_clock(self.ctx.transport(h)) for h in hosts), return_exceptions=True)
+        return {h.name: ({"error": str(r)} if isinstance(r, BaseException) else
+                         {"offset_ns": r.offset_ns, "uncertainty_ns": r.uncertainty_ns})
+                for h, r in zip(hosts, found, strict=True)}
 
     def _check_figures(self) -> None:
         """Every rank ended well: still, a run whose figures did not all arrive (a host sent records that

@@ -25,6 +25,7 @@ from pictl.planning.specs import plan_key, plans_cache
 from pictl.records.cache import JsonCache
 from pictl.run.baselines import Baseline, reuse_refusal
 from pictl.run.context import RunContext
+from pictl.run.latency import serial_latencies, summary_ms
 from pictl.run.placement import Placement
 from pictl.run.staging import Staged
 from pictl.run.telemetry import RunTelemetry
@@ -118,6 +119,17 @@ async def _plan(ctx: RunContext, host: Host, spec: RunSpec, key: str | None) -> 
     raise E.RunFailed(f"host '{host.name}': planning failed: {message}")
 
 
+def serial_timing(telemetry: RunTelemetry, images: int, threads: int) -> dict[str, Any] | None:
+    """Where the serial run's time went, per image over its timed passes, and its latency per microbatch."""
+    st = telemetry.stages.get(0)
+    if st is None or not images:
+        return None
+    totals = st.totals
+    return {"compute_per_image_s": round((totals.get("compute_s") or 0.0) / images, 9),
+            "run_delay_per_image_s": round((totals.get("run_delay_s") or 0.0) / images / max(1, threads), 9),
+            "threads": threads, "latency": summary_ms(serial_latencies(telemetry.pass_times("serial")))}
+
+
 def _open_record(ctx: RunContext, placement: Placement, spec: RunSpec, plan: dict[str, Any]) -> None:
     # The inventory as an absolute path: `pictl traces` may run from another directory.
     source = ctx.cluster.source
@@ -178,6 +190,7 @@ async def _measure(ctx: RunContext, placement: Placement, spec: RunSpec, staged:
         raise ctx.failed(host.name, 0, "serial baseline", message, stream.tail)
     logits = await ctx.transport(host).get_bytes(f"{host.run_dir(spec.run_id)}/{P.LOGITS_FILE_SERIAL}")
     baseline = Baseline(ips, telemetry.ips_spread or [], telemetry.top1, logits, time.time(),
-                        st.peak_rss_mb, st.import_rss_mb, host_state=staged.facts[host.name].state)
+                        st.peak_rss_mb, st.import_rss_mb, host_state=staged.facts[host.name].state,
+                        timing=serial_timing(telemetry, spec.images * spec.repeats, placement.serial_threads or 1))
     ctx.baselines.put(JsonCache.key(fields), baseline, fields)
     return baseline

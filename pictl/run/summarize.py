@@ -18,11 +18,13 @@ from pictl.run.baselines import Baseline
 from pictl.run.compare import Comparison
 from pictl.run.context import RunContext
 from pictl.run.flags import compute_flags
+from pictl.run.latency import pipeline_latencies, summary_ms
 from pictl.run.pipeline import PipelineDone
 from pictl.run.placement import Placement
 from pictl.run.serial import Serial, baseline_max_age
 from pictl.run.split import SplitChoice, final_prediction
 from pictl.run.staging import Staged
+from pictl.run.waterfall import waterfall
 from pictl.summary import SUMMARY_SCHEMA, checked
 from remote.wire import parse_wire
 
@@ -89,7 +91,11 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
         "baseline": _baseline_record(ctx, reached, baseline),
         "hosts": _host_records(ctx, reached),
         "telemetry_rejected": tel.rejected_summary(),
+        "serial_timing": baseline.timing if baseline else None,
+        "clocks": reached.pipeline.clocks if reached.pipeline else None,
     }
+    summary["latency"] = _latency(ctx, reached, baseline)
+    summary["waterfall"] = waterfall(summary) if status == "ok" else None
     summary["flags"] = [f.to_json() for f in compute_flags(summary)]
     return checked(summary)
 
@@ -146,10 +152,39 @@ def _per_stage(ctx: RunContext, reached: Reached, plan: dict[str, Any],
             "raw_bytes": totals.get("raw_bytes"), "compress_s": totals.get("compress_s"),
             "decompress_s": totals.get("decompress_s"), "peak_Bps": totals.get("peak_Bps"),
             "microbatches": totals.get("microbatches"),
+            # Where the rank's pass time went beyond compute (the waterfall reads these), and the CPU its
+            # threads waited for while runnable (other processes' load).
+            **{k: totals.get(k) for k in ("recv_post_s", "recv_wait_s", "first_wait_s", "send_post_s", "drain_s",
+                                         "run_delay_s", "pass_s")},
             "load_s": st.load_s if st else None, "import_rss_mb": st.import_rss_mb if st else None,
             "peak_rss_mb": st.peak_rss_mb if st else None,
         })
     return out
+
+
+def _latency(ctx: RunContext, reached: Reached, baseline: Baseline | None) -> dict[str, Any] | None:
+    """Latency per microbatch (each of its images'): the pipeline's, entering stage 0 to leaving the last, on
+    our clock; the serial run's, its time per microbatch; `traced`: the --trace-steps pass, for checking
+    against the merged trace."""
+    serial = (baseline.timing or {}).get("latency") if baseline else None
+    if ctx.options.stages == 1:
+        return {"pipeline": serial, "serial": serial, "clock_aligned": True} if serial else None
+    tel, clocks = ctx.telemetry, (reached.pipeline.clocks if reached.pipeline else {})
+    placement = reached.placement
+    if placement is None:
+        return None
+    first, last = placement.first.host.name, placement.node_of(ctx.options.stages - 1).host.name
+
+    def offset(host: str) -> float:
+        return (clocks.get(host) or {}).get("offset_ns", 0) / 1e9
+
+    aligned = all("offset_ns" in (clocks.get(h) or {}) for h in (first, last))
+    out = {"pipeline": summary_ms(pipeline_latencies(tel.pass_times("enter"), tel.pass_times("leave"),
+                                                     offset(first), offset(last))),
+           "serial": serial, "clock_aligned": aligned,
+           "traced": summary_ms(pipeline_latencies(tel.pass_times("enter", "trace"), tel.pass_times("leave", "trace"),
+                                                   offset(first), offset(last)))}
+    return out if out["pipeline"] or serial else None
 
 
 def _baseline_record(ctx: RunContext, reached: Reached, baseline: Baseline | None) -> dict[str, Any] | None:

@@ -10,6 +10,10 @@ from typing import Any
 from pictl.events import Rejected
 from remote import protocol as P
 
+TOTALS = ("microbatches", "compute_s", "wait_s", "send_s", "bytes_sent", "raw_bytes", "compress_s", "decompress_s",
+          "peak_Bps", "recv_post_s", "recv_wait_s", "first_wait_s", "send_post_s", "drain_s", "run_delay_s", "pass_s")
+"""A rank's totals over the timed passes (`run_end`): where its time went, and what it sent."""
+
 
 @dataclass
 class StageState:
@@ -44,6 +48,8 @@ class RunTelemetry:
         self.refine_rounds: list[dict[str, Any]] = []  # `balanced` correcting its split during the run
         self.refined: dict[str, Any] | None = None
         self.rejected: list[tuple[str, str]] = []  # (host, why): records that broke the protocol, never applied
+        self.mb_times: dict[tuple[str, str, int], dict[int, list[float]]] = {}
+        """(side, phase, repeat) -> first index -> the pass's microbatch times from there (`mb_times`)."""
 
     def reject(self, host: str, why: Rejected) -> None:
         self.rejected.append((host, f"{why.event}: {why.reason}"))
@@ -101,10 +107,29 @@ class RunTelemetry:
             self.outputs = ev
         elif kind == P.RUN_END:
             st.ended, st.peak_rss_mb = True, ev.get("peak_rss_mb")
-            st.totals = {k: ev.get(k) for k in ("microbatches", "compute_s", "wait_s", "send_s", "bytes_sent",
-                                                "raw_bytes", "compress_s", "decompress_s", "peak_Bps")}
+            st.totals = {k: ev.get(k) for k in TOTALS}
+        elif kind == P.MB_TIMES:
+            base = ev["base"]
+            self.mb_times.setdefault((ev["side"], ev["phase"], ev["repeat"]), {})[ev["first"]] = [
+                base + t for t in ev["times"]]
         elif kind == P.ERROR:
             st.error = ev
+
+    def pass_times(self, side: str, phase: str = "timed") -> dict[int, list[float]]:
+        """Each pass's microbatch times of one side (`enter`, `leave`, `serial`), in order; a pass whose lines
+        did not all arrive (a gap) is left out."""
+        out = {}
+        for (s, ph, repeat), parts in self.mb_times.items():
+            if s != side or ph != phase:
+                continue
+            times: list[float] = []
+            for first in sorted(parts):
+                if first != len(times):
+                    break
+                times += parts[first]
+            else:
+                out[repeat] = times
+        return out
 
     @property
     def _counted(self) -> list[float]:

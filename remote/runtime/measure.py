@@ -65,6 +65,21 @@ class StageCounters:
     decompress_s: float = 0.0
     peak_Bps: float = 0.0
     """The highest wire bytes per second of computation over one microbatch (a maximum, not a sum)."""
+    recv_post_s: float = 0.0
+    """Posting receives (inside `wait_s`)."""
+    recv_wait_s: float = 0.0
+    """Waiting on posted receives (inside `wait_s`): for the neighbour's compute, or for the wire."""
+    first_wait_s: float = 0.0
+    """The part of `recv_wait_s` spent on each pass's first microbatch: the pipeline filling."""
+    send_post_s: float = 0.0
+    """Posting sends (inside `send_s`, which is what is left of a pass after compute and wait)."""
+    drain_s: float = 0.0
+    """Waiting for the pass's sends to finish, after the last microbatch (inside `send_s`)."""
+    run_delay_s: float = 0.0
+    """CPU time this process's threads waited for while runnable (another process's load; the kernel's
+    schedstat), over the passes."""
+    pass_s: float = 0.0
+    """The passes' wall time on this rank."""
 
     def add(self, other: StageCounters) -> None:
         for key, value in asdict(other).items():

@@ -22,8 +22,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
-from torch.profiler import record_function
+from torch.distributed.pipelining import ScheduleGPipe
 
 from remote import protocol as P
 from remote.data.images import load_images, load_labels, microbatches
@@ -42,75 +41,10 @@ from remote.runtime.outputs import open_checkpoint, report_outputs
 from remote.runtime.partition import StagePlan
 from remote.runtime.refine import RefineLoop, measured_compute_s
 from remote.runtime.stage import ModelLayout, build_stage, compact_pieces, layout_for, stage_codec, stage_io_shapes
+from remote.runtime.timing import TimedStage, count_p2p, emit_mb_times, timed_pass
 from remote.runtime.tracing import Tracer, planned_window, rendezvous_store
 from remote.spec import RunSpec
 from remote.wire import FP32
-
-
-class TimedStage(PipelineStage):
-    """A PipelineStage that counts compute time, input wait and bytes sent.
-
-    ScheduleGPipe calls, per microbatch: get_fwd_recv_ops -> (wait on them) ->
-    forward_one_chunk -> get_fwd_send_ops. The gap between the first two calls is
-    the time spent waiting for input; forward_one_chunk is compute. Sends are
-    asynchronous, so the time blocked on them is what is left of the step.
-    """
-
-    def __init__(self, *args, on_chunk=None, tracer: Tracer | None = None, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
-        super().__init__(*args, **kwargs)
-        self.counters = StageCounters()
-        self.compute_times: list[float] = []  # this pass's, per microbatch (refinement takes their median)
-        self._on_chunk = on_chunk
-        self._recv_posted = 0.0
-        self.tracer = tracer
-        self.first_step = 0  # the global number of this pass's first microbatch
-
-    def get_fwd_recv_ops(self, fwd_chunk_id: int):  # noqa: ANN201
-        if self.tracer is not None:
-            self.tracer.before_step(self.first_step + fwd_chunk_id)
-        ops = super().get_fwd_recv_ops(fwd_chunk_id)
-        self._recv_posted = time.perf_counter()
-        return ops
-
-    def get_fwd_send_ops(self, fwd_chunk_id: int):  # noqa: ANN201
-        ops = super().get_fwd_send_ops(fwd_chunk_id)
-        if not ops or self.tracer is None or not self.tracer.active:
-            return ops
-        # While profiling, post the sends here and keep their handles, so the window can end
-        # with none in flight; they stay asynchronous, as the schedule would have posted them.
-        self.tracer.hold(dist.batch_isend_irecv(ops))
-        return []
-
-    def forward_one_chunk(self, fwd_chunk_id, args, kwargs=None, save_forward_output=True):  # noqa: ANN001, ANN201
-        start = time.perf_counter()
-        if not self.is_first:
-            self.counters.wait_s += start - self._recv_posted
-        if self.tracer is not None and self.tracer.active:
-            with record_function(f"{P.TRACE_COMPUTE_RANGE} {self.first_step + fwd_chunk_id}"):
-                out = super().forward_one_chunk(fwd_chunk_id, args, kwargs, save_forward_output)
-        else:
-            out = super().forward_one_chunk(fwd_chunk_id, args, kwargs, save_forward_output)
-        elapsed = time.perf_counter() - start
-        codec = self.submod.codec.take() if self.submod.codec is not None else None
-        # Refinement sees the stage's whole busy time (so `balanced` learns what encoding costs from the run);
-        # the compute figure reported leaves the wire's formats out (they have counters of their own).
-        self.compute_times.append(elapsed)
-        if codec is not None:
-            self.counters.compress_s += codec.compress_s
-            self.counters.decompress_s += codec.decompress_s
-            self.counters.raw_bytes += codec.raw_bytes
-            elapsed -= codec.compress_s + codec.decompress_s
-        self.counters.compute_s += elapsed
-        self.counters.microbatches += 1
-        if not self.is_last:
-            outs = out if isinstance(out, tuple) else (out,)
-            sent = sum(t.numel() * t.element_size() for t in outs)
-            self.counters.bytes_sent += sent
-            # The fastest this stage produced wire bytes: one microbatch's payload over its computation.
-            self.counters.peak_Bps = max(self.counters.peak_Bps, sent / max(elapsed, 1e-9))
-        if self._on_chunk:
-            self._on_chunk()
-        return out
 
 
 @dataclass
@@ -135,6 +69,7 @@ def _build(spec: RunSpec, rank: int, world: int, n_mb: int, on_chunk: Callable[[
                        input_args=tuple(payload_meta(codec.fmt_in or FP32, in_shapes)),
                        output_args=tuple(payload_meta(codec.fmt_out or FP32, out_shapes)),
                        on_chunk=on_chunk, tracer=tracer)
+    count_p2p(stage)
     return Built(plan, stage, ScheduleGPipe(stage, n_microbatches=n_mb), tuple(s.first for s in layout.stages[1:])), \
         layout
 
@@ -192,13 +127,14 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
         nonlocal passes_run
         state.update(phase=phase, repeat=repeat)
         stage = built.stage
-        stage.counters, stage.compute_times = StageCounters(), []
+        stage.new_pass()
         stage.first_step = passes_run * n_mb
         dist.barrier()
-        state["step_start"] = start = time.perf_counter()
+        state["step_start"] = time.perf_counter()
         with torch.no_grad():
-            out = built.schedule.eval(arg_mbs=[(mb,) for mb in mbs]) if first else built.schedule.eval()
-        seconds = time.perf_counter() - start
+            seconds, out = timed_pass(
+                lambda: built.schedule.eval(arg_mbs=[(mb,) for mb in mbs]) if first else built.schedule.eval(),
+                lambda: stage.counters)
         stage.counters.send_s = max(0.0, seconds - stage.counters.compute_s - stage.counters.wait_s)
         passes_run += 1
         return seconds, out
@@ -241,6 +177,13 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
         report()
         if timed:
             totals.add(built.stage.counters)
+        # Each microbatch's wall time entering stage 0 and leaving the last: the controller pairs them (with
+        # the hosts' clock offsets) into the latency per image.
+        phase = "timed" if timed else "trace"
+        if first:
+            emit_mb_times(emitter, "enter", phase, repeat, built.stage.enter_times)
+        if last:
+            emit_mb_times(emitter, "leave", phase, repeat, built.stage.leave_times)
         if last and timed:
             logits = out[: spec.images]  # drop the padded rows of the last microbatch
             emitter.emit(P.THROUGHPUT, repeat=repeat, images=spec.images,

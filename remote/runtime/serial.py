@@ -26,6 +26,7 @@ from remote.runtime.model import materialize
 from remote.runtime.outputs import open_checkpoint, report_outputs
 from remote.runtime.pieces import check_supported
 from remote.runtime.plan import emit_plan
+from remote.runtime.timing import emit_mb_times, run_delay_s
 from remote.spec import RunSpec
 
 
@@ -50,18 +51,23 @@ def _run(spec: RunSpec, emitter: Emitter, *, plan: bool = False) -> None:
     check_logits = predictions = None
     for repeat in range(spec.warmup + spec.repeats):
         timed = repeat >= spec.warmup
-        outs = []
-        start = time.perf_counter()
+        outs, per_mb = [], []
+        delay0, start = run_delay_s(), time.perf_counter()
         with torch.no_grad():
             for mb in mbs:
+                began = time.perf_counter()
                 outs.append(model(mb))
+                per_mb.append(time.perf_counter() - began)
         seconds = time.perf_counter() - start
-        counters = StageCounters(microbatches=len(mbs), compute_s=seconds)
+        delay1 = run_delay_s()
+        counters = StageCounters(microbatches=len(mbs), compute_s=seconds, pass_s=seconds,
+                                 run_delay_s=delay1 - delay0 if delay0 is not None and delay1 is not None else 0.0)
         emitter.emit(P.PROGRESS, stage=0, phase="timed" if timed else "warmup",
                      repeat=repeat - spec.warmup if timed else repeat, microbatches_total=len(mbs),
                      **counters.rounded())
         if timed:
             totals.add(counters)
+            emit_mb_times(emitter, "serial", "timed", repeat - spec.warmup, per_mb)  # an image's latency, alone
             emitter.emit(P.THROUGHPUT, repeat=repeat - spec.warmup, images=spec.images,
                          seconds=round(seconds, 6), ips=round(spec.images / seconds, 4))
         if predictions is None:

@@ -1,0 +1,110 @@
+"""Why not N times: the gap between N stages and the measured speedup, taken apart into measured terms.
+
+A pure function of a run's summary. All times are per image, over the timed passes (P passes of I images, M
+microbatches, N stages, F = (M + N - 1) / M). For each stage i: c_i its compute, d_i the CPU its threads
+waited for while runnable (another process's load; the kernel's schedstat, per compute thread), c'_i = c_i -
+d_i. b is the stage with the most compute. On b: k_b its communication (encoding and decoding, posting
+receives and sends, waiting for input after the first microbatch of a pass, draining sends at the end) and
+o_b the rest of its pass time (the schedule's own work: what is left after compute, communication and the
+first microbatch's wait). t_s is the serial run's time per image (1 / its img/s), t_sc' its compute less
+its own CPU wait. The chain, each step replacing one ideal by a measurement:
+
+    N
+    fill_drain      N / F                              GPipe fills and drains every pass
+    imbalance       x c'_mean / c'_b                   the bottleneck's compute against the mean stage's
+    split_overhead  = t_sc' / (F c'_b)                 the stages' compute added up against the serial's
+    interference    = t_sc' / (F c_b)                  other processes' load on the bottleneck's CPU
+    communication   = t_sc' / (F (c_b + k_b))          the bottleneck's wire time
+    runtime         = t_sc' / (F (c_b + k_b + o_b))    the schedule's time on the bottleneck
+    baseline        = t_s / (F (c_b + k_b + o_b))      the serial run's own CPU wait and loop, as measured
+    residual        measured speedup - the above       shown, never hidden
+
+Each term is the change in speedup points (negative: lost) and its share of the gap N - speedup; the terms
+add up to the gap exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TERMS = ("fill_drain", "imbalance", "split_overhead", "interference", "communication", "runtime", "baseline",
+         "residual")
+ADVICE = {
+    "fill_drain": "more images per pass (or a smaller --chunk): M microbatches keep M / (M + N - 1) of N",
+    "imbalance": "--policy balanced, or move a cut toward the lighter stage",
+    "split_overhead": "cuts at block boundaries, and the serial run's thread count for every stage",
+    "interference": "free the bottleneck host's cores of other work (see `pictl check`)",
+    "communication": "a compressing --wire (fp16, int8), a larger --chunk, or a faster link",
+    "runtime": "a larger --chunk: fewer, larger microbatches spread the schedule's per-microbatch cost",
+    "baseline": "--fresh-baseline on an idle host (the serial run waited for a CPU, or ran slower than its compute)",
+    "residual": "more timed passes (--repeats): the pass-to-pass spread is not modelled",
+}
+RESIDUAL_LIMIT = 0.05
+"""A residual above this share of N raises the `waterfall_residual` flag: the model missed something."""
+
+
+def waterfall(s: dict[str, Any]) -> dict[str, Any] | None:
+    """The speedup waterfall of a pipeline run's summary, or None when it has no figures to take apart."""
+    n, speedup, stages = s.get("stages"), s.get("speedup"), s.get("per_stage") or []
+    images, repeats, chunk = s.get("images"), s.get("repeats"), s.get("chunk") or 1
+    serial_ips = s.get("serial_ips")
+    if not (isinstance(n, int) and n > 1 and speedup and serial_ips and images and repeats and len(stages) == n):
+        return None
+    per = float(images * repeats)
+    try:
+        c = [st["compute_s"] / per for st in stages]
+        d = [(st.get("run_delay_s") or 0.0) / per / max(1, st.get("threads") or 1) for st in stages]
+    except (KeyError, TypeError):
+        return None
+    b = max(range(n), key=lambda i: c[i])
+    bst = stages[b]
+
+    def total(key: str) -> float:
+        return float(bst.get(key) or 0.0) / per
+
+    codec = total("compress_s") + total("decompress_s")
+    waits = total("recv_wait_s") - total("first_wait_s")
+    k_b = codec + total("recv_post_s") + waits + total("send_post_s") + total("drain_s")
+    pass_b = total("pass_s") or total("compute_s") + total("wait_s") + total("send_s")
+    o_b = pass_b - c[b] - codec - total("recv_post_s") - total("recv_wait_s") - total("send_post_s") - total("drain_s")
+    clean = [max(ci - di, 1e-12) for ci, di in zip(c, d, strict=True)]
+    m = -(-images // chunk)
+    f = (m + n - 1) / m
+    t_s = 1.0 / serial_ips
+    timing = s.get("serial_timing") or {}
+    t_sc = (timing.get("compute_per_image_s") or t_s) - (timing.get("run_delay_per_image_s") or 0.0)
+    if t_sc <= 0 or c[b] <= 0:
+        return None
+    steps = [float(n), n / f]
+    steps.append(steps[-1] * (sum(clean) / n) / clean[b])
+    steps.append(t_sc / (f * clean[b]))
+    steps.append(t_sc / (f * c[b]))
+    steps.append(t_sc / (f * (c[b] + k_b)))
+    steps.append(t_sc / (f * (c[b] + k_b + o_b)) if c[b] + k_b + o_b > 0 else steps[-1])
+    steps.append(t_s / t_sc * steps[-1])
+    steps.append(float(speedup))
+    gap = n - float(speedup)
+    terms = []
+    for name, before, after in zip(TERMS, steps[:-1], steps[1:], strict=True):
+        points = after - before
+        terms.append({"term": name, "points": round(points, 4),
+                      "share": round(-points / gap, 4) if abs(gap) > 1e-9 else None})
+    losses = [t for t in terms if t["points"] < 0]
+    dominant = min(losses, key=lambda t: t["points"])["term"] if losses else None
+    return {"stages": n, "speedup": round(float(speedup), 4), "gap": round(gap, 4), "bottleneck_rank": b,
+            "microbatches": m, "terms": terms, "dominant": dominant,
+            "advice": ADVICE[dominant] if dominant else None,
+            "per_image_ms": {"serial": round(t_s * 1000, 3), "serial_compute": round(t_sc * 1000, 3),
+                             "bottleneck_compute": round(c[b] * 1000, 3), "bottleneck_wait_for_cpu":
+                             round(d[b] * 1000, 3), "bottleneck_communication": round(k_b * 1000, 3),
+                             "bottleneck_runtime": round(o_b * 1000, 3)}}
+
+
+def waterfall_line(w: dict[str, Any]) -> str:
+    """One line: the measured speedup of N, then every term that cost (or gave) a hundredth or more."""
+    parts = [f"{t['term'].replace('_', '/', 1) if t['term'] == 'fill_drain' else t['term'].replace('_', ' ')} "
+             f"{-t['points']:.2f}" for t in sorted(w["terms"], key=lambda t: t["points"])
+             if abs(t["points"]) >= 0.005]
+    head = f"{w['speedup']:.2f}x of {w['stages']}"
+    return head + (": " + ", ".join(parts) if parts else ": no measurable gap") + (
+        f" (dominant: {w['dominant'].replace('_', ' ')}; to reduce it: {w['advice']})" if w["dominant"] else "")
