@@ -128,7 +128,34 @@ CASES = {
                                      "first": [{"host": "local1", "reason": "throughput: 'ips' is not a number"}]})],
         "telemetry_rejected", "3 telemetry record(s) broke the protocol and were left out (3 from local1); the first: "
                               "throughput: 'ips' is not a number"),
+    "the waterfall leaves much unexplained": (
+        [lambda s: s.update(waterfall=_waterfall(residual=-0.31))], "waterfall_residual",
+        "the speedup waterfall leaves -0.31 of 2 speedup points unexplained"),
+    "other work on the bottleneck's CPU (its own wait, not the machine's)": (
+        [lambda s: s.update(waterfall=_waterfall(interference=-0.4, wait_ms=30.0))], "host_overloaded",
+        "local1: during the pipeline, the bottleneck (rank 1) waited 30.0 ms per image for a CPU other work held "
+        "(50% of its compute), costing 0.40 of 2 speedup points"),
+    "other work on the serial run's CPU": (
+        [_set("serial_timing", {"compute_per_image_s": 0.1, "run_delay_per_image_s": 0.03})], "host_overloaded",
+        "local0: during the serial baseline, its threads waited 30.0 ms per image for a CPU other work held (30% of "
+        "its time)"),
 }
+
+
+def _waterfall(*, residual: float = 0.0, interference: float = 0.0, wait_ms: float = 0.0) -> dict:
+    terms = {t: 0.0 for t in ("fill_drain", "imbalance", "split_overhead", "communication", "runtime", "baseline")}
+    terms.update(interference=interference, residual=residual)
+    return {"stages": 2, "bottleneck_rank": 1, "terms": [{"term": k, "points": v} for k, v in terms.items()],
+            "per_image_ms": {"bottleneck_compute": 60.0, "bottleneck_wait_for_cpu": wait_ms}}
+
+
+def test_a_loaded_machine_whose_load_never_reached_the_run_raises_no_overload() -> None:
+    """The machine's pressure (four emulated hosts on one machine) says 48 %; the run's own processes waited
+    little: the run measured its own wait, so the machine's figure no longer flags it."""
+    s = copy.deepcopy(REAL)
+    s["waterfall"] = _waterfall(interference=-0.03, wait_ms=2.0)
+    s["serial_timing"] = {"compute_per_image_s": 0.1, "run_delay_per_image_s": 0.001}
+    assert "host_overloaded" not in codes(s)
 
 
 def test_a_compressing_wire_is_flagged_only_when_it_sends_more_than_half_precision() -> None:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
 from typing import Any
 
 from pictl.cluster.hoststate import HOT_C, LOAD_TOLERANCE_CORES, capacity, state_change, throttling
+from pictl.run.flags_measured import Flag, own_wait, rejected, residual
 from pictl.summary import age_text
 
 SPREAD_LIMIT = 0.10
@@ -23,24 +23,17 @@ FILL_DRAIN_MIN = 0.95
 """Smallest GPipe fill/drain bound M / (M + S - 1) that is not flagged."""
 
 CODES = ("speedup_above_stages", "speedup_below_1", "throughput_spread", "host_overloaded", "host_throttled",
-         "host_hot", "baseline_stale", "stages_share_cores", "fill_drain_bound", "wire_no_saving", "telemetry_rejected")
+         "host_hot", "baseline_stale", "stages_share_cores", "fill_drain_bound", "wire_no_saving", "telemetry_rejected",
+         "waterfall_residual")
 HALF_PRECISION = ("fp16", "bf16")
 """Formats that send half of fp32's bytes by construction: a lossy format that sends more saves less."""
-
-
-@dataclass(frozen=True)
-class Flag:
-    code: str
-    message: str
-
-    def to_json(self) -> dict[str, str]:
-        return {"code": self.code, "message": self.message}
 
 
 def compute_flags(summary: dict[str, Any]) -> list[Flag]:
     """Every flag the summary's figures raise, in the order of CODES."""
     found = [*_speedup(summary), *_spread(summary), *_host_health(summary), *_stale_baseline(summary),
-             *_sharing(summary), *_fill_drain(summary), *_wire(summary), *_rejected(summary)]
+             *_sharing(summary), *_fill_drain(summary), *_wire(summary), *rejected(summary),
+             *residual(summary)]
     return sorted(found, key=lambda f: CODES.index(f.code))
 
 
@@ -152,6 +145,9 @@ def _who(group: list[str]) -> str:
 def _host_health(s: dict[str, Any]) -> list[Flag]:
     out = []
     for window, during in (("during_pipeline", "the pipeline"), ("during_baseline", "the serial baseline")):
+        measured, own = own_wait(s, window)
+        if own is not None:
+            out.append(own)
         seen = {name: rec[window] for name, rec in _hosts(s).items() if rec.get(window)}
         for group in _machines(s, list(seen)):
             # Hosts on one machine sampled the same kernel: what any of them saw, the machine had.
@@ -160,7 +156,7 @@ def _host_health(s: dict[str, Any]) -> list[Flag]:
             hottest = max((a.get("temp_max_c") or 0.0 for a in aggs), default=0.0)
             cpus = _state(s, group[0]).get("cpus")
             worst = max(aggs, key=lambda a: (a.get("cpu_wait_mean") or 0.0, a.get("runnable_mean") or 0.0))
-            if (overload := _overload(worst, cpus)) is not None:
+            if not measured and (overload := _overload(worst, cpus)) is not None:
                 out.append(Flag("host_overloaded", f"{_who(group)}: during {during}, {overload}"))
             why = sorted({w for v in throttled for w in throttling(v)})
             if why:
@@ -247,13 +243,3 @@ def _wire(s: dict[str, Any]) -> list[Flag]:
         flags.append(Flag("wire_no_saving", f"{fmt} sent {ratio:.2f} of fp32's bytes at {', '.join(where)}, {than}"))
     return flags
 
-
-def _rejected(s: dict[str, Any]) -> list[Flag]:
-    """Records a host sent that broke the protocol were left out: the figures stand on the others."""
-    rejected = s.get("telemetry_rejected")
-    if not isinstance(rejected, dict) or not rejected.get("count"):
-        return []
-    hosts = rejected.get("hosts") or {}
-    first = (rejected.get("first") or [{}])[0]
-    return [Flag("telemetry_rejected", f"{rejected['count']} telemetry record(s) broke the protocol and were left "
-                 f"out ({', '.join(f'{n} from {h}' for h, n in hosts.items())}); the first: {first.get('reason')}")]
