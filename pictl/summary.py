@@ -4,15 +4,30 @@
 summary is checked against it when it is written and when it is read back, so a summary that breaks
 the contract fails in the run that made it, not later in a report. Fields a newer pictl adds pass
 through (`extra="allow"`); a change to what is here raises `SUMMARY_SCHEMA`.
+
+Read back (`read_summary`), a file is not trusted: whatever it holds (cut short, another shape, nested
+thousands deep, a FIFO), the answer is a `RunSummary` or `RecordInvalid`, one line naming the file and
+the field.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+import stat
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pictl.errors import ConfigError
+from pictl.text import printable, shown
 
 SUMMARY_SCHEMA = 1
+LATEST_TIMESTAMP = 253402300799.0
+"""9999-12-31 23:59:59 UTC: a later `started_at` is no clock's reading (and no calendar formats it)."""
+
+Timestamp = Annotated[float, Field(ge=0.0, le=LATEST_TIMESTAMP)]
+"""Seconds since the epoch, as `time.time()` gives them: finite, not negative, before the year 10000."""
 
 
 class _Open(BaseModel):
@@ -30,7 +45,7 @@ class SanityFlag(BaseModel):
 class StageFigures(_Open):
     """One stage: where it ran, what it held, and its time per microbatch (compute, waits, sends apart)."""
 
-    rank: int
+    rank: int = Field(ge=0)
     host: str | None = None
     threads: int | None = None
     modules: list[str] = []
@@ -55,7 +70,7 @@ class BaselineRecord(_Open):
     """The serial run the speedup divides by: where and when it was measured, and whether it was reused."""
 
     host: str
-    measured_at: float
+    measured_at: Timestamp
     reused: bool
     age_s: float
     max_age_s: float | None = None
@@ -90,12 +105,31 @@ class RunError(_Open):
     message: str
 
 
+class RankShare(_Open):
+    """One rank's traced window, in percent of it (`pictl.run.traces.rank_breakdown`)."""
+
+    compute_pct: float | None = None
+    send_pct: float | None = None
+    recv_wait_pct: float | None = None
+    idle_pct: float | None = None
+
+
+class TraceRecord(_Open):
+    """One trace grab as the run (or `pictl traces`, in `traces*/summary.json`) recorded it."""
+
+    directory: str | None = None
+    timeline: str | None = None
+    per_rank: dict[str, RankShare] = {}
+
+
 class RunSummary(_Open):
     schema_version: int = Field(SUMMARY_SCHEMA, alias="schema")
     status: Literal["ok", "failed", "interrupted"]
     run_id: str
     run_dir: str | None = None
-    stages: int
+    """Where the run wrote its record; a reader trusts the directory it found the summary in instead."""
+    model: str | None = None
+    stages: int = Field(ge=1)
     policy: str | None = None
     split_points: list[str] = []
     throughput_ips: float | None = None
@@ -113,7 +147,11 @@ class RunSummary(_Open):
     agreement: float | None = None
     """Lossy wire: the share of images whose top-1 class is the serial run's (None with an exact wire)."""
     mean_abs_diff: float | None = None
-    started_at: float | None = None
+    images: int | None = None
+    chunk: int | None = None
+    accuracy: float | None = None
+    traces: list[TraceRecord] = []
+    started_at: Timestamp | None = None
     duration_s: float | None = None
 
 
@@ -121,6 +159,115 @@ def checked(summary: dict[str, Any]) -> dict[str, Any]:
     """`summary` as written, once it is known to keep the contract (pydantic's ValidationError if not)."""
     RunSummary.model_validate(summary)
     return summary
+
+
+# -- reading a summary back ---------------------------------------------------------------------------
+
+MAX_RECORD_BYTES = 32 * 2**20
+"""A summary is tens of kilobytes; a file this big is not one, and is not read into memory to find out."""
+MAX_DEPTH = 64
+"""A summary nests about 5 levels; deeper is not a record (and 5000 levels overflow the reader's stack)."""
+LARGEST_INT = 2**63
+"""No count or byte total pictl records is this large; a larger one overflows a float in the readers."""
+
+
+def terminal_text(text: object, limit: int | None = None) -> str:
+    """`text` safe to print: control characters replaced (`pictl.text`), at most `limit` characters, and a
+    lone surrogate (a JSON `\\udcff`, a file name that is not UTF-8) written out instead of failing the write."""
+    s = printable(text) if limit is None else shown(text, limit)
+    return s.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+class RecordInvalid(ConfigError):
+    """A record file that is not what pictl wrote: cut short, another shape, or made to harm."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        self.path, self.why = path, why
+        super().__init__(f"{terminal_text(path)}: {why}")
+
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in `path` (a summary pictl wrote), or RecordInvalid naming the file and what is wrong.
+
+    Whatever the file is: not a regular file (a FIFO would block the reader), too big, not UTF-8, cut
+    short, nested thousands deep (json raises RecursionError, not ValueError), or holding a number no
+    record holds."""
+    try:
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise RecordInvalid(path, "not a regular file")
+        if info.st_size > MAX_RECORD_BYTES:
+            raise RecordInvalid(path, f"{info.st_size} bytes: too big to be a pictl record")
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_RECORD_BYTES + 1)
+    except FileNotFoundError:
+        raise RecordInvalid(path, "no such file") from None
+    except OSError as exc:
+        raise RecordInvalid(path, f"cannot read it ({terminal_text(exc.strerror or exc)})") from None
+    except ValueError:  # a NUL in the name
+        raise RecordInvalid(path, "not a file name") from None
+    if len(raw) > MAX_RECORD_BYTES:
+        raise RecordInvalid(path, "too big to be a pictl record")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise RecordInvalid(path, f"nested more than {MAX_DEPTH} levels deep: not a pictl record") from None
+    except json.JSONDecodeError as exc:
+        raise RecordInvalid(path, f"not a complete JSON record ({exc}); it may have been cut short") from None
+    except ValueError as exc:  # not UTF-8; an integer of more than 4300 digits
+        raise RecordInvalid(path, f"not a JSON record ({terminal_text(exc, 160)})") from None
+    if not isinstance(data, dict):
+        raise RecordInvalid(path, "not a JSON object")
+    problem = _shape_problem(data)
+    if problem:
+        raise RecordInvalid(path, problem)
+    return data
+
+
+def _shape_problem(data: Any) -> str | None:
+    """What makes `data` no record pictl wrote, whatever its fields: nesting or numbers out of reach."""
+    todo: list[tuple[Any, int, tuple[str, ...]]] = [(data, 0, ())]
+    while todo:
+        value, depth, where = todo.pop()
+        if depth > MAX_DEPTH:
+            return f"nested more than {MAX_DEPTH} levels deep (at '{_where(where)}'): not a pictl record"
+        if isinstance(value, dict):
+            todo.extend((v, depth + 1, (*where, str(k))) for k, v in value.items())
+        elif isinstance(value, list):
+            todo.extend((v, depth + 1, (*where, str(i))) for i, v in enumerate(value))
+        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) >= LARGEST_INT:
+            return f"'{_where(where)}' is wrong: a number too large for any figure pictl records"
+    return None
+
+
+def _where(loc: tuple[Any, ...]) -> str:
+    return terminal_text(".".join(str(p) for p in loc), 120) or "the file"
+
+
+def validation_problem(exc: ValidationError) -> str:
+    """The first thing pydantic found wrong, as one line naming the field (and how many more there are)."""
+    problems = exc.errors()
+    first = problems[0]
+    what = "is missing" if first["type"] == "missing" else f"is wrong: {terminal_text(first['msg'].lower(), 200)}"
+    more = f"; {len(problems) - 1} more problem(s)" if len(problems) > 1 else ""
+    return f"'{_where(first['loc'])}' {what}{more}"
+
+
+def parse_summary(path: Path, data: dict[str, Any]) -> RunSummary:
+    """`data` (read from `path`) as a checked run summary, or RecordInvalid naming the file and the field."""
+    try:
+        summary = RunSummary.model_validate(data)
+    except ValidationError as exc:
+        raise RecordInvalid(path, f"not a run summary ({validation_problem(exc)})") from None
+    if summary.schema_version > SUMMARY_SCHEMA:
+        raise RecordInvalid(path, f"written by a newer pictl (schema {summary.schema_version}; this one reads "
+                                  f"{SUMMARY_SCHEMA} and older)")
+    return summary
+
+
+def read_summary(path: Path) -> RunSummary:
+    """A run's summary.json, checked against `RunSummary` (RecordInvalid naming the file and field if not)."""
+    return parse_summary(path, read_json_object(path))
 
 
 def age_text(seconds: float) -> str:

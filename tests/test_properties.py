@@ -1,15 +1,21 @@
 """Property tests: whatever a hosts.toml or a profile holds, pictl answers with a Cluster / RunOptions or
-one of its own errors (a ConfigError naming the file), never another exception (a traceback)."""
+one of its own errors (a ConfigError naming the file), never another exception (a traceback); whatever a
+run record holds, the readers of records (`runs`, `runs show`, `runs compare`, `report`) answer with a
+result or one error line, print no control character, and write nothing outside `--out`."""
 
 from __future__ import annotations
 
 import datetime
+import json
 import math
 import os
+import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -147,3 +153,124 @@ def test_any_profile_name_is_looked_up_by_name_only(name: str) -> None:
         assert "\n" not in str(exc)
         return
     assert "/" not in name and options.images != 3
+
+
+# -- run records ---------------------------------------------------------------------------------------------
+# Whatever a run directory's summary.json holds, `runs`, `runs show`, `runs compare` and `report` answer with
+# exit 0 or one of pictl's own errors (2), never a bug (1) or a traceback; nothing they print carries a control
+# character, `--json` is strict JSON, and `report` writes nothing outside `--out`.
+
+RECORD_SETTINGS = settings(max_examples=int(os.environ.get("PICTL_RECORD_EXAMPLES", "60")), deadline=None,
+                           database=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+BASE_SUMMARY: dict[str, Any] = json.loads((Path(__file__).parent / "data" / "run_summary_two_stages.json").read_text())
+TERMINAL_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+DEEP = "@@deep:"
+"""A generated value that stands for JSON nested that many levels (json.dumps could not write it)."""
+
+odd_strings = st.one_of(
+    st.text(max_size=24),
+    st.sampled_from(["\x1b]0;pwned\x07", "\x1b[2J\x1b[H", "\x1b]52;c;aGk=\x07", "\x9b31m", "[/]", "[bold]x",
+                     "deit[pruned-0.3]", "../../x", "/etc/passwd", ".", "..", "", "$\\frac{1}{0}$", "a\nb", "\x00",
+                     "\u202eevil", "\ud800", ":smile:", "x" * 3000, "ok", "failed", "interrupted", "blocks.6"]))
+numbers = st.one_of(st.integers(), st.floats(), st.integers(min_value=-(10**40), max_value=10**40),
+                    st.sampled_from([0, -1, 1, 2**63, -(2**63) - 1, 10**300, 1e308, 1.5e300, 253402300800.0]))
+leaves = st.one_of(odd_strings, numbers, st.booleans(), st.none(),
+                   st.integers(min_value=60, max_value=3000).map(lambda n: f"{DEEP}{n}"))
+record_values = st.recursive(leaves, lambda inner: st.one_of(
+    st.lists(inner, max_size=3), st.dictionaries(st.one_of(odd_strings, st.sampled_from(["rank", "host", "code"])),
+                                                 inner, max_size=3)), max_leaves=8)
+RECORD_PATHS = ([(k,) for k in BASE_SUMMARY] + [("per_stage", 0, k) for k in BASE_SUMMARY["per_stage"][0]]
+                + [("per_stage", 1, "rank"), ("per_stage", 0), ("baseline", "host"), ("baseline", "age_s"),
+                   ("flags", 0, "code"), ("flags", 0, "message"), ("flags", 0), ("wire",), ("traces",),
+                   ("traces", 0), ("error",), ("error", "message"), ("refine",), ("artifact",), ("x",)])
+GRAB = {"directory": "d", "timeline": "t.json", "per_rank": {"0": {"compute_pct": 50.0, "send_pct": 1.0,
+                                                                   "recv_wait_pct": 2.0, "idle_pct": 47.0}}}
+mutations = st.lists(st.tuples(st.sampled_from(["set", "delete"]), st.sampled_from(RECORD_PATHS), record_values),
+                     min_size=1, max_size=3)
+
+
+def _mutate(doc: dict[str, Any], changes: list[tuple[str, tuple[Any, ...], Any]]) -> dict[str, Any]:
+    """The base summary with each change applied where its path exists (a path that does not is skipped)."""
+    doc = json.loads(json.dumps(doc))
+    doc["traces"] = [dict(GRAB)]
+    for how, path, value in changes:
+        parent: Any = doc
+        for key in path[:-1]:
+            try:
+                parent = parent[key]
+            except (KeyError, IndexError, TypeError):
+                parent = None
+                break
+        last = path[-1]
+        if isinstance(parent, dict) or (isinstance(parent, list) and isinstance(last, int) and last < len(parent)):
+            if how == "delete":
+                if isinstance(parent, dict):
+                    parent.pop(last, None)
+                else:
+                    parent.pop(last)
+            else:
+                parent[last] = value
+    return doc
+
+
+def _record_text(doc: Any) -> str:
+    text = json.dumps(doc)
+    return re.sub(f'"{DEEP}(\\d+)"', lambda m: "[" * int(m.group(1)) + "]" * int(m.group(1)), text)
+
+
+records = st.one_of(
+    st.just(BASE_SUMMARY).map(lambda d: _record_text(_mutate(d, []))),
+    mutations.map(lambda m: _record_text(_mutate(BASE_SUMMARY, m))),
+    st.dictionaries(st.sampled_from(["schema", "status", "run_id", "stages", "per_stage", "speedup", "started_at",
+                                     "flags", "traces", "baseline"]), record_values, max_size=6).map(_record_text),
+    st.binary(max_size=80).map(lambda b: b.decode("utf-8", "surrogateescape")))
+
+
+def _invoke(args: list[str]) -> Any:
+    from typer.testing import CliRunner
+
+    from pictl.cli import app
+
+    return CliRunner().invoke(app, args, env={"FORCE_COLOR": None, "TTY_COMPATIBLE": None, "COLUMNS": "200"})
+
+
+def _no_constant(name: str) -> None:
+    pytest.fail(f"{name} in --json output: not strict JSON")
+
+
+def _all_files(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*")}
+
+
+@RECORD_SETTINGS
+@given(text=records)
+def test_any_run_record_is_read_or_refused_by_every_reader(text: str) -> None:
+    work = Path(tempfile.mkdtemp(dir=WORK, prefix="records-"))
+    try:
+        runs, out = work / "runs", work / "a" / "out"
+        good, bad = runs / "20261124-100000-s2-good", runs / "20261124-110000-s2-bad"
+        for run, body in ((good, json.dumps(BASE_SUMMARY)), (bad, text)):
+            run.mkdir(parents=True)
+            (run / "summary.json").write_bytes(body.encode("utf-8", "surrogatepass"))
+        before = _all_files(work)
+        for args in (["runs", "--json"], ["runs"], ["runs", "show", bad.name], ["runs", "show", str(bad), "--json"],
+                     ["runs", "compare", good.name, bad.name], ["runs", "compare", good.name, bad.name, "--json"],
+                     ["runs", "export"], ["report", str(bad), "--out", str(out)]):
+            result = _invoke([*args, "--runs-dir", str(runs)])
+            assert result.exception is None or isinstance(result.exception, SystemExit), (args, result.exception)
+            assert result.exit_code in (0, 2), (args, result.exit_code, result.stderr)
+            for stream in (result.stdout, result.stderr):
+                assert not TERMINAL_CONTROL.search(stream), (args, stream[:3000])
+            if result.exit_code == 2:
+                errors = [line for line in result.stderr.splitlines() if line.startswith("pictl: error: ")]
+                assert len(errors) == 1 and result.stderr.strip().splitlines()[-1] == errors[0], result.stderr
+            if "--json" in args and result.exit_code == 0:
+                json.loads(result.stdout, parse_constant=_no_constant)
+            if args[:2] == ["runs", "--json"]:
+                assert good.name in {Path(r["run_dir"]).name for r in json.loads(result.stdout)}  # the sibling stays
+        written = _all_files(work) - before
+        assert all(out in p.parents for p in written if p not in (out, out.parent)), written
+        assert not [p for p in out.glob(".*")], "a temporary file was left in --out"
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

@@ -1,17 +1,21 @@
 """`pictl runs`: past runs as data. List them (filtered, sorted), show one, compare several side by side,
-export them as CSV. Runs are named by id, a unique id prefix, or their directory."""
+export them as CSV. Runs are named by id, a unique id prefix, or their directory.
+
+A record that does not keep the summary's contract is left out of a list with one `pictl: note:` line on
+stderr naming it; named alone (`show`, `compare`), it is refused with one error line (exit 2). What a record
+holds reaches the terminal as text (never Rich markup, no control characters); `--json` is strict JSON."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from pictl import errors as E
-from pictl.cli.common import JsonOpt, RunsDirOpt, app, fail, runs_root, wide_console
+from pictl.cli.common import JsonOpt, RunsDirOpt, app, fail, runs_root, stderr, wide_console
 from pictl.records import catalog
 
 runs_app = typer.Typer(help="Past runs: list (filter, sort), show one, compare several, export as CSV.",
@@ -44,18 +48,21 @@ def list_runs(
     """List past runs, newest first (or sorted by --sort), filtered by date, stages, policy and status."""
     if ctx.invoked_subcommand is not None:
         return
+    skipped: list[catalog.Skipped] = []
     try:
         root = runs_root(runs_dir)
-        rows = catalog.table_rows(root, catalog.RunFilter(since, stages, policy, status), sort)[:limit]
+        rows = catalog.table_rows(root, catalog.RunFilter(since, stages, policy, status), sort,
+                                  skipped=skipped)[:limit]
     except E.PictlError as exc:
         fail(exc)
+    _notes(skipped)
     if as_json:
-        typer.echo(json.dumps(rows))
+        typer.echo(catalog.json_text(rows))
         return
     if not rows:
-        typer.echo(f"no runs in {root} match", err=True)
+        typer.echo(f"no runs in {catalog.terminal_text(root)} match", err=True)
         return
-    wide_console().print(_table(rows, SHORT, title=f"runs in {root}"))
+    wide_console().print(_table(rows, SHORT, title=f"runs in {catalog.terminal_text(root)}"))
 
 
 @runs_app.command()
@@ -65,14 +72,15 @@ def show(
     runs_dir: RunsDirOpt = None,
 ) -> None:
     """One run's summary: figures, baseline, flags, stages and traces."""
+    skipped: list[catalog.Skipped] = []
     try:
         path = catalog.resolve_run(runs_root(runs_dir), run)
-        summary = catalog.load_runs(path.parent)
-        found = next(s for s in summary if Path(s["run_dir"]).resolve() == path.resolve())
+        found = catalog.read_run(path, skipped)
     except E.PictlError as exc:
         fail(exc)
+    _notes(skipped)
     if as_json:
-        typer.echo(json.dumps(found))
+        typer.echo(catalog.json_text(found))
         return
     wide_console().print(catalog.run_details(found))
 
@@ -92,12 +100,12 @@ def compare(
     except E.PictlError as exc:
         fail(exc)
     if as_json:
-        typer.echo(json.dumps(rows))
+        typer.echo(catalog.json_text(rows))
         return
     table = Table(show_header=True, header_style="bold")
     table.add_column("")
     for r in rows:
-        table.add_column(str(r["run_id"]), overflow="fold")
+        table.add_column(_cell(r["run_id"]), overflow="fold")
     for key in catalog.COLUMNS[1:]:
         table.add_row(HEADINGS.get(key, key), *(_cell(r[key]) for r in rows))
     wide_console().print(table)
@@ -114,28 +122,39 @@ def export(
     runs_dir: RunsDirOpt = None,
 ) -> None:
     """Every matching run as one CSV row (all columns)."""
+    skipped: list[catalog.Skipped] = []
     try:
-        rows = catalog.table_rows(runs_root(runs_dir), catalog.RunFilter(since, stages, policy, status), sort)
+        rows = catalog.table_rows(runs_root(runs_dir), catalog.RunFilter(since, stages, policy, status), sort,
+                                  skipped=skipped)
         text = catalog.to_csv(rows)
         if csv_path is not None:
             try:
                 csv_path.write_text(text)
             except OSError as exc:
-                raise E.ConfigError(f"--csv: {csv_path}: {exc.strerror or exc}") from None
+                raise E.ConfigError(f"--csv: {catalog.terminal_text(csv_path)}: {exc.strerror or exc}") from None
     except E.PictlError as exc:
         fail(exc)
+    _notes(skipped)
     if csv_path is None:
         typer.echo(text, nl=False)
     else:
-        typer.echo(f"{len(rows)} runs: {csv_path}", err=True)
+        typer.echo(f"{len(rows)} runs: {catalog.terminal_text(csv_path)}", err=True)
 
 
-def _cell(value: Any) -> str:
-    return "-" if value is None else str(value)
+def _notes(skipped: list[catalog.Skipped]) -> None:
+    """One line on stderr per record left out (emoji off: a `:name:` in a directory's name stays text)."""
+    err = stderr()
+    for item in skipped:
+        err.print(f"pictl: note: {item}", markup=False, emoji=False)
+
+
+def _cell(value: Any) -> Text:
+    """A value from a record as a table cell: plain text (never Rich markup), printable, not megabytes long."""
+    return Text("-" if value is None else catalog.terminal_text(value, catalog.CELL_LIMIT))
 
 
 def _table(rows: list[dict[str, Any]], columns: tuple[str, ...], title: str) -> Table:
-    table = Table(title=title, show_header=True, header_style="bold", title_justify="left")
+    table = Table(title=Text(title), show_header=True, header_style="bold", title_justify="left")
     for key in columns:
         table.add_column(HEADINGS.get(key, key), no_wrap=key == "run_id")
     for r in rows:

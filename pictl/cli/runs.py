@@ -240,29 +240,32 @@ def report(
 ) -> None:
     """A Markdown report: headline figures, per-stage breakdown chart, link bytes/s, sweep tables and plots."""
     from pictl.records.report import write_report
+    from pictl.summary import terminal_text
 
     try:
         root = runs_root(runs_dir)
         path = write_report([_resolve_source(root, s) for s in sources], out)
-    except E.PictlError as exc:
+    except E.PictlError as exc:  # a source it cannot read: 2; a file --out refused (a full disk): 9
         fail(exc)
-    typer.echo(f"report: {path}")
+    typer.echo(f"report: {terminal_text(path)}")
 
 
 def _resolve_source(root: Path, ref: str) -> Path:
     """A run (or a directory) under the runs root, else a training job beside it (`pictl train`)."""
     from pictl.records.catalog import resolve_run
+    from pictl.summary import terminal_text
 
     try:
         return resolve_run(root, ref)
     except E.ConfigError:
         trains = root.parent / "trains"
-        if "/" in ref or not trains.is_dir():
+        if "/" in ref or not ref.strip() or not trains.is_dir():
             raise
         try:
             return resolve_run(trains, ref)
         except E.ConfigError:
-            raise E.ConfigError(f"run '{ref}': no such run or training job (see `pictl runs`)") from None
+            raise E.ConfigError(f"run '{terminal_text(ref, 120)}': no such run or training job "
+                                "(see `pictl runs`)") from None
 
 
 @app.command("profiles")

@@ -1,8 +1,14 @@
 """Runs as data: every run directory under the runs root, found by id, filtered, compared and exported.
 
 What `pictl runs`, `pictl report`, `pictl traces` and the dashboard's history share: one way to turn a
-run reference (an id, a unique id prefix, or a directory) into its directory, one row per run with the
+run reference (an id, a unique id prefix, or a directory) into its directory, one way to read a run's
+record (its summary checked against `RunSummary`, whatever the file holds), one row per run with the
 figures people sort and filter by, and one set of columns for side-by-side comparison and CSV.
+
+A record is not trusted: it may be cut short, edited by hand, copied from elsewhere or made to harm.
+One that does not keep the contract is left out of a listing and named (`Skipped`), never a reason to
+fail the listing of its siblings; shown alone, it is refused with one line naming the file and the field.
+Its strings reach a terminal only through `pictl.text` (no control characters, no Rich markup).
 """
 
 from __future__ import annotations
@@ -10,83 +16,193 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from rich.table import Table
 from rich.text import Text
 
 from pictl.errors import ConfigError
 from pictl.records.runs import CONFIG_FILE, SUMMARY_FILE
-from pictl.summary import baseline_text
+from pictl.summary import (
+    RecordInvalid,
+    TraceRecord,
+    baseline_text,
+    read_json_object,
+    read_summary,
+    terminal_text,
+    validation_problem,
+)
+
+__all__ = ["CELL_LIMIT", "COLUMNS", "NO_SUMMARY", "SORT_KEYS", "RunFilter", "Skipped", "compare_rows", "fmt",
+           "json_text", "load_runs", "read_run", "resolve_run", "row", "run_details", "table_rows", "terminal_text",
+           "to_csv"]
 
 COLUMNS = ("run_id", "started", "status", "model", "stages", "policy", "chunk", "images", "split", "throughput_ips",
            "serial_ips", "speedup", "efficiency", "outputs_match", "wire", "agreement", "accuracy", "baseline", "flags",
            "run_dir")
 """What a row holds, in the order `runs`, `compare` and the CSV show it."""
 SORT_KEYS = ("started", "speedup", "throughput_ips", "stages", "status")
+NO_SUMMARY = "no summary (running or lost)"
+"""The status of a run directory with a config but no summary yet (a live run, or one whose controller died)."""
+
+CELL_LIMIT = 300
+"""Characters of one record string shown on a terminal (a hostile value may be megabytes long)."""
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A run directory (or a trace grab in one) a listing left out, and why: the CLI says so on stderr."""
+
+    path: Path
+    reason: str
+
+    def __str__(self) -> str:
+        return f"skipped {terminal_text(self.path)}: {self.reason}"
+
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except (OSError, ValueError):  # a name too long, a NUL, a directory we may not enter
+        return False
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except (OSError, ValueError):
+        return False
+
+
+def _is_run_dir(path: Path) -> bool:
+    return _exists(path / SUMMARY_FILE) or _exists(path / CONFIG_FILE) or _exists(path / "sweep.json")
+
+
+def read_run(path: Path, skipped: list[Skipped] | None = None, *, traces: bool = True) -> dict[str, Any]:
+    """The run in directory `path` as readers show it: its checked summary as written, with `run_dir` the
+    directory it was found in (a run directory copied elsewhere names its old place) and, with `traces`,
+    the grabs `pictl traces` left beside it (a bad grab is left out and added to `skipped`). A run with a
+    config but no summary yet reads as `NO_SUMMARY`; a summary that does not keep the contract raises
+    RecordInvalid."""
+    where = str(path.absolute())
+    if not _exists(path / SUMMARY_FILE):
+        return {"status": NO_SUMMARY, "run_id": path.name, "run_dir": where}
+    summary = read_summary(path / SUMMARY_FILE)
+    summary.run_dir = where
+    if traces:
+        summary.traces = [*summary.traces, *_grabs(path, {g.directory for g in summary.traces}, skipped)]
+    return summary.model_dump(mode="python", by_alias=True, exclude_unset=True)
+
+
+def _grabs(path: Path, known: set[str | None], skipped: list[Skipped] | None) -> list[TraceRecord]:
+    """Trace grabs another process made (`pictl traces`): on disk beside the run, not in its summary."""
+    found = []
+    try:
+        files = sorted(path.glob("traces*/summary.json"))
+    except OSError:
+        return []
+    for grab_file in files:
+        try:
+            grab = TraceRecord.model_validate(read_json_object(grab_file))
+        except (RecordInvalid, ValidationError) as exc:
+            why = exc.why if isinstance(exc, RecordInvalid) else validation_problem(exc)
+            if skipped is not None:
+                skipped.append(Skipped(grab_file, f"trace grab left out: {why}"))
+            continue
+        if grab.directory not in known:
+            found.append(grab)
+            known.add(grab.directory)
+    return found
+
+
+def _run_dirs(root: Path) -> list[Path]:
+    """The directories under `root` that hold a run (a config or a summary), newest id first."""
+    try:
+        entries = list(os.scandir(root))
+    except (OSError, ValueError):
+        return []
+    dirs = [Path(e.path) for e in entries if _is_dir(Path(e.path))]
+    return sorted((p for p in dirs if _exists(p / CONFIG_FILE) or _exists(p / SUMMARY_FILE)), reverse=True)
+
+
+def load_runs(root: Path, limit: int | None = None, skipped: list[Skipped] | None = None, *,
+              traces: bool = True) -> list[dict[str, Any]]:
+    """The runs under `root` (`read_run`), newest first; one whose record does not keep the contract is
+    left out and added to `skipped`, so that its siblings are still listed."""
+    runs = []
+    for path in _run_dirs(root)[:limit]:
+        try:
+            runs.append(read_run(path, skipped, traces=traces))
+        except RecordInvalid as exc:
+            if skipped is not None:
+                name = exc.path.name if exc.path.parent == path else terminal_text(exc.path)
+                skipped.append(Skipped(path, f"{name}: {exc.why}"))
+    return runs
 
 
 def resolve_run(root: Path, ref: str) -> Path:
     """The run directory `ref` names: a directory (with a config or summary), an id under `root`, or a prefix
     of exactly one id there (`20261123-1810`)."""
-    given = Path(ref).expanduser()
-    if given.is_dir() and _is_run_dir(given):
+    if not ref.strip() or "\x00" in ref:
+        raise ConfigError(f"run {terminal_text(repr(ref), 80)}: names no run (give an id, a unique id prefix "
+                          f"or a directory; see `pictl runs`)")
+    try:
+        given = Path(ref).expanduser()
+    except RuntimeError:  # ~user that does not exist
+        given = Path(ref)
+    if _is_dir(given) and _is_run_dir(given):
         return given
+    shown_ref = terminal_text(ref, 120)
     if "/" not in ref and ref not in (".", ".."):
         exact = root / ref
-        if exact.is_dir() and _is_run_dir(exact):
+        if _is_dir(exact) and _is_run_dir(exact):
             return exact
-        matches = [p for p in sorted(root.glob(f"{ref}*/")) if _is_run_dir(p)] if root.is_dir() else []
+        try:
+            names = sorted(e.name for e in os.scandir(root) if e.name.startswith(ref))
+        except (OSError, ValueError):
+            names = []
+        matches = [root / n for n in names if _is_dir(root / n) and _is_run_dir(root / n)]
         if len(matches) == 1:
             return matches[0]
         if len(matches) > 1:
-            raise ConfigError(f"run '{ref}': {len(matches)} runs start so in {root} "
-                              f"({', '.join(p.name for p in matches[:4])}{', ...' if len(matches) > 4 else ''})")
-    raise ConfigError(f"run '{ref}': no such run (not a run directory, nor an id in {root}; see `pictl runs`)")
+            listed = ", ".join(terminal_text(p.name, 60) for p in matches[:4])
+            raise ConfigError(f"run '{shown_ref}': {len(matches)} runs start so in {terminal_text(root)} "
+                              f"({listed}{', ...' if len(matches) > 4 else ''})")
+    raise ConfigError(f"run '{shown_ref}': no such run (not a run directory, nor an id in {terminal_text(root)}; "
+                      f"see `pictl runs`)")
 
 
-def _is_run_dir(path: Path) -> bool:
-    return (path / SUMMARY_FILE).is_file() or (path / CONFIG_FILE).is_file() or (path / "sweep.json").is_file()
+# -- rows --------------------------------------------------------------------------------------------------
 
 
-def load_runs(root: Path, limit: int | None = None) -> list[dict[str, Any]]:
-    """Summaries of the runs under `root`, newest first; a run without a readable summary is listed as such.
-    Trace grabs another process made (`pictl traces`) are on disk but not in the summary: added here."""
-    paths = sorted((p for p in root.glob("*/") if (p / CONFIG_FILE).is_file() or (p / SUMMARY_FILE).is_file()),
-                   reverse=True) if root.is_dir() else []
-    runs = []
-    for path in paths[:limit]:
-        try:
-            summary = json.loads((path / SUMMARY_FILE).read_text())
-            if not isinstance(summary, dict):
-                raise ValueError("not an object")
-        except (OSError, ValueError):
-            summary = {"status": "no summary (running or lost)", "run_id": path.name}
-        summary.setdefault("run_dir", str(path))
-        summary.setdefault("run_id", path.name)
-        known = {g.get("directory") for g in summary.get("traces") or []}
-        for grab_file in sorted(path.glob("traces*/summary.json")):
-            try:
-                grab = json.loads(grab_file.read_text())
-            except (OSError, ValueError):
-                continue
-            if grab.get("directory") not in known:
-                summary["traces"] = [*(summary.get("traces") or []), grab]
-        runs.append(summary)
-    return runs
+def _plain(value: Any) -> Any:
+    """A row's value: strings without control characters (the dashboard and the CSV show them as they are)."""
+    return terminal_text(value) if isinstance(value, str) else value
+
+
+def _started(value: Any) -> str | None:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(value))
+    except (OverflowError, OSError, ValueError):
+        return None
 
 
 def row(summary: dict[str, Any]) -> dict[str, Any]:
-    """One run's comparable figures (None where the run did not get that far)."""
+    """One run's comparable figures (None where the run did not get that far), from `read_run`'s record."""
     baseline = summary.get("baseline") or {}
     wire = summary.get("wire") or {}
-    started = summary.get("started_at")
-    return {
+    values = {
         "run_id": summary.get("run_id"),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else None,
+        "started": _started(summary.get("started_at")),
         "status": summary.get("status"),
         "model": summary.get("model"),
         "stages": summary.get("stages"),
@@ -107,10 +223,11 @@ def row(summary: dict[str, Any]) -> dict[str, Any]:
         "flags": ",".join(dict.fromkeys(f.get("code", "?") for f in summary.get("flags") or [])) or None,
         "run_dir": summary.get("run_dir"),
     }
+    return {k: _plain(v) for k, v in values.items()}
 
 
 def _rounded(value: Any, digits: int = 2) -> Any:
-    return round(value, digits) if isinstance(value, float) else value
+    return round(value, digits) if isinstance(value, float) and math.isfinite(value) else value
 
 
 @dataclass(frozen=True)
@@ -142,28 +259,33 @@ def _since_epoch(since: str) -> float:
     for pattern in ("%Y-%m-%d", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S"):
         try:
             return time.mktime(time.strptime(since, pattern))
-        except ValueError:
+        except (ValueError, OverflowError):
             continue
-    raise ConfigError(f"--since: {since!r} is not a date (2026-11-23) or a date and time (2026-11-23 18:05)")
+    raise ConfigError(f"--since: {terminal_text(repr(since), 80)} is not a date (2026-11-23) or a date and time "
+                      "(2026-11-23 18:05)")
 
 
-def table_rows(root: Path, where: RunFilter, sort: str = "started", reverse: bool = True) -> list[dict[str, Any]]:
+def _sort_key(value: Any) -> Any:
+    return (1, value) if isinstance(value, float) and math.isnan(value) else (0, value)
+
+
+def table_rows(root: Path, where: RunFilter, sort: str = "started", reverse: bool = True,
+               skipped: list[Skipped] | None = None) -> list[dict[str, Any]]:
     if sort not in SORT_KEYS:
-        raise ConfigError(f"--sort: {sort!r} is not one of {', '.join(SORT_KEYS)}")
-    rows = [r for r in map(row, load_runs(root)) if where.matches(r)]
+        raise ConfigError(f"--sort: {terminal_text(repr(sort), 80)} is not one of {', '.join(SORT_KEYS)}")
+    rows = [r for r in map(row, load_runs(root, skipped=skipped, traces=False)) if where.matches(r)]
     # None sorts last whichever way: a failed run has no speedup, and it is not the best one.
-    present = sorted((r for r in rows if r[sort] is not None), key=lambda r: r[sort], reverse=reverse)
+    present = sorted((r for r in rows if r[sort] is not None), key=lambda r: _sort_key(r[sort]), reverse=reverse)
     return present + [r for r in rows if r[sort] is None]
 
 
 def compare_rows(paths: list[Path]) -> list[dict[str, Any]]:
-    """The named runs' rows, in the order given (`pictl runs compare A B`)."""
+    """The named runs' rows, in the order given (`pictl runs compare A B`); RecordInvalid for a bad record."""
     rows = []
     for path in paths:
-        found = load_runs(path.parent)
-        summary = next((s for s in found if Path(s["run_dir"]).resolve() == path.resolve()), None)
-        if summary is None or "no summary" in str(summary.get("status")):
-            raise ConfigError(f"run '{path.name}': no summary yet (still running, or cut short)")
+        summary = read_run(path, traces=False)
+        if summary.get("status") == NO_SUMMARY:
+            raise ConfigError(f"run '{terminal_text(path.name, 120)}': no summary yet (still running, or cut short)")
         rows.append(row(summary))
     return rows
 
@@ -173,12 +295,46 @@ def to_csv(rows: list[dict[str, Any]]) -> str:
     writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
     writer.writeheader()
     for r in rows:
-        writer.writerow({k: "" if r[k] is None else r[k] for k in COLUMNS})
+        writer.writerow({k: "" if r[k] is None else _plain(r[k]) for k in COLUMNS})
     return out.getvalue()
 
 
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def json_text(data: Any) -> str:
+    """`data` as strict JSON on one line: control characters escaped (json does), NaN and infinities as null
+    (a record may hold them; JSON has no such numbers, and strict parsers refuse them)."""
+    return json.dumps(_finite(data), allow_nan=False)
+
+
+# -- one run on a terminal ---------------------------------------------------------------------------------
+
+
 def fmt(value: Any, spec: str = ".2f") -> str:
-    return "-" if value is None else format(value, spec)
+    if value is None:
+        return "-"
+    try:
+        return format(value, spec)
+    except (TypeError, ValueError):
+        return terminal_text(value, 60)
+
+
+def _cell(value: Any, style: str = "") -> Text:
+    """A record's value as a cell: never read as Rich markup, no control characters, not megabytes long."""
+    return Text("-" if value is None else terminal_text(value, CELL_LIMIT), style=style)
+
+
+def _one_line(text: Any) -> str:
+    """A message that may span lines (an error's text) on one line."""
+    return " / ".join(str(text).splitlines())
 
 
 def _outputs(s: dict[str, Any]) -> str:
@@ -190,7 +346,7 @@ def _outputs(s: dict[str, Any]) -> str:
 
 
 def run_details(s: dict[str, Any]) -> Table:
-    """One run as label/value lines: `pictl runs show` and the dashboard's history."""
+    """One run as label/value lines (`read_run`'s record): `pictl runs show` and the dashboard's history."""
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
@@ -201,18 +357,21 @@ def run_details(s: dict[str, Any]) -> Table:
                          ("serial", f"{fmt(s.get('serial_ips'))} img/s{baseline_text(s)}"),
                          ("speedup", f"{fmt(s.get('speedup'))}x"),
                          ("outputs match", _outputs(s)), ("accuracy", s.get("accuracy"))):
-        grid.add_row(label, "-" if value is None else str(value))
-    if s.get("error"):
-        grid.add_row(Text("error", style="red"), Text(str(s["error"].get("message")), style="red"))
+        grid.add_row(label, _cell(value))
+    error = s.get("error")
+    if error:
+        grid.add_row(Text("error", style="red"), _cell(_one_line(error.get("message")), style="red"))
     for i, flag in enumerate(s.get("flags") or []):
         grid.add_row(Text("flags" if i == 0 else "", style="bold yellow"),
-                     Text(f"{flag['code']}: {flag['message']}", style="yellow"))
-    for st in s.get("per_stage", []):
-        grid.add_row(f"stage {st['rank']}", f"{st.get('host')}  compute {fmt(st.get('compute_s'))}s  "
-                     f"wait {fmt(st.get('wait_s'))}s  send {fmt(st.get('send_s'))}s")
-    for grab in s.get("traces", []):
-        grid.add_row("traces", str(grab.get("timeline") or grab.get("directory")))
-        for rank, share in sorted(grab.get("per_rank", {}).items()):
-            grid.add_row("", f"rank {rank}: compute {share['compute_pct']:.0f}%  send {share['send_pct']:.0f}%  "
-                             f"recv-wait {share['recv_wait_pct']:.0f}%  idle {share['idle_pct']:.0f}%")
+                     _cell(f"{flag.get('code')}: {_one_line(flag.get('message'))}", style="yellow"))
+    for st in s.get("per_stage") or []:
+        grid.add_row(_cell(f"stage {st.get('rank')}"), _cell(f"{st.get('host')}  compute {fmt(st.get('compute_s'))}s  "
+                                                             f"wait {fmt(st.get('wait_s'))}s  "
+                                                             f"send {fmt(st.get('send_s'))}s"))
+    for grab in s.get("traces") or []:
+        grid.add_row("traces", _cell(grab.get("timeline") or grab.get("directory")))
+        for rank, share in sorted((grab.get("per_rank") or {}).items()):
+            pct = {k: fmt(share.get(k), ".0f") for k in ("compute_pct", "send_pct", "recv_wait_pct", "idle_pct")}
+            grid.add_row("", _cell(f"rank {rank}: compute {pct['compute_pct']}%  send {pct['send_pct']}%  "
+                                   f"recv-wait {pct['recv_wait_pct']}%  idle {pct['idle_pct']}%"))
     return grid

@@ -9,121 +9,206 @@ prediction where there is one), a stacked chart of each stage's time (computing,
 waiting for input, blocked sending), and each link's bytes/s, average over the
 timed passes and the fastest pass. For a sweep: its table and plots. For training jobs (`pictl train`):
 a table of every job by mode, and per job where each rank's step time went, with its loss curve.
+
+Run summaries are read through the checked reader (`pictl.summary.read_summary`); a name taken from a
+record (a run id, a job id) becomes a file name only through `safe_file_name`, and every file lands in `--out` whole or
+not at all (a temporary file renamed into place; a full disk leaves no partial file and exits with
+RecordWriteFailed's code). What a record holds reaches the Markdown as text without control characters.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
+import math
+import stat
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from pictl import errors as E
-from pictl.records.runs import SUMMARY_FILE, read_record, read_run_summary, writable_dir
-from pictl.records.train_report import job_section, jobs_table
-from pictl.summary import RunSummary, age_text
+from pictl.records.runs import SUMMARY_FILE, writable_dir
+from pictl.records.train_report import ReportFiles, chart_label, job_section, jobs_table, md_text, quiet_charts
+from pictl.summary import RecordInvalid, RunSummary, age_text, parse_summary, read_json_object, terminal_text
+from pictl.text import printable
+
+MAX_TEXT_BYTES = 4 * 2**20
+"""A sweep's table.md is a few kilobytes; more is not one."""
+MAX_CHART_ITEMS = 64
+"""Bars in one chart: more than a cluster has stages or links is not drawn (the tables still list them)."""
+
+
+def _read_text(path: Path) -> str:
+    """A small text file from a source (a sweep's table), or ConfigError naming it."""
+    try:
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_TEXT_BYTES:
+            raise E.ConfigError(f"{terminal_text(path)}: not a sweep table pictl wrote")
+        return path.read_bytes().decode("utf-8", "replace")
+    except OSError as exc:
+        raise E.ConfigError(f"{terminal_text(path)}: cannot read it ({exc.strerror or exc})") from None
 
 
 def _events(run_dir: Path) -> list[dict[str, Any]]:
+    """The pipeline's telemetry lines (not the serial run's); lines that are not JSON objects are skipped."""
     out = []
-    for path in sorted((run_dir / "events").glob("*.jsonl")):
-        if path.stem == "serial":
-            continue
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue  # a line cut by a crash: the rest still counts
+    try:
+        paths = sorted((run_dir / "events").glob("*.jsonl"))
+    except OSError:
+        return []
+    for path in paths:
+        try:
+            if path.stem == "serial" or not stat.S_ISREG(path.stat().st_mode):
+                continue
+            with path.open(encoding="utf-8", errors="replace") as fh:
+                for line in fh:
+                    try:
+                        event = json.loads(line)
+                    except (ValueError, RecursionError):
+                        continue  # a line cut by a crash: the rest still counts
+                    if isinstance(event, dict):
+                        out.append(event)
+        except OSError:
+            continue  # an events file we cannot read: the links' peak is then unknown, not wrong
     return out
+
+
+def _number(value: Any) -> float | None:
+    """`value` as a finite float, or None (text, a bool, NaN, an infinity, an int too big for a float)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def link_rates(summary: RunSummary, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Bytes/s from each stage to the next: average over the timed passes, and the fastest pass."""
-    seconds = {e["repeat"]: e["seconds"] for e in events if e.get("event") == "throughput"}
+    seconds: dict[int, float] = {}
+    for e in events:
+        repeat, secs = e.get("repeat"), _number(e.get("seconds"))
+        if e.get("event") == "throughput" and isinstance(repeat, int) and secs is not None:
+            seconds[repeat] = secs
+    total_s = sum(seconds.values())
     links = []
     for st in summary.per_stage[:-1]:
-        per_pass = {e["repeat"]: e["bytes_sent"] for e in events if e.get("event") == "progress"
-                    and e.get("rank") == st.rank and e.get("phase") == "timed"}
+        per_pass: dict[int, float] = {}
+        for e in events:
+            repeat, sent = e.get("repeat"), _number(e.get("bytes_sent"))
+            if (e.get("event") == "progress" and e.get("rank") == st.rank and e.get("phase") == "timed"
+                    and isinstance(repeat, int) and sent is not None):
+                per_pass[repeat] = sent
         rates = [per_pass[r] / s for r, s in seconds.items() if r in per_pass and s > 0]
-        total_s = sum(seconds.values())
-        links.append({"from": f"{st.host} (rank {st.rank})", "to_rank": st.rank + 1,
-                      "average_MBps": round((st.bytes_sent or 0) / total_s / 1e6, 2) if total_s else None,
+        average = (st.bytes_sent or 0) / total_s / 1e6 if total_s > 0 else None
+        links.append({"from": f"{md_text(st.host)} (rank {st.rank})", "to_rank": st.rank + 1,
+                      "average_MBps": round(average, 2) if average is not None and math.isfinite(average) else None,
                       "peak_MBps": round(max(rates) / 1e6, 2) if rates else None})
     return links
 
 
-def stage_chart(summary: RunSummary, path: Path) -> Path:
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    stages = summary.per_stage
-    labels = [f"{st.rank}\n{st.host}" for st in stages]
+    return plt
+
+
+def stage_chart(summary: RunSummary, fh: IO[bytes]) -> None:
+    """A stacked bar per stage: computing, waiting for input, blocked sending (the timed passes)."""
+    plt = _pyplot()
+    stages = summary.per_stage[:MAX_CHART_ITEMS]
+    labels = [f"{st.rank}\n{chart_label(st.host)}" for st in stages]
     fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(stages)), 3.5))
-    bottom = [0.0] * len(stages)
-    for key, color in (("compute_s", "#4c72b0"), ("wait_s", "#dd8452"), ("send_s", "#55a868")):
-        values = [getattr(st, key) or 0.0 for st in stages]
-        ax.bar(labels, values, bottom=bottom, label=key.removesuffix("_s"), color=color)
-        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    return _finish(plt, fig, ax, "seconds (timed passes)", "where each stage's time went", path)
+    try:
+        bottom = [0.0] * len(stages)
+        for key, color in (("compute_s", "#4c72b0"), ("wait_s", "#dd8452"), ("send_s", "#55a868")):
+            values = [_number(getattr(st, key)) or 0.0 for st in stages]
+            ax.bar(range(len(stages)), values, bottom=bottom, label=key.removesuffix("_s"), color=color)
+            bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+        ax.set_xticks(range(len(stages)), labels)
+        _finish(fig, ax, "seconds (timed passes)", "where each stage's time went", fh)
+    finally:
+        plt.close(fig)
 
 
-def _finish(plt, fig, ax, ylabel: str, title: str, path: Path) -> Path:  # noqa: ANN001
+def _finish(fig: Any, ax: Any, ylabel: str, title: str, fh: IO[bytes]) -> None:
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    with quiet_charts():
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(fh, format="png", dpi=120)
 
 
-def wire_chart(summary: RunSummary, path: Path) -> Path:
+def wire_chart(summary: RunSummary, fh: IO[bytes]) -> None:
     """Per link: MB uncompressed beside MB on the wire (the timed passes)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     assert summary.wire is not None
-    links = summary.wire.links
+    links = summary.wire.links[:MAX_CHART_ITEMS]
     fig, ax = plt.subplots(figsize=(max(4, 1.6 * len(links)), 3.5))
-    xs = range(len(links))
-    ax.bar([x - 0.2 for x in xs], [(k.raw_bytes or 0) / 1e6 for k in links], width=0.4, label="fp32")
-    ax.bar([x + 0.2 for x in xs], [(k.wire_bytes or 0) / 1e6 for k in links], width=0.4, label="on the wire")
-    ax.set_xticks(list(xs), [f"{k.link}\n{k.format}" for k in links])
-    return _finish(plt, fig, ax, "MB (timed passes)", "what each link carried", path)
+    try:
+        xs = range(len(links))
+        ax.bar([x - 0.2 for x in xs], [(_number(k.raw_bytes) or 0.0) / 1e6 for k in links], width=0.4, label="fp32")
+        ax.bar([x + 0.2 for x in xs], [(_number(k.wire_bytes) or 0.0) / 1e6 for k in links], width=0.4,
+               label="on the wire")
+        ax.set_xticks(list(xs), [f"{chart_label(k.link)}\n{chart_label(k.format)}" for k in links])
+        _finish(fig, ax, "MB (timed passes)", "what each link carried", fh)
+    finally:
+        plt.close(fig)
 
 
-def _wire_lines(s: RunSummary, out: Path) -> list[str]:
+def _wire_lines(s: RunSummary, files: ReportFiles) -> list[str]:
     """With `--wire` other than fp32: how the outputs were judged, and each link's bytes and bandwidth."""
     if s.wire is None or s.wire.format == "fp32":
         return []
-    judged = (f"**lossy wire** `{s.wire.format}`: top-1 agreement with the serial run {s.agreement} (at least "
-              f"{s.wire.min_agreement} passes), mean |logit diff| {s.mean_abs_diff}." if s.wire.lossy
-              else f"wire `{s.wire.format}` (exact).")
+    wire = s.wire
+    judged = (f"**lossy wire** `{md_text(wire.format)}`: top-1 agreement with the serial run {s.agreement} (at least "
+              f"{wire.min_agreement} passes), mean |logit diff| {s.mean_abs_diff}." if wire.lossy
+              else f"wire `{md_text(wire.format)}` (exact).")
     lines = [judged, "", "| link | cut | format | MB on the wire | MB raw | ratio | compress s | decompress s | "
                          "average MB/s | peak MB/s |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for k in s.wire.links:
-        def mb(v: float | None) -> str:
-            return "-" if v is None else f"{v / 1e6:.2f}"
-        lines.append(f"| {k.link} | {k.cut} | {k.format} | {mb(k.wire_bytes)} | {mb(k.raw_bytes)} | {k.ratio} | "
-                     f"{k.compress_s} | {k.decompress_s} | {mb(k.avg_Bps)} | {mb(k.peak_Bps)} |")
-    chart = wire_chart(s, out / f"{s.run_id}-wire.png")
-    return [*lines, "", f"![wire bytes per link]({chart.name})", ""]
+
+    def mb(v: float | None) -> str:
+        return "-" if v is None else f"{v / 1e6:.2f}"
+
+    for k in wire.links:
+        lines.append(f"| {md_text(k.link)} | {md_text(k.cut)} | {md_text(k.format)} | {mb(k.wire_bytes)} | "
+                     f"{mb(k.raw_bytes)} | {k.ratio} | {k.compress_s} | {k.decompress_s} | {mb(k.avg_Bps)} | "
+                     f"{mb(k.peak_Bps)} |")
+    chart = files.chart(s.run_id, "wire", lambda fh: wire_chart(s, fh))
+    return [*lines, "", f"![wire bytes per link]({chart})", ""]
 
 
-def _run_section(run_dir: Path, out: Path) -> list[str]:
-    s = read_run_summary(run_dir / SUMMARY_FILE)
+def _refine_lines(refine: Any) -> list[str]:
+    """`balanced`'s refinement rounds (an untyped part of the summary: what is not as written is left out)."""
+    rounds = refine.get("rounds") if isinstance(refine, dict) else None
+    lines = []
+    for r in rounds if isinstance(rounds, list) else []:
+        if not isinstance(r, dict):
+            continue
+        split = r.get("split_points")
+        nxt = r.get("next_split")
+        then = f"next {', '.join(map(md_text, nxt))}" if isinstance(nxt, list) and nxt else "kept"
+        lines.append(f"\nrefinement round {md_text(r.get('round'))}: split "
+                     f"{', '.join(map(md_text, split)) if isinstance(split, list) else '-'}, predicted "
+                     f"{md_text(r.get('predicted_ms'))} ms, measured {md_text(r.get('measured_ms'))} ms per stage; "
+                     f"{then}.")
+    return lines
+
+
+def _run_section(run_dir: Path, s: RunSummary, files: ReportFiles) -> list[str]:
     extra = s.model_extra or {}
-    lines = [f"## Run {s.run_id}", "",
-             f"{s.stages} stage(s), policy {s.policy}, split {', '.join(s.split_points) or '-'}; "
-             f"{extra.get('images')} images, chunk {extra.get('chunk')}, {extra.get('threads')} thread(s); "
+    lines = [f"## Run {md_text(s.run_id)}", "",
+             f"{s.stages} stage(s), policy {md_text(s.policy)}, "
+             f"split {', '.join(map(md_text, s.split_points)) or '-'}; "
+             f"{s.images} images, chunk {s.chunk}, {md_text(extra.get('threads'))} thread(s); "
              f"status **{s.status}**.", "",
              "| throughput img/s | serial img/s | speedup | efficiency | outputs match |", "|---|---|---|---|---|",
              f"| {s.throughput_ips} | {s.serial_ips} | {s.speedup} | {s.efficiency} | "
-             f"{s.outputs_match} |", "", *_wire_lines(s, out), *_baseline_and_flags(s)]
+             f"{s.outputs_match} |", "", *_wire_lines(s, files), *_baseline_and_flags(s)]
     if s.stages > 1:
         # Per microbatch: the stage's compute (what `balanced` predicts), and apart from it the time it
         # waited for input and was blocked on sends.
@@ -132,15 +217,12 @@ def _run_section(run_dir: Path, out: Path) -> list[str]:
         for st in s.per_stage:
             mb = None if st.bytes_sent is None else round(st.bytes_sent / 1e6, 1)
             error = st.prediction_error
-            lines.append(f"| {st.rank} | {st.host} | {(st.modules or ['-'])[0]} | {st.measured_ms} | "
+            lines.append(f"| {st.rank} | {md_text(st.host)} | {md_text((st.modules or ['-'])[0])} | {st.measured_ms} | "
                          f"{st.wait_ms} | {st.send_ms} | {mb} | {st.predicted_ms} | "
                          f"{'-' if error is None else format(error, '+.1%')} |")
-        for r in (extra.get("refine") or {}).get("rounds", []):
-            then = f"next {', '.join(r['next_split'])}" if r.get("next_split") else "kept"
-            lines.append(f"\nrefinement round {r['round']}: split {', '.join(r['split_points'])}, predicted "
-                         f"{r['predicted_ms']} ms, measured {r['measured_ms']} ms per stage; {then}.")
-        chart = stage_chart(s, out / f"{s.run_id}-stages.png")
-        lines += ["", f"![per-stage time]({chart.name})", "", "| link | average MB/s | fastest pass MB/s |",
+        lines += _refine_lines(extra.get("refine"))
+        chart = files.chart(s.run_id, "stages", lambda fh: stage_chart(s, fh))
+        lines += ["", f"![per-stage time]({chart})", "", "| link | average MB/s | fastest pass MB/s |",
                   "|---|---|---|"]
         for link in link_rates(s, _events(run_dir)):
             lines.append(f"| {link['from']} -> rank {link['to_rank']} | {link['average_MBps']} | "
@@ -153,25 +235,38 @@ def _baseline_and_flags(s: RunSummary) -> list[str]:
     base = s.baseline
     lines = []
     if base and s.serial_reused:
-        lines += [f"Serial baseline: reused, measured on {base.host} {age_text(base.age_s)} before this run.", ""]
+        lines += [f"Serial baseline: reused, measured on {md_text(base.host)} {age_text(base.age_s)} before this run.",
+                  ""]
     elif base:
-        why = f"; a cached one was not reused: {base.not_reused_because}" if base.not_reused_because else ""
-        lines += [f"Serial baseline: measured on {base.host} for this run{why}.", ""]
+        why = f"; a cached one was not reused: {md_text(base.not_reused_because)}" if base.not_reused_because else ""
+        lines += [f"Serial baseline: measured on {md_text(base.host)} for this run{why}.", ""]
     if s.flags:
         lines += ["**Sanity flags** (these numbers are suspect):", "",
-                  *(f"- `{f.code}`: {f.message}" for f in s.flags), ""]
+                  *(f"- `{md_text(f.code)}`: {md_text(f.message)}" for f in s.flags), ""]
     elif "flags" in s.model_fields_set:
         lines += ["No sanity flags.", ""]
     return lines
 
 
-def _sweep_section(sweep_dir: Path, out: Path) -> list[str]:
-    lines = [f"## Sweep {sweep_dir.name}", "", (sweep_dir / "table.md").read_text(), ""]
+def _sweep_section(sweep_dir: Path, files: ReportFiles) -> list[str]:
+    lines = [f"## Sweep {md_text(sweep_dir.name)}", "", _read_text(sweep_dir / "table.md"), ""]
     for png in sorted(sweep_dir.glob("*.png")):
-        target = out / f"{sweep_dir.name}-{png.name}"
-        shutil.copyfile(png, target)
-        lines += [f"![{png.stem}]({target.name})", ""]
+        try:
+            if not stat.S_ISREG(png.stat().st_mode):
+                continue  # a FIFO or a device named like a plot: never read
+            data = png.read_bytes()
+        except OSError as exc:
+            raise E.ConfigError(f"{terminal_text(png)}: cannot read it ({exc.strerror or exc})") from None
+        chart = files.chart(sweep_dir.name, png.stem, _copy_of(data))
+        lines += [f"![{md_text(png.stem)}]({chart})", ""]
     return lines
+
+
+def _copy_of(data: bytes) -> Callable[[IO[bytes]], None]:
+    def fill(fh: IO[bytes]) -> None:
+        fh.write(data)
+
+    return fill
 
 
 def _pct(v: float | None) -> str:
@@ -191,14 +286,14 @@ def models_section(runs: list[dict[str, Any]], prunes: list[dict[str, Any]]) -> 
         art = run.get("artifact")
         key = art["path"] if art else "base"
         row = rows.setdefault(key, {"name": f"pruned {art['importance']} {art['ratio']}" if art
-                                    else f"{run['model']} (unpruned)"})
+                                    else f"{run.get('model')} (unpruned)"})
         if art:
             row.update({k: art[k] for k in ("params", "macs", "top1_pruned")}, top1=art["top1"])
             rows.setdefault("base", {"name": f"{art['base_model']} (unpruned)"}).update(
                 params=art["params_base"], macs=art["macs_base"], top1=art["top1_before"])
-        row["serial_ips"] = run["serial_ips"] or row.get("serial_ips")
+        row["serial_ips"] = run.get("serial_ips") or row.get("serial_ips")
         if run["stages"] > 1 and run["status"] == "ok":
-            row.setdefault("pipelines", []).append((run["stages"], run["throughput_ips"], run["serial_ips"]))
+            row.setdefault("pipelines", []).append((run["stages"], run.get("throughput_ips"), run.get("serial_ips")))
     if len(rows) < 2:
         return []
     base_serial = rows.get("base", {}).get("serial_ips")
@@ -217,49 +312,85 @@ def models_section(runs: list[dict[str, Any]], prunes: list[dict[str, Any]]) -> 
                           for n, ips, own in sorted(r.get("pipelines", [])) if ips and (base_serial or own))
         size = (f"{r['params']:,} | {r['macs'] / 1e9:.2f}" if r.get("params") else "- | -")
         vs_base = f"{serial / base_serial:.2f}x" if serial and base_serial else "-"
-        lines.append(f"| {r['name']} | {size} | {_pct(r.get('top1_pruned'))} | {_pct(r.get('top1'))} | "
+        lines.append(f"| {md_text(r['name'])} | {size} | {_pct(r.get('top1_pruned'))} | {_pct(r.get('top1'))} | "
                      f"{serial or '-'} | {vs_base} | {pipes or '-'} |")
     return [*lines, ""]
 
 
-def _load(src: Path) -> dict[str, Any]:
+def _load(src: Path) -> RunSummary | dict[str, Any]:
+    """A source's summary: a run's, checked against `RunSummary`; a pruning or training job's, as written."""
     path = src / SUMMARY_FILE
-    summary = read_record(path)
-    if "run_id" in summary:
-        return read_run_summary(path).model_dump(mode="json", by_alias=True, exclude_unset=True)
-    if not isinstance(summary.get("job_id"), str):
-        raise E.ConfigError(f"{path}: neither a run's nor a pruning job's summary, nor a training job's "
-                            "(no run_id, no job_id)")
-    return summary
+    data = read_json_object(path)
+    if "run_id" in data:
+        return parse_summary(path, data)
+    if not isinstance(data.get("job_id"), str):
+        raise RecordInvalid(path, "neither a run's nor a pruning job's summary, nor a training job's "
+                                  "(no run_id, no job_id)")
+    return data
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
+
+
+_UNREADABLE = (KeyError, TypeError, AttributeError, ValueError, IndexError, ArithmeticError, RuntimeError)
+"""What a record of another shape raises in the code that lays it out (a hand-edited prune summary, a chart
+matplotlib cannot draw): named as that source's fault, never a traceback."""
 
 
 def write_report(sources: list[Path], out: Path) -> Path:
-    """report.md (and its charts) in `out`; every source is checked before anything is written."""
+    """report.md (and its charts) in `out`; every source is checked before anything is written.
+
+    ConfigError (exit 2) for a source this pictl cannot read, naming it; RecordWriteFailed (exit 9) when
+    `out` refuses a file (a full disk): nothing half-written is left."""
     writable_dir(out, "--out")
     for src in sources:
-        if not ((src / SUMMARY_FILE).is_file() or (src / "sweep.json").is_file()):
-            raise E.ConfigError(f"{src}: not a run directory (summary.json), a sweep directory (sweep.json) "
-                                f"or a pruning job")
-    summaries = {src: _load(src) for src in sources if (src / SUMMARY_FILE).is_file()}
-    trains = [s for s in summaries.values() if s.get("kind") == "train"]
-    prunes = [s for s in summaries.values() if "job_id" in s and s.get("status") == "ok" and s.get("kind") != "train"]
-    runs = [s for s in summaries.values() if "run_id" in s]
+        if not (_exists(src / SUMMARY_FILE) or _is_file(src / "sweep.json")):
+            raise E.ConfigError(f"{terminal_text(src)}: not a run directory (summary.json), a sweep directory "
+                                f"(sweep.json) or a pruning job")
+    # (a summary.json that is no regular file, a FIFO, is named by the reader, never opened)
+    summaries = {src: _load(src) for src in sources if _exists(src / SUMMARY_FILE)}
+    jobs = {src: s for src, s in summaries.items() if isinstance(s, dict)}
+    trains = [s for s in jobs.values() if s.get("kind") == "train"]
+    prunes = [s for s in jobs.values() if s.get("status") == "ok" and s.get("kind") != "train"]
+    runs = [s.model_dump(by_alias=True) for s in summaries.values() if isinstance(s, RunSummary)]
     try:
         out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise E.RecordWriteFailed(f"--out: cannot make {terminal_text(out)}: {exc.strerror or exc}") from None
+    files = ReportFiles(out)
+    try:
         lines = ["# pictl report", "", *models_section(runs, prunes), *(jobs_table(trains) if trains else [])]
-        for src in sources:
-            if (src / "sweep.json").is_file():
-                lines += _sweep_section(src, out)
-            elif "run_id" in summaries[src]:
-                lines += _run_section(src, out)
-            elif summaries[src].get("kind") == "train":
-                lines += job_section(summaries[src], out)
-        report = out / "report.md"
-        report.write_text("\n".join(lines))
-    except (KeyError, TypeError, AttributeError, ValueError) as exc:
-        # A summary from another pictl version, or edited by hand: name it, do not crash on it.
-        raise E.ConfigError(f"a source holds a record this pictl cannot read ({type(exc).__name__}: {exc})") \
+    except _UNREADABLE as exc:
+        raise E.ConfigError(f"the models and jobs tables: a pruning or training job's summary (or a run's "
+                            f"artifact) this pictl cannot read ({type(exc).__name__}: {terminal_text(exc, 200)})") \
             from None
-    except OSError as exc:  # a sweep without its table, an --out that fills up
-        raise E.ConfigError(f"{exc.filename or out}: {exc.strerror or exc}") from None
+    for src in sources:
+        try:
+            summary = summaries.get(src)
+            if _is_file(src / "sweep.json"):
+                lines += _sweep_section(src, files)
+            elif isinstance(summary, RunSummary):
+                lines += _run_section(src, summary, files)
+            elif summary is not None and summary.get("kind") == "train":
+                lines += job_section(summary, files)
+        except _UNREADABLE as exc:
+            # A summary from another pictl version, or edited by hand: name it, do not crash on it.
+            raise E.ConfigError(f"{terminal_text(src)}: holds a record this pictl cannot read "
+                                f"({type(exc).__name__}: {terminal_text(exc, 200)})") from None
+    # The record's strings were made one line each; the sweep's table is read as it is: no control
+    # character reaches the Markdown either way.
+    text = "\n".join(printable(line) for line in "\n".join(lines).split("\n"))
+    report = files.path("report.md")
+    files.write(report, _copy_of(text.encode("utf-8", "backslashreplace")))
     return report
