@@ -117,7 +117,7 @@ def test_as_many_images_as_stages_is_fill_and_drain(tmp_path: Path, shared_cache
 
 @pytest.mark.slow
 def test_a_busy_host_during_the_baseline_is_the_baseline_term(tmp_path: Path, pictl_env) -> None:
-    """Two busy loops share the machine's CPUs with the serial run only, then stop before the pipeline."""
+    """Busy loops share the machine's CPUs with the serial run only, then stop before the pipeline."""
     inv = write_cluster(tmp_path / "cluster", 2)
     proc = subprocess.Popen([sys.executable, "-m", "pictl", "run", "--hosts", str(inv), "--headless", "--json",
                              "--threads", "1", "--stages", "2", "--policy", "equal", "--images", "12", "--warmup",
@@ -129,7 +129,10 @@ def test_a_busy_host_during_the_baseline_is_the_baseline_term(tmp_path: Path, pi
         for line in proc.stderr:
             err.append(line)
             if "pictl baseline:" in line and not loops:
-                loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+                # Each in a session of its own: with the kernel's autogroups a session shares the CPUs as one
+                # task, and the serial run's supervisor starts its own session.
+                loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+                         for _ in range(3)]
             if "pictl pipeline: launching" in line:
                 break
     finally:
