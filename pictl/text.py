@@ -20,8 +20,9 @@ _CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 def printable(text: object) -> str:
-    """`text` as a string with every control character shown as U+FFFD (never interpreted)."""
-    return _CONTROL.sub("\ufffd", str(text))
+    """`text` as a string with every control character shown as U+FFFD (never interpreted), and a lone
+    surrogate (a JSON `\\udcff`, a file name that is not UTF-8) written out instead of failing the write."""
+    return _CONTROL.sub("\ufffd", str(text)).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def markup_safe(text: object) -> str:

@@ -18,6 +18,7 @@ from pictl.cluster.fleet import Fleet, connected
 from pictl.inventory import Cluster, load_cluster
 from pictl.planning.profiles import RunOptions
 from pictl.shipped import shipped_path
+from pictl.text import printable
 
 T = TypeVar("T")
 
@@ -78,11 +79,11 @@ def stderr() -> Console:
 
 
 def note(message: str) -> None:
-    stderr().print(f"pictl: note: {message}", markup=False)
+    stderr().print(f"pictl: note: {printable(message)}", markup=False, emoji=False)
 
 
 def fail(exc: E.PictlError) -> NoReturn:
-    stderr().print(f"pictl: error: {exc}", markup=False)
+    stderr().print(f"pictl: error: {printable(exc)}", markup=False, emoji=False)
     raise typer.Exit(exc.exit_code)
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.table import Table
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -16,7 +17,7 @@ from textual.widgets import DataTable, Footer, Input, Static
 
 from pictl import errors as E
 from pictl.records.catalog import SORT_KEYS, RunFilter, load_runs, row, run_details, to_csv
-from pictl.text import markup_safe
+from pictl.text import markup_safe, printable
 
 COLUMNS = (("run", "run_id"), ("status", "status"), ("stages", "stages"), ("policy", "policy"),
            ("img/s", "throughput_ips"), ("serial", "serial_ips"), ("speedup", "speedup"),
@@ -100,7 +101,8 @@ class HistoryScreen(Screen):
         for i in self.shown:
             r = self.rows[i]
             mark = "* " if r["run_id"] in self.marked else ""
-            table.add_row(*((mark if k == "run_id" else "") + ("-" if r[k] is None else str(r[k]))
+            # Text cells: a record's strings are shown as written, never parsed as markup.
+            table.add_row(*(Text(printable((mark if k == "run_id" else "") + ("-" if r[k] is None else str(r[k]))))
                             for _, k in COLUMNS), key=str(i))
         table.border_title = (f"{len(self.shown)} of {len(self.rows)} runs in {self.runs_root}, by {key}"
                               + (f", filter: {self.query_text}" if self.query_text else ""))
@@ -159,10 +161,10 @@ class HistoryScreen(Screen):
         table = Table(show_header=True, header_style="bold", box=None)
         table.add_column("")
         for r in chosen:
-            table.add_column(str(r["run_id"]))
+            table.add_column(Text(printable(r["run_id"])))
         for label, key in COLUMNS[1:] + (("split", "split"), ("efficiency", "efficiency"),
                                          ("baseline", "baseline"), ("chunk", "chunk"), ("images", "images")):
-            table.add_row(label, *("-" if r[key] is None else str(r[key]) for r in chosen))
+            table.add_row(label, *(Text(printable("-" if r[key] is None else r[key])) for r in chosen))
         self.query_one("#history-detail", Static).update(table)
 
     def action_export(self) -> None:
