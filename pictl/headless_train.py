@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from pictl.jobs.training.waterfall import train_waterfall_line
 from remote import protocol as P
 
 TRAIN_EVENTS = (P.TRAIN_START, P.TRAIN_STEP, P.TRAIN_EVAL)
@@ -106,6 +107,8 @@ def print_train_summary(summary: dict[str, Any], *, as_json: bool) -> None:
         out.print(breakdown_table(summary))
     for line in train_lines(summary):
         out.print(line, markup=False)
+    if summary.get("waterfall"):
+        out.print("why not every rank busy: " + train_waterfall_line(summary["waterfall"]), markup=False)
     if as_json:
         sys.stdout.write(json.dumps(summary) + "\n")
         sys.stdout.flush()

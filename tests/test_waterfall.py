@@ -164,3 +164,21 @@ def test_a_slow_link_is_communication(ssh_cluster, shared_cache_env, tmp_path: P
     assert s["waterfall"]["dominant"] == "communication", s["waterfall"]
     assert _terms(s)["communication"]["share"] > 0.4, s["waterfall"]
     assert s["latency"]["clock_aligned"] is True
+
+
+def test_a_training_pipeline_step_is_taken_apart_into_bubble_imbalance_and_the_rest() -> None:
+    from pictl.jobs.training.waterfall import train_waterfall, train_waterfall_line
+
+    def rank(r: int, fwd: float, bwd: float, comm: float, idle: float) -> dict:
+        return {"rank": r, "steps": 10, "seconds": {"data_s": 0.1, "forward_s": fwd, "backward_s": bwd,
+                                                    "optimizer_s": 0.2, "comm_s": comm, "idle_s": idle}}
+
+    summary = {"mode": "pipeline", "chunks": 4, "breakdown": [rank(0, 3.0, 6.0, 0.5, 2.0), rank(1, 1.0, 2.0, 0.5, 8.0)]}
+    w = train_waterfall(summary)
+    by = {t["term"]: t["points"] for t in w["terms"]}
+    assert by["bubble"] == pytest.approx(4 / 5 - 1, abs=1e-3)  # M / (M + N - 1)
+    assert by["imbalance"] == pytest.approx(6 / 11.25 - 4 / 5, abs=1e-3)  # mean 6 ms of fb against 9 x F
+    assert sum(by.values()) == pytest.approx(w["efficiency"] - 1, abs=1e-3)
+    assert w["efficiency"] == pytest.approx(0.6 / 1.18, abs=1e-3) and w["dominant"] == "imbalance"
+    assert train_waterfall_line(w).startswith("efficiency 0.51 of 1 (step 1180 ms")
+    assert train_waterfall({"mode": "single", "breakdown": summary["breakdown"]}) is None

@@ -35,6 +35,7 @@ from pictl.jobs.training.launch import REFERENCE_SPEC, Processes, run_ranks, run
 from pictl.jobs.training.options import AMP_LOSS_TOLERANCE, LOSS_TOLERANCE, TrainOptions
 from pictl.jobs.training.split import balanced_points
 from pictl.jobs.training.telemetry import TrainTelemetry, agreement
+from pictl.jobs.training.waterfall import train_waterfall
 from pictl.planning.placement import NodePlan, place_stages
 from pictl.records.cache import JsonCache, cache_root
 from pictl.records.runs import RunRecord, default_runs_root
@@ -262,6 +263,7 @@ class TrainSession:
             "prediction": self._prediction, "breakdown": tel.breakdown(), "agreement": check, **self._collected,
             "started_at": started, "duration_s": round(time.time() - started, 2),
         }
+        summary["waterfall"] = train_waterfall(summary)
         if "checkpoint" in self._collected:
             summary["run_with"] = f"pictl run --model {self._collected['checkpoint']['path']}"
         if error:

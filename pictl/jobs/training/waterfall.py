@@ -1,0 +1,60 @@
+"""Why a training step takes longer than its compute shared evenly: the step's efficiency taken apart into
+measured terms, like the inference waterfall (`pictl.run.waterfall`), from the time each rank spent per step
+by category (data, forward, backward, optimizer, communication, idle: they add up to the step).
+
+Per step, on rank r: fb_r its forward and backward; b the rank with the most. T the bottleneck's step time,
+F = (M + N - 1) / M for a pipeline of N stages and M microbatches (1 under DDP, where every rank computes the
+whole model on its own samples). Efficiency E = mean(fb) / T, stepping down from 1:
+
+    1
+    bubble          mean(fb) / (F mean(fb))             the pipeline fills and drains every step
+    imbalance       mean(fb) / (F fb_b)                 the bottleneck's compute against the mean rank's
+    communication   ... / (F fb_b + comm_b)             sends, receives, all-reduce on the bottleneck
+    optimizer       ... / (... + optimizer_b)
+    data            ... / (... + data_b)                loading the step's samples
+    residual        E - the above                       idle beyond the modelled bubble, and the rest
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TERMS = ("bubble", "imbalance", "communication", "optimizer", "data", "residual")
+
+
+def train_waterfall(summary: dict[str, Any]) -> dict[str, Any] | None:
+    """The efficiency waterfall of a pipeline or DDP training job, or None (a single run, no figures)."""
+    mode, ranks = summary.get("mode"), summary.get("breakdown") or []
+    if mode not in ("pipeline", "ddp") or len(ranks) < 2:
+        return None
+    try:
+        per = [{k.removesuffix("_s"): float(v) / r["steps"] for k, v in r["seconds"].items()} for r in ranks]
+    except (KeyError, TypeError, ZeroDivisionError):
+        return None
+    fb = [p.get("forward", 0.0) + p.get("backward", 0.0) for p in per]
+    b = max(range(len(fb)), key=lambda i: fb[i])
+    step = sum(per[b].values())
+    chunks = int(summary.get("chunks") or 1)
+    n = len(ranks)
+    f = (chunks + n - 1) / chunks if mode == "pipeline" else 1.0
+    ideal = sum(fb) / n
+    if ideal <= 0 or step <= 0:
+        return None
+    times = [ideal, ideal * f, fb[b] * f]
+    for key in ("comm", "optimizer", "data"):
+        times.append(times[-1] + per[b].get(key, 0.0))
+    times.append(step)
+    eff = [ideal / t for t in times]
+    terms = [{"term": name, "points": round(after - before, 4)}
+             for name, before, after in zip(TERMS, eff[:-1], eff[1:], strict=True)]
+    losses = [t for t in terms if t["points"] < 0]
+    return {"ranks": n, "efficiency": round(eff[-1], 4), "bottleneck_rank": ranks[b]["rank"], "terms": terms,
+            "dominant": min(losses, key=lambda t: t["points"])["term"] if losses else None,
+            "step_ms": round(step * 1000, 3), "ideal_step_ms": round(ideal * 1000, 3)}
+
+
+def train_waterfall_line(w: dict[str, Any]) -> str:
+    parts = [f"{t['term']} {-t['points']:.2f}" for t in sorted(w["terms"], key=lambda t: t["points"])
+             if abs(t["points"]) >= 0.005]
+    return (f"efficiency {w['efficiency']:.2f} of 1 (step {w['step_ms']:.0f} ms, compute shared evenly "
+            f"{w['ideal_step_ms']:.0f} ms): " + ", ".join(parts))
