@@ -35,11 +35,13 @@ BAD_RECORDS = [
     ({**GOOD, "v": 99}, "schema 99"),
     ({"v": 1, "event": "run_end", "t": 1.0, "rank": 0, "microbatches": 4, "compute_s": 1.0, "wait_s": 0.1,
       "send_s": "fast", "bytes_sent": 10}, "'send_s'"),
-    ({"v": 1, "event": "stage_ready", "t": 1.0, "rank": 0, "modules": [1, 2], "params": 5}, "'modules' is not a list of"),
+    ({"v": 1, "event": "stage_ready", "t": 1.0, "rank": 0, "modules": [1, 2], "params": 5},
+     "'modules' is not a list of"),
     ({"v": 1, "event": "error", "t": 1.0, "rank": 0, "message": {"nested": True}}, "'message' is not a string"),
     ({"v": 1, "event": "refine", "t": 1.0, "rank": 0, "round": 1, "split_points": ["blocks.3"], "predicted_ms": ["a"],
       "measured_ms": [1.0], "factors": [1.0]}, "'predicted_ms'"),
-    ({"v": 1, "event": "train_step", "t": 1.0, "rank": 0, "epoch": 0, "step": 1, "seconds": 0.5, "samples": "8"}, "'samples'"),
+    ({"v": 1, "event": "train_step", "t": 1.0, "rank": 0, "epoch": 0, "step": 1, "seconds": 0.5, "samples": "8"},
+     "'samples'"),
 ]
 
 
@@ -57,7 +59,8 @@ def test_lines_that_are_not_records_stay_log_output_and_deep_nesting_never_raise
     deep = read_line('{"a":' * 5000)
     assert isinstance(deep, Rejected) and "nested" in deep.reason
     assert isinstance(read_line("{" + " " * (2 << 20) + "}"), Rejected)
-    nan_loss = {"v": 1, "event": "train_step", "t": 1.0, "rank": 0, "epoch": 0, "step": 1, "seconds": 0.5, "samples": 8, "loss": float("nan")}
+    nan_loss = {"v": 1, "event": "train_step", "t": 1.0, "rank": 0, "epoch": 0, "step": 1, "seconds": 0.5,
+                "samples": 8, "loss": float("nan")}
     assert isinstance(read_line(json.dumps(nan_loss)), dict)  # a diverging loss is shown as it is
 
 
@@ -269,3 +272,37 @@ def test_host_records_through_the_parser_and_every_renderer_never_crash(records,
         state.on_record(source, "h0", got)
     tel.mean_ips, tel.ips_spread, tel.first_error(), tel.top1  # noqa: B018
     assert "\x1b" not in out.getvalue()
+
+
+# -- what is read from a host is capped -------------------------------------------------------------------
+
+def test_a_file_on_a_host_is_never_read_past_its_cap(tmp_path: Path) -> None:
+    from pictl.cluster.transport.local import LocalTransport
+    from pictl.errors import TooLarge
+    from pictl.inventory import Host
+
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * 5000)
+    t = LocalTransport(Host(name="h", transport="local", workdir=str(tmp_path)))
+    with pytest.raises(TooLarge, match=r"host 'h': .*big holds 5,000 bytes, more than the 4,096"):
+        asyncio.run(t.get_bytes(str(big), limit=4096))
+    assert asyncio.run(t.get_bytes(str(big), limit=5000)) == b"x" * 5000
+
+
+def test_a_trace_that_decompresses_past_its_cap_is_refused(tmp_path: Path, monkeypatch) -> None:
+    import gzip
+
+    from pictl.errors import ConfigError
+    from pictl.run import traces
+
+    monkeypatch.setattr(traces, "TRACE_LIMIT", 1 << 20)
+    bomb = tmp_path / "h0-rank0.json.gz"
+    bomb.write_bytes(gzip.compress(b'{"traceEvents": [' + b" " * (4 << 20) + b"]}"))
+    assert bomb.stat().st_size < 20_000  # a few kB on the wire, 4 MB once decompressed
+    with pytest.raises(ConfigError, match="more than 1 MB once decompressed"):
+        traces.load_trace(bomb)
+    odd = tmp_path / "odd.json"
+    odd.write_text(json.dumps({"traceEvents": [{"ph": "X", "ts": "soon", "dur": 1}, 5, {"ph": "X", "ts": 1.0,
+                                                                                        "dur": float("inf")},
+                                               {"ph": "X", "name": "ok", "ts": 2.0, "dur": 1.0}]}))
+    assert traces.load_trace(odd)["traceEvents"] == [{"ph": "X", "name": "ok", "ts": 2.0, "dur": 1.0}]

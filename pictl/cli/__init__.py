@@ -21,6 +21,7 @@ from rich.console import Console
 
 from pictl import errors as E
 from pictl.cli.common import app
+from pictl.text import printable
 
 # Each module registers its commands on `app`; this order is the order of `pictl --help`.
 for _kind in ("runs", "catalog", "jobs", "train", "costs", "hosts", "init"):
@@ -33,8 +34,20 @@ _DEBUG_ON = ("1", "true", "yes")
 
 
 def entrypoint() -> None:
+    import typer
+
     try:
-        app()
+        code = app(standalone_mode=False)
+    except typer.Abort:  # Ctrl-C at a prompt
+        sys.exit(E.EXIT_INTERRUPTED)
+    except typer.TyperException as exc:  # a flag or value the command refuses: one line, like every other error
+        ctx = getattr(exc, "ctx", None)
+        sub = ctx.command_path[len(ctx.find_root().info_name or ""):].strip() if ctx else ""
+        where = f" (see `pictl {sub + ' ' if sub else ''}-h`)" if ctx else ""
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        Console(stderr=True, highlight=False, soft_wrap=True).print(
+            f"pictl: error: {printable(message)}{where}", markup=False, emoji=False)
+        sys.exit(getattr(exc, "exit_code", E.EXIT_BAD_INPUT))
     except KeyboardInterrupt:
         sys.exit(E.EXIT_INTERRUPTED)
     except Exception as exc:  # a bug in pictl: one line here, the traceback in a file (PICTL_DEBUG=1 shows it)
@@ -46,6 +59,7 @@ def entrypoint() -> None:
             f"pictl: error: internal error (a bug in pictl): {type(exc).__name__}: {exc}; "
             f"{_save_traceback(exc)}", markup=False)
         sys.exit(E.EXIT_INTERNAL)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 def _save_traceback(exc: BaseException) -> str:

@@ -41,8 +41,8 @@ class Clock:
 
 def run_delay_s() -> float | None:
     """Seconds every thread of this process has spent runnable but waiting for a CPU (the kernel's schedstat:
-    time on a run queue), or None where the kernel does not say. Another process's load shows here; a CPU
-    quota (throttling) does not: the host's own capacity is not interference."""
+    time on a run queue), or None where the kernel does not say. Another process's load shows here, and so
+    does a CPU quota's throttling (a throttled task stays queued): `throttled_s` is what to take away."""
     total = 0
     try:
         for task in os.listdir("/proc/self/task"):
@@ -54,6 +54,69 @@ def run_delay_s() -> float | None:
     except (OSError, ValueError, IndexError):
         return None
     return total / 1e9
+
+
+def _cpu_stat() -> str | None:
+    """The cpu.stat of the nearest cgroup above this process that has a CPU quota (v1 or v2), or None."""
+    try:
+        with open("/proc/self/cgroup") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            roots = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+        elif "cpu" in controllers.split(","):
+            roots = [f"/sys/fs/cgroup/{controllers}", "/sys/fs/cgroup/cpu"]
+        else:
+            continue
+        for root in roots:
+            node = os.path.normpath(f"{root}/{path.lstrip('/')}")
+            while node.startswith(root):
+                stat = f"{node}/cpu.stat"
+                try:
+                    with open(stat) as fh:
+                        fields = dict(ln.split() for ln in fh if len(ln.split()) == 2)
+                except (OSError, ValueError):
+                    fields = {}
+                if int(fields.get("nr_periods", 0)) > 0:
+                    return stat
+                if node == root:
+                    break
+                node = os.path.dirname(node)
+    return None
+
+
+_STAT = _cpu_stat()
+
+
+def throttled_s() -> float | None:
+    """Seconds this process's CPU-capped cgroup (the host's CFS quota) has spent throttled; None: no quota."""
+    if _STAT is None:
+        return None
+    try:
+        with open(_STAT) as fh:
+            fields = dict(ln.split() for ln in fh if len(ln.split()) == 2)
+        if "throttled_usec" in fields:
+            return int(fields["throttled_usec"]) / 1e6
+        return int(fields["throttled_time"]) / 1e9
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def interference_delay(delays: tuple[float | None, float | None], throttled: tuple[float | None, float | None],
+                       ) -> float:
+    """The run delay between two readings, less the quota's throttling over the same span: the CPU other work
+    held. The cgroup's throttled time covers all of the host's processes: exact for a host running one
+    single-threaded process, an under-estimate of the throttling (so an over-estimate of the interference)
+    otherwise."""
+    if delays[0] is None or delays[1] is None:
+        return 0.0
+    delay = delays[1] - delays[0]
+    if throttled[0] is not None and throttled[1] is not None:
+        delay -= throttled[1] - throttled[0]
+    return max(0.0, delay)
 
 
 class TimedStage(PipelineStage):
@@ -188,12 +251,11 @@ def emit_mb_times(emitter: Emitter, side: str, phase: str, repeat: int, times: l
 
 def timed_pass(run: Callable[[], Any], stage_counters: Callable[[], StageCounters]) -> tuple[float, Any]:
     """Run one pass, adding its wall time and its threads' CPU wait to the stage's counters."""
-    delay0, start = run_delay_s(), time.perf_counter()
+    delay0, throttled0, start = run_delay_s(), throttled_s(), time.perf_counter()
     out = run()
     seconds = time.perf_counter() - start
-    delay1 = run_delay_s()
+    delay1, throttled1 = run_delay_s(), throttled_s()
     c = stage_counters()
     c.pass_s += seconds
-    if delay0 is not None and delay1 is not None:
-        c.run_delay_s += delay1 - delay0
+    c.run_delay_s += interference_delay((delay0, delay1), (throttled0, throttled1))
     return seconds, out

@@ -136,10 +136,11 @@ class LocalTransport(Transport):
         try:
             with _path(remote_path).open("rb") as fh:
                 data = fh.read(limit + 1)  # never more than the limit, however large the file
+                size = max(len(data), os.fstat(fh.fileno()).st_size)
         except OSError as exc:
             raise TransportError(f"host '{self.host.name}': cannot read {remote_path}: {exc}") from exc
         if len(data) > limit:
-            raise too_large(self.host.name, remote_path, len(data), limit)
+            raise too_large(self.host.name, remote_path, size, limit)
         return data
 
     async def makedirs(self, remote_path: str) -> None:
