@@ -17,6 +17,7 @@ from rich.text import Text
 from pictl import errors as E
 from pictl.cli.common import JsonOpt, RunsDirOpt, app, fail, runs_root, stderr, wide_console
 from pictl.records import catalog
+from pictl.records import waterfall_view as wv
 
 runs_app = typer.Typer(help="Past runs: list (filter, sort), show one, compare several, export as CSV.",
                        context_settings={"help_option_names": ["-h", "--help"]})
@@ -27,10 +28,15 @@ StagesOpt = Annotated[Optional[int], typer.Option(help="Only runs with this many
 PolicyOpt = Annotated[Optional[str], typer.Option(help="Only runs with this policy (balanced, equal, explicit).")]
 StatusOpt = Annotated[Optional[str], typer.Option(help="Only runs with this status (ok, failed, interrupted).")]
 SortOpt = Annotated[str, typer.Option(help=f"Sort by one of: {', '.join(catalog.SORT_KEYS)} (largest first).")]
-SHORT = ("run_id", "status", "stages", "policy", "chunk", "throughput_ips", "serial_ips", "speedup", "outputs_match",
-         "flags")
+SHORT = ("run_id", "status", "stages", "policy", "chunk", "throughput_ips", "serial_ips", "speedup", "latency_p50_ms",
+         "latency_p95_ms", "dominant", "outputs_match", "flags")
 """The list's columns on a terminal (`--json` and the CSV have all of `catalog.COLUMNS`)."""
-HEADINGS = {"run_id": "run", "throughput_ips": "img/s", "serial_ips": "serial", "outputs_match": "match"}
+HEADINGS = {"run_id": "run", "throughput_ips": "img/s", "serial_ips": "serial", "outputs_match": "match",
+            **{key: key.removesuffix("_ms").replace("_", " ") + " ms" for key in wv.LATENCY_KEYS},
+            **{f"{term}_points": ("fill/drain" if term == "fill_drain" else term.replace("_", " ")) + " points"
+               for term in wv.KNOWN_TERMS}}
+SHORT_HEADINGS = {**HEADINGS, "latency_p50_ms": "p50 ms", "latency_p95_ms": "p95 ms"}
+"""The list's headings: latency is the pipeline's per image (`runs compare` says so in full)."""
 
 
 @runs_app.callback(invoke_without_command=True)
@@ -71,7 +77,8 @@ def show(
     as_json: JsonOpt = False,
     runs_dir: RunsDirOpt = None,
 ) -> None:
-    """One run's summary: figures, baseline, flags, stages and traces."""
+    """One run's summary: figures, latency, why the speedup is not N (term by term), baseline, flags, stages
+    and traces."""
     skipped: list[catalog.Skipped] = []
     try:
         path = catalog.resolve_run(runs_root(runs_dir), run)
@@ -91,7 +98,7 @@ def compare(
     as_json: JsonOpt = False,
     runs_dir: RunsDirOpt = None,
 ) -> None:
-    """Runs side by side: one column per run, one line per figure."""
+    """Runs side by side: one column per run, one line per figure (latency and each waterfall term among them)."""
     try:
         if len(runs) < 2:
             raise E.ConfigError("compare: name two runs or more")
@@ -106,7 +113,7 @@ def compare(
     table.add_column("")
     for r in rows:
         table.add_column(_cell(r["run_id"]), overflow="fold")
-    for key in catalog.COLUMNS[1:]:
+    for key in catalog.COMPARE_COLUMNS[1:]:
         table.add_row(HEADINGS.get(key, key), *(_cell(r[key]) for r in rows))
     wide_console().print(table)
 
@@ -156,7 +163,7 @@ def _cell(value: Any) -> Text:
 def _table(rows: list[dict[str, Any]], columns: tuple[str, ...], title: str) -> Table:
     table = Table(title=Text(title), show_header=True, header_style="bold", title_justify="left")
     for key in columns:
-        table.add_column(HEADINGS.get(key, key), no_wrap=key == "run_id")
+        table.add_column(SHORT_HEADINGS.get(key, key), no_wrap=key == "run_id")
     for r in rows:
         table.add_row(*(_cell(r[k]) for k in columns))
     return table

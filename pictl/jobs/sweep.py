@@ -5,7 +5,8 @@ that cannot run is bad input, nothing started), and the pipeline runs are planne
 together in one process (`planning.plan_ahead`). Runs go one after another and
 share the serial baseline cache, so each chunk size is measured serially once.
 The table is rewritten after every run: an interrupted or failing sweep keeps
-what it measured.
+what it measured. Each row carries its run's latency per image and the dominant
+term of its speedup waterfall; the plots are drawn by `sweep_plots`.
 """
 
 from __future__ import annotations
@@ -21,17 +22,22 @@ from typing import Any
 
 from pictl import errors as E
 from pictl.inventory import Cluster
+from pictl.jobs.sweep_plots import plot
 from pictl.planning.placement import place_stages
 from pictl.planning.profiles import RunOptions, resolve_options, sweep_settings
+from pictl.records import waterfall_view
 from pictl.records.runs import write_bytes_atomic, write_json_atomic
 from pictl.run.baselines import BaselineCache
 from pictl.text import ascii_count
 
 COLUMNS = ("stages", "chunk", "policy", "wire", "status", "throughput_ips", "serial_ips", "speedup", "efficiency",
-           "bytes_per_image", "agreement", "bottleneck_rank", "bottleneck", "split_points", "outputs_match", "run_id",
-           "flags")
+           "latency_p50_ms", "bytes_per_image", "agreement", "bottleneck_rank", "latency_p95_ms", "dominant",
+           "bottleneck", "split_points", "outputs_match", "run_id", "flags")
+"""table.csv's and sweep.json's columns (latency: the pipeline's per image, in ms; dominant: the largest loss in
+the run's speedup waterfall)."""
 TABLE_COLUMNS = 12
-"""The first columns go into table.md (all of them into table.csv and sweep.json)."""
+"""The first columns go into table.md (all of them into table.csv and sweep.json): latency p50 took the
+bottleneck rank's place there, so that the table is no wider than it was."""
 
 
 @dataclass(frozen=True)
@@ -124,9 +130,18 @@ def row_of(point: SweepPoint, summary: dict[str, Any] | None, error: str | None 
             # What crossed the wire per image (all links, one timed pass), and a lossy wire's agreement.
             "bytes_per_image": round(sum(st.get("bytes_sent") or 0 for st in summary["per_stage"])
                                      / (summary["images"] * summary["repeats"])) if summary.get("images") else None,
-            "agreement": summary.get("agreement"),
+            "agreement": summary.get("agreement"), **_latency_and_gap(summary),
             "run_id": summary["run_id"], "flags": [f["code"] for f in summary.get("flags") or []],
             **({"error": error} if error else {})}
+
+
+def _latency_and_gap(summary: dict[str, Any]) -> dict[str, Any]:
+    """The pipeline's latency per image (p50, p95; a serial point's is its own) and the waterfall's dominant
+    term; None for each where the summary has none (a failed run, one from an older pictl)."""
+    latency, gap = waterfall_view.latency_of(summary), waterfall_view.waterfall_of(summary)
+    pipeline = latency.pipeline if latency else None
+    return {"latency_p50_ms": pipeline.p50_ms if pipeline else None,
+            "latency_p95_ms": pipeline.p95_ms if pipeline else None, "dominant": gap.dominant if gap else None}
 
 
 def write_table(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
@@ -164,66 +179,6 @@ def _kept(write: Callable[[], object], failed: list[E.RecordWriteFailed] | None)
             raise error from None
         if not failed:
             failed.append(error)
-
-
-def plot(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
-    """speedup vs stages (with the ideal line); throughput vs chunk when more than one chunk ran."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display on a controller over SSH
-    import matplotlib.pyplot as plt
-
-    ok = [r for r in rows if r.get("status") == "ok" and r.get("speedup")]
-    written = []
-    fig, ax = plt.subplots(figsize=(6, 4))
-    stages = sorted({r["stages"] for r in ok}) or [1]
-    ax.plot(stages, stages, "k--", label="ideal")
-    series = lambda r: (r["policy"], r["chunk"], r.get("wire", "fp32"))  # noqa: E731
-    for (policy, chunk, wire), group in itertools.groupby(sorted((r for r in ok if r["stages"] > 1),
-                                                                key=lambda r: (*series(r), r["stages"])), key=series):
-        g = list(group)
-        ax.plot([1] + [r["stages"] for r in g], [1.0] + [r["speedup"] for r in g], "o-",
-                label=f"{policy}, chunk {chunk}" + ("" if wire == "fp32" else f", {wire}"))
-    written.append(_save(plt, fig, ax, "stages", "speedup over serial", out / "speedup_vs_stages.png"))
-    if len({r["chunk"] for r in ok}) > 1:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        key = lambda r: (r["policy"], r["stages"], r["chunk"])  # noqa: E731
-        for (policy, n), group in itertools.groupby(sorted(ok, key=key), key=lambda r: (r["policy"], r["stages"])):
-            g = list(group)
-            ax.plot([r["chunk"] for r in g], [r["throughput_ips"] for r in g], "o-", label=f"{policy}, {n} stage(s)")
-        written.append(_save(plt, fig, ax, "chunk (images per microbatch)", "images / s",
-                             out / "throughput_vs_chunk.png"))
-    if any(r.get("wire", "fp32") != "fp32" for r in ok if r["stages"] > 1):
-        written.append(_plot_wires(plt, [r for r in ok if r["stages"] > 1], out / "wire_formats.png"))
-    return written
-
-
-def _plot_wires(plt, rows: list[dict[str, Any]], path: Path) -> Path:  # noqa: ANN001
-    """Per wire format (one group of bars per stage count and chunk): throughput, bytes per image, agreement."""
-    fig, axes = plt.subplots(1, 3, figsize=(12, 4))
-    labels = [f"{r['wire']}\n{r['stages']}st c{r['chunk']} {r['policy']}" for r in rows]
-    for ax, key, title in zip(axes, ("throughput_ips", "bytes_per_image", "agreement"),
-                              ("images / s", "bytes on the wire per image", "top-1 agreement (lossy wires)"),
-                              strict=True):
-        ax.bar(range(len(rows)), [r.get(key) or (1.0 if key == "agreement" else 0) for r in rows])
-        ax.set_xticks(range(len(rows)), labels, fontsize=7)
-        ax.set_title(title)
-        ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def _save(plt, fig, ax, xlabel: str, ylabel: str, path: Path) -> Path:  # noqa: ANN001
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
 
 
 async def run_sweep(cluster: Cluster, base: RunOptions, points: list[SweepPoint], out: Path, *,

@@ -28,6 +28,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pictl.errors import ConfigError
+from pictl.records import waterfall_view as wv
 from pictl.records.runs import CONFIG_FILE, SUMMARY_FILE
 from pictl.summary import (
     RecordInvalid,
@@ -39,14 +40,19 @@ from pictl.summary import (
     validation_problem,
 )
 
-__all__ = ["CELL_LIMIT", "COLUMNS", "NO_SUMMARY", "SORT_KEYS", "RunFilter", "Skipped", "compare_rows", "fmt",
-           "json_text", "load_runs", "read_run", "resolve_run", "row", "run_details", "table_rows", "terminal_text",
-           "to_csv"]
+__all__ = ["CELL_LIMIT", "COLUMNS", "COMPARE_COLUMNS", "NO_SUMMARY", "SORT_KEYS", "RunFilter", "Skipped",
+           "compare_rows", "fmt", "json_text", "load_runs", "read_run", "resolve_run", "row", "run_details",
+           "table_rows", "terminal_text", "to_csv"]
 
 COLUMNS = ("run_id", "started", "status", "model", "stages", "policy", "chunk", "images", "split", "throughput_ips",
-           "serial_ips", "speedup", "efficiency", "outputs_match", "wire", "agreement", "accuracy", "baseline", "flags",
-           "run_dir")
-"""What a row holds, in the order `runs`, `compare` and the CSV show it."""
+           "serial_ips", "speedup", "efficiency", "latency_p50_ms", "latency_p95_ms", "dominant", "outputs_match",
+           "wire", "agreement", "accuracy", "baseline", "flags", "run_dir")
+"""What a row holds, in the order `runs`, `compare` and the CSV show it (latency: the pipeline's, per image;
+dominant: the waterfall's largest loss)."""
+_DOMINANT = COLUMNS.index("dominant")
+COMPARE_COLUMNS = (*COLUMNS[:_DOMINANT], *wv.LATENCY_KEYS[2:], "dominant", *wv.TERM_KEYS, *COLUMNS[_DOMINANT + 1:])
+"""`runs compare`'s lines: a row's, with the rest of the latency (p99, the serial run's) beside its p50 and
+p95, and each waterfall term's points after the dominant term."""
 SORT_KEYS = ("started", "speedup", "throughput_ips", "stages", "status")
 NO_SUMMARY = "no summary (running or lost)"
 """The status of a run directory with a config but no summary yet (a live run, or one whose controller died)."""
@@ -200,6 +206,7 @@ def row(summary: dict[str, Any]) -> dict[str, Any]:
     """One run's comparable figures (None where the run did not get that far), from `read_run`'s record."""
     baseline = summary.get("baseline") or {}
     wire = summary.get("wire") or {}
+    figures, w = wv.compare_figures(summary), wv.waterfall_of(summary)
     values = {
         "run_id": summary.get("run_id"),
         "started": _started(summary.get("started_at")),
@@ -214,6 +221,9 @@ def row(summary: dict[str, Any]) -> dict[str, Any]:
         "serial_ips": _rounded(summary.get("serial_ips")),
         "speedup": _rounded(summary.get("speedup"), 3),
         "efficiency": _rounded(summary.get("efficiency"), 3),
+        "latency_p50_ms": _rounded(figures["latency_p50_ms"], 1),
+        "latency_p95_ms": _rounded(figures["latency_p95_ms"], 1),
+        "dominant": w.dominant if w else None,
         "outputs_match": summary.get("outputs_match"),
         # A lossy wire's runs pass by top-1 agreement, never by identity: the row says which wire it was.
         "wire": f"{wire.get('format')}{' (lossy wire)' if wire.get('lossy') else ''}" if wire else None,
@@ -280,13 +290,15 @@ def table_rows(root: Path, where: RunFilter, sort: str = "started", reverse: boo
 
 
 def compare_rows(paths: list[Path]) -> list[dict[str, Any]]:
-    """The named runs' rows, in the order given (`pictl runs compare A B`); RecordInvalid for a bad record."""
+    """The named runs' rows with `COMPARE_COLUMNS`' further figures, in the order given (`pictl runs compare A
+    B`); RecordInvalid for a bad record."""
     rows = []
     for path in paths:
         summary = read_run(path, traces=False)
         if summary.get("status") == NO_SUMMARY:
             raise ConfigError(f"run '{terminal_text(path.name, 120)}': no summary yet (still running, or cut short)")
-        rows.append(row(summary))
+        extra = wv.compare_figures(summary)
+        rows.append({**row(summary), **{k: extra[k] for k in wv.COMPARE_KEYS}})
     return rows
 
 
@@ -358,6 +370,7 @@ def run_details(s: dict[str, Any]) -> Table:
                          ("speedup", f"{fmt(s.get('speedup'))}x"),
                          ("outputs match", _outputs(s)), ("accuracy", s.get("accuracy"))):
         grid.add_row(label, _cell(value))
+    wv.add_detail_rows(grid, s)
     error = s.get("error")
     if error:
         grid.add_row(Text("error", style="red"), _cell(_one_line(error.get("message")), style="red"))
@@ -375,3 +388,4 @@ def run_details(s: dict[str, Any]) -> Table:
             grid.add_row("", _cell(f"rank {rank}: compute {pct['compute_pct']}%  send {pct['send_pct']}%  "
                                    f"recv-wait {pct['recv_wait_pct']}%  idle {pct['idle_pct']}%"))
     return grid
+

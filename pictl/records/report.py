@@ -3,11 +3,11 @@
 With pruned models among the sources (runs made with `--model ARTIFACT`, or
 `pictl prune` job directories): a table of every model's parameters, MACs, top-1,
 serial throughput and pipeline speedup, all against the unpruned serial baseline.
-For a run: the headline figures, the serial baseline's age (and why a cached one
-was not reused), the run's sanity flags, the per-stage table (with the balanced policy's
-prediction where there is one), a stacked chart of each stage's time (computing,
-waiting for input, blocked sending), and each link's bytes/s, average over the
-timed passes and the fastest pass. For a sweep: its table and plots. For training jobs (`pictl train`):
+For a run: the headline figures, latency per image, why the speedup is not N (a waterfall chart and its
+terms: `report_waterfall`), the serial baseline's age (and why a cached one was not reused), the run's sanity
+flags, the per-stage table (with the balanced policy's prediction where there is one), a stacked chart of each
+stage's time (computing, waiting for input, blocked sending), and each link's bytes/s, average over the timed
+passes and the fastest pass. For a sweep: its table, its runs' latency, and plots. For training jobs (`pictl train`):
 a table of every job by mode, and per job where each rank's step time went, with its loss curve.
 
 Run summaries are read through the checked reader (`pictl.summary.read_summary`); a name taken from a
@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from pictl import errors as E
+from pictl.records.report_waterfall import gap_lines, sweep_latency_lines
 from pictl.records.runs import SUMMARY_FILE, writable_dir
 from pictl.records.train_report import ReportFiles, chart_label, job_section, jobs_table, md_text, quiet_charts
 from pictl.summary import RecordInvalid, RunSummary, age_text, parse_summary, read_json_object, terminal_text
@@ -208,7 +209,8 @@ def _run_section(run_dir: Path, s: RunSummary, files: ReportFiles) -> list[str]:
              f"status **{s.status}**.", "",
              "| throughput img/s | serial img/s | speedup | efficiency | outputs match |", "|---|---|---|---|---|",
              f"| {s.throughput_ips} | {s.serial_ips} | {s.speedup} | {s.efficiency} | "
-             f"{s.outputs_match} |", "", *_wire_lines(s, files), *_baseline_and_flags(s)]
+             f"{s.outputs_match} |", "", *gap_lines(s.run_id, extra, files), *_wire_lines(s, files),
+             *_baseline_and_flags(s)]
     if s.stages > 1:
         # Per microbatch: the stage's compute (what `balanced` predicts), and apart from it the time it
         # waited for input and was blocked on sends.
@@ -249,7 +251,8 @@ def _baseline_and_flags(s: RunSummary) -> list[str]:
 
 
 def _sweep_section(sweep_dir: Path, files: ReportFiles) -> list[str]:
-    lines = [f"## Sweep {md_text(sweep_dir.name)}", "", _read_text(sweep_dir / "table.md"), ""]
+    lines = [f"## Sweep {md_text(sweep_dir.name)}", "", _read_text(sweep_dir / "table.md"), "",
+             *sweep_latency_lines(sweep_dir)]
     for png in sorted(sweep_dir.glob("*.png")):
         try:
             if not stat.S_ISREG(png.stat().st_mode):

@@ -126,7 +126,7 @@ def serial_timing(telemetry: RunTelemetry, images: int, threads: int) -> dict[st
         return None
     totals = st.totals
     return {"compute_per_image_s": round((totals.get("compute_s") or 0.0) / images, 9),
-            "run_delay_per_image_s": round((totals.get("run_delay_s") or 0.0) / images / max(1, threads), 9),
+            "run_delay_per_image_s": round((totals.get("run_delay_s") or 0.0) / images, 9),
             "threads": threads, "latency": summary_ms(serial_latencies(telemetry.pass_times("serial")))}
 
 

@@ -1,8 +1,8 @@
 """Why not N times: the gap between N stages and the measured speedup, taken apart into measured terms.
 
 A pure function of a run's summary. All times are per image, over the timed passes (P passes of I images, M
-microbatches, N stages, F = (M + N - 1) / M). For each stage i: c_i its compute, d_i the CPU its threads
-waited for while runnable (another process's load; the kernel's schedstat, per compute thread), c'_i = c_i -
+microbatches, N stages, F = (M + N - 1) / M). For each stage i: c_i its compute, d_i the time its main thread
+waited for a CPU other work held (the kernel's schedstat run delay less the host's quota throttling), c'_i = c_i -
 d_i. b is the stage with the most compute. On b: k_b its communication (encoding and decoding, posting
 receives and sends, waiting for input after the first microbatch of a pass, draining sends at the end) and
 o_b the rest of its pass time (the schedule's own work: what is left after compute, communication and the
@@ -53,7 +53,7 @@ def waterfall(s: dict[str, Any]) -> dict[str, Any] | None:
     per = float(images * repeats)
     try:
         c = [st["compute_s"] / per for st in stages]
-        d = [(st.get("run_delay_s") or 0.0) / per / max(1, st.get("threads") or 1) for st in stages]
+        d = [(st.get("run_delay_s") or 0.0) / per for st in stages]
     except (KeyError, TypeError):
         return None
     b = max(range(n), key=lambda i: c[i])

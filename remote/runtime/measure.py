@@ -76,7 +76,7 @@ class StageCounters:
     drain_s: float = 0.0
     """Waiting for the pass's sends to finish, after the last microbatch (inside `send_s`)."""
     run_delay_s: float = 0.0
-    """CPU time this process's threads waited for while runnable because other work held the CPU (the
+    """Time this process's main thread waited for while runnable because other work held the CPU (the
     kernel's schedstat run delay less the host's CPU-quota throttling), over the passes."""
     pass_s: float = 0.0
     """The passes' wall time on this rank."""

@@ -40,20 +40,16 @@ class Clock:
 
 
 def run_delay_s() -> float | None:
-    """Seconds every thread of this process has spent runnable but waiting for a CPU (the kernel's schedstat:
-    time on a run queue), or None where the kernel does not say. Another process's load shows here, and so
-    does a CPU quota's throttling (a throttled task stays queued): `throttled_s` is what to take away."""
-    total = 0
+    """Seconds this process's main thread (where the stage computes; torch's intra-op workers run beside it
+    in step) has spent runnable but waiting for a CPU (the kernel's schedstat: time on a run queue), or None
+    where the kernel does not say. Another process's load shows here, and so does a CPU quota's throttling
+    (a throttled task stays queued): `throttled_s` is what to take away. The gloo and helper threads are left
+    out: they sleep on sockets, and their waits are not the stage's."""
     try:
-        for task in os.listdir("/proc/self/task"):
-            try:
-                with open(f"/proc/self/task/{task}/schedstat") as fh:
-                    total += int(fh.read().split()[1])
-            except (FileNotFoundError, ProcessLookupError):
-                continue  # a thread that ended meanwhile
+        with open("/proc/self/schedstat") as fh:
+            return int(fh.read().split()[1]) / 1e9
     except (OSError, ValueError, IndexError):
         return None
-    return total / 1e9
 
 
 def _cpu_stat() -> str | None:

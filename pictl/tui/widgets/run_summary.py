@@ -1,5 +1,6 @@
-"""The run at a glance: throughput, serial baseline (reused? how old?), speedup against the ideal, accuracy,
-outputs, progress, and the result's sanity flags."""
+"""The run at a glance: throughput and latency, serial baseline (reused? how old?), speedup against the ideal
+and, once the run is done, why it is not N (the waterfall as one bar of coloured terms, and its line),
+accuracy, outputs, progress, and the result's sanity flags."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
+from pictl.records.waterfall_view import TERM_COLORS, gap_bar, latency_of, line_text, waterfall_of
 from pictl.summary import baseline_text
 from pictl.tui.state import DashboardState
 from pictl.tui.widgets.train_panel import train_grid
@@ -141,6 +143,13 @@ class RunSummary(Static):
         grid.add_row("run", Text(phase_line, style=phase_style))
         grid.add_row("speedup", f"{_f(speedup, unit='x')}" + (f"  of {stages}x ideal" if stages else "")
                      + (f"  efficiency {speedup / stages:.2f}" if speedup and stages else ""))
+        gap = waterfall_of(s)
+        if gap:  # each term's share of the gap in its colour (a gain shaded); the `gap` line names them all
+            most = [(f": {t.name}", f"bold {TERM_COLORS.get(t.term, 'white')}") for t in gap.terms
+                    if t.term == gap.dominant][:1]
+            grid.add_row(f"why not {gap.stages}", Text.assemble(
+                gap_bar(gap, 14), f" {abs(gap.gap):.2f} {'lost' if gap.gap >= 0 else 'gained'}", *most,
+                no_wrap=True, overflow="ellipsis"))
         match = s.get("outputs_match")
         lossy = (s.get("wire") or {}).get("lossy") or state.options.get("wire", "fp32") != "fp32"
         if lossy and s.get("agreement") is not None:  # a lossy wire passes by top-1 agreement, not identity
@@ -155,6 +164,11 @@ class RunSummary(Static):
         grid.add_row("pipeline", _f(ips, unit=" img/s"))
         grid.add_row("serial", _f(serial, unit=" img/s") + (baseline_text(s) if s else
                                                              ("  reused" if state.serial_reused else "")))
+        latency = latency_of(s)
+        if latency and latency.pipeline:
+            p = latency.pipeline
+            grid.add_row("latency", f"p50 {_f(p.p50_ms, '.0f')}  p95 {_f(p.p95_ms, '.0f')} ms"
+                         + (f"  serial p50 {_f(latency.serial.p50_ms, '.0f')}" if latency.serial else ""))
         accuracy = s.get("accuracy", state.accuracy)
         grid.add_row("accuracy", "n/a" if accuracy is None else f"{accuracy:.2%}")
         if stages:
@@ -167,6 +181,8 @@ class RunSummary(Static):
         for i, flag in enumerate(s.get("flags") or []):  # what makes these numbers suspect: one line each
             grid.add_row(Text("flags" if i == 0 else "", style="bold yellow"),
                          Text(f"{flag['code']}: {flag['message']}", style="yellow", no_wrap=True, overflow="ellipsis"))
+        if gap:  # the waterfall's line, each term named in its colour in the bar above
+            grid.add_row("gap", line_text(gap))
         if state.failure:
             f = state.failure
             where = f"host {f.get('host')}" + (f" rank {f['rank']}" if f.get("rank") is not None else "")

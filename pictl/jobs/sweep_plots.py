@@ -1,0 +1,91 @@
+"""A sweep's plots (`pictl sweep`): speedup against stages beside the ideal line, throughput against chunk
+size, throughput against latency per image (one point per run), and the wire formats side by side. Each is a
+PNG beside the sweep's table, drawn from its rows (`pictl.jobs.sweep.row_of`)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+__all__ = ["plot"]
+
+
+def plot(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
+    """speedup vs stages (with the ideal line); throughput vs chunk when more than one chunk ran; throughput vs
+    latency when the runs recorded latency; the wire formats when a run used one other than fp32."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on a controller over SSH
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r.get("status") == "ok" and r.get("speedup")]
+    written = []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    stages = sorted({r["stages"] for r in ok}) or [1]
+    ax.plot(stages, stages, "k--", label="ideal")
+    series = lambda r: (r["policy"], r["chunk"], r.get("wire", "fp32"))  # noqa: E731
+    for (policy, chunk, wire), group in itertools.groupby(sorted((r for r in ok if r["stages"] > 1),
+                                                                key=lambda r: (*series(r), r["stages"])), key=series):
+        g = list(group)
+        ax.plot([1] + [r["stages"] for r in g], [1.0] + [r["speedup"] for r in g], "o-",
+                label=f"{policy}, chunk {chunk}" + ("" if wire == "fp32" else f", {wire}"))
+    written.append(_save(plt, fig, ax, "stages", "speedup over serial", out / "speedup_vs_stages.png"))
+    if len({r["chunk"] for r in ok}) > 1:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        key = lambda r: (r["policy"], r["stages"], r["chunk"])  # noqa: E731
+        for (policy, n), group in itertools.groupby(sorted(ok, key=key), key=lambda r: (r["policy"], r["stages"])):
+            g = list(group)
+            ax.plot([r["chunk"] for r in g], [r["throughput_ips"] for r in g], "o-", label=f"{policy}, {n} stage(s)")
+        written.append(_save(plt, fig, ax, "chunk (images per microbatch)", "images / s",
+                             out / "throughput_vs_chunk.png"))
+    timed = [r for r in ok if isinstance(r.get("latency_p50_ms"), int | float)]
+    if timed:
+        written.append(_plot_latency(plt, timed, out / "throughput_vs_latency.png"))
+    if any(r.get("wire", "fp32") != "fp32" for r in ok if r["stages"] > 1):
+        written.append(_plot_wires(plt, [r for r in ok if r["stages"] > 1], out / "wire_formats.png"))
+    return written
+
+
+def _plot_wires(plt, rows: list[dict[str, Any]], path: Path) -> Path:  # noqa: ANN001
+    """Per wire format (one group of bars per stage count and chunk): throughput, bytes per image, agreement."""
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4))
+    labels = [f"{r['wire']}\n{r['stages']}st c{r['chunk']} {r['policy']}" for r in rows]
+    for ax, key, title in zip(axes, ("throughput_ips", "bytes_per_image", "agreement"),
+                              ("images / s", "bytes on the wire per image", "top-1 agreement (lossy wires)"),
+                              strict=True):
+        ax.bar(range(len(rows)), [r.get(key) or (1.0 if key == "agreement" else 0) for r in rows])
+        ax.set_xticks(range(len(rows)), labels, fontsize=7)
+        ax.set_title(title)
+        ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _plot_latency(plt, rows: list[dict[str, Any]], path: Path) -> Path:  # noqa: ANN001
+    """One point per run: its pipeline's latency per image (p50) against its throughput, labelled by what
+    it ran (stages, chunk, policy, and the wire when not fp32): the trade-off a chunk size or a stage buys."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for policy, group in itertools.groupby(sorted(rows, key=lambda r: r["policy"]), key=lambda r: r["policy"]):
+        g = list(group)
+        ax.plot([r["latency_p50_ms"] for r in g], [r["throughput_ips"] for r in g], "o", label=policy)
+        for r in g:
+            wire = "" if r.get("wire", "fp32") == "fp32" else f" {r['wire']}"
+            ax.annotate(f"{r['stages']}st c{r['chunk']} {r['policy']}{wire}",
+                        (r["latency_p50_ms"], r["throughput_ips"]), textcoords="offset points", xytext=(4, 4),
+                        fontsize=7)
+    ax.margins(x=0.15, y=0.1)  # room for the labels right of the points
+    return _save(plt, fig, ax, "latency per image, p50 (ms)", "images / s", path)
+
+
+def _save(plt, fig, ax, xlabel: str, ylabel: str, path: Path) -> Path:  # noqa: ANN001
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

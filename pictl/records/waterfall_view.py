@@ -1,0 +1,225 @@
+"""A run's speedup waterfall and latency as every reader shows them: `runs show`, `runs`, `compare` and the
+CSV, `report`, sweeps and the dashboard.
+
+The summary's `waterfall` (`pictl.run.waterfall`) and `latency` (`pictl.run.latency`) are extra keys:
+a summary written before them has neither, and a record edited by hand may hold anything there. They are
+read here, once, into small typed views, or None when absent or not of their shape (never an exception);
+a string the record holds is made printable on the way in. `waterfall_line` is the run layer's line of the
+same name, on the view: the records layer may not import `pictl.run`, and a test keeps the two equal.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from rich.table import Table
+from rich.text import Text
+
+from pictl.text import shown
+
+__all__ = ["COMPARE_KEYS", "KNOWN_TERMS", "LATENCY_KEYS", "TERM_COLORS", "TERM_KEYS", "Latency", "Percentiles", "Term",
+           "Waterfall", "add_detail_rows", "compare_figures", "gap_bar", "latency_of", "line_parts", "line_text",
+           "percentiles_text", "share_text", "terms_table", "unreadable", "waterfall_line", "waterfall_of"]
+
+LIMIT = 1e6
+"""No speedup, point or millisecond figure a run records is this large; one that is reads as no figure."""
+
+RecordText = Annotated[str, AfterValidator(lambda s: shown(" ".join(s.splitlines()), 200))]
+"""A record's string: one line, printable, at most 200 characters."""
+Figure = Annotated[float, Field(ge=-LIMIT, le=LIMIT)]
+
+TERM_COLORS = {"fill_drain": "#4c72b0", "imbalance": "#dd8452", "split_overhead": "#8172b3",
+               "interference": "#c44e52", "communication": "#ccb974", "runtime": "#64b5cd", "baseline": "#da8bc3",
+               "residual": "#8c8c8c"}
+"""A colour per term (the dashboard's bar and its legend), in the waterfall's order; a term this pictl does not
+know is white. Colours by value, not ANSI names: a terminal's theme maps `blue` and `magenta` as it likes."""
+
+
+class _View(BaseModel):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, frozen=True)
+
+
+class Term(_View):
+    """One step of the waterfall: speedup points it changed (negative: lost) and its share of the gap."""
+
+    term: RecordText
+    points: Figure
+    share: Figure | None = None
+
+    @property
+    def name(self) -> str:
+        """How people read the term: `fill/drain`, `split overhead`."""
+        return self.term.replace("_", "/", 1) if self.term == "fill_drain" else self.term.replace("_", " ")
+
+
+class Waterfall(_View):
+    """Why not N times: N, the measured speedup, and the terms between them (they add up to the gap)."""
+
+    stages: int = Field(ge=1, le=100_000)
+    speedup: Figure
+    gap: Figure
+    terms: list[Term] = Field(min_length=1, max_length=64)
+    dominant: RecordText | None = None
+    advice: RecordText | None = None
+    bottleneck_rank: int | None = None
+    microbatches: int | None = None
+
+
+class Percentiles(_View):
+    """A latency distribution per image, in ms."""
+
+    p50_ms: Figure | None = None
+    p95_ms: Figure | None = None
+    p99_ms: Figure | None = None
+    mean_ms: Figure | None = None
+    microbatches: int | None = None
+
+
+class Latency(_View):
+    """Latency per image: the pipeline's (on the controller's clock), the serial run's, and the traced pass's."""
+
+    pipeline: Percentiles | None = None
+    serial: Percentiles | None = None
+    clock_aligned: bool | None = None
+    traced: Percentiles | None = None
+
+
+def waterfall_of(summary: dict[str, Any]) -> Waterfall | None:
+    """The summary's waterfall, or None (an older summary, a run that failed, a value of another shape)."""
+    raw = summary.get("waterfall") if isinstance(summary, dict) else None
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return Waterfall.model_validate(raw)
+    except (ValidationError, ValueError, TypeError, RecursionError):
+        return None
+
+
+def latency_of(summary: dict[str, Any]) -> Latency | None:
+    """The summary's latency, or None; a run with neither a pipeline's nor a serial figure has none."""
+    raw = summary.get("latency") if isinstance(summary, dict) else None
+    if not isinstance(raw, dict):
+        return None
+    try:
+        latency = Latency.model_validate(raw)
+    except (ValidationError, ValueError, TypeError, RecursionError):
+        return None
+    return latency if latency.pipeline or latency.serial else None
+
+
+def unreadable(summary: dict[str, Any], key: str) -> bool:
+    """`key` is in the summary, but not in a shape this pictl reads (shown as a note, not as figures)."""
+    if not isinstance(summary, dict) or summary.get(key) is None:
+        return False
+    return (waterfall_of if key == "waterfall" else latency_of)(summary) is None
+
+
+def line_parts(w: Waterfall) -> list[tuple[str, str | None]]:
+    """`waterfall_line` in pieces, each with the term it names (None for the text between): the dashboard
+    colours each term's name as its segment of the bar."""
+    parts: list[tuple[str, str | None]] = [(f"{w.speedup:.2f}x of {w.stages}", None)]
+    shown_terms = [t for t in sorted(w.terms, key=lambda t: t.points) if abs(t.points) >= 0.005]
+    if not shown_terms:
+        parts.append((": no measurable gap", None))
+    for i, t in enumerate(shown_terms):
+        parts += [(": " if i == 0 else ", ", None), (t.name, t.term), (f" {-t.points:.2f}", None)]
+    if w.dominant:
+        parts.append((f" (dominant: {w.dominant.replace('_', ' ')}; to reduce it: {w.advice})", None))
+    return parts
+
+
+def waterfall_line(w: Waterfall) -> str:
+    """One line: the measured speedup of N, then every term that cost (or gave) a hundredth or more, largest
+    loss first, and the dominant term with what would reduce it."""
+    return "".join(text for text, _ in line_parts(w))
+
+
+def share_text(share: float | None) -> str:
+    return "-" if share is None else f"{share:.0%}"
+
+
+KNOWN_TERMS = tuple(TERM_COLORS)
+"""The terms in the order the waterfall steps through them (`pictl.run.waterfall.TERMS`)."""
+LATENCY_KEYS = ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "serial_latency_p50_ms",
+                "serial_latency_p95_ms", "serial_latency_p99_ms")
+TERM_KEYS = tuple(f"{term}_points" for term in KNOWN_TERMS)
+COMPARE_KEYS = (*LATENCY_KEYS[2:], *TERM_KEYS)
+"""`runs compare`'s lines beyond a row's columns (a row already holds the pipeline's p50 and p95)."""
+
+
+def compare_figures(summary: dict[str, Any]) -> dict[str, Any]:
+    """A run's latency percentiles (pipeline and serial) and each waterfall term's points; None where the
+    run has no such figure (an older summary, a failed run)."""
+    latency, w = latency_of(summary), waterfall_of(summary)
+    out: dict[str, Any] = dict.fromkeys(LATENCY_KEYS + COMPARE_KEYS)
+    for prefix, p in (("", latency.pipeline if latency else None), ("serial_", latency.serial if latency else None)):
+        if p is not None:
+            out |= {f"{prefix}latency_p50_ms": p.p50_ms, f"{prefix}latency_p95_ms": p.p95_ms,
+                    f"{prefix}latency_p99_ms": p.p99_ms}
+    for t in w.terms if w else []:
+        if t.term in KNOWN_TERMS:
+            out[f"{t.term}_points"] = t.points
+    return out
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def percentiles_text(p: Percentiles | None) -> str:
+    """`p50 247.8  p95 345.1  p99 360.8 ms`, or `-`."""
+    if p is None:
+        return "-"
+    return f"p50 {_ms(p.p50_ms)}  p95 {_ms(p.p95_ms)}  p99 {_ms(p.p99_ms)} ms"
+
+
+def line_text(w: Waterfall) -> Text:
+    """`waterfall_line` as Rich text, each term's name in its colour (the bar's legend); never markup."""
+    return Text.assemble(*((text, f"bold {TERM_COLORS.get(term, 'white')}" if term else "")
+                           for text, term in line_parts(w)))
+
+
+def gap_bar(w: Waterfall, width: int = 24) -> Text:
+    """One line of `width` cells: a segment per term as wide as its share of the gap (its points), in the term's
+    colour; a loss is solid, a gain shaded. Empty when no term moved the speedup."""
+    sizes = [abs(t.points) for t in w.terms]
+    total = sum(sizes)
+    if total <= 0 or width <= 0:
+        return Text("")
+    exact = [s / total * width for s in sizes]
+    cells = [int(x) for x in exact]
+    # Largest remainders first: the cells add up to `width` exactly.
+    for i in sorted(range(len(exact)), key=lambda i: cells[i] - exact[i])[:width - sum(cells)]:
+        cells[i] += 1
+    return Text.assemble(*((("█" if t.points < 0 else "░") * n, TERM_COLORS.get(t.term, "white"))
+                           for t, n in zip(w.terms, cells, strict=True) if n))
+
+
+def terms_table(w: Waterfall) -> Table:
+    """The terms as a small table: points (negative: lost) and share of the gap, largest loss first."""
+    table = Table(box=None, padding=(0, 1), show_header=True, header_style="bold")
+    for heading in ("term", "points", "share of gap"):
+        table.add_column(heading, justify="left" if heading == "term" else "right", no_wrap=True)
+    for t in sorted(w.terms, key=lambda t: t.points):
+        table.add_row(Text(t.name), Text(f"{t.points:+.2f}", style="red" if t.points < 0 else "green"),
+                      Text(share_text(t.share)))
+    return table
+
+
+def add_detail_rows(grid: Table, s: dict[str, Any]) -> None:
+    """`runs show` (and the dashboard's history): latency beside throughput, and why the speedup is not N:
+    the waterfall's line, its terms and what would reduce the dominant one. Nothing for an older summary."""
+    latency, w = latency_of(s), waterfall_of(s)
+    if latency:
+        grid.add_row("latency", Text(f"pipeline {percentiles_text(latency.pipeline)}"
+                                     + ("" if latency.clock_aligned is not False else " (host clocks not aligned)")))
+        grid.add_row("", Text(f"serial   {percentiles_text(latency.serial)}"))
+    if w:
+        grid.add_row(f"why not {w.stages}", Text(waterfall_line(w)))
+        grid.add_row("", terms_table(w))
+        if w.advice:
+            grid.add_row("", Text(f"to reduce {w.dominant or 'it'}: {w.advice}"))
+    for key in ("latency", "waterfall"):
+        if unreadable(s, key):
+            grid.add_row(key, Text("not readable in this record (another shape)", style="yellow"))
