@@ -22,6 +22,17 @@ NOW = 1_800_000_000.0
 SIZE = (140, 44)
 OPTIONS = {"stages": 3, "policy": "balanced", "chunk": 1, "images": 24, "warmup": 1, "repeats": 2}
 MODULES = [["patch_embed", "blocks.3"], ["blocks.4", "blocks.7"], ["blocks.8", "head"]]
+GAP_POINTS = {"fill_drain": -0.2308, "imbalance": -0.05, "split_overhead": 0.03, "interference": -0.01,
+              "communication": -0.03, "runtime": -0.005, "baseline": 0.09, "residual": -0.0082}
+"""A 3-stage run's waterfall: 24 microbatches fill and drain (the dominant loss), adding up to 2.786 - 3."""
+
+
+def _waterfall() -> dict:
+    from pictl.run.waterfall import ADVICE
+
+    return {"stages": 3, "speedup": 2.786, "gap": 0.214, "bottleneck_rank": 2, "microbatches": 24,
+            "terms": [{"term": k, "points": v, "share": round(-v / 0.214, 4)} for k, v in GAP_POINTS.items()],
+            "dominant": "fill_drain", "advice": ADVICE["fill_drain"], "per_image_ms": {}}
 
 
 def _rec(kind: str, rank: int, t: float, **fields) -> dict:  # noqa: ANN003
@@ -73,7 +84,7 @@ async def _during(pilot) -> None:  # noqa: ANN001
     await pilot.pause()
 
 
-async def _after(pilot) -> None:  # noqa: ANN001
+async def _after(pilot, traces: bool = True) -> None:  # noqa: ANN001
     await _during(pilot)
     app: PictlApp = pilot.app
     summary = {"status": "ok", "run_id": "20270115-080000-s3-abcd", "stages": 3,
@@ -84,11 +95,19 @@ async def _after(pilot) -> None:  # noqa: ANN001
                                                                    "img/s across the timed passes (18% of its mean)"},
                          {"code": "fill_drain_bound", "message": "24 microbatches through 3 stages: efficiency "
                                                                  "capped at 0.92"}],
+               "waterfall": _waterfall(), "latency": {
+                   "pipeline": {"p50_ms": 812.4, "p95_ms": 880.1, "p99_ms": 901.7, "mean_ms": 820.0,
+                                "microbatches": 48},
+                   "serial": {"p50_ms": 289.9, "p95_ms": 301.2, "p99_ms": 305.0, "mean_ms": 290.3,
+                              "microbatches": 48},
+                   "clock_aligned": True, "traced": None},
                "outputs_match": True, "max_abs_diff": 0.0, "accuracy": None, "traces": [
                    {"id": "run", "directory": "/runs/20270115-080000-s3-abcd/traces", "files": {"0": "a", "1": "b"},
                     "missing": {"2": "no trace from h2 within 120 s"},
                     "per_rank": {"0": {"compute_pct": 71.0, "send_pct": 9.0, "recv_wait_pct": 0.0, "idle_pct": 20.0},
                                  "1": {"compute_pct": 88.0, "send_pct": 2.0, "recv_wait_pct": 8.0, "idle_pct": 2.0}}}]}
+    if not traces:
+        summary["traces"] = []
     app.post_message(RunFinished(summary, None))
     await pilot.pause()
     app.render_all()
@@ -117,5 +136,23 @@ async def test_80x24_keeps_the_result_and_quit_in_view(tmp_path: Path) -> None:
         await _after(pilot)
         svg = app.export_screenshot()
         text = " ".join(html.unescape(" ".join(re.findall(r">([^<]*)</text>", svg))).replace("\xa0", " ").split())
-        for shown in ("speedup 2.79x", "outputs match", "progress", "100%", "q quit", "? help", "stage 1 on h1"):
+        for shown in ("speedup 2.79x", "why not 3", "outputs match", "progress", "100%", "q quit", "? help",
+                      "stage 1 on h1"):
             assert shown in text, shown
+
+
+async def test_a_finished_run_shows_why_not_n_and_its_latency(tmp_path: Path) -> None:
+    """The waterfall's bar (the dominant term named), the latency, and (without traces below the flags to
+    keep in view) the waterfall's whole line."""
+    import html
+    import re
+
+    app = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await _after(pilot, traces=False)
+        svg = app.export_screenshot()
+        text = " ".join(html.unescape(" ".join(re.findall(r">([^<]*)</text>", svg))).replace("\xa0", " ").split())
+        packed = text.replace(" ", "")  # the SVG splits a line where its colour changes
+        for shown in ("why not 3", "0.21lost:fill/drain", "latency p50 812 p95 880 ms serial p50 290",
+                      "gap 2.79x of 3: fill/drain 0.23"):
+            assert shown.replace(" ", "") in packed, shown

@@ -370,7 +370,7 @@ def run_details(s: dict[str, Any]) -> Table:
                          ("speedup", f"{fmt(s.get('speedup'))}x"),
                          ("outputs match", _outputs(s)), ("accuracy", s.get("accuracy"))):
         grid.add_row(label, _cell(value))
-    wv.add_detail_rows(grid, s)
+    wv.add_latency_rows(grid, s)
     error = s.get("error")
     if error:
         grid.add_row(Text("error", style="red"), _cell(_one_line(error.get("message")), style="red"))
@@ -387,5 +387,6 @@ def run_details(s: dict[str, Any]) -> Table:
             pct = {k: fmt(share.get(k), ".0f") for k in ("compute_pct", "send_pct", "recv_wait_pct", "idle_pct")}
             grid.add_row("", _cell(f"rank {rank}: compute {pct['compute_pct']}%  send {pct['send_pct']}%  "
                                    f"recv-wait {pct['recv_wait_pct']}%  idle {pct['idle_pct']}%"))
+    wv.add_gap_rows(grid, s)  # last: the longest part, and the history pane shows the rows above it first
     return grid
 

@@ -18,9 +18,10 @@ from rich.text import Text
 
 from pictl.text import shown
 
-__all__ = ["COMPARE_KEYS", "KNOWN_TERMS", "LATENCY_KEYS", "TERM_COLORS", "TERM_KEYS", "Latency", "Percentiles", "Term",
-           "Waterfall", "add_detail_rows", "compare_figures", "gap_bar", "latency_of", "line_parts", "line_text",
-           "percentiles_text", "share_text", "terms_table", "unreadable", "waterfall_line", "waterfall_of"]
+__all__ = ["COMPARE_KEYS", "KNOWN_TERMS", "LATENCY_KEYS", "TERM_COLORS", "TERM_KEYS", "Latency", "Percentiles",
+           "Term", "Waterfall", "add_gap_rows", "add_latency_rows", "compare_figures", "gap_bar", "latency_of",
+           "line_parts", "line_text", "percentiles_text", "share_text", "terms_table", "unreadable", "waterfall_line",
+           "waterfall_of"]
 
 LIMIT = 1e6
 """No speedup, point or millisecond figure a run records is this large; one that is reads as no figure."""
@@ -207,19 +208,26 @@ def terms_table(w: Waterfall) -> Table:
     return table
 
 
-def add_detail_rows(grid: Table, s: dict[str, Any]) -> None:
-    """`runs show` (and the dashboard's history): latency beside throughput, and why the speedup is not N:
-    the waterfall's line, its terms and what would reduce the dominant one. Nothing for an older summary."""
-    latency, w = latency_of(s), waterfall_of(s)
-    if latency:
+def add_latency_rows(grid: Table, s: dict[str, Any]) -> None:
+    """`runs show` (and the dashboard's history): latency per image beside throughput, the pipeline's and the
+    serial run's; nothing for an older summary."""
+    latency = latency_of(s)
+    if latency:  # one row: the history pane shows the rows below it (flags, stages, traces) in what is left
         grid.add_row("latency", Text(f"pipeline {percentiles_text(latency.pipeline)}"
-                                     + ("" if latency.clock_aligned is not False else " (host clocks not aligned)")))
-        grid.add_row("", Text(f"serial   {percentiles_text(latency.serial)}"))
+                                     + ("" if latency.clock_aligned is not False else " (host clocks not aligned)")
+                                     + f";  serial {percentiles_text(latency.serial)}"))
+    if unreadable(s, "latency"):
+        grid.add_row("latency", Text("not readable in this record (another shape)", style="yellow"))
+
+
+def add_gap_rows(grid: Table, s: dict[str, Any]) -> None:
+    """`runs show` (and the dashboard's history): why the speedup is not N, the waterfall's line, its terms and
+    what would reduce the dominant one; nothing for an older summary."""
+    w = waterfall_of(s)
     if w:
         grid.add_row(f"why not {w.stages}", Text(waterfall_line(w)))
         grid.add_row("", terms_table(w))
         if w.advice:
             grid.add_row("", Text(f"to reduce {w.dominant or 'it'}: {w.advice}"))
-    for key in ("latency", "waterfall"):
-        if unreadable(s, key):
-            grid.add_row(key, Text("not readable in this record (another shape)", style="yellow"))
+    if unreadable(s, "waterfall"):
+        grid.add_row("waterfall", Text("not readable in this record (another shape)", style="yellow"))

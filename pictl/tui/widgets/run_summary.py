@@ -181,8 +181,6 @@ class RunSummary(Static):
         for i, flag in enumerate(s.get("flags") or []):  # what makes these numbers suspect: one line each
             grid.add_row(Text("flags" if i == 0 else "", style="bold yellow"),
                          Text(f"{flag['code']}: {flag['message']}", style="yellow", no_wrap=True, overflow="ellipsis"))
-        if gap:  # the waterfall's line, each term named in its colour in the bar above
-            grid.add_row("gap", line_text(gap))
         if state.failure:
             f = state.failure
             where = f"host {f.get('host')}" + (f" rank {f['rank']}" if f.get("rank") is not None else "")
@@ -198,6 +196,8 @@ class RunSummary(Static):
                 grid.add_row("", Text(f"rank {rank}: missing ({why})", style="yellow"))
         if state.trace_note:
             grid.add_row("", Text(state.trace_note, style="yellow"))
+        if gap:  # the waterfall's line, each term named in its colour as in the bar above; last: it is long
+            grid.add_row("gap", line_text(gap))
         if not state.sweep:
             self.update(grid)
             return
