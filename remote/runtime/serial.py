@@ -26,7 +26,7 @@ from remote.runtime.model import materialize
 from remote.runtime.outputs import open_checkpoint, report_outputs
 from remote.runtime.pieces import check_supported
 from remote.runtime.plan import emit_plan
-from remote.runtime.timing import emit_mb_times, interference_delay, run_delay_s, throttled_s
+from remote.runtime.timing import Span, emit_mb_times
 from remote.spec import RunSpec
 
 
@@ -52,7 +52,8 @@ def _run(spec: RunSpec, emitter: Emitter, *, plan: bool = False) -> None:
     for repeat in range(spec.warmup + spec.repeats):
         timed = repeat >= spec.warmup
         outs, per_mb = [], []
-        delay0, throttled0, start = run_delay_s(), throttled_s(), time.perf_counter()
+        span = Span()
+        start = span.wall
         with torch.no_grad():
             for mb in mbs:
                 began = time.perf_counter()
@@ -60,7 +61,7 @@ def _run(spec: RunSpec, emitter: Emitter, *, plan: bool = False) -> None:
                 per_mb.append(time.perf_counter() - began)
         seconds = time.perf_counter() - start
         counters = StageCounters(microbatches=len(mbs), compute_s=seconds, pass_s=seconds,
-                                 run_delay_s=interference_delay((delay0, run_delay_s()), (throttled0, throttled_s())))
+                                 run_delay_s=span.interference())
         emitter.emit(P.PROGRESS, stage=0, phase="timed" if timed else "warmup",
                      repeat=repeat - spec.warmup if timed else repeat, microbatches_total=len(mbs),
                      **counters.rounded())

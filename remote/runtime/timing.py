@@ -87,6 +87,29 @@ def _cpu_stat() -> str | None:
 _STAT = _cpu_stat()
 
 
+def _quota_cores() -> float | None:
+    """The CPU quota of the cgroup whose cpu.stat `_STAT` is, in cores (v1 cfs_quota_us / cfs_period_us, v2
+    cpu.max), or None."""
+    if _STAT is None:
+        return None
+    node = os.path.dirname(_STAT)
+    try:
+        if os.path.exists(f"{node}/cpu.max"):
+            with open(f"{node}/cpu.max") as fh:
+                quota, period = fh.read().split()
+            return None if quota == "max" else int(quota) / int(period)
+        with open(f"{node}/cpu.cfs_quota_us") as fh:
+            quota_us = int(fh.read())
+        with open(f"{node}/cpu.cfs_period_us") as fh:
+            period_us = int(fh.read())
+        return None if quota_us < 0 else quota_us / period_us
+    except (OSError, ValueError):
+        return None
+
+
+_QUOTA = _quota_cores()
+
+
 def throttled_s() -> float | None:
     """Seconds this process's CPU-capped cgroup (the host's CFS quota) has spent throttled; None: no quota."""
     if _STAT is None:
@@ -101,18 +124,30 @@ def throttled_s() -> float | None:
         return None
 
 
-def interference_delay(delays: tuple[float | None, float | None], throttled: tuple[float | None, float | None],
-                       ) -> float:
-    """The run delay between two readings, less the quota's throttling over the same span: the CPU other work
-    held. The cgroup's throttled time covers all of the host's processes: exact for a host running one
-    single-threaded process, an under-estimate of the throttling (so an over-estimate of the interference)
-    otherwise."""
-    if delays[0] is None or delays[1] is None:
-        return 0.0
-    delay = delays[1] - delays[0]
-    if throttled[0] is not None and throttled[1] is not None:
-        delay -= throttled[1] - throttled[0]
-    return max(0.0, delay)
+class Span:
+    """Readings at the start of a span (a pass): run delay, throttled time, CPU time, wall time."""
+
+    def __init__(self) -> None:
+        self.delay, self.throttled = run_delay_s(), throttled_s()
+        self.cpu, self.wall = time.process_time(), time.perf_counter()
+
+    def interference(self) -> float:
+        """The time this process waited for a CPU that other work held, over the span so far.
+
+        Its run delay, less its host's quota throttling (a throttled task stays queued). Under a quota, a wait
+        only costs when the host got less than its quota: several capped hosts on one machine queue at each
+        period's start (measured here: four 0.4-core hosts on two CPUs each waited 0.6-1.1 s in 3 s beyond
+        their throttling, yet each got its full 1.2 s of CPU), so the wait is capped at the CPU time the
+        process fell short of its quota."""
+        end = Span()
+        if self.delay is None or end.delay is None:
+            return 0.0
+        delay = end.delay - self.delay
+        if self.throttled is not None and end.throttled is not None:
+            delay -= end.throttled - self.throttled
+        if _QUOTA is not None:
+            delay = min(delay, _QUOTA * (end.wall - self.wall) - (end.cpu - self.cpu))
+        return max(0.0, delay)
 
 
 class TimedStage(PipelineStage):
@@ -247,11 +282,10 @@ def emit_mb_times(emitter: Emitter, side: str, phase: str, repeat: int, times: l
 
 def timed_pass(run: Callable[[], Any], stage_counters: Callable[[], StageCounters]) -> tuple[float, Any]:
     """Run one pass, adding its wall time and its threads' CPU wait to the stage's counters."""
-    delay0, throttled0, start = run_delay_s(), throttled_s(), time.perf_counter()
+    span = Span()
     out = run()
-    seconds = time.perf_counter() - start
-    delay1, throttled1 = run_delay_s(), throttled_s()
+    seconds = time.perf_counter() - span.wall
     c = stage_counters()
     c.pass_s += seconds
-    c.run_delay_s += interference_delay((delay0, delay1), (throttled0, throttled1))
+    c.run_delay_s += span.interference()
     return seconds, out
