@@ -27,6 +27,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from pictl.records.waterfall_view import waterfall_line as view_line
+from pictl.records.waterfall_view import waterfall_of
+
 TERMS = ("fill_drain", "imbalance", "split_overhead", "interference", "communication", "runtime", "baseline",
          "residual")
 ADVICE = {
@@ -101,10 +104,7 @@ def waterfall(s: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def waterfall_line(w: dict[str, Any]) -> str:
-    """One line: the measured speedup of N, then every term that cost (or gave) a hundredth or more."""
-    parts = [f"{t['term'].replace('_', '/', 1) if t['term'] == 'fill_drain' else t['term'].replace('_', ' ')} "
-             f"{-t['points']:.2f}" for t in sorted(w["terms"], key=lambda t: t["points"])
-             if abs(t["points"]) >= 0.005]
-    head = f"{w['speedup']:.2f}x of {w['stages']}"
-    return head + (": " + ", ".join(parts) if parts else ": no measurable gap") + (
-        f" (dominant: {w['dominant'].replace('_', ' ')}; to reduce it: {w['advice']})" if w["dominant"] else "")
+    """One line: the measured speedup of N, then every term that cost (or gave) a hundredth or more, largest
+    loss first, and the dominant term with what would reduce it (the readers' own form, `records.waterfall_view`)."""
+    view = waterfall_of({"waterfall": w})
+    return view_line(view) if view is not None else f"{w.get('speedup')}x of {w.get('stages')}"
