@@ -95,26 +95,32 @@ def test_every_ending_closes_the_record_after_the_hosts_confirm(tmp_path: Path, 
 
 
 def test_an_unexpected_error_still_closes_the_record_with_its_type_and_message(tmp_path: Path, pictl_env,
-                                                                              module_cache: Path) -> None:
-    """Not one of pictl's errors (here the disk: a directory where the serial logits go): the summary still
-    says how the run ended, never `{}`."""
+                                                                              module_cache: Path,
+                                                                              monkeypatch) -> None:
+    """Not one of pictl's errors (here a bug where the outputs are compared): the summary still says how the run
+    ended, never `{}`. (A record file that cannot be written is not such an error any more: the run goes on and
+    ends with exit 9, `test_hostile_host.py`.)"""
     import asyncio
 
+    import pictl.run.session
     from pictl.inventory import load_cluster
     from pictl.planning.profiles import RunOptions
     from pictl.run.baselines import BaselineCache
     from pictl.run.session import RunSession
 
+    async def broken(*_args, **_kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise ZeroDivisionError("a bug comparing the outputs")
+
+    monkeypatch.setattr(pictl.run.session, "collect_and_compare", broken)
     cluster = load_cluster(write_cluster(tmp_path / "cluster", 2))
     options = RunOptions(stages=1, images=20, warmup=0, repeats=4, policy="equal")
     session = RunSession(cluster, options, runs_root=tmp_path / "runs",
                          baseline_cache=BaselineCache(module_cache / "baselines"))
-    (tmp_path / "runs" / session.run_id / "logits-serial.f32").mkdir(parents=True)
-    with pytest.raises(IsADirectoryError):
+    with pytest.raises(ZeroDivisionError):
         asyncio.run(session.run())
     summary = json.loads((tmp_path / "runs" / session.run_id / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["run_id"] == session.run_id
-    assert summary["error"]["type"] == "IsADirectoryError" and "logits-serial.f32" in summary["error"]["message"]
+    assert summary["error"]["type"] == "ZeroDivisionError" and "comparing the outputs" in summary["error"]["message"]
     _assert_nothing_left(tmp_path / "cluster")
     _host_state_is_clean(tmp_path / "cluster")
 

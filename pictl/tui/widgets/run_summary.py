@@ -201,8 +201,9 @@ class RunSummary(Static):
         if not state.sweep:
             self.update(grid)
             return
-        # The sweep's table gets the panel's full width, under the run it is on.
+        # The sweep's table gets the panel's full width, above the run it is on: the run's rows (flags, the gap)
+        # may be many, and the table is what a sweep is followed by.
         sweep = state.sweep
-        self.update(Group(grid, Text.assemble(("sweep", "bold"), f"  run {sweep['index'] + 1} of {sweep['total']}  ",
-                                              (sweep.get("directory") or "", "dim")),
-                          sweep_table(sweep.get("rows", []))))
+        self.update(Group(Text.assemble(("sweep", "bold"), f"  run {sweep['index'] + 1} of {sweep['total']}  ",
+                                        (sweep.get("directory") or "", "dim")),
+                          sweep_table(sweep.get("rows", [])), grid))
