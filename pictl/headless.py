@@ -19,6 +19,7 @@ from rich.text import Text
 
 from pictl.events import HostOutput, Phase, RankEvent, SessionEvent
 from pictl.headless_train import TRAIN_EVENTS, TrainProgress
+from pictl.records.waterfall_view import latency_of, percentiles_text
 from pictl.run.waterfall import waterfall_line
 from pictl.summary import baseline_text
 from pictl.text import markup_safe, printable
@@ -146,14 +147,11 @@ def explain_lines(s: dict[str, Any]) -> list[str]:
     lines = []
     if s.get("waterfall"):
         lines.append("why not N: " + waterfall_line(s["waterfall"]))
-    lat = s.get("latency") or {}
-
-    def pct(d: dict[str, Any] | None) -> str:
-        return "-" if not d else f"p50 {d['p50_ms']:.1f} / p95 {d['p95_ms']:.1f} / p99 {d['p99_ms']:.1f} ms"
-
-    if lat.get("pipeline") or lat.get("serial"):
-        lines.append(f"latency per image: pipeline {pct(lat.get('pipeline'))}; serial {pct(lat.get('serial'))}"
-                     + ("" if lat.get("clock_aligned", True) else " (hosts' clocks not aligned)"))
+    lat = latency_of(s)
+    if lat is not None and (lat.pipeline or lat.serial):
+        unaligned = " (hosts' clocks not aligned)" if lat.clock_aligned is False else ""
+        lines.append(f"latency per image: pipeline {percentiles_text(lat.pipeline)}; serial "
+                     f"{percentiles_text(lat.serial)}{unaligned}")
     return [printable(line) for line in lines]
 
 

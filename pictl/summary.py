@@ -172,10 +172,9 @@ LARGEST_INT = 2**63
 
 
 def terminal_text(text: object, limit: int | None = None) -> str:
-    """`text` safe to print: control characters replaced (`pictl.text`), at most `limit` characters, and a
-    lone surrogate (a JSON `\\udcff`, a file name that is not UTF-8) written out instead of failing the write."""
-    s = printable(text) if limit is None else shown(text, limit)
-    return s.encode("utf-8", "backslashreplace").decode("utf-8")
+    """`text` safe to print (`pictl.text`): control characters replaced, a lone surrogate written out, at most
+    `limit` characters."""
+    return printable(text) if limit is None else shown(text, limit)
 
 
 class RecordInvalid(ConfigError):

@@ -29,7 +29,7 @@ from rich.text import Text
 
 from pictl.errors import ConfigError
 from pictl.records import waterfall_view as wv
-from pictl.records.runs import CONFIG_FILE, SUMMARY_FILE
+from pictl.records.runs import CONFIG_FILE, SUMMARY_FILE, path_exists, path_is_dir
 from pictl.summary import (
     RecordInvalid,
     TraceRecord,
@@ -73,22 +73,8 @@ class Skipped:
 
 
 
-def _exists(path: Path) -> bool:
-    try:
-        return path.exists()
-    except (OSError, ValueError):  # a name too long, a NUL, a directory we may not enter
-        return False
-
-
-def _is_dir(path: Path) -> bool:
-    try:
-        return path.is_dir()
-    except (OSError, ValueError):
-        return False
-
-
 def _is_run_dir(path: Path) -> bool:
-    return _exists(path / SUMMARY_FILE) or _exists(path / CONFIG_FILE) or _exists(path / "sweep.json")
+    return path_exists(path / SUMMARY_FILE) or path_exists(path / CONFIG_FILE) or path_exists(path / "sweep.json")
 
 
 def read_run(path: Path, skipped: list[Skipped] | None = None, *, traces: bool = True) -> dict[str, Any]:
@@ -98,7 +84,7 @@ def read_run(path: Path, skipped: list[Skipped] | None = None, *, traces: bool =
     config but no summary yet reads as `NO_SUMMARY`; a summary that does not keep the contract raises
     RecordInvalid."""
     where = str(path.absolute())
-    if not _exists(path / SUMMARY_FILE):
+    if not path_exists(path / SUMMARY_FILE):
         return {"status": NO_SUMMARY, "run_id": path.name, "run_dir": where}
     summary = read_summary(path / SUMMARY_FILE)
     summary.run_dir = where
@@ -134,8 +120,8 @@ def _run_dirs(root: Path) -> list[Path]:
         entries = list(os.scandir(root))
     except (OSError, ValueError):
         return []
-    dirs = [Path(e.path) for e in entries if _is_dir(Path(e.path))]
-    return sorted((p for p in dirs if _exists(p / CONFIG_FILE) or _exists(p / SUMMARY_FILE)), reverse=True)
+    dirs = [Path(e.path) for e in entries if path_is_dir(Path(e.path))]
+    return sorted((p for p in dirs if path_exists(p / CONFIG_FILE) or path_exists(p / SUMMARY_FILE)), reverse=True)
 
 
 def load_runs(root: Path, limit: int | None = None, skipped: list[Skipped] | None = None, *,
@@ -163,18 +149,18 @@ def resolve_run(root: Path, ref: str) -> Path:
         given = Path(ref).expanduser()
     except RuntimeError:  # ~user that does not exist
         given = Path(ref)
-    if _is_dir(given) and _is_run_dir(given):
+    if path_is_dir(given) and _is_run_dir(given):
         return given
     shown_ref = terminal_text(ref, 120)
     if "/" not in ref and ref not in (".", ".."):
         exact = root / ref
-        if _is_dir(exact) and _is_run_dir(exact):
+        if path_is_dir(exact) and _is_run_dir(exact):
             return exact
         try:
             names = sorted(e.name for e in os.scandir(root) if e.name.startswith(ref))
         except (OSError, ValueError):
             names = []
-        matches = [root / n for n in names if _is_dir(root / n) and _is_run_dir(root / n)]
+        matches = [root / n for n in names if path_is_dir(root / n) and _is_run_dir(root / n)]
         if len(matches) == 1:
             return matches[0]
         if len(matches) > 1:

@@ -27,7 +27,7 @@ from typing import IO, Any
 
 from pictl import errors as E
 from pictl.records.report_waterfall import gap_lines, sweep_latency_lines
-from pictl.records.runs import SUMMARY_FILE, writable_dir
+from pictl.records.runs import SUMMARY_FILE, path_exists, path_is_file, writable_dir
 from pictl.records.train_report import ReportFiles, chart_label, job_section, jobs_table, md_text, quiet_charts
 from pictl.summary import RecordInvalid, RunSummary, age_text, parse_summary, read_json_object, terminal_text
 from pictl.text import printable
@@ -332,20 +332,6 @@ def _load(src: Path) -> RunSummary | dict[str, Any]:
     return data
 
 
-def _is_file(path: Path) -> bool:
-    try:
-        return path.is_file()
-    except (OSError, ValueError):
-        return False
-
-
-def _exists(path: Path) -> bool:
-    try:
-        return path.exists()
-    except (OSError, ValueError):
-        return False
-
-
 _UNREADABLE = (KeyError, TypeError, AttributeError, ValueError, IndexError, ArithmeticError, RuntimeError)
 """What a record of another shape raises in the code that lays it out (a hand-edited prune summary, a chart
 matplotlib cannot draw): named as that source's fault, never a traceback."""
@@ -358,11 +344,11 @@ def write_report(sources: list[Path], out: Path) -> Path:
     `out` refuses a file (a full disk): nothing half-written is left."""
     writable_dir(out, "--out")
     for src in sources:
-        if not (_exists(src / SUMMARY_FILE) or _is_file(src / "sweep.json")):
+        if not (path_exists(src / SUMMARY_FILE) or path_is_file(src / "sweep.json")):
             raise E.ConfigError(f"{terminal_text(src)}: not a run directory (summary.json), a sweep directory "
                                 f"(sweep.json) or a pruning job")
     # (a summary.json that is no regular file, a FIFO, is named by the reader, never opened)
-    summaries = {src: _load(src) for src in sources if _exists(src / SUMMARY_FILE)}
+    summaries = {src: _load(src) for src in sources if path_exists(src / SUMMARY_FILE)}
     jobs = {src: s for src, s in summaries.items() if isinstance(s, dict)}
     trains = [s for s in jobs.values() if s.get("kind") == "train"]
     prunes = [s for s in jobs.values() if s.get("status") == "ok" and s.get("kind") != "train"]
@@ -381,7 +367,7 @@ def write_report(sources: list[Path], out: Path) -> Path:
     for src in sources:
         try:
             summary = summaries.get(src)
-            if _is_file(src / "sweep.json"):
+            if path_is_file(src / "sweep.json"):
                 lines += _sweep_section(src, files)
             elif isinstance(summary, RunSummary):
                 lines += _run_section(src, summary, files)

@@ -19,11 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import platformdirs
-from pydantic import ValidationError
 
 from pictl import errors as E
 from pictl.errors import ConfigError
-from pictl.summary import RunSummary
+from pictl.summary import read_json_object
 from pictl.text import shown
 
 SUMMARY_FILE = "summary.json"
@@ -63,32 +62,32 @@ def writable_dir(path: Path, what: str) -> Path:
 
 
 def read_record(path: Path) -> dict[str, Any]:
-    """A JSON object pictl wrote (summary.json, config.json), or ConfigError naming the file."""
-    try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read it ({exc.strerror or exc})") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: nested too deeply to be a pictl record") from None
-    except ValueError as exc:  # also a UnicodeDecodeError
-        raise ConfigError(f"{path}: not a complete JSON record ({exc}); it may have been cut short") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: not a JSON object")
-    return data
+    """A JSON object pictl wrote (summary.json, config.json), or a ConfigError naming the file (`RecordInvalid`:
+    a FIFO, a huge file, cut short, nested thousands deep are all refused the same way)."""
+    return read_json_object(path)
 
 
-def read_run_summary(path: Path) -> RunSummary:
-    """A run's summary.json, checked against the contract (ConfigError naming the file and field if not)."""
-    data = read_record(path)
+def path_exists(path: Path) -> bool:
+    """`path.exists()` for a path made from a record or an argument: a name too long, a NUL or a directory we
+    may not enter is simply not there (never an OSError)."""
     try:
-        return RunSummary.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "the file"
-        what = "is missing" if first["type"] == "missing" else f"is wrong: {first['msg'].lower()}"
-        raise ConfigError(f"{path}: not a run summary ('{where}' {what})") from None
+        return path.exists()
+    except (OSError, ValueError):
+        return False
+
+
+def path_is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def path_is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except (OSError, ValueError):
+        return False
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

@@ -6,20 +6,19 @@ Every image of a microbatch enters and leaves with it, so a microbatch's latency
 
 from __future__ import annotations
 
-import math
+import statistics
 from typing import Any
 
 PERCENTILES = (50, 95, 99)
 
 
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (0-100) by linear interpolation between the closest ranks (numpy's default)."""
-    ordered = sorted(values)
-    if not ordered:
+def percentile(values: list[float], q: int) -> float:
+    """The q-th percentile (1-99) by linear interpolation between the closest ranks (numpy's default)."""
+    if not values:
         raise ValueError("no values")
-    pos = (len(ordered) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
 def summary_ms(seconds: list[float]) -> dict[str, Any] | None:
