@@ -232,9 +232,12 @@ async def test_a_training_job_from_the_dashboard(shared, tmp_path: Path, monkeyp
         while not (app.state.train and app.state.train.ranks and len(app.state.train.losses) > 3):
             assert time.monotonic() < deadline and app.state.running, app.state.phase_message
             await pilot.pause(0.2)
-        await pilot.pause(0.6)
+        # The panel refreshes on its own timer: poll the screen while the job runs rather than trust one pause.
         live = _screen(app)
-        assert re.search(r"step\s+\d+/30", live) and "samples/s" in live and "rank 1" in live, live
+        while not (re.search(r"step\s+\d+/30", live) and "samples/s" in live and "rank 1" in live):
+            assert time.monotonic() < deadline and app.state.running, live
+            await pilot.pause(0.2)
+            live = _screen(app)
         while app.state.running:
             assert time.monotonic() < deadline, "the job did not end"
             await pilot.pause(0.2)
@@ -249,7 +252,7 @@ async def test_a_training_job_from_the_dashboard(shared, tmp_path: Path, monkeyp
 def _screen(app) -> str:  # noqa: ANN001
     import html
 
-    svg = app.export_screenshot()
+    svg = re.sub(r"<style>.*?</style>", "", app.export_screenshot(), flags=re.S)
     text = html.unescape(re.sub(r"<[^>]+>", "", svg)).replace("\xa0", " ")
     return re.sub(r"[ \t]+", " ", text)
 
