@@ -33,7 +33,7 @@ of the four runs. Over the rounds the script prints each ratio's geometric mean
 with a 95 % bootstrap interval, and says whether that interval lies within 5 %
 of 1 (a systematic cost or gain of pictl's would move both ratios).
 
-`--ssh` starts the SSH test cluster (root; `tests/sshcluster.py`) with every host
+`--ssh` starts the SSH test cluster (root; `tests/support/sshcluster.py`) with every host
 capped at `--cpu` cores, and stops it afterwards. The shipped `hosts.toml` is the
 local cluster: no root needed.
 """
@@ -273,7 +273,7 @@ def main() -> int:
     if not args.ssh:
         compare(args.hosts, args)
         return 0
-    from sshcluster import SshCluster, down
+    from support.sshcluster import SshCluster, down
 
     cluster = SshCluster(max(4, args.stages))
     cluster.cfs_period_us = int(args.period_ms * 1000)

@@ -47,7 +47,7 @@ def start_cluster(kind: str, tmp: Path, hosts: int, args: argparse.Namespace) ->
         from conftest import write_cluster
 
         return write_cluster(tmp / "cluster", hosts), lambda: None
-    from sshcluster import SshCluster
+    from support.sshcluster import SshCluster
 
     cluster = SshCluster(4)
     cluster.cfs_period_us = int(args.period_ms * 1000)

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from sshcluster import SshCluster, down  # noqa: E402
+from support.sshcluster import SshCluster, down  # noqa: E402
 
 from pictl.cluster.push import local_tree  # noqa: E402
 

@@ -4,7 +4,7 @@ terms per run with the residual, and the latency per image beside the throughput
     sudo .venv/bin/python bench/waterfall.py --ssh [--cpu 0.4] --stages 4 --images 96     # the SSH test cluster
     .venv/bin/python bench/waterfall.py --stages 2 --images 48                           # the shipped local cluster
 
-`--ssh` starts the SSH test cluster (root; `tests/sshcluster.py`) with every host capped at `--cpu` cores (a
+`--ssh` starts the SSH test cluster (root; `tests/support/sshcluster.py`) with every host capped at `--cpu` cores (a
 CFS quota, 10 ms period), runs, and stops it. Each policy runs `--rounds` times in alternating order (the
 machine's speed drifts: compare within one run of this script); the serial baseline is measured once and
 reused by every run (it is the same for all).
@@ -84,7 +84,7 @@ def main() -> int:
     if not args.ssh:
         runs = run_all(args.hosts, args)
     else:
-        from sshcluster import SshCluster, down
+        from support.sshcluster import SshCluster, down
 
         cluster = SshCluster(max(4, args.stages))
         cluster.cfs_period_us = 10_000

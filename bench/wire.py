@@ -80,7 +80,7 @@ def main() -> int:
     args = parser.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
     formats = args.formats.split(",")
-    from sshcluster import SshCluster
+    from support.sshcluster import SshCluster
 
     tmp = Path(tempfile.mkdtemp(prefix="pictl-bench-wire-"))
     env = {**os.environ, "PICTL_RUNS_DIR": str(tmp / "runs"), "PICTL_CACHE_DIR": str(tmp / "cache")}

@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from digits_fixture import write_digits  # noqa: E402  (scikit-learn's digits as an ImageFolder)
+from support.digits import write_digits  # noqa: E402  (scikit-learn's digits as an ImageFolder)
 
 SPLIT = "blocks.3,blocks.6,blocks.9"
 VIT = ["img_size=32", "patch_size=8", "depth=12", "embed_dim=96", "num_heads=4"]

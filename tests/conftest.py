@@ -1,29 +1,12 @@
-"""Shared fixtures: an isolated local cluster, run and cache dirs, a `pictl` runner."""
+"""Shared fixtures: isolated run and cache dirs, a local cluster, the real SSH cluster (helpers: `support`)."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
-import psutil
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def write_cluster(path: Path, hosts: int, *, slots: int = 1) -> Path:
-    """A local inventory whose work directories live under `path` (so tests can find their processes)."""
-    body = ['[cluster]\nname = "test"\n', '[defaults]\ntransport = "local"\ninterface = "lo"\n'
-            f"slots = {slots}\n"]
-    for i in range(hosts):
-        body.append(f'[[host]]\nname = "h{i}"\nworkdir = "{path}/h{i}"\n')
-    path.mkdir(parents=True, exist_ok=True)
-    inv = path / "hosts.toml"
-    inv.write_text("\n".join(body))
-    return inv
+from support.clusters import skip_loudly, write_cluster
 
 
 @pytest.fixture
@@ -51,32 +34,10 @@ def cluster4(tmp_path: Path) -> Path:
     return write_cluster(tmp_path / "cluster", 4)
 
 
-def run_pictl(args: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pictl", *args], env=env, cwd=ROOT, text=True,
-                          capture_output=True, timeout=timeout)
-
-
-def dedent(text: str) -> str:
-    return textwrap.dedent(text).lstrip()
-
-
-def skip_loudly(reason: str) -> None:
-    """Skip with a reason nobody can miss; under CI=true, fail instead: CI must run everything."""
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"must run in CI: {reason}")
-    pytest.skip(reason.upper() if len(reason) < 60 else reason)
-
-
-def require_netns(cluster, why: str) -> None:  # noqa: ANN001
-    """For tests that need the root cluster (own logins and addresses, cgroups, the lab image)."""
-    if not cluster.netns:
-        skip_loudly(f"NEEDS ROOT: the loopback SSH cluster has no {why}; this runs in CI")
-
-
 @pytest.fixture(scope="session")
 def ssh_cluster():
     """The real sshd cluster: 4 hosts in network namespaces as root, else on loopback ports."""
-    from sshcluster import Unavailable, start_cluster
+    from support.sshcluster import Unavailable, start_cluster
 
     try:
         cluster = start_cluster(4)
@@ -84,15 +45,3 @@ def ssh_cluster():
         skip_loudly(f"SSH TEST CLUSTER UNAVAILABLE ({exc})")
     yield cluster
     cluster.down()
-
-
-def processes_under(root: Path) -> list[psutil.Process]:
-    """Processes whose working directory is inside this test's cluster (ranks, torchrun agents)."""
-    found = []
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            if str(root) in proc.cwd():
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found

@@ -1,0 +1,192 @@
+"""The balanced policy on DeiT-S: measured costs, predictions, and a real run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from support.cli import ROOT, run_pictl
+from support.clusters import write_cluster
+
+from pictl.cluster.push import tree_digest
+from pictl.inventory import load_cluster
+from pictl.planning.costs import LAN_LINK, PROFILE_FIELDS, profile_key
+from pictl.records.cache import JsonCache
+from remote.balance import CostTable, balanced_split, evaluate
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def deit_costs() -> dict:
+    proc = subprocess.run([sys.executable, "-m", "remote.profiling.costs", "--model", "deit_small_patch16_224",
+                           "--seconds", "1"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    costs = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert costs["event"] == "costs" and len(costs["pieces"]) == 75
+    assert costs["passes"] >= 8 and costs["spread"] >= 0 and costs["comm_s_per_byte"] > 0
+    return costs
+
+
+def _table(costs: dict, stages: int) -> CostTable:
+    return CostTable(compute_s=[costs["compute_s"]] * stages, cut_bytes=costs["cut_bytes"],
+                     links=[LAN_LINK] * (stages - 1), piece_bytes=costs["piece_bytes"])
+
+
+def _starts(costs: dict, names: list[str]) -> list[int]:
+    return [costs["pieces"].index(n) for n in names]
+
+
+def test_costs_have_the_shape_of_deit_small(deit_costs: dict) -> None:
+    pieces, cut = deit_costs["pieces"], deit_costs["cut_bytes"]
+    # Between blocks one 197x384 fp32 tensor crosses; inside a block the residual rides along.
+    assert cut[pieces.index("blocks.3")] == 197 * 384 * 4
+    assert cut[pieces.index("blocks.3.attn.proj")] == 2 * 197 * 384 * 4
+    assert cut[pieces.index("blocks.3.mlp.fc2")] == 197 * (1536 + 384) * 4
+    attn, mlp = (deit_costs["compute_s"][pieces.index(n)] for n in ("blocks.3.attn", "blocks.3.mlp"))
+    assert attn > 0 and mlp > 0 and sum(deit_costs["piece_bytes"]) == 4 * 22_050_664
+
+
+def test_balanced_is_no_worse_than_hand_splits_and_beats_equal_at_five(deit_costs: dict) -> None:
+    from remote.runtime.stage import layout_for
+    from remote.spec import RunSpec
+
+    four = _table(deit_costs, 4)
+    hand = evaluate(four, _starts(deit_costs, ["blocks.3", "blocks.6", "blocks.9"]))
+    assert balanced_split(four).bottleneck_s <= hand.bottleneck_s
+    five = _table(deit_costs, 5)
+    equal = evaluate(five, [s.first for s in layout_for(RunSpec(stages=5, policy="equal")).stages[1:]])
+    best = balanced_split(five)
+    assert best.bottleneck_s <= equal.bottleneck_s
+    # It beats equal unless equal's slowest stage is one both splits share (measured costs can make it so:
+    # then no split can do better, and the tie is the right answer).
+    slowest = max(range(5), key=equal.stage_s.__getitem__)
+    bounds = lambda starts: list(zip((0, *starts), (*starts, None), strict=True))  # noqa: E731
+    shared = bounds(best.starts)[slowest] == bounds(equal.starts)[slowest]
+    assert best.bottleneck_s < equal.bottleneck_s or shared, (best, equal)
+
+
+def _seed_profiles(cache_root, hosts, costs: dict, slow: dict[str, float] | None = None) -> None:
+    """Cost profiles as `pictl profile` would cache them, from the measured DeiT-S costs."""
+    cache = JsonCache(cache_root / "costs")
+    for host in load_cluster(hosts).hosts:
+        factor = (slow or {}).get(host.name, 1.0)
+        cache.put(profile_key(host, "deit_small_patch16_224", 1000, 1, 1, code=tree_digest()),
+                  {**{k: costs[k] for k in PROFILE_FIELDS}, "torch": "cached",
+                   "compute_s": [t * factor for t in costs["compute_s"]]})
+
+
+def test_a_balanced_run_profiles_what_is_missing_and_corrects_a_wrong_profile(deit_costs: dict, tmp_path,
+                                                                              pictl_env) -> None:
+    """h0's cached profile is truncated, so it is measured again on the host; h1's says it is 3x slower than
+    it is: the first split starves h1, the ranks measure, correct the table and move the cut before the
+    timed passes, and the correction is kept for the next run. Every stage is predicted and measured."""
+    env = {**pictl_env, "PICTL_CACHE_DIR": str(tmp_path / "cache")}
+    hosts = write_cluster(tmp_path / "cluster", 2)
+    _seed_profiles(tmp_path / "cache", hosts, deit_costs, slow={"h1": 3.0})
+    h0, h1 = load_cluster(hosts).hosts[:2]
+    key = profile_key(h0, "deit_small_patch16_224", 1000, 1, 1, code=tree_digest())
+    cached = tmp_path / "cache" / "costs" / f"{key}.json"
+    cached.write_text(cached.read_text()[:200])
+    proc = run_pictl(["run", "--hosts", str(hosts), "--stages", "2", "--images", "12", "--warmup", "1",
+                      "--repeats", "1", "--headless", "--json"], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads(proc.stdout)
+    assert s["policy"] == "balanced" and s["outputs_match"] is True and len(s["split_points"]) == 1
+    assert s["prediction"]["profiled"] == ["h0"] and len(s["prediction"]["stage_ms"]) == 2
+    assert all(st["predicted_ms"] > 0 and st["measured_ms"] > 0 for st in s["per_stage"])
+    assert "predicted" in proc.stderr
+    assert json.loads(cached.read_text())["torch"] != "cached"  # measured on the host, cached again
+
+    pieces = deit_costs["pieces"]
+    rounds = s["refine"]["rounds"]
+    first, final = s["prediction"]["first_split"], s["split_points"]
+    assert len(rounds) >= 2 and rounds[0]["split_points"] == first and rounds[0]["next_split"]
+    # The starved host got about a quarter of the model at first, about half at the end.
+    assert pieces.index(first[0]) > 0.6 * len(pieces)
+    assert 0.3 * len(pieces) < pieces.index(final[0]) < 0.7 * len(pieces)
+    assert rounds[0]["factors"][1] < 0.6  # measured much faster than the profile said
+    assert "pictl refine: round 1" in proc.stderr
+    assert [st["modules"][-1] for st in s["per_stage"]][-1] == "head"
+    corrected = JsonCache(tmp_path / "cache" / "costs").get(
+        profile_key(h1, "deit_small_patch16_224", 1000, 1, 1, code=tree_digest()))
+    assert corrected is not None and corrected["correction"] < 0.8  # the profile said 3x slower than it is
+
+
+def test_hosts_sharing_a_machine_are_profiled_one_at_a_time(tmp_path, pictl_env) -> None:
+    """Three local hosts on one machine: h0 and h1 are the same place to run (one address, one interpreter),
+    measured once for both; h2 listens elsewhere, so it is measured too, but only after h0."""
+    hosts = write_cluster(tmp_path / "cluster", 3)
+    hosts.write_text(hosts.read_text().replace('name = "h2"', 'name = "h2"\naddress = "127.0.0.2"'))
+    proc = run_pictl(["profile", "--hosts", str(hosts), "--model", "vit_tiny_patch16_224", "--json"], pictl_env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout)
+    assert found["shared_machine"] == [["h0", "h1", "h2"]] and found["measured"] == ["h0", "h1", "h2"]
+    h0, h1, h2 = (found["hosts"][h] for h in ("h0", "h1", "h2"))
+    assert h0 == h1  # one measurement for both
+    assert h0["measured_until"] <= h2["measured_from"]  # h2's process started after h0's had finished
+    assert all(p["spread"] < 1.0 and p["passes"] >= 8 for p in (h0, h2))
+
+
+async def test_fewer_stages_than_hosts_take_the_fastest_connecting_and_pushing_once(
+        deit_costs: dict, tmp_path, monkeypatch) -> None:
+    """h1 measured twice as slow as h0 and h2 (its cached profile says so): 2 stages go to h0 and h2.
+    Whatever the phases do, each host is connected once and pushed to once and the code tree is read
+    once; the dashboard's panels follow the session's placement, not the inventory's order."""
+    import pictl.run.context
+    import pictl.run.hosts
+    from pictl.cluster.transport.base import Transport
+    from pictl.events import Phase, Placed
+    from pictl.planning.profiles import RunOptions
+    from pictl.run.session import RunSession
+    from pictl.tui.state import DashboardState
+
+    monkeypatch.setenv("PICTL_CACHE_DIR", str(tmp_path / "cache"))
+    hosts = write_cluster(tmp_path / "cluster", 3)
+    _seed_profiles(tmp_path / "cache", hosts, deit_costs, slow={"h1": 2.0})
+    connects: list[str] = []
+    pushes: list[str] = []
+    trees: list[int] = []
+    real_connect, real_push, real_tree = Transport.connect, pictl.run.hosts.push_to, pictl.run.context.local_tree
+
+    async def connect(self: Transport) -> None:
+        connects.append(self.host.name)
+        await real_connect(self)
+
+    async def push_to(t: Transport, files: dict, **kw: object) -> object:
+        pushes.append(t.host.name)
+        return await real_push(t, files, **kw)
+
+    def local_tree() -> dict:
+        trees.append(1)
+        return real_tree()
+
+    monkeypatch.setattr(Transport, "connect", connect)
+    monkeypatch.setattr(pictl.run.hosts, "push_to", push_to)
+    monkeypatch.setattr(pictl.run.context, "local_tree", local_tree)
+    cluster = load_cluster(hosts)
+    dashboard = DashboardState(cluster)
+    placed: list[Placed] = []
+    phases: list[str] = []
+
+    def on_event(event: object) -> None:
+        if isinstance(event, Placed):
+            placed.append(event)
+            dashboard.on_placed(event)
+        elif isinstance(event, Phase):
+            phases.append(event.message)
+
+    options = RunOptions(stages=2, policy="balanced", images=4, warmup=0, repeats=1)
+    dashboard.start_run(options.model_dump())
+    assert {r: v.host for r, v in dashboard.stages.items()} == {0: "h0", 1: "h1"}  # the inventory's guess
+    s = await RunSession(cluster, options, on_event=on_event, runs_root=tmp_path / "runs").run()
+    assert [st["host"] for st in s["per_stage"]] == ["h0", "h2"] and s["outputs_match"] is True
+    assert s["prediction"]["profiled"] == [] and s["prediction"]["links_measured"] == ["h0->h2"]
+    assert any("fastest hosts: h0" in m and "left out: h1" in m for m in phases), phases
+    assert sorted(connects) == ["h0", "h1", "h2"] and sorted(pushes) == ["h0", "h1", "h2"] and trees == [1]
+    assert len(placed) == 1 and [p.host for p in placed[0].stages] == ["h0", "h2"]
+    assert {r: v.host for r, v in dashboard.stages.items()} == {0: "h0", 1: "h2"}
+    assert dashboard.hosts["h1"].ranks == [] and dashboard.hosts["h2"].ranks == [1]

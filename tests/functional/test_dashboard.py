@@ -1,0 +1,324 @@
+"""The dashboard under a real Textual Pilot: real runs (local cluster, real torchrun), real traces."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+from support.clusters import processes_under, write_cluster
+from textual.widgets import DataTable, Input, RichLog, Select, Sparkline
+
+from pictl.inventory import load_cluster
+from pictl.run.baselines import BaselineCache
+from pictl.tui.app import PictlApp
+from pictl.tui.messages import LogLine
+from pictl.tui.widgets.confirm import Confirm
+from pictl.tui.widgets.help_screen import HelpScreen
+from pictl.tui.widgets.history import HistoryScreen
+from pictl.tui.widgets.run_form import RunForm
+from pictl.tui.widgets.stage_panel import StagePanel
+
+SIZE = (150, 50)
+
+
+@pytest.fixture(scope="module")
+def baselines(tmp_path_factory) -> BaselineCache:
+    """The real runs here share one serial baseline (same images, same hosts)."""
+    return BaselineCache(tmp_path_factory.mktemp("baselines"))
+
+
+def _app(tmp_path: Path, hosts: int = 2, baselines: BaselineCache | None = None, **kwargs) -> PictlApp:  # noqa: ANN003
+    cluster = load_cluster(write_cluster(tmp_path / "cluster", hosts))
+    cache = baselines or BaselineCache(tmp_path / "baselines")
+    return PictlApp(cluster, runs_root=tmp_path / "runs", baseline_cache=cache, **kwargs)
+
+
+async def _start_from_form(pilot, stages: str, images: str) -> None:  # noqa: ANN001
+    await pilot.press("r")
+    await pilot.pause()
+    form = pilot.app.screen
+    assert isinstance(form, RunForm)
+    form.query_one("#stages", Input).value = stages
+    form.query_one("#images", Input).value = images
+    form.query_one("#policy", Select).value = "equal"  # balanced (the default) is tested in test_balanced
+    await pilot.click("#start")
+    await pilot.pause()
+    assert not isinstance(pilot.app.screen, RunForm), pilot.app.screen.query_one("#form-error").render()
+
+
+async def _until(pilot, condition, timeout: float = 240, step: float = 0.2) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting for the dashboard"
+        await pilot.pause(step)
+
+
+def _screen_text(app: PictlApp) -> str:
+    """What the terminal shows, as text (from Textual's own screenshot)."""
+    import html
+    import re
+
+    svg = app.export_screenshot()
+    text = html.unescape(" ".join(re.findall(r">([^<]*)</text>", svg))).replace("\xa0", " ")
+    return " ".join(text.split())  # the SVG splits a line into runs of text: compare words, not spacing
+
+
+def _panel_text(app: PictlApp, rank: int) -> str:
+    return str(app.query_one(f"#stage-{rank}", StagePanel).query_one(".stage-figures").render())
+
+
+@pytest.mark.slow
+async def test_run_from_the_form_live_panels_traces_and_history(tmp_path: Path, baselines) -> None:
+    app = _app(tmp_path, baselines=baselines)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("t")  # no run yet: a notice, nothing else
+        await pilot.pause()
+        assert any("no pipeline is running" in n.message for n in app._notifications)
+        await _start_from_form(pilot, "2", "24")
+        assert app.state.running and sorted(app.state.stages) == [0, 1]
+        # While it launches or measures the baseline, the run line turns a spinner and counts the seconds.
+        await _until(pilot, lambda: re.search(r"run [⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏] \w+: .*\(\d+s\)", _screen_text(app)), timeout=60)
+        assert app.state.run_dir and Path(app.state.run_dir).name in _screen_text(app).replace(" ", "")
+        # Traces grabbed in the timed passes (not the warm-up or balanced's calibration passes), so one is
+        # marked as traced and kept out of the figures.
+        await _until(pilot, lambda: app.state.stages[1].phase == "timed" and app.session.pipeline_live)
+        seen = []  # the panels change while the run goes on
+        await pilot.press("t")
+        for _ in range(10):
+            await pilot.pause(0.3)
+            seen.append(_panel_text(app, 1))
+        assert len(set(seen)) > 1 and "microbatches" in seen[-1]
+        assert any(len(app.query_one("#stage-1", StagePanel).query_one(Sparkline).data) > 1 for _ in [0])
+        hosts = app.query_one("#hosts", DataTable)
+        assert str(hosts.get_cell("h0", "activity")) in ("running", "waiting")
+        await _until(pilot, lambda: not app.state.running and app.state.traces)
+        s = app.state.summary
+        assert app.state.phase == "done" and s["status"] == "ok" and s["outputs_match"] is True
+        assert "match" in _screen_text(app)
+        grab = app.state.traces[0]
+        assert sorted(grab["files"]) == ["0", "1"] and not grab["missing"]
+        assert all(Path(f).exists() for f in grab["files"].values()) and Path(grab["timeline"]).exists()
+        assert s["traced_passes"] >= 1
+        await pilot.pause(0.5)
+        assert "rank 1: compute" in _screen_text(app)  # the per-rank breakdown from the traces
+        await pilot.press("h")
+        await pilot.pause()
+        assert isinstance(app.screen, HistoryScreen)
+        table = app.screen.query_one(DataTable)
+        assert table.row_count == 1 and str(table.get_cell("0", "status")) == "ok"
+        await pilot.press("enter")
+        await pilot.pause()
+        detail = _screen_text(app)
+        assert s["run_id"] in detail and "traces" in detail and "rank 0: compute" in detail
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HistoryScreen)
+
+
+@pytest.mark.slow
+async def test_stop_and_quit_ask_first_and_leave_nothing_running(tmp_path: Path, baselines) -> None:
+    app = _app(tmp_path, baselines=baselines)
+    async with app.run_test(size=SIZE) as pilot:
+        await _start_from_form(pilot, "2", "24")
+        await _until(pilot, lambda: app.session.pipeline_live and app.state.stages[0].microbatches > 0)
+        for quit_key in ("q", "ctrl+q"):  # ctrl+q (and the palette's Quit) ask too
+            await pilot.press(quit_key)
+            await pilot.pause()
+            assert isinstance(app.screen, Confirm), quit_key
+            await pilot.press("n")  # keep going
+            await pilot.pause()
+            assert app.state.running and app.is_running
+        await pilot.press("s")
+        await pilot.pause()
+        assert isinstance(app.screen, Confirm)
+        await pilot.press("y")
+        await _until(pilot, lambda: not app.state.running, timeout=60)
+        assert app.state.phase == "stopped"
+        assert app.state.summary["status"] == "interrupted"
+        assert not processes_under(tmp_path / "cluster")
+        assert str(app.query_one("#hosts", DataTable).get_cell("h1", "activity")) == "stopped"
+
+
+async def test_log_filter_by_host_rank_and_text(tmp_path: Path) -> None:
+    app = _app(tmp_path, hosts=3, monitor=False)
+    async with app.run_test(size=SIZE) as pilot:
+        for host, source, line in (("h0", "h0", "loading weights"), ("h1", "rank1", "ready: blocks.6 .. head"),
+                                   ("h1", "h1", "Traceback: boom"), ("h2", "rank2", "pass 1: 3.2 img/s")):
+            app.post_message(LogLine(source, host, "stdout", line))
+        await pilot.pause()
+        log = app.query_one("#log-lines", RichLog)
+        assert len(log.lines) == 4
+        await pilot.press("slash")
+        await pilot.press(*"host:h1")
+        await pilot.pause()
+        assert len(log.lines) == 2
+        await pilot.press("space", *"rank:1")
+        await pilot.pause()
+        assert len(log.lines) == 1 and "ready" in log.lines[0].text
+        await pilot.press("escape")
+        await pilot.pause()
+        assert len(log.lines) == 4
+        await pilot.press("slash", *"IMG/S", "enter")
+        await pilot.pause()
+        assert len(log.lines) == 1 and "h2/rank2" in log.lines[0].text
+
+
+async def test_a_host_that_drops_turns_red(tmp_path: Path) -> None:
+    inv = tmp_path / "hosts.toml"
+    inv.write_text('[cluster]\nname = "t"\n[[host]]\nname = "ok"\ntransport = "local"\n'
+                   f'workdir = "{tmp_path}/ok"\n[[host]]\nname = "gone"\ntransport = "ssh"\n'
+                   'address = "127.0.0.1"\nport = 9\n')
+    app = PictlApp(load_cluster(inv), runs_root=tmp_path / "runs")
+    async with app.run_test(size=SIZE) as pilot:
+        started = time.monotonic()
+        await _until(pilot, lambda: app.state.hosts["gone"].up is False and app.state.hosts["ok"].up, timeout=15)
+        await pilot.pause(0.5)
+        assert time.monotonic() - started < 8
+        cell = app.query_one("#hosts", DataTable).get_cell("gone", "link")
+        assert cell.plain == "DOWN" and "red" in str(cell.style)
+
+
+async def test_keys_are_listed_in_help_and_the_palette(tmp_path: Path) -> None:
+    app = _app(tmp_path, monitor=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        help_screen = app.screen.query_one("#help")
+        text = ""
+        while True:  # read it all: on 80x24 the help scrolls
+            text += " " + _screen_text(app)
+            if help_screen.scroll_y >= help_screen.max_scroll_y:
+                break
+            help_screen.scroll_page_down(animate=False)
+            await pilot.pause()
+        for said in ("start a run", "stop the run", "grab torch.profiler traces", "past runs", "quit (asks first",
+                     "speedup against", "host:NAME rank:N", "stages=N policy=NAME"):
+            assert said in text, said
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, HelpScreen)
+        commands = [c.title for c in app.get_system_commands(app.screen)]
+        assert {"Run", "Stop", "Traces", "History", "Filter logs"} <= set(commands)
+        await pilot.press("s")  # nothing to stop: a notice, no dialog
+        await pilot.pause()
+        assert not isinstance(app.screen, Confirm)
+        await pilot.press("q")
+        await pilot.pause()
+    assert not app.is_running
+
+
+@pytest.mark.slow
+async def test_a_sweep_from_the_dashboard_shows_its_table(tmp_path: Path, baselines) -> None:
+    app = _app(tmp_path, baselines=baselines)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("w")
+        await pilot.pause()
+        form = app.screen
+        stages = form.query_one("#stages", Input)
+        stages.value = "1,9"
+        stages.focus()
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.screen is form and "9 stages do not fit" in str(form.query_one("#form-error").render())
+        stages.value = "2"  # one run is enough to follow (the CLI's sweep test runs several)
+        form.query_one("#images", Input).value = "4"
+        await pilot.press("enter")
+        await _until(pilot, lambda: app.state.sweep and len(app.state.sweep.get("rows", [])) == 1
+                     and not app.state.running)
+        rows = app.state.sweep["rows"]
+        assert [(r["stages"], r["status"]) for r in rows] == [(2, "ok")]
+        await pilot.pause(0.6)
+        text = _screen_text(app)
+        assert "run 1 of 1" in text and "slowest" in text
+        assert f"{rows[0]['speedup']:.2f}x {rows[0]['efficiency']:.2f}" in text
+        assert (Path(app.state.sweep["directory"]) / "table.md").exists()
+
+
+@pytest.mark.slow
+async def test_a_pruning_job_from_the_dashboard(tmp_path: Path) -> None:
+    from support.digits import write_digits
+
+    from pictl.tui.widgets.prune_form import PruneForm
+
+    data = write_digits(tmp_path / "digits")
+    app = _app(tmp_path, monitor=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("p")
+        await pilot.pause()
+        form = pilot.app.screen
+        assert isinstance(form, PruneForm)
+        form.query_one("#model", Input).value = "vit_tiny_patch16_224"
+        form.query_one("#model-args", Input).value = "img_size=32,patch_size=8,depth=2,embed_dim=48,num_heads=4"
+        form.query_one("#data", Select).value = "imagefolder"
+        form.query_one("#ratio", Input).value = "1.5"
+        await pilot.click("#start")
+        await pilot.pause()
+        assert isinstance(pilot.app.screen, PruneForm), "a ratio of 1.5 was accepted"
+        assert "ratio" in str(form.query_one("#form-error").render())
+        form.query_one("#ratio", Input).value = "0.3"
+        form.query_one("#data-path", Input).value = str(data)
+        form.query_one("#importance", Select).value = "l1"
+        form.query_one("#epochs", Input).value = "1"
+        form.query_one("#epochs", Input).focus()
+        await pilot.press("enter")  # Enter in any field submits, as in the run form
+        await pilot.pause()
+        assert not isinstance(pilot.app.screen, PruneForm), form.query_one("#form-error").render()
+        await _until(pilot, lambda: app.state.prune and app.state.prune["accuracy"], timeout=120)
+        assert "top-1 before" in _screen_text(app)  # streamed while the job runs
+        await _until(pilot, lambda: not app.state.running, timeout=120)
+        await pilot.pause(0.6)
+        summary = app.state.prune["summary"]
+        assert summary and summary["status"] == "ok", app.state.phase_message
+        screen = _screen_text(app)
+        assert "top-1 epoch 1" in screen and "result top-1" in screen, screen
+        assert Path(summary["artifact"]).is_file()
+        assert str(tmp_path / "prunes") in summary["artifact"]
+
+
+async def test_history_sorts_filters_compares_and_exports(tmp_path: Path) -> None:
+    """Three recorded runs (a real summary, varied): sort by speedup, filter, mark two and compare, export."""
+    import json
+
+    real = json.loads((Path(__file__).parents[1] / "support" / "data" / "run_summary_two_stages.json").read_text())
+    for i, (stages, policy, speedup) in enumerate(((2, "equal", 1.41), (4, "balanced", 3.3), (2, "balanced", 1.7))):
+        run_id = f"2026112{i}-120000-s{stages}-abc{i}"
+        run_dir = tmp_path / "runs" / run_id
+        run_dir.mkdir(parents=True)
+        (run_dir / "config.json").write_text("{}")
+        (run_dir / "summary.json").write_text(json.dumps({**real, "run_id": run_id, "run_dir": str(run_dir),
+                                                          "stages": stages, "policy": policy, "speedup": speedup,
+                                                          "started_at": time.time() - 86400 * (3 - i)}))
+    app = _app(tmp_path, monitor=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("h")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, HistoryScreen)
+        table = screen.query_one(DataTable)
+
+        def column(key: str) -> list[str]:
+            return [str(table.get_cell_at((r, [k for _, k in COLUMNS].index(key)))) for r in range(table.row_count)]
+
+        from pictl.tui.widgets.history import COLUMNS
+
+        assert column("speedup") == ["1.7", "3.3", "1.41"]  # newest first
+        await pilot.press("s")  # by speedup
+        await pilot.pause()
+        assert column("speedup") == ["3.3", "1.7", "1.41"]
+        await pilot.press("slash", *"policy=balanced", "enter")
+        await pilot.pause()
+        assert column("policy") == ["balanced", "balanced"]
+        await pilot.press("space", "down", "space", "c")
+        await pilot.pause()
+        detail = _screen_text(app)
+        assert "20261121-120000-s4-abc1" in detail and "20261122-120000-s2-abc2" in detail and "efficiency" in detail
+        await pilot.press("e")
+        await pilot.pause()
+        exported = list((tmp_path).glob("runs-*.csv"))
+        assert len(exported) == 1 and len(exported[0].read_text().splitlines()) == 3  # header + the 2 shown
+        await pilot.press("slash")
+        await pilot.press(*"nonsense=1")
+        await pilot.pause()
+        assert "filter: 'nonsense=1'" in _screen_text(app)

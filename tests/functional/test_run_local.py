@@ -1,0 +1,129 @@
+"""Real runs through the CLI on a local cluster: real torchrun, real gloo, real processes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+from support.cifar import write_cifar10
+from support.cli import run_pictl
+from support.clusters import write_cluster
+
+pytestmark = pytest.mark.slow
+
+# Small passes keep each run short; the protocol stays the real one.
+# `--policy equal` unless a test says otherwise: profiling costs for `balanced` is tested in test_balanced.
+FAST = ["--images", "5", "--chunk", "2", "--warmup", "0", "--repeats", "1", "--headless", "--json", "--policy", "equal"]
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory) -> dict:
+    """One cluster and one baseline cache for the module, so later runs reuse the serial baseline."""
+    root = tmp_path_factory.mktemp("run")
+    return {"hosts": write_cluster(root / "cluster", 3), "root": root}
+
+
+REQUIRED = {"status", "stages", "split_points", "throughput_ips", "serial_ips", "speedup", "outputs_match",
+            "max_abs_diff", "accuracy", "run_dir", "per_stage"}
+STAGE_KEYS = {"host", "rank", "modules", "params", "compute_s", "wait_s", "send_s", "bytes_sent", "peak_rss_mb"}
+
+
+def _env(shared: dict, pictl_env: dict[str, str]) -> dict[str, str]:
+    return {**pictl_env, "PICTL_CACHE_DIR": str(shared["root"] / "cache"),
+            "PICTL_RUNS_DIR": str(shared["root"] / "runs")}
+
+
+def _run(shared: dict, env: dict[str, str], *args: str) -> dict:
+    proc = run_pictl(["run", "--hosts", str(shared["hosts"]), *FAST, *args], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_two_stages_at_a_block_boundary(shared, pictl_env) -> None:
+    s = _run(shared, _env(shared, pictl_env), "--stages", "2", "--split", "blocks.6")
+    assert REQUIRED <= set(s) and all(STAGE_KEYS <= set(st) for st in s["per_stage"])
+    assert s["status"] == "ok" and s["split_points"] == ["blocks.6"]
+    assert s["outputs_match"] is True and s["max_abs_diff"] == 0.0 and s["compared_images"] == 5
+    assert s["serial_reused"] is False and s["accuracy"] is None and s["plan_reused"] is False
+    assert s["speedup"] == pytest.approx(s["throughput_ips"] / s["serial_ips"], rel=1e-3)
+    st0, st1 = s["per_stage"]
+    assert (st0["host"], st1["host"]) == ("h0", "h1")
+    assert st0["modules"][0] == "patch_embed" and st0["modules"][-1] == "blocks.5"
+    assert st1["modules"][0] == "blocks.6" and st1["modules"][-1] == "head"
+    assert st0["params"] + st1["params"] == 22_050_664
+    # 3 microbatches of 2 (the last padded) of 197x384 fp32 activations leave stage 0.
+    assert st0["bytes_sent"] == 3 * 2 * 197 * 384 * 4 and st1["bytes_sent"] == 0
+    assert st1["wait_s"] > 0 and st0["compute_s"] > 0
+    run_dir = Path(s["run_dir"])
+    assert json.loads((run_dir / "summary.json").read_text()) == s
+    events = [json.loads(line) for line in (run_dir / "events" / "h1.jsonl").read_text().splitlines()]
+    assert {"run_start", "stage_ready", "progress", "throughput", "run_end"} <= {e["event"] for e in events}
+    # The first run plans in the serial-baseline process (one torch import on h0): the plan comes first,
+    # kept in the record although it arrived before the record existed.
+    serial = [json.loads(line) for line in (run_dir / "events" / "serial.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in serial[:2]] == ["plan", "run_start"]
+    assert json.loads((run_dir / "config.json").read_text())["plan"]["split_points"] == ["blocks.6"]
+
+
+def test_a_repeated_run_reuses_plan_and_baseline(shared, pictl_env) -> None:
+    s = _run(shared, _env(shared, pictl_env), "--stages", "2", "--split", "blocks.6")
+    assert s["plan_reused"] is True and s["serial_reused"] is True and s["outputs_match"] is True
+    assert s["split_points"] == ["blocks.6"] and s["per_stage"][1]["modules"][0] == "blocks.6"
+    startup = s["startup"]
+    assert startup["plan_s"] < 1.0 and startup["baseline_s"] < 1.0  # no torch import before the launch
+    assert startup["total_s"] == pytest.approx(sum(v for k, v in startup.items() if k != "total_s"), abs=0.01)
+
+
+def test_three_stages_inside_blocks_reuses_the_baseline(shared, pictl_env) -> None:
+    s = _run(shared, _env(shared, pictl_env), "--stages", "3", "--split", "blocks.2.attn.proj,blocks.7.mlp.fc2")
+    assert s["outputs_match"] is True and s["max_abs_diff"] == 0.0
+    assert s["serial_reused"] is True  # same model, data, protocol, threads and host as the first test
+    assert [st["modules"][0] for st in s["per_stage"]] == ["patch_embed", "blocks.2.attn.proj", "blocks.7.mlp.fc2"]
+    # An in-block cut sends the residual too: two tensors per microbatch.
+    assert s["per_stage"][0]["bytes_sent"] == 3 * 2 * (2 * 197 * 384 * 4)
+
+
+def test_output_mismatch_fails_the_run(shared, pictl_env, tmp_path: Path) -> None:
+    """A stale baseline whose logits differ (here: bytes flipped in the cache) must fail the run."""
+    env = {**_env(shared, pictl_env), "PICTL_CACHE_DIR": str(tmp_path / "cache")}
+    shutil.copytree(shared["root"] / "cache", tmp_path / "cache")
+    for logits in (tmp_path / "cache").rglob("logits-serial.f32"):
+        data = bytearray(logits.read_bytes())
+        data[0:4] = struct.pack("<f", 1234.5)
+        logits.write_bytes(bytes(data))
+    proc = run_pictl(["run", "--hosts", str(shared["hosts"]), *FAST, "--stages", "2", "--split", "blocks.6"], env)
+    assert proc.returncode == 5, proc.stderr[-2000:]
+    s = json.loads(proc.stdout)
+    assert s["status"] == "failed" and s["outputs_match"] is False and s["max_abs_diff"] > 1000
+    assert "differs from the serial run" in proc.stderr.strip().splitlines()[-1]
+    assert json.loads((Path(s["run_dir"]) / "summary.json").read_text())["status"] == "failed"
+
+
+def test_labelled_data_and_threads_0_on_one_host_of_two_slots(tmp_path: Path, pictl_env) -> None:
+    """Accuracy from labelled data; and with `--threads 0`, 2 stages on one host of 2 slots: each rank
+    gets half the host's cores, the serial run all of them."""
+    import os
+
+    hosts = write_cluster(tmp_path / "cluster", 1, slots=2)
+    data = write_cifar10(tmp_path / "cifar", images=6)
+    proc = run_pictl(["run", "--hosts", str(hosts), *FAST, "--stages", "2", "--threads", "0", "--data", "cifar10",
+                      "--data-path", str(data), "--num-classes", "10"], pictl_env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads(proc.stdout)
+    # A 10-class head is tiny, so half the parameters are reached a piece earlier than with 1000 classes.
+    assert s["split_points"] == ["blocks.5.mlp.fc2"] and s["outputs_match"] is True
+    assert s["accuracy"] is not None and 0.0 <= s["accuracy"] <= 1.0
+    assert s["accuracy"] == s["serial_accuracy"]  # same logits, same labels
+    cores = len(os.sched_getaffinity(0))
+    assert [(st["host"], st["threads"]) for st in s["per_stage"]] == [("h0", max(1, cores // 2))] * 2
+    assert f"h0: 2 stage(s) x {max(1, cores // 2)} thread(s)" in proc.stderr
+    run_dir = Path(s["run_dir"])
+    starts = [json.loads(line) for line in (run_dir / "events" / "h0.jsonl").read_text().splitlines()
+              if '"run_start"' in line]
+    assert sorted(e["threads"] for e in starts) == [max(1, cores // 2)] * 2  # what torch was set to, per rank
+    serial = [json.loads(line) for line in (run_dir / "events" / "serial.jsonl").read_text().splitlines()
+              if '"run_start"' in line]
+    assert serial[0]["threads"] == cores

@@ -1,0 +1,283 @@
+"""`pictl train` for real: torchrun on a local cluster, every mode's loss checked against single's, the
+trained model run by `pictl run`, a broken stage caught, Ctrl-C and a killed rank leaving nothing behind,
+and bad input refused before anything starts."""
+
+from __future__ import annotations
+
+import array
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from support.cli import run_pictl
+from support.clusters import processes_under, write_cluster
+
+# A small ViT (4 blocks of width 96 on 32x32 images) keeps each run to seconds; the machinery is the real one.
+TINY = ["--model", "vit_tiny_patch16_224", "--model-arg", "img_size=32", "--model-arg", "patch_size=8",
+        "--model-arg", "depth=4", "--model-arg", "embed_dim=96", "--model-arg", "num_heads=4"]
+STEPS = ["--batch-size", "8", "--chunks", "2", "--steps", "6", "--train-images", "32", "--eval-images", "16",
+         "--lr", "0.05", "--json"]
+CATEGORIES = {"data", "forward", "backward", "optimizer", "comm", "idle"}
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("train")
+    return {"root": root, "hosts": write_cluster(root / "cluster", 2)}
+
+
+@pytest.fixture
+def env(shared: dict, pictl_env: dict[str, str]) -> dict[str, str]:
+    # One cache for the module: the single-mode reference of a job is measured once and reused.
+    return {**pictl_env, "PICTL_CACHE_DIR": str(shared["root"] / "cache"),
+            "PICTL_RUNS_DIR": str(shared["root"] / "runs")}
+
+
+def _train(shared: dict, env: dict[str, str], *args: str, code: int = 0, model: tuple[str, ...] = tuple(TINY),
+           ) -> dict:
+    proc = run_pictl(["train", "--hosts", str(shared["hosts"]), *model, *STEPS, *args], env)
+    assert proc.returncode == code, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def _floats(path: Path) -> list[float]:
+    values = array.array("f")
+    values.frombytes(path.read_bytes())
+    return list(values)
+
+
+@pytest.mark.slow
+def test_a_sweep_of_every_mode_agrees_with_single_and_the_model_runs_in_pictl_run(shared, env) -> None:
+    """`pictl sweep --train`: single, a 2-stage GPipe pipeline and 2 ddp replicas of one job, side by side."""
+    out = shared["root"] / "sweep"
+    proc = run_pictl(["sweep", "--train", "--hosts", str(shared["hosts"]), "--out", str(out), *TINY,
+                      "--modes", "single,pipeline,ddp", "--schedules", "gpipe", "--stages", "2", "--chunks", "2",
+                      "--batch-size", "8", "--steps", "30", "--train-images", "32", "--json"], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout)["rows"]
+    assert [(r["mode"], r["stages"], r["chunks"]) for r in rows] == [("single", 1, 2), ("pipeline", 2, 2),
+                                                                      ("ddp", 2, 2)]
+    assert rows[0]["speedup"] == 1.0 and all(r["status"] == "ok" and r["samples_per_s"] > 0 for r in rows)
+    assert rows[1]["loss_agreement"].startswith("ok") and rows[2]["loss_agreement"].startswith("ok")
+    assert {p.name for p in out.glob("*.png")} == {"samples_vs_chunks.png", "time_breakdown.png"}
+    jobs = {json.loads(f.read_text())["mode"]: json.loads(f.read_text()) for f in out.glob("jobs/*/summary.json")}
+
+    piped = jobs["pipeline"]
+    check = piped["agreement"]
+    assert check["passed"] is True and check["steps"] == 3 and check["reference_reused"] is True
+    assert check["reference_job"] == jobs["single"]["job_id"]  # the sweep's single job is the reference
+    assert check["max_rel_diff"] <= 1e-3
+    assert [r["step"] for r in piped["losses"]] == list(range(1, 31))
+    assert [e["epoch"] for e in piped["evals"]] == list(range(1, 9)) and all(e["total"] == 64 for e in piped["evals"])
+    for rank in piped["breakdown"]:  # every category, adding up to each step's wall time
+        assert set(rank["per_step_ms"]) == CATEGORIES and rank["steps"] == 29
+        assert rank["seconds"]["forward_s"] > 0 and rank["seconds"]["backward_s"] > 0
+    assert piped["breakdown"][0]["bytes_sent"] > 0 and piped["breakdown"][0]["seconds"]["comm_s"] > 0
+    assert piped["breakdown"][0]["modules"][0] == "patch_embed" and piped["breakdown"][1]["modules"][-1] == "head"
+
+    ddp = jobs["ddp"]
+    assert ddp["agreement"]["passed"] is True
+    assert ddp["agreement"]["reference_reused"] is True  # the same job: its single-mode reference is reused
+    assert ddp["breakdown"][1]["seconds"]["comm_s"] > 0 and ddp["breakdown"][0]["allreduce_s"] > 0
+    for a, b, c in zip(jobs["single"]["losses"], piped["losses"], ddp["losses"], strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4) == pytest.approx(c["loss"], rel=1e-4)
+
+    # The assembled checkpoint is a model artifact: `pictl run` rebuilds the model and computes the logits
+    # the trained model computed, bit for bit, serial and pipelined.
+    model = ddp["checkpoint"]["path"]
+    assert ddp["checkpoint"]["params"] == 468_778 and ddp["run_with"] == f"pictl run --model {model}"
+    proc = run_pictl(["run", "--hosts", str(shared["hosts"]), "--model", model, "--stages", "2", "--policy",
+                      "equal", "--images", "8", "--chunk", "4", "--warmup", "0", "--repeats", "1", "--headless",
+                      "--json"], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = json.loads(proc.stdout)
+    assert run["outputs_match"] is True
+    assert _floats(Path(run["run_dir"]) / "logits-serial.f32") == _floats(Path(ddp["trained_logits"]))
+
+
+@pytest.mark.slow
+def test_a_cnn_through_1f1b_with_a_broken_stage_fails_the_check(shared, env) -> None:
+    """A ResNet through 1F1B whose rank 1 never applies its optimizer step: step 1 (the same weights) gives
+    single's loss exactly, so the CNN's pipeline computes single's function; from step 2 the broken stage
+    computes another one and the check fails."""
+    cnn = ("--model", "resnet18", "--image-size", "32", "--no-save", "--eval-images", "0")
+    broken = _train(shared, env, "--mode", "pipeline", "--schedule", "1f1b", "--break-rank", "1", code=5, model=cnn)
+    assert broken["schedule"] == "1f1b" and len(broken["losses"]) == 6 and "checkpoint" not in broken
+    assert broken["breakdown"][0]["modules"][0] == "conv1" and broken["breakdown"][1]["modules"][-1] == "global_pool"
+    assert broken["status"] == "failed" and broken["agreement"]["passed"] is False
+    assert broken["agreement"]["per_step"][0]["rel_diff"] == 0.0  # step 1: the same weights
+    assert broken["agreement"]["max_rel_diff"] > 1e-3
+    assert broken["error"]["type"] == "OutputMismatch"
+
+
+def _wait_for_steps(runs: Path, proc: subprocess.Popen, timeout: float = 180) -> Path:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        for events in runs.glob("*/events/h1.jsonl"):
+            if '"event":"train_step"' in events.read_text():
+                return events.parent.parent
+        time.sleep(0.3)
+    raise AssertionError("the job never reported a step")
+
+
+def _nothing_left(cluster: Path) -> None:
+    deadline = time.monotonic() + 10
+    while processes_under(cluster) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [(p.pid, " ".join(p.cmdline())[:120]) for p in processes_under(cluster)]
+    assert not left, f"processes left behind: {left}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["ctrl-c", "killed rank"])
+def test_ctrl_c_and_a_killed_rank_leave_nothing_behind(tmp_path: Path, pictl_env, fault: str) -> None:
+    hosts = write_cluster(tmp_path / "cluster", 2)
+    out = tmp_path / "trains"
+    proc = subprocess.Popen([sys.executable, "-m", "pictl", "train", "--hosts", str(hosts), "--out", str(out), *TINY,
+                             "--mode", "ddp", "--check-steps", "0", "--steps", "4000", "--batch-size", "8",
+                             "--chunks", "2", "--train-images", "32", "--eval-images", "0", "--json"],
+                            env=pictl_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = _wait_for_steps(out, proc)
+    if fault == "ctrl-c":
+        proc.send_signal(signal.SIGINT)
+    else:
+        ranks = [p for p in processes_under(tmp_path / "cluster" / "h1")
+                 if "remote.training.train" in " ".join(p.cmdline()) and "torch.distributed.run" not in
+                 " ".join(p.cmdline())]
+        assert len(ranks) == 1
+        ranks[0].kill()
+    stdout, err = proc.communicate(timeout=120)
+    summary = json.loads((job / "summary.json").read_text())
+    if fault == "ctrl-c":
+        assert proc.returncode == 130, err[-2000:]
+        assert summary["status"] == "interrupted" and summary["steps_done"] >= 1
+    else:
+        assert proc.returncode == 3, err[-2000:]
+        assert summary["status"] == "failed" and "host 'h1' rank 1" in summary["error"]["message"]
+    assert json.loads(stdout)["status"] == summary["status"]
+    _nothing_left(tmp_path / "cluster")
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--mode", "sideways"], "'sideways' is not one of"),
+    (["--schedule", "zigzag"], "'zigzag' is not one of"),
+    (["--batch-size", "8", "--chunks", "3"], "chunks 3 do not divide the batch of 8"),
+    (["--mode", "ddp", "--stages", "1"], "ddp needs at least 2 ranks"),
+    (["--mode", "ddp", "--stages", "2", "--chunks", "1"], "chunks must be a multiple of 2"),
+    (["--mode", "pipeline", "--stages", "3"], "3 stages do not fit"),
+    (["--schedule", "1f1b", "--chunks", "1"], "chunks (1) must be at least the 2 stages"),
+    (["--data", "cifar10"], "needs data_path"),
+    (["--model-arg", "depth"], "use KEY=VALUE"),
+    (["--mode", "pipeline", "--model", "resnet18", "--policy", "balanced"], "policy balanced profiles timm ViTs"),
+])
+def test_bad_input_is_refused_before_anything_starts(tmp_path: Path, pictl_env, args: list[str], says: str) -> None:
+    hosts = write_cluster(tmp_path / "cluster", 2)
+    proc = run_pictl(["train", "--hosts", str(hosts), "--out", str(tmp_path / "trains"), *args], pictl_env)
+    assert proc.returncode == 2, proc.stderr
+    assert says in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "trains").exists() and not (tmp_path / "cluster" / "h0").exists()
+
+
+@pytest.mark.slow
+def test_a_model_the_hosts_cannot_build_is_refused_with_no_job_left(tmp_path: Path, pictl_env) -> None:
+    hosts = write_cluster(tmp_path / "cluster", 2)
+    proc = run_pictl(["train", "--hosts", str(hosts), "--out", str(tmp_path / "trains"), "--model", "nosuchnet",
+                      "--steps", "2", "--train-images", "16"], pictl_env)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == ("pictl: error: unknown model 'nosuchnet' (timm has no such "
+                                                    "architecture)")
+    assert not list((tmp_path / "trains").glob("*"))
+    assert not list((tmp_path / "cluster").glob("h*/runs/*"))
+
+
+@pytest.mark.slow
+async def test_a_training_job_from_the_dashboard(shared, tmp_path: Path, monkeypatch) -> None:
+    """`n` opens the form; the run panel follows the steps live: loss and its curve, samples/s, each rank's
+    time by category; at the end the loss check against single and the trained model's file. (The sweep's
+    ddp job, on its cluster and cache: its single-mode reference is reused.)"""
+    from textual.widgets import Input, Select
+
+    from pictl.inventory import load_cluster
+    from pictl.tui.app import PictlApp
+    from pictl.tui.widgets.train_form import TrainForm
+
+    monkeypatch.setenv("PICTL_CACHE_DIR", str(shared["root"] / "cache"))
+    app = PictlApp(load_cluster(shared["hosts"]), runs_root=tmp_path / "runs", monitor=False)
+    async with app.run_test(size=(150, 50)) as pilot:
+        await pilot.press("n")
+        await pilot.pause()
+        form = pilot.app.screen
+        assert isinstance(form, TrainForm)
+        form.query_one("#mode", Select).value = "ddp"
+        form.query_one("#model", Input).value = "vit_tiny_patch16_224"
+        form.query_one("#model-args", Input).value = "img_size=32,patch_size=8,depth=4,embed_dim=96,num_heads=4"
+        form.query_one("#chunks", Input).value = "3"
+        await pilot.click("#start")
+        await pilot.pause()
+        assert isinstance(pilot.app.screen, TrainForm), "chunks that do not divide the batch were accepted"
+        assert "chunks 3 do not divide" in str(form.query_one("#form-error").render())
+        form.query_one("#chunks", Input).value = "2"
+        form.query_one("#steps", Input).value = "30"
+        form.query_one("#train-images", Input).value = "32"
+        form.query_one("#train-images", Input).focus()
+        await pilot.press("enter")  # Enter in any field submits, as in the other forms
+        await pilot.pause()
+        assert not isinstance(pilot.app.screen, TrainForm), form.query_one("#form-error").render()
+        deadline = time.monotonic() + 240
+        while not (app.state.train and app.state.train.ranks and len(app.state.train.losses) > 3):
+            assert time.monotonic() < deadline and app.state.running, app.state.phase_message
+            await pilot.pause(0.2)
+        # The panel refreshes on its own timer: poll the screen while the job runs rather than trust one pause.
+        live = _screen(app)
+        while not (re.search(r"step\s+\d+/30", live) and "samples/s" in live and "rank 1" in live):
+            assert time.monotonic() < deadline and app.state.running, live
+            await pilot.pause(0.2)
+            live = _screen(app)
+        while app.state.running:
+            assert time.monotonic() < deadline, "the job did not end"
+            await pilot.pause(0.2)
+        await pilot.pause(0.6)
+        done = app.state.train.summary
+        assert done and done["status"] == "ok" and done["agreement"]["passed"], app.state.phase_message
+        screen = _screen(app)
+        assert "losses agree" in screen and done["checkpoint"]["path"][:40] in screen, screen
+        assert str(tmp_path / "trains") in done["job_dir"]
+
+
+def _screen(app) -> str:  # noqa: ANN001
+    import html
+
+    svg = re.sub(r"<style>.*?</style>", "", app.export_screenshot(), flags=re.S)
+    text = html.unescape(re.sub(r"<[^>]+>", "", svg)).replace("\xa0", " ")
+    return re.sub(r"[ \t]+", " ", text)
+
+
+@pytest.mark.slow
+def test_every_mode_trains_over_ssh(ssh_cluster, pictl_env) -> None:
+    """Real sshd hosts: a 2-stage 1F1B pipeline (fp32) and 2 ddp replicas under --amp, each held to the same
+    job run as single on the first host at its own precision (its reference, over SSH too); the --amp job
+    also reports how far bf16 moved its loss from the fp32 reference."""
+    from support.clusters import assert_hosts_clean
+
+    common = ["train", "--hosts", str(ssh_cluster.inventory), *TINY, "--batch-size", "8", "--chunks", "4",
+              "--steps", "4", "--train-images", "32", "--eval-images", "8", "--stages", "2", "--json"]
+    seen = {}
+    for mode, extra in (("pipeline", ["--schedule", "1f1b"]), ("ddp", ["--amp"])):
+        proc = run_pictl([*common, "--mode", mode, *extra], pictl_env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        seen[mode] = s = json.loads(proc.stdout)
+        assert s["status"] == "ok" and len(s["losses"]) == 4 and s["stages"] == 2, s
+        assert s["agreement"]["passed"] is True and s["agreement"]["reference_host"] == "h0"
+        assert s["agreement"]["reference_reused"] is False  # fp32 and bf16 references are not the same
+        assert [r["host"] for r in s["breakdown"]] == ["h0", "h1"]
+    assert seen["pipeline"]["agreement"]["against"] == "single, fp32"
+    amp = seen["ddp"]["agreement"]
+    assert amp["against"] == "single, bf16 autocast" and amp["tolerance"] == 0.01
+    assert amp["vs_fp32"]["steps"] == 3 and amp["vs_fp32"]["max_rel_diff"] is not None
+    assert_hosts_clean(ssh_cluster)
