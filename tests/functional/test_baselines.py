@@ -171,7 +171,10 @@ async def test_a_baseline_measured_under_load_is_not_reused_when_the_host_is_idl
     assert idle["serial_ips"] > 1.5 * loaded["serial_ips"]
     for window in ("during_baseline", "during_pipeline"):
         assert idle["hosts"]["h0"][window]["cpu_wait_mean"] is not None, idle["hosts"]["h0"]
-    assert "host_overloaded" not in {f["code"] for f in idle["flags"]}, idle["flags"]
+    # The idle run's baseline is clean. (Its pipeline may still be flagged: two ranks and the controller share
+    # this machine's 2 CPUs, and the flag reports that wait honestly.)
+    assert not any(f["code"] == "host_overloaded" and "serial baseline" in f["message"] for f in idle["flags"]), \
+        idle["flags"]
     # The honest baseline gives the lower speedup. (Whether a clean run raises no flag at all is checked on a
     # real run's figures in test_flags.py: on this shared 2-core machine the controller itself, reading the
     # ranks, runs beside them, and its noise can spread 3 short passes by 10 %.)
