@@ -1,6 +1,6 @@
 """How much parallel work this machine really does: the ceiling on any N-stage speedup on one machine.
 
-    .venv/bin/python bench/ceiling.py [--copies 2] [--images 48] [--rounds 3]
+    .venv/bin/python -m bench.ceiling [--copies 2] [--images 48] [--rounds 3] [--quick]
 
 A pipeline of N stages on one machine with N cores can only be N times faster
 than the serial run if N copies of the same loop run side by side as fast as one
@@ -11,20 +11,19 @@ way, each timing its own passes). Prints, per round, one copy's img/s alone, eac
 concurrent copy's, and their ratio; then the ceiling on an N-stage pipeline's
 speedup on this machine: N x (concurrent / alone) x the fill/drain bound
 M / (M + N - 1) at M = --images microbatches. Rounds alternate nothing: the
-machine's state drifts, so read the spread over rounds.
+machine's state drifts, so read the spread over rounds. `--quick`: 4 images, 1 timed
+pass, 1 round.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
-REFERENCE = Path(__file__).resolve().parent / "reference.py"
+from bench.harness import REFERENCE, add_quick, last_json, quick_defaults
 
 
 def loops(copies: int, args: argparse.Namespace) -> list[float]:
@@ -39,7 +38,7 @@ def loops(copies: int, args: argparse.Namespace) -> list[float]:
         stdout, stderr = p.communicate(timeout=1800)
         if p.returncode:
             raise SystemExit(f"reference serial failed:\n{stderr[-3000:]}")
-        out.append(json.loads(stdout.strip().splitlines()[-1])["mean_ips"])
+        out.append(last_json(stdout, "reference serial")["mean_ips"])
     return out
 
 
@@ -50,7 +49,8 @@ def main() -> int:
     parser.add_argument("--images", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    add_quick(parser)
+    args = quick_defaults(parser.parse_args(), images=4, repeats=1, rounds=1)
     print(f"{args.model}, 1 thread, {args.images} images, 1 warm-up + {args.repeats} timed passes; "
           f"{args.copies} copies at once against one alone; {os.cpu_count()} CPUs", flush=True)
     ratios = []

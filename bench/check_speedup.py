@@ -1,9 +1,10 @@
 """An independent check of pictl's speedup: pictl against a plain reference, same hosts, one invocation.
 
-    .venv/bin/python bench/check_speedup.py [--hosts hosts.toml] [--stages 2] [--images 12] [--repeats 20]
+    .venv/bin/python -m bench.check_speedup [--hosts hosts.toml] [--stages 2] [--images 12] [--repeats 20]
         [--rounds 12] [--save rounds.json]
-    sudo .venv/bin/python bench/check_speedup.py --ssh [--cpu 0.4] [--period-ms 10] --stages 4 [--rounds 8]
-    .venv/bin/python bench/check_speedup.py --pool saved1.json saved2.json   (rounds of earlier --save runs)
+    sudo .venv/bin/python -m bench.check_speedup --ssh [--cpu 0.4] [--period-ms 10] --stages 4 [--rounds 8]
+    .venv/bin/python -m bench.check_speedup --pool saved1.json saved2.json   (rounds of earlier --save runs)
+    .venv/bin/python -m bench.check_speedup --quick     (1 round of 4 images x 2 passes on the shipped cluster)
 
 Per round, on the same hosts and with the same protocol (model, split, images,
 chunk, threads, warm-up and timed passes): the plain serial reference on the
@@ -35,14 +36,14 @@ of 1 (a systematic cost or gain of pictl's would move both ratios).
 
 `--ssh` starts the SSH test cluster (root; `tests/support/sshcluster.py`) with every host
 capped at `--cpu` cores, and stops it afterwards. The shipped `hosts.toml` is the
-local cluster: no root needed.
+local cluster: no root needed. The last line is the harness's PASS/FAIL verdict on the
+ratio of the means (PASS: the interval lies within 5 % of 1); it does not set the exit status.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
 import subprocess
@@ -50,15 +51,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+from bench import harness
+from bench.check_verdict import AGREEMENT, ORDERS, geometric_mean_ci, pooled, verdict
+from bench.harness import REFERENCE, SHIPPED, Pictl, last_json
+from pictl.inventory import Host, load_cluster  # reads hosts.toml; not in any timed loop
 
-from check_verdict import ORDERS, pooled, verdict  # noqa: E402
-
-from pictl.inventory import Host, load_cluster  # noqa: E402  (reads hosts.toml; not in any timed loop)
-
-REFERENCE = Path(__file__).resolve().parent / "reference.py"
 _FREE_PORT = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
 
 
@@ -99,19 +96,12 @@ def _env(host: Host, threads: int) -> dict[str, str]:
     return env
 
 
-def _last_json(out: str, what: str) -> dict:
-    for line in reversed(out.splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    raise SystemExit(f"{what}: no result\n{out[-2000:]}")
-
-
 def reference_serial(host: Host, script: str, protocol: list[str], threads: int) -> dict:
     proc = subprocess.run(on_host(host, [host.python_path(), script, "serial", *protocol], _env(host, threads)),
                           capture_output=True, text=True, timeout=1800)
     if proc.returncode:
         raise SystemExit(f"reference serial on {host.name} failed:\n{proc.stderr[-3000:]}")
-    return _last_json(proc.stdout, "reference serial")
+    return last_json(proc.stdout, "reference serial")
 
 
 def reference_pipeline(hosts: list[Host], scripts: list[str], split: list[str], protocol: list[str],
@@ -132,22 +122,16 @@ def reference_pipeline(hosts: list[Host], scripts: list[str], split: list[str], 
     for host, p, (_, err) in zip(hosts, procs, outs, strict=True):
         if p.returncode:
             raise SystemExit(f"reference pipeline on {host.name} failed:\n{err[-3000:]}")
-    result = _last_json(outs[-1][0], "reference pipeline")
+    result = last_json(outs[-1][0], "reference pipeline")
     if not result.get("matches_model"):
         raise SystemExit(f"reference pipeline: its output differs from the whole model's: {result}")
     return result
 
 
 def pictl_run(inventory: Path, stages: int, split: list[str], args: argparse.Namespace, tmp: str) -> dict:
-    env = {**os.environ, "PICTL_RUNS_DIR": f"{tmp}/runs", "PICTL_CACHE_DIR": f"{tmp}/cache"}
-    proc = subprocess.run([sys.executable, "-m", "pictl", "run", "--hosts", str(inventory), "--stages", str(stages),
-                           "--split", ",".join(split), "--model", args.model, "--images", str(args.images),
-                           "--chunk", str(args.chunk), "--warmup", str(args.warmup), "--repeats", str(args.repeats),
-                           "--threads", str(args.threads), "--fresh-baseline", "--headless", "--json"],
-                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=3600)
-    if proc.returncode:
-        raise SystemExit(f"pictl run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout)
+    return Pictl(Path(tmp)).run(inventory, "--stages", str(stages), "--split", ",".join(split), "--model", args.model,
+                                "--images", str(args.images), "--chunk", str(args.chunk), "--warmup", str(args.warmup),
+                                "--repeats", str(args.repeats), "--threads", str(args.threads), "--fresh-baseline")
 
 
 def equal_blocks(stages: int, blocks: int = 12) -> list[str]:
@@ -193,12 +177,17 @@ def compare(inventory: Path, args: argparse.Namespace) -> list[dict]:
                   f"  (pictl's flags: {', '.join(row['flags']) or 'none'})"
                   + (f"  noisy: {'; '.join(row['disturbed'])}" if row["disturbed"] else ""), flush=True)
             if args.save:  # after every round: an interrupted check keeps the rounds it finished
-                args.save.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                                 "rounds": rounds}, indent=1))
+                harness.save_result(args.save, {"args": {k: str(v) for k, v in vars(args).items()},
+                                                "rounds": rounds})
     for h, script in zip(hosts, scripts, strict=True):
         if h.transport != "local":
             subprocess.run(on_host(h, ["rm", "-rf", str(Path(script).parent)]), capture_output=True)
     print(verdict(rounds))
+    ratios = [r["ratio"] for r in rounds]
+    gm, lo, hi = geometric_mean_ci(ratios)
+    harness.verdict("pictl's speedup / the plain reference's (means, geometric mean over rounds)", gm,
+                    (max(ratios) - min(ratios)) / gm, 1 - AGREEMENT <= lo and hi <= 1 + AGREEMENT,
+                    f"95 % interval {lo:.3f}-{hi:.3f}, bar {AGREEMENT:.0%}")
     return rounds
 
 
@@ -251,7 +240,7 @@ def disturbances(ours: dict, ref_serial: dict, ref_pipe: dict) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--hosts", type=Path, default=ROOT / "hosts.toml")
+    parser.add_argument("--hosts", type=Path, default=SHIPPED)
     parser.add_argument("--ssh", action="store_true", help="start the SSH test cluster (root) and use it")
     parser.add_argument("--cpu", type=float, default=0.4, help="--ssh: cores per host (a CFS quota)")
     parser.add_argument("--period-ms", type=float, default=10.0, help="--ssh: the quota's CFS period")
@@ -266,23 +255,17 @@ def main() -> int:
     parser.add_argument("--save", type=Path, help="also write every round's figures to this JSON file")
     parser.add_argument("--pool", type=Path, nargs="+", metavar="SAVED",
                         help="run nothing: the verdict over the rounds of earlier --save files together")
-    args = parser.parse_args()
+    harness.add_quick(parser)
+    args = harness.quick_defaults(parser.parse_args(), ssh=False, stages=2, images=4, repeats=2, rounds=1)
     if args.pool:
         print(pooled(args.pool))
         return 0
     if not args.ssh:
         compare(args.hosts, args)
         return 0
-    from support.sshcluster import SshCluster, down
-
-    cluster = SshCluster(max(4, args.stages))
-    cluster.cfs_period_us = int(args.period_ms * 1000)
-    try:
-        cluster.up(cpu=args.cpu)
+    with harness.ssh_cluster(max(4, args.stages), cpu=args.cpu, period_ms=args.period_ms) as cluster:
         print(f"SSH test cluster: {cluster.n} hosts at {args.cpu} core(s) each (CFS period {args.period_ms:g} ms)")
         compare(cluster.inventory, args)
-    finally:
-        down()
     return 0
 
 

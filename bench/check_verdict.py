@@ -1,14 +1,24 @@
-"""The verdict of `bench/check_speedup.py`: over its rounds, each ratio's geometric mean with a 95 %
+"""The verdict of `bench.check_speedup`: over its rounds, each ratio's geometric mean with a 95 %
 bootstrap interval, and whether pictl's speedup lies within 5 % of the plain reference's; and the same over
-the rounds of several saved checks (`--pool`)."""
+the rounds of several saved checks (`--pool`).
+
+    .venv/bin/python -m bench.check_verdict [SAVED ...]    (default: bench/results/check_speedup_*.json, by cluster)
+    .venv/bin/python -m bench.check_verdict --quick        (the saved local checks only)
+
+Run as a script, it prints the pooled verdict of saved checks without running anything.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import random
 import statistics
+import sys
 from pathlib import Path
+
+from bench.harness import RESULTS, add_quick
 
 ORDERS = ("plain serial, pictl, plain pipeline", "plain pipeline, plain serial, pictl")
 
@@ -70,3 +80,23 @@ def pooled(saved: list[Path]) -> str:
                      f"{a.get('repeats')} passes, on {where}")
         rounds += data["rounds"]
     return "\n".join([*heads, verdict(rounds)])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("saved", type=Path, nargs="*", help="saved checks to pool (default: bench/results, by cluster)")
+    add_quick(parser)
+    args = parser.parse_args()
+    if args.saved:
+        print(pooled(args.saved))
+        return 0
+    groups = ["local2"] if args.quick else ["local2", "ssh4"]
+    for group in groups:  # only like checks pool: one verdict per cluster and stage count
+        saved = sorted(RESULTS.glob(f"check_speedup_{group}_*.json"))
+        if saved:
+            print(pooled(saved))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

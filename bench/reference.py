@@ -1,6 +1,7 @@
 """Plain references for pictl's throughput figures, with no pictl code in them.
 
     python reference.py serial --model deit_small_patch16_224 --images 48 --chunk 1 --warmup 1 --repeats 3
+    .venv/bin/python -m bench.reference --quick      (serial, 2 images, 1 pass: a smoke run)
     torchrun --nnodes N --nproc-per-node 1 --node-rank I --rdzv-backend static --master-addr A --master-port P \\
         reference.py pipeline --split blocks.3,blocks.6,blocks.9 --images 48 --chunk 1 --warmup 1 --repeats 3
 
@@ -16,7 +17,8 @@ way pictl does (the pipeline: from a barrier to the end of the schedule on the l
 rank) and print one JSON line, the pipeline on its last rank only:
 {"mode", "ips": [one per timed pass], "mean_ips", ...}.
 
-Runs on the hosts with nothing but torch and timm (the venv pictl provisions).
+Runs on the hosts with nothing but torch and timm (the venv pictl provisions): it stays a standalone script
+(no bench imports), since bench.check_speedup copies it to SSH hosts.
 """
 
 from __future__ import annotations
@@ -125,7 +127,7 @@ def pipeline(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=("serial", "pipeline"))
+    parser.add_argument("mode", choices=("serial", "pipeline"), nargs="?", default="serial")
     parser.add_argument("--model", default="deit_small_patch16_224")
     parser.add_argument("--num-classes", type=int, default=1000)
     parser.add_argument("--split", default="", help="module names where stages 2..N begin (pipeline)")
@@ -135,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 2 images, no warm-up, 1 timed pass")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.images, args.chunk, args.warmup, args.repeats = 2, 1, 0, 1
     torch.set_num_threads(args.threads)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     serial(args) if args.mode == "serial" else pipeline(args)

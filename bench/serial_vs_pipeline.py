@@ -1,11 +1,13 @@
 """Serial vs 2-stage pipeline throughput and memory, measured side by side in one run.
 
-    .venv/bin/python bench/serial_vs_pipeline.py [--images 48] [--repeats 3] [--threads 1]
+    .venv/bin/python -m bench.serial_vs_pipeline [--images 48] [--repeats 3] [--threads 1] [--quick]
 
 Runs the real thing on the shipped local cluster (torchrun, gloo, one process per
 stage) with a freshly measured serial baseline, then prints throughput, the
 ratio, and each rank's peak RSS beside the serial run's. RSS includes the torch
 and timm imports (reported separately), so the stage's own share is `peak - import`.
+The verdict line passes when the pipeline's outputs match the serial run's.
+`--quick`: 4 images, 1 timed pass.
 """
 
 from __future__ import annotations
@@ -16,13 +18,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from pictl.inventory import load_cluster  # noqa: E402
-from pictl.planning.profiles import resolve_options  # noqa: E402
-from pictl.run.baselines import BaselineCache  # noqa: E402
-from pictl.run.session import RunSession  # noqa: E402
+from bench.harness import SHIPPED, add_quick, quick_defaults, verdict
+from pictl.inventory import load_cluster
+from pictl.planning.presets import resolve_options
+from pictl.run.baselines import BaselineCache
+from pictl.run.session import RunSession
 
 
 def main() -> int:
@@ -31,11 +31,12 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--stages", type=int, default=2)
-    args = parser.parse_args()
+    add_quick(parser)
+    args = quick_defaults(parser.parse_args(), images=4, repeats=1)
     options = resolve_options(None, {"stages": args.stages, "images": args.images, "repeats": args.repeats,
                                      "warmup": 1, "threads": args.threads, "chunk": 1})
     with tempfile.TemporaryDirectory() as tmp:
-        session = RunSession(load_cluster(ROOT / "hosts.toml"), options, runs_root=Path(tmp) / "runs",
+        session = RunSession(load_cluster(SHIPPED), options, runs_root=Path(tmp) / "runs",
                              baseline_cache=BaselineCache(Path(tmp) / "cache"), reuse_baseline=False)
         s = asyncio.run(session.run())
 
@@ -56,7 +57,9 @@ def main() -> int:
     for st in s["per_stage"]:
         ratio = (st["peak_rss_mb"] - st["import_rss_mb"]) / serial_own
         print(f"rank {st['rank']} own memory / serial own memory: {ratio:.2f}")
-    return 0
+    ok = verdict(f"{args.stages}-stage pipeline / serial, outputs match", s["speedup"],
+                 (max(spread) - min(spread)) / s["throughput_ips"], bool(s["outputs_match"]))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 Every reader (headless, the dashboard, sweeps, tests) takes these types: a session announces what it
 decided (`Placed`: which host runs which stages with how many threads) and nobody recomputes it.
-Telemetry records keep `remote.protocol`'s names: one definition, imported by both sides.
+Telemetry records are `remote.records`' dataclasses (one per event, shared with the hosts): `read_line`
+checks a line against its event's class, field by field, and returns an instance.
 """
 
 from __future__ import annotations
@@ -11,10 +12,20 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pictl.text import shown
+from remote import job_records, run_records
 from remote import protocol as P
+from remote.records import Record, field_kinds
+
+R = TypeVar("R", bound=Record)
+
+RECORD_TYPES: dict[str, type[Record]] = {
+    cls.EVENT: cls for module in (run_records, job_records) for cls in vars(module).values()
+    if isinstance(cls, type) and issubclass(cls, Record) and cls is not Record}
+"""Each event's class; every name in `remote.protocol.EVENTS` has one."""
+assert set(RECORD_TYPES) == set(P.EVENTS), set(P.EVENTS) ^ set(RECORD_TYPES)
 
 
 @dataclass(frozen=True)
@@ -43,7 +54,7 @@ class RankEvent:
 
     source: str
     host: str
-    record: dict[str, Any]
+    record: Record
 
 
 @dataclass(frozen=True)
@@ -71,14 +82,14 @@ SessionEvent = Phase | HostOutput | RankEvent | Placed
 EventSink = Callable[[SessionEvent], None]
 
 
-def command_outcome(result: Any, kind: str) -> tuple[dict[str, Any] | None, str]:
-    """From a finished one-shot remote command (a CommandResult): its `kind` event if it succeeded,
-    else None and why it failed (its own error event, or the last line it wrote on stderr)."""
-    events = [e for e in map(parse_event, result.stdout.splitlines()) if e]
-    wanted = next((e for e in events if e[P.KEY_EVENT] == kind), None)
+def command_outcome(result: Any, kind: type[R]) -> tuple[R | None, str]:
+    """From a finished one-shot remote command (a CommandResult): its record of type `kind` if it succeeded,
+    else None and why it failed (its own error record, or the last line it wrote on stderr)."""
+    records = [r for r in map(parse_event, result.stdout.splitlines()) if r]
+    wanted = next((r for r in records if isinstance(r, kind)), None)
     if result.returncode == 0 and wanted is not None:
         return wanted, ""
-    error = next((e["message"] for e in events if e[P.KEY_EVENT] == P.ERROR), None)
+    error = next((r.message for r in records if isinstance(r, run_records.Error)), None)
     return None, error or (result.stderr.strip().splitlines() or ["no output"])[-1]
 
 
@@ -95,7 +106,7 @@ MAX_RECORD_CHARS = 1 << 20
 """A telemetry line is a few hundred bytes; anything near a megabyte is not one of ours."""
 
 
-def read_line(line: str) -> dict[str, Any] | Rejected | None:
+def read_line(line: str) -> Record | Rejected | None:
     """A host's stdout line as a checked telemetry record, a Rejected one, or None for ordinary log output."""
     if not line.startswith("{"):
         return None
@@ -113,30 +124,27 @@ def read_line(line: str) -> dict[str, Any] | Rejected | None:
     if record.get(P.KEY_SCHEMA) != P.SCHEMA_VERSION:
         return Rejected(event, f"schema {shown(record.get(P.KEY_SCHEMA), 20)} (this pictl reads "
                                f"{P.SCHEMA_VERSION})")
-    for fields in (P.COMMON_FIELDS, P.FIELDS[event]):
-        for name, kind in fields.items():
-            why = _wrong(record.get(name), kind)
-            if why:
-                return Rejected(event, f"'{name}' {why}")
-    return record
+    cls = RECORD_TYPES[event]
+    for field in field_kinds(cls):
+        why = _wrong(record.get(field.name), field.kind, field.optional)
+        if why:
+            return Rejected(event, f"'{field.name}' {why}")
+    given: dict[str, Any] = {field.name: record[field.name] for field in field_kinds(cls) if field.name in record}
+    return cls(**given)
 
 
-def parse_event(line: str) -> dict[str, Any] | None:
+def parse_event(line: str) -> Record | None:
     """A checked telemetry record, or None (ordinary log output, or a record that breaks the protocol)."""
     record = read_line(line)
-    return record if isinstance(record, dict) else None
+    return record if isinstance(record, Record) else None
 
 
-def _wrong(value: Any, kind: str) -> str | None:
-    """Why `value` is not of `kind` (see `remote.protocol.FIELDS`), or None when it is."""
-    if kind.endswith("?"):
-        if value is None:
-            return None
-        kind = kind[:-1]
-    elif value is None:
-        return "is missing"
+def _wrong(value: Any, kind: str, optional: bool) -> str | None:
+    """Why `value` is not of `kind` (see `remote.records`), or None when it is."""
+    if value is None:
+        return None if optional else "is missing"
     ok = {
-        "count": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+        "count": _count,
         "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
         "num": _number,
         "real": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
@@ -146,8 +154,13 @@ def _wrong(value: Any, kind: str) -> str | None:
         "dict": lambda v: isinstance(v, dict),
         "strs": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
         "nums": lambda v: isinstance(v, list) and all(_number(x) for x in v),
+        "counts": lambda v: isinstance(v, list) and all(_count(x) for x in v),
     }[kind](value)
     return None if ok else f"is not a {_KIND_NAMES[kind]}: {shown(json.dumps(value)[:60], 60)}"
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
 def _number(v: Any) -> bool:
@@ -156,4 +169,4 @@ def _number(v: Any) -> bool:
 
 _KIND_NAMES = {"count": "count", "int": "whole number", "num": "finite number >= 0", "real": "number", "str": "string",
                "bool": "true/false", "list": "list", "dict": "table", "strs": "list of strings",
-               "nums": "list of numbers"}
+               "nums": "list of numbers", "counts": "list of counts"}

@@ -18,14 +18,15 @@ from rich.table import Table
 from rich.text import Text
 
 from pictl.events import HostOutput, Phase, RankEvent, SessionEvent
-from pictl.headless_train import TRAIN_EVENTS, TrainProgress
+from pictl.headless_train import TrainProgress
 from pictl.records.waterfall_view import latency_of, percentiles_text
 from pictl.run.waterfall import waterfall_line
 from pictl.summary import baseline_text
 from pictl.text import markup_safe, printable
-from remote import protocol as P
+from remote.job_records import PruneAccuracy, PruneDone, PruneProgress, PruneStart, TrainEval, TrainStart, TrainStep
+from remote.run_records import Error, Progress, Refine, Refined, Throughput
 
-PRUNE_EVENTS = (P.PRUNE_START, P.PRUNE_PROGRESS, P.PRUNE_ACCURACY, P.PRUNE_DONE)
+PRUNE_RECORDS = (PruneStart, PruneProgress, PruneAccuracy, PruneDone)
 
 
 def macs_text(macs: int) -> str:
@@ -45,7 +46,8 @@ class HeadlessRenderer:
         self.err = console or Console(stderr=True, highlight=False, soft_wrap=True)
         self.verbose = verbose
         self._live: Live | None = None
-        self._progress: dict[int, dict[str, Any]] = {}
+        self._progress: dict[int, tuple[str, Progress]] = {}
+        """rank -> (its host, its latest progress)"""
         self._last_line: dict[int, float] = {}
         self._train = TrainProgress(self.err)
 
@@ -62,60 +64,57 @@ class HeadlessRenderer:
             self.err.print(Text.assemble((event.source, "dim"), " ", printable(event.line)), highlight=False)
 
     def _on_record(self, event: RankEvent) -> None:
-        rec = event.record
-        kind = rec[P.KEY_EVENT]
-        rank = rec.get(P.KEY_RANK, 0)
-        if kind == P.PROGRESS and event.source != "serial":
-            self._progress[rank] = {**rec, "host": event.host}
-            if self._live:
-                self._live.update(self._table())
-            elif time.monotonic() - self._last_line.get(rank, 0.0) >= 5.0:
-                self._last_line[rank] = time.monotonic()
-                self.err.print(f"pictl progress: rank {rank} ({event.host}) {markup_safe(rec['phase'])} "
-                               f"{rec['repeat']}: "
-                               f"{rec['microbatches']}/{rec['microbatches_total']} microbatches, compute "
-                               f"{rec['compute_s']:.2f}s wait {rec['wait_s']:.2f}s send {rec['send_s']:.2f}s")
-        elif kind == P.THROUGHPUT:
-            who = "serial" if event.source == "serial" else "pipeline"
-            self.err.print(f"pictl {who}: pass {rec['repeat'] + 1}: {rec['ips']:.2f} img/s")
-        elif kind in (P.REFINE, P.REFINED):
-            self.err.print(printable(refine_line(rec)), markup=False, highlight=False)
-        elif kind in PRUNE_EVENTS:
-            self._on_prune(rec)
-        elif kind in TRAIN_EVENTS:
-            self._train(event.source, rec)
-        elif kind == P.ERROR:
-            self._stop_live()
-            self.err.print(f"[bold red]error[/] {event.source} rank {rank}: {markup_safe(rec['message'])}")
+        rec, rank = event.record, event.record.rank
+        match rec:
+            case Progress() if event.source != "serial":
+                self._progress[rank] = (event.host, rec)
+                if self._live:
+                    self._live.update(self._table())
+                elif time.monotonic() - self._last_line.get(rank, 0.0) >= 5.0:
+                    self._last_line[rank] = time.monotonic()
+                    self.err.print(f"pictl progress: rank {rank} ({event.host}) {markup_safe(rec.phase)} "
+                                   f"{rec.repeat}: {rec.microbatches}/{rec.microbatches_total} microbatches, compute "
+                                   f"{rec.compute_s:.2f}s wait {rec.wait_s:.2f}s send {rec.send_s:.2f}s")
+            case Throughput():
+                who = "serial" if event.source == "serial" else "pipeline"
+                self.err.print(f"pictl {who}: pass {rec.repeat + 1}: {rec.ips:.2f} img/s")
+            case Refine() | Refined():
+                self.err.print(printable(refine_line(rec)), markup=False, highlight=False)
+            case PruneStart() | PruneProgress() | PruneAccuracy() | PruneDone():
+                self._on_prune(rec)
+            case TrainStart() | TrainStep() | TrainEval():
+                self._train(event.source, rec)
+            case Error():
+                self._stop_live()
+                self.err.print(f"[bold red]error[/] {event.source} rank {rank}: {markup_safe(rec.message)}")
 
-    def _on_prune(self, rec: dict[str, Any]) -> None:
-        kind = rec[P.KEY_EVENT]
-        if kind == P.PRUNE_START:
-            self.err.print(f"pictl prune: {markup_safe(rec['model'])} on {markup_safe(rec['device'])}: "
-                           f"{rec['params']:,} parameters, "
-                           f"{macs_text(rec['macs'])}; {rec['train_images']} training and "
-                           f"{rec['eval_images']} test images, {rec['classes']} classes")
-        elif kind == P.PRUNE_ACCURACY:
-            what = {"before": "before pruning", "pruned": "right after pruning"}.get(rec["phase"],
-                                                                                  f"after epoch {rec.get('epoch')}")
-            extra = (f" ({rec['params']:,} parameters, {macs_text(rec['macs'])})"
-                     if rec.get("params") is not None and rec.get("macs") is not None else "")
-            self.err.print(f"pictl prune: top-1 {what}: {rec['top1']:.2%}{extra}")
-        elif kind == P.PRUNE_PROGRESS and (rec["step"] == rec["steps"]
-                                           or time.monotonic() - self._last_line.get(-1, 0.0) >= 5.0):
-            self._last_line[-1] = time.monotonic()
-            self.err.print(f"pictl prune: epoch {rec['epoch']}/{rec['epochs']} step {rec['step']}/{rec['steps']} "
-                           f"loss {rec['loss']:.4f} {rec['ips']:.1f} img/s")
+    def _on_prune(self, rec: PruneStart | PruneProgress | PruneAccuracy | PruneDone) -> None:
+        match rec:
+            case PruneStart():
+                self.err.print(f"pictl prune: {markup_safe(rec.model)} on {markup_safe(rec.device)}: "
+                               f"{rec.params:,} parameters, {macs_text(rec.macs)}; {rec.train_images} training and "
+                               f"{rec.eval_images} test images, {rec.classes} classes")
+            case PruneAccuracy():
+                what = {"before": "before pruning", "pruned": "right after pruning"}.get(rec.phase,
+                                                                                      f"after epoch {rec.epoch}")
+                extra = (f" ({rec.params:,} parameters, {macs_text(rec.macs)})"
+                         if rec.params is not None and rec.macs is not None else "")
+                self.err.print(f"pictl prune: top-1 {what}: {rec.top1:.2%}{extra}")
+            case PruneProgress() if (rec.step == rec.steps
+                                     or time.monotonic() - self._last_line.get(-1, 0.0) >= 5.0):
+                self._last_line[-1] = time.monotonic()
+                self.err.print(f"pictl prune: epoch {rec.epoch}/{rec.epochs} step {rec.step}/{rec.steps} "
+                               f"loss {rec.loss:.4f} {rec.ips:.1f} img/s")
 
     def _table(self) -> Table:
         table = Table(title="stages", expand=False)
         for col in ("rank", "host", "pass", "microbatches", "compute s", "wait s", "send s", "MB sent"):
             table.add_column(col, justify="right" if col not in ("host", "pass") else "left")
         for rank in sorted(self._progress):
-            r = self._progress[rank]
-            table.add_row(str(rank), r["host"], markup_safe(f"{r['phase']} {r['repeat']}"),
-                          f"{r['microbatches']}/{r['microbatches_total']}", _fmt(r["compute_s"]),
-                          _fmt(r["wait_s"]), _fmt(r["send_s"]), _fmt(r["bytes_sent"] / 1e6, ".1f"))
+            host, r = self._progress[rank]
+            table.add_row(str(rank), host, markup_safe(f"{r.phase} {r.repeat}"),
+                          f"{r.microbatches}/{r.microbatches_total}", _fmt(r.compute_s),
+                          _fmt(r.wait_s), _fmt(r.send_s), _fmt(r.bytes_sent / 1e6, ".1f"))
         return table
 
     def _stop_live(self) -> None:
@@ -131,14 +130,14 @@ def _ms_list(values: list[float]) -> str:
     return " / ".join(f"{v:.1f}" for v in values)
 
 
-def refine_line(rec: dict[str, Any]) -> str:
-    """One line per refinement step of `balanced` (a `refine` or `refined` event)."""
-    if rec[P.KEY_EVENT] == P.REFINED:
-        return (f"pictl refine: the timed passes run {', '.join(rec['split_points'])} (predicted "
-                f"{_ms_list(rec['predicted_ms'])} ms per microbatch, {rec['rounds']} split(s) measured)")
-    then = f"next: {', '.join(rec['next_split'])}" if rec.get("next_split") else "keep it"
-    return (f"pictl refine: round {rec['round']}: {', '.join(rec['split_points'])}: predicted "
-            f"{_ms_list(rec['predicted_ms'])}, measured {_ms_list(rec['measured_ms'])} ms compute per "
+def refine_line(rec: Refine | Refined) -> str:
+    """One line per refinement step of `balanced` (a `refine` or `refined` record)."""
+    if isinstance(rec, Refined):
+        return (f"pictl refine: the timed passes run {', '.join(rec.split_points)} (predicted "
+                f"{_ms_list(rec.predicted_ms)} ms per microbatch, {rec.rounds} split(s) measured)")
+    then = f"next: {', '.join(rec.next_split)}" if rec.next_split else "keep it"
+    return (f"pictl refine: round {rec.round}: {', '.join(rec.split_points)}: predicted "
+            f"{_ms_list(rec.predicted_ms)}, measured {_ms_list(rec.measured_ms)} ms compute per "
             f"microbatch; {then}")
 
 

@@ -13,8 +13,10 @@ from rich.table import Table
 
 from pictl.jobs.training.waterfall import train_waterfall_line
 from remote import protocol as P
+from remote.job_records import TrainEval, TrainStart, TrainStep
+from remote.records import Record
 
-TRAIN_EVENTS = (P.TRAIN_START, P.TRAIN_STEP, P.TRAIN_EVAL)
+TRAIN_RECORDS = (TrainStart, TrainStep, TrainEval)
 CATEGORIES = tuple(k.removesuffix("_s") for k in P.TRAIN_TIME_KEYS)
 
 
@@ -26,25 +28,25 @@ class TrainProgress:
         self.steps: int | None = None
         self._last = 0.0
 
-    def __call__(self, source: str, rec: dict[str, Any]) -> None:
-        kind = rec[P.KEY_EVENT]
+    def __call__(self, source: str, rec: Record) -> None:
         if source == "reference":
             return  # the reference's steps are not the job's; its losses show in the result
-        if kind == P.TRAIN_START and rec.get(P.KEY_RANK, 0) == 0:
-            self.steps = rec["steps"]
-            self.err.print(f"pictl train: {rec['mode']} on {rec['world_size']} rank(s), {rec['steps']} step(s) of "
-                           f"{rec['batch_size']} images as {rec['chunks']} microbatch(es)"
-                           + (", bf16 autocast" if rec.get("amp") else ""), markup=False)
-        elif kind == P.TRAIN_STEP and rec.get("loss") is not None:
-            now = time.monotonic()
-            if now - self._last >= 5.0 or rec["step"] in (1, self.steps):
-                self._last = now
-                rate = rec["samples"] / rec["seconds"] if rec["seconds"] else 0.0
-                self.err.print(f"pictl train: step {rec['step']}/{self.steps} (epoch {rec['epoch']}) loss "
-                               f"{rec['loss']:.4f}, {rate:.1f} samples/s", markup=False)
-        elif kind == P.TRAIN_EVAL:
-            self.err.print(f"pictl train: epoch {rec['epoch']}: top-1 {rec['top1']:.2%} ({rec['correct']}/"
-                           f"{rec['total']})", markup=False)
+        match rec:
+            case TrainStart(rank=0):
+                self.steps = rec.steps
+                self.err.print(f"pictl train: {rec.mode} on {rec.world_size} rank(s), {rec.steps} step(s) of "
+                               f"{rec.batch_size} images as {rec.chunks} microbatch(es)"
+                               + (", bf16 autocast" if rec.amp else ""), markup=False)
+            case TrainStep(loss=float() | int() as loss):
+                now = time.monotonic()
+                if now - self._last >= 5.0 or rec.step in (1, self.steps):
+                    self._last = now
+                    rate = rec.samples / rec.seconds if rec.seconds else 0.0
+                    self.err.print(f"pictl train: step {rec.step}/{self.steps} (epoch {rec.epoch}) loss "
+                                   f"{loss:.4f}, {rate:.1f} samples/s", markup=False)
+            case TrainEval():
+                self.err.print(f"pictl train: epoch {rec.epoch}: top-1 {rec.top1:.2%} ({rec.correct}/{rec.total})",
+                               markup=False)
 
 
 def _num(value: float | None) -> str:

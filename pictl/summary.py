@@ -1,9 +1,9 @@
-"""The run summary (`summary.json`, `--json`): what every reader of a finished run relies on.
+"""Writing and reading the run summary (`summary.json`, `--json`) against its models (`pictl.summary_models`).
 
-`RunSummary` types the fields readers use (headless, the dashboard, history, report, sweeps); a run's
-summary is checked against it when it is written and when it is read back, so a summary that breaks
-the contract fails in the run that made it, not later in a report. Fields a newer pictl adds pass
-through (`extra="allow"`); a change to what is here raises `SUMMARY_SCHEMA`.
+A run's summary is checked against `RunSummary` when it is written (`checked`: the dict written stays the one
+the run built, key for key) and when it is read back, so a summary that breaks the contract fails in the run
+that made it, not later in a report. Fields a newer pictl adds pass through (`extra="allow"`); a change to what
+is there raises `SUMMARY_SCHEMA`. Training and pruning jobs' summaries have theirs in `pictl.job_summaries`.
 
 Read back (`read_summary`), a file is not trusted: whatever it holds (cut short, another shape, nested
 thousands deep, a FIFO), the answer is a `RunSummary` or `RecordInvalid`, one line naming the file and
@@ -15,144 +15,13 @@ from __future__ import annotations
 import json
 import stat
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from pictl.errors import ConfigError
+from pictl.summary_models import SUMMARY_SCHEMA, RunSummary
 from pictl.text import printable, shown
-
-SUMMARY_SCHEMA = 1
-LATEST_TIMESTAMP = 253402300799.0
-"""9999-12-31 23:59:59 UTC: a later `started_at` is no clock's reading (and no calendar formats it)."""
-
-Timestamp = Annotated[float, Field(ge=0.0, le=LATEST_TIMESTAMP)]
-"""Seconds since the epoch, as `time.time()` gives them: finite, not negative, before the year 10000."""
-
-
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
-
-
-class SanityFlag(BaseModel):
-    """Something that makes a result suspect, with one line saying why (`pictl.run.flags`)."""
-
-    model_config = ConfigDict(extra="forbid")
-    code: str
-    message: str
-
-
-class StageFigures(_Open):
-    """One stage: where it ran, what it held, and its time per microbatch (compute, waits, sends apart)."""
-
-    rank: int = Field(ge=0)
-    host: str | None = None
-    threads: int | None = None
-    modules: list[str] = []
-    params: int = 0
-    measured_ms: float | None = None
-    predicted_ms: float | None = None
-    prediction_error: float | None = None
-    wait_ms: float | None = None
-    send_ms: float | None = None
-    microbatches: int | None = None
-    compute_s: float | None = None
-    wait_s: float | None = None
-    send_s: float | None = None
-    bytes_sent: int | None = None
-    raw_bytes: int | None = None
-    compress_s: float | None = None
-    decompress_s: float | None = None
-    peak_Bps: float | None = None
-
-
-class BaselineRecord(_Open):
-    """The serial run the speedup divides by: where and when it was measured, and whether it was reused."""
-
-    host: str
-    measured_at: Timestamp
-    reused: bool
-    age_s: float
-    max_age_s: float | None = None
-    state: dict[str, Any] | None = None
-    not_reused_because: str | None = None
-
-
-class LinkFigures(_Open):
-    """One link (stage r to r+1) under `--wire`."""
-
-    link: str
-    cut: str
-    format: str
-    wire_bytes: int | None = None
-    raw_bytes: int | None = None
-    ratio: float | None = None
-    compress_s: float | None = None
-    decompress_s: float | None = None
-    avg_Bps: float | None = None
-    peak_Bps: float | None = None
-
-
-class WireFigures(_Open):
-    format: str
-    lossy: bool
-    min_agreement: float | None = None
-    links: list[LinkFigures] = []
-
-
-class RunError(_Open):
-    type: str
-    message: str
-
-
-class RankShare(_Open):
-    """One rank's traced window, in percent of it (`pictl.run.traces.rank_breakdown`)."""
-
-    compute_pct: float | None = None
-    send_pct: float | None = None
-    recv_wait_pct: float | None = None
-    idle_pct: float | None = None
-
-
-class TraceRecord(_Open):
-    """One trace grab as the run (or `pictl traces`, in `traces*/summary.json`) recorded it."""
-
-    directory: str | None = None
-    timeline: str | None = None
-    per_rank: dict[str, RankShare] = {}
-
-
-class RunSummary(_Open):
-    schema_version: int = Field(SUMMARY_SCHEMA, alias="schema")
-    status: Literal["ok", "failed", "interrupted"]
-    run_id: str
-    run_dir: str | None = None
-    """Where the run wrote its record; a reader trusts the directory it found the summary in instead."""
-    model: str | None = None
-    stages: int = Field(ge=1)
-    policy: str | None = None
-    split_points: list[str] = []
-    throughput_ips: float | None = None
-    serial_ips: float | None = None
-    serial_reused: bool | None = None
-    speedup: float | None = None
-    efficiency: float | None = None
-    outputs_match: bool | None = None
-    max_abs_diff: float | None = None
-    per_stage: list[StageFigures] = []
-    baseline: BaselineRecord | None = None
-    flags: list[SanityFlag] = []
-    error: RunError | None = None
-    wire: WireFigures | None = None
-    agreement: float | None = None
-    """Lossy wire: the share of images whose top-1 class is the serial run's (None with an exact wire)."""
-    mean_abs_diff: float | None = None
-    images: int | None = None
-    chunk: int | None = None
-    accuracy: float | None = None
-    traces: list[TraceRecord] = []
-    started_at: Timestamp | None = None
-    duration_s: float | None = None
 
 
 def checked(summary: dict[str, Any]) -> dict[str, Any]:

@@ -1,18 +1,18 @@
-"""Telemetry: one JSON object per line on stdout, schema in `remote.protocol`."""
+"""Telemetry: one JSON object per line on stdout, one record class per event (`remote.records`)."""
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import socket
 import sys
 import time
-from typing import Any, TextIO
+from typing import TextIO
 
-from remote import protocol as P
+from remote.records import Record, encode
 
 
 class Emitter:
-    """Writes telemetry events for one process (a rank or the serial runner)."""
+    """Writes telemetry records for one process (a rank or the serial runner)."""
 
     def __init__(self, role: str, rank: int = 0, stream: TextIO | None = None) -> None:
         self.role = role
@@ -20,18 +20,12 @@ class Emitter:
         self.host = socket.gethostname()
         self._stream = stream or sys.stdout
 
-    def emit(self, event: str, **fields: Any) -> None:
-        record = {
-            P.KEY_SCHEMA: P.SCHEMA_VERSION,
-            P.KEY_EVENT: event,
-            P.KEY_TIME: round(time.time(), 6),
-            P.KEY_ROLE: self.role,
-            P.KEY_RANK: self.rank,
-            P.KEY_HOST: self.host,
-            **fields,
-        }
+    def emit(self, record: Record) -> None:
+        """Send `record`, stamped with the time and this process's role, rank and host."""
+        stamped = dataclasses.replace(record, t=round(time.time(), 6), role=self.role, rank=self.rank,
+                                      host=self.host)
         # One write per line, flushed: ranks sharing a pipe never interleave
         # mid-line as long as lines stay under PIPE_BUF, which is why large
         # payloads (logits) go to files instead.
-        self._stream.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._stream.write(encode(stamped) + "\n")
         self._stream.flush()

@@ -2,7 +2,7 @@
 
 Torch-free on purpose: the controller imports this module. Change a name here and
 both sides change together; bump SCHEMA_VERSION when an event's fields change
-meaning.
+meaning (the fields themselves are the record classes of `remote.records`).
 """
 
 from __future__ import annotations
@@ -52,54 +52,8 @@ EVENTS = (RUN_START, STAGE_READY, PROGRESS, THROUGHPUT, ACCURACY, RUN_END, ERROR
           COSTS, TRACE, REFINE, REFINED, STAGE_MOVED, PRUNE_START, PRUNE_PROGRESS, PRUNE_ACCURACY, PRUNE_DONE,
           TRAIN_START, TRAIN_STEP, TRAIN_EVAL, TRAIN_END, MB_TIMES)
 
-# The fields of each event that the controller reads, and their kinds: a record from a host is checked
-# against these before any reader sees it (a compromised or broken host never crashes a reader, and a
-# record that fails is counted and named). Kinds: "count" (an int >= 0), "num" (a finite number >= 0), "real"
-# (any number, NaN too: a diverging loss is shown as it is),
-# "int", "str", "bool", "list", "dict", "strs" (a list of str), "nums" (a list of num); a trailing "?" means
-# the field may be missing or null. Fields not named here pass through unread.
-_COMMON = {KEY_TIME: "num", KEY_RANK: "count", KEY_ROLE: "str?", KEY_HOST: "str?"}
-_READY = {"stage": "count?", "modules": "strs", "pieces": "strs?", "params": "count", "load_s": "num?",
-          "rss_mb": "num?", "peak_rss_mb": "num?", "rendezvous_s": "num?"}
-_COUNTERS = {"microbatches": "count", "compute_s": "num", "wait_s": "num", "send_s": "num", "bytes_sent": "count",
-             "raw_bytes": "count?", "compress_s": "num?", "decompress_s": "num?", "peak_Bps": "num?",
-             "recv_post_s": "num?", "recv_wait_s": "num?", "first_wait_s": "num?", "send_post_s": "num?",
-             "drain_s": "num?", "run_delay_s": "num?", "pass_s": "num?"}
-FIELDS: dict[str, dict[str, str]] = {
-    RUN_START: {"world_size": "count?", "stages": "count?", "images": "count?", "chunk": "count?",
-                "threads": "count?", "import_rss_mb": "num?", "pid": "count?"},
-    STAGE_READY: _READY,
-    STAGE_MOVED: _READY,
-    PROGRESS: {"stage": "count?", "phase": "str", "repeat": "int", "microbatches_total": "count", **_COUNTERS},
-    THROUGHPUT: {"repeat": "int", "images": "count?", "seconds": "num?", "ips": "num", "traced": "bool?"},
-    ACCURACY: {"applicable": "bool", "correct": "count?", "total": "count?", "top1": "num?"},
-    OUTPUTS: {"logits_file": "str", "logits_shape": "list?"},
-    FIRST_OUTPUT: {"stage": "count?"},
-    RUN_END: {"stage": "count?", "status": "str?", "peak_rss_mb": "num?", **_COUNTERS},
-    ERROR: {"message": "str", "kind": "str?", "traceback": "str?"},
-    PLAN: {"split_points": "strs?", "stages": "list?"},
-    COSTS: {},
-    TRACE: {"stage": "count", "id": "str", "file": "str?", "message": "str?"},
-    REFINE: {"round": "count", "split_points": "strs", "predicted_ms": "nums", "measured_ms": "nums",
-             "link_ms": "nums?", "factors": "nums", "next_split": "strs?"},
-    REFINED: {"rounds": "count", "split_points": "strs", "predicted_ms": "nums", "link_ms": "nums?",
-              "factors": "nums"},
-    PRUNE_START: {"model": "str", "device": "str", "params": "count", "macs": "count", "train_images": "count",
-                  "eval_images": "count", "classes": "count"},
-    PRUNE_PROGRESS: {"epoch": "count", "epochs": "count", "step": "count", "steps": "count", "loss": "real",
-                     "ips": "num"},
-    PRUNE_ACCURACY: {"phase": "str", "top1": "num", "epoch": "count?", "params": "count?", "macs": "count?"},
-    PRUNE_DONE: {"artifact": "str", "meta": "dict"},
-    TRAIN_START: {"mode": "str", "world_size": "count", "batch_size": "count", "chunks": "count", "steps": "count"},
-    TRAIN_STEP: {"stage": "count?", "step": "count", "epoch": "count", "seconds": "num", "timed": "bool?",
-                 "samples": "count", "lr": "num?", "times": "dict?", "loss": "real?"},
-    TRAIN_EVAL: {"epoch": "count", "step": "count?", "correct": "count", "total": "count", "top1": "num",
-                 "seconds": "num?"},
-    TRAIN_END: {"stage": "count?", "status": "str?", "steps": "count", "seconds": "num", "times": "dict",
-                "bytes_sent": "count?", "allreduce_s": "num?", "part_file": "str?", "peak_rss_mb": "num?"},
-    MB_TIMES: {"side": "str", "phase": "str", "repeat": "int", "first": "count", "base": "num", "times": "nums"},
-}
-COMMON_FIELDS = _COMMON
+# The fields of each event, and their kinds, are declared once on its record class (`remote.records`,
+# `remote.run_records`, `remote.job_records`): the host builds one, the controller checks a line against it.
 
 # Threads for this process, set per host by the controller (`--threads 0` divides a host's cores
 # among the stages it runs); it overrides the spec's single value.

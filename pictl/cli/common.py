@@ -16,7 +16,7 @@ from rich.console import Console
 from pictl import errors as E
 from pictl.cluster.fleet import Fleet, connected
 from pictl.inventory import Cluster, load_cluster
-from pictl.planning.profiles import RunOptions
+from pictl.planning.options import RunOptions
 from pictl.shipped import shipped_path
 from pictl.text import printable
 
@@ -132,9 +132,9 @@ def checked_runs_root(runs_dir: Path | None) -> Path:
 
 
 def note_profile(profile: str | None) -> None:
-    from pictl.planning.profiles import shadowed_profile
+    from pictl.planning.presets import shadowed_preset
 
-    note = shadowed_profile(profile)
+    note = shadowed_preset(profile)
     if note:
         stderr().print(f"pictl: note: {note}", markup=False)
 

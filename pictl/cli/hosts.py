@@ -241,7 +241,7 @@ def trust_host(h: Host, *, yes: bool, timeout: float) -> None:
     """Fetch `h`'s key, show it, ask (unless `yes`), record it; HostKeyError if the answer is no."""
     from pictl.cluster.trust import fetch_key, record_key, resolve
 
-    async def offered():  # noqa: ANN202
+    async def offered() -> Any:
         target = await resolve(h, timeout_s=timeout)
         return target, await fetch_key(target, timeout_s=timeout)
 

@@ -36,7 +36,8 @@ from pictl.cli.common import (
     runs_root,
     wide_console,
 )
-from pictl.planning.profiles import DATASETS, POLICIES, available_profiles, resolve_options
+from pictl.planning.options import DATASETS, POLICIES
+from pictl.planning.presets import available_presets, resolve_options
 
 
 def _version(value: bool) -> None:
@@ -273,10 +274,10 @@ def list_profiles(as_json: JsonOpt = False) -> None:
     """List the run presets: name, what each is for, and its file (./profiles/ shadows the shipped ones)."""
     from rich.table import Table
 
-    from pictl.planning.profiles import describe_profile
+    from pictl.planning.presets import describe_preset
 
     try:
-        found = [(name, *describe_profile(name)) for name in available_profiles()]
+        found = [(name, *describe_preset(name)) for name in available_presets()]
     except E.PictlError as exc:
         fail(exc)
     if as_json:

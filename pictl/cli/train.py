@@ -26,7 +26,7 @@ from pictl.cli.common import (
 from pictl.jobs.training.options import Mode as ModeLiteral
 from pictl.jobs.training.options import Schedule as ScheduleLiteral
 from pictl.jobs.training.options import TrainPolicy
-from pictl.planning.profiles import DATASETS
+from pictl.planning.options import DATASETS
 
 MODEL_PANEL, STEP_PANEL = "Model and data", "Steps and schedule"
 if TYPE_CHECKING:  # to mypy, str Enums; built from the options' Literals so the two cannot drift apart

@@ -9,7 +9,7 @@ result per host, so one dead Pi never hides the others.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager
 from typing import TypeVar
 
@@ -31,7 +31,7 @@ class Fleet:
     def __contains__(self, name: object) -> bool:
         return name in self.transports
 
-    def __iter__(self):  # noqa: ANN204
+    def __iter__(self) -> Iterator[Transport]:
         return iter(self.transports.values())
 
     def __len__(self) -> int:

@@ -12,10 +12,11 @@ import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from pictl.cluster.transport import RemoteProcess
 from pictl.events import EventSink, HostOutput, RankEvent, Rejected, read_line
+from remote.records import Record
 
 TAIL_LINES = 20
 EXIT_BARRIER = "Error waiting on exit barrier"
@@ -33,7 +34,7 @@ class LineKeeper(Protocol):
     def log(self, source: str, line: str) -> None: ...
 
 
-OnRecord = Callable[[dict[str, Any]], bool]
+OnRecord = Callable[[Record], bool]
 """Sees a telemetry record first; returns whether it is forwarded to the sink."""
 
 

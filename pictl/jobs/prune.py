@@ -28,8 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from pictl import errors as E
 from pictl.cluster.commands import supervised, worker_env
-from pictl.cluster.leases import Lease, controller_name, release_all, take_leases
-from pictl.cluster.push import push_to
+from pictl.cluster.jobs import HostJob, to_the_end
 from pictl.cluster.stream import ProcessStream
 from pictl.cluster.transport import Transport, transport_for
 from pictl.events import EventSink, Phase
@@ -37,6 +36,9 @@ from pictl.inventory import Cluster, Host, format_validation_error
 from pictl.records.runs import RunRecord, default_runs_root, write_bytes_atomic
 from pictl.text import shown
 from remote import protocol as P
+from remote.job_records import PruneAccuracy, PruneDone
+from remote.records import Record
+from remote.run_records import Error
 from remote.spec import DataSpec, PruneSpec
 
 ARTIFACT_NAME = "model.safetensors"
@@ -164,7 +166,8 @@ class PruneSession:
         self.job_id = f"{time.strftime('%Y%m%d-%H%M%S')}-prune-{secrets.token_hex(2)}"
         self.dir = (root or default_prunes_root()) / self.job_id
         self._sink = on_event or (lambda _e: None)
-        self.events: dict[str, dict[str, Any]] = {}
+        self.done: PruneDone | None = None
+        self.error: Error | None = None
         self.accuracy: list[dict[str, Any]] = []
         self._tail: list[str] = []
         self.summary: dict[str, Any] | None = None
@@ -181,8 +184,8 @@ class PruneSession:
         started = time.time()
         try:
             artifact = await (self._on_host() if self.host else self._local())
-            done = self.events[P.PRUNE_DONE]
-            summary.update(status="ok", artifact=str(artifact), **comparison(done["meta"]))
+            assert self.done is not None
+            summary.update(status="ok", artifact=str(artifact), **comparison(self.done.meta))
             return summary
         except asyncio.CancelledError:
             summary["status"] = "interrupted"
@@ -220,14 +223,12 @@ class PruneSession:
     async def _on_host(self) -> Path:
         assert self.host is not None
         h, o = self.host, self.options
-        t = transport_for(h)
-        remote_dir = h.run_dir(f"prune-{self.job_id}")
-        leases: list[Lease] = []
+        job = HostJob([h], f"prune-{self.job_id}")
+        t, remote_dir = job.transport(h), job.run_dir(h)
         try:
-            await t.connect()
-            leases = await take_leases([t], f"prune-{self.job_id}")
-            await push_to(t)
-            await t.put_bytes(controller_name().encode(), f"{remote_dir}/{P.OWNER_FILE}")
+            await job.hold()
+            await job.push()
+            await job.stage({}, "cannot prepare the job")
             base = None
             if o.checkpoint:
                 src = Path(o.checkpoint).expanduser()
@@ -239,7 +240,7 @@ class PruneSession:
             await t.put_bytes(spec.to_json().encode(), f"{remote_dir}/spec.json")
             self._phase(f"pruning {o.model} on {h.name}: {o.importance} importance, ratio {o.ratio}, "
                         f"{o.epochs} fine-tuning epoch(s)")
-            await self._execute(t, h, worker_env(h, o.threads or 1), cwd=remote_dir)
+            await self._execute(t, h, worker_env(h, o.threads or 1), cwd=remote_dir, job=job)
             data = await t.get_bytes(f"{remote_dir}/{ARTIFACT_NAME}")
             target = self.dir / ARTIFACT_NAME
             try:
@@ -250,20 +251,24 @@ class PruneSession:
             self._phase(f"artifact fetched from {h.name} ({len(data) / 1e6:.1f} MB)")
             return target
         finally:
-            await asyncio.shield(asyncio.gather(t.remove_tree(remote_dir), return_exceptions=True))
-            await asyncio.shield(release_all(leases))
-            await asyncio.shield(t.close())
+            await to_the_end(job.close())
 
-    async def _execute(self, t: Transport, host: Host, env: dict[str, str], cwd: str | None = None) -> None:
+    async def _execute(self, t: Transport, host: Host, env: dict[str, str], cwd: str | None = None,
+                       job: HostJob | None = None) -> None:
         argv = [host.python_path(), "-m", "remote.pruning.prune", "--spec", "spec.json"]
-        if self.host is not None:
-            argv = supervised(host, argv, "pgid-prune")  # dies with our connection
-        proc = await t.start(argv, cwd=cwd or str(self.dir), env=env)
+        if job is not None:  # on a host: dies with our connection, and the job stops it whatever happens
+            proc = await job.start(host, supervised(host, argv, "pgid-prune"), cwd=cwd or str(self.dir), env=env)
+        else:
+            proc = await t.start(argv, cwd=cwd or str(self.dir), env=env)
 
-        def on_record(record: dict[str, Any]) -> bool:
-            self.events[record[P.KEY_EVENT]] = record
-            if record[P.KEY_EVENT] == P.PRUNE_ACCURACY:
-                self.accuracy.append({k: record.get(k) for k in ("phase", "epoch", "top1")})
+        def on_record(record: Record) -> bool:
+            match record:
+                case PruneDone():
+                    self.done = record
+                case Error():
+                    self.error = record
+                case PruneAccuracy():
+                    self.accuracy.append({"phase": record.phase, "epoch": record.epoch, "top1": record.top1})
             return True
 
         stream = ProcessStream("prune", host.name, self.record, self._sink, on_record)
@@ -273,9 +278,9 @@ class PruneSession:
             await asyncio.shield(proc.stop())
             raise
         self._tail = [line.removeprefix("prune: ") for line in stream.tail]
-        if rc == 0 and P.PRUNE_DONE in self.events:
+        if rc == 0 and self.done is not None:
             return
-        error = self.events.get(P.ERROR, {}).get("message") or (self._tail or ["no output"])[-1]
+        error = (self.error.message if self.error else None) or (self._tail or ["no output"])[-1]
         if rc == P.EXIT_BAD_INPUT:
             raise E.ConfigError(error)
         raise E.RunFailed(f"{host.name}: pruning failed: {error}")

@@ -23,8 +23,9 @@ from typing import Any
 from pictl import errors as E
 from pictl.inventory import Cluster
 from pictl.jobs.sweep_plots import plot
+from pictl.planning.options import RunOptions
 from pictl.planning.placement import place_stages
-from pictl.planning.profiles import RunOptions, resolve_options, sweep_settings
+from pictl.planning.presets import resolve_options, sweep_settings
 from pictl.records import waterfall_view
 from pictl.records.runs import write_bytes_atomic, write_json_atomic
 from pictl.run.baselines import BaselineCache

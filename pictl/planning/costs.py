@@ -31,8 +31,8 @@ from pictl.events import command_outcome
 from pictl.inventory import Host
 from pictl.records.cache import JsonCache
 from pictl.text import ascii_count
-from remote import protocol as P
 from remote.balance import CostTable, Link
+from remote.run_records import Costs
 
 T = TypeVar("T")
 LAN_LINK = Link(latency_s=0.0002, bytes_per_s=110e6)  # what 1 GbE delivers between Pis
@@ -116,10 +116,10 @@ async def measure_host(t: Transport, model: str, num_classes: int, chunk: int, t
     if artifact:  # a pruned model has its own cost shape: profile the artifact, not its base
         argv += ["--checkpoint", artifact.host_path(h)]
     result = await t.run(argv, env=worker_env(h, threads), timeout_s=600)
-    costs, reason = command_outcome(result, P.COSTS)
+    costs, reason = command_outcome(result, Costs)
     if costs is None:
         raise E.RunFailed(f"host '{h.name}': cost profiling failed: {reason}")
-    return {k: costs[k] for k in PROFILE_FIELDS}
+    return {k: getattr(costs, k) for k in PROFILE_FIELDS}
 
 
 MACHINE_ID = "cat /etc/machine-id /proc/sys/kernel/random/boot_id 2>/dev/null || true"

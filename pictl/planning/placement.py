@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from pictl.cluster.ranks import NodePlan
 from pictl.errors import ConfigError
-from pictl.inventory import Cluster, Host
+from pictl.inventory import Cluster
 
-
-@dataclass(frozen=True)
-class NodePlan:
-    """One torchrun agent: a host and the consecutive stages (ranks) it runs."""
-
-    host: Host
-    node_rank: int
-    first_rank: int
-    nproc: int
-
-    @property
-    def ranks(self) -> range:
-        return range(self.first_rank, self.first_rank + self.nproc)
+__all__ = ["NodePlan", "place_stages"]
 
 
 def place_stages(cluster: Cluster, stages: int) -> list[NodePlan]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,13 @@ from pictl.cluster.push import local_tree, manifest_digest, push_to
 from pictl.cluster.transport import transport_for
 from pictl.events import command_outcome, parse_event
 from pictl.inventory import Cluster, Host
+from pictl.planning.options import RunOptions
 from pictl.planning.placement import place_stages
-from pictl.planning.profiles import RunOptions
 from pictl.records.cache import JsonCache
 from pictl.records.cache import cache_root as default_cache_root
 from remote import protocol as P
+from remote.records import to_wire
+from remote.run_records import Plan
 from remote.spec import DataSpec, RunSpec
 
 
@@ -105,14 +108,14 @@ async def _plan_on(host: Host, items: list[tuple[str, RunSpec, str]], plans: Jso
         await t.close()
     planned: dict[str, dict[str, Any]] = {}
     for event in filter(None, map(parse_event, result.stdout.splitlines())):
-        if event[P.KEY_EVENT] == P.PLAN and event.get("spec_file") in names:
-            planned[event.pop("spec_file")] = event
+        if isinstance(event, Plan) and event.spec_file in names:
+            planned[event.spec_file] = to_wire(replace(event, spec_file=None))
     for name, (_, _, key) in zip(names, items, strict=True):
         if name in planned:
             plans.put(key, planned[name])
     if len(planned) < len(items):
         label = next(lbl for name, (lbl, _, _) in zip(names, items, strict=True) if name not in planned)
-        _, message = command_outcome(result, P.PLAN) if result.returncode else (None, "no plan")
+        _, message = command_outcome(result, Plan) if result.returncode else (None, "no plan")
         if result.returncode == P.EXIT_BAD_INPUT:
             raise E.ConfigError(f"{label}: {message}")
         raise E.RunFailed(f"host '{host.name}': planning failed: {message}")

@@ -32,13 +32,13 @@ from pictl.records import waterfall_view as wv
 from pictl.records.runs import CONFIG_FILE, SUMMARY_FILE, path_exists, path_is_dir
 from pictl.summary import (
     RecordInvalid,
-    TraceRecord,
     baseline_text,
     read_json_object,
     read_summary,
     terminal_text,
     validation_problem,
 )
+from pictl.summary_models import TraceRecord
 
 __all__ = ["CELL_LIMIT", "COLUMNS", "COMPARE_COLUMNS", "NO_SUMMARY", "SORT_KEYS", "RunFilter", "Skipped",
            "compare_rows", "fmt", "json_text", "load_runs", "read_run", "resolve_run", "row", "run_details",

@@ -201,7 +201,7 @@ def _refine_lines(refine: Any) -> list[str]:
 
 
 def _run_section(run_dir: Path, s: RunSummary, files: ReportFiles) -> list[str]:
-    extra = s.model_extra or {}
+    extra = s.model_dump(by_alias=True, exclude_unset=True)  # as written: the views read what the run wrote
     lines = [f"## Run {md_text(s.run_id)}", "",
              f"{s.stages} stage(s), policy {md_text(s.policy)}, "
              f"split {', '.join(map(md_text, s.split_points)) or '-'}; "
@@ -352,7 +352,7 @@ def write_report(sources: list[Path], out: Path) -> Path:
     jobs = {src: s for src, s in summaries.items() if isinstance(s, dict)}
     trains = [s for s in jobs.values() if s.get("kind") == "train"]
     prunes = [s for s in jobs.values() if s.get("status") == "ok" and s.get("kind") != "train"]
-    runs = [s.model_dump(by_alias=True) for s in summaries.values() if isinstance(s, RunSummary)]
+    runs = [s.model_dump(by_alias=True, exclude_unset=True) for s in summaries.values() if isinstance(s, RunSummary)]
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pictl.cluster.jobs import HostJob
 from pictl.run.baselines import Baseline
 from pictl.run.context import RunContext
 from pictl.run.placement import Placement
@@ -25,12 +26,12 @@ class Comparison:
     mean_abs_diff: float | None = None
 
 
-async def collect_and_compare(ctx: RunContext, placement: Placement, spec: RunSpec,
+async def collect_and_compare(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSpec,
                               baseline: Baseline) -> Comparison:
     assert ctx.record is not None
     if spec.stages > 1:
         last = placement.node_of(spec.stages - 1).host
-        logits = await ctx.transport(last).get_bytes(f"{last.run_dir(spec.run_id)}/{P.LOGITS_FILE_PIPELINE}")
+        logits = await job.transport(last).get_bytes(f"{last.run_dir(spec.run_id)}/{P.LOGITS_FILE_PIPELINE}")
         ctx.record.save_bytes(P.LOGITS_FILE_PIPELINE, logits)
     else:
         logits = baseline.logits

@@ -1,30 +1,27 @@
-"""What the phases of one run share: its options and identity, the open connections, the processes it
-started, the record (once it exists), the caches, and the one sink every event goes to.
+"""What the phases of one run share: its options and identity, the record (once it exists), the caches,
+what its ranks and hosts reported, and the one sink every event goes to.
 
 The phases (`hosts`, `placement`, `split`, `staging`, `serial`, `pipeline`, `compare`, `summarize`) each
-take this and the previous phase's result and return their own; the session (`session.py`) orders them.
+take this and the previous phases' results and return their own; the session (`session.py`) orders them.
+The hosts themselves (connections, leases, processes) are the job's (`pictl.cluster.jobs.HostJob`), which
+`open_hosts` returns.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import deque
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pictl import errors as E
 from pictl.cluster.artifacts import Artifact
-from pictl.cluster.fleet import Fleet
-from pictl.cluster.leases import Lease
 from pictl.cluster.monitor import HostSample
 from pictl.cluster.push import local_tree, manifest_digest
-from pictl.cluster.transport import RemoteProcess, Transport
 from pictl.events import EventSink, Phase
-from pictl.inventory import Cluster, Host
-from pictl.planning.profiles import RunOptions
+from pictl.inventory import Cluster
+from pictl.planning.options import RunOptions
 from pictl.records.cache import JsonCache
 from pictl.records.runs import RunRecord
 from pictl.run.baselines import BaselineCache
@@ -49,9 +46,6 @@ class RunContext:
     timeline: StartupTimeline = field(default_factory=StartupTimeline)
     telemetry: RunTelemetry = field(default_factory=RunTelemetry)
     """The pipeline's ranks, folded (the serial run has its own)."""
-    fleet: Fleet = field(default_factory=lambda: Fleet(()))
-    leases: list[Lease] = field(default_factory=list)
-    live: list[RemoteProcess] = field(default_factory=list)
     record: RunRecord | None = None
     samples: list[HostSample] = field(default_factory=list)
     """The run's hosts, sampled while it runs (for its flags)."""
@@ -95,20 +89,7 @@ class RunContext:
             self._keep(kind, source, line)
         return self.record
 
-    # -- hosts and processes --------------------------------------------------------------------------
-
-    def transport(self, host: Host | str) -> Transport:
-        return self.fleet[host if isinstance(host, str) else host.name]
-
-    async def start(self, host: Host, argv: list[str], *, cwd: str, env: Mapping[str, str]) -> RemoteProcess:
-        """Start a long-running command that the run stops, whatever happens."""
-        proc = await self.transport(host).start(argv, cwd=cwd, env=env)
-        self.live.append(proc)
-        return proc
-
-    async def stop_all(self) -> None:
-        live, self.live = self.live, []
-        await asyncio.gather(*(p.stop() for p in live), return_exceptions=True)
+    # -- failure ---------------------------------------------------------------------------------------
 
     def failed(self, host: str, rank: int | None, what: str, message: str, tail: deque[str] | list[str],
                ) -> E.RunFailed:

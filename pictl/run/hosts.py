@@ -1,6 +1,7 @@
 """Phase 1, the hosts: connect once, hold every host's lease, push the code (and a pruned model) once.
 
-Every later phase works over these connections; nothing connects or pushes again.
+Every later phase works over the job this returns (`HostJob`: its connections, leases and processes);
+nothing connects or pushes again.
 """
 
 from __future__ import annotations
@@ -8,9 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pictl.cluster.artifacts import ship
-from pictl.cluster.fleet import Fleet
-from pictl.cluster.leases import take_leases
-from pictl.cluster.push import push_to
+from pictl.cluster.jobs import HostJob, to_the_end
+from pictl.cluster.leases import Lease
 from pictl.inventory import Host
 from pictl.run.context import RunContext
 
@@ -19,27 +19,33 @@ from pictl.run.context import RunContext
 class HostsReady:
     """The hosts this run may use: connected, leased, holding the code."""
 
-    names: tuple[str, ...]
+    job: HostJob
+    leases: tuple[Lease, ...]
     files_sent: int
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.job.fleet.transports)
 
 
 async def open_hosts(ctx: RunContext, hosts: list[Host]) -> HostsReady:
-    ctx.fleet = Fleet(hosts)
-    await ctx.fleet.connect()  # one error naming every host that failed, not just the first
-    # Shared Pis: hold every host's workdir before anything is pushed or measured there.
-    ctx.leases = await take_leases(list(ctx.fleet), ctx.run_id, wait=ctx.wait_for_hosts,
-                                   on_wait=lambda message: ctx.phase("lease", message))
-    ctx.timeline.mark("connected")
-    pushed = await ctx.fleet.each(lambda t: push_to(t, ctx.tree), "push failed")
-    sent = sum(r.sent for r in pushed.values())
-    if ctx.artifact is not None:
-        artifact = ctx.artifact
-        shipped = await ctx.fleet.each(lambda t: ship(t, artifact), "cannot send the model artifact")
-        count = sum(1 for s in shipped.values() if s)
-        size_mb = artifact.path.stat().st_size / 1e6
-        ctx.phase("push", f"model artifact {artifact.path.name} ({size_mb:.0f} MB) sent to {count} host(s)"
-                  if count else f"model artifact {artifact.path.name} already on every host")
+    """The run's hosts, held; on a failure here, whatever was opened is closed again before the error."""
+    job = HostJob(hosts, ctx.run_id)
+    try:
+        leases = await job.hold(wait=ctx.wait_for_hosts, on_wait=lambda message: ctx.phase("lease", message))
+        ctx.timeline.mark("connected")
+        sent = await job.push(ctx.tree)
+        if ctx.artifact is not None:
+            artifact = ctx.artifact
+            shipped = await job.fleet.each(lambda t: ship(t, artifact), "cannot send the model artifact")
+            count = sum(1 for s in shipped.values() if s)
+            size_mb = artifact.path.stat().st_size / 1e6
+            ctx.phase("push", f"model artifact {artifact.path.name} ({size_mb:.0f} MB) sent to {count} host(s)"
+                      if count else f"model artifact {artifact.path.name} already on every host")
+    except BaseException:
+        await to_the_end(job.close(used=[]))
+        raise
     ctx.timeline.mark("pushed")
     ctx.phase("push", f"{sent} changed file(s) pushed to {len(hosts)} host(s)" if sent
               else f"code up to date on {len(hosts)} host(s)")
-    return HostsReady(tuple(h.name for h in hosts), sent)
+    return HostsReady(job, tuple(leases), sent)

@@ -8,25 +8,24 @@ agent has started: then every host is stopped and the launch is tried again on a
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from pictl import errors as E
 from pictl.cluster.clock import measure_clock
-from pictl.cluster.commands import PORT_ATTEMPTS, PORT_TAKEN, master_port, supervised, worker_env
-from pictl.cluster.culprit import SilentDeath, await_culprit
-from pictl.cluster.stream import ProcessStream
-from pictl.cluster.transport import RemoteProcess
+from pictl.cluster.commands import PORT_ATTEMPTS, PORT_TAKEN, master_port
+from pictl.cluster.culprit import SilentDeath
+from pictl.cluster.jobs import HostJob
+from pictl.cluster.ranks import RankLaunch, RankWatch
 from pictl.events import Rejected
 from pictl.planning.placement import NodePlan
 from pictl.run.context import RunContext
-from pictl.run.launch import torchrun_argv
 from pictl.run.placement import Placement
 from pictl.run.split import SplitChoice, keep_refined
 from pictl.run.staging import Staged
-from remote import protocol as P
+from remote.records import Record
+from remote.run_records import Refined
 
 
 class _PortTaken(Exception):
@@ -44,15 +43,20 @@ class PipelineDone:
 class Pipeline:
     """One launch of the pipeline; `live` while its ranks run (trace grabs look at it)."""
 
-    def __init__(self, ctx: RunContext, placement: Placement, choice: SplitChoice, staged: Staged) -> None:
-        self.ctx, self.placement, self.choice, self.staged = ctx, placement, choice, staged
-        self.live = False
+    def __init__(self, ctx: RunContext, job: HostJob, placement: Placement, choice: SplitChoice, staged: Staged,
+                 ) -> None:
+        self.ctx, self.job, self.placement, self.choice, self.staged = ctx, job, placement, choice, staged
+        self.launch: RankLaunch | None = None
         self.corrections: dict[str, float] | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.launch is not None and self.launch.live
 
     async def run(self) -> PipelineDone:
         ctx, master = self.ctx, self.placement.first.host
         for attempt in range(1, PORT_ATTEMPTS + 1):
-            port = self.staged.master_port or await master_port(ctx.transport(master), None)
+            port = self.staged.master_port or await master_port(self.job.transport(master), None)
             try:
                 await self._launch(port)
                 self._check_figures()
@@ -69,7 +73,7 @@ class Pipeline:
         """The hosts where images enter and leave, against our clock: a latency spans both (local: 0)."""
         hosts = list(dict.fromkeys([self.placement.first.host, self.placement.node_of(self.choice.spec.stages - 1)
                                     .host]))
-        found = await asyncio.gather(*(measure_clock(self.ctx.transport(h)) for h in hosts), return_exceptions=True)
+        found = await asyncio.gather(*(measure_clock(self.job.transport(h)) for h in hosts), return_exceptions=True)
         return {h.name: ({"error": str(r)} if isinstance(r, BaseException) else
                          {"offset_ns": r.offset_ns, "uncertainty_ns": r.uncertainty_ns})
                 for h, r in zip(hosts, found, strict=True)}
@@ -88,10 +92,10 @@ class Pipeline:
                       spec.stages - 1)
         raise self.ctx.failed(self.placement.node_of(silent).host.name, silent, "the pipeline", why, deque())
 
-    def _on_record(self, host: str, record: dict[str, Any]) -> bool:
+    def _on_record(self, host: str, record: Record) -> bool:
         ctx = self.ctx
         ctx.telemetry.apply(host, record)
-        if record[P.KEY_EVENT] == P.REFINED and self.choice.prediction is not None:
+        if isinstance(record, Refined) and self.choice.prediction is not None:
             self.corrections = keep_refined(ctx, self.placement, self.choice, record)
         ctx.timeline.observe(record)
         return True
@@ -101,63 +105,26 @@ class Pipeline:
         master = nodes[0].host
         ctx.phase("pipeline", f"launching {spec.stages} stage(s) on {len(nodes)} host(s), "
                               f"rendezvous {master.rendezvous_address}:{port}")
-        failed = asyncio.Event()
-        tail: deque[str] = deque(maxlen=20)
-        procs: dict[str, RemoteProcess] = {}
-        ended: dict[str, int] = {}  # host -> torchrun's exit status, once its output is read to the end
-        self.live = True
-        ctx.windows["pipeline"] = [time.time(), time.time()]
-        for node in nodes:
-            argv = supervised(node.host, torchrun_argv(node, nnodes=len(nodes), master=master, master_port=port,
-                                                       spec_path=P.SPEC_FILE, run_id=spec.run_id), "pgid-torchrun")
-            procs[node.host.name] = await ctx.start(node.host, argv, cwd=node.host.run_dir(spec.run_id),
-                                                    env=worker_env(node.host, self.placement.threads[node.host.name]))
+        stages = ctx.telemetry.stages
 
-        async def watch(node: NodePlan) -> None:
-            name = node.host.name
+        def on_record(node: NodePlan, record: Record) -> bool:
+            if record.rank not in node.ranks:  # a host speaks only for the ranks it runs
+                ctx.telemetry.reject(node.host.name, Rejected(record.EVENT, f"rank {record.rank} does not run on "
+                                                                            "this host"))
+                return False
+            return self._on_record(node.host.name, record)
 
-            def on_record(record: dict[str, Any]) -> bool:
-                if record.get(P.KEY_RANK, 0) not in node.ranks:  # a host speaks only for the ranks it runs
-                    ctx.telemetry.reject(name, Rejected(record[P.KEY_EVENT], f"rank {record.get(P.KEY_RANK, 0)} "
-                                                                             "does not run on this host"))
-                    return False
-                if record[P.KEY_EVENT] == P.ERROR:
-                    failed.set()
-                return self._on_record(name, record)
-
-            stream = ProcessStream(name, name, ctx, ctx.sink, on_record, tail,
-                                   on_rejected=lambda why: ctx.telemetry.reject(name, why))
-            rc = ended[name] = await stream.consume(procs[name])
-            stages = ctx.telemetry.stages
-            if rc != 0 and not all(stages.get(r) and stages[r].ended for r in node.ranks):
-                failed.set()
-
-        watchers = [asyncio.create_task(watch(n)) for n in nodes]
-        waiter = asyncio.create_task(failed.wait())
-        try:
-            await asyncio.wait([*watchers, waiter], return_when=asyncio.FIRST_COMPLETED)
-            while not failed.is_set() and not all(w.done() for w in watchers):
-                await asyncio.wait([*watchers, waiter], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-            self.live = False
-            ctx.windows["pipeline"][1] = time.time()
-        crashed = next((w.exception() for w in watchers if w.done() and not w.cancelled() and w.exception()), None)
-        if crashed is not None:  # reading a host's output failed (a bug): never a run that looks complete
-            await ctx.stop_all()
-            await asyncio.gather(*watchers, return_exceptions=True)
-            raise crashed
-        if failed.is_set():
-            stages = ctx.telemetry.stages
-            culprit = await await_culprit(
-                ended, {n.host.name: n.ranks for n in nodes},
-                reported=lambda r: bool(stages.get(r) and (stages[r].ended or stages[r].error)),
-                errored=lambda r: bool(stages.get(r) and stages[r].error))
-            await ctx.stop_all()
-            await asyncio.gather(*watchers, return_exceptions=True)
-            if not ctx.telemetry.stages and any(PORT_TAKEN in line for line in tail):
+        watch = RankWatch(on_record, finished=lambda r: bool(stages.get(r) and stages[r].ended),
+                          errored=lambda r: bool(stages.get(r) and stages[r].error),
+                          on_rejected=ctx.telemetry.reject)
+        self.launch = RankLaunch(self.job, nodes, port=port, threads=self.placement.threads, keep=ctx, sink=ctx.sink,
+                                 watch=watch)
+        ctx.windows["pipeline"] = self.launch.window  # [start, end], filled as the ranks run
+        launched = await self.launch.run()
+        if launched.failed:
+            if not ctx.telemetry.stages and any(PORT_TAKEN in line for line in launched.tail):
                 raise _PortTaken(port)  # no rank ever started: nothing of this attempt is in the figures
-            raise self._blame(culprit, tail)
+            raise self._blame(launched.culprit, launched.tail)
 
     def _blame(self, culprit: SilentDeath | None, tail: deque[str]) -> E.RunFailed:
         """A rank that died without a word first, then the earliest rank that reported an error."""
@@ -167,6 +134,6 @@ class Pipeline:
         st = ctx.telemetry.first_error()
         if st is not None and st.error is not None:
             return ctx.failed(self.placement.node_of(st.rank).host.name, st.rank, "the pipeline",
-                              st.error["message"], tail)
+                              st.error.message, tail)
         return ctx.failed(self.placement.first.host.name, None, "the pipeline",
                           "torchrun exited before every rank finished", tail)

@@ -3,8 +3,9 @@
 
 Stages go over the inventory's hosts in order, within their slots (`planning.placement`). Under
 `balanced` with fewer stages than hosts, they go to the hosts whose measured pieces add up to the
-least time; the others' leases are given back. `--threads 0` divides each host's cores among the
-stages it runs; the serial run, alone on the first host, gets all of them.
+least time; the others' leases are given back (the leases kept are the placement's). `--threads 0`
+divides each host's cores among the stages it runs; the serial run, alone on the first host, gets all
+of them. Stages are placed once per run (`candidates`), unless `balanced` must choose hosts first.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from pictl.cluster.leases import release_all
+from pictl.cluster.jobs import HostJob
+from pictl.cluster.leases import Lease
 from pictl.events import Placed, StagePlacement
 from pictl.inventory import Cluster
 from pictl.planning.costs import host_profiles
@@ -27,6 +29,8 @@ class Placement:
     threads: dict[str, int]
     """Torch threads of each rank, per host."""
     serial_threads: int
+    leases: tuple[Lease, ...] = ()
+    """The leases the run kept: those of the hosts it runs on."""
 
     @property
     def stage_hosts(self) -> list[str]:
@@ -45,32 +49,43 @@ class Placement:
                             for n in self.nodes), self.nodes[0].host.name, self.serial_threads)
 
 
-def candidates(cluster: Cluster, stages: int, policy: str) -> Cluster:
-    """The hosts a run may use before it has measured anything (ConfigError if the stages do not fit)."""
-    place_stages(cluster, stages)
+@dataclass(frozen=True)
+class Candidates:
+    """The hosts a run may use before it has measured anything, and its stages on them when that is
+    already decided (None: `balanced` chooses the fastest hosts from their profiles)."""
+
+    cluster: Cluster
+    nodes: tuple[NodePlan, ...] | None
+
+
+def candidates(cluster: Cluster, stages: int, policy: str) -> Candidates:
+    """Stages placed once, over the inventory (ConfigError if the stages do not fit)."""
+    nodes = tuple(place_stages(cluster, stages))
     if policy == "balanced" and 1 < stages < len(cluster.hosts):
-        return cluster  # every host: the fastest are chosen from their profiles
-    used = {n.host.name for n in place_stages(cluster, stages)}
-    return cluster.model_copy(update={"hosts": tuple(h for h in cluster.hosts if h.name in used)})
+        return Candidates(cluster, None)  # every host: the fastest are chosen from their profiles
+    used = {n.host.name for n in nodes}
+    return Candidates(cluster.model_copy(update={"hosts": tuple(h for h in cluster.hosts if h.name in used)}), nodes)
 
 
-async def place(ctx: RunContext, cluster: Cluster) -> Placement:
-    o = ctx.options
-    if o.policy == "balanced" and 1 < o.stages < len(cluster.hosts):
-        cluster = await _fastest(ctx, cluster, o.stages)
-    nodes = tuple(place_stages(cluster, o.stages))
-    threads, serial_threads = await _divide_threads(ctx, nodes)
-    placement = Placement(nodes, threads, serial_threads)
+async def place(ctx: RunContext, job: HostJob, usable: Candidates) -> Placement:
+    """Where each stage runs, with how many threads; announced (`Placed`)."""
+    nodes = usable.nodes
+    if nodes is None:
+        chosen = await _fastest(ctx, job, usable.cluster, ctx.options.stages)
+        nodes = tuple(place_stages(chosen, ctx.options.stages))
+    kept = await job.keep_only(n.host.name for n in nodes)
+    threads, serial_threads = await _divide_threads(ctx, job, nodes)
+    placement = Placement(nodes, threads, serial_threads, tuple(kept))
     ctx.sink(placement.announced())
     return placement
 
 
-async def _fastest(ctx: RunContext, cluster: Cluster, stages: int) -> Cluster:
+async def _fastest(ctx: RunContext, job: HostJob, cluster: Cluster, stages: int) -> Cluster:
     """The `stages` hosts whose measured (and corrected) pieces add up to the least time; inventory order
     kept among the chosen. The hosts left out are given back to other runs."""
     o = ctx.options
     ctx.phase("balance", f"{stages} stage(s) on {len(cluster.hosts)} hosts: choosing the fastest")
-    profiles = await host_profiles(list(ctx.fleet), ctx.cache("costs"), model=o.model, num_classes=o.num_classes,
+    profiles = await host_profiles(list(job.fleet), ctx.cache("costs"), model=o.model, num_classes=o.num_classes,
                                    chunk=o.chunk, threads=o.threads or 1, code=ctx.code, artifact=ctx.artifact,
                                    use_corrections=o.refine)
     for group in profiles.shared:
@@ -82,18 +97,15 @@ async def _fastest(ctx: RunContext, cluster: Cluster, stages: int) -> Cluster:
         f"{h.name} ({total[h.name] * 1000:.0f} ms)" for h in hosts if h.name in chosen)
         + "; left out: " + ", ".join(f"{h.name} ({total[h.name] * 1000:.0f} ms)" for h in hosts
                                      if h.name not in chosen))
-    unused = [lease for lease in ctx.leases if lease.transport.host.name not in chosen]
-    ctx.leases = [lease for lease in ctx.leases if lease.transport.host.name in chosen]
-    await release_all(unused)
     return cluster.model_copy(update={"hosts": tuple(h for h in hosts if h.name in chosen)})
 
 
-async def _divide_threads(ctx: RunContext, nodes: tuple[NodePlan, ...]) -> tuple[dict[str, int], int]:
+async def _divide_threads(ctx: RunContext, job: HostJob, nodes: tuple[NodePlan, ...]) -> tuple[dict[str, int], int]:
     if ctx.options.threads > 0:
         return {n.host.name: ctx.options.threads for n in nodes}, ctx.options.threads
 
     async def cores(n: NodePlan) -> int:
-        result = await ctx.transport(n.host).run(["nproc"], timeout_s=30)
+        result = await job.transport(n.host).run(["nproc"], timeout_s=30)
         found = ascii_count(result.stdout, most=4096) if result.returncode == 0 else None
         return found or 1
 

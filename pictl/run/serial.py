@@ -18,6 +18,7 @@ from typing import Any
 from pictl import errors as E
 from pictl.cluster.commands import module_argv, supervised, worker_env
 from pictl.cluster.hoststate import HostFacts
+from pictl.cluster.jobs import HostJob
 from pictl.cluster.stream import ProcessStream
 from pictl.events import Rejected, command_outcome
 from pictl.inventory import Host
@@ -31,6 +32,8 @@ from pictl.run.staging import Staged
 from pictl.run.telemetry import RunTelemetry
 from pictl.summary import age_text
 from remote import protocol as P
+from remote.records import Record, to_wire
+from remote.run_records import Error, Plan
 from remote.spec import RunSpec
 
 
@@ -43,7 +46,8 @@ class Serial:
     """Why a cached baseline was not reused (None: reused, or none was cached)."""
 
 
-async def plan_and_baseline(ctx: RunContext, placement: Placement, spec: RunSpec, staged: Staged) -> Serial:
+async def plan_and_baseline(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSpec, staged: Staged,
+                            ) -> Serial:
     host = placement.first.host
     fields = baseline_fields(ctx, host, spec, staged.facts[host.name], placement.serial_threads)
     plans = plans_cache(ctx.cache_root)
@@ -53,13 +57,13 @@ async def plan_and_baseline(ctx: RunContext, placement: Placement, spec: RunSpec
         ctx.phase("plan", f"plan for {spec.stages} stage(s) reused (same model, split and code)")
     cached, refused = _reusable(ctx, fields, staged.facts[host.name].state)
     if reused or cached:
-        plan = reused or await _plan(ctx, host, spec, key)
+        plan = reused or await _plan(ctx, job, host, spec, key)
         _open_record(ctx, placement, spec, plan)
         if cached:
             ctx.phase("baseline", f"serial baseline reused: {cached.ips:.2f} img/s on {host.name}, measured "
                                   f"{age_text(time.time() - cached.measured_at)} ago", serial_ips=cached.ips)
             return Serial(plan, reused is not None, cached, refused)
-        measured = await _measure(ctx, placement, spec, staged, fields, refused)
+        measured = await _measure(ctx, job, placement, spec, staged, fields, refused)
         return Serial(plan, reused is not None, measured, refused)
 
     found: dict[str, Any] = {}
@@ -71,7 +75,7 @@ async def plan_and_baseline(ctx: RunContext, placement: Placement, spec: RunSpec
         _open_record(ctx, placement, spec, plan)
 
     # Neither is known: one process plans, then measures (the record opens when the plan arrives).
-    baseline = await _measure(ctx, placement, spec, staged, fields, refused, on_plan=plan_arrived)
+    baseline = await _measure(ctx, job, placement, spec, staged, fields, refused, on_plan=plan_arrived)
     return Serial(found, False, baseline, refused)
 
 
@@ -105,12 +109,13 @@ def _reusable(ctx: RunContext, fields: dict[str, Any], state_now: dict[str, Any]
     return (None, refused) if refused else (cached, None)
 
 
-async def _plan(ctx: RunContext, host: Host, spec: RunSpec, key: str | None) -> dict[str, Any]:
+async def _plan(ctx: RunContext, job: HostJob, host: Host, spec: RunSpec, key: str | None) -> dict[str, Any]:
     ctx.phase("plan", f"validating the spec and planning {spec.stages} stage(s) on {host.name}")
-    result = await ctx.transport(host).run(module_argv(host, "remote.runtime.plan", P.SPEC_FILE),
+    result = await job.transport(host).run(module_argv(host, "remote.runtime.plan", P.SPEC_FILE),
                                            cwd=host.run_dir(spec.run_id), env=worker_env(host, 1), timeout_s=300)
-    plan, message = command_outcome(result, P.PLAN)
-    if plan is not None:
+    found, message = command_outcome(result, Plan)
+    if found is not None:
+        plan = to_wire(found)
         if key:
             plans_cache(ctx.cache_root).put(key, plan)
         return plan
@@ -140,8 +145,9 @@ def _open_record(ctx: RunContext, placement: Placement, spec: RunSpec, plan: dic
     ctx.timeline.mark("planned")
 
 
-async def _measure(ctx: RunContext, placement: Placement, spec: RunSpec, staged: Staged, fields: dict[str, Any],
-                   refused: str | None, on_plan: Callable[[dict[str, Any]], None] | None = None) -> Baseline:
+async def _measure(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSpec, staged: Staged,
+                   fields: dict[str, Any], refused: str | None,
+                   on_plan: Callable[[dict[str, Any]], None] | None = None) -> Baseline:
     """The serial run on the first host. With `on_plan`, the same process plans first and `on_plan` gets
     the plan; bad input found by planning is a ConfigError, as from `_plan`."""
     host = placement.first.host
@@ -152,16 +158,15 @@ async def _measure(ctx: RunContext, placement: Placement, spec: RunSpec, staged:
     telemetry = RunTelemetry()
     waiting = [on_plan] if on_plan is not None else []  # the plan's callback, until the plan has come
 
-    def on_record(record: dict[str, Any]) -> bool:
-        kind = record[P.KEY_EVENT]
-        if record.get(P.KEY_RANK, 0) != 0:  # the serial run is one process: rank 0
-            on_rejected(Rejected(kind, f"rank {record.get(P.KEY_RANK)} in the serial run"))
+    def on_record(record: Record) -> bool:
+        if record.rank != 0:  # the serial run is one process: rank 0
+            on_rejected(Rejected(record.EVENT, f"rank {record.rank} in the serial run"))
             return False
-        if kind == P.PLAN and waiting:
-            waiting.pop()(record)
+        if isinstance(record, Plan) and waiting:
+            waiting.pop()(to_wire(record))
         telemetry.apply(host.name, record)
         # An error before the plan is bad input: the run's one error line says it.
-        return not (kind == P.ERROR and waiting)
+        return not (isinstance(record, Error) and waiting)
 
     def on_rejected(why: Rejected) -> None:  # named in the failure, and counted in the run's summary
         telemetry.reject(host.name, why)
@@ -169,14 +174,14 @@ async def _measure(ctx: RunContext, placement: Placement, spec: RunSpec, staged:
 
     stream = ProcessStream("serial", host.name, ctx, ctx.sink, on_record, on_rejected=on_rejected)
     argv = module_argv(host, "remote.runtime.serial", P.SPEC_FILE) + (["--plan"] if on_plan else [])
-    proc = await ctx.start(host, supervised(host, argv, "pgid-serial"), cwd=host.run_dir(spec.run_id),
+    proc = await job.start(host, supervised(host, argv, "pgid-serial"), cwd=host.run_dir(spec.run_id),
                            env=worker_env(host, placement.serial_threads or 1))
     rc = await stream.consume(proc)
     ctx.windows["baseline"][1] = time.time()
-    ctx.live.remove(proc)
+    job.ended(proc)
     st = telemetry.stages.get(0)
     if waiting:  # still waiting: the process ended before its plan
-        message = st.error["message"] if st and st.error else (list(stream.tail) or ["no output"])[-1]
+        message = st.error.message if st and st.error else (list(stream.tail) or ["no output"])[-1]
         if rc == P.EXIT_BAD_INPUT:
             raise E.ConfigError(message)
         raise E.RunFailed(f"host '{host.name}': planning failed: {message}")
@@ -184,11 +189,11 @@ async def _measure(ctx: RunContext, placement: Placement, spec: RunSpec, staged:
     ips = telemetry.mean_ips
     if rc != 0 or not st or not st.ended or missing or ips is None:
         rejected = telemetry.rejected_summary()
-        message = (st.error["message"] if st and st.error else f"exit status {rc}" if rc != 0
+        message = (st.error.message if st and st.error else f"exit status {rc}" if rc != 0
                    else f"{missing}" + (f"; {rejected['count']} telemetry record(s) rejected: "
                                         f"{rejected['first'][0]['reason']}" if rejected else ""))
         raise ctx.failed(host.name, 0, "serial baseline", message, stream.tail)
-    logits = await ctx.transport(host).get_bytes(f"{host.run_dir(spec.run_id)}/{P.LOGITS_FILE_SERIAL}")
+    logits = await job.transport(host).get_bytes(f"{host.run_dir(spec.run_id)}/{P.LOGITS_FILE_SERIAL}")
     baseline = Baseline(ips, telemetry.ips_spread or [], telemetry.top1, logits, time.time(),
                         st.peak_rss_mb, st.import_rss_mb, host_state=staged.facts[host.name].state,
                         timing=serial_timing(telemetry, spec.images * spec.repeats, placement.serial_threads or 1))

@@ -18,19 +18,17 @@ saying how the run ended is written.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
 from pictl import errors as E
 from pictl.cluster.artifacts import open_artifact
-from pictl.cluster.commands import cleanup_host
-from pictl.cluster.leases import release_all
+from pictl.cluster.jobs import HostJob, to_the_end
 from pictl.cluster.monitor import HostMonitor
 from pictl.cluster.transport import preload
 from pictl.events import EventSink
 from pictl.inventory import Cluster
-from pictl.planning.profiles import RunOptions
+from pictl.planning.options import RunOptions
 from pictl.planning.specs import spec_from
 from pictl.records.runs import RunRecord, default_runs_root
 from pictl.run.baselines import BaselineCache
@@ -38,7 +36,7 @@ from pictl.run.compare import collect_and_compare
 from pictl.run.context import RunContext
 from pictl.run.hosts import open_hosts
 from pictl.run.pipeline import Pipeline
-from pictl.run.placement import candidates, place
+from pictl.run.placement import Placement, candidates, place
 from pictl.run.serial import baseline_max_age, plan_and_baseline
 from pictl.run.split import choose_split
 from pictl.run.staging import stage
@@ -46,18 +44,6 @@ from pictl.run.summarize import Reached, bare_summary, summarize
 from pictl.run.traces import RankTrace, TraceGrab, grab_traces
 
 SAMPLE_INTERVAL_S = 2.0
-
-
-async def to_the_end(work: Awaitable[None]) -> None:
-    """Await `work` to completion even if we are cancelled again meanwhile (a second Ctrl-C): the
-    hosts must confirm their processes are gone before the record closes."""
-    task = asyncio.ensure_future(work)
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            continue
-    task.result()
 
 
 class RunSession:
@@ -75,6 +61,8 @@ class RunSession:
         self.pipeline: Pipeline | None = None
         self.last_summary: dict[str, Any] | None = None
         """The summary of the finished run, failed or not (None when nothing started)."""
+        self.job: HostJob | None = None
+        """The run's hold on its hosts, once they are open."""
         self._grab_tasks: set[asyncio.Task] = set()
         self._monitor: asyncio.Task | None = None
 
@@ -108,26 +96,26 @@ class RunSession:
         summary: dict[str, Any] = {}
         try:
             try:
-                await open_hosts(ctx, list(usable.hosts))
-                reached.placement = placement = await place(ctx, usable)
-                reached.choice = choice = await choose_split(ctx, placement, spec)
+                self.job = job = (await open_hosts(ctx, list(usable.cluster.hosts))).job
+                reached.placement = placement = await place(ctx, job, usable)
+                reached.choice = choice = await choose_split(ctx, job, placement, spec)
                 spec = choice.spec
-                reached.staged = staged = await stage(ctx, placement, spec)
-                self._monitor = asyncio.create_task(self._watch_hosts())
-                reached.serial = serial = await plan_and_baseline(ctx, placement, spec, staged)
+                reached.staged = staged = await stage(ctx, job, placement, spec)
+                self._monitor = asyncio.create_task(self._watch_hosts(job, placement))
+                reached.serial = serial = await plan_and_baseline(ctx, job, placement, spec, staged)
             except E.ConfigError:
-                if ctx.record is None:  # bad input: leave nothing behind, on the hosts or here
-                    await asyncio.gather(*(t.remove_tree(t.host.run_dir(spec.run_id)) for t in ctx.fleet),
+                if ctx.record is None and self.job is not None:  # bad input: leave nothing behind, there or here
+                    await asyncio.gather(*(t.remove_tree(t.host.run_dir(spec.run_id)) for t in self.job.fleet),
                                          return_exceptions=True)
                 raise
             ctx.timeline.mark("baselined")
             if spec.stages > 1:
-                self.pipeline = Pipeline(ctx, placement, choice, staged)
+                self.pipeline = Pipeline(ctx, job, placement, choice, staged)
                 reached.pipeline = await self.pipeline.run()
                 await self._settle_grabs(ok=True)
                 if spec.trace_steps:
                     await self.grab_traces(spec.trace_steps, trace_id="run", request=False, timeout_s=30)
-            reached.comparison = cmp = await collect_and_compare(ctx, placement, spec, serial.baseline)
+            reached.comparison = cmp = await collect_and_compare(ctx, job, placement, spec, serial.baseline)
             summary = summarize(ctx, reached, "ok")
             if not cmp.outputs_match:
                 summary["status"] = "failed"
@@ -154,42 +142,34 @@ class RunSession:
                 try:
                     await to_the_end(self._settle_grabs(ok=False))
                 finally:
-                    await to_the_end(self._cleanup(spec.run_id))
+                    await to_the_end(self._cleanup())
             finally:  # however the run ended, and whatever the clean-up met, the record closes
                 if ctx.record is not None:
                     summary = summary or bare_summary(ctx)
                     ctx.record.finish(summary)
                     self.last_summary = summary
 
-    async def _watch_hosts(self) -> None:
+    async def _watch_hosts(self, job: HostJob, placement: Placement) -> None:
         """Sample the run's hosts while it runs (load, heat, throttling), over its own connections."""
-        placement = self.reached.placement
-        assert placement is not None
         monitor = HostMonitor(self.ctx.cluster, self.ctx.samples.append, interval_s=SAMPLE_INTERVAL_S,
-                              transports=[self.ctx.transport(n.host) for n in placement.nodes])
+                              transports=[job.transport(n.host) for n in placement.nodes])
         await monitor.run()
 
-    async def _cleanup(self, run_id: str) -> None:
+    async def _cleanup(self) -> None:
         """Stop every process, wait for each host to confirm, leave no run directory there, free the hosts."""
-        ctx = self.ctx
         if self._monitor is not None:
             self._monitor.cancel()
             await asyncio.gather(self._monitor, return_exceptions=True)
-        await ctx.stop_all()
-        used = [ctx.transport(n.host) for n in self.reached.placement.nodes] if self.reached.placement else []
-        if ctx.leases:  # (we got as far as pushing the code that does it)
-            await asyncio.gather(*(cleanup_host(t, orphans_only=False, finish=run_id) for t in used),
-                                 return_exceptions=True)
-        await release_all(ctx.leases)
-        ctx.leases = []
-        await ctx.fleet.close()
+        if self.job is not None:
+            placement = self.reached.placement
+            await self.job.close([n.host.name for n in placement.nodes] if placement else [])
 
     # -- traces -----------------------------------------------------------------------------------
 
     def _rank_traces(self) -> list[RankTrace]:
         placement = self.reached.placement
-        assert placement is not None
-        return [RankTrace(n.host.name, r, self.ctx.transport(n.host), n.host.run_dir(self.run_id))
+        assert placement is not None and self.job is not None
+        return [RankTrace(n.host.name, r, self.job.transport(n.host), n.host.run_dir(self.run_id))
                 for n in placement.nodes for r in n.ranks]
 
     def _trace_gave_up(self, trace_id: str, rank: int) -> str | None:

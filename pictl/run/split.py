@@ -11,10 +11,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pictl import errors as E
+from pictl.cluster.jobs import HostJob
 from pictl.planning.costs import cost_table, host_profiles, keep_corrections, link_profiles
 from pictl.run.context import RunContext
 from pictl.run.placement import Placement
 from remote.balance import NoFeasibleSplit, balanced_split
+from remote.run_records import Refined
 from remote.spec import RefineSpec, RunSpec
 from remote.wire import byte_ratio, parse_wire
 
@@ -27,17 +29,17 @@ class SplitChoice:
     prediction: dict[str, Any] | None = None
 
 
-async def choose_split(ctx: RunContext, placement: Placement, spec: RunSpec) -> SplitChoice:
+async def choose_split(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSpec) -> SplitChoice:
     if ctx.options.policy != "balanced" or spec.stages == 1:
         return SplitChoice(spec)
     o = ctx.options
     stage_hosts = placement.stage_hosts
-    used = ctx.fleet.only(dict.fromkeys(stage_hosts))
+    used = job.fleet.only(dict.fromkeys(stage_hosts))
     ctx.phase("balance", f"cost profiles of {len(used)} host(s)")
     profiles = await host_profiles(used, ctx.cache("costs"), model=spec.model, num_classes=spec.num_classes,
                                    chunk=spec.chunk, threads=placement.threads, code=ctx.code,
                                    artifact=ctx.artifact, use_corrections=o.refine)
-    hops = [(ctx.transport(a), ctx.transport(b)) for a, b in itertools.pairwise(stage_hosts) if a != b]
+    hops = [(job.transport(a), job.transport(b)) for a, b in itertools.pairwise(stage_hosts) if a != b]
     links, measured_links = await link_profiles(hops, ctx.cache("links"))
     table = cost_table(stage_hosts, profiles, links, wire_ratio=byte_ratio(parse_wire(o.wire).default))
     try:
@@ -79,22 +81,23 @@ def cached_age(by_host: dict[str, dict[str, Any]]) -> str:
     return f"profiles cached {age:.0f} s ago" if age < 120 else f"profiles cached {age / 60:.0f} min ago"
 
 
-def final_prediction(choice: SplitChoice, refined: dict[str, Any] | None) -> dict[str, Any] | None:
+def final_prediction(choice: SplitChoice, refined: Refined | None) -> dict[str, Any] | None:
     """What the run predicted for the split its timed passes ran: the ranks' refined prediction when they
     refined, else the controller's; with the corrections the run found, per host."""
     if choice.prediction is None or refined is None:
         return choice.prediction
-    return {**choice.prediction, "stage_ms": refined["predicted_ms"], "link_ms": refined.get("link_ms", []),
-            "bottleneck_ms": max([*refined["predicted_ms"], *refined.get("link_ms", [])])}
+    links = refined.link_ms or []
+    return {**choice.prediction, "stage_ms": refined.predicted_ms, "link_ms": links,
+            "bottleneck_ms": max([*refined.predicted_ms, *links])}
 
 
-def keep_refined(ctx: RunContext, placement: Placement, choice: SplitChoice, refined: dict[str, Any]) -> dict:
+def keep_refined(ctx: RunContext, placement: Placement, choice: SplitChoice, refined: Refined) -> dict:
     """The ranks settled on a split: each host's correction (measured / profiled) is kept with its profile.
     Returns the corrections, per host."""
     assert choice.prediction is not None
     earlier = choice.prediction["corrections"]
     per_host: dict[str, list[float]] = {}
-    for host, factor in zip(placement.stage_hosts, refined["factors"], strict=True):
+    for host, factor in zip(placement.stage_hosts, refined.factors, strict=True):
         per_host.setdefault(host, []).append(factor)
     corrections = {h: earlier.get(h, 1.0) * sum(fs) / len(fs) for h, fs in per_host.items()}
     o = ctx.options

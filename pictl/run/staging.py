@@ -6,14 +6,11 @@ key and the run's flags.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
-from typing import Any
 
-from pictl.cluster.commands import cleanup_host, master_port
+from pictl.cluster.commands import master_port
 from pictl.cluster.hoststate import HostFacts, read_run_facts
-from pictl.cluster.leases import controller_name
-from pictl.cluster.transport import Transport
+from pictl.cluster.jobs import HostJob
 from pictl.run.context import RunContext
 from pictl.run.placement import Placement
 from remote import protocol as P
@@ -27,28 +24,14 @@ class Staged:
     """The port asked for (`--master-port`), checked free; None: chosen at launch."""
 
 
-async def stage(ctx: RunContext, placement: Placement, spec: RunSpec) -> Staged:
+async def stage(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSpec) -> Staged:
     names = [n.host.name for n in placement.nodes]
-    spec_json, owner = spec.to_json().encode(), controller_name().encode()
-
-    async def sweep_and_place(t: Transport) -> dict[str, Any]:
-        # The sweep is best effort; only a spec that cannot be placed fails the run.
-        run_dir = t.host.run_dir(spec.run_id)
-        cleaned, *placed = await asyncio.gather(
-            cleanup_host(t, orphans_only=True, keep=spec.run_id),
-            t.put_bytes(spec_json, f"{run_dir}/{P.SPEC_FILE}"), t.put_bytes(owner, f"{run_dir}/{P.OWNER_FILE}"),
-            return_exceptions=True)
-        for result in placed:
-            if isinstance(result, BaseException):
-                raise result
-        return cleaned if isinstance(cleaned, dict) else {}
-
-    swept = await ctx.fleet.each(sweep_and_place, "cannot prepare the run", names)
+    swept = await job.stage({P.SPEC_FILE: spec.to_json().encode()}, "cannot prepare the run", names)
     port = None
     if spec.stages > 1 and ctx.options.master_port:  # a chosen port is checked before anything starts
-        port = await master_port(ctx.transport(names[0]), ctx.options.master_port)
+        port = await master_port(job.transport(names[0]), ctx.options.master_port)
     first = placement.first.host
-    facts = await read_run_facts(ctx.transport(first), ctx.fleet.only(names[1:]), base_dir=first.run_dir(spec.run_id),
+    facts = await read_run_facts(job.transport(first), job.fleet.only(names[1:]), base_dir=first.run_dir(spec.run_id),
                                  checkpoint=spec.checkpoint if spec.checkpoint and not ctx.artifact else None)
     ctx.timeline.mark("prepared")
     stopped = sum(len(c.get("stopped", [])) for c in swept.values())

@@ -13,7 +13,7 @@ from typing import Any
 from pictl import errors as E
 from pictl.cluster.artifacts import artifact_summary
 from pictl.cluster.hoststate import host_records
-from pictl.planning.profiles import RunOptions
+from pictl.planning.options import RunOptions
 from pictl.run.baselines import Baseline
 from pictl.run.compare import Comparison
 from pictl.run.context import RunContext

@@ -1,23 +1,37 @@
-"""Keep the latest picture of every stage, folded from its ranks' events."""
+"""Keep the latest picture of every stage, folded from its ranks' records (matched on their types)."""
 
 from __future__ import annotations
 
 import statistics
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pictl.events import Rejected
-from remote import protocol as P
+from remote.records import COUNTER_NAMES, Record
+from remote.run_records import (
+    Accuracy,
+    Error,
+    MbTimes,
+    Outputs,
+    Progress,
+    Refine,
+    Refined,
+    RunEnd,
+    RunStart,
+    StageMoved,
+    StageReady,
+    Throughput,
+    Trace,
+)
 
-TOTALS = ("microbatches", "compute_s", "wait_s", "send_s", "bytes_sent", "raw_bytes", "compress_s", "decompress_s",
-          "peak_Bps", "recv_post_s", "recv_wait_s", "first_wait_s", "send_post_s", "drain_s", "run_delay_s", "pass_s")
+TOTALS = COUNTER_NAMES
 """A rank's totals over the timed passes (`run_end`): where its time went, and what it sent."""
 
 
 @dataclass
 class StageState:
-    """What is known about one rank, updated as its events arrive."""
+    """What is known about one rank, updated as its records arrive."""
 
     rank: int
     host: str
@@ -28,10 +42,11 @@ class StageState:
     import_rss_mb: float | None = None
     ready_rss_mb: float | None = None
     peak_rss_mb: float | None = None
-    progress: dict[str, Any] = field(default_factory=dict)
+    progress: Progress | None = None
     totals: dict[str, Any] = field(default_factory=dict)
+    """The `run_end` counters by name (`TOTALS`): the figures every reader tables."""
     ended: bool = False
-    error: dict[str, Any] | None = None
+    error: Error | None = None
     last_event_t: float = 0.0
 
 
@@ -42,11 +57,11 @@ class RunTelemetry:
         self.stages: dict[int, StageState] = {}
         self.throughputs: list[float] = []
         self.traced_throughputs: list[float] = []  # passes a profiler window touched: slower, kept apart
-        self.traces: list[dict[str, Any]] = []
-        self.accuracy: dict[str, Any] | None = None
-        self.outputs: dict[str, Any] | None = None
-        self.refine_rounds: list[dict[str, Any]] = []  # `balanced` correcting its split during the run
-        self.refined: dict[str, Any] | None = None
+        self.traces: list[Trace] = []
+        self.accuracy: Accuracy | None = None
+        self.outputs: Outputs | None = None
+        self.refine_rounds: list[Refine] = []  # `balanced` correcting its split during the run
+        self.refined: Refined | None = None
         self.rejected: list[tuple[str, str]] = []  # (host, why): records that broke the protocol, never applied
         self.mb_times: dict[tuple[str, str, int], dict[int, list[float]]] = {}
         """(side, phase, repeat) -> first index -> the pass's microbatch times from there (`mb_times`)."""
@@ -80,40 +95,39 @@ class RunTelemetry:
             self.stages[rank] = StageState(rank, host)
         return self.stages[rank]
 
-    def apply(self, host: str, ev: dict[str, Any]) -> None:
-        st = self.stage(int(ev.get(P.KEY_RANK, 0)), host)
-        st.last_event_t = ev.get(P.KEY_TIME, 0.0)
-        kind = ev[P.KEY_EVENT]
-        if kind == P.RUN_START:
-            st.import_rss_mb = ev.get("import_rss_mb")
-        elif kind == P.STAGE_READY:
-            st.modules, st.pieces = ev.get("modules", []), ev.get("pieces", [])
-            st.params, st.load_s, st.ready_rss_mb = ev.get("params", 0), ev.get("load_s"), ev.get("rss_mb")
-        elif kind == P.STAGE_MOVED:
-            st.modules, st.pieces, st.params = ev.get("modules", []), ev.get("pieces", []), ev.get("params", 0)
-        elif kind == P.PROGRESS:
-            st.progress = ev
-        elif kind == P.THROUGHPUT:
-            (self.traced_throughputs if ev.get("traced") else self.throughputs).append(float(ev["ips"]))
-        elif kind == P.TRACE:
-            self.traces.append({**ev, "host": host})
-        elif kind == P.REFINE:
-            self.refine_rounds.append(ev)
-        elif kind == P.REFINED:
-            self.refined = ev
-        elif kind == P.ACCURACY:
-            self.accuracy = ev
-        elif kind == P.OUTPUTS:
-            self.outputs = ev
-        elif kind == P.RUN_END:
-            st.ended, st.peak_rss_mb = True, ev.get("peak_rss_mb")
-            st.totals = {k: ev.get(k) for k in TOTALS}
-        elif kind == P.MB_TIMES:
-            base = ev["base"]
-            self.mb_times.setdefault((ev["side"], ev["phase"], ev["repeat"]), {})[ev["first"]] = [
-                base + t for t in ev["times"]]
-        elif kind == P.ERROR:
-            st.error = ev
+    def apply(self, host: str, ev: Record) -> None:
+        st = self.stage(ev.rank, host)
+        st.last_event_t = ev.t
+        match ev:
+            case RunStart():
+                st.import_rss_mb = ev.import_rss_mb
+            case StageMoved():  # (before StageReady: it is one)
+                st.modules, st.pieces, st.params = ev.modules, ev.pieces or [], ev.params
+            case StageReady():
+                st.modules, st.pieces = ev.modules, ev.pieces or []
+                st.params, st.load_s, st.ready_rss_mb = ev.params, ev.load_s, ev.rss_mb
+            case Progress():
+                st.progress = ev
+            case Throughput():
+                (self.traced_throughputs if ev.traced else self.throughputs).append(float(ev.ips))
+            case Trace():
+                self.traces.append(replace(ev, host=host))  # the inventory's name, not the host's own
+            case Refine():
+                self.refine_rounds.append(ev)
+            case Refined():
+                self.refined = ev
+            case Accuracy():
+                self.accuracy = ev
+            case Outputs():
+                self.outputs = ev
+            case RunEnd():
+                st.ended, st.peak_rss_mb = True, ev.peak_rss_mb
+                st.totals = {k: getattr(ev, k) for k in TOTALS}
+            case MbTimes():
+                self.mb_times.setdefault((ev.side, ev.phase, ev.repeat), {})[ev.first] = [
+                    ev.base + t for t in ev.times]
+            case Error():
+                st.error = ev
 
     def pass_times(self, side: str, phase: str = "timed") -> dict[int, list[float]]:
         """Each pass's microbatch times of one side (`enter`, `leave`, `serial`), in order; a pass whose lines
@@ -146,11 +160,11 @@ class RunTelemetry:
 
     def first_error(self) -> StageState | None:
         failed = [s for s in self.stages.values() if s.error]
-        return min(failed, key=lambda s: (s.error or {}).get(P.KEY_TIME, 0)) if failed else None
+        return min(failed, key=lambda s: s.error.t if s.error else 0.0) if failed else None
 
     @property
     def top1(self) -> float | None:
-        return self.accuracy.get("top1") if self.accuracy and self.accuracy.get("applicable") else None
+        return self.accuracy.top1 if self.accuracy and self.accuracy.applicable else None
 
 
 def agreement(a: bytes, b: bytes, classes: int) -> tuple[float, float] | None:

@@ -10,9 +10,9 @@ alone (the others also wait for it), and the rest of that interval is model load
 from __future__ import annotations
 
 import time
-from typing import Any
 
-from remote import protocol as P
+from remote.records import Record
+from remote.run_records import FirstOutput, RunStart, StageMoved, StageReady
 
 # (part, the mark that ends it); each part starts where the previous one ended.
 PARTS = (("connect", "connected"), ("push", "pushed"), ("prepare", "prepared"), ("plan", "planned"),
@@ -29,16 +29,15 @@ class StartupTimeline:
     def mark(self, name: str) -> None:
         self.marks[name] = time.monotonic()
 
-    def observe(self, record: dict[str, Any]) -> None:
-        """A pipeline rank's event: the last start and the last ready count, the first output counts."""
-        kind = record.get(P.KEY_EVENT)
-        if kind == P.RUN_START and "stages_ready" not in self.marks:
+    def observe(self, record: Record) -> None:
+        """A pipeline rank's record: the last start and the last ready count, the first output counts."""
+        if isinstance(record, RunStart) and "stages_ready" not in self.marks:
             self.mark("workers_started")
-        elif kind == P.STAGE_READY:
+        elif isinstance(record, StageReady) and not isinstance(record, StageMoved):
             self.mark("stages_ready")
-            if isinstance(record.get("rendezvous_s"), int | float):
-                self._rendezvous.append(float(record["rendezvous_s"]))
-        elif kind == P.FIRST_OUTPUT and "first_image" not in self.marks:
+            if record.rendezvous_s is not None:
+                self._rendezvous.append(float(record.rendezvous_s))
+        elif isinstance(record, FirstOutput) and "first_image" not in self.marks:
             self.mark("first_image")
 
     def summary(self) -> dict[str, float] | None:

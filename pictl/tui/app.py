@@ -23,7 +23,7 @@ from textual.worker import Worker, WorkerState
 from pictl import errors as E
 from pictl.cluster.monitor import HostMonitor, HostSample
 from pictl.inventory import Cluster
-from pictl.planning.profiles import RunOptions
+from pictl.planning.options import RunOptions
 from pictl.records.runs import default_runs_root
 from pictl.run.baselines import BaselineCache
 from pictl.run.session import RunSession

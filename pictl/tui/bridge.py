@@ -8,26 +8,29 @@ from textual.message import Message
 
 from pictl.events import HostOutput, Phase, Placed, RankEvent, SessionEvent
 from pictl.tui.messages import LogLine, PhaseChanged, ProgressReady, RankRecord, StagesPlaced
-from remote import protocol as P
+from remote.job_records import PruneAccuracy, PruneDone
+from remote.records import Record
+from remote.run_records import Error, Progress, StageMoved, StageReady, Throughput, Trace
 
 
-def _as_log(rec: dict) -> str | None:
+def _as_log(rec: Record) -> str | None:
     """The telemetry records worth a line in the log (progress ticks are not)."""
-    kind = rec.get(P.KEY_EVENT)
-    if kind == P.ERROR:
-        return f"error: {rec.get('message')}"
-    if kind == P.STAGE_READY:
-        mods = rec.get("modules") or ["-"]
-        return f"ready: {mods[0]} .. {mods[-1]}, {rec.get('params', 0):,} parameters, loaded in {rec.get('load_s')} s"
-    if kind == P.THROUGHPUT:
-        return f"pass {rec.get('repeat', 0) + 1}: {rec.get('ips')} img/s" + (" (traced)" if rec.get("traced") else "")
-    if kind == P.PRUNE_ACCURACY:
-        return f"top-1 {rec.get('phase')}{'' if rec.get('epoch') is None else ' ' + str(rec['epoch'])}: " \
-               f"{rec.get('top1', 0):.2%}"
-    if kind == P.PRUNE_DONE:
-        return f"artifact written: {rec.get('artifact')}"
-    if kind == P.TRACE:
-        return f"trace {rec.get('id')}: {rec.get('file') or rec.get('message')}"
+    match rec:
+        case Error():
+            return f"error: {rec.message}"
+        case StageMoved():
+            return None
+        case StageReady():
+            mods = rec.modules or ["-"]
+            return f"ready: {mods[0]} .. {mods[-1]}, {rec.params:,} parameters, loaded in {rec.load_s} s"
+        case Throughput():
+            return f"pass {rec.repeat + 1}: {rec.ips} img/s" + (" (traced)" if rec.traced else "")
+        case PruneAccuracy():
+            return f"top-1 {rec.phase}{'' if rec.epoch is None else ' ' + str(rec.epoch)}: {rec.top1:.2%}"
+        case PruneDone():
+            return f"artifact written: {rec.artifact}"
+        case Trace():
+            return f"trace {rec.id}: {rec.file or rec.message}"
     return None
 
 
@@ -52,18 +55,17 @@ class SessionBridge:
         if isinstance(event, Phase):
             self.post(PhaseChanged(event.name, event.message, event.serial_ips))
         elif isinstance(event, RankEvent):
-            kind = event.record.get(P.KEY_EVENT)
-            if kind == P.PROGRESS and event.source != "serial":
-                self.latest[(event.source, event.record.get(P.KEY_RANK, 0))] = RankRecord(
-                    event.source, event.host, event.record)
+            rec = event.record
+            if isinstance(rec, Progress) and event.source != "serial":
+                self.latest[(event.source, rec.rank)] = RankRecord(event.source, event.host, rec)
                 if not self._announced:
                     self._announced = True
                     self.post(ProgressReady())
                 return
             self.post(RankRecord(event.source, event.host, event.record))
-            if (text := _as_log(event.record)) is not None:
-                who = event.source if event.source in ("serial", "prune") else f"rank{event.record.get(P.KEY_RANK, 0)}"
-                self.post(LogLine(who, event.host, "stderr" if kind == P.ERROR else "stdout", text))
+            if (text := _as_log(rec)) is not None:
+                who = event.source if event.source in ("serial", "prune") else f"rank{rec.rank}"
+                self.post(LogLine(who, event.host, "stderr" if isinstance(rec, Error) else "stdout", text))
         elif isinstance(event, Placed):
             self.post(StagesPlaced(event))
         elif isinstance(event, HostOutput):

@@ -14,7 +14,7 @@ from pictl import errors as E
 from pictl.inventory import Cluster
 from pictl.jobs.prune import PruneOptions
 from pictl.jobs.training.options import TrainOptions
-from pictl.planning.profiles import RunOptions
+from pictl.planning.options import RunOptions
 from pictl.run.baselines import BaselineCache
 from pictl.run.session import RunSession
 from pictl.tui.bridge import SessionBridge

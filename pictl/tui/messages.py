@@ -8,6 +8,7 @@ from textual.message import Message
 
 from pictl.cluster.monitor import HostSample
 from pictl.events import Placed
+from remote.records import Record
 
 if TYPE_CHECKING:
     from pictl.run.session import RunSession
@@ -32,7 +33,7 @@ class StagesPlaced(Message):
 class RankRecord(Message):
     """A telemetry record from a rank (or the serial run) that is not a progress tick."""
 
-    def __init__(self, source: str, host: str, record: dict[str, Any]) -> None:
+    def __init__(self, source: str, host: str, record: Record) -> None:
         super().__init__()
         self.source, self.host, self.record = source, host, record
 

@@ -17,8 +17,10 @@ from pictl.cluster.monitor import HostSample
 from pictl.events import Placed
 from pictl.inventory import Cluster
 from pictl.planning.placement import place_stages
+from pictl.tui.prune_state import PruneView
 from pictl.tui.train_state import TrainView
-from remote import protocol as P
+from remote.records import Record
+from remote.run_records import Accuracy, Error, Progress, Refine, Refined, StageReady, Throughput, Trace
 
 SPARK_POINTS = 60
 
@@ -89,9 +91,9 @@ class DashboardState:
         self.traces: list[dict[str, Any]] = []
         self.trace_note: str | None = None
         self.sweep: dict[str, Any] | None = None  # {"index", "total", "rows", "directory"} while/after a sweep
-        self.prune: dict[str, Any] | None = None  # the latest pruning job: options, progress, accuracy, summary
+        self.prune: PruneView | None = None  # the latest pruning job: options, progress, accuracy, summary
         self.train: TrainView | None = None  # the latest training job
-        self.refine: list[dict[str, Any]] = []  # `balanced` correcting its split: each round, then the result
+        self.refine: list[Refine | Refined] = []  # `balanced` correcting its split: each round, then the result
         self.phase_since: float | None = None
         self.run_dir: str | None = None  # where this run's record goes (known from its start)
         self.serial_reused = False
@@ -101,25 +103,13 @@ class DashboardState:
     def start_prune(self, options: dict[str, Any], where: str, now: float | None = None) -> None:
         """A pruning job takes the run panel: there are no stages, only epochs and accuracy."""
         self.start_run({"stages": 0}, now)
-        self.prune = {"options": options, "where": where, "accuracy": [], "progress": None, "start": None,
-                      "summary": None}
+        self.prune = PruneView(options, where)
         self.phase, self.phase_message = "prune", f"pruning on {where}"
 
-    def _on_prune(self, rec: dict[str, Any]) -> None:
-        assert self.prune is not None
-        kind = rec.get(P.KEY_EVENT)
-        if kind == P.PRUNE_START:
-            self.prune["start"] = rec
-        elif kind == P.PRUNE_PROGRESS:
-            self.prune["progress"] = rec
-        elif kind == P.PRUNE_ACCURACY:
-            self.prune["accuracy"].append(rec)
-        elif kind == P.ERROR:
-            self.phase_message = str(rec.get("message"))
 
     def finish_prune(self, summary: dict[str, Any] | None, error: str | None) -> None:
         if self.prune is not None:
-            self.prune["summary"] = summary
+            self.prune.summary = summary
         self.finish(None, error)
         if not error and summary:
             self.phase_message = f"artifact {summary.get('artifact')}"
@@ -188,58 +178,58 @@ class DashboardState:
         if name == "pipeline":
             self.pipeline_started_at = now or time.time()
 
-    def on_record(self, source: str, host: str, rec: dict[str, Any], now: float | None = None) -> None:
+    def on_record(self, source: str, host: str, rec: Record, now: float | None = None) -> None:
         now = now or time.time()
         if host in self.hosts:
             self.hosts[host].last_event = now
-        kind = rec.get(P.KEY_EVENT)
+        if isinstance(rec, Error) and (self.prune is not None or self.train is not None):
+            self.phase_message = rec.message
         if source == "prune" and self.prune is not None:
-            self._on_prune(rec)
+            self.prune.apply(rec)
             return
         if self.train is not None:
             self.train.apply(source, host, rec)
-            if kind == P.ERROR:
-                self.phase_message = str(rec.get("message"))
             return
         if source == "serial":
-            if kind == P.THROUGHPUT:
-                self.serial_ips = float(rec["ips"])
+            if isinstance(rec, Throughput):
+                self.serial_ips = float(rec.ips)
             return
-        st = self.stages.get(int(rec.get(P.KEY_RANK, 0)))
-        if kind in (P.STAGE_READY, P.STAGE_MOVED) and st:
-            st.modules = list(rec.get("modules", []))
-        elif kind in (P.REFINE, P.REFINED):
-            self.refine.append(rec)
-        elif kind == P.PROGRESS and st:
-            self._progress(st, rec)
-        elif kind == P.THROUGHPUT and not rec.get("traced"):
-            self.pipeline_ips.append(float(rec["ips"]))
-        elif kind == P.ACCURACY and rec.get("applicable"):
-            self.accuracy = rec.get("top1")
-        elif kind == P.ERROR and st:
-            st.error = rec.get("message")
-        elif kind == P.TRACE and st and not rec.get("file"):
-            self.trace_note = f"rank {st.rank}: {rec.get('message')}"
+        st = self.stages.get(rec.rank)
+        match rec:
+            case StageReady() if st:  # (and StageMoved)
+                st.modules = list(rec.modules)
+            case Refine() | Refined():
+                self.refine.append(rec)
+            case Progress() if st:
+                self._progress(st, rec)
+            case Throughput() if not rec.traced:
+                self.pipeline_ips.append(float(rec.ips))
+            case Accuracy() if rec.applicable:
+                self.accuracy = rec.top1
+            case Error() if st:
+                st.error = rec.message
+            case Trace() if st and not rec.file:
+                self.trace_note = f"rank {st.rank}: {rec.message}"
 
-    def _progress(self, st: StageView, rec: dict[str, Any]) -> None:
-        t = float(rec.get(P.KEY_TIME, time.time()))
-        mbs, sent = int(rec["microbatches"]), int(rec.get("bytes_sent", 0))
+    def _progress(self, st: StageView, rec: Progress) -> None:
+        t = rec.t or time.time()
+        mbs, sent = rec.microbatches, rec.bytes_sent
         chunk = int(self.options.get("chunk", 1))
-        if st._last and (rec["phase"], rec["repeat"]) == (st.phase, st.repeat) and t > st._last[0] \
+        if st._last and (rec.phase, rec.repeat) == (st.phase, st.repeat) and t > st._last[0] \
                 and mbs >= st._last[1]:
             dt = t - st._last[0]
             st.ips.append((mbs - st._last[1]) * chunk / dt)
             st.bytes_per_s = (sent - st._last[2]) / dt
-        if st._pass_start is None or (rec["phase"], int(rec["repeat"])) != (st.phase, st.repeat):
+        if st._pass_start is None or (rec.phase, rec.repeat) != (st.phase, st.repeat):
             st._pass_start, st.pass_ips = (t, mbs), None
         elif t > st._pass_start[0] and mbs > st._pass_start[1]:
             st.pass_ips = (mbs - st._pass_start[1]) * chunk / (t - st._pass_start[0])
         st._last = (t, mbs, sent)
-        st.phase, st.repeat = rec["phase"], int(rec["repeat"])
-        st.microbatches, st.microbatches_total = mbs, int(rec["microbatches_total"])
-        if rec.get("raw_bytes"):
-            st.wire_ratio = sent / int(rec["raw_bytes"])
-        st.compute_s, st.wait_s, st.send_s = float(rec["compute_s"]), float(rec["wait_s"]), float(rec["send_s"])
+        st.phase, st.repeat = rec.phase, rec.repeat
+        st.microbatches, st.microbatches_total = mbs, rec.microbatches_total
+        if rec.raw_bytes:
+            st.wire_ratio = sent / rec.raw_bytes
+        st.compute_s, st.wait_s, st.send_s = rec.compute_s, rec.wait_s, rec.send_s
 
     def on_sample(self, sample: HostSample) -> None:
         row = self.hosts.get(sample.host)

@@ -33,6 +33,7 @@ import torch
 from remote import protocol as P
 from remote.data.images import load_images
 from remote.emit import Emitter
+from remote.run_records import Costs
 from remote.runtime.measure import run_main, set_threads
 from remote.runtime.model import count_params
 from remote.runtime.outputs import open_checkpoint
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = RunSpec(model=args.model, num_classes=args.num_classes, chunk=args.chunk, threads=args.threads,
                    checkpoint=args.checkpoint)
     emitter = Emitter(P.ROLE_PIPELINE)
-    return run_main(emitter, lambda: emitter.emit(P.COSTS, **measure(spec, args.seconds)))
+    return run_main(emitter, lambda: emitter.emit(Costs(**measure(spec, args.seconds))))
 
 
 if __name__ == "__main__":

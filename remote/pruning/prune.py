@@ -28,6 +28,7 @@ from remote.artifact_meta import ArtifactMeta
 from remote.data.datasets import labelled_set
 from remote.emit import Emitter
 from remote.errors import BadInput
+from remote.job_records import PruneAccuracy, PruneDone, PruneProgress, PruneStart
 from remote.pruning.finetune import finetune, loader, top1
 from remote.runtime.artifact import attention_heads, pruned_widths, save_artifact, set_attention_widths
 from remote.runtime.model import Checkpoint, create_meta_model, materialize
@@ -157,29 +158,29 @@ def _run(spec: PruneSpec, emitter: Emitter) -> None:
     model = materialize(meta_model, seed=spec.seed, checkpoint=checkpoint).to(device)
     example = torch.randn((1, *cfg["input_size"]), device=device)
     macs_base, params_base = count_macs(model, example)
-    emitter.emit(P.PRUNE_START, model=spec.model, device=str(device), params=params_base, macs=macs_base,
+    emitter.emit(PruneStart(model=spec.model, device=str(device), params=params_base, macs=macs_base,
                  train_images=len(train_set), eval_images=len(test_set), classes=classes, ratio=spec.ratio,
-                 importance=spec.importance, torch=torch.__version__)
+                 importance=spec.importance, torch=torch.__version__))
     train = loader(train_set, spec.batch_size, shuffle=True, seed=spec.seed)
     test = loader(test_set, spec.batch_size, shuffle=False)
     accuracy: dict = {"before": top1(model, test, device)}
-    emitter.emit(P.PRUNE_ACCURACY, phase="before", epoch=None, top1=accuracy["before"])
+    emitter.emit(PruneAccuracy(phase="before", epoch=None, top1=accuracy["before"]))
 
     calib = [b for _, b in zip(range(spec.calib_batches), train, strict=False)]
     macs, params = prune_model(model, spec, example, calib, device)
     accuracy["pruned"] = top1(model, test, device)
-    emitter.emit(P.PRUNE_ACCURACY, phase="pruned", epoch=None, top1=accuracy["pruned"], params=params, macs=macs,
-                 widths=pruned_widths(model))
+    emitter.emit(PruneAccuracy(phase="pruned", epoch=None, top1=accuracy["pruned"], params=params, macs=macs,
+                 widths=pruned_widths(model)))
 
     accuracy["epochs"] = []
 
     def on_epoch(epoch: int, acc: float, seconds: float) -> None:
         accuracy["epochs"].append(acc)
-        emitter.emit(P.PRUNE_ACCURACY, phase="epoch", epoch=epoch, top1=acc, seconds=round(seconds, 2))
+        emitter.emit(PruneAccuracy(phase="epoch", epoch=epoch, top1=acc, seconds=round(seconds, 2)))
 
     def on_progress(epoch: int, step: int, steps: int, loss: float, ips: float) -> None:
-        emitter.emit(P.PRUNE_PROGRESS, epoch=epoch, epochs=spec.epochs, step=step, steps=steps,
-                     loss=round(loss, 5), ips=round(ips, 2))
+        emitter.emit(PruneProgress(epoch=epoch, epochs=spec.epochs, step=step, steps=steps,
+                     loss=round(loss, 5), ips=round(ips, 2)))
 
     best, best_epoch = finetune(model, train, test, spec, device, start_top1=accuracy["pruned"],
                                 on_progress=on_progress, on_epoch=on_epoch)
@@ -192,7 +193,7 @@ def _run(spec: PruneSpec, emitter: Emitter) -> None:
         dataset=f"{spec.data.kind}:{spec.data.path}", accuracy=accuracy, widths=pruned_widths(model),
         created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"))
     path = save_artifact(model, meta, spec.out)
-    emitter.emit(P.PRUNE_DONE, artifact=str(path.resolve()), meta=asdict(meta))
+    emitter.emit(PruneDone(artifact=str(path.resolve()), meta=asdict(meta)))
 
 
 def main(argv: list[str] | None = None) -> int:

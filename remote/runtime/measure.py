@@ -17,6 +17,7 @@ import torch
 from remote import protocol as P
 from remote.emit import Emitter
 from remote.errors import BadInput
+from remote.run_records import Error
 
 
 def peak_rss_mb() -> float:
@@ -111,11 +112,10 @@ def run_main(emitter: Emitter, body: Callable[[], None]) -> int:
         body()
         return 0
     except BadInput as exc:
-        emitter.emit(P.ERROR, kind="bad_input", message=str(exc), traceback="")
+        emitter.emit(Error(kind="bad_input", message=str(exc), traceback=""))
         print(f"pictl: {exc}", file=sys.stderr)
         return P.EXIT_BAD_INPUT
     except Exception as exc:  # the controller needs every failure as an event
-        emitter.emit(P.ERROR, kind="runtime", message=f"{type(exc).__name__}: {exc}",
-                     traceback=traceback.format_exc())
+        emitter.emit(Error(kind="runtime", message=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()))
         traceback.print_exc()
         return P.EXIT_RUNTIME_ERROR

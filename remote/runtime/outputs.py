@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from remote import protocol as P
 from remote.emit import Emitter
+from remote.run_records import Accuracy, Outputs
 from remote.runtime.model import Checkpoint
 from remote.spec import RunSpec
 
@@ -31,9 +31,9 @@ def report_outputs(emitter: Emitter, spec: RunSpec, check_logits: torch.Tensor,
     path = write_logits(check_logits, logits_file)
     if labels is None:
         # Synthetic images have no labels: accuracy is not applicable, never a number.
-        emitter.emit(P.ACCURACY, applicable=False, correct=None, total=None, top1=None)
+        emitter.emit(Accuracy(applicable=False))
     else:
         correct = int((predictions == labels).sum())
-        emitter.emit(P.ACCURACY, applicable=True, correct=correct, total=int(labels.numel()),
-                     top1=round(correct / labels.numel(), 6))
-    emitter.emit(P.OUTPUTS, logits_file=str(path), logits_shape=list(check_logits.shape))
+        emitter.emit(Accuracy(applicable=True, correct=correct, total=int(labels.numel()),
+                              top1=round(correct / labels.numel(), 6)))
+    emitter.emit(Outputs(logits_file=str(path), logits_shape=list(check_logits.shape)))

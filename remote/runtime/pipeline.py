@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -27,6 +28,7 @@ from torch.distributed.pipelining import ScheduleGPipe
 from remote import protocol as P
 from remote.data.images import load_images, load_labels, microbatches
 from remote.emit import Emitter
+from remote.run_records import FirstOutput, Progress, RunEnd, RunStart, StageMoved, StageReady, Throughput
 from remote.runtime.codec import payload_meta
 from remote.runtime.measure import (
     ProgressClock,
@@ -80,9 +82,9 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
     threads = set_threads(spec.threads)
     if world != spec.stages:
         raise RuntimeError(f"world size {world} != {spec.stages} stages")
-    emitter.emit(P.RUN_START, world_size=world, stages=spec.stages, model=spec.model, images=spec.images,
-                 chunk=spec.chunk, threads=threads, torch=torch.__version__, pid=os.getpid(),
-                 import_rss_mb=current_rss_mb())
+    emitter.emit(RunStart(world_size=world, stages=spec.stages, model=spec.model, images=spec.images,
+                          chunk=spec.chunk, threads=threads, torch=torch.__version__, pid=os.getpid(),
+                          import_rss_mb=current_rss_mb()))
     t_rendezvous = time.perf_counter()
     dist.init_process_group("gloo", timeout=timedelta(seconds=spec.pg_timeout_s))
     rendezvous_s = time.perf_counter() - t_rendezvous
@@ -95,15 +97,15 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
     def report() -> None:
         live = StageCounters(**built.stage.counters.rounded())
         live.send_s = max(0.0, time.perf_counter() - state["step_start"] - live.compute_s - live.wait_s)
-        emitter.emit(P.PROGRESS, stage=rank, phase=state["phase"], repeat=state["repeat"],
-                     microbatches_total=n_mb, **live.rounded())
+        emitter.emit(Progress(stage=rank, phase=state["phase"], repeat=state["repeat"], microbatches_total=n_mb,
+                              **live.rounded()))
 
     clock = ProgressClock(spec.progress_interval_s, report)
 
     def on_chunk() -> None:
         if last and not state.get("first_output"):
             state["first_output"] = True
-            emitter.emit(P.FIRST_OUTPUT, stage=rank)
+            emitter.emit(FirstOutput(stage=rank))
         clock.tick()
 
     t0 = time.perf_counter()
@@ -113,12 +115,12 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
                        spec.chunk) if first else None
     labels = load_labels(spec.data, spec.images) if last else None
 
-    def ready(event: str, **extra: object) -> None:
+    def ready(kind: type[StageReady], **extra: Any) -> None:
         plan = built.plan
-        emitter.emit(event, stage=rank, modules=compact_pieces(layout.pieces[plan.first:plan.end]),
-                     pieces=list(plan.pieces), params=plan.params, **extra)
+        emitter.emit(kind(stage=rank, modules=compact_pieces(layout.pieces[plan.first:plan.end]),
+                          pieces=list(plan.pieces), params=plan.params, **extra))
 
-    ready(P.STAGE_READY, load_s=round(time.perf_counter() - t0, 3), rendezvous_s=round(rendezvous_s, 3),
+    ready(StageReady, load_s=round(time.perf_counter() - t0, 3), rendezvous_s=round(rendezvous_s, 3),
           rss_mb=current_rss_mb(), peak_rss_mb=peak_rss_mb())
 
     passes_run = 0
@@ -162,7 +164,7 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
             report()
         if (chosen := loop.final()) != built.starts:
             rebuild(chosen)
-        ready(P.STAGE_MOVED)
+        ready(StageMoved)
 
     totals = StageCounters()
     check_logits = predictions = None
@@ -186,15 +188,15 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
             emit_mb_times(emitter, "leave", phase, repeat, built.stage.leave_times)
         if last and timed:
             logits = out[: spec.images]  # drop the padded rows of the last microbatch
-            emitter.emit(P.THROUGHPUT, repeat=repeat, images=spec.images,
-                         seconds=round(seconds, 6), ips=round(spec.images / seconds, 4), traced=traced)
+            emitter.emit(Throughput(repeat=repeat, images=spec.images, seconds=round(seconds, 6),
+                                    ips=round(spec.images / seconds, 4), traced=traced))
             if predictions is None:  # the outputs checked are those of the split that was timed
                 predictions = logits.argmax(dim=1)
                 check_logits = logits[: spec.check_images].clone()
     dist.barrier()
     if last:
         report_outputs(emitter, spec, check_logits, predictions, labels, P.LOGITS_FILE_PIPELINE)
-    emitter.emit(P.RUN_END, stage=rank, status="ok", peak_rss_mb=peak_rss_mb(), **totals.rounded())
+    emitter.emit(RunEnd(stage=rank, status="ok", peak_rss_mb=peak_rss_mb(), **totals.rounded()))
     dist.destroy_process_group()
 
 

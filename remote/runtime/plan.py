@@ -19,6 +19,7 @@ from remote import protocol as P
 from remote.data.images import check_data
 from remote.emit import Emitter
 from remote.errors import BadInput
+from remote.run_records import Plan
 from remote.runtime.measure import run_main
 from remote.runtime.model import expected_shapes
 from remote.runtime.outputs import open_checkpoint
@@ -27,7 +28,7 @@ from remote.runtime.stage import compact_pieces, layout_for, stage_io_shapes
 from remote.spec import RunSpec
 
 
-def emit_plan(spec: RunSpec, emitter: Emitter, **extra: str) -> None:
+def emit_plan(spec: RunSpec, emitter: Emitter, spec_file: str | None = None) -> None:
     """Check the spec against the model, the checkpoint and the data; emit the stage plan (BadInput if not)."""
     if spec.chunk < 1 or spec.images < 1:
         raise BadInput("chunk and images must be at least 1")
@@ -44,9 +45,9 @@ def emit_plan(spec: RunSpec, emitter: Emitter, **extra: str) -> None:
          "output_shapes": [list(x) for x in shapes[s.index][1]]}
         for s in layout.stages
     ]
-    emitter.emit(P.PLAN, model=spec.model, split_points=split_point_names(layout.pieces, layout.stages),
-                 total_params=sum(s.params for s in layout.stages), max_stages=len(layout.pieces),
-                 num_classes=spec.num_classes, stages=stages, **extra)
+    emitter.emit(Plan(model=spec.model, split_points=split_point_names(layout.pieces, layout.stages),
+                      total_params=sum(s.params for s in layout.stages), max_stages=len(layout.pieces),
+                      num_classes=spec.num_classes, stages=stages, spec_file=spec_file))
 
 
 def _plan_all(paths: list[str], emitter: Emitter) -> None:

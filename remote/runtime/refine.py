@@ -16,9 +16,9 @@ from collections.abc import Sequence
 
 import torch.distributed as dist
 
-from remote import protocol as P
 from remote.balance import CostTable, Link, Refiner
 from remote.emit import Emitter
+from remote.run_records import Refine, Refined
 from remote.spec import RefineSpec
 
 
@@ -57,10 +57,10 @@ class RefineLoop:
             tried = self.refiner.starts
             decision[0] = self.refiner.observe(measured)
             last = self.refiner.rounds[-1]
-            self.emitter.emit(P.REFINE, round=len(self.refiner.rounds), split_points=self._named(tried),
-                              predicted_ms=_ms(last.predicted_s), measured_ms=_ms(last.measured_s),
-                              link_ms=_ms(last.link_s), factors=[round(f, 4) for f in last.factors],
-                              next_split=self._named(decision[0]) if decision[0] is not None else None)
+            self.emitter.emit(Refine(round=len(self.refiner.rounds), split_points=self._named(tried),
+                                     predicted_ms=_ms(last.predicted_s), measured_ms=_ms(last.measured_s),
+                                     link_ms=_ms(last.link_s), factors=[round(f, 4) for f in last.factors],
+                                     next_split=self._named(decision[0]) if decision[0] is not None else None))
         dist.broadcast_object_list(decision, src=0)
         return decision[0]  # type: ignore[return-value]
 
@@ -70,9 +70,9 @@ class RefineLoop:
         if self.refiner is not None:
             chosen[0] = self.refiner.chosen
             prediction = self.refiner.predicted(self.refiner.chosen)
-            self.emitter.emit(P.REFINED, rounds=len(self.refiner.rounds), split_points=self._named(chosen[0]),
-                              predicted_ms=_ms(prediction.stage_s), link_ms=_ms(prediction.link_s),
-                              factors=[round(f, 4) for f in self.refiner.factors])
+            self.emitter.emit(Refined(rounds=len(self.refiner.rounds), split_points=self._named(chosen[0]),
+                                      predicted_ms=_ms(prediction.stage_s), link_ms=_ms(prediction.link_s),
+                                      factors=[round(f, 4) for f in self.refiner.factors]))
         dist.broadcast_object_list(chosen, src=0)
         return tuple(chosen[0])  # type: ignore[arg-type]
 

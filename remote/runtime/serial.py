@@ -20,6 +20,7 @@ import torch
 from remote import protocol as P
 from remote.data.images import load_images, load_labels, microbatches
 from remote.emit import Emitter
+from remote.run_records import Progress, RunEnd, RunStart, StageReady, Throughput
 from remote.runtime.artifact import meta_model_for
 from remote.runtime.measure import StageCounters, current_rss_mb, peak_rss_mb, run_main, set_threads
 from remote.runtime.model import materialize
@@ -35,17 +36,16 @@ def _run(spec: RunSpec, emitter: Emitter, *, plan: bool = False) -> None:
     import_rss_mb = current_rss_mb()
     if plan:
         emit_plan(spec, emitter)
-    emitter.emit(P.RUN_START, world_size=1, stages=1, model=spec.model, images=spec.images,
-                 chunk=spec.chunk, threads=threads, torch=torch.__version__,
-                 import_rss_mb=import_rss_mb)
+    emitter.emit(RunStart(world_size=1, stages=1, model=spec.model, images=spec.images, chunk=spec.chunk,
+                          threads=threads, torch=torch.__version__, import_rss_mb=import_rss_mb))
     t0 = time.perf_counter()
     model = check_supported(meta_model_for(spec), spec.model)
     materialize(model, seed=spec.seed, checkpoint=open_checkpoint(spec))
     mbs = microbatches(load_images(spec.data, spec.images, model.pretrained_cfg, spec.seed), spec.chunk)
     labels = load_labels(spec.data, spec.images)
-    emitter.emit(P.STAGE_READY, stage=0, modules=["<whole model>"],
-                 params=sum(p.numel() for p in model.parameters()),
-                 load_s=round(time.perf_counter() - t0, 3), rss_mb=current_rss_mb(), peak_rss_mb=peak_rss_mb())
+    emitter.emit(StageReady(stage=0, modules=["<whole model>"], params=sum(p.numel() for p in model.parameters()),
+                            load_s=round(time.perf_counter() - t0, 3), rss_mb=current_rss_mb(),
+                            peak_rss_mb=peak_rss_mb()))
 
     totals = StageCounters()
     check_logits = predictions = None
@@ -62,20 +62,20 @@ def _run(spec: RunSpec, emitter: Emitter, *, plan: bool = False) -> None:
         seconds = time.perf_counter() - start
         counters = StageCounters(microbatches=len(mbs), compute_s=seconds, pass_s=seconds,
                                  run_delay_s=span.interference())
-        emitter.emit(P.PROGRESS, stage=0, phase="timed" if timed else "warmup",
-                     repeat=repeat - spec.warmup if timed else repeat, microbatches_total=len(mbs),
-                     **counters.rounded())
+        emitter.emit(Progress(stage=0, phase="timed" if timed else "warmup",
+                              repeat=repeat - spec.warmup if timed else repeat, microbatches_total=len(mbs),
+                              **counters.rounded()))
         if timed:
             totals.add(counters)
             emit_mb_times(emitter, "serial", "timed", repeat - spec.warmup, per_mb)  # an image's latency, alone
-            emitter.emit(P.THROUGHPUT, repeat=repeat - spec.warmup, images=spec.images,
-                         seconds=round(seconds, 6), ips=round(spec.images / seconds, 4))
+            emitter.emit(Throughput(repeat=repeat - spec.warmup, images=spec.images, seconds=round(seconds, 6),
+                                    ips=round(spec.images / seconds, 4)))
         if predictions is None:
             logits = torch.cat(outs)[: spec.images]
             predictions = logits.argmax(dim=1)
             check_logits = logits[: spec.check_images].clone()
     report_outputs(emitter, spec, check_logits, predictions, labels, P.LOGITS_FILE_SERIAL)
-    emitter.emit(P.RUN_END, stage=0, status="ok", peak_rss_mb=peak_rss_mb(), **totals.rounded())
+    emitter.emit(RunEnd(stage=0, status="ok", peak_rss_mb=peak_rss_mb(), **totals.rounded()))
 
 
 def main(argv: list[str] | None = None) -> int:

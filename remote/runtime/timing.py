@@ -22,6 +22,7 @@ from torch.profiler import record_function
 
 from remote import protocol as P
 from remote.emit import Emitter
+from remote.run_records import MbTimes
 from remote.runtime.measure import StageCounters
 from remote.runtime.tracing import Tracer
 
@@ -276,8 +277,8 @@ def emit_mb_times(emitter: Emitter, side: str, phase: str, repeat: int, times: l
     base = times[0] if side != "serial" else 0.0
     for first in range(0, len(times), MB_TIMES_PER_LINE):
         part = times[first:first + MB_TIMES_PER_LINE]
-        emitter.emit(P.MB_TIMES, side=side, phase=phase, repeat=repeat, first=first, base=round(base, 6),
-                     times=[round(t - base, 6) for t in part])
+        emitter.emit(MbTimes(side=side, phase=phase, repeat=repeat, first=first, base=round(base, 6),
+                             times=[round(t - base, 6) for t in part]))
 
 
 def timed_pass(run: Callable[[], Any], stage_counters: Callable[[], StageCounters]) -> tuple[float, Any]:

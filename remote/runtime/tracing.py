@@ -34,6 +34,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from remote import protocol as P
 from remote.emit import Emitter
+from remote.run_records import Trace
 
 STORE_KEY = "pictl/trace"
 STORE_COUNT = "pictl/traces"
@@ -165,8 +166,8 @@ class Tracer:
             for w in (self.window, self.planned):
                 if w is not None and w.trace_id not in self._served:
                     self._served.add(w.trace_id)
-                    self.emitter.emit(P.TRACE, stage=self.rank, id=w.trace_id, file=None, start_step=w.start,
-                                      steps=0, message=f"the run ended at step {next_step} before the window began")
+                    self.emitter.emit(Trace(stage=self.rank, id=w.trace_id, file=None, start_step=w.start, steps=0,
+                                            message=f"the run ended at step {next_step} before the window began"))
         self._pass_traced = self._prof is not None
         return traced
 
@@ -182,9 +183,9 @@ class Tracer:
         os.replace(tmp, final)
         self._done = None
         self._served.add(w.trace_id)
-        self.emitter.emit(P.TRACE, stage=self.rank, id=w.trace_id, file=str(final.relative_to(self.run_dir)),
-                          start_step=self._first_step, steps=min(w.end, next_step) - self._first_step,
-                          export_s=round(time.perf_counter() - t0, 3))
+        self.emitter.emit(Trace(stage=self.rank, id=w.trace_id, file=str(final.relative_to(self.run_dir)),
+                                start_step=self._first_step, steps=min(w.end, next_step) - self._first_step,
+                                export_s=round(time.perf_counter() - t0, 3)))
 
 
 def planned_window(trace_steps: int, passes_before: int, n_mb: int) -> Window | None:

@@ -26,6 +26,8 @@ from remote.data.datasets import class_count
 from remote.data.images import load_images
 from remote.emit import Emitter
 from remote.errors import BadInput
+from remote.job_records import TrainEnd, TrainEval, TrainStart, TrainStep
+from remote.run_records import Outputs, StageReady
 from remote.runtime.artifact import attention_heads
 from remote.runtime.measure import current_rss_mb, die_with_parent, peak_rss_mb, run_main, set_threads
 from remote.runtime.model import Checkpoint
@@ -102,14 +104,14 @@ def _train(spec: TrainSpec, emitter: Emitter) -> None:
     held_out = labelled(spec, "test", spec.eval_images, cfg)
     evaluator = _Evaluator(spec, worker, held_out, reads_images)
     plan = layout.stages[rank if pipeline else 0]
-    emitter.emit(P.TRAIN_START, mode=spec.mode, schedule=spec.schedule if pipeline else None, world_size=world,
+    emitter.emit(TrainStart(mode=spec.mode, schedule=spec.schedule if pipeline else None, world_size=world,
                  model=spec.model, num_classes=spec.num_classes, model_kwargs=layout_kwargs(spec, layout),
                  batch_size=spec.batch_size, chunks=spec.chunks, steps=steps,
                  steps_per_epoch=batches.steps_per_epoch, amp=spec.amp, threads=threads, torch=torch.__version__,
-                 pid=os.getpid())
-    emitter.emit(P.STAGE_READY, stage=rank, modules=compact_pieces(layout.pieces[plan.first:plan.end]),
+                 pid=os.getpid()))
+    emitter.emit(StageReady(stage=rank, modules=compact_pieces(layout.pieces[plan.first:plan.end]),
                  pieces=list(plan.pieces), params=plan.params, load_s=round(time.perf_counter() - t0, 3),
-                 rss_mb=current_rss_mb(), peak_rss_mb=peak_rss_mb())
+                 rss_mb=current_rss_mb(), peak_rss_mb=peak_rss_mb()))
 
     totals, timed_s, timed_steps = StepTimes(), 0.0, 0
     for step in range(min(steps, spec.stop_after) if spec.stop_after else steps):
@@ -127,17 +129,17 @@ def _train(spec: TrainSpec, emitter: Emitter) -> None:
             timed_s += seconds
             timed_steps += 1
         fields = {"loss": round(loss / spec.chunks, 6)} if worker.holds_loss and loss is not None else {}
-        emitter.emit(P.TRAIN_STEP, stage=rank, step=step + 1, epoch=epoch, seconds=round(seconds, 6),
+        emitter.emit(TrainStep(stage=rank, step=step + 1, epoch=epoch, seconds=round(seconds, 6),
                      timed=timed, samples=spec.batch_size, lr=worker.sched.get_last_lr()[0],  # type: ignore[attr-defined]
-                     times=times.rounded(), **fields)
+                     times=times.rounded(), **fields))
         end_of_epoch = (step + 1) % batches.steps_per_epoch == 0 or step + 1 == steps
         if end_of_epoch and len(held_out):
             started = time.perf_counter()
             result = evaluator.run()
             if result is not None:
                 right, n = result
-                emitter.emit(P.TRAIN_EVAL, epoch=epoch, step=step + 1, correct=right, total=n,
-                             top1=round(right / n, 6), seconds=round(time.perf_counter() - started, 3))
+                emitter.emit(TrainEval(epoch=epoch, step=step + 1, correct=right, total=n,
+                             top1=round(right / n, 6), seconds=round(time.perf_counter() - started, 3)))
     _finish(spec, emitter, worker, layout, rank, reads_images, totals, timed_s, timed_steps)
     if world > 1:
         dist.barrier()
@@ -159,7 +161,7 @@ def _finish(spec: TrainSpec, emitter: Emitter, worker: Worker, layout: ModelLayo
         logits = worker.logits(batches)
         if logits is not None:
             path = write_logits(logits[: spec.check_images], P.LOGITS_FILE_TRAINED)
-            emitter.emit(P.OUTPUTS, logits_file=str(path), logits_shape=[spec.check_images, int(logits.shape[1])])
+            emitter.emit(Outputs(logits_file=str(path), logits_shape=[spec.check_images, int(logits.shape[1])]))
     part = None
     if spec.save and (spec.mode == "pipeline" or rank == 0):
         from safetensors.torch import save_file
@@ -169,10 +171,10 @@ def _finish(spec: TrainSpec, emitter: Emitter, worker: Worker, layout: ModelLayo
         tmp = Path(f".{part}.tmp")
         save_file(tensors, str(tmp))
         os.replace(tmp, part)
-    emitter.emit(P.TRAIN_END, stage=rank, status="ok", steps=timed_steps, seconds=round(timed_s, 6),
+    emitter.emit(TrainEnd(stage=rank, status="ok", steps=timed_steps, seconds=round(timed_s, 6),
                  times=totals.rounded(), bytes_sent=getattr(worker, "bytes_sent", 0),
                  allreduce_s=round(getattr(getattr(worker, "clock", None), "reduce_s", 0.0), 6),
-                 part_file=part, heads=attention_heads(worker.module.model), peak_rss_mb=peak_rss_mb())
+                 part_file=part, heads=attention_heads(worker.module.model), peak_rss_mb=peak_rss_mb()))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -140,7 +140,7 @@ async def test_fewer_stages_than_hosts_take_the_fastest_connecting_and_pushing_o
     import pictl.run.hosts
     from pictl.cluster.transport.base import Transport
     from pictl.events import Phase, Placed
-    from pictl.planning.profiles import RunOptions
+    from pictl.planning.options import RunOptions
     from pictl.run.session import RunSession
     from pictl.tui.state import DashboardState
 

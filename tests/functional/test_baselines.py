@@ -23,7 +23,7 @@ from pictl.cluster.hoststate import read_facts
 from pictl.cluster.transport import transport_for
 from pictl.events import Phase, RankEvent
 from pictl.inventory import load_cluster
-from pictl.planning.profiles import RunOptions
+from pictl.planning.options import RunOptions
 from pictl.planning.specs import spec_from
 from pictl.records.cache import JsonCache
 from pictl.run.baselines import BaselineCache

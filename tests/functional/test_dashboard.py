@@ -265,11 +265,11 @@ async def test_a_pruning_job_from_the_dashboard(tmp_path: Path) -> None:
         await pilot.press("enter")  # Enter in any field submits, as in the run form
         await pilot.pause()
         assert not isinstance(pilot.app.screen, PruneForm), form.query_one("#form-error").render()
-        await _until(pilot, lambda: app.state.prune and app.state.prune["accuracy"], timeout=120)
+        await _until(pilot, lambda: app.state.prune and app.state.prune.accuracy, timeout=120)
         assert "top-1 before" in _screen_text(app)  # streamed while the job runs
         await _until(pilot, lambda: not app.state.running, timeout=120)
         await pilot.pause(0.6)
-        summary = app.state.prune["summary"]
+        summary = app.state.prune.summary
         assert summary and summary["status"] == "ok", app.state.phase_message
         screen = _screen_text(app)
         assert "top-1 epoch 1" in screen and "result top-1" in screen, screen

@@ -104,7 +104,7 @@ def test_an_unexpected_error_still_closes_the_record_with_its_type_and_message(t
 
     import pictl.run.session
     from pictl.inventory import load_cluster
-    from pictl.planning.profiles import RunOptions
+    from pictl.planning.options import RunOptions
     from pictl.run.baselines import BaselineCache
     from pictl.run.session import RunSession
 
@@ -135,7 +135,7 @@ def test_a_rendezvous_port_taken_before_torchrun_binds_it_is_replaced(tmp_path: 
     import pictl.run.pipeline
     from pictl.events import Phase
     from pictl.inventory import load_cluster
-    from pictl.planning.profiles import RunOptions
+    from pictl.planning.options import RunOptions
     from pictl.run.baselines import BaselineCache
     from pictl.run.session import RunSession
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from support.cli import ROOT, run_pictl
 
-from pictl.planning.profiles import SHIPPED_PROFILES
+from pictl.planning.presets import SHIPPED_PRESETS
 
 LOCAL = '[defaults]\ntransport = "local"\ninterface = "lo"\n'
 
@@ -150,7 +150,7 @@ CASES: list[tuple[str, Case, int, str]] = [
      "profiles/lab6.toml: allow_pickle: a profile cannot set this; give --allow-pickle"),
     ("--profile ../x", lambda d: ((d / "x.toml").write_text("images = 3\n"), _run(d, "--profile", "../x"))[1], 2,
      "--profile: '../x' is not a profile name"),
-    ("--profile /abs/path", lambda d: _run(d, "--profile", str(SHIPPED_PROFILES / "quick")), 2,
+    ("--profile /abs/path", lambda d: _run(d, "--profile", str(SHIPPED_PRESETS / "quick")), 2,
      "is not a profile name"),
     # flags
     ('--split ","', lambda d: _run(d, "--split", ","), 2, "--split: ',' names no split point"),
@@ -320,7 +320,7 @@ def test_a_local_profile_that_shadows_a_shipped_one_is_announced(pictl_env, tmp_
 
 
 def test_relative_paths_are_resolved_on_the_controller(tmp_path: Path, monkeypatch) -> None:
-    from pictl.planning.profiles import resolve_options
+    from pictl.planning.presets import resolve_options
 
     monkeypatch.chdir(tmp_path)
     options = resolve_options(None, {"checkpoint": "ck/x.pth", "data": "cifar10", "data_path": "data"})

@@ -24,8 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 PICTL_LAYERS = [
-    ("ground", ["pictl", "pictl.errors", "pictl.inventory", "pictl.events", "pictl.summary", "pictl.records",
-                "pictl.text"]),
+    ("ground", ["pictl", "pictl.errors", "pictl.inventory", "pictl.events", "pictl.summary", "pictl.summary_models",
+                "pictl.job_summaries", "pictl.records", "pictl.text"]),
     ("cluster", ["pictl.cluster"]),
     ("planning", ["pictl.planning"]),
     ("run", ["pictl.run"]),
@@ -34,8 +34,8 @@ PICTL_LAYERS = [
     ("cli", ["pictl.cli", "pictl.__main__"]),
 ]
 REMOTE_LAYERS = [
-    ("floor", ["remote", "remote.protocol", "remote.spec", "remote.errors", "remote.emit", "remote.balance",
-               "remote.artifact_meta"]),
+    ("floor", ["remote", "remote.protocol", "remote.records", "remote.run_records", "remote.job_records",
+               "remote.spec", "remote.errors", "remote.emit", "remote.balance", "remote.artifact_meta"]),
     ("data and host", ["remote.data", "remote.host"]),
     ("runtime", ["remote.runtime"]),
     ("tools", ["remote.profiling", "remote.pruning", "remote.training"]),

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from pictl.cluster.commands import worker_env
+from pictl.cluster.ranks import torchrun_argv
 from pictl.errors import ConfigError
 from pictl.inventory import load_cluster
 from pictl.planning.placement import place_stages
-from pictl.planning.profiles import available_profiles, resolve_options
-from pictl.run.launch import torchrun_argv
+from pictl.planning.presets import available_presets, resolve_options
 
 ROOT = Path(__file__).resolve().parents[2]
 BAD = ROOT / "tests" / "support" / "data" / "bad_hosts"
@@ -58,7 +58,7 @@ def test_missing_inventory() -> None:
 
 
 def test_profiles_ship_quick_and_lab6() -> None:
-    assert {"quick", "lab6"} <= set(available_profiles())
+    assert {"quick", "lab6"} <= set(available_presets())
     lab = resolve_options("lab6", {})
     assert (lab.images, lab.chunk, lab.warmup, lab.repeats, lab.threads) == (500, 1, 1, 5, 4)
 
@@ -125,7 +125,7 @@ def test_bad_ranks_are_named(tmp_path: Path, ranks: list, fragment: str) -> None
 
 
 def test_sweep_presets_reproduce_the_course_tables(tmp_path: Path, monkeypatch) -> None:
-    from pictl.planning.profiles import sweep_settings
+    from pictl.planning.presets import sweep_settings
 
     stages = sweep_settings("lab6-stages")
     assert stages.stages == [1, 2, 3, 4, 6] and stages.policy == ["equal", "balanced"]

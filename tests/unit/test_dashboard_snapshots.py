@@ -12,11 +12,12 @@ from pathlib import Path
 from support.clusters import write_cluster
 
 from pictl.cluster.monitor import HostSample
-from pictl.events import RankEvent
+from pictl.events import RECORD_TYPES, RankEvent
 from pictl.inventory import load_cluster
 from pictl.tui.app import PictlApp
 from pictl.tui.messages import HostHealth, LogLine, PhaseChanged, RankRecord, RunFinished
 from pictl.tui.widgets.stage_list import StageList
+from remote.records import Record
 
 NOW = 1_800_000_000.0
 SIZE = (140, 44)
@@ -35,8 +36,9 @@ def _waterfall() -> dict:
             "dominant": "fill_drain", "advice": ADVICE["fill_drain"], "per_image_ms": {}}
 
 
-def _rec(kind: str, rank: int, t: float, **fields) -> dict:  # noqa: ANN003
-    return {"v": 1, "event": kind, "t": t, "role": "pipeline", "rank": rank, **fields}
+def _rec(kind: str, rank: int, t: float, role: str = "pipeline", **fields) -> Record:  # noqa: ANN003
+    """The record a rank sends, built from its class as the hosts build it."""
+    return RECORD_TYPES[kind](t=t, role=role, rank=rank, **fields)
 
 
 def _app(tmp_path: Path) -> PictlApp:
@@ -55,8 +57,7 @@ async def _during(pilot) -> None:  # noqa: ANN001
                                                "0x0" if i else "0x50000")))
     app.post_message(PhaseChanged("baseline", "serial baseline reused: 3.45 img/s on h0"))
     app.post_message(PhaseChanged("pipeline", "launching 3 stage(s) on 3 host(s), rendezvous 10.0.0.1:29500"))
-    app.post_message(RankRecord("serial", "h0", {"v": 1, "event": "throughput", "t": NOW - 40, "role": "serial",
-                                                 "rank": 0, "ips": 3.45, "repeat": 0}))
+    app.post_message(RankRecord("serial", "h0", _rec("throughput", 0, NOW - 40, role="serial", ips=3.45, repeat=0)))
     for rank in range(3):
         host = f"h{rank}"
         app.post_message(RankRecord(host, host, _rec("stage_ready", rank, NOW - 20, modules=MODULES[rank],
@@ -65,13 +66,15 @@ async def _during(pilot) -> None:  # noqa: ANN001
     # `balanced` measured its first split, moved a cut, and kept the second
     app.post_message(RankRecord("h0", "h0", _rec("refine", 0, NOW - 16, round=1, split_points=["blocks.3", "blocks.8"],
                                                  predicted_ms=[301.0, 298.0, 305.0], measured_ms=[352.0, 250.0, 301.0],
+                                                 factors=[1.17, 0.84, 0.99],
                                                  next_split=["blocks.4", "blocks.8"])))
     app.post_message(RankRecord("h0", "h0", _rec("refine", 0, NOW - 13, round=2, split_points=["blocks.4", "blocks.8"],
                                                  predicted_ms=[290.0, 293.0, 301.0], measured_ms=[296.0, 291.0, 303.0],
+                                                 factors=[1.02, 0.99, 1.01],
                                                  next_split=None)))
     app.post_message(RankRecord("h0", "h0", _rec("refined", 0, NOW - 13, rounds=2,
                                                  split_points=["blocks.4", "blocks.8"],
-                                                 predicted_ms=[296.0, 291.0, 303.0])))
+                                                 predicted_ms=[296.0, 291.0, 303.0], factors=[1.02, 0.99, 1.01])))
     for k in range(1, 9):  # one tick per rank at a time, through the bridge, where a newer tick replaces a queued one
         for rank in range(3):
             app.bridge(RankEvent(f"h{rank}", f"h{rank}", _rec(

@@ -263,7 +263,7 @@ def test_baseline_max_age_comes_from_the_run_else_from_the_inventory(tmp_path) -
 
     from pictl import errors as E
     from pictl.inventory import load_cluster
-    from pictl.planning.profiles import RunOptions
+    from pictl.planning.options import RunOptions
     from pictl.run.session import RunSession
 
     inventory = write_cluster(tmp_path / "cluster", 1)

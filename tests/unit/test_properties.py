@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 from pictl.errors import ConfigError
 from pictl.inventory import Cluster, Host, load_cluster
-from pictl.planning.profiles import RunOptions, SweepSettings, resolve_options, sweep_settings
+from pictl.planning.options import RunOptions
+from pictl.planning.presets import SweepSettings, resolve_options, sweep_settings
 
 # 300 examples each (a few seconds); PICTL_PROPERTY_EXAMPLES=5000 for a longer search by hand.
 SETTINGS = settings(max_examples=int(os.environ.get("PICTL_PROPERTY_EXAMPLES", "300")), deadline=None, database=None,

@@ -13,7 +13,7 @@ from support.clusters import write_cluster
 from pictl import errors as E
 from pictl.events import RankEvent
 from pictl.inventory import load_cluster
-from pictl.planning.profiles import RunOptions
+from pictl.planning.options import RunOptions
 from pictl.run.baselines import BaselineCache
 from pictl.run.session import RunSession
 from pictl.run.traces import merge, rank_breakdown

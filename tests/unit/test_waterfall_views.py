@@ -50,14 +50,14 @@ def _record(runs: Path, name: str, summary: dict[str, Any]) -> Path:
     return run
 
 
-def _invoke(args: list[str], runs: Path) -> Any:
+def _invoke(args: list[str], runs: Path, code: int = 0) -> Any:
     from typer.testing import CliRunner
 
     from pictl.cli import app
 
     result = CliRunner().invoke(app, [*args, "--runs-dir", str(runs)],
                                 env={"FORCE_COLOR": None, "TTY_COMPATIBLE": None, "COLUMNS": "200"})
-    assert result.exit_code == 0, (args, result.stdout, result.stderr, result.exception)
+    assert result.exit_code == code, (args, result.stdout, result.stderr, result.exception)
     assert not CONTROL.search(result.stdout) and not CONTROL.search(result.stderr)
     return result
 
@@ -207,14 +207,15 @@ def test_report_draws_the_waterfall_and_tables_its_terms_and_latency(tmp_path: P
     assert "Why not" not in old and "Latency per image" not in old and "| throughput img/s |" in old
 
 
-def test_report_notes_a_waterfall_it_cannot_read(tmp_path: Path) -> None:
+def test_report_refuses_a_waterfall_it_cannot_read_naming_the_field(tmp_path: Path) -> None:
+    """Every key of a summary is typed: a waterfall or latency of another shape is a record this pictl cannot
+    read, refused in one line naming the file and the field (exit 2), with nothing written."""
     runs = tmp_path / "runs"
-    _record(runs, NEW, _with_gap(waterfall={"stages": "two"}, latency=[1, 2]))
+    _record(runs, NEW, _with_gap(waterfall={"stages": "two"}))
     out = tmp_path / "report"
-    _invoke(["report", NEW, "--out", str(out)], runs)
-    text = (out / "report.md").read_text()
-    assert "`waterfall` is not in a shape this pictl reads" in text and "`latency` is not" in text
-    assert not list(out.glob("*-waterfall.png"))
+    result = _invoke(["report", NEW, "--out", str(out)], runs, code=2)
+    assert "summary.json: not a run summary ('waterfall" in result.stderr, result.stderr
+    assert not list(out.glob("*"))
 
 
 # -- sweeps ----------------------------------------------------------------------------------------------------

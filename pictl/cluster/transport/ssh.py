@@ -101,7 +101,7 @@ class SshProcess(RemoteProcess):
 
 
 class SshTransport(Transport):
-    def __init__(self, host) -> None:  # noqa: ANN001
+    def __init__(self, host: Host) -> None:
         super().__init__(host)
         self._conn: asyncssh.SSHClientConnection | None = None
         self._sftp: asyncssh.SFTPClient | None = None

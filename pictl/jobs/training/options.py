@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from pictl import errors as E
 from pictl.inventory import format_validation_error
-from pictl.planning.profiles import MAX_IMAGES
+from pictl.planning.options import MAX_IMAGES
 from remote.spec import DataSpec, TrainSpec
 
 Mode = Literal["single", "pipeline", "ddp"]

@@ -24,14 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from pictl import errors as E
-from pictl.cluster.commands import cleanup_host
-from pictl.cluster.fleet import Fleet
-from pictl.cluster.leases import Lease, controller_name, release_all, take_leases
-from pictl.cluster.push import local_tree, manifest_digest, push_to
+from pictl.cluster.jobs import HostJob, to_the_end
+from pictl.cluster.push import local_tree, manifest_digest
 from pictl.events import EventSink, Phase
 from pictl.inventory import Cluster
 from pictl.jobs.training.checkpoint import MODEL_FILE, merge_parts, trained_meta
-from pictl.jobs.training.launch import REFERENCE_SPEC, Processes, run_ranks, run_reference
+from pictl.jobs.training.launch import REFERENCE_SPEC, run_ranks, run_reference
 from pictl.jobs.training.options import AMP_LOSS_TOLERANCE, LOSS_TOLERANCE, TrainOptions
 from pictl.jobs.training.split import balanced_points
 from pictl.jobs.training.telemetry import TrainTelemetry, agreement
@@ -39,7 +37,6 @@ from pictl.jobs.training.waterfall import train_waterfall
 from pictl.planning.placement import NodePlan, place_stages
 from pictl.records.cache import JsonCache, cache_root
 from pictl.records.runs import RunRecord, default_runs_root
-from pictl.run.session import to_the_end
 from remote import protocol as P
 from remote.spec import TrainSpec
 
@@ -81,22 +78,19 @@ class TrainSession:
 
     async def run(self) -> dict[str, Any]:
         o, hosts = self.options, [n.host for n in self.nodes]
-        fleet, procs, leases = Fleet(hosts), None, []
+        job = HostJob(hosts, self.job_id)
         started, tree = time.time(), local_tree()
         code = manifest_digest(tree)  # once per job: it reads the whole tree
         spec = o.spec(self.job_id)
         status, error, summary = "failed", None, None
         try:
-            await fleet.connect()
-            leases = await take_leases(list(fleet), self.job_id, wait=self.wait,
-                                       on_wait=lambda message: self._phase("lease", message))
-            pushed = await fleet.each(lambda t: push_to(t, tree), "push failed")
-            self._phase("push", f"{sum(r.sent for r in pushed.values())} changed file(s) pushed to {len(hosts)} "
-                                "host(s)")
+            await job.hold(wait=self.wait, on_wait=lambda message: self._phase("lease", message))
+            sent = await job.push(tree)
+            self._phase("push", f"{sent} changed file(s) pushed to {len(hosts)} host(s)")
             if o.policy == "balanced" and o.mode == "pipeline":
                 stage_hosts = [n.host.name for n in self.nodes for _ in n.ranks]
                 self._phase("balance", f"cost profiles of {len(set(stage_hosts))} host(s)")
-                points, self._prediction = await balanced_points(fleet, stage_hosts, o, code)
+                points, self._prediction = await balanced_points(job.fleet, stage_hosts, o, code)
                 spec = o.spec(self.job_id, split=points)
                 self._phase("balance", f"split {', '.join(points)}: predicted " + " / ".join(
                     f"{ms:.1f}" for ms in self._prediction["stage_ms"]) + " ms per microbatch (forward and backward)")
@@ -104,23 +98,14 @@ class TrainSession:
             self.record.write_config({"options": o.model_dump(), "spec": dataclasses.asdict(spec),
                                       "placement": [{"host": n.host.name, "ranks": list(n.ranks)} for n in self.nodes],
                                       "hosts_file": str(self.cluster.source)})
-            owner = controller_name().encode()
-
-            async def stage(t: Any) -> None:
-                run_dir = t.host.run_dir(self.job_id)
-                await cleanup_host(t, orphans_only=True, keep=self.job_id)
-                await t.put_bytes(spec.to_json().encode(), f"{run_dir}/{P.SPEC_FILE}")
-                await t.put_bytes(owner, f"{run_dir}/{P.OWNER_FILE}")
-
-            await fleet.each(stage, "cannot prepare the job")
-            procs = Processes(fleet)
+            await job.stage({P.SPEC_FILE: spec.to_json().encode()}, "cannot prepare the job")
             if o.mode != "single" and o.check_steps:
-                await self._reference_losses(fleet, procs, code)
+                await self._reference_losses(job, code)
             self._phase("train", f"{o.mode}{' (' + o.schedule + ')' if o.mode == 'pipeline' else ''}: "
                         f"{len(self.telemetry.ranks) or sum(n.nproc for n in self.nodes)} rank(s) on "
                         f"{len(self.nodes)} host(s), batch {o.batch_size} as {o.chunks} microbatch(es)")
-            await run_ranks(procs, self.nodes, self.job_id, self.record, self.sink, self.telemetry, o.threads)
-            await self._collect(fleet)
+            await run_ranks(job, self.nodes, self.record, self.sink, self.telemetry, o.threads)
+            await self._collect(job)
             status = "ok"
             self._keep_as_reference(code)
             summary = self._summarize(status, started, None)
@@ -143,7 +128,7 @@ class TrainSession:
             error = {"type": type(exc).__name__, "message": str(exc)}
             raise
         finally:
-            await to_the_end(self._cleanup(fleet, procs, leases))
+            await to_the_end(job.close())
             if self.record is not None:  # however it ended, the record closes
                 summary = summary or self._summarize(status, started, error)
                 if error and not summary.get("error"):
@@ -171,7 +156,7 @@ class TrainSession:
         pipeline and ddp jobs then start no reference run of their own). Not with a broken rank, and not
         when an evaluation came before the last checked step (it runs between the reference's steps)."""
         o, tel = self.options, self.telemetry
-        per_epoch = int((tel.start or {}).get("steps_per_epoch") or 0)
+        per_epoch = (tel.start.steps_per_epoch if tel.start else None) or 0
         if (o.mode != "single" or not o.check_steps or o.break_rank is not None
                 or (o.eval_images and per_epoch < o.check_steps)
                 or any(step not in tel.losses for step in range(1, o.check_steps + 1))):
@@ -182,7 +167,7 @@ class TrainSession:
             cache.put(key, {"host": self.nodes[0].host.name, "losses": losses, "measured_at": time.time(),
                             "from_job": self.job_id})
 
-    async def _reference_losses(self, fleet: Fleet, procs: Processes, code: str) -> None:
+    async def _reference_losses(self, job: HostJob, code: str) -> None:
         """The `single` reference's first losses: cached per job, host and code; else measured now."""
         node = self.nodes[0]
         cache, key, spec = self._reference_key(code)
@@ -198,36 +183,33 @@ class TrainSession:
                                      f"{node.host.name})")
             return
         self._phase("reference", f"single-mode reference: {o.check_steps} step(s) on {node.host.name}")
-        run_dir = node.host.run_dir(self.job_id)
-        await fleet[node.host.name].put_bytes(spec.to_json().encode(), f"{run_dir}/{REFERENCE_SPEC}")
+        await job.transport(node.host).put_bytes(spec.to_json().encode(), f"{job.run_dir(node.host)}/{REFERENCE_SPEC}")
         assert self.record is not None
-        losses = await run_reference(procs, node, run_dir, self.record, self.sink, o.threads)
+        losses = await run_reference(job, node, self.record, self.sink, o.threads)
         self._reference = {"host": node.host.name, "losses": {str(k): v for k, v in losses.items()},
                            "measured_at": time.time(), "reused": False}
         cache.put(key, {k: v for k, v in self._reference.items() if k != "reused"})
 
-    async def _collect(self, fleet: Fleet) -> None:
+    async def _collect(self, job: HostJob) -> None:
         """The trained model's logits, and (when saved) its weights merged into one file."""
         assert self.record is not None
         tel, o = self.telemetry, self.options
         if tel.outputs is not None:
-            host, event = tel.outputs
-            run_dir = self.cluster.host(host).run_dir(self.job_id)
-            data = await fleet[host].get_bytes(f"{run_dir}/{event['logits_file']}")
+            host, outputs = tel.outputs
+            data = await job.transport(host).get_bytes(f"{job.run_dir(self.cluster.host(host))}/{outputs.logits_file}")
             saved = self.record.save_bytes(P.LOGITS_FILE_TRAINED, data)
             self._collected["trained_logits"] = str(saved) if saved else None
-        parts = [(r.host, r.end["part_file"]) for r in tel.ranks.values() if r.end and r.end.get("part_file")]
+        parts = [(r.host, r.end.part_file) for r in tel.ranks.values() if r.end and r.end.part_file]
         if not (o.save and parts):
             return
-        blobs = [await fleet[h].get_bytes(f"{self.cluster.host(h).run_dir(self.job_id)}/{f}")
-                 for h, f in parts]
+        blobs = [await job.transport(h).get_bytes(f"{job.run_dir(self.cluster.host(h))}/{f}") for h, f in parts]
         heads: dict[str, int] = {}
         for r in tel.ranks.values():
-            heads.update((r.end or {}).get("heads") or {})
-        start = tel.start or {}
+            heads.update((r.end.heads if r.end else None) or {})
+        start = tel.start
         last_eval = tel.evals[-1]["top1"] if tel.evals else None
-        meta = trained_meta(o.model, int(start.get("num_classes") or o.classes or 10),
-                            dict(start.get("model_kwargs") or o.model_args), heads, o.data,
+        meta = trained_meta(o.model, (start.num_classes if start else None) or o.classes or 10,
+                            dict((start.model_kwargs if start else None) or o.model_args), heads, o.data,
                             {"best": last_eval, "epochs": [e["top1"] for e in tel.evals]})
         info = merge_parts(blobs, meta, self.record.path / MODEL_FILE)
         self._collected["checkpoint"] = info
@@ -247,7 +229,7 @@ class TrainSession:
             if o.amp and self._fp32_reference:  # how far bf16 moved the loss: reported, never a failure
                 fp32 = agreement(tel.losses, self._fp32_reference, o.check_steps, AMP_LOSS_TOLERANCE)
                 check["vs_fp32"] = {k: fp32[k] for k in ("steps", "max_rel_diff", "per_step")}
-        start = tel.start or {}
+        start = tel.start
         summary: dict[str, Any] = {
             "kind": "train", "schema": SUMMARY_SCHEMA, "status": status, "job_id": self.job_id,
             "job_dir": str(self.record.path) if self.record else None, "mode": o.mode,
@@ -255,8 +237,8 @@ class TrainSession:
             "placement": [{"host": n.host.name, "ranks": list(n.ranks)} for n in self.nodes],
             "model": o.model, "model_args": o.model_args, "data": o.data, "amp": o.amp,
             "batch_size": o.batch_size, "chunks": o.chunks, "microbatch": o.batch_size // o.chunks,
-            "steps": start.get("steps"), "steps_done": max(tel.losses, default=0),
-            "steps_per_epoch": start.get("steps_per_epoch"), "lr": o.lr, "optimizer": o.optimizer,
+            "steps": start.steps if start else None, "steps_done": max(tel.losses, default=0),
+            "steps_per_epoch": start.steps_per_epoch if start else None, "lr": o.lr, "optimizer": o.optimizer,
             "threads": o.threads, "samples_per_s": tel.samples_per_s(o.batch_size),
             "losses": losses, "evals": tel.evals, "top1": tel.evals[-1]["top1"] if tel.evals else None,
             "policy": o.policy if o.mode == "pipeline" else None, "split_points": self._split_points(),
@@ -275,12 +257,3 @@ class TrainSession:
         ranks = self.telemetry.ranks
         return [ranks[r].modules[0] for r in sorted(ranks)[1:] if ranks[r].modules] if self.options.mode == "pipeline" \
             else []
-
-    async def _cleanup(self, fleet: Fleet, procs: Processes | None, leases: list[Lease]) -> None:
-        if procs is not None:
-            await procs.stop_all()
-        if leases:
-            await asyncio.gather(*(cleanup_host(t, orphans_only=False, finish=self.job_id) for t in fleet),
-                                 return_exceptions=True)
-        await release_all(leases)
-        await fleet.close()

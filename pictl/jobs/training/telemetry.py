@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from remote import protocol as P
+from remote.job_records import TrainEnd, TrainEval, TrainStart, TrainStep
+from remote.records import Record
+from remote.run_records import Error, Outputs, StageReady
 
 
 @dataclass
@@ -23,8 +26,8 @@ class RankTrain:
     last_step: int = 0
     times: dict[str, float] = field(default_factory=lambda: dict.fromkeys(P.TRAIN_TIME_KEYS, 0.0))
     """Seconds per category over the timed steps (folded step by step; the end event has the same totals)."""
-    end: dict[str, Any] | None = None
-    error: dict[str, Any] | None = None
+    end: TrainEnd | None = None
+    error: Error | None = None
 
 
 @dataclass
@@ -36,45 +39,46 @@ class TrainTelemetry:
     """Step -> wall seconds on the rank that reports the loss."""
     timed: set[int] = field(default_factory=set)
     evals: list[dict[str, Any]] = field(default_factory=list)
-    start: dict[str, Any] | None = None
-    outputs: tuple[str, dict[str, Any]] | None = None
-    """(host, the event) of the rank that wrote the trained model's logits."""
+    start: TrainStart | None = None
+    outputs: tuple[str, Outputs] | None = None
+    """(host, the record) of the rank that wrote the trained model's logits."""
 
     def _rank(self, host: str, rank: int) -> RankTrain:
         return self.ranks.setdefault(rank, RankTrain(rank, host))
 
-    def apply(self, host: str, record: dict[str, Any]) -> None:
-        kind, rank = record[P.KEY_EVENT], int(record.get(P.KEY_RANK) or 0)
-        if kind == P.TRAIN_START:
-            self.start = record
-        elif kind == P.STAGE_READY:
-            r = self._rank(host, rank)
-            r.modules, r.params = list(record.get("modules") or []), int(record.get("params") or 0)
-        elif kind == P.TRAIN_STEP:
-            r = self._rank(host, rank)
-            r.last_step = int(record["step"])
-            if record.get("timed"):
-                r.steps += 1
-                for key in P.TRAIN_TIME_KEYS:
-                    r.times[key] += float(record["times"].get(key, 0.0))
-            if "loss" in record:
-                step = int(record["step"])
-                self.losses[step] = float(record["loss"])
-                self.step_s[step] = float(record["seconds"])
-                if record.get("timed"):
-                    self.timed.add(step)
-        elif kind == P.TRAIN_EVAL:
-            self.evals.append({k: record.get(k) for k in ("epoch", "step", "top1", "correct", "total", "seconds")})
-        elif kind == P.OUTPUTS:
-            self.outputs = (host, record)
-        elif kind == P.TRAIN_END:
-            self._rank(host, rank).end = record
-        elif kind == P.ERROR:
-            self._rank(host, rank).error = record
+    def apply(self, host: str, record: Record) -> None:
+        rank = record.rank
+        match record:
+            case TrainStart():
+                self.start = record
+            case StageReady():
+                r = self._rank(host, rank)
+                r.modules, r.params = list(record.modules), record.params
+            case TrainStep():
+                r = self._rank(host, rank)
+                r.last_step = record.step
+                if record.timed:
+                    r.steps += 1
+                    for key in P.TRAIN_TIME_KEYS:
+                        r.times[key] += _seconds((record.times or {}).get(key))
+                if record.loss is not None:
+                    self.losses[record.step] = float(record.loss)
+                    self.step_s[record.step] = float(record.seconds)
+                    if record.timed:
+                        self.timed.add(record.step)
+            case TrainEval():
+                self.evals.append({"epoch": record.epoch, "step": record.step, "top1": record.top1,
+                                   "correct": record.correct, "total": record.total, "seconds": record.seconds})
+            case Outputs():
+                self.outputs = (host, record)
+            case TrainEnd():
+                self._rank(host, rank).end = record
+            case Error():
+                self._rank(host, rank).error = record
 
     def first_error(self) -> RankTrain | None:
         failed = [r for r in self.ranks.values() if r.error is not None]
-        return min(failed, key=lambda r: r.error["t"] if r.error else 0) if failed else None
+        return min(failed, key=lambda r: r.error.t if r.error else 0.0) if failed else None
 
     def all_ended(self, ranks: range) -> bool:
         return all(r in self.ranks and self.ranks[r].end is not None for r in ranks)
@@ -90,16 +94,21 @@ class TrainTelemetry:
         for rank in sorted(self.ranks):
             r = self.ranks[rank]
             total = sum(r.times.values())
-            end = r.end or {}
             out.append({"rank": rank, "host": r.host, "modules": r.modules, "params": r.params, "steps": r.steps,
                         "seconds": {k: round(v, 6) for k, v in r.times.items()},
                         "per_step_ms": {k.removesuffix("_s"): round(v * 1000 / r.steps, 3) if r.steps else None
                                         for k, v in r.times.items()},
                         "share": {k.removesuffix("_s"): round(v / total, 4) if total else None
                                   for k, v in r.times.items()},
-                        "bytes_sent": end.get("bytes_sent"), "allreduce_s": end.get("allreduce_s"),
-                        "peak_rss_mb": end.get("peak_rss_mb")})
+                        "bytes_sent": r.end.bytes_sent if r.end else None,
+                        "allreduce_s": r.end.allreduce_s if r.end else None,
+                        "peak_rss_mb": r.end.peak_rss_mb if r.end else None})
         return out
+
+
+def _seconds(value: Any) -> float:
+    """A category's seconds from a step's `times` table (a table the host filled: a non-number counts 0)."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
 def agreement(losses: dict[int, float], reference: dict[int, float], steps: int, tolerance: float,

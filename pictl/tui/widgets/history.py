@@ -9,6 +9,7 @@ from typing import Any
 
 from rich.table import Table
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -137,7 +138,7 @@ class HistoryScreen(Screen):
         event.input.display = bool(event.value)
         self.query_one(DataTable).focus()
 
-    def on_key(self, event) -> None:  # noqa: ANN001
+    def on_key(self, event: events.Key) -> None:
         box = self.query_one(Input)
         if event.key == "escape" and box.display:
             box.value, box.display = "", False

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Input, RichLog
@@ -59,7 +61,7 @@ class LogFilter:
 class LogView(Vertical):
     """Keeps the last MAX_LINES lines; `/` opens the filter, Escape clears it."""
 
-    def __init__(self, **kwargs) -> None:  # noqa: ANN003
+    def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.entries: deque[Entry] = deque(maxlen=MAX_LINES)
         self.filter = LogFilter()
@@ -103,7 +105,7 @@ class LogView(Vertical):
         event.input.display = bool(event.value)
         self.screen.set_focus(None)
 
-    def on_key(self, event) -> None:  # noqa: ANN001
+    def on_key(self, event: events.Key) -> None:
         if event.key == "escape" and self.query_one(Input).display:
             box = self.query_one(Input)
             box.value = ""

@@ -1,4 +1,7 @@
-"""The form that starts a run: stages, policy or split points, profile, chunk size, images."""
+"""The form that starts a run: stages, policy or split points, profile, chunk size, images.
+
+Its choices, defaults and parsing are the command line's (`planning.options`): the same policies, the same
+split-point parser, the same overrides handed to `resolve_options`."""
 
 from __future__ import annotations
 
@@ -9,10 +12,9 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, Input, Label, Select
 
 from pictl import errors as E
-from pictl.planning.profiles import RunOptions, available_profiles, resolve_options
+from pictl.planning.options import POLICIES, RunOptions, default_of, given_options
+from pictl.planning.presets import available_presets, resolve_options
 from pictl.tui.widgets.form_screen import FormScreen
-
-POLICIES = ("balanced", "equal", "explicit")
 
 
 class RunForm(FormScreen[tuple[RunOptions, str | None] | None]):
@@ -24,16 +26,17 @@ class RunForm(FormScreen[tuple[RunOptions, str | None] | None]):
 
     def compose(self) -> ComposeResult:
         last = self.last
-        profiles = [(p, p) for p in available_profiles()]
+        profiles = [(p, p) for p in available_presets()]
         with Vertical(id="run-form"):
             yield Label("Start a run", classes="form-title")
             yield Label("profile")
             yield Select(profiles, prompt="none", value=last.get("profile") or Select.NULL, id="profile")
             yield Label("stages")
-            yield Input(str(last.get("stages", "")), placeholder="from the profile (default 2)", id="stages",
+            yield Input(str(last.get("stages", "")), placeholder=f"from the profile (default {default_of('stages')})",
+                        id="stages",
                         type="integer")
             yield Label("split policy")
-            yield Select([(p, p) for p in POLICIES], value=last.get("policy", "balanced"), id="policy",
+            yield Select([(p, p) for p in POLICIES], value=last.get("policy", default_of("policy")), id="policy",
                          allow_blank=False)
             yield Label("split points (explicit), e.g. blocks.3,blocks.6,blocks.9")
             yield Input(last.get("split", ""), id="split")
@@ -53,22 +56,24 @@ class RunForm(FormScreen[tuple[RunOptions, str | None] | None]):
     def _submit(self) -> None:
         profile = self.query_one("#profile", Select).value
         profile = None if profile is Select.NULL else str(profile)
-        split_text = self.query_one("#split", Input).value.strip()
         policy = str(self.query_one("#policy", Select).value)
-        split = [p.strip() for p in split_text.split(",") if p.strip()]
-        overrides = {"stages": self._int("stages"), "policy": policy, "split": split, "chunk": self._int("chunk"),
-                     "images": self._int("images")}
+        given = {"stages": self._int("stages"), "policy": policy, "split": self.query_one("#split", Input).value.strip()
+                 or None, "chunk": self._int("chunk"), "images": self._int("images")}
         try:
+            overrides = given_options(given, name_of=_field_name)
+            split = overrides["split"]
             if policy == "explicit" and not split:
                 raise E.ConfigError("split points: the explicit policy needs them (or choose equal or balanced)")
             if split and policy != "explicit":  # typed, then the policy changed: say so rather than drop them
                 raise E.ConfigError(f"split points are used by the explicit policy, not {policy}: choose explicit, "
                                     "or clear them")
-            options = resolve_options(profile, {**overrides, "split": split or None}, source="run form",
-                                      name_of=lambda name: name.replace("_", " "))
-            if profile is None and overrides["stages"] is None:
-                options = options.model_copy(update={"stages": 2})
+            options = resolve_options(profile, overrides, source="run form", name_of=_field_name)
         except (E.PictlError, ValueError) as exc:
             self.show_error(exc)
             return
         self.dismiss((options, profile))
+
+
+def _field_name(field: str) -> str:
+    """What a bad value is blamed on: the form's label, not a flag."""
+    return "split points" if field == "split" else field.replace("_", " ")

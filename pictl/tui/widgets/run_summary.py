@@ -15,6 +15,7 @@ from pictl.records.waterfall_view import TERM_COLORS, gap_bar, latency_of, line_
 from pictl.summary import baseline_text
 from pictl.tui.state import DashboardState
 from pictl.tui.widgets.train_panel import train_grid
+from remote.run_records import Refine, Refined
 
 
 def _f(value: float | None, spec: str = ".2f", unit: str = "") -> str:
@@ -51,41 +52,42 @@ def result_line(s: dict) -> str:
     return f"speedup {speedup}, {match}{flags}"
 
 
-def refine_text(rec: dict) -> str:
+def refine_text(rec: Refine | Refined) -> str:
     """A refinement round (predicted / measured ms per stage, and what follows), or the final split."""
     def ms(values: list[float]) -> str:
         return "/".join(f"{v:.0f}" for v in values)
 
-    split = ",".join(rec.get("split_points") or [])
-    if rec.get("event") == "refined":
-        return f"{split} after {rec.get('rounds')} measured split(s), predicted {ms(rec['predicted_ms'])} ms"
-    then = f" -> {','.join(rec['next_split'])}" if rec.get("next_split") else ", kept"
-    return f"{split}: predicted {ms(rec['predicted_ms'])}, measured {ms(rec['measured_ms'])} ms{then}"
+    split = ",".join(rec.split_points)
+    if isinstance(rec, Refined):
+        return f"{split} after {rec.rounds} measured split(s), predicted {ms(rec.predicted_ms)} ms"
+    then = f" -> {','.join(rec.next_split)}" if rec.next_split else ", kept"
+    return f"{split}: predicted {ms(rec.predicted_ms)}, measured {ms(rec.measured_ms)} ms{then}"
 
 
 def prune_grid(state: DashboardState) -> Table:
     """A pruning job: what it prunes, where fine-tuning is, top-1 at each step, the artifact."""
-    job = state.prune or {}
-    o, start, prog, done = job.get("options", {}), job.get("start") or {}, job.get("progress"), job.get("summary")
+    job = state.prune
+    assert job is not None
+    o, start, prog, done = job.options, job.start, job.progress, job.summary
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
     phase_style = {"failed": "bold red", "stopped": "yellow", "done": "green"}.get(state.phase, "cyan")
     grid.add_row("prune", Text(f"{state.phase}: {state.phase_message}", style=phase_style))
     grid.add_row("model", f"{o.get('model')}  {o.get('importance')} importance, ratio {o.get('ratio')}"
-                          f"{'  global' if o.get('global_pruning') else ''}  on {job.get('where')}")
+                          f"{'  global' if o.get('global_pruning') else ''}  on {job.where}")
     if start:
-        grid.add_row("data", f"{start.get('train_images')} training / {start.get('eval_images')} test images, "
-                             f"{start.get('classes')} classes, {start.get('device')}")
-    for rec in job.get("accuracy", []):
-        label = {"before": "before", "pruned": "pruned"}.get(rec["phase"], f"epoch {rec.get('epoch')}")
-        size = f"  {rec['params']:,} parameters" if "params" in rec else ""
-        grid.add_row(f"top-1 {label}", f"{rec['top1']:.2%}{size}")
+        grid.add_row("data", f"{start.train_images} training / {start.eval_images} test images, "
+                             f"{start.classes} classes, {start.device}")
+    for rec in job.accuracy:
+        label = {"before": "before", "pruned": "pruned"}.get(rec.phase, f"epoch {rec.epoch}")
+        size = f"  {rec.params:,} parameters" if rec.params is not None else ""
+        grid.add_row(f"top-1 {label}", f"{rec.top1:.2%}{size}")
     if prog and not done:
-        frac = prog["step"] / max(prog["steps"], 1)
+        frac = prog.step / max(prog.steps, 1)
         filled = round(frac * 20)
-        grid.add_row("fine-tune", f"epoch {prog['epoch']}/{prog['epochs']} {'█' * filled}{'░' * (20 - filled)} "
-                                  f"loss {prog['loss']:.4f}  {prog['ips']:.0f} img/s")
+        grid.add_row("fine-tune", f"epoch {prog.epoch}/{prog.epochs} {'█' * filled}{'░' * (20 - filled)} "
+                                  f"loss {prog.loss:.4f}  {prog.ips:.0f} img/s")
     if done and done.get("status") == "ok":
         grid.add_row("result", f"top-1 {done['top1']:.2%} (epoch {done['best_epoch']}), "
                                f"{done['params'] / done['params_base']:.0%} of the parameters, "
@@ -109,11 +111,12 @@ class RunSummary(Static):
         done, eta = state.progress(now)
         phase_line, waiting = state.phase_line(now)
         sweep = state.sweep or {}
-        prune = state.prune or {}
+        prune = state.prune
+        pruned = (id(prune.progress), len(prune.accuracy), id(prune.summary)) if prune else None
         train = state.train
         trained = (train.step, len(train.evals), id(train.summary), len(train.ranks)) if train else None
         key = (state.phase, state.phase_message, trained, state.live_ips, state.serial_ips, state.accuracy,
-               id(prune.get("progress")), len(prune.get("accuracy", [])), id(prune.get("summary")),
+               pruned,
                id(state.summary), len(state.traces), state.trace_note, round(done, 3),
                None if eta is None else round(eta), state.options.get("stages"), sweep.get("index"),
                len(sweep.get("rows", [])), len(state.refine), phase_line, int(now * 4) if waiting else None,

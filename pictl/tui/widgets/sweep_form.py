@@ -1,6 +1,11 @@
-"""The form that starts a sweep: stage counts, chunk sizes, policies, profile."""
+"""The form that starts a sweep: stage counts, chunk sizes, policies, profile.
+
+What it leaves empty comes from the preset's [sweep] table, else `SweepSettings`' defaults, which its
+placeholders show; its values are read as `pictl sweep`'s flags are (`plan_sweep`, `given_options`)."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
@@ -9,7 +14,8 @@ from textual.widgets import Button, Input, Label, Select
 from pictl import errors as E
 from pictl.inventory import Cluster
 from pictl.jobs.sweep import SweepPoint, plan_sweep
-from pictl.planning.profiles import RunOptions, available_profiles
+from pictl.planning.options import RunOptions, given_options
+from pictl.planning.presets import SweepSettings, available_presets
 from pictl.tui.widgets.form_screen import FormScreen
 
 
@@ -21,16 +27,17 @@ class SweepForm(FormScreen[tuple[RunOptions, list[SweepPoint], str | None] | Non
         self.cluster = cluster
 
     def compose(self) -> ComposeResult:
+        defaults = SweepSettings()
         with Vertical(id="run-form"):
             yield Label("Start a sweep (one run per combination, shared serial baselines)", classes="form-title")
             yield Label("profile (its [sweep] table fills what you leave empty)")
-            yield Select([(p, p) for p in available_profiles()], prompt="none", id="profile")
+            yield Select([(p, p) for p in available_presets()], prompt="none", id="profile")
             yield Label("stages")
-            yield Input("", placeholder="1,2,3,4", id="stages")
+            yield Input("", placeholder=_listed(defaults.stages), id="stages")
             yield Label("chunks")
-            yield Input("", placeholder="1", id="chunks")
+            yield Input("", placeholder=_listed(defaults.chunks), id="chunks")
             yield Label("policies")
-            yield Input("", placeholder="equal", id="policies")
+            yield Input("", placeholder=_listed(defaults.policy), id="policies")
             yield Label("images per pass")
             yield Input("", placeholder="from the profile", id="images", type="integer")
             yield Label("", id="form-error")
@@ -46,10 +53,14 @@ class SweepForm(FormScreen[tuple[RunOptions, list[SweepPoint], str | None] | Non
         profile = None if profile is Select.NULL else str(profile)
         try:
             images = self._value("images")
-            base, points = plan_sweep(self.cluster, profile, {"images": int(images) if images else None},
+            base, points = plan_sweep(self.cluster, profile, given_options({"images": int(images) if images else None}),
                                       stages=self._value("stages"), chunks=self._value("chunks"),
                                       policies=self._value("policies"), names=("stages", "chunks", "policies"))
         except (E.PictlError, ValueError) as exc:
             self.show_error(exc)
             return
         self.dismiss((base, points, profile))
+
+
+def _listed(values: Sequence[object]) -> str:
+    return ",".join(map(str, values))

@@ -59,7 +59,7 @@ def train_grid(state: DashboardState, phase_line: str) -> Table:
                                                        f"{job.hosts.get(rank, '')}"))
         grid.add_row("", Text.assemble(*((f"{c} ", COLORS[c]) for c in CATEGORIES)))
     for e in job.evals[-3:]:
-        grid.add_row(f"top-1 e{e['epoch']}", f"{e['top1']:.2%}")
+        grid.add_row(f"top-1 e{e.epoch}", f"{e.top1:.2%}")
     if done:
         check = done.get("agreement")
         if check:

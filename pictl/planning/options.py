@@ -1,33 +1,26 @@
-"""Named run presets (`profiles/*.toml`) and the options a run is made of.
+"""What one run is made of, said once for every front end.
 
-A run's options come from, lowest to highest: the defaults below, the profile
-(`--profile NAME`), then command-line flags. Profiles are found by name only
-(`./profiles/NAME.toml`, then the shipped one); a local file that shadows a
-shipped profile is announced (`shadowed_profile`), and no profile may turn on
-what only a flag should (`--allow-pickle`). Sizes are capped: a typo of 500000
-images is refused, not allocated.
+`RunOptions` is every option with its default and bounds; `POLICIES` and `DATASETS` are the choices;
+`parse_split` reads split points; `RUN_FLAGS` says which options a person sets (on the command line,
+`pictl run` and `pictl sweep`, and in the dashboard's forms), with their help, and `given_options` turns
+what was given into the overrides `presets.resolve_options` takes. The CLI builds its parameters from
+`RUN_FLAGS` and the forms read their choices and defaults here, so the two cannot drift apart.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
-from typing import Any, Literal, get_args
+from types import NoneType, UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pictl.errors import ConfigError
-from pictl.inventory import format_validation_error, read_toml
-from pictl.shipped import shipped_path
 from remote.wire import parse_wire
 
-SHIPPED_PROFILES = shipped_path("profiles")
-PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-"""A profile is named, never a path: `--profile ../x` must not read any TOML file it points at."""
-FLAG_ONLY = {"allow_pickle": "--allow-pickle", "artifact": "--model FILE.safetensors"}
-"""Options a profile may not set: a profile file lying in the working directory must not opt in to
-running code from a pickle, or name an artifact behind `model`'s back."""
 MAX_IMAGES = 2000
 """Images per pass: the first host holds them all (about 0.6 MB each at 224x224) before the timed passes."""
 
@@ -149,107 +142,113 @@ class RunOptions(BaseModel):
         self.model, self.num_classes = artifact.meta.base_model, artifact.meta.num_classes
 
 
-def profile_dirs(extra: Path | None = None) -> list[Path]:
-    dirs = [extra] if extra else []
-    return [*dirs, Path.cwd() / "profiles", SHIPPED_PROFILES]
-
-
-def available_profiles(extra: Path | None = None) -> list[str]:
-    names: set[str] = set()
-    for d in profile_dirs(extra):
-        if d.is_dir():
-            names.update(p.stem for p in d.glob("*.toml") if PROFILE_NAME.fullmatch(p.stem))
-    return sorted(names)
-
-
-def profile_path(name: str, extra: Path | None = None) -> Path:
-    """The file `--profile NAME` reads: the first directory that has it."""
-    if not isinstance(name, str) or not PROFILE_NAME.fullmatch(name):
-        raise ConfigError(f"--profile: {name!r} is not a profile name (letters, digits, '-' and '_'; "
-                          f"see `pictl profiles`)")
-    for d in profile_dirs(extra):
-        path = d / f"{name}.toml"
-        if path.is_file():
-            return path
-    known = ", ".join(available_profiles(extra)) or "none"
-    raise ConfigError(f"unknown profile '{name}' (available: {known})")
-
-
-def shadowed_profile(name: str | None, extra: Path | None = None) -> str | None:
-    """A note when `name` resolves to a local file that hides the shipped profile of that name."""
-    if name is None:
+def parse_split(text: str | None, name: str = "--split") -> list[str] | None:
+    """Split points from `blocks.3,blocks.6` (None: none given). An empty point is a typo to name, not to drop;
+    `name` is what the message blames (the flag, or the form's field)."""
+    if text is None:
         return None
-    path = profile_path(name, extra)
-    shipped = SHIPPED_PROFILES / f"{name}.toml"
-    if shipped.is_file() and path.resolve() != shipped.resolve():
-        return f"profile '{name}' is {path}, which shadows the shipped one ({shipped})"
-    return None
+    points = [p.strip() for p in text.split(",")]
+    if not any(points):
+        raise ConfigError(f"{name}: {text!r} names no split point (give module names, e.g. blocks.4,blocks.8)")
+    if not all(points):
+        raise ConfigError(f"{name}: {text!r} has an empty split point")
+    return points
 
 
-def _profile_document(name: str, extra: Path | None) -> tuple[dict[str, Any], Path]:
-    path = profile_path(name, extra)
-    raw = read_toml(path, "profile")
-    for key, flag in FLAG_ONLY.items():
-        if key in raw:
-            raise ConfigError(f"{path}: {key}: a profile cannot set this; give {flag} on the command line")
-    return raw, path
+def default_of(field: str) -> Any:
+    """A run option's default (what help and the forms' placeholders show)."""
+    return RunOptions.model_fields[field].default
 
 
-def describe_profile(name: str, extra: Path | None = None) -> tuple[str, Path]:
-    """A profile's `description` line and the file it comes from (`pictl profiles`)."""
-    raw, path = _profile_document(name, extra)
-    return str(raw.get("description", "")), path
+EXPERIMENT, MEASUREMENT, MODEL_AND_DATA, OUTPUT_AND_HOSTS = ("Experiment", "Measurement", "Model and data",
+                                                             "Output and hosts")
+"""The groups `pictl run -h` shows its options in."""
 
 
-def load_profile(name: str, extra: Path | None = None) -> tuple[dict[str, Any], Path]:
-    raw, path = _profile_document(name, extra)
-    raw.pop("description", None)
-    raw.pop("sweep", None)  # what `pictl sweep` varies; see sweep_settings()
-    return raw, path
+@dataclass(frozen=True)
+class RunFlag:
+    """One run option a person sets: the `RunOptions` field, what help says, the group it is shown in."""
+
+    field: str
+    help: str
+    group: str
+    decls: tuple[str, ...] = ()
+    """Spellings when not `--field-name` (a `--refine/--no-refine` pair, a flag that takes no value)."""
+    show_default: bool = True
+
+    @property
+    def value_type(self) -> Any:
+        """What the flag's value is: int, float, str, bool, or a tuple of choices (a Literal field).
+        Split points are text (`parse_split` reads them)."""
+        annotation = RunOptions.model_fields[self.field].annotation
+        if get_origin(annotation) in (Union, UnionType):
+            annotation = next(a for a in get_args(annotation) if a is not NoneType)
+        if get_origin(annotation) is Literal:
+            return get_args(annotation)
+        return str if get_origin(annotation) is list else annotation
+
+    @property
+    def help_text(self) -> str:
+        if not self.show_default:
+            return self.help
+        default = default_of(self.field)
+        return f"{self.help} \\[default: {default if default is not None else 'none'}]"  # escaped for Rich
 
 
-class SweepSettings(BaseModel):
-    """A profile's [sweep] table: the values `pictl sweep` combines."""
+RUN_FLAGS: dict[str, RunFlag] = {flag.field: flag for flag in (
+    RunFlag("stages", "Pipeline stages (1 = serial only).", EXPERIMENT),
+    RunFlag("split", "Split points: blocks.3,blocks.6 (stage starts); implies --policy explicit.", EXPERIMENT,
+            show_default=False),
+    RunFlag("policy", "balanced: measured costs, corrected by the run; equal: parameter counts; explicit: --split.",
+            EXPERIMENT),
+    RunFlag("chunk", "Microbatch size.", EXPERIMENT),
+    RunFlag("refine", "balanced: correct the split from the stages' measured compute before the timed passes "
+            "(default) or keep the profiles' one-shot split.", EXPERIMENT, ("--refine/--no-refine",),
+            show_default=False),
+    RunFlag("wire", "What travels between stages: fp32 (exact), fp16, bf16, int8, lowrank:R; for every cut, or per "
+            "cut (blocks.4=fp16,blocks.8=int8).", EXPERIMENT),
+    RunFlag("min_agreement", "A lossy --wire passes when this share of images gets the serial run's top-1 class.",
+            EXPERIMENT),
+    RunFlag("images", "Images per pass.", MEASUREMENT),
+    RunFlag("warmup", "Untimed warm-up passes.", MEASUREMENT),
+    RunFlag("repeats", "Timed passes.", MEASUREMENT),
+    RunFlag("threads", "torch threads per rank (0: the host's cores shared among its stages).", MEASUREMENT),
+    RunFlag("trace_steps", "Profile K steps on every rank (extra untimed pass); traces land in the run directory.",
+            MEASUREMENT, show_default=False),
+    RunFlag("baseline_max_age", "Reuse a cached serial baseline only if it is younger than this many seconds.",
+            MEASUREMENT, show_default=False),
+    RunFlag("atol", "Largest logit difference that still matches.", MEASUREMENT),
+    RunFlag("model", "timm model name, or an artifact from `pictl prune`.", MODEL_AND_DATA),
+    RunFlag("num_classes", "Classifier outputs.", MODEL_AND_DATA),
+    RunFlag("checkpoint", "State dict (.safetensors / .pth).", MODEL_AND_DATA, show_default=False),
+    RunFlag("allow_pickle", "Trust a pickled checkpoint.", MODEL_AND_DATA, ("--allow-pickle",), show_default=False),
+    RunFlag("data", "Images to run.", MODEL_AND_DATA),
+    RunFlag("data_path", "Data set directory on the hosts.", MODEL_AND_DATA, show_default=False),
+    RunFlag("master_port", "Rendezvous port on host 0 (default: a free one).", OUTPUT_AND_HOSTS, show_default=False),
+)}
+"""Every run option a person sets, in the order help shows them; the rest (seed, check_images, ...) come from
+defaults and presets."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    stages: list[int] = Field(default=[1, 2, 3, 4], max_length=64)
-    chunks: list[int] = Field(default=[1], max_length=64)
-    policy: list[Literal["equal", "balanced"]] = Field(default=["equal"], max_length=2)
-
-
-def sweep_settings(profile: str | None, extra: Path | None = None) -> SweepSettings:
-    if profile is None:
-        return SweepSettings()
-    raw, path = _profile_document(profile, extra)
-    sweep = raw.get("sweep", {})
-    if not isinstance(sweep, dict):
-        raise ConfigError(f"{path}: 'sweep' must be a table ([sweep]), not a {type(sweep).__name__}")
-    try:
-        return SweepSettings(**sweep)
-    except ValidationError as exc:
-        raise ConfigError(format_validation_error(f"{path}: sweep", exc)) from exc
+SWEEP_FLAGS = ("images", "warmup", "repeats", "threads", "trace_steps")
+"""The run options `pictl sweep` takes as flags (what it varies has flags of its own)."""
 
 
 def as_flag(field_name: str) -> str:
     return f"--{field_name.replace('_', '-')}"
 
 
-def resolve_options(profile: str | None, overrides: dict[str, Any], extra: Path | None = None, *,
-                    source: str = "command line", name_of: Callable[[str], str] = as_flag) -> RunOptions:
-    """Defaults < profile < flags; flags left at None do not override. Errors name the flag (`name_of`: the
-    dashboard's form names its fields instead) or the profile file, else `source`."""
-    base: dict[str, Any] = {}
-    if profile is not None:  # `--profile ''` is a mistake to name (profile_path does), not "no profile"
-        base, path = load_profile(profile, extra)
-        source = str(path)
-    given = {k: v for k, v in overrides.items() if v is not None}
-    try:
-        return RunOptions(**{**base, **given})
-    except ValidationError as exc:
-        loc = exc.errors()[0]["loc"]
-        if loc and loc[0] in given:  # the flag is to blame, not the profile
-            flag = name_of(str(loc[0]))
-            raise ConfigError(format_validation_error("", exc).removeprefix(": ").replace(str(loc[0]), flag, 1)) \
-                from None
-        raise ConfigError(format_validation_error(source, exc)) from None
+def given_options(values: Mapping[str, Any], *, name_of: Callable[[str], str] = as_flag) -> dict[str, Any]:
+    """The overrides `resolve_options` takes, from what the command line or a form was given for `RUN_FLAGS`
+    (None: not given). Choices arrive as Enum members or text; split points as text (`name_of(field)` is what
+    a bad one is blamed on)."""
+    unknown = set(values) - set(RUN_FLAGS)
+    if unknown:  # a caller's mistake, not the user's
+        raise KeyError(f"not run flags: {', '.join(sorted(unknown))}")
+    overrides: dict[str, Any] = {}
+    for field, value in values.items():
+        if isinstance(value, Enum):
+            value = value.value
+        if field == "split":
+            value = parse_split(value, name_of(field))
+        overrides[field] = value
+    return overrides

@@ -1,0 +1,138 @@
+"""The one lifecycle of a job on hosts (a run, a training job, a pruning job, a sweep's planning): every
+connection a job opens, the leases it holds, the files it stages, the processes it starts, and the
+clean-up that follows on every path (success, failure, Ctrl-C).
+
+    job = HostJob(hosts, job_id)
+    try:
+        leases = await job.hold(wait=..., on_wait=...)    # connected and leased, or one error naming each host
+        sent = await job.push(tree)                       # the code, once
+        swept = await job.stage({SPEC_FILE: spec, ...})   # orphans swept, files in each host's run directory
+        proc = await job.start(host, argv, cwd=..., env=...)
+        ...
+    finally:
+        await to_the_end(job.close())                     # stopped, confirmed, tidied, released, closed
+
+Launching ranks over it (torchrun argv, streams, the culprit of a failure) is `pictl.run.launch`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+from pictl.cluster.commands import cleanup_host
+from pictl.cluster.fleet import Fleet
+from pictl.cluster.leases import Lease, controller_name, release_all, take_leases
+from pictl.cluster.push import push_to
+from pictl.cluster.transport import RemoteProcess, Transport
+from pictl.inventory import Host
+from remote import protocol as P
+
+
+async def to_the_end(work: Awaitable[None]) -> None:
+    """Await `work` to completion even if we are cancelled again meanwhile (a second Ctrl-C): the
+    hosts must confirm their processes are gone before the record closes."""
+    task = asyncio.ensure_future(work)
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            continue
+    task.result()
+
+
+Tidy = Callable[[Transport], Awaitable[Any]]
+"""What closing leaves undone on a host the job used (default: its processes and run directory gone)."""
+
+
+class HostJob:
+    """One job's hold on its hosts; `close()` undoes whatever of it happened, once, whatever happened."""
+
+    def __init__(self, hosts: Iterable[Host], job_id: str) -> None:
+        self.job_id = job_id
+        self.fleet = Fleet(hosts)
+        self.leases: list[Lease] = []
+        self.live: list[RemoteProcess] = []
+
+    def transport(self, host: Host | str) -> Transport:
+        return self.fleet[host if isinstance(host, str) else host.name]
+
+    def run_dir(self, host: Host) -> str:
+        return host.run_dir(self.job_id)
+
+    # -- opening ---------------------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        """Every host connected; one error naming every host that failed, not just the first."""
+        await self.fleet.connect()
+
+    async def hold(self, *, wait: bool = False, on_wait: Callable[[str], None] = lambda _message: None,
+                   ) -> list[Lease]:
+        """Connected, and every host's workdir held (shared Pis) before anything is pushed or measured there."""
+        await self.connect()
+        self.leases = await take_leases(list(self.fleet), self.job_id, wait=wait, on_wait=on_wait)
+        return list(self.leases)
+
+    async def push(self, tree: dict[str, bytes] | None = None) -> int:
+        """The code on every host; how many files were sent."""
+        pushed = await self.fleet.each(lambda t: push_to(t, tree), "push failed")
+        return sum(r.sent for r in pushed.values())
+
+    async def keep_only(self, names: Iterable[str]) -> list[Lease]:
+        """Give the other hosts' leases back (to other runs); the leases kept."""
+        chosen = set(names)
+        unused = [lease for lease in self.leases if lease.transport.host.name not in chosen]
+        self.leases = [lease for lease in self.leases if lease.transport.host.name in chosen]
+        await release_all(unused)
+        return list(self.leases)
+
+    async def stage(self, files: Mapping[str, bytes], what: str, names: Iterable[str] | None = None,
+                    ) -> dict[str, dict[str, Any]]:
+        """`files` (and the owner file) in the run directory of every host (or the named ones), orphans a
+        vanished controller left swept (best effort: only files that cannot be placed fail). What each
+        host's sweep found, per host."""
+        placed = {**files, P.OWNER_FILE: controller_name().encode()}
+
+        async def sweep_and_place(t: Transport) -> dict[str, Any]:
+            run_dir = self.run_dir(t.host)
+            cleaned, *put = await asyncio.gather(
+                cleanup_host(t, orphans_only=True, keep=self.job_id),
+                *(t.put_bytes(data, f"{run_dir}/{name}") for name, data in placed.items()), return_exceptions=True)
+            for result in put:
+                if isinstance(result, BaseException):
+                    raise result
+            return cleaned if isinstance(cleaned, dict) else {}
+
+        return await self.fleet.each(sweep_and_place, what, names)
+
+    # -- processes -------------------------------------------------------------------------------------
+
+    async def start(self, host: Host, argv: list[str], *, cwd: str, env: Mapping[str, str]) -> RemoteProcess:
+        """Start a long-running command that the job stops, whatever happens."""
+        proc = await self.transport(host).start(argv, cwd=cwd, env=env)
+        self.live.append(proc)
+        return proc
+
+    def ended(self, proc: RemoteProcess) -> None:
+        """`proc` was read to its end: nothing left to stop."""
+        if proc in self.live:
+            self.live.remove(proc)
+
+    async def stop_all(self) -> None:
+        live, self.live = self.live, []
+        await asyncio.gather(*(p.stop() for p in live), return_exceptions=True)
+
+    # -- closing ---------------------------------------------------------------------------------------
+
+    async def close(self, used: Iterable[str] | None = None, *, tidy: Tidy | None = None) -> None:
+        """Stop every process, wait for each host to confirm, tidy the hosts used (every host by default;
+        only once the code that does it was pushed, i.e. the leases were taken), free and close them."""
+        await self.stop_all()
+        if self.leases:
+            chosen = self.fleet.only(used) if used is not None else list(self.fleet)
+            finish = tidy or (lambda t: cleanup_host(t, orphans_only=False, finish=self.job_id))
+            await asyncio.gather(*(finish(t) for t in chosen), return_exceptions=True)
+        leases, self.leases = self.leases, []
+        await release_all(leases)
+        await self.fleet.close()

@@ -1,0 +1,383 @@
+"""The run summary's models (`summary.json`, `--json`): one typed field for every key `pictl.run.summarize` writes.
+
+The top-level `RunSummary` and the records nested in it are what every reader of a finished run relies on
+(headless, the dashboard, history, report, sweeps). Each model lets through keys it does not name
+(`extra="allow"`): a newer pictl's additions read as they are, and an older pictl's records (which lack the
+later keys: every field past the first few has a default) read too. Keys this pictl writes are all typed here;
+`tests/unit/test_summary_models.py` checks a real summary leaves nothing untyped.
+
+Reading and writing (the checks, `RecordInvalid`) live in `pictl.summary`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SUMMARY_SCHEMA = 1
+LATEST_TIMESTAMP = 253402300799.0
+"""9999-12-31 23:59:59 UTC: a later `started_at` is no clock's reading (and no calendar formats it)."""
+
+Timestamp = Annotated[float, Field(ge=0.0, le=LATEST_TIMESTAMP)]
+"""Seconds since the epoch, as `time.time()` gives them: finite, not negative, before the year 10000."""
+
+
+class Open(BaseModel):
+    """A record pictl wrote: its fields typed, keys a newer pictl adds let through."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class SanityFlag(BaseModel):
+    """Something that makes a result suspect, with one line saying why (`pictl.run.flags`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    code: str
+    message: str
+
+
+class StageFigures(Open):
+    """One stage: where it ran, what it held, and its time per microbatch (compute, waits, sends apart)."""
+
+    rank: int = Field(ge=0)
+    host: str | None = None
+    threads: int | None = None
+    modules: list[str] = []
+    params: int = 0
+    measured_ms: float | None = None
+    predicted_ms: float | None = None
+    prediction_error: float | None = None
+    wait_ms: float | None = None
+    send_ms: float | None = None
+    microbatches: int | None = None
+    compute_s: float | None = None
+    wait_s: float | None = None
+    send_s: float | None = None
+    bytes_sent: int | None = None
+    raw_bytes: int | None = None
+    compress_s: float | None = None
+    decompress_s: float | None = None
+    peak_Bps: float | None = None
+    # Where the rank's pass time went beyond compute (`pictl.run.waterfall` reads these).
+    recv_post_s: float | None = None
+    recv_wait_s: float | None = None
+    first_wait_s: float | None = None
+    send_post_s: float | None = None
+    drain_s: float | None = None
+    run_delay_s: float | None = None
+    """CPU time the rank's threads waited for while runnable: other processes' load."""
+    pass_s: float | None = None
+    load_s: float | None = None
+    import_rss_mb: float | None = None
+    peak_rss_mb: float | None = None
+
+
+class HostState(Open):
+    """A host's CPUs, load, frequency and heat as its probe read them (`pictl.cluster.hoststate`)."""
+
+    time: float | None = None
+    cpus: int | None = None
+    cpus_online: int | None = None
+    cpu_quota: float | None = None
+    busy_cores: float | None = None
+    busy_peak_cores: float | None = None
+    runnable: float | None = None
+    load1: float | None = None
+    load5: float | None = None
+    governor: str | None = None
+    freq_mhz: float | None = None
+    max_freq_mhz: float | None = None
+    temperature_c: float | None = None
+    throttled: Any = None
+    """What the platform reports of throttling (its shape is the host's: `hoststate.throttling` reads it)."""
+    boot_id: str | None = None
+
+
+class BaselineRecord(Open):
+    """The serial run the speedup divides by: where and when it was measured, and whether it was reused."""
+
+    host: str
+    measured_at: Timestamp
+    reused: bool
+    age_s: float
+    max_age_s: float | None = None
+    state: HostState | None = None
+    not_reused_because: str | None = None
+
+
+class LinkFigures(Open):
+    """One link (stage r to r+1) under `--wire`."""
+
+    link: str
+    cut: str
+    format: str
+    wire_bytes: int | None = None
+    raw_bytes: int | None = None
+    ratio: float | None = None
+    compress_s: float | None = None
+    decompress_s: float | None = None
+    avg_Bps: float | None = None
+    peak_Bps: float | None = None
+
+
+class WireFigures(Open):
+    format: str
+    lossy: bool
+    min_agreement: float | None = None
+    links: list[LinkFigures] = []
+
+
+class RunError(Open):
+    """How a run failed; a rank's failure also says where, with the host's last lines."""
+
+    type: str
+    message: str
+    host: str | None = None
+    rank: int | None = None
+    last_lines: list[str] = []
+
+
+class RankShare(Open):
+    """One rank's traced window, in percent of it (`pictl.run.traces.rank_breakdown`)."""
+
+    compute_pct: float | None = None
+    send_pct: float | None = None
+    recv_wait_pct: float | None = None
+    idle_pct: float | None = None
+
+
+class TraceRecord(Open):
+    """One trace grab as the run (or `pictl traces`, in `traces*/summary.json`) recorded it."""
+
+    id: str | None = None
+    directory: str | None = None
+    files: dict[str, str] = {}
+    missing: dict[str, str] = {}
+    """Ranks that delivered no trace, with why."""
+    per_rank: dict[str, RankShare] = {}
+    timeline: str | None = None
+
+
+class ArtifactRecord(Open):
+    """The pruned model a run ran (`pictl.cluster.artifacts.artifact_summary`): the report's model table."""
+
+    path: str
+    digest: str | None = None
+    base_model: str | None = None
+    ratio: float | None = None
+    importance: str | None = None
+    params: int | None = None
+    params_base: int | None = None
+    macs: float | None = None
+    macs_base: float | None = None
+    top1_before: float | None = None
+    top1_pruned: float | None = None
+    top1: float | None = None
+    dataset: str | None = None
+
+
+class LinkCost(Open):
+    latency_ms: float | None = None
+    MB_per_s: float | None = None
+
+
+class Prediction(Open):
+    """What `--policy balanced` predicted for the split the timed passes ran (`pictl.run.split`)."""
+
+    stage_ms: list[float] = []
+    link_ms: list[float] = []
+    bottleneck_ms: float | None = None
+    profiled: list[str] = []
+    """The hosts whose costs were measured for this prediction (the others' came from the cache)."""
+    shared_machine: list[list[str]] = []
+    """Groups of hosts that are one machine (they share its CPUs)."""
+    corrections: dict[str, float] = {}
+    """Measured over profiled time, per host, before the run."""
+    links: dict[str, LinkCost] = {}
+    links_measured: list[str] = []
+    first_split: list[str] = []
+    refine: bool | None = None
+    corrections_after: dict[str, float] | None = None
+    """The corrections the run's refinement found, per host."""
+
+
+class RefineRound(Open):
+    round: int | None = None
+    split_points: list[str] | None = None
+    predicted_ms: list[float] | None = None
+    measured_ms: list[float] | None = None
+    link_ms: list[float] | None = None
+    factors: list[float] | None = None
+    next_split: list[str] | None = None
+
+
+class Refinement(Open):
+    rounds: list[RefineRound] = []
+
+
+class Startup(Open):
+    """Seconds per part of the way to the first image (`pictl.run.timeline`)."""
+
+    connect_s: float | None = None
+    push_s: float | None = None
+    prepare_s: float | None = None
+    plan_s: float | None = None
+    baseline_s: float | None = None
+    launch_s: float | None = None
+    rendezvous_s: float | None = None
+    model_load_s: float | None = None
+    first_image_s: float | None = None
+    total_s: float | None = None
+
+
+class SampleWindow(Open):
+    """A host's samples over one window of the run, folded (`pictl.cluster.monitor.summarize_samples`)."""
+
+    samples: int = 0
+    runnable_mean: float | None = None
+    runnable_max: float | None = None
+    cpu_wait_mean: float | None = None
+    cpu_pct_mean: float | None = None
+    temp_max_c: float | None = None
+    throttled: list[Any] = []
+
+
+class HostRecord(Open):
+    """One host of the run: its ranks, state and versions at the start, and what its samples saw."""
+
+    stages: list[int] = []
+    threads: int | None = None
+    state: HostState | None = None
+    python: str | None = None
+    packages: dict[str, str | None] = {}
+    checkpoint: dict[str, Any] | None = None
+    """{"path", "sha256", "size", "cached"} or {"path", "error"}: the host's hash of the checkpoint it loads."""
+    during_baseline: SampleWindow | None = None
+    during_pipeline: SampleWindow | None = None
+
+
+class RejectedSource(Open):
+    host: str
+    reason: str
+
+
+class TelemetryRejected(Open):
+    """Records hosts sent that broke the protocol: how many, per host, and the first few reasons."""
+
+    count: int
+    hosts: dict[str, int] = {}
+    first: list[RejectedSource] = []
+
+
+class LatencyFigures(Open):
+    """Latency per microbatch, in ms (`pictl.run.latency.summary_ms`)."""
+
+    p50_ms: float | None = None
+    p95_ms: float | None = None
+    p99_ms: float | None = None
+    mean_ms: float | None = None
+    microbatches: int | None = None
+
+
+class SerialTiming(Open):
+    """Where the serial run's time went, per image, and its latency per microbatch."""
+
+    compute_per_image_s: float | None = None
+    run_delay_per_image_s: float | None = None
+    threads: int | None = None
+    latency: LatencyFigures | None = None
+
+
+class ClockReading(Open):
+    """A host's clock against the controller's (offset = host clock - ours), or why it could not be read."""
+
+    offset_ns: int | None = None
+    uncertainty_ns: int | None = None
+    error: str | None = None
+
+
+class Latencies(Open):
+    pipeline: LatencyFigures | None = None
+    serial: LatencyFigures | None = None
+    clock_aligned: bool | None = None
+    traced: LatencyFigures | None = None
+    """The --trace-steps pass, for checking against the merged trace."""
+
+
+class WaterfallTerm(Open):
+    term: str
+    points: float
+    share: float | None = None
+
+
+class WaterfallRecord(Open):
+    """Why the speedup is not N (`pictl.run.waterfall`): the gap split into terms, the dominant one and advice."""
+
+    stages: int | None = None
+    speedup: float | None = None
+    gap: float | None = None
+    bottleneck_rank: int | None = None
+    microbatches: int | None = None
+    terms: list[WaterfallTerm] = []
+    dominant: str | None = None
+    advice: str | None = None
+    per_image_ms: dict[str, float | None] = {}
+
+
+class RunSummary(Open):
+    """A run's summary.json: every key `pictl.run.summarize` writes (an older record lacks the later ones)."""
+
+    schema_version: int = Field(SUMMARY_SCHEMA, alias="schema")
+    status: Literal["ok", "failed", "interrupted"]
+    run_id: str
+    run_dir: str | None = None
+    """Where the run wrote its record; a reader trusts the directory it found the summary in instead."""
+    model: str | None = None
+    stages: int = Field(ge=1)
+    policy: str | None = None
+    artifact: ArtifactRecord | None = None
+    split_points: list[str] = []
+    images: int | None = None
+    chunk: int | None = None
+    threads: int | None = None
+    warmup: int | None = None
+    repeats: int | None = None
+    data: str | None = None
+    profile: str | None = None
+    throughput_ips: float | None = None
+    throughput_spread_ips: list[float] | None = None
+    serial_ips: float | None = None
+    serial_reused: bool | None = None
+    serial_peak_rss_mb: float | None = None
+    serial_import_rss_mb: float | None = None
+    serial_spread_ips: list[float] | None = None
+    speedup: float | None = None
+    efficiency: float | None = None
+    outputs_match: bool | None = None
+    max_abs_diff: float | None = None
+    compared_images: int | None = None
+    wire: WireFigures | None = None
+    agreement: float | None = None
+    """Lossy wire: the share of images whose top-1 class is the serial run's (None with an exact wire)."""
+    mean_abs_diff: float | None = None
+    accuracy: float | None = None
+    serial_accuracy: float | None = None
+    per_stage: list[StageFigures] = []
+    plan_reused: bool | None = None
+    traces: list[TraceRecord] = []
+    traced_passes: int | None = None
+    prediction: Prediction | None = None
+    refine: Refinement | None = None
+    startup: Startup | None = None
+    started_at: Timestamp | None = None
+    duration_s: float | None = None
+    baseline: BaselineRecord | None = None
+    hosts: dict[str, HostRecord] = {}
+    telemetry_rejected: TelemetryRejected | None = None
+    serial_timing: SerialTiming | None = None
+    clocks: dict[str, ClockReading] | None = None
+    latency: Latencies | None = None
+    waterfall: WaterfallRecord | None = None
+    flags: list[SanityFlag] = []
+    error: RunError | None = None

@@ -1,0 +1,29 @@
+"""A pruning job as the dashboard folds it (no Textual here): its options, where it runs, what it prunes,
+top-1 at each step, fine-tuning's progress, and its summary once it ended."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from remote.job_records import PruneAccuracy, PruneProgress, PruneStart
+from remote.records import Record
+
+
+@dataclass
+class PruneView:
+    options: dict[str, Any]
+    where: str
+    start: PruneStart | None = None
+    progress: PruneProgress | None = None
+    accuracy: list[PruneAccuracy] = field(default_factory=list)
+    summary: dict[str, Any] | None = None
+
+    def apply(self, rec: Record) -> None:
+        match rec:
+            case PruneStart():
+                self.start = rec
+            case PruneProgress():
+                self.progress = rec
+            case PruneAccuracy():
+                self.accuracy.append(rec)

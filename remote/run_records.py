@@ -1,0 +1,184 @@
+"""The records of an inference run (`remote.runtime`) and of cost profiling (`remote.profiling.costs`).
+
+Each field's kind is declared on its annotation (see `remote.records`); the parser checks a line against them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from remote import protocol as P
+from remote.records import Bool, Count, Counters, Counts, Int, List, Num, Nums, Record, Str, Strs
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunStart(Record):
+    EVENT: ClassVar[str] = P.RUN_START
+    world_size: Count | None = None
+    stages: Count | None = None
+    model: Str | None = None
+    images: Count | None = None
+    chunk: Count | None = None
+    threads: Count | None = None
+    torch: Str | None = None
+    import_rss_mb: Num | None = None
+    pid: Count | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageReady(Record):
+    """A rank built its stage (and for `stage_moved`, rebuilt it after refinement)."""
+
+    EVENT: ClassVar[str] = P.STAGE_READY
+    stage: Count | None = None
+    modules: Strs
+    pieces: Strs | None = None
+    params: Count
+    load_s: Num | None = None
+    rss_mb: Num | None = None
+    peak_rss_mb: Num | None = None
+    rendezvous_s: Num | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageMoved(StageReady):
+    EVENT: ClassVar[str] = P.STAGE_MOVED
+
+
+@dataclass(frozen=True, kw_only=True)
+class Progress(Record, Counters):
+    EVENT: ClassVar[str] = P.PROGRESS
+    stage: Count | None = None
+    phase: Str
+    repeat: Int
+    microbatches_total: Count
+
+
+@dataclass(frozen=True, kw_only=True)
+class Throughput(Record):
+    EVENT: ClassVar[str] = P.THROUGHPUT
+    repeat: Int
+    images: Count | None = None
+    seconds: Num | None = None
+    ips: Num
+    traced: Bool | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Accuracy(Record):
+    EVENT: ClassVar[str] = P.ACCURACY
+    applicable: Bool
+    correct: Count | None = None
+    total: Count | None = None
+    top1: Num | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outputs(Record):
+    EVENT: ClassVar[str] = P.OUTPUTS
+    logits_file: Str
+    logits_shape: List | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class FirstOutput(Record):
+    EVENT: ClassVar[str] = P.FIRST_OUTPUT
+    stage: Count | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunEnd(Record, Counters):
+    EVENT: ClassVar[str] = P.RUN_END
+    stage: Count | None = None
+    status: Str | None = None
+    peak_rss_mb: Num | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Error(Record):
+    EVENT: ClassVar[str] = P.ERROR
+    message: Str
+    kind: Str | None = None
+    traceback: Str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan(Record):
+    """The model's pieces cut into stages, before anything is built (`remote.runtime.plan`)."""
+
+    EVENT: ClassVar[str] = P.PLAN
+    model: Str | None = None
+    split_points: Strs | None = None
+    total_params: Count | None = None
+    max_stages: Count | None = None
+    num_classes: Count | None = None
+    stages: List | None = None
+    spec_file: Str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Costs(Record):
+    """One host's cost profile for `balanced` (`remote.profiling.costs`)."""
+
+    EVENT: ClassVar[str] = P.COSTS
+    pieces: Strs
+    compute_s: Nums
+    passes: Count
+    pass_ms: Num
+    spread: Num
+    attempts: Count
+    comm_s_per_byte: Num
+    cut_bytes: Counts
+    piece_bytes: Counts
+    chunk: Count
+    threads: Count
+    model: Str | None = None
+    torch: Str
+    measured_from: Num
+    measured_until: Num
+
+
+@dataclass(frozen=True, kw_only=True)
+class Trace(Record):
+    EVENT: ClassVar[str] = P.TRACE
+    stage: Count
+    id: Str
+    file: Str | None = None
+    message: Str | None = None
+    start_step: Count | None = None
+    steps: Count | None = None
+    export_s: Num | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Refine(Record):
+    EVENT: ClassVar[str] = P.REFINE
+    round: Count
+    split_points: Strs
+    predicted_ms: Nums
+    measured_ms: Nums
+    link_ms: Nums | None = None
+    factors: Nums
+    next_split: Strs | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Refined(Record):
+    EVENT: ClassVar[str] = P.REFINED
+    rounds: Count
+    split_points: Strs
+    predicted_ms: Nums
+    link_ms: Nums | None = None
+    factors: Nums
+
+
+@dataclass(frozen=True, kw_only=True)
+class MbTimes(Record):
+    EVENT: ClassVar[str] = P.MB_TIMES
+    side: Str
+    phase: Str
+    repeat: Int
+    first: Count
+    base: Num
+    times: Nums
