@@ -261,10 +261,20 @@ def print_prune_summary(summary: dict[str, Any], *, as_json: bool) -> None:
         print(f"artifact: {summary['artifact']}  (pictl run --model {summary['artifact']})")
 
 
+def _warm_cell(warm: dict[str, Any] | None) -> str:
+    if not warm or "error" in warm:
+        return "-"
+    if not warm.get("enabled"):
+        return "cold"
+    if not warm.get("running"):
+        return "none"
+    return markup_safe(f"pid {warm.get('pid')} {warm.get('age_s', 0):.0f}s {warm.get('rss_mb')}MB")
+
+
 def check_table(checks: list) -> Table:  # list[HostCheck]
     table = Table(title="pictl check", title_justify="left")
     for col in ("host", "ready", "ssh", "python", "venv", "torch", "timm", "cpus", "free MB", "temp C",
-                "throttled", "clock ms", "+/- ms", "interface", "rendezvous"):
+                "throttled", "clock ms", "+/- ms", "interface", "rendezvous", "warm"):
         table.add_column(col)
     for c in checks:
         p = c.probe
@@ -280,5 +290,5 @@ def check_table(checks: list) -> Table:  # list[HostCheck]
             str(p.get("mem_available_mb", "-")), _fmt(p.get("temperature_c"), ".1f"), p.get("throttled") or "-",
             _fmt(c.clock_offset_ms, ".3f"), _fmt(c.clock_uncertainty_ms, ".3f"),
             f"{iface.get('name')} {iface.get('address') or ''}".strip() if iface else "-",
-            ("ok" if reach.get("ok") else "[red]fail[/]") if reach else "-")
+            ("ok" if reach.get("ok") else "[red]fail[/]") if reach else "-", _warm_cell(c.warm))
     return table

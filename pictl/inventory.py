@@ -97,6 +97,11 @@ class Host(BaseModel):
     """Position in the pipeline (0 runs the first stage); default: the order of [[host]] entries."""
     slots: int = Field(default=1, ge=1, le=64)
     """How many stage processes this host may run at once."""
+    warm: bool = True
+    """Serve jobs from a warm process (torch imported once, jobs forked: `remote.host.warm`); false: every job
+    starts a fresh interpreter (a host with too little memory, or to compare). `pictl run --cold` for one run."""
+    warm_idle_s: float = Field(default=600.0, gt=0, le=7 * 86400)
+    """The warm process ends after this many seconds without a job."""
 
     @field_validator("address", "lan_address")
     @classmethod
@@ -255,11 +260,14 @@ def load_cluster(path: str | Path) -> Cluster:
     for i, h in enumerate(hosts):
         if not isinstance(h, dict):
             raise ConfigError(f"{path}: host[{i}] must be a table ([[host]]), not a {type(h).__name__}")
-    merged = [{**defaults, **h} for h in hosts]
     table = raw.get("cluster", {})
+    cluster_wide = {"warm": table["warm"]} if "warm" in table else {}  # ([cluster] warm = false: every host)
+    merged = [{**cluster_wide, **defaults, **h} for h in hosts]
     for key, value in table.items():
-        if key not in ("name", "baseline_max_age"):
-            raise ConfigError(f"{path}: cluster.{key!r}: unknown field (name, baseline_max_age)")
+        if key not in ("name", "baseline_max_age", "warm"):
+            raise ConfigError(f"{path}: cluster.{key!r}: unknown field (name, baseline_max_age, warm)")
+        if key == "warm" and not isinstance(value, bool):
+            raise ConfigError(f"{path}: cluster.warm: must be true or false, not a {type(value).__name__}")
         if key == "name" and not isinstance(value, str):
             raise ConfigError(f"{path}: cluster.name: must be a string, not a {type(value).__name__}")
         if key == "baseline_max_age" and (isinstance(value, bool) or not isinstance(value, int | float)):

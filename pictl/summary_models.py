@@ -229,6 +229,12 @@ class Startup(Open):
     model_load_s: float | None = None
     first_image_s: float | None = None
     total_s: float | None = None
+    served_warm: dict[str, bool] = {}
+    """Per phase that started processes (profile, plan, baseline, launch): all forked from warm processes."""
+    cold_processes: int | None = None
+    warm_processes_started: int | None = None
+    torch_imports: int | None = None
+    """Interpreters that imported torch during the run: the cold processes and the warm processes started."""
 
 
 class SampleWindow(Open):

@@ -45,3 +45,21 @@ def ssh_cluster():
         skip_loudly(f"SSH TEST CLUSTER UNAVAILABLE ({exc})")
     yield cluster
     cluster.down()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_processes_end_with_the_session():
+    """The suite runs warm (as users do), so the hosts' warm processes outlive each test by design; they end
+    with the session, so that nothing of the suite's is left running after it."""
+    import time
+
+    import psutil
+
+    started = time.time()
+    yield
+    for proc in psutil.process_iter(["cmdline", "create_time"]):
+        try:
+            if proc.info["create_time"] >= started - 1 and "remote.host.warm" in " ".join(proc.info["cmdline"] or []):
+                proc.kill()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue

@@ -16,7 +16,6 @@ holds its lease), 9 a measured result's record could not be written whole (print
 from __future__ import annotations
 
 import sys
-from importlib import import_module
 
 from rich.console import Console
 
@@ -24,9 +23,12 @@ from pictl import errors as E
 from pictl.cli.common import app
 from pictl.text import printable
 
-# Each module registers its commands on `app`; this order is the order of `pictl --help`.
-for _kind in ("runs", "catalog", "jobs", "train", "costs", "hosts", "init"):
-    import_module(f"pictl.cli.{_kind}")
+# isort: off
+# Each command module registers its commands on `app` when imported: `pictl --help` lists them in this order.
+from pictl.cli import runs, catalog, jobs, train, costs, hosts, init  # noqa: E402
+
+# isort: on
+COMMAND_MODULES = (runs, catalog, jobs, train, costs, hosts, init)
 
 __all__ = ["app", "entrypoint"]
 

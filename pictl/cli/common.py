@@ -60,6 +60,8 @@ WaitOpt = Annotated[bool, typer.Option("--wait", help="Wait for hosts another ru
                                        rich_help_panel=HOSTS_PANEL)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object on stdout.",
                                        rich_help_panel=HOSTS_PANEL)]
+ColdOpt = Annotated[bool, typer.Option("--cold", help="Start every process afresh (each imports torch), not "
+                                       "from the hosts' warm processes.", rich_help_panel=HOSTS_PANEL)]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show every host's output.",
                                           rich_help_panel=HOSTS_PANEL)]
 ImagesOpt = Annotated[Optional[int], typer.Option(help="Images per pass." + default_of("images"),
@@ -108,12 +110,17 @@ def top_level(name: str, value: Path | None) -> Path | None:
     return value if value is not None else before
 
 
-def read_cluster(path: Path | None) -> Cluster:
+def read_cluster(path: Path | None, *, cold: bool = False) -> Cluster:
+    """The inventory (`--hosts`, else ./hosts.toml, else the shipped one); with `cold`, every host cold."""
     path = top_level("hosts", path)
     if path is None:
         local = Path.cwd() / "hosts.toml"
         path = local if local.is_file() else SHIPPED_HOSTS
-    return load_cluster(path)
+    cluster = load_cluster(path)
+    if cold:
+        cluster = cluster.model_copy(update={"hosts": tuple(h.model_copy(update={"warm": False})
+                                                            for h in cluster.hosts)})
+    return cluster
 
 
 def runs_root(runs_dir: Path | None) -> Path:

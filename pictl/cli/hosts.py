@@ -80,6 +80,50 @@ def check(
 
 
 @app.command()
+def warm(
+    hosts: HostsOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Start every host's warm process (torch, timm and the runtime imported once; jobs are forked from it),
+    after pushing the code it will serve."""
+    import time
+
+    from pictl.cluster.push import local_tree, push_to
+    from pictl.cluster.warm import WarmState, warm_up
+
+    async def push_and_warm(t: Any, files: dict[str, bytes]) -> WarmState:
+        await push_to(t, files)
+        return await warm_up(t)
+
+    async def work(fleet: Fleet) -> list[WarmState | BaseException]:
+        files = local_tree()
+        return list((await fleet.results(lambda t: push_and_warm(t, files))).values())
+
+    try:
+        cluster = read_cluster(hosts)
+        start = time.perf_counter()
+        results = asyncio.run(run_cancellable(on_fleet(cluster, work, lease="warm")))
+    except E.PictlError as exc:
+        fail(exc)
+    failed = [r for r in results if isinstance(r, BaseException)]
+    if as_json:
+        typer.echo(json.dumps({"hosts": {h.name: (r.as_dict() if isinstance(r, WarmState) else {"error": str(r)})
+                                         for h, r in zip(cluster.hosts, results, strict=True)},
+                               "seconds": round(time.perf_counter() - start, 3)}))
+    for h, r in zip(cluster.hosts, results, strict=True):
+        if isinstance(r, BaseException):
+            stderr().print(f"pictl: error: {r if isinstance(r, E.PictlError) else f'host {h.name!r}: {r}'}",
+                           markup=False, soft_wrap=True)
+        elif not as_json:
+            typer.echo(f"{h.name}: {r.text()}")
+    if not as_json:
+        typer.echo(f"warmed {len(results) - len(failed)} of {len(results)} host(s) in "
+                   f"{time.perf_counter() - start:.2f}s")
+    if failed:
+        raise typer.Exit(max(f.exit_code if isinstance(f, E.PictlError) else E.EXIT_INTERNAL for f in failed))
+
+
+@app.command()
 def push(
     hosts: HostsOpt = None,
     wait: WaitOpt = False,
@@ -195,12 +239,23 @@ def stop(
     = False,
     hosts: HostsOpt = None,
 ) -> None:
-    """Stop the process groups this controller's runs left on the hosts (SIGTERM, then SIGKILL)."""
+    """Stop the process groups this controller's runs left on the hosts (SIGTERM, then SIGKILL), and end the
+    hosts' warm processes."""
     from pictl.cluster.commands import cleanup_host
     from pictl.cluster.leases import controller_name
+    from pictl.cluster.warm import warm_stop
+
+    async def stop_host(t: Any) -> dict[str, Any]:
+        found = await cleanup_host(t, orphans_only=False, owner=owner)
+        try:
+            warm = await warm_stop(t)
+            found["warm"] = warm.pid  # (None: none was running)
+        except E.PictlError:  # no pushed code to ask with: no warm process either
+            found["warm"] = None
+        return found
 
     async def work(fleet: Fleet) -> list[dict[str, Any] | BaseException]:
-        return list((await fleet.results(lambda t: cleanup_host(t, orphans_only=False, owner=owner))).values())
+        return list((await fleet.results(stop_host)).values())
 
     try:
         owner = None if all_runs else controller_name()
@@ -218,7 +273,8 @@ def stop(
         foreign = [k for k in res["kept"] if k.get("reason") != "another controller's run"]
         typer.echo(f"{host.name}: stopped {len(res['stopped'])} process group(s)"
                    + (f", kept {len(others)} of other controllers' runs (--all stops them)" if others else "")
-                   + (f", {len(foreign)} not ours" if foreign else ""))
+                   + (f", {len(foreign)} not ours" if foreign else "")
+                   + (f"; ended its warm process (pid {res['warm']})" if res.get("warm") else ""))
     if failed:
         raise typer.Exit(E.EXIT_UNREACHABLE)
 

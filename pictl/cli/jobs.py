@@ -12,6 +12,7 @@ import typer
 
 from pictl import errors as E
 from pictl.cli.common import (
+    ColdOpt,
     HostsOpt,
     ImagesOpt,
     JsonOpt,
@@ -49,6 +50,7 @@ def sweep(
     out: Annotated[Optional[Path], typer.Option(help="Sweep directory (default: under the runs root).")] = None,
     hosts: HostsOpt = None,
     wait: WaitOpt = False,
+    cold: ColdOpt = False,
     verbose: VerboseOpt = False,
     as_json: JsonOpt = False,
     train: Annotated[bool, typer.Option("--train", help="Sweep training jobs (`pictl train`) instead of runs.",
@@ -94,10 +96,10 @@ def sweep(
                     "data_path": data_path, "amp": amp,
                     "threads": threads}
         _train_sweep(renderer, settings, modes=modes, schedules=schedules, stages=stages, chunks=chunks, out=out,
-                     hosts=hosts, wait=wait, as_json=as_json)
+                     hosts=hosts, wait=wait, as_json=as_json, cold=cold)
         return
     try:
-        cluster = read_cluster(hosts)
+        cluster = read_cluster(hosts, cold=cold)
         base, points = plan_sweep(cluster, profile, {"images": images, "warmup": warmup, "repeats": repeats,
                                                      "threads": threads, "trace_steps": trace_steps},
                                   stages=stages, chunks=chunks, policies=policy, wires=wire)
@@ -127,7 +129,7 @@ def sweep(
 
 def _train_sweep(renderer: Any, settings: dict[str, Any], *, modes: str | None, schedules: str | None,
                  stages: str | None, chunks: str | None, out: Path | None, hosts: Path | None, wait: bool,
-                 as_json: bool) -> None:
+                 as_json: bool, cold: bool = False) -> None:
     """`pictl sweep --train`: training jobs over modes, schedules, rank counts and chunk counts."""
     import time
 
@@ -147,7 +149,7 @@ def _train_sweep(renderer: Any, settings: dict[str, Any], *, modes: str | None, 
             bad = [v for v in values if v not in allowed]
             if bad or not values:
                 raise E.ConfigError(f"{name}: '{','.join(bad) or '(none)'}' is not among {', '.join(allowed)}")
-        cluster = read_cluster(hosts)
+        cluster = read_cluster(hosts, cold=cold)
         points, skipped = train_points(cluster, base, wanted, parse_ints("--stages", stages or "2"),
                                        parse_ints("--chunks", chunks or "1,4,8"), kinds)
         target = out or checked_runs_root(None).parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S-train")

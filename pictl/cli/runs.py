@@ -14,6 +14,7 @@ from pictl import errors as E
 from pictl.cli.common import (
     HOSTS_PANEL,
     MEASURE_PANEL,
+    ColdOpt,
     HostsOpt,
     ImagesOpt,
     JsonOpt,
@@ -158,6 +159,7 @@ def run(
                                                        rich_help_panel=HOSTS_PANEL)] = None,
     wait: Annotated[bool, typer.Option("--wait", help="If another run holds a host, wait for it (else exit 8).",
                                        rich_help_panel=HOSTS_PANEL)] = False,
+    cold: ColdOpt = False,
 ) -> None:
     """Run one experiment: serial baseline, N-stage pipeline, speedup and output check."""
     from pictl.headless import HeadlessRenderer, print_summary
@@ -175,8 +177,9 @@ def run(
         overrides["split"] = split_points(split)
         options = resolve_options(profile, overrides)
         note_profile(profile)
-        session = RunSession(read_cluster(hosts), options, on_event=renderer, runs_root=checked_runs_root(runs_dir),
-                             reuse_baseline=not fresh_baseline, profile=profile, wait=wait)
+        session = RunSession(read_cluster(hosts, cold=cold), options, on_event=renderer,
+                             runs_root=checked_runs_root(runs_dir), reuse_baseline=not fresh_baseline,
+                             profile=profile, wait=wait)
         summary = asyncio.run(run_cancellable(session.run()))
     except E.PictlError as exc:
         renderer.close()

@@ -12,6 +12,7 @@ import typer
 from pictl import errors as E
 from pictl.cli.common import (
     HOSTS_PANEL,
+    ColdOpt,
     HostsOpt,
     JsonOpt,
     VerboseOpt,
@@ -111,6 +112,7 @@ def train(
                                                 rich_help_panel=HOSTS_PANEL)] = None,
     hosts: HostsOpt = None,
     wait: WaitOpt = False,
+    cold: ColdOpt = False,
     verbose: VerboseOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -138,7 +140,7 @@ def train(
             from pictl.records.runs import writable_dir
 
             writable_dir(out, "--out")
-        session = TrainSession(read_cluster(hosts), options, on_event=renderer, root=out, wait=wait)
+        session = TrainSession(read_cluster(hosts, cold=cold), options, on_event=renderer, root=out, wait=wait)
         summary = asyncio.run(run_cancellable(session.run()))
     except E.PictlError as exc:
         renderer.close()

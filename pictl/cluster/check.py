@@ -17,6 +17,7 @@ from pictl import errors as E
 from pictl.cluster.clock import PROBE_SOURCE, ClockOffset, measure_clock
 from pictl.cluster.fleet import Fleet
 from pictl.cluster.transport import RemoteProcess, Transport
+from pictl.cluster.warm import WarmState, warm_status
 from pictl.inventory import Cluster, Host
 from pictl.text import ascii_count
 
@@ -32,6 +33,8 @@ class HostCheck:
     clock_uncertainty_ms: float | None = None
     """Half the best round trip of many exchanges: the true offset lies within this of the estimate."""
     problems: list[str] = field(default_factory=list)
+    warm: dict[str, Any] | None = None
+    """The host's warm process (`pictl.cluster.warm.WarmState`): pid, age, memory, what it preloaded."""
 
     @property
     def ready(self) -> bool:
@@ -116,6 +119,10 @@ async def check_cluster(cluster: Cluster) -> list[HostCheck]:
             check.clock_offset_ms = round(clock.offset_ns / 1e6, 3)
             check.clock_uncertainty_ms = round(clock.uncertainty_ns / 1e6, 3)
             check.problems += _problems(fleet[name].host, probe)
+        ready = [name for name in live if checks[name].probe and not checks[name].problems]
+        for name, state in (await fleet.results(warm_status, ready)).items():
+            # (a host whose code was never pushed has no client to ask: it shows as unknown, not as a problem)
+            checks[name].warm = state.as_dict() if isinstance(state, WarmState) else {"error": str(state)}
     finally:
         if listener is not None:
             await listener.stop(grace_s=2)

@@ -23,17 +23,28 @@ PORT_TAKEN = "EADDRINUSE"
 PORT_ATTEMPTS = 3
 
 
+WARM_CLIENT = "remote.host.warmclient"
+
+
 def worker_env(host: Host, threads: int) -> dict[str, str]:
     env = {"OMP_NUM_THREADS": str(threads), P.ENV_THREADS: str(threads), "PYTHONPATH": host.code_dir,
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1", "PICTL_WARM_IDLE": f"{host.warm_idle_s:g}"}
     if host.interface:
         # Gloo otherwise binds to whatever the hostname resolves to (127.0.1.1 on Pi OS).
         env["GLOO_SOCKET_IFNAME"] = host.interface
     return env
 
 
+def python_module(host: Host, module: str, *args: str) -> list[str]:
+    """`python -m MODULE ARGS` on the host: forked from its warm process (`remote.host.warm`: no torch import
+    on the way) unless the host is cold (`warm = false`, `--cold`)."""
+    if host.warm:
+        return [host.python_path(), "-m", WARM_CLIENT, module, *args]
+    return [host.python_path(), "-m", module, *args]
+
+
 def module_argv(host: Host, module: str, spec_path: str) -> list[str]:
-    return [host.python_path(), "-m", module, "--spec", spec_path]
+    return python_module(host, module, "--spec", spec_path)
 
 
 def supervised(host: Host, argv: list[str], pgid_file: str) -> list[str]:

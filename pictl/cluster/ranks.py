@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from pictl.cluster.commands import supervised, worker_env
+from pictl.cluster.commands import WARM_CLIENT, python_module, supervised, worker_env
 from pictl.cluster.culprit import SilentDeath, await_culprit
 from pictl.cluster.jobs import HostJob
 from pictl.cluster.stream import LineKeeper, ProcessStream
@@ -44,12 +44,16 @@ def torchrun_argv(node: NodePlan, *, nnodes: int, master: Host, master_port: int
                   run_id: str = "none", module: str = "remote.runtime.pipeline") -> list[str]:
     # --rdzv-id: the static rendezvous keys its store by it, so agents of another run that reach our
     # port (a shared Pi) never mix with ours.
+    # Warm: torchrun's agent is forked from the host's warm process, and it starts each rank as the warm
+    # client, which has the rank forked too (`python -u -m remote.host.warmclient MODULE ...`): torchrun stays
+    # the launcher, and nothing it starts imports torch.
+    workers = ["-m", WARM_CLIENT, module] if node.host.warm else ["-m", module]
     return [
-        node.host.python_path(), "-m", "torch.distributed.run",
+        *python_module(node.host, "torch.distributed.run"),
         f"--nnodes={nnodes}", f"--nproc-per-node={node.nproc}", f"--node-rank={node.node_rank}",
         "--rdzv-backend=static", f"--rdzv-id={run_id}", f"--master-addr={master.rendezvous_address}",
         f"--master-port={master_port}", "--max-restarts=0",
-        "-m", module, "--spec", spec_path,
+        *workers, "--spec", spec_path,
     ]
 
 

@@ -27,7 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pictl import errors as E
-from pictl.cluster.commands import supervised, worker_env
+from pictl.cluster.commands import python_module, supervised, worker_env
 from pictl.cluster.jobs import HostJob, to_the_end
 from pictl.cluster.stream import ProcessStream
 from pictl.cluster.transport import Transport, transport_for
@@ -257,7 +257,8 @@ class PruneSession:
                        job: HostJob | None = None) -> None:
         argv = [host.python_path(), "-m", "remote.pruning.prune", "--spec", "spec.json"]
         if job is not None:  # on a host: dies with our connection, and the job stops it whatever happens
-            proc = await job.start(host, supervised(host, argv, "pgid-prune"), cwd=cwd or str(self.dir), env=env)
+            argv = supervised(host, python_module(host, "remote.pruning.prune", "--spec", "spec.json"), "pgid-prune")
+            proc = await job.start(host, argv, cwd=cwd or str(self.dir), env=env)
         else:
             proc = await t.start(argv, cwd=cwd or str(self.dir), env=env)
 

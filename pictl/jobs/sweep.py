@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pictl import errors as E
+from pictl.events import EventSink
 from pictl.inventory import Cluster
 from pictl.jobs.sweep_plots import plot
 from pictl.planning.options import RunOptions
@@ -29,6 +30,7 @@ from pictl.planning.presets import resolve_options, sweep_settings
 from pictl.records import waterfall_view
 from pictl.records.runs import write_bytes_atomic, write_json_atomic
 from pictl.run.baselines import BaselineCache
+from pictl.run.session import RunSession
 from pictl.text import ascii_count
 
 COLUMNS = ("stages", "chunk", "policy", "wire", "status", "throughput_ips", "serial_ips", "speedup", "efficiency",
@@ -183,8 +185,9 @@ def _kept(write: Callable[[], object], failed: list[E.RecordWriteFailed] | None)
 
 
 async def run_sweep(cluster: Cluster, base: RunOptions, points: list[SweepPoint], out: Path, *,
-                    on_event=None, cache: BaselineCache | None = None,  # noqa: ANN001
-                    on_session=None, on_rows=None, wait: bool = False,  # noqa: ANN001
+                    on_event: EventSink | None = None, cache: BaselineCache | None = None,
+                    on_session: Callable[[RunSession], object] | None = None,
+                    on_rows: Callable[[list[dict[str, Any]]], object] | None = None, wait: bool = False,
                     write_failed: list[E.RecordWriteFailed] | None = None) -> list[dict[str, Any]]:
     """Run every point in turn. `on_session(session)` is called before each run and `on_rows(rows)` after
     each (the dashboard follows the sweep through them). Each run leases its hosts: with `wait`, a run

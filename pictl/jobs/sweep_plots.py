@@ -47,7 +47,7 @@ def plot(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
     return written
 
 
-def _plot_wires(plt, rows: list[dict[str, Any]], path: Path) -> Path:  # noqa: ANN001
+def _plot_wires(plt: Any, rows: list[dict[str, Any]], path: Path) -> Path:
     """Per wire format (one group of bars per stage count and chunk): throughput, bytes per image, agreement."""
     fig, axes = plt.subplots(1, 3, figsize=(12, 4))
     labels = [f"{r['wire']}\n{r['stages']}st c{r['chunk']} {r['policy']}" for r in rows]
@@ -64,7 +64,7 @@ def _plot_wires(plt, rows: list[dict[str, Any]], path: Path) -> Path:  # noqa: A
     return path
 
 
-def _plot_latency(plt, rows: list[dict[str, Any]], path: Path) -> Path:  # noqa: ANN001
+def _plot_latency(plt: Any, rows: list[dict[str, Any]], path: Path) -> Path:
     """One point per run: its pipeline's latency per image (p50) against its throughput, labelled by what
     it ran (stages, chunk, policy, and the wire when not fp32): the trade-off a chunk size or a stage buys."""
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -80,7 +80,7 @@ def _plot_latency(plt, rows: list[dict[str, Any]], path: Path) -> Path:  # noqa:
     return _save(plt, fig, ax, "latency per image, p50 (ms)", "images / s", path)
 
 
-def _save(plt, fig, ax, xlabel: str, ylabel: str, path: Path) -> Path:  # noqa: ANN001
+def _save(plt: Any, fig: Any, ax: Any, xlabel: str, ylabel: str, path: Path) -> Path:  # pyplot: untyped
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.legend()

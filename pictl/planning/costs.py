@@ -25,7 +25,7 @@ from typing import Any, TypeGuard, TypeVar
 import remote
 from pictl import errors as E
 from pictl.cluster.artifacts import Artifact
-from pictl.cluster.commands import worker_env
+from pictl.cluster.commands import python_module, worker_env
 from pictl.cluster.transport import Transport
 from pictl.events import command_outcome
 from pictl.inventory import Host
@@ -111,8 +111,8 @@ def _usable(profile: dict[str, Any] | None) -> TypeGuard[dict[str, Any]]:
 async def measure_host(t: Transport, model: str, num_classes: int, chunk: int, threads: int,
                        artifact: Artifact | None = None) -> dict[str, Any]:
     h = t.host
-    argv = [h.python_path(), "-m", "remote.profiling.costs", "--model", model, "--num-classes", str(num_classes),
-            "--chunk", str(chunk), "--threads", str(threads)]
+    argv = python_module(h, "remote.profiling.costs", "--model", model, "--num-classes", str(num_classes),
+                         "--chunk", str(chunk), "--threads", str(threads))
     if artifact:  # a pruned model has its own cost shape: profile the artifact, not its base
         argv += ["--checkpoint", artifact.host_path(h)]
     result = await t.run(argv, env=worker_env(h, threads), timeout_s=600)

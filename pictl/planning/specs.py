@@ -16,7 +16,7 @@ from typing import Any
 
 from pictl import errors as E
 from pictl.cluster.artifacts import Artifact
-from pictl.cluster.commands import worker_env
+from pictl.cluster.commands import python_module, worker_env
 from pictl.cluster.push import local_tree, manifest_digest, push_to
 from pictl.cluster.transport import transport_for
 from pictl.events import command_outcome, parse_event
@@ -101,7 +101,7 @@ async def _plan_on(host: Host, items: list[tuple[str, RunSpec, str]], plans: Jso
         names = [f"spec-{i}.json" for i in range(len(items))]
         for name, (_, spec, _) in zip(names, items, strict=True):
             await t.put_bytes(spec.to_json().encode(), f"{work_dir}/{name}")
-        argv = [host.python_path(), "-m", "remote.runtime.plan", *(a for n in names for a in ("--spec", n))]
+        argv = python_module(host, "remote.runtime.plan", *(a for n in names for a in ("--spec", n)))
         result = await t.run(argv, cwd=work_dir, env=worker_env(host, 1), timeout_s=300 + 10 * len(items))
     finally:  # best effort: a host that could not be reached has nothing to remove
         await asyncio.gather(t.remove_tree(work_dir), return_exceptions=True)

@@ -117,6 +117,7 @@ class Pipeline:
         watch = RankWatch(on_record, finished=lambda r: bool(stages.get(r) and stages[r].ended),
                           errored=lambda r: bool(stages.get(r) and stages[r].error),
                           on_rejected=ctx.telemetry.reject)
+        ctx.timeline.launched("launch", {n.host: 1 + n.nproc for n in nodes})  # an agent and its ranks each
         self.launch = RankLaunch(self.job, nodes, port=port, threads=self.placement.threads, keep=ctx, sink=ctx.sink,
                                  watch=watch)
         ctx.windows["pipeline"] = self.launch.window  # [start, end], filled as the ranks run

@@ -88,6 +88,8 @@ async def _fastest(ctx: RunContext, job: HostJob, cluster: Cluster, stages: int)
     profiles = await host_profiles(list(job.fleet), ctx.cache("costs"), model=o.model, num_classes=o.num_classes,
                                    chunk=o.chunk, threads=o.threads or 1, code=ctx.code, artifact=ctx.artifact,
                                    use_corrections=o.refine)
+    if profiles.measured:
+        ctx.timeline.launched("profile", {job.transport(h).host: 1 for h in profiles.measured})
     for group in profiles.shared:
         ctx.phase("balance", f"{', '.join(group)} share one machine: profiled one at a time")
     hosts = list(cluster.hosts)

@@ -111,6 +111,7 @@ def _reusable(ctx: RunContext, fields: dict[str, Any], state_now: dict[str, Any]
 
 async def _plan(ctx: RunContext, job: HostJob, host: Host, spec: RunSpec, key: str | None) -> dict[str, Any]:
     ctx.phase("plan", f"validating the spec and planning {spec.stages} stage(s) on {host.name}")
+    ctx.timeline.launched("plan", {host: 1})
     result = await job.transport(host).run(module_argv(host, "remote.runtime.plan", P.SPEC_FILE),
                                            cwd=host.run_dir(spec.run_id), env=worker_env(host, 1), timeout_s=300)
     found, message = command_outcome(result, Plan)
@@ -174,6 +175,9 @@ async def _measure(ctx: RunContext, job: HostJob, placement: Placement, spec: Ru
 
     stream = ProcessStream("serial", host.name, ctx, ctx.sink, on_record, on_rejected=on_rejected)
     argv = module_argv(host, "remote.runtime.serial", P.SPEC_FILE) + (["--plan"] if on_plan else [])
+    ctx.timeline.launched("baseline", {host: 1})
+    if on_plan is not None:
+        ctx.timeline.launched("plan", {host: 0})  # (the same process)
     proc = await job.start(host, supervised(host, argv, "pgid-serial"), cwd=host.run_dir(spec.run_id),
                            env=worker_env(host, placement.serial_threads or 1))
     rc = await stream.consume(proc)

@@ -26,6 +26,7 @@ from pictl.cluster.artifacts import open_artifact
 from pictl.cluster.jobs import HostJob, to_the_end
 from pictl.cluster.monitor import HostMonitor
 from pictl.cluster.transport import preload
+from pictl.cluster.warm import started_since
 from pictl.events import EventSink
 from pictl.inventory import Cluster
 from pictl.planning.options import RunOptions
@@ -115,6 +116,8 @@ class RunSession:
                 await self._settle_grabs(ok=True)
                 if spec.trace_steps:
                     await self.grab_traces(spec.trace_steps, trace_id="run", request=False, timeout_s=30)
+            ctx.timeline.warm_started = await started_since([job.transport(n.host) for n in placement.nodes],
+                                                            ctx.timeline.started_at)
             reached.comparison = cmp = await collect_and_compare(ctx, job, placement, spec, serial.baseline)
             summary = summarize(ctx, reached, "ok")
             if not cmp.outputs_match:

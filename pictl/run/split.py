@@ -39,6 +39,8 @@ async def choose_split(ctx: RunContext, job: HostJob, placement: Placement, spec
     profiles = await host_profiles(used, ctx.cache("costs"), model=spec.model, num_classes=spec.num_classes,
                                    chunk=spec.chunk, threads=placement.threads, code=ctx.code,
                                    artifact=ctx.artifact, use_corrections=o.refine)
+    if profiles.measured:
+        ctx.timeline.launched("profile", {job.transport(h).host: 1 for h in profiles.measured})
     hops = [(job.transport(a), job.transport(b)) for a, b in itertools.pairwise(stage_hosts) if a != b]
     links, measured_links = await link_profiles(hops, ctx.cache("links"))
     table = cost_table(stage_hosts, profiles, links, wire_ratio=byte_ratio(parse_wire(o.wire).default))

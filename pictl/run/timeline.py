@@ -5,12 +5,17 @@ parts add up to the total exactly. The one split the controller cannot see, the
 rendezvous inside the interval from "every worker started" to "every stage
 ready", comes from the workers: the last rank to arrive measures the handshake
 alone (the others also wait for it), and the rest of that interval is model load.
+
+It also keeps which phases' processes were served by the hosts' warm processes (forked: no torch import) and
+how many interpreters imported torch: each process started cold, and each warm process the run had to start.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
+from pictl.inventory import Host
 from remote.records import Record
 from remote.run_records import FirstOutput, RunStart, StageMoved, StageReady
 
@@ -23,8 +28,26 @@ PARTS = (("connect", "connected"), ("push", "pushed"), ("prepare", "prepared"), 
 class StartupTimeline:
     def __init__(self) -> None:
         self.start = time.monotonic()
+        self.started_at = time.time()
         self.marks: dict[str, float] = {}
         self._rendezvous: list[float] = []
+        self.served_warm: dict[str, bool] = {}
+        """Per phase that started processes (profile, plan, baseline, launch): were they all forked warm?"""
+        self.cold_imports = 0
+        self.warm_started: int | None = None
+        """Warm processes started during the run (each imported torch once); None: not asked."""
+
+    def launched(self, phase: str, processes: dict[Host, int]) -> None:
+        """`processes[host]` interpreters of `phase` started on each host, warm or cold as the host is."""
+        warm = all(h.warm for h in processes)
+        self.served_warm[phase] = self.served_warm.get(phase, True) and warm
+        self.cold_imports += sum(n for h, n in processes.items() if not h.warm)
+
+    def imports(self) -> dict[str, Any]:
+        """How the run's processes started: per phase warm or not, and how many interpreters imported torch."""
+        return {"served_warm": dict(self.served_warm), "cold_processes": self.cold_imports,
+                "warm_processes_started": self.warm_started,
+                "torch_imports": self.cold_imports + (self.warm_started or 0)}
 
     def mark(self, name: str) -> None:
         self.marks[name] = time.monotonic()
@@ -40,7 +63,7 @@ class StartupTimeline:
         elif isinstance(record, FirstOutput) and "first_image" not in self.marks:
             self.mark("first_image")
 
-    def summary(self) -> dict[str, float] | None:
+    def summary(self) -> dict[str, Any] | None:
         """Seconds per part and in total, or None when the run never produced an image."""
         if "first_image" not in self.marks:
             return None
@@ -55,4 +78,4 @@ class StartupTimeline:
         out = {**{k: v for k, v in out.items() if k != "first_image_s"}, "rendezvous_s": round(rendezvous, 3),
                "model_load_s": round(both - rendezvous, 3), "first_image_s": out["first_image_s"]}
         out["total_s"] = round(self.marks["first_image"] - self.start, 3)
-        return out
+        return {**out, **self.imports()}

@@ -48,7 +48,7 @@ from pictl.tui.widgets.history import HistoryScreen
 from pictl.tui.widgets.hosts_table import HostsTable
 from pictl.tui.widgets.log_view import LogView
 from pictl.tui.widgets.run_form import RunForm
-from pictl.tui.widgets.run_summary import RunSummary, result_line
+from pictl.tui.widgets.run_panel import RunPanel, result_line
 from pictl.tui.widgets.stage_list import StageList
 
 TRACE_STEPS = 8
@@ -98,7 +98,7 @@ class PictlApp(JobsApp):
         yield HostsTable(id="hosts")
         with Horizontal(id="middle"):
             yield StageList(id="stages")
-            yield RunSummary(id="summary")
+            yield RunPanel(id="summary")
         yield LogView(id="logs")
         yield Footer(compact=True, show_command_palette=False)  # every key, quit included, in 80 columns
 
@@ -123,7 +123,7 @@ class PictlApp(JobsApp):
 
     def render_dirty(self) -> None:
         try:
-            hosts, stages, summary = self.query_one(HostsTable), self.query_one(StageList), self.query_one(RunSummary)
+            hosts, stages, summary = self.query_one(HostsTable), self.query_one(StageList), self.query_one(RunPanel)
         except NoMatches:
             return  # the app is shutting down: its widgets are removed before its timers stop
         dirty, self._dirty = self._dirty, set()

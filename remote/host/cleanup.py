@@ -2,7 +2,8 @@
 
     python -m remote.host.cleanup --workdir DIR [--orphans-only [--keep RUN]] [--owner NAME] [--finish RUN]
 
-Reads the group ids `remote.host.supervise` recorded under DIR/runs/*/pgid-*. A group
+Reads the group ids `remote.host.supervise` (and the warm process, for the jobs it forks) recorded under
+DIR/runs/*/pgid-*. A group
 is only ever touched when it is provably ours: it belongs to this login, and its
 leader works inside DIR/runs (a recycled id is left alone). A group that cannot be
 inspected (another user's: /proc/<pid>/cwd gives EACCES) is not ours and is kept,
@@ -127,7 +128,10 @@ def _sweep_one(record: Path, runs: Path, *, orphans_only: bool, owner: str | Non
     if state == "foreign":
         out["kept"].append({"run": run, "pgid": pgid, "reason": "not ours"})
         return
-    attached = "remote.host.supervise" in _cmdline(_parent(pgid))  # a controller still drives it
+    # A controller still drives it: through its supervisor, or through the warm process that forked it (which
+    # stops it when the job's client goes away).
+    parent = _cmdline(_parent(pgid))
+    attached = "remote.host.supervise" in parent or "remote.host.warm" in parent
     if orphans_only and attached:
         out["kept"].append({"run": run, "pgid": pgid, "reason": "live run"})
         return

@@ -98,7 +98,7 @@ def prune_grid(state: DashboardState) -> Table:
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 
 
-class RunSummary(Static):
+class RunPanel(Static):
     """Re-rendered from the state (a few times per second at most), and only when a figure changed.
 
     The rows a result is read by (speedup, outputs, progress) come first, so that a 24-line terminal shows

@@ -1,0 +1,103 @@
+"""The hosts' warm processes seen from the controller: start one (`pictl warm`), read its state (`pictl check`,
+a run's start-up record), end it (`pictl stop`). Each is one small stdlib process on the host
+(`remote.host.warmclient --ensure | --status | --stop`), over the pushed code.
+
+A warm process belongs to a login on a machine, not to a workdir: the four hosts of the shipped local cluster
+share one (one torch import, one copy in memory). What it is keyed by, and why, is `remote.host.warm`'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pictl.cluster.commands import WARM_CLIENT, worker_env
+from pictl.cluster.transport import Transport
+from pictl.errors import TransportError
+
+
+@dataclass(frozen=True)
+class WarmState:
+    """One host's warm process (`running` False: none; `enabled` False: the host is cold by choice)."""
+
+    host: str
+    enabled: bool
+    running: bool
+    pid: int | None = None
+    started_at: float | None = None
+    age_s: float | None = None
+    rss_mb: int | None = None
+    import_s: float | None = None
+    preloaded: tuple[str, ...] = ()
+    jobs_running: int = 0
+    jobs_served: int = 0
+    idle_s: float | None = None
+    key: str | None = None
+
+    @classmethod
+    def of(cls, host: str, found: dict[str, Any]) -> WarmState:
+        def num(name: str) -> Any:
+            value = found.get(name)
+            return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+        preloaded = found.get("preloaded")
+        return cls(host, True, found.get("running") is True, num("pid"), num("started_at"), num("age_s"),
+                   num("rss_mb"), num("import_s"),
+                   tuple(str(m) for m in preloaded) if isinstance(preloaded, list) else (),
+                   num("jobs_running") or 0, num("jobs_served") or 0, num("idle_s"),
+                   found.get("key") if isinstance(found.get("key"), str) else None)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"enabled": self.enabled, "running": self.running, "pid": self.pid, "started_at": self.started_at,
+                "age_s": self.age_s, "rss_mb": self.rss_mb, "import_s": self.import_s,
+                "preloaded": list(self.preloaded), "jobs_running": self.jobs_running,
+                "jobs_served": self.jobs_served, "idle_s": self.idle_s, "key": self.key}
+
+    def text(self) -> str:
+        if not self.enabled:
+            return "cold (warm = false)"
+        if not self.running:
+            return "none (the next job starts one)"
+        return (f"pid {self.pid}, up {self.age_s:.0f} s, {self.rss_mb} MB, torch and {len(self.preloaded) - 1} "
+                f"more preloaded in {self.import_s:.1f} s, {self.jobs_served} job(s) served")
+
+
+async def _control(t: Transport, op: str, timeout_s: float) -> WarmState:
+    h = t.host
+    if not h.warm:
+        return WarmState(h.name, False, False)
+    # (in the workdir: `python -m` puts its working directory first on the path, and the code is the pushed one)
+    result = await t.run([h.python_path(), "-m", WARM_CLIENT, f"--{op}"], cwd=h.workdir, env=worker_env(h, 1),
+                         timeout_s=timeout_s)
+    lines = result.stdout.strip().splitlines()
+    try:
+        found = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        found = None
+    if not isinstance(found, dict):
+        why = (result.stderr.strip().splitlines() or ["no answer"])[-1]
+        raise TransportError(f"host '{h.name}': warm process ({op}): {why[:300]}")
+    return WarmState.of(h.name, found)
+
+
+async def started_since(transports: list[Transport], since: float) -> int:
+    """How many warm processes serving these hosts started at `since` or later (each imported torch once);
+    hosts sharing one count it once. A host that cannot say counts none."""
+    found = await asyncio.gather(*(warm_status(t) for t in transports if t.host.warm), return_exceptions=True)
+    return len({(s.key, s.pid) for s in found
+                if isinstance(s, WarmState) and s.running and s.started_at is not None and s.started_at >= since})
+
+
+async def warm_status(t: Transport) -> WarmState:
+    return await _control(t, "status", 30)
+
+
+async def warm_up(t: Transport) -> WarmState:
+    """The host's warm process, started if none runs (importing torch there: seconds, a minute on a Pi)."""
+    return await _control(t, "ensure", 600)
+
+
+async def warm_stop(t: Transport) -> WarmState:
+    return await _control(t, "stop", 30)
