@@ -59,6 +59,20 @@ than they are, depending on their stage. A 10 ms period makes a capped host unif
 slow CPU is (`cfs_period_us` sets another)."""
 
 
+def warm_server(p: psutil.Process) -> bool:
+    """A warm process itself (`remote.host.warm`), not a job it forked (those share its command line)."""
+    def warm(proc: psutil.Process | None) -> bool:
+        try:
+            return proc is not None and "remote.host.warm --socket" in " ".join(proc.cmdline())
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            return False
+
+    try:
+        return warm(p) and not warm(p.parent())
+    except psutil.NoSuchProcess:
+        return False
+
+
 class Unavailable(Exception):
     """The cluster cannot be started here (not root, no sshd, no netns)."""
 
@@ -141,10 +155,11 @@ class SshCluster:
         return p.info["username"] == self.user(i)
 
     def processes(self, i: int) -> list[psutil.Process]:
-        """The live processes host i runs for pictl."""
+        """The live processes host i runs for pictl, but for its warm process (which outlives runs by design:
+        the jobs it forks are counted)."""
         found = []
         for p in psutil.process_iter(["username", "cmdline", "status", "cwd"]):
-            if p.info["status"] != psutil.STATUS_ZOMBIE and self._belongs(i, p):
+            if p.info["status"] != psutil.STATUS_ZOMBIE and self._belongs(i, p) and not warm_server(p):
                 found.append(p)
         return found
 
