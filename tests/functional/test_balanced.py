@@ -136,8 +136,8 @@ async def test_fewer_stages_than_hosts_take_the_fastest_connecting_and_pushing_o
     """h1 measured twice as slow as h0 and h2 (its cached profile says so): 2 stages go to h0 and h2.
     Whatever the phases do, each host is connected once and pushed to once and the code tree is read
     once; the dashboard's panels follow the session's placement, not the inventory's order."""
+    import pictl.cluster.jobs
     import pictl.run.context
-    import pictl.run.hosts
     from pictl.cluster.transport.base import Transport
     from pictl.events import Phase, Placed
     from pictl.planning.options import RunOptions
@@ -150,7 +150,7 @@ async def test_fewer_stages_than_hosts_take_the_fastest_connecting_and_pushing_o
     connects: list[str] = []
     pushes: list[str] = []
     trees: list[int] = []
-    real_connect, real_push, real_tree = Transport.connect, pictl.run.hosts.push_to, pictl.run.context.local_tree
+    real_connect, real_push, real_tree = Transport.connect, pictl.cluster.jobs.push_to, pictl.run.context.local_tree
 
     async def connect(self: Transport) -> None:
         connects.append(self.host.name)
@@ -165,7 +165,7 @@ async def test_fewer_stages_than_hosts_take_the_fastest_connecting_and_pushing_o
         return real_tree()
 
     monkeypatch.setattr(Transport, "connect", connect)
-    monkeypatch.setattr(pictl.run.hosts, "push_to", push_to)
+    monkeypatch.setattr(pictl.cluster.jobs, "push_to", push_to)
     monkeypatch.setattr(pictl.run.context, "local_tree", local_tree)
     cluster = load_cluster(hosts)
     dashboard = DashboardState(cluster)

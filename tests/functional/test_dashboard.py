@@ -109,7 +109,8 @@ async def test_run_from_the_form_live_panels_traces_and_history(tmp_path: Path, 
         table = app.screen.query_one(DataTable)
         assert table.row_count == 1 and str(table.get_cell("0", "status")) == "ok"
         await pilot.press("enter")
-        await pilot.pause()
+        # (the details pane is drawn on the next refresh: a loaded machine takes a moment)
+        await _until(pilot, lambda: "rank 0: compute" in _screen_text(app), timeout=20)
         detail = _screen_text(app)
         assert s["run_id"] in detail and "traces" in detail and "rank 0: compute" in detail
         await pilot.press("escape")

@@ -19,9 +19,12 @@ from support.clusters import write_cluster
 
 from pictl.cluster.stream import ProcessStream
 from pictl.cluster.transport import RemoteProcess
-from pictl.events import HostOutput, RankEvent, Rejected, read_line
+from pictl.events import RECORD_TYPES, HostOutput, RankEvent, Rejected, read_line
 from pictl.run.flags import compute_flags
 from pictl.run.telemetry import RunTelemetry
+from remote.job_records import TrainStep
+from remote.records import Record, field_kinds, to_wire
+from remote.run_records import RunEnd, Throughput
 
 GOOD = {"v": 1, "event": "throughput", "t": 1.0, "rank": 1, "repeat": 0, "ips": 3.5}
 
@@ -53,7 +56,8 @@ def test_a_record_that_breaks_the_protocol_is_rejected_and_named(record, why) ->
 
 
 def test_lines_that_are_not_records_stay_log_output_and_deep_nesting_never_raises() -> None:
-    assert read_line(json.dumps(GOOD)) == GOOD
+    good = read_line(json.dumps(GOOD))
+    assert isinstance(good, Throughput) and to_wire(good) == GOOD  # typed, and the same record on the wire
     assert read_line("plain log line") is None
     assert read_line('{"not": "ours"}') is None
     assert read_line("{half a record") is None
@@ -62,7 +66,7 @@ def test_lines_that_are_not_records_stay_log_output_and_deep_nesting_never_raise
     assert isinstance(read_line("{" + " " * (2 << 20) + "}"), Rejected)
     nan_loss = {"v": 1, "event": "train_step", "t": 1.0, "rank": 0, "epoch": 0, "step": 1, "seconds": 0.5,
                 "samples": 8, "loss": float("nan")}
-    assert isinstance(read_line(json.dumps(nan_loss)), dict)  # a diverging loss is shown as it is
+    assert isinstance(read_line(json.dumps(nan_loss)), TrainStep)  # a diverging loss is shown as it is
 
 
 class _Lines(RemoteProcess):
@@ -106,7 +110,8 @@ def test_the_stream_consumer_hands_readers_only_checked_records() -> None:
     stream = ProcessStream("h1", "h1", keep, seen.append, lambda _r: True,
                            on_rejected=lambda why: tel.reject("h1", why))
     assert asyncio.run(stream.consume(_Lines(lines))) == 0
-    assert [e.record for e in seen if isinstance(e, RankEvent)] == [GOOD]  # the stderr one is not telemetry
+    assert [to_wire(e.record) for e in seen if isinstance(e, RankEvent)] == [GOOD]  # the stderr one is not
+    # telemetry
     assert [e.line for e in seen if isinstance(e, HostOutput)] == [json.dumps({**GOOD, "ips": 1e9}), "\x1b]0;t\x07"]
     assert tel.rejected_summary()["count"] == 2 and tel.rejected_summary()["hosts"] == {"h1": 2}
     assert len(keep.logs) == 4 and keep.events == [json.dumps(GOOD)]  # rejected lines are kept, as log output
@@ -116,11 +121,12 @@ def test_missing_figures_are_named_and_rejections_raise_a_flag() -> None:
     tel = RunTelemetry()
     assert tel.missing_figures(2, 2) == "rank(s) 0, 1 ended without their figures"
     for rank in (0, 1):
-        tel.apply("h", {"event": "run_end", "rank": rank, "microbatches": 2, "compute_s": 1.0, "wait_s": 0.0,
-                        "send_s": 0.0, "bytes_sent": 0})
+        tel.apply("h", RunEnd(rank=rank, microbatches=2, compute_s=1.0, wait_s=0.0, send_s=0.0, bytes_sent=0))
     assert tel.missing_figures(2, 2) == "0 of 2 timed pass(es) reported a throughput"
-    tel.apply("h", GOOD)
-    tel.apply("h", GOOD)
+    good = read_line(json.dumps(GOOD))
+    assert isinstance(good, Record)
+    tel.apply("h", good)
+    tel.apply("h", good)
     assert tel.missing_figures(2, 2) is None
     tel.reject("h1", Rejected("throughput", "'ips' is not a finite number >= 0: \"x\""))
     flags = compute_flags({"telemetry_rejected": tel.rejected_summary(), "per_stage": []})
@@ -228,7 +234,8 @@ _KINDS = {"count": st.integers(0, 10**12), "int": st.integers(-5, 10**6), "str":
           "num": st.floats(0, 1e9, allow_nan=False), "real": st.floats(), "bool": st.booleans(),
           "list": st.lists(st.integers(0, 9), max_size=3),
           "dict": st.dictionaries(st.text(max_size=5), st.floats(0, 9)),
-          "strs": st.lists(st.text(max_size=20), max_size=4), "nums": st.lists(st.floats(0, 1e4), max_size=4)}
+          "strs": st.lists(st.text(max_size=20), max_size=4), "nums": st.lists(st.floats(0, 1e4), max_size=4),
+          "counts": st.lists(st.integers(0, 10**6), max_size=4)}
 
 
 @st.composite
@@ -236,11 +243,11 @@ def _records(draw) -> dict:
     """A record of a real event: each field of its declared kind most of the time, anything JSON otherwise."""
     event = draw(st.sampled_from(P.EVENTS))
     rec: dict = {"v": 1, "event": event}
-    for name, kind in {**P.COMMON_FIELDS, **P.FIELDS[event]}.items():
+    for field in field_kinds(RECORD_TYPES[event]):  # what the record's class declares
         if draw(st.integers(0, 9)) == 0:
-            rec[name] = draw(_JSON)
-        elif not (kind.endswith("?") and draw(st.booleans())):
-            rec[name] = draw(_KINDS[kind.rstrip("?")])
+            rec[field.name] = draw(_JSON)
+        elif not (field.optional and draw(st.booleans())):
+            rec[field.name] = draw(_KINDS[field.kind])
     rec["rank"] = draw(st.integers(0, 3)) if draw(st.integers(0, 9)) else rec.get("rank")
     return rec
 
@@ -265,7 +272,7 @@ def test_host_records_through_the_parser_and_every_renderer_never_crash(records,
     tel = RunTelemetry()
     for rec in records:
         got = read_line(json.dumps(rec))
-        if not isinstance(got, dict):
+        if not isinstance(got, Record):
             continue
         tel.apply(source, got)
         renderer(RankEvent(source, "h0", got))
