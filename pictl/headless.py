@@ -17,6 +17,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from pictl.console import result_console
 from pictl.events import HostOutput, Phase, RankEvent, SessionEvent
 from pictl.headless_train import TrainProgress
 from pictl.records.waterfall_view import latency_of, percentiles_text
@@ -183,14 +184,18 @@ def wire_lines(s: dict[str, Any]) -> list[str]:
             for k in wire.get("links", [])]
 
 
+def summary_title(s: dict[str, Any]) -> str:
+    """The result in one line (printed above the stage table, never wrapped into it)."""
+    return (f"{s['status'].upper()}  {s['stages']} stage(s)  split {', '.join(s['split_points']) or '-'}  "
+            f"pipeline {_fmt(s['throughput_ips'])} img/s  serial {_fmt(s['serial_ips'])} img/s"
+            f"{baseline_text(s)}  speedup {_fmt(s['speedup'])}x "
+            f"(ideal {s['stages']}x)  {outputs_text(s)}  "
+            f"accuracy {'n/a' if s['accuracy'] is None else format(s['accuracy'], '.2%')}")
+
+
 def summary_table(summary: dict[str, Any]) -> Table:
     s = summary
-    title = (f"{s['status'].upper()}  {s['stages']} stage(s)  split {', '.join(s['split_points']) or '-'}  "
-             f"pipeline {_fmt(s['throughput_ips'])} img/s  serial {_fmt(s['serial_ips'])} img/s"
-             f"{baseline_text(s)}  speedup {_fmt(s['speedup'])}x "
-             f"(ideal {s['stages']}x)  {outputs_text(s)}  "
-             f"accuracy {'n/a' if s['accuracy'] is None else format(s['accuracy'], '.2%')}")
-    table = Table(title=markup_safe(title), title_justify="left")
+    table = Table()
     predicted = s.get("prediction") is not None
     # Per microbatch: the stage's compute, and apart from it the time it waited for input and was
     # blocked on sends (back-pressure from the next stage).
@@ -213,7 +218,8 @@ def summary_table(summary: dict[str, Any]) -> Table:
 
 def print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
     if as_json:
-        err = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+        err = result_console(stderr=True)
+        err.print(printable(summary_title(summary)), markup=False, highlight=False, soft_wrap=True)
         err.print(summary_table(summary))
         for line in wire_lines(summary) + explain_lines(summary):
             err.print(line, markup=False, highlight=False, soft_wrap=True)
@@ -222,7 +228,8 @@ def print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
         sys.stdout.write(json.dumps(summary) + "\n")
         sys.stdout.flush()
     else:
-        out = Console(width=None if sys.stdout.isatty() else 160)
+        out = result_console()
+        out.print(printable(summary_title(summary)), markup=False, highlight=False, soft_wrap=True)
         out.print(summary_table(summary))
         for line in wire_lines(summary) + explain_lines(summary):
             out.print(line, markup=False, highlight=False, soft_wrap=True)
@@ -253,7 +260,7 @@ def prune_table(summary: dict[str, Any]) -> Table:
 
 def print_prune_summary(summary: dict[str, Any], *, as_json: bool) -> None:
     if summary.get("status") == "ok":
-        Console(stderr=as_json, width=None if sys.stdout.isatty() else 160).print(prune_table(summary))
+        result_console(stderr=as_json).print(prune_table(summary))
     if as_json:
         sys.stdout.write(json.dumps(summary) + "\n")
         sys.stdout.flush()

@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from pictl.console import result_console
 from pictl.jobs.training.waterfall import train_waterfall_line
 from remote import protocol as P
 from remote.job_records import TrainEval, TrainStart, TrainStep
@@ -104,7 +105,7 @@ def train_lines(summary: dict[str, Any]) -> list[str]:
 
 
 def print_train_summary(summary: dict[str, Any], *, as_json: bool) -> None:
-    out = Console(stderr=as_json, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+    out = result_console(stderr=as_json, highlight=False, soft_wrap=True)
     if summary.get("breakdown"):
         out.print(breakdown_table(summary))
     for line in train_lines(summary):

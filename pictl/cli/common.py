@@ -208,8 +208,8 @@ def confirm(question: str) -> bool:
 
 
 def wide_console() -> Console:
-    """Tables on stdout: the terminal's width, or wide enough not to wrap when piped."""
-    import sys
+    """Tables on stdout: the terminal's width, or plain text never wrapped or padded when piped."""
+    from pictl.console import result_console
 
-    return Console(width=None if sys.stdout.isatty() else 160)
+    return result_console()
 

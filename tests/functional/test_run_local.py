@@ -74,7 +74,21 @@ def test_a_repeated_run_reuses_plan_and_baseline(shared, pictl_env) -> None:
     assert s["split_points"] == ["blocks.6"] and s["per_stage"][1]["modules"][0] == "blocks.6"
     startup = s["startup"]
     assert startup["plan_s"] < 1.0 and startup["baseline_s"] < 1.0  # no torch import before the launch
-    assert startup["total_s"] == pytest.approx(sum(v for k, v in startup.items() if k != "total_s"), abs=0.01)
+    parts = [v for k, v in startup.items() if k.endswith("_s") and k != "total_s"]
+    assert startup["total_s"] == pytest.approx(sum(parts), abs=0.01)
+    # the hot path: the warm process the first test started forks the agents and ranks; nothing imports torch
+    assert startup["served_warm"] == {"launch": True} and startup["torch_imports"] == 0
+
+
+def test_plain_output_to_a_file_is_never_wrapped_or_padded(shared, pictl_env) -> None:
+    """`make demo > log`: the result is one line however long, and no line carries trailing spaces."""
+    proc = run_pictl(["run", "--hosts", str(shared["hosts"]), *[a for a in FAST if a != "--json"], "--stages", "2",
+                      "--split", "blocks.6"], _env(shared, pictl_env))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("OK  2 stage(s)  split blocks.6  pipeline ") and "accuracy n/a" in lines[0], lines[:2]
+    assert not [line for line in lines if line != line.rstrip()], "padded lines"
+    assert any(line.startswith("run directory: ") for line in lines)
 
 
 def test_three_stages_inside_blocks_reuses_the_baseline(shared, pictl_env) -> None:

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 PICTL_LAYERS = [
     ("ground", ["pictl", "pictl.errors", "pictl.inventory", "pictl.events", "pictl.summary", "pictl.summary_models",
-                "pictl.job_summaries", "pictl.records", "pictl.text"]),
+                "pictl.job_summaries", "pictl.records", "pictl.text", "pictl.console"]),
     ("cluster", ["pictl.cluster"]),
     ("planning", ["pictl.planning"]),
     ("run", ["pictl.run"]),
