@@ -14,3 +14,17 @@ except PackageNotFoundError:  # run from a checkout that was never installed
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 """Where the `remote/` package (pushed to the hosts) lies beside `pictl/`: the checkout, or site-packages."""
+
+_API = ("Cluster", "RunOptions", "RunSummary", "TrainOptions", "load_cluster", "run_experiment", "run_experiment_async",
+        "runs", "train", "train_async")
+__all__ = ["PROJECT_ROOT", "__version__", *_API]
+
+
+def __getattr__(name: str) -> object:
+    """`from pictl import run_experiment, load_cluster, ...`: the library (`pictl.api`), loaded when first asked
+    for, so that importing any part of pictl does not load the sessions (and the CLI's start-up stays short)."""
+    if name in _API:
+        import importlib
+
+        return getattr(importlib.import_module("pictl.api"), name)
+    raise AttributeError(f"module 'pictl' has no attribute {name!r}")

@@ -1,0 +1,114 @@
+"""pictl as a library: load a cluster, run experiments and training jobs, get typed summaries back, read past
+runs. The CLI and the dashboard are built on the same sessions; this is their programmatic face.
+
+    import pictl
+
+    cluster = pictl.load_cluster()                       # ./hosts.toml, else the shipped local cluster
+    summary = pictl.run_experiment(cluster, stages=2, split=["blocks.6"], images=24)
+    print(summary.speedup, summary.outputs_match, summary.waterfall.dominant if summary.waterfall else None)
+    for past in pictl.runs():                             # newest first
+        print(past.run_id, past.speedup)
+
+Every function has an `async` twin (`run_experiment_async`, `train_async`) for notebooks and event loops
+that are already running. A run that started returns its summary whatever its status (`summary.status`: ok, failed,
+interrupted; `summary.error` says why); bad input, an unreachable host or a busy one raise `PictlError`
+subclasses (`pictl.errors`: each has the CLI's exit code as `exit_code`) before anything starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pictl import errors as E
+from pictl.events import SessionEvent
+from pictl.inventory import Cluster
+from pictl.inventory import load_cluster as _load_cluster
+from pictl.jobs.training.options import TrainOptions
+from pictl.jobs.training.session import TrainSession
+from pictl.planning.options import RunOptions
+from pictl.planning.presets import resolve_options
+from pictl.records.runs import default_runs_root
+from pictl.run.session import RunSession
+from pictl.shipped import shipped_path
+from pictl.summary import read_summary
+from pictl.summary_models import RunSummary
+
+__all__ = ["Cluster", "RunOptions", "RunSummary", "TrainOptions", "load_cluster", "run_experiment",
+           "run_experiment_async", "runs", "train", "train_async"]
+# (`pictl.run` is the package of a run's phases: the library's verb is `run_experiment`.)
+
+EventHandler = Callable[[SessionEvent], None]
+
+
+def load_cluster(hosts: str | Path | None = None, *, cold: bool = False) -> Cluster:
+    """The inventory at `hosts`, else ./hosts.toml, else the shipped local cluster; `cold`: no warm processes."""
+    path = Path(hosts) if hosts is not None else Path("hosts.toml")
+    cluster = _load_cluster(path if hosts is not None or path.is_file() else shipped_path("hosts.toml"))
+    if cold:
+        cluster = cluster.model_copy(update={"hosts": tuple(h.model_copy(update={"warm": False})
+                                                            for h in cluster.hosts)})
+    return cluster
+
+
+def _options(options: RunOptions | None, profile: str | None, fields: dict[str, Any]) -> RunOptions:
+    if options is not None:
+        return options.model_copy(update=fields) if fields else options
+    return resolve_options(profile, fields)
+
+
+async def run_experiment_async(cluster: Cluster | None = None, options: RunOptions | None = None, *,
+                               profile: str | None = None, runs_dir: str | Path | None = None,
+                               on_event: EventHandler | None = None, fresh_baseline: bool = False, wait: bool = False,
+                               **fields: Any) -> RunSummary:
+    """One experiment (as `pictl run`): `options`, or a preset (`profile`) with `fields` over it (any
+    `RunOptions` field: stages=3, split=["blocks.4", "blocks.8"], images=48, ...). Returns the typed summary."""
+    session = RunSession(cluster or load_cluster(), _options(options, profile, fields), on_event=on_event,
+                         runs_root=Path(runs_dir) if runs_dir else None, reuse_baseline=not fresh_baseline,
+                         profile=profile, wait=wait)
+    try:
+        summary = await session.run()
+    except E.PictlError:
+        if session.last_summary is None:  # nothing started: the error is the answer
+            raise
+        summary = session.last_summary
+    return RunSummary.model_validate(summary)
+
+
+def run_experiment(cluster: Cluster | None = None, options: RunOptions | None = None, **kwargs: Any) -> RunSummary:
+    """`run_experiment_async`, for code that is not in an event loop."""
+    return asyncio.run(run_experiment_async(cluster, options, **kwargs))
+
+
+async def train_async(cluster: Cluster | None = None, options: TrainOptions | None = None, *,
+                      root: str | Path | None = None, on_event: EventHandler | None = None, wait: bool = False,
+                      **fields: Any) -> dict[str, Any]:
+    """One training job (as `pictl train`): `options`, or `TrainOptions` fields. Returns its summary (the
+    training summary's model is `pictl.job_summaries.TrainSummary`)."""
+    chosen = options.model_copy(update=fields) if options is not None else TrainOptions(**fields)
+    session = TrainSession(cluster or load_cluster(), chosen, on_event=on_event, root=Path(root) if root else None,
+                           wait=wait)
+    try:
+        return await session.run()
+    except E.PictlError:
+        if session.summary is None:
+            raise
+        return session.summary
+
+
+def train(cluster: Cluster | None = None, options: TrainOptions | None = None, **kwargs: Any) -> dict[str, Any]:
+    return asyncio.run(train_async(cluster, options, **kwargs))
+
+
+def runs(runs_dir: str | Path | None = None) -> list[RunSummary]:
+    """Past runs' summaries, newest first; a record that does not read as a summary is left out."""
+    root = Path(runs_dir) if runs_dir else default_runs_root()
+    found = []
+    for path in sorted(root.glob("*/summary.json"), reverse=True):
+        try:
+            found.append(read_summary(path))
+        except E.PictlError:
+            continue
+    return sorted(found, key=lambda s: s.started_at or 0.0, reverse=True)
