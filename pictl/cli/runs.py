@@ -146,7 +146,8 @@ def run(
                                                 help="Images to run." + default_of("data"))] = None,
     data_path: Annotated[Optional[str], typer.Option(help="Data set directory on the hosts.",
                                                      rich_help_panel=MODEL)] = None,
-    headless: Annotated[bool, typer.Option("--headless", help="No dashboard: progress on stderr.",
+    headless: Annotated[bool, typer.Option("--headless", help="No console: progress on stderr, the result on stdout "
+                                                              "(also when stdout is not a terminal, and with --json).",
                                            rich_help_panel=HOSTS_PANEL)] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object on stdout.",
                                           rich_help_panel=HOSTS_PANEL)] = False,
@@ -177,6 +178,9 @@ def run(
         overrides["split"] = split_points(split)
         options = resolve_options(profile, overrides)
         note_profile(profile)
+        if not (headless or as_json) and _on_a_terminal():
+            raise typer.Exit(_in_the_console(read_cluster(hosts, cold=cold), options, profile,
+                                             checked_runs_root(runs_dir)))
         session = RunSession(read_cluster(hosts, cold=cold), options, on_event=renderer,
                              runs_root=checked_runs_root(runs_dir), reuse_baseline=not fresh_baseline,
                              profile=profile, wait=wait)
@@ -195,6 +199,22 @@ def run(
     if strict and summary.get("flags"):
         fail(E.Flagged(f"--strict: the result raised {len(summary['flags'])} sanity flag(s): "
                         + ", ".join(dict.fromkeys(f["code"] for f in summary["flags"]))))
+
+
+def _on_a_terminal() -> bool:
+    import sys
+
+    return all(stream is not None and stream.isatty() for stream in (sys.stdin, sys.stdout))
+
+
+def _in_the_console(cluster: Any, options: Any, profile: str | None, root: Path) -> int:
+    """`pictl run` on a terminal: the dashboard, following this run from its start; the run's exit code once
+    the console is closed (q)."""
+    from pictl.tui.app import PictlApp
+
+    app = PictlApp(cluster, runs_root=root, start=(options, profile))
+    app.run()
+    return app.run_exit_code if app.run_exit_code is not None else E.EXIT_INTERRUPTED
 
 
 def split_points(value: str | None) -> list[str] | None:

@@ -78,8 +78,12 @@ class PictlApp(JobsApp):
 
     def __init__(self, cluster: Cluster, *, runs_root: Path | None = None, monitor: bool = True,
                  clock: Callable[[], float] = time.time, baseline_cache: BaselineCache | None = None,
-                 trace_steps: int = TRACE_STEPS) -> None:
+                 trace_steps: int = TRACE_STEPS, start: tuple[RunOptions, str | None] | None = None) -> None:
         super().__init__()
+        self.start_with = start
+        """`pictl run` on a terminal: the run to start at once (options, preset), followed in the console."""
+        self.run_exit_code: int | None = None
+        """How the last run ended, as `pictl run` exits (0 ok; a failure's code): `pictl run` returns it."""
         self.cluster = cluster
         self.runs_root = runs_root or default_runs_root()
         self.state = DashboardState(cluster)
@@ -114,6 +118,8 @@ class PictlApp(JobsApp):
 
             monitor = HostMonitor(self.cluster, post)
             self.run_worker(monitor.run(), name="host monitor", group="monitor", exit_on_error=False)
+        if self.start_with is not None:
+            self.start_run(*self.start_with)
 
     # -- rendering ----------------------------------------------------------------------------------
 
@@ -220,8 +226,10 @@ class PictlApp(JobsApp):
         try:
             summary = await session.run()
         except E.PictlError as exc:
+            self.run_exit_code = exc.exit_code
             self.post_message(RunFinished(session.last_summary, str(exc)))
             return
+        self.run_exit_code = E.EXIT_WRITE_FAILED if session.write_error is not None else 0
         self.post_message(RunFinished(summary, None))
 
     async def _grab(self, session: RunSession) -> None:

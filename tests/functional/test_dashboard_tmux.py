@@ -101,3 +101,28 @@ def test_real_terminal_at_80x24_runs_and_shows_the_result(tmux_pictl: Path) -> N
     _press("q")
     screen = _wait_for("PICTL-EXITED", timeout=15)
     assert "PICTL-EXITED 0" in screen
+
+
+@pytest.mark.slow
+def test_pictl_run_on_a_terminal_follows_the_run_in_the_console_and_exits_with_its_code(tmp_path: Path) -> None:
+    """Without --headless, on a terminal, `pictl run` is the console following that run; closing it returns
+    the run's exit code."""
+    if shutil.which("tmux") is None:
+        skip_loudly("NEEDS TMUX: apt install tmux (make system-deps does it as root)")
+    hosts = write_cluster(tmp_path / "cluster", 2)
+    run = [sys.executable, "-m", "pictl", "run", "--hosts", str(hosts), "--runs-dir", str(tmp_path / "runs"),
+           "--stages", "2", "--split", "blocks.6", "--images", "6", "--warmup", "0", "--repeats", "1"]
+    command = " ".join(shlex.quote(a) for a in run)
+    _tmux("-f", "/dev/null", "new-session", "-d", "-s", SESSION, "-x", "100", "-y", "30", "-e", "TERM=xterm-256color",
+          "-e", f"PICTL_CACHE_DIR={tmp_path / 'cache'}", "-c", str(ROOT), f"{command}; echo PICTL-EXITED $?; sleep 30")
+    try:
+        screen = _wait_for("q quit", timeout=60)
+        assert "stages" in screen and "h0" in screen  # the console, not progress lines
+        _wait_for(re.compile(r"speedup \d"), timeout=240)
+        _wait_for("match", timeout=30)
+        _press("q")
+        _wait_for("PICTL-EXITED 0", timeout=30)
+        (record,) = (tmp_path / "runs").iterdir()
+        assert json.loads((record / "summary.json").read_text())["status"] == "ok"
+    finally:
+        subprocess.run(["tmux", "-L", SESSION, "kill-server"], capture_output=True)
