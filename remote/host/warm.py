@@ -1,6 +1,9 @@
-"""This login's warm process: torch, timm and pictl's runtime imported once, jobs served by forking.
+"""This login's warm process: torch, timm and pictl's runtime imported once, jobs served by forking. This
+module is what the process, its jobs and its clients share: where its socket is, which process may serve a
+job, the messages; the loop is `remote.host.warmserve`, a job `remote.host.warmjob`, the client
+`remote.host.warmclient`.
 
-    python -m remote.host.warm --socket PATH      (started by `remote.host.warmclient`, never by hand)
+    python -m remote.host.warmserve --socket PATH     (started by `remote.host.warmclient`, never by hand)
 
 It imports the modules every pictl job needs (and nothing that starts a thread: a child sets its own
 thread count), then listens on a Unix socket in a 0700 directory of this login's. A client (the stdlib-only
@@ -152,35 +155,3 @@ def available_mb() -> float | None:
         if line.startswith("MemAvailable:"):
             return int(line.split()[1]) / 1024
     return None
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--socket", required=True)
-    args = parser.parse_args(argv)
-    from remote.host.warmserve import Server
-
-    job = Server(args.socket).serve()
-    if job is None:  # the server ended
-        return 0
-    # A forked child: the job, then what a normal exit does for it (its threads joined, its atexit handlers
-    # run, its streams flushed), without tearing down every module torch and timm loaded (a second or
-    # more: an interpreter that imported them spends that much on exit).
-    code = job.run()
-    import atexit
-    import threading
-
-    threading._shutdown()  # type: ignore[attr-defined]  # what Py_Finalize does first
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code & 0xFF if code >= 0 else 1)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -60,7 +60,7 @@ def _start_server(path: str) -> socket.socket | None:
         if sock is not None:
             return sock
         log = open(os.path.join(directory, f"{os.path.basename(path)}.log"), "ab")
-        proc = subprocess.Popen([sys.executable, "-m", "remote.host.warm", "--socket", path],
+        proc = subprocess.Popen([sys.executable, "-m", "remote.host.warmserve", "--socket", path],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                                 close_fds=True, cwd="/", env=_server_env())
         log.close()

@@ -8,9 +8,7 @@ start none), which is what makes forking a process that imported torch safe.
 
 from __future__ import annotations
 
-import ctypes
 import importlib
-import io
 import json
 import os
 import pkgutil
@@ -24,47 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from remote.host import warm as W
+from remote.host.warmjob import Job, die_with_parent, finish, record_group, signal_group
 
 CODE_CHECK_S = 2.0
-
-
-@dataclass
-class Job:
-    """What a child runs: a module's `main()` as the program `python -m MODULE ARGS` would be."""
-
-    argv: list[str]
-    env: dict[str, str]
-    cwd: str
-    umask: int
-
-    def run(self) -> int:
-        module_name, args = self.argv[0], self.argv[1:]
-        os.chdir(self.cwd)
-        os.umask(self.umask)
-        os.environ.clear()
-        os.environ.update(self.env)
-        _reset_stdio()
-        module = importlib.import_module(module_name)
-        sys.argv = [getattr(module, "__file__", module_name) or module_name, *args]
-        try:
-            code = module.main()
-        except SystemExit as exc:
-            code = exc.code
-        if code is None:
-            return 0
-        if isinstance(code, int):
-            return code
-        print(code, file=sys.stderr)
-        return 1
-
-
-def _reset_stdio() -> None:
-    """Fresh text streams over fds 0-2 (now the client's): line-buffered and written through, as the
-    `-u` / PYTHONUNBUFFERED that pictl's jobs run with."""
-    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
-    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True, write_through=True)
-    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True, write_through=True,
-                                  errors="backslashreplace")
 
 
 @dataclass
@@ -76,15 +36,6 @@ class Client:
     kill_at: float | None = None
     record: str | None = None
     """The child's `pgid-warm-*` file, removed when it ends."""
-
-
-def _die_with_parent(name: str) -> None:
-    """PR_SET_PDEATHSIG; and PR_SET_NAME, so `top` and `ps -o comm` tell a job from the warm process it was
-    forked from (its command line stays the warm process's: a fork does not change it)."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)
-        libc.prctl(15, ctypes.c_char_p(name.encode()[:15]))
 
 
 class Server:
@@ -165,7 +116,7 @@ class Server:
                     elif key.data == "wake":
                         os.read(wake_r, 4096)
                     else:
-                        job = self._readable(key.data, sel)
+                        job = self._serve_client(key.data, sel)
                         if job is not None:
                             return job  # in the child
                 self._reap()
@@ -179,18 +130,22 @@ class Server:
                 if not self.children and not self.clients and now - self.last_busy > self.idle_s:
                     print(f"warm: idle for {self.idle_s:.0f} s: ending", flush=True)
                     break
+        except BaseException as exc:
+            if os.getpid() == self.pid:
+                print(f"warm: ending on {type(exc).__name__}: {exc}", flush=True)
+            raise
         finally:
             if os.getpid() == self.pid:  # (a child returns from the loop with its job: nothing to undo)
                 self._stop_listening(listener, sel)
                 for pid in list(self.children):
-                    _signal_group(pid, signal.SIGKILL)
+                    signal_group(pid, signal.SIGKILL)
         return None
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         if signum != signal.SIGCHLD:
             self.stopping = True
             for pid in list(self.children):
-                _signal_group(pid, signal.SIGTERM)
+                signal_group(pid, signal.SIGTERM)
 
     def _stop_listening(self, listener: socket.socket, sel: selectors.BaseSelector) -> None:
         self.stopping = True
@@ -208,9 +163,9 @@ class Server:
     def _accept(self, listener: socket.socket, sel: selectors.BaseSelector) -> None:
         try:
             sock, _ = listener.accept()
+            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         except OSError:
             return
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         _pid, uid, _gid = struct.unpack("3i", creds)
         if uid != os.getuid():  # only this login's jobs: never another user's
             print(f"warm: refused a client of uid {uid}", flush=True)
@@ -219,6 +174,20 @@ class Server:
         self.clients[sock.fileno()] = Client(sock)
         sel.register(sock, selectors.EVENT_READ, sock.fileno())
         self.last_busy = time.monotonic()
+
+    def _serve_client(self, fd: int, sel: selectors.BaseSelector) -> Job | None:
+        """One client's bytes; a client that breaks the protocol or vanishes mid-answer is dropped (and its job,
+        if it has one, stopped), never the warm process with every other job."""
+        try:
+            return self._readable(fd, sel)
+        except Exception as exc:  # noqa: BLE001 - one client's fault is that client's
+            if os.getpid() != self.pid:
+                raise  # (a child: its job's own error)
+            print(f"warm: dropped a client: {type(exc).__name__}: {exc}", flush=True)
+            client = self.clients.get(fd)
+            if client is not None:
+                self._gone(client, sel)
+            return None
 
     def _readable(self, fd: int, sel: selectors.BaseSelector) -> Job | None:
         client = self.clients[fd]
@@ -246,14 +215,14 @@ class Server:
         if op == "run":
             return self._fork(client, message, sel)
         if op == "signal" and client.child is not None:
-            _signal_group(client.child, int(message.get("signal", signal.SIGTERM)))
+            signal_group(client.child, int(message.get("signal", signal.SIGTERM)))
         elif op in ("status", "ensure"):
             W.send_message(client.sock, self.status())
         elif op == "stop":
             W.send_message(client.sock, self.status())
             self.stopping = True
             for pid in list(self.children):
-                _signal_group(pid, signal.SIGTERM)
+                signal_group(pid, signal.SIGTERM)
         return None
 
     def status(self) -> dict[str, Any]:
@@ -279,7 +248,7 @@ class Server:
         pid = os.fork()
         if pid == 0:  # the child: the job's own session, the client's streams, and nothing of the server's
             os.setsid()
-            _die_with_parent("pictl-" + job.argv[0].rsplit(".", 1)[-1])
+            die_with_parent("pictl-" + job.argv[0].rsplit(".", 1)[-1])
             if os.getppid() != self.pid:
                 os._exit(W.EXIT_WARM_LOST)
             for target, fd in enumerate(fds):
@@ -295,7 +264,7 @@ class Server:
                 os.close(fd)
             for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 signal.signal(sig, signal.SIG_DFL)
-            _record_group(job.cwd)
+            record_group(job.cwd)
             return job
         for fd in fds:
             os.close(fd)
@@ -317,7 +286,7 @@ class Server:
             os.close(fd)
         client.fds = []
         if client.child is not None and client.child in self.children:
-            _signal_group(client.child, signal.SIGTERM)
+            signal_group(client.child, signal.SIGTERM)
             client.kill_at = time.monotonic() + W.GRACE_S
         else:
             client.sock.close()
@@ -334,7 +303,7 @@ class Server:
             client = self.children.pop(pid, None)
             if client is None:
                 continue
-            _signal_group(pid, signal.SIGKILL)  # whatever the job left in its group
+            signal_group(pid, signal.SIGKILL)  # whatever the job left in its group
             if client.record:
                 try:
                     os.unlink(client.record)
@@ -352,25 +321,21 @@ class Server:
         now = time.monotonic()
         for pid, client in list(self.children.items()):
             if client.kill_at is not None and now >= client.kill_at:
-                _signal_group(pid, signal.SIGKILL)
+                signal_group(pid, signal.SIGKILL)
 
 
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--socket", required=True)
+    args = parser.parse_args(argv)
+    job = Server(args.socket).serve()
+    if job is None:  # the warm process ended
+        return 0
+    finish(job.run())  # a forked child: the job, then its exit
+    return 0  # (not reached)
 
 
-def _record_group(cwd: str) -> None:
-    """Where `pictl stop` and the cleanup sweeps look for a run's process groups (as `supervise` writes)."""
-    if os.path.basename(os.path.dirname(os.path.abspath(cwd))) != "runs":
-        return  # not a run directory (a profile's or a check's): nothing sweeps it
-    path = os.path.join(cwd, f"pgid-warm-{os.getpid()}")
-    try:
-        with open(f"{path}.tmp", "w") as fh:
-            fh.write(f"{os.getpid()}\n")
-        os.replace(f"{path}.tmp", path)
-    except OSError:
-        pass
-
+if __name__ == "__main__":
+    sys.exit(main())

@@ -41,7 +41,7 @@ def _servers(warm_dir: Path) -> list[psutil.Process]:
             cmd = " ".join(proc.cmdline())
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             return False
-        return "remote.host.warm --socket" in cmd and str(warm_dir) in cmd
+        return "remote.host.warmserve --socket" in cmd and str(warm_dir) in cmd
 
     found = []
     for proc in psutil.process_iter():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -89,7 +90,13 @@ def test_placement_and_torchrun_lines() -> None:
         ("local0", 0, [0]), ("local1", 1, [1]), ("local2", 2, [2])]
     argv = torchrun_argv(nodes[1], nnodes=3, master=nodes[0].host, master_port=29555, spec_path="spec.json",
                          run_id="20261123-1-s3-ab12")
-    assert argv[1:3] == ["-m", "torch.distributed.run"]
+    # warm (the default): torchrun's agent and each rank are forked from the host's warm process
+    assert argv[1:4] == ["-m", "remote.host.warmclient", "torch.distributed.run"]
+    assert argv[-5:] == ["-m", "remote.host.warmclient", "remote.runtime.pipeline", "--spec", "spec.json"]
+    cold = torchrun_argv(replace(nodes[1], host=nodes[1].host.model_copy(update={"warm": False})), nnodes=3,
+                         master=nodes[0].host, master_port=29555, spec_path="spec.json")
+    assert cold[1:3] == ["-m", "torch.distributed.run"] and cold[-4:] == ["-m", "remote.runtime.pipeline", "--spec",
+                                                                          "spec.json"]
     assert {"--nnodes=3", "--nproc-per-node=1", "--node-rank=1", "--rdzv-backend=static",
             "--rdzv-id=20261123-1-s3-ab12", "--master-addr=127.0.0.1", "--master-port=29555"} <= set(argv)
     env = worker_env(nodes[1].host, threads=4)
