@@ -38,4 +38,4 @@ def result_console(*, stderr: bool = False, **kwargs: Any) -> Console:
     stream = sys.stderr if stderr else sys.stdout
     if stream.isatty():
         return Console(stderr=stderr, **kwargs)
-    return PlainConsole(stream, **{k: v for k, v in kwargs.items() if k != "width"})
+    return PlainConsole(stream, **{k: v for k, v in kwargs.items() if k not in ("width", "soft_wrap")})

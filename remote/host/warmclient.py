@@ -101,8 +101,11 @@ def _run(argv: list[str]) -> int:
     sock = _connect(path) or _start_server(path)
     if sock is None:
         return _cold(argv)
+    # What a child does not inherit from us but must have (a cold process would): environment, directory,
+    # umask, the CPUs it may run on (taskset, a pinned caller) and its niceness.
     request = json.dumps({"op": "run", "argv": argv, "env": dict(os.environ), "cwd": os.getcwd(),
-                          "umask": _umask()}).encode()
+                          "umask": _umask(), "cpus": sorted(os.sched_getaffinity(0)),
+                          "nice": os.getpriority(os.PRIO_PROCESS, 0)}).encode()
     try:
         socket.send_fds(sock, [struct.pack("!I", len(request)) + request], [0, 1, 2])
         reply = W.read_message(sock)

@@ -26,11 +26,18 @@ class Job:
     env: dict[str, str]
     cwd: str
     umask: int
+    cpus: list[int] | None = None
+    """The CPUs the client may run on (its affinity: taskset, a pinned caller): the job gets the same."""
+    nice: int | None = None
 
     def run(self) -> int:
         module_name, args = self.argv[0], self.argv[1:]
         os.chdir(self.cwd)
         os.umask(self.umask)
+        if self.cpus:
+            os.sched_setaffinity(0, self.cpus)
+        if self.nice is not None and self.nice > os.getpriority(os.PRIO_PROCESS, 0):
+            os.setpriority(os.PRIO_PROCESS, 0, self.nice)  # (only ever lower: a job is never made more urgent)
         os.environ.clear()
         os.environ.update(self.env)
         _reset_stdio()

@@ -240,8 +240,11 @@ class Server:
         if not argv or argv[0] not in W.ENTRY_MODULES or len(client.fds) != 3:
             W.send_message(client.sock, {"error": f"not a job this process runs: {argv[:1]}"})
             return None
+        cpus, nice = message.get("cpus"), message.get("nice")
         job = Job([str(a) for a in argv], {str(k): str(v) for k, v in (message.get("env") or {}).items()},
-                  str(message.get("cwd") or "/"), int(message.get("umask", 0o022)))
+                  str(message.get("cwd") or "/"), int(message.get("umask", 0o022)),
+                  [int(c) for c in cpus] if isinstance(cpus, list) else None,
+                  int(nice) if isinstance(nice, int) else None)
         fds, client.fds = client.fds, []
         for f in (sys.stdout, sys.stderr):
             f.flush()

@@ -62,7 +62,7 @@ def _detail_text(app: PictlApp) -> str:
     from textual.widgets import Static
 
     console = Console(width=200, record=True, file=io.StringIO())
-    console.print(app.screen.query_one("#history-detail", Static).render())
+    console.print(app.screen.query_one("#history-detail", Static).content)
     return console.export_text()
 
 
@@ -121,7 +121,10 @@ async def test_run_from_the_form_live_panels_traces_and_history(tmp_path: Path, 
         assert table.row_count == 1 and str(table.get_cell("0", "status")) == "ok"
         await pilot.press("enter")
         # What the details pane holds (on a loaded machine, flags can push the traces' rows below its fold).
-        await _until(pilot, lambda: "rank 0: compute" in _detail_text(app), timeout=20)
+        try:
+            await _until(pilot, lambda: "rank 0: compute" in _detail_text(app), timeout=20)
+        except AssertionError:
+            raise AssertionError(f"the details pane holds:\n{_detail_text(app)}") from None
         detail = _detail_text(app)
         assert s["run_id"] in detail and "traces" in detail and "rank 0: compute" in detail
         await pilot.press("escape")
