@@ -126,10 +126,10 @@ class HostJob:
     # -- closing ---------------------------------------------------------------------------------------
 
     async def close(self, used: Iterable[str] | None = None, *, tidy: Tidy | None = None) -> None:
-        """Stop every process, wait for each host to confirm, tidy the hosts used (every host by default;
-        only once the code that does it was pushed, i.e. the leases were taken), free and close them."""
+        """Stop every process, wait for each host to confirm, tidy the hosts used (every host by default; by
+        default only once the code that does it was pushed, i.e. the leases were taken), free and close them."""
         await self.stop_all()
-        if self.leases:
+        if self.leases or tidy is not None:  # (a lease-less job says what to tidy)
             chosen = self.fleet.only(used) if used is not None else list(self.fleet)
             finish = tidy or (lambda t: cleanup_host(t, orphans_only=False, finish=self.job_id))
             await asyncio.gather(*(finish(t) for t in chosen), return_exceptions=True)

@@ -8,7 +8,6 @@ on the hosts is involved a plan is a pure function of the spec, so it is cached;
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -17,8 +16,8 @@ from typing import Any
 from pictl import errors as E
 from pictl.cluster.artifacts import Artifact
 from pictl.cluster.commands import python_module, worker_env
-from pictl.cluster.push import local_tree, manifest_digest, push_to
-from pictl.cluster.transport import transport_for
+from pictl.cluster.jobs import HostJob, to_the_end
+from pictl.cluster.push import local_tree, manifest_digest
 from pictl.events import command_outcome, parse_event
 from pictl.inventory import Cluster, Host
 from pictl.planning.options import RunOptions
@@ -93,19 +92,20 @@ async def plan_ahead(cluster: Cluster, runs: list[tuple[str, RunOptions]], *,
 
 async def _plan_on(host: Host, items: list[tuple[str, RunSpec, str]], plans: JsonCache,
                    tree: dict[str, bytes]) -> int:
-    t = transport_for(host)
-    work_dir = host.run_dir(f"plan-ahead-{time.strftime('%Y%m%d-%H%M%S')}-{id(items):x}")
+    # A lease-less job (it runs nothing that measures): connected and pushed through the one job lifecycle, its
+    # directory removed whatever happens (best effort: a host that could not be reached has nothing to remove).
+    job = HostJob([host], f"plan-ahead-{time.strftime('%Y%m%d-%H%M%S')}-{id(items):x}")
+    t, work_dir = job.transport(host), job.run_dir(host)
     try:
-        await t.connect()
-        await push_to(t, tree)
+        await job.connect()
+        await job.push(tree)
         names = [f"spec-{i}.json" for i in range(len(items))]
         for name, (_, spec, _) in zip(names, items, strict=True):
             await t.put_bytes(spec.to_json().encode(), f"{work_dir}/{name}")
         argv = python_module(host, "remote.runtime.plan", *(a for n in names for a in ("--spec", n)))
         result = await t.run(argv, cwd=work_dir, env=worker_env(host, 1), timeout_s=300 + 10 * len(items))
-    finally:  # best effort: a host that could not be reached has nothing to remove
-        await asyncio.gather(t.remove_tree(work_dir), return_exceptions=True)
-        await t.close()
+    finally:
+        await to_the_end(job.close(tidy=lambda tr: tr.remove_tree(work_dir)))
     planned: dict[str, dict[str, Any]] = {}
     for event in filter(None, map(parse_event, result.stdout.splitlines())):
         if isinstance(event, Plan) and event.spec_file in names:
