@@ -64,12 +64,12 @@ def first_image(pictl: Pictl, inventory: Path, run_args: list[str], rounds: int)
             "torch_imports": imports}
 
 
-def sweep_share(pictl: Pictl, inventory: Path, cold: bool, images: int) -> dict[str, Any]:
+def sweep_share(pictl: Pictl, inventory: Path, cold: bool, images: int, repeats: int) -> dict[str, Any]:
     """A sweep's wall time, and the share of it outside the runs' warm-up and timed passes."""
     out = pictl.workdir / f"sweep-{'cold' if cold else 'warm'}-{time.time():.0f}"
     t0 = time.perf_counter()
     result = pictl("sweep", "--hosts", str(inventory), "--stages", "1,2,3,4", "--policy", "equal,balanced",
-                   "--images", str(images), "--repeats", "2", "--out", str(out), *(["--cold"] if cold else []),
+                   "--images", str(images), "--repeats", str(repeats), "--out", str(out), *(["--cold"] if cold else []),
                    ok=(0, 7))
     wall = time.perf_counter() - t0
     measuring = 0.0
@@ -83,7 +83,8 @@ def sweep_share(pictl: Pictl, inventory: Path, cold: bool, images: int) -> dict[
         if not summary.get("serial_reused") and summary.get("serial_ips"):
             measuring += passes * summary["images"] / summary["serial_ips"]
     share = 1 - measuring / wall
-    print(f"sweep 1,2,3,4 stages x equal,balanced, {'cold' if cold else 'warm'}: {wall:.1f} s, of which "
+    print(f"sweep 1,2,3,4 stages x equal,balanced, {images} images x {repeats} passes, {'cold' if cold else 'warm'}: "
+          f"{wall:.1f} s, of which "
           f"{measuring:.1f} s warm-up and timed passes: {share:.0%} outside them", flush=True)
     return {"wall_s": wall, "measuring_s": measuring, "outside_share": share}
 
@@ -114,6 +115,9 @@ def main() -> int:
     parser.add_argument("--cpu", type=float, default=0.4, help="cores per SSH host")
     parser.add_argument("--fanout", action="store_true", help="16 SSH hosts against 4 (root)")
     parser.add_argument("--no-sweep", action="store_true")
+    parser.add_argument("--no-first-image", action="store_true")
+    parser.add_argument("--sweep-images", type=int, default=48, help="images per pass in the sweep (run's default)")
+    parser.add_argument("--sweep-repeats", type=int, default=3, help="timed passes per sweep run (run's default)")
     parser.add_argument("--images", type=int, default=8, help="images per pass in the first-image runs")
     parser.add_argument("--save", help="write the figures to bench/results/NAME.json")
     add_quick(parser)
@@ -122,12 +126,16 @@ def main() -> int:
     results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M")}
     run_args = ["--stages", "2", "--split", "blocks.6", "--images", str(args.images), "--warmup", "0",
                 "--repeats", "1"]
-    with cluster("local", 2) as inventory:
-        print(f"first image, {describe('local', None)}, 2 stages, {args.images} images:", flush=True)
-        results["local"] = first_image(pictl, inventory, run_args, args.rounds)
+    with cluster("local", 4) as inventory:
+        if not args.no_first_image:
+            print(f"first image, {describe('local', None)}, 2 stages, {args.images} images:", flush=True)
+            results["local"] = first_image(pictl, inventory, run_args, args.rounds)
         if not args.no_sweep:
-            results["sweep"] = {"cold": sweep_share(pictl, inventory, True, 12),
-                                "warm": sweep_share(pictl, inventory, False, 12)}
+            # Each mode on a cache of its own: both measure their serial baselines and profiles.
+            cold_pictl, warm_pictl = Pictl(pictl.workdir / "cold"), Pictl(pictl.workdir / "warm")
+            results["sweep"] = {"cold": sweep_share(cold_pictl, inventory, True, args.sweep_images, args.sweep_repeats),
+                                "warm": sweep_share(warm_pictl, inventory, False, args.sweep_images,
+                                                    args.sweep_repeats)}
         stop_warm(pictl, inventory)
     if args.ssh or args.fanout:
         if not is_root():
