@@ -70,12 +70,17 @@ def code_manifest() -> str:
     return _read(os.path.join(root, ".pictl-manifest.json"))
 
 
+def packages_stamp() -> int:
+    """When this interpreter's installed packages last changed (an install or removal touches the directory)."""
+    try:
+        return os.stat(sysconfig.get_paths()["purelib"]).st_mtime_ns
+    except OSError:
+        return 0
+
+
 def server_key() -> str:
     """Which warm process may serve this process: one that would run its job exactly as this one would."""
-    try:
-        packages = os.stat(sysconfig.get_paths()["purelib"]).st_mtime_ns
-    except OSError:
-        packages = 0
+    packages = packages_stamp()
     try:
         netns = os.readlink("/proc/self/ns/net")
     except OSError:

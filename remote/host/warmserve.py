@@ -52,6 +52,7 @@ class Server:
         self.last_busy = time.monotonic()
         self.stopping = False
         self.manifest = W.code_manifest()
+        self.packages = W.packages_stamp()
         self.inode = 0
         self.own_fds: list[int] = []
         """The listener and the wake pipe: closed in every child."""
@@ -124,8 +125,10 @@ class Server:
                 now = time.monotonic()
                 if now >= next_check:
                     next_check = now + CODE_CHECK_S
-                    if W.code_manifest() != self.manifest and not self.stopping:
-                        print("warm: the code was replaced: ending after the running jobs", flush=True)
+                    replaced = ("code" if W.code_manifest() != self.manifest else
+                                "packages" if W.packages_stamp() != self.packages else None)
+                    if replaced and not self.stopping:
+                        print(f"warm: the {replaced} were replaced: ending after the running jobs", flush=True)
                         self._stop_listening(listener, sel)
                 if not self.children and not self.clients and now - self.last_busy > self.idle_s:
                     print(f"warm: idle for {self.idle_s:.0f} s: ending", flush=True)

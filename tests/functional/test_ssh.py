@@ -138,10 +138,10 @@ def test_shell_metacharacters_in_paths_are_never_run(ssh_cluster, tmp_path: Path
     assert not marker.exists()
 
 
-def _start_long_run(cluster, env: dict[str, str]) -> subprocess.Popen:
+def _start_long_run(cluster, env: dict[str, str], *extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "pictl", "run", "--hosts", str(cluster.inventory), "--stages",
                              "4", "--images", "24", "--warmup", "0", "--repeats", "3", "--policy", "equal",
-                             "--headless", "--json"],
+                             "--headless", "--json", *extra],
                             env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -157,7 +157,9 @@ def _wait_progress(env: dict[str, str], proc: subprocess.Popen, source: str = "h
 
 
 def test_killed_rank_on_one_host_stops_every_host(ssh_cluster, shared_cache_env) -> None:
-    proc = _start_long_run(ssh_cluster, shared_cache_env)
+    """Cold (every process its own interpreter, as before warm processes): the cold path stays covered, and the
+    rank killed is the rank itself (a warm rank is a forked child behind its client)."""
+    proc = _start_long_run(ssh_cluster, shared_cache_env, "--cold")
     run_dir = _wait_progress(shared_cache_env, proc)
     victims = [p for p in ssh_cluster.processes(2)
                if "remote.runtime.pipeline" in _cmdline(p) and "torch.distributed.run" not in _cmdline(p)]
