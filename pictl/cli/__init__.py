@@ -36,11 +36,37 @@ _DEBUG_ON = ("1", "true", "yes")
 """PICTL_DEBUG values (any case) that show a bug's traceback; anything else, `0` and `false` included, is off."""
 
 
+SHARED_FLAGS = ("--json", "--headless", "--wait", "--verbose", "-v")
+"""Flags that mean the same on every command that takes them, and may come before the command name as well as
+after it (`pictl --json runs`); `--hosts` and `--runs-dir` too (the main callback takes those)."""
+
+
+def hoisted(argv: list[str]) -> list[str]:
+    """`argv` with the shared flags given before the command moved after it (where the command parses them:
+    one meaning, one place). Anything else before the command stays where it is."""
+    moved: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        token = argv[i]
+        if token in SHARED_FLAGS:
+            moved.append(token)
+        else:
+            rest.append(token)
+            if token in ("--hosts", "--runs-dir") and i + 1 < len(argv):  # (their value is not a command)
+                i += 1
+                rest.append(argv[i])
+        i += 1
+    if i == len(argv) or not moved:  # no command after them (the dashboard): leave them to the callback
+        return argv
+    return [*rest, *argv[i:], *moved]
+
+
 def entrypoint() -> None:
     import typer
 
     try:
-        code = app(standalone_mode=False)
+        code = app(args=hoisted(sys.argv[1:]), standalone_mode=False)
     except typer.Abort:  # Ctrl-C at a prompt
         sys.exit(E.EXIT_INTERRUPTED)
     except typer.TyperException as exc:  # a flag or value the command refuses: one line, like every other error

@@ -60,6 +60,9 @@ WaitOpt = Annotated[bool, typer.Option("--wait", help="Wait for hosts another ru
                                        rich_help_panel=HOSTS_PANEL)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object on stdout.",
                                        rich_help_panel=HOSTS_PANEL)]
+HeadlessOpt = Annotated[bool, typer.Option("--headless", help="No console: progress on stderr, the result on "
+                                           "stdout (what a command that has no console always does).",
+                                           rich_help_panel=HOSTS_PANEL)]
 ColdOpt = Annotated[bool, typer.Option("--cold", help="Start every process afresh (each imports torch), not "
                                        "from the hosts' warm processes.", rich_help_panel=HOSTS_PANEL)]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show every host's output.",
@@ -108,6 +111,11 @@ def top_level(name: str, value: Path | None) -> Path | None:
         flag = "--" + name.replace("_", "-")
         raise E.ConfigError(f"{flag}: given before the command ({before}) and after it ({value}); give it once")
     return value if value is not None else before
+
+
+def before_runs_dir() -> Path | None:
+    """`--runs-dir` given before the command (`pictl --runs-dir R train`)."""
+    return getattr(before_command, "runs_dir", None)
 
 
 def read_cluster(path: Path | None, *, cold: bool = False) -> Cluster:

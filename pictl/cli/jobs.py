@@ -13,15 +13,18 @@ import typer
 from pictl import errors as E
 from pictl.cli.common import (
     ColdOpt,
+    HeadlessOpt,
     HostsOpt,
     ImagesOpt,
     JsonOpt,
     RepeatsOpt,
+    RunsDirOpt,
     ThreadsOpt,
     VerboseOpt,
     WaitOpt,
     WarmupOpt,
     app,
+    before_runs_dir,
     checked_runs_root,
     fail,
     note_profile,
@@ -51,6 +54,8 @@ def sweep(
     hosts: HostsOpt = None,
     wait: WaitOpt = False,
     cold: ColdOpt = False,
+    runs_dir: RunsDirOpt = None,
+    headless: HeadlessOpt = False,
     verbose: VerboseOpt = False,
     as_json: JsonOpt = False,
     train: Annotated[bool, typer.Option("--train", help="Sweep training jobs (`pictl train`) instead of runs.",
@@ -96,7 +101,7 @@ def sweep(
                     "data_path": data_path, "amp": amp,
                     "threads": threads}
         _train_sweep(renderer, settings, modes=modes, schedules=schedules, stages=stages, chunks=chunks, out=out,
-                     hosts=hosts, wait=wait, as_json=as_json, cold=cold)
+                     hosts=hosts, wait=wait, as_json=as_json, cold=cold, runs_dir=runs_dir)
         return
     try:
         cluster = read_cluster(hosts, cold=cold)
@@ -104,7 +109,7 @@ def sweep(
                                                      "threads": threads, "trace_steps": trace_steps},
                                   stages=stages, chunks=chunks, policies=policy, wires=wire)
         note_profile(profile)
-        root = checked_runs_root(None)
+        root = checked_runs_root(runs_dir)
         target = out or root.parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S")
         if os.path.lexists(target):  # (False for a name too long to look up: writable_dir names that)
             raise E.ConfigError(f"--out: {target} already exists")
@@ -129,7 +134,7 @@ def sweep(
 
 def _train_sweep(renderer: Any, settings: dict[str, Any], *, modes: str | None, schedules: str | None,
                  stages: str | None, chunks: str | None, out: Path | None, hosts: Path | None, wait: bool,
-                 as_json: bool, cold: bool = False) -> None:
+                 as_json: bool, cold: bool = False, runs_dir: Path | None = None) -> None:
     """`pictl sweep --train`: training jobs over modes, schedules, rank counts and chunk counts."""
     import time
 
@@ -152,7 +157,7 @@ def _train_sweep(renderer: Any, settings: dict[str, Any], *, modes: str | None, 
         cluster = read_cluster(hosts, cold=cold)
         points, skipped = train_points(cluster, base, wanted, parse_ints("--stages", stages or "2"),
                                        parse_ints("--chunks", chunks or "1,4,8"), kinds)
-        target = out or checked_runs_root(None).parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S-train")
+        target = out or checked_runs_root(runs_dir).parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S-train")
         if os.path.lexists(target):  # (False for a name too long to look up: writable_dir names that)
             raise E.ConfigError(f"--out: {target} already exists")
         writable_dir(target, "--out")
@@ -198,7 +203,10 @@ def prune(
     seed: Annotated[Optional[int], typer.Option(help="Seed for data order and random weights.")] = None,
     on: Annotated[Optional[str], typer.Option(help="Prune on this inventory host (default: here).")] = None,
     hosts: Annotated[Optional[Path], typer.Option(help="Inventory file (for --on).")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Where job directories go.")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Where job directories go (default: beside the runs).")] = None,
+    runs_dir: RunsDirOpt = None,
+    headless: HeadlessOpt = False,
+    wait: WaitOpt = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object on stdout.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the job's own output.")] = False,
 ) -> None:
@@ -221,8 +229,9 @@ def prune(
             from pictl.records.runs import writable_dir
 
             writable_dir(out, "--out")
-        session = PruneSession(options, cluster=read_cluster(hosts) if on else None, on_host=on, root=out,
-                               on_event=renderer)
+        root = out or (checked_runs_root(runs_dir).parent / "prunes" if runs_dir or before_runs_dir() else None)
+        session = PruneSession(options, cluster=read_cluster(hosts) if on else None, on_host=on, root=root,
+                               on_event=renderer, wait=wait)
         summary = asyncio.run(run_cancellable(session.run()))
     except E.PictlError as exc:
         renderer.close()

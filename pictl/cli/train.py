@@ -13,11 +13,15 @@ from pictl import errors as E
 from pictl.cli.common import (
     HOSTS_PANEL,
     ColdOpt,
+    HeadlessOpt,
     HostsOpt,
     JsonOpt,
+    RunsDirOpt,
     VerboseOpt,
     WaitOpt,
     app,
+    before_runs_dir,
+    checked_runs_root,
     choices,
     chosen,
     fail,
@@ -113,6 +117,8 @@ def train(
     hosts: HostsOpt = None,
     wait: WaitOpt = False,
     cold: ColdOpt = False,
+    runs_dir: RunsDirOpt = None,
+    headless: HeadlessOpt = False,
     verbose: VerboseOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -140,7 +146,8 @@ def train(
             from pictl.records.runs import writable_dir
 
             writable_dir(out, "--out")
-        session = TrainSession(read_cluster(hosts, cold=cold), options, on_event=renderer, root=out, wait=wait)
+        root = out or (checked_runs_root(runs_dir).parent / "trains" if runs_dir or before_runs_dir() else None)
+        session = TrainSession(read_cluster(hosts, cold=cold), options, on_event=renderer, root=root, wait=wait)
         summary = asyncio.run(run_cancellable(session.run()))
     except E.PictlError as exc:
         renderer.close()

@@ -158,8 +158,10 @@ class PruneSession:
     """One pruning job; `await run()` returns its summary (also written to summary.json)."""
 
     def __init__(self, options: PruneOptions, *, cluster: Cluster | None = None, on_host: str | None = None,
-                 root: Path | None = None, on_event: EventSink | None = None) -> None:
+                 root: Path | None = None, on_event: EventSink | None = None, wait: bool = False) -> None:
         self.options = options
+        self.wait = wait
+        """`--on HOST` held by another run: wait for it (True) or refuse at once (HostBusy)."""
         self.host: Host | None = cluster.host(on_host) if on_host and cluster else None
         if on_host and self.host is None:
             raise E.ConfigError(f"--on {on_host}: no inventory to find the host in")
@@ -226,7 +228,7 @@ class PruneSession:
         job = HostJob([h], f"prune-{self.job_id}")
         t, remote_dir = job.transport(h), job.run_dir(h)
         try:
-            await job.hold()
+            await job.hold(wait=self.wait, on_wait=lambda message: self._phase(message))
             await job.push()
             await job.stage({}, "cannot prepare the job")
             base = None
