@@ -27,8 +27,10 @@ def test_a_run_from_python_returns_its_typed_summary_and_is_listed(tmp_path: Pat
     assert listed.run_id == summary.run_id and listed.speedup == summary.speedup
 
     options = pictl.RunOptions(stages=2, split=["blocks.6"], images=6, warmup=0, repeats=1, atol=0.0)
-    again = pictl.run_experiment(cluster, options, runs_dir=tmp_path / "runs")  # an options object; baseline reused
-    assert again.serial_reused is True and again.outputs_match is True
+    again = pictl.run_experiment(cluster, options, runs_dir=tmp_path / "runs")  # an options object
+    assert again.outputs_match is True and again.baseline is not None
+    # the cached baseline is reused, unless the host's state changed meanwhile (a loaded machine): then it says why
+    assert again.serial_reused is True or again.baseline.not_reused_because
     assert [s.run_id for s in pictl.runs(tmp_path / "runs")] == [again.run_id, summary.run_id]
 
 
