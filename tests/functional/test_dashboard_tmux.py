@@ -81,10 +81,11 @@ def test_real_terminal_at_80x24_runs_and_shows_the_result(tmux_pictl: Path) -> N
     _tmux("send-keys", "-t", SESSION, "-l", "host:h1")
     _wait_for("logs (filter: host:h1)", timeout=10)
     _press("Escape")
-    # A real run from the form, by keys alone: stages 2, policy equal, 2 images (short), Enter starts it.
+    # A real run from the form, by keys alone: stages 2, policy equal, 2 images (short), Enter starts it. The
+    # form opens on its first text field (stages) and says its keys.
     _press("r")
     _wait_for("Start a run", timeout=10)
-    _press("Tab")
+    _wait_for("Enter or ctrl+s: start", timeout=10)
     _tmux("send-keys", "-t", SESSION, "-l", "2")
     _press("Tab", "Enter", "Down", "Enter", "Tab", "Tab", "Tab")
     _tmux("send-keys", "-t", SESSION, "-l", "2")

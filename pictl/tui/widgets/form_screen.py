@@ -1,4 +1,5 @@
-"""What the run and sweep forms share: Enter or the first button submits, Escape or Cancel closes."""
+"""What every form shares: Enter in a field, ctrl+s anywhere, or the first button submits; Escape or Cancel
+closes; the first text field has the focus (Enter on a list would open it), and the title says the keys."""
 
 from __future__ import annotations
 
@@ -15,7 +16,20 @@ Result = TypeVar("Result")
 class FormScreen(ModalScreen[Result], Generic[Result]):
     """Subclasses compose their fields (with a `#form-error` label and a `#start` button) and `_submit`."""
 
-    BINDINGS = [("escape", "cancel", "cancel")]
+    BINDINGS = [("escape", "cancel", "cancel"), ("ctrl+s", "submit", "start")]
+    KEYS = "Enter or ctrl+s: start, Esc: cancel"
+
+    def on_mount(self) -> None:
+        field = self.query(Input).first() if self.query(Input) else None
+        if field is not None:
+            field.focus()
+        titles = self.query(".form-title")
+        if titles:
+            title = titles.first(Label)
+            title.update(f"{title.content}  [dim]({self.KEYS})[/]")
+
+    def action_submit(self) -> None:
+        self._submit()
 
     def _submit(self) -> None:
         raise NotImplementedError
