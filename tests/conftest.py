@@ -48,18 +48,34 @@ def ssh_cluster():
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _warm_processes_end_with_the_session():
-    """The suite runs warm (as users do), so the hosts' warm processes outlive each test by design; they end
-    with the session, so that nothing of the suite's is left running after it."""
-    import time
+def _warm_processes_end_with_the_session(tmp_path_factory):
+    """The suite runs warm (as users do), so the hosts' warm processes outlive each test by design. This session's
+    own (its local hosts' warm directory is the session's; its SSH test hosts are the `pictl-<tag>N` logins)
+    end with it, so that nothing of the suite's is left running; another session's, or a person's, are never
+    touched (two test sessions at once on one machine each keep theirs)."""
+    import pwd
 
     import psutil
 
-    started = time.time()
+    warm_dir = tmp_path_factory.mktemp("warm")
+    os.environ["PICTL_WARM_DIR"] = str(warm_dir)  # every local host of the session (the controller's env)
+    from support.sshcluster import TAG
+
     yield
-    for proc in psutil.process_iter(["cmdline", "create_time"]):
+
+    def ours(proc: psutil.Process) -> bool:
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if "remote.host.warmserve --socket" not in cmd:
+            return False
         try:
-            if proc.info["create_time"] >= started - 1 and "remote.host.warm" in " ".join(proc.info["cmdline"] or []):
-                proc.kill()
+            user = pwd.getpwuid(proc.info["uids"].real).pw_name
+        except (KeyError, AttributeError):
+            user = ""
+        return str(warm_dir) in cmd or user.startswith(f"pictl-{TAG}")
+
+    for proc in psutil.process_iter(["cmdline", "uids"]):
+        try:
+            if ours(proc):
+                proc.kill()  # (its jobs, if any, go with it: they die with their parent)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
