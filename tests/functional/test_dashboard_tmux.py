@@ -87,7 +87,11 @@ def test_real_terminal_at_80x24_runs_and_shows_the_result(tmux_pictl: Path) -> N
     _wait_for("Start a run", timeout=10)
     _wait_for("Enter or ctrl+s: start", timeout=10)
     _tmux("send-keys", "-t", SESSION, "-l", "2")
-    _press("Tab", "Enter", "Down", "Enter", "Tab", "Tab", "Tab")
+    _press("Tab", "Enter")  # the policy list opens (wait for it: keys sent meanwhile would go to the form)
+    _wait_for("equal", timeout=10)
+    _press("Down", "Enter")
+    _wait_for(re.compile(r"equal\s+▼"), timeout=10)  # chosen, the list closed
+    _press("Tab", "Tab", "Tab")
     _tmux("send-keys", "-t", SESSION, "-l", "2")
     _press("Enter")
     screen = _wait_for(re.compile(r"outputs\s+match"), timeout=300)  # the label column's width varies
