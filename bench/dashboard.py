@@ -26,6 +26,7 @@ from pictl.cluster.transport import transport_for
 from pictl.events import RankEvent, parse_event
 from pictl.inventory import load_cluster
 from pictl.tui.app import PictlApp
+from pictl.tui.widgets.help_screen import HelpScreen
 
 EMITTER = """
 import json, sys, time
@@ -95,10 +96,16 @@ async def main() -> None:
             # the way the terminal driver does and time until the panel is laid out on the screen.
             start = time.perf_counter()
             app.simulate_key("question_mark")
-            while not (panels := app.screen.query("HelpPanel")) or not panels.first().size.area:
+            deadline = start + 5
+            while not (isinstance(app.screen, HelpScreen) and (help_ := app.screen.query("#help"))
+                       and help_.first().size.area):
+                if time.perf_counter() > deadline:
+                    raise SystemExit("the help screen never appeared")
                 await asyncio.sleep(0.0005)
             latencies.append((time.perf_counter() - start) * 1000)
-            app.simulate_key("question_mark")
+            app.simulate_key("escape")
+            while isinstance(app.screen, HelpScreen):
+                await asyncio.sleep(0.005)
             await asyncio.sleep(0.2)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

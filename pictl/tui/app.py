@@ -33,7 +33,6 @@ from pictl.tui.messages import (
     HostHealth,
     LogLine,
     PhaseChanged,
-    ProgressReady,
     RankRecord,
     RunFinished,
     StagesPlaced,
@@ -132,8 +131,13 @@ class PictlApp(JobsApp):
             hosts, stages, summary = self.query_one(HostsTable), self.query_one(StageList), self.query_one(RunPanel)
         except NoMatches:
             return  # the app is shutting down: its widgets are removed before its timers stop
-        dirty, self._dirty = self._dirty, set()
         now = self.clock()
+        ticks = self.bridge.take_progress()  # the newest progress of each rank since the last draw
+        for tick in ticks:
+            self.state.on_record(tick.source, tick.host, tick.record, now)
+        if ticks:
+            self._dirty.update({"stages", "summary", "hosts"})
+        dirty, self._dirty = self._dirty, set()
         if "hosts" in dirty:
             hosts.show_state(self.state, now)
         if "stages" in dirty:
@@ -154,12 +158,6 @@ class PictlApp(JobsApp):
 
     def on_rank_record(self, msg: RankRecord) -> None:
         self.state.on_record(msg.source, msg.host, msg.record, self.clock())
-        self._dirty.update({"stages", "summary", "hosts"})
-
-    def on_progress_ready(self, _msg: ProgressReady) -> None:
-        now = self.clock()
-        for tick in self.bridge.take_progress():
-            self.state.on_record(tick.source, tick.host, tick.record, now)
         self._dirty.update({"stages", "summary", "hosts"})
 
     def on_log_line(self, msg: LogLine) -> None:

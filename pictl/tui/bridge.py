@@ -7,7 +7,7 @@ from collections.abc import Callable
 from textual.message import Message
 
 from pictl.events import HostOutput, Phase, Placed, RankEvent, SessionEvent
-from pictl.tui.messages import LogLine, PhaseChanged, ProgressReady, RankRecord, StagesPlaced
+from pictl.tui.messages import LogLine, PhaseChanged, RankRecord, StagesPlaced
 from remote.job_records import PruneAccuracy, PruneDone
 from remote.records import Record
 from remote.run_records import Error, Progress, StageMoved, StageReady, Throughput, Trace
@@ -37,18 +37,18 @@ def _as_log(rec: Record) -> str | None:
 class SessionBridge:
     """An `on_event` for RunSession that posts each event as a message.
 
-    Progress ticks (200/s per host is normal) are not posted one by one: the newest
-    per rank waits in `latest`, and one ProgressReady message at a time tells the
-    app to take them. A stale tick is replaced before it costs a message.
+    Progress ticks (200/s per host is normal) are not posted at all: the newest per
+    rank waits in `latest`, and the app takes them when it draws (`take_progress`, a
+    few times a second). A stale tick is replaced before it costs anything: no
+    message, no fold, no render per tick.
     """
 
     def __init__(self, post: Callable[[Message], object]) -> None:
         self.post = post
         self.latest: dict[tuple[str, int], RankRecord] = {}
-        self._announced = False
 
     def take_progress(self) -> list[RankRecord]:
-        ticks, self.latest, self._announced = list(self.latest.values()), {}, False
+        ticks, self.latest = list(self.latest.values()), {}
         return ticks
 
     def __call__(self, event: SessionEvent) -> None:
@@ -58,9 +58,6 @@ class SessionBridge:
             rec = event.record
             if isinstance(rec, Progress) and event.source != "serial":
                 self.latest[(event.source, rec.rank)] = RankRecord(event.source, event.host, rec)
-                if not self._announced:
-                    self._announced = True
-                    self.post(ProgressReady())
                 return
             self.post(RankRecord(event.source, event.host, event.record))
             if (text := _as_log(rec)) is not None:

@@ -38,10 +38,6 @@ class RankRecord(Message):
         self.source, self.host, self.record = source, host, record
 
 
-class ProgressReady(Message):
-    """Progress ticks are waiting in the bridge (`SessionBridge.take_progress`); one such message at a time."""
-
-
 class LogLine(Message):
     """A line of ordinary output from a host or rank."""
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
@@ -127,12 +127,22 @@ class RunPanel(Static):
         spinner = f"{SPINNER[int(now * 4) % len(SPINNER)]} " if waiting else ""
         self._render_state(state, done, eta, spinner + phase_line)
 
+    _height: int = -1
+
+    def _show(self, content: RenderableType) -> None:
+        """Show `content`; a new layout only when its height changes (a layout pass on every frame was most of
+        the dashboard's cost while hosts stream progress)."""
+        width = self.content_region.width or self.app.console.width
+        height = len(self.app.console.render_lines(content, self.app.console.options.update_width(width), pad=False))
+        self.update(content, layout=height != self._height)
+        self._height = height
+
     def _render_state(self, state: DashboardState, done: float, eta: float | None, phase_line: str) -> None:
         if state.prune is not None:
-            self.update(prune_grid(state))
+            self._show(prune_grid(state))
             return
         if state.train is not None:
-            self.update(train_grid(state, phase_line))
+            self._show(train_grid(state, phase_line))
             return
         s = state.summary or {}
         stages = int(state.options.get("stages", 0)) or None
@@ -202,11 +212,11 @@ class RunPanel(Static):
         if gap:  # the waterfall's line, each term named in its colour as in the bar above; last: it is long
             grid.add_row("gap", line_text(gap))
         if not state.sweep:
-            self.update(grid)
+            self._show(grid)
             return
         # The sweep's table gets the panel's full width, above the run it is on: the run's rows (flags, the gap)
         # may be many, and the table is what a sweep is followed by.
         sweep = state.sweep
-        self.update(Group(Text.assemble(("sweep", "bold"), f"  run {sweep['index'] + 1} of {sweep['total']}  ",
+        self._show(Group(Text.assemble(("sweep", "bold"), f"  run {sweep['index'] + 1} of {sweep['total']}  ",
                                         (sweep.get("directory") or "", "dim")),
                           sweep_table(sweep.get("rows", [])), grid))

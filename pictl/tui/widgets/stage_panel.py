@@ -47,6 +47,8 @@ class StagePanel(Vertical):
         yield Static("", classes="stage-figures")
 
     _shown: tuple = ()
+    _title: str = ""
+    _lines: int = -1
 
     def show_state(self, st: StageView) -> None:
         key = (len(st.ips), st.ips[-1] if st.ips else None, st.modules and st.modules[-1], st.microbatches,
@@ -54,8 +56,12 @@ class StagePanel(Vertical):
         if key == self._shown:  # nothing new since the last frame
             return
         self._shown = key
-        self.query_one(".stage-title", Label).update(
-            Text.assemble((f"stage {st.rank}", "bold"), f" on {st.host}  ", (printable(_span(st.modules)), "dim")))
+        # A changed title or a changed number of lines is a new layout; the figures of every frame are not (a
+        # layout pass per progress frame was most of the dashboard's cost while 4 hosts stream).
+        title = Text.assemble((f"stage {st.rank}", "bold"), f" on {st.host}  ", (printable(_span(st.modules)), "dim"))
+        if title.plain != self._title:
+            self._title = title.plain
+            self.query_one(".stage-title", Label).update(title)
         spark = self.query_one(Sparkline)
         spark.display = bool(st.ips)  # no points yet: nothing drawn (a flat [0] draws as a full bar)
         spark.data = list(st.ips)
@@ -70,4 +76,6 @@ class StagePanel(Vertical):
         figures.append(f"\n{passes}{st.microbatches}/{st.microbatches_total}{' mb' if narrow else ' microbatches'}  "
                        f"{'-' if rate is None else f'{rate:.2f}'} img/s  {st.bytes_per_s / 1e6:.2f} MB/s sent"
                        + (f" (x{st.wire_ratio:.2f})" if st.wire_ratio is not None and st.wire_ratio < 1 else ""))
-        self.query_one(".stage-figures", Static).update(figures)
+        lines = figures.plain.count("\n")
+        self.query_one(".stage-figures", Static).update(figures, layout=lines != self._lines)
+        self._lines = lines
