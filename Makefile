@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "pictl needs Python >= 3.11"'
 	$(PYTHON) -m pip install -q --disable-pip-version-check uv
 	$(PYTHON) -m uv venv -q --allow-existing -p $(PYTHON) $(VENV)
-	$(PYTHON) -m uv pip install -q --compile-bytecode -p $(VENV)/bin/python -e '.[remote,test]'
+	$(PYTHON) -m uv pip install -q --compile-bytecode -p $(VENV)/bin/python -e '.[remote,test,track,docs]'
 	touch $@
 
 demo: setup
@@ -34,6 +34,7 @@ demo: setup
 test: setup system-deps
 	$(VENV)/bin/ruff check pictl remote tests bench
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mkdocs build --strict --quiet --site-dir $(VENV)/site
 	$(VENV)/bin/python -m pytest -q -rs --durations=20
 
 bench: setup

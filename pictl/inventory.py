@@ -157,6 +157,8 @@ class Cluster(BaseModel):
     hosts: tuple[Host, ...]
     baseline_max_age: float | None = Field(default=None, gt=0)
     """Seconds a cached serial baseline may be reused for (`[cluster]`; a run's own setting wins)."""
+    track: tuple[Literal["tensorboard", "wandb"], ...] = ()
+    """Trackers every run, sweep and training job writes to (`[cluster] track`), unless it names its own."""
     source: str = ""
     """The file this was read from (for messages)."""
 
@@ -242,6 +244,14 @@ def read_toml(path: Path, what: str) -> dict:
         raise ConfigError(f"{path}: cannot read the {what} ({exc.strerror or exc})") from None
 
 
+def _tracked(path: Path, value: object) -> tuple[str, ...]:
+    """`[cluster] track`: one tracker's name or a list of them, each one pictl knows."""
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list | tuple) or not all(n in ("tensorboard", "wandb") for n in names):
+        raise ConfigError(f"{path}: cluster.track: a list of tensorboard, wandb (got {value!r:.60})")
+    return tuple(names)
+
+
 def load_cluster(path: str | Path) -> Cluster:
     """Read and validate an inventory, or raise ConfigError naming the file and field."""
     path = Path(path)
@@ -264,8 +274,8 @@ def load_cluster(path: str | Path) -> Cluster:
     cluster_wide = {"warm": table["warm"]} if "warm" in table else {}  # ([cluster] warm = false: every host)
     merged = [{**cluster_wide, **defaults, **h} for h in hosts]
     for key, value in table.items():
-        if key not in ("name", "baseline_max_age", "warm"):
-            raise ConfigError(f"{path}: cluster.{key!r}: unknown field (name, baseline_max_age, warm)")
+        if key not in ("name", "baseline_max_age", "warm", "track"):
+            raise ConfigError(f"{path}: cluster.{key!r}: unknown field (name, baseline_max_age, warm, track)")
         if key == "warm" and not isinstance(value, bool):
             raise ConfigError(f"{path}: cluster.warm: must be true or false, not a {type(value).__name__}")
         if key == "name" and not isinstance(value, str):
@@ -275,6 +285,7 @@ def load_cluster(path: str | Path) -> Cluster:
                               f"{type(value).__name__}")
     try:
         return Cluster.model_validate({"name": table.get("name", path.stem), "hosts": merged, "source": str(path),
-                                       "baseline_max_age": table.get("baseline_max_age")})
+                                       "baseline_max_age": table.get("baseline_max_age"),
+                                       "track": _tracked(path, table.get("track", ()))})
     except ValidationError as exc:
         raise ConfigError(format_validation_error(str(path), exc)) from exc

@@ -15,7 +15,17 @@ from rich.table import Table
 from rich.text import Text
 
 from pictl import errors as E
-from pictl.cli.common import JsonOpt, RunsDirOpt, app, fail, runs_root, stderr, wide_console
+from pictl.cli.common import (
+    JsonOpt,
+    RunsDirOpt,
+    TrackerChoice,
+    app,
+    fail,
+    runs_root,
+    stderr,
+    tracked,
+    wide_console,
+)
 from pictl.records import catalog
 from pictl.records import waterfall_view as wv
 
@@ -167,3 +177,25 @@ def _table(rows: list[dict[str, Any]], columns: tuple[str, ...], title: str) -> 
     for r in rows:
         table.add_row(*(_cell(r[k]) for k in columns))
     return table
+
+
+@app.command("track")
+def track(
+    record: Annotated[str, typer.Argument(help="A run (id, unique id prefix, or directory), a training job's or "
+                                               "a sweep's directory.")],
+    to: Annotated[list[TrackerChoice], typer.Option("--to", help="Tracker to write it to (repeat for both).")],
+    runs_dir: RunsDirOpt = None,
+) -> None:
+    """Write a past run, training job or sweep to TensorBoard or W&B (offline), beside its record."""
+    from pictl.records.tracker_writers import check_trackers, write_series
+    from pictl.records.trackers import record_series
+
+    kinds = tracked(to) or []
+    try:
+        check_trackers(kinds, "--to")
+        path = catalog.resolve_run(runs_root(runs_dir), record)  # a directory is taken as it is
+        written = write_series(kinds, path, record_series(path))
+    except E.PictlError as exc:
+        fail(exc)
+    for kind, where in written.items():
+        typer.echo(f"{kind}: {where}")

@@ -8,7 +8,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from enum import Enum, StrEnum
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, Optional, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional, TypeVar
 
 import typer
 from rich.console import Console
@@ -17,6 +17,7 @@ from pictl import errors as E
 from pictl.cluster.fleet import Fleet, connected
 from pictl.inventory import Cluster, load_cluster
 from pictl.planning.options import RunOptions
+from pictl.records.trackers import TRACKERS
 from pictl.shipped import shipped_path
 from pictl.text import printable
 
@@ -65,6 +66,20 @@ HeadlessOpt = Annotated[bool, typer.Option("--headless", help="No console: progr
                                            rich_help_panel=HOSTS_PANEL)]
 ColdOpt = Annotated[bool, typer.Option("--cold", help="Start every process afresh (each imports torch), not "
                                        "from the hosts' warm processes.", rich_help_panel=HOSTS_PANEL)]
+if TYPE_CHECKING:  # to mypy, a str Enum; built from the trackers' Literal so the two cannot drift apart
+    class TrackerChoice(StrEnum): ...
+else:
+    TrackerChoice = choices("TrackerChoice", TRACKERS)
+TrackOpt = Annotated[Optional[list[TrackerChoice]], typer.Option(
+    "--track", help="Also write the result to an experiment tracker (repeat for both; W&B offline; default: the "
+                    "inventory's [cluster] track).", rich_help_panel=HOSTS_PANEL)]
+
+
+def tracked(values: list[TrackerChoice] | None) -> list[str] | None:
+    """`--track` as the options take it (None: not given, the preset's or the inventory's stand)."""
+    return [str(v.value) for v in values] if values else None
+
+
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show every host's output.",
                                           rich_help_panel=HOSTS_PANEL)]
 ImagesOpt = Annotated[Optional[int], typer.Option(help="Images per pass." + default_of("images"),

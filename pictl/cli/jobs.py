@@ -20,6 +20,7 @@ from pictl.cli.common import (
     RepeatsOpt,
     RunsDirOpt,
     ThreadsOpt,
+    TrackOpt,
     VerboseOpt,
     WaitOpt,
     WarmupOpt,
@@ -31,6 +32,7 @@ from pictl.cli.common import (
     read_cluster,
     run_cancellable,
     stderr,
+    tracked,
     wide_console,
 )
 
@@ -58,6 +60,7 @@ def sweep(
     headless: HeadlessOpt = False,
     verbose: VerboseOpt = False,
     as_json: JsonOpt = False,
+    track: TrackOpt = None,
     train: Annotated[bool, typer.Option("--train", help="Sweep training jobs (`pictl train`) instead of runs.",
                                         rich_help_panel=TRAIN_PANEL)] = False,
     modes: Annotated[Optional[str], typer.Option(help="Training modes, e.g. single,pipeline,ddp (default: all).",
@@ -99,14 +102,15 @@ def sweep(
         settings = {"model": model, "model_args": model_arg, "image_size": image_size, "batch_size": batch_size,
                     "steps": steps, "train_images": train_images, "eval_images": eval_images, "data": data,
                     "data_path": data_path, "amp": amp,
-                    "threads": threads}
+                    "threads": threads, "track": tracked(track)}
         _train_sweep(renderer, settings, modes=modes, schedules=schedules, stages=stages, chunks=chunks, out=out,
                      hosts=hosts, wait=wait, as_json=as_json, cold=cold, runs_dir=runs_dir)
         return
     try:
         cluster = read_cluster(hosts, cold=cold)
         base, points = plan_sweep(cluster, profile, {"images": images, "warmup": warmup, "repeats": repeats,
-                                                     "threads": threads, "trace_steps": trace_steps},
+                                                     "threads": threads, "trace_steps": trace_steps,
+                                                     "track": tracked(track)},
                                   stages=stages, chunks=chunks, policies=policy, wires=wire)
         note_profile(profile)
         root = checked_runs_root(runs_dir)

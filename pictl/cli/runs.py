@@ -21,6 +21,7 @@ from pictl.cli.common import (
     RepeatsOpt,
     RunsDirOpt,
     ThreadsOpt,
+    TrackOpt,
     VerboseOpt,
     WarmupOpt,
     app,
@@ -35,6 +36,7 @@ from pictl.cli.common import (
     read_cluster,
     run_cancellable,
     runs_root,
+    tracked,
     wide_console,
 )
 from pictl.planning.options import DATASETS, POLICIES
@@ -161,6 +163,7 @@ def run(
     wait: Annotated[bool, typer.Option("--wait", help="If another run holds a host, wait for it (else exit 8).",
                                        rich_help_panel=HOSTS_PANEL)] = False,
     cold: ColdOpt = False,
+    track: TrackOpt = None,
 ) -> None:
     """Run one experiment: serial baseline, N-stage pipeline, speedup and output check."""
     from pictl.headless import HeadlessRenderer, print_summary
@@ -171,7 +174,7 @@ def run(
         "repeats": repeats, "threads": threads, "model": model, "num_classes": num_classes, "checkpoint": checkpoint,
         "allow_pickle": allow_pickle, "data": chosen(data), "data_path": data_path, "atol": atol,
         "master_port": master_port, "trace_steps": trace_steps, "refine": refine, "baseline_max_age": baseline_max_age,
-        "wire": wire, "min_agreement": min_agreement}
+        "wire": wire, "min_agreement": min_agreement, "track": tracked(track)}
     renderer = HeadlessRenderer(verbose=verbose)
     session = None
     try:

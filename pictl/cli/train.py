@@ -17,6 +17,7 @@ from pictl.cli.common import (
     HostsOpt,
     JsonOpt,
     RunsDirOpt,
+    TrackOpt,
     VerboseOpt,
     WaitOpt,
     app,
@@ -27,6 +28,7 @@ from pictl.cli.common import (
     fail,
     read_cluster,
     run_cancellable,
+    tracked,
 )
 from pictl.jobs.training.options import Mode as ModeLiteral
 from pictl.jobs.training.options import Schedule as ScheduleLiteral
@@ -121,6 +123,7 @@ def train(
     headless: HeadlessOpt = False,
     verbose: VerboseOpt = False,
     as_json: JsonOpt = False,
+    track: TrackOpt = None,
 ) -> None:
     """Train across the hosts: the loss of every mode checked against a single run's, time per category per rank."""
     from pictl.cli.runs import split_points
@@ -141,7 +144,7 @@ def train(
             "model": model, "model_args": parse_model_args(model_arg), "num_classes": num_classes,
             "image_size": image_size, "checkpoint": checkpoint, "allow_pickle": allow_pickle or None,
             "data": chosen(data), "data_path": data_path, "train_images": train_images, "eval_images": eval_images,
-            "seed": seed, "save": save, "break_rank": break_rank})
+            "seed": seed, "save": save, "break_rank": break_rank, "track": tracked(track)})
         if out is not None:
             from pictl.records.runs import writable_dir
 

@@ -195,10 +195,14 @@ async def run_sweep(cluster: Cluster, base: RunOptions, points: list[SweepPoint]
     that cannot be written goes into `write_failed` and the sweep goes on (the caller prints the rows)."""
     from pictl.events import Phase
     from pictl.planning.specs import plan_ahead
+    from pictl.records.tracker_writers import check_trackers, track_record
+    from pictl.records.trackers import sweep_series
     from pictl.run.session import RunSession
 
     # One planning process for the pipeline runs (not a torch import each), and one that cannot work
     # is refused before the first run starts. A serial point plans inside its own baseline run.
+    kinds = list(base.track or cluster.track)
+    check_trackers(kinds)  # before anything starts
     planned = await plan_ahead(cluster, [(point_label(p), options_for(base, p)) for p in points if p.stages > 1],
                                cache_root=cache.root.parent if cache else None)
     if planned and on_event:
@@ -227,4 +231,6 @@ async def run_sweep(cluster: Cluster, base: RunOptions, points: list[SweepPoint]
         if on_rows:
             on_rows(list(rows))
     _kept(lambda: plot(out, rows), write_failed)
+    await track_record(kinds, out, lambda: sweep_series(out.name, rows, base.model_dump()),
+                       lambda message: on_event(Phase("track", message)) if on_event else None)
     return rows

@@ -19,6 +19,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pictl.errors import ConfigError
+from pictl.records.trackers import Tracker
 from remote.wire import parse_wire
 
 MAX_IMAGES = 2000
@@ -92,6 +93,9 @@ class RunOptions(BaseModel):
     baseline_max_age: float | None = Field(default=None, gt=0)
     """Seconds a cached serial baseline may be reused for; None: the inventory's `[cluster] baseline_max_age`,
     else any age (a baseline is still measured again whenever its host's state changed)."""
+    track: list[Tracker] = []
+    """Experiment trackers the finished run is written to (`pictl.records.trackers`); empty: the inventory's
+    `[cluster] track`. Not part of the experiment: the hosts never see it."""
 
     @model_validator(mode="after")
     def _split_implies_explicit(self) -> RunOptions:

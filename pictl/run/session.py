@@ -32,6 +32,8 @@ from pictl.inventory import Cluster
 from pictl.planning.options import RunOptions
 from pictl.planning.specs import spec_from
 from pictl.records.runs import RunRecord, default_runs_root
+from pictl.records.tracker_writers import check_trackers, track_record
+from pictl.records.trackers import run_series, write_samples
 from pictl.run.baselines import BaselineCache
 from pictl.run.compare import collect_and_compare
 from pictl.run.context import RunContext
@@ -93,6 +95,7 @@ class RunSession:
         ctx, reached = self.ctx, self.reached
         o = ctx.options
         usable = candidates(ctx.cluster, o.stages, o.policy)  # ConfigError: nothing started yet
+        check_trackers(self.trackers)
         spec = spec_from(o, ctx.run_id, ctx.artifact)
         summary: dict[str, Any] = {}
         try:
@@ -151,6 +154,26 @@ class RunSession:
                     summary = summary or bare_summary(ctx)
                     ctx.record.finish(summary)
                     self.last_summary = summary
+                    if summary.get("status") != "interrupted":  # a second Ctrl-C must not wait on a tracker
+                        await self._track(summary)
+
+    @property
+    def trackers(self) -> list[str]:
+        """Where the finished run is also written: its own `track`, else the inventory's."""
+        return list(self.options.track or self.ctx.cluster.track)
+
+    async def _track(self, summary: dict[str, Any]) -> None:
+        from pictl.summary_models import RunSummary
+
+        record, kinds = self.ctx.record, self.trackers
+        if record is None or not kinds:
+            return
+        try:
+            write_samples(record.path, self.ctx.samples)
+        except OSError as exc:  # the trackers go without the host samples; the record stands
+            self.ctx.phase("track", f"host samples not written ({exc.strerror or exc})")
+        await track_record(kinds, record.path, lambda: run_series(record.path, RunSummary.model_validate(summary)),
+                           lambda message: self.ctx.phase("track", message))
 
     async def _watch_hosts(self, job: HostJob, placement: Placement) -> None:
         """Sample the run's hosts while it runs (load, heat, throttling), over its own connections."""

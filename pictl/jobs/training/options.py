@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pictl import errors as E
 from pictl.inventory import format_validation_error
 from pictl.planning.options import MAX_IMAGES
+from pictl.records.trackers import Tracker
 from remote.spec import DataSpec, TrainSpec
 
 Mode = Literal["single", "pipeline", "ddp"]
@@ -85,6 +86,8 @@ class TrainOptions(BaseModel):
     save: bool = True
     break_rank: int | None = Field(default=None, ge=0)
     """Fault injection (tests): this rank never applies its optimizer step."""
+    track: list[Tracker] = []
+    """Experiment trackers the finished job is written to; empty: the inventory's `[cluster] track`."""
 
     @model_validator(mode="after")
     def _fits(self) -> TrainOptions:

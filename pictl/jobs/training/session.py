@@ -37,6 +37,8 @@ from pictl.jobs.training.waterfall import train_waterfall
 from pictl.planning.placement import NodePlan, place_stages
 from pictl.records.cache import JsonCache, cache_root
 from pictl.records.runs import RunRecord, default_runs_root
+from pictl.records.tracker_writers import check_trackers, track_record
+from pictl.records.trackers import train_series
 from remote import protocol as P
 from remote.spec import TrainSpec
 
@@ -60,6 +62,8 @@ class TrainSession:
                  root: Path | None = None, wait: bool = False) -> None:
         self.cluster, self.options, self.wait = cluster, options, wait
         self.nodes = placement(cluster, options)  # ConfigError: nothing started yet
+        self.trackers = list(options.track or cluster.track)
+        check_trackers(self.trackers)
         self.job_id = f"{time.strftime('%Y%m%d-%H%M%S')}-train-{options.mode}-{secrets.token_hex(2)}"
         self.root = root or default_trains_root()
         self.sink = on_event or (lambda _e: None)
@@ -135,6 +139,14 @@ class TrainSession:
                     summary.update(status="failed", error=error)
                 self.record.finish(summary)
                 self.summary = summary
+                if status != "interrupted" and self.trackers:  # a second Ctrl-C must not wait on a tracker
+                    await self._track(self.record.path, summary)
+
+    async def _track(self, path: Path, summary: dict[str, Any]) -> None:
+        from pictl.job_summaries import TrainSummary
+
+        await track_record(self.trackers, path, lambda: train_series(TrainSummary.model_validate(summary)),
+                           lambda message: self._phase("track", message))
 
     def _reference_key(self, code: str, *, amp: bool | None = None,
                        ) -> tuple[JsonCache, str, TrainSpec]:
