@@ -3,8 +3,8 @@
 Every few seconds each host runs one fixed shell command (no user values in it)
 that prints /proc/stat (the CPU lines and the runnable count), the kernel's CPU
 pressure (/proc/pressure/cpu), the load average, /proc/meminfo, the SoC
-temperature and, on a Raspberry Pi, `vcgencmd get_throttled`. CPU % is the busy
-share between two samples; `cpu_wait` the share of that time in which some
+temperature and, on a Raspberry Pi, `vcgencmd get_throttled`; a local host's
+files are read in-process. CPU % is the busy share between two samples; `cpu_wait` the share of that time in which some
 runnable thread waited for a CPU. A host that does not answer within
 the timeout is reported down, so the dashboard turns it red within seconds. A run
 samples its own hosts with the same monitor, over its open connections, for the
@@ -14,6 +14,7 @@ sanity flags of its result (`summarize_samples`).
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +28,25 @@ SAMPLE_SCRIPT = (
     "cat /proc/stat /proc/pressure/cpu /proc/loadavg /proc/meminfo /sys/class/thermal/thermal_zone0/temp 2>/dev/null; "
     "command -v vcgencmd >/dev/null && vcgencmd get_throttled; true"
 )
+
+
+SAMPLED_FILES = ("/proc/stat", "/proc/pressure/cpu", "/proc/loadavg", "/proc/meminfo",
+                 "/sys/class/thermal/thermal_zone0/temp")
+HAS_VCGENCMD = shutil.which("vcgencmd") is not None
+"""This machine is a Pi: its local hosts' samples need `vcgencmd` (the script), not only the files."""
+
+
+def local_sample_text() -> str:
+    """What SAMPLE_SCRIPT prints, read here: a local host is this machine, and reading five small files
+    costs far less than starting a shell and `cat` for each host every second (the dashboard's own cost)."""
+    parts = []
+    for name in SAMPLED_FILES:
+        try:
+            with open(name) as f:
+                parts.append(f.read())
+        except OSError:
+            continue  # (cat's 2>/dev/null: a kernel without PSI, a machine without a thermal zone)
+    return "".join(parts)
 
 
 @dataclass(frozen=True)
@@ -91,7 +111,7 @@ def parse_sample(host: str, text: str, previous: Counters | None, at: float
         elif parts[0] == "some" and parts[-1].startswith("total=") and parts[-1][6:].isdigit():
             stall_us = int(parts[-1][6:])  # /proc/pressure/cpu
         elif parts[0] == "procs_running" and len(parts) > 1 and parts[1].isdigit():
-            runnable = max(0, int(parts[1]) - 1)  # the `cat` reading it was running
+            runnable = max(0, int(parts[1]) - 1)  # the reader was running (`cat`, or pictl for a local host)
         elif len(parts) == 5 and "/" in parts[3]:  # /proc/loadavg
             load1 = float(parts[0])
         elif parts[0] == "MemTotal:":
@@ -157,8 +177,9 @@ class HostMonitor:
                 if not connected:
                     await asyncio.wait_for(t.connect(), self.timeout_s)
                     connected = True
-                result = await t.run(["sh", "-c", SAMPLE_SCRIPT], timeout_s=self.timeout_s)
-                sample, previous = parse_sample(t.host.name, result.stdout, previous, time.time())
+                text = (local_sample_text() if t.host.transport == "local" and not HAS_VCGENCMD else
+                        (await t.run(["sh", "-c", SAMPLE_SCRIPT], timeout_s=self.timeout_s)).stdout)
+                sample, previous = parse_sample(t.host.name, text, previous, time.time())
             except (E.PictlError, OSError, TimeoutError) as exc:
                 if owned:
                     connected = False

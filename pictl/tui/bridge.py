@@ -45,11 +45,12 @@ class SessionBridge:
 
     def __init__(self, post: Callable[[Message], object]) -> None:
         self.post = post
-        self.latest: dict[tuple[str, int], RankRecord] = {}
+        self.latest: dict[tuple[str, int], tuple[str, Progress]] = {}
+        """The newest progress of each (source, rank), with its host: a message is made only when drawn."""
 
     def take_progress(self) -> list[RankRecord]:
-        ticks, self.latest = list(self.latest.values()), {}
-        return ticks
+        ticks, self.latest = self.latest, {}
+        return [RankRecord(source, host, rec) for (source, _rank), (host, rec) in ticks.items()]
 
     def __call__(self, event: SessionEvent) -> None:
         if isinstance(event, Phase):
@@ -57,7 +58,7 @@ class SessionBridge:
         elif isinstance(event, RankEvent):
             rec = event.record
             if isinstance(rec, Progress) and event.source != "serial":
-                self.latest[(event.source, rec.rank)] = RankRecord(event.source, event.host, rec)
+                self.latest[(event.source, rec.rank)] = (event.host, rec)
                 return
             self.post(RankRecord(event.source, event.host, event.record))
             if (text := _as_log(rec)) is not None:

@@ -14,7 +14,7 @@ from support.clusters import write_cluster
 from pictl.cluster.monitor import HostSample
 from pictl.events import RECORD_TYPES, RankEvent
 from pictl.inventory import load_cluster
-from pictl.tui.app import PictlApp
+from pictl.tui.app import PROGRESS_EVERY, PictlApp
 from pictl.tui.messages import HostHealth, LogLine, PhaseChanged, RankRecord, RunFinished
 from pictl.tui.widgets.stage_list import StageList
 from remote.records import Record
@@ -75,15 +75,16 @@ async def _during(pilot) -> None:  # noqa: ANN001
     app.post_message(RankRecord("h0", "h0", _rec("refined", 0, NOW - 13, rounds=2,
                                                  split_points=["blocks.4", "blocks.8"],
                                                  predicted_ms=[296.0, 291.0, 303.0], factors=[1.02, 0.99, 1.01])))
-    # One tick per rank a frame, through the bridge (where a newer tick replaces a waiting one), each frame drawn
-    # (the app takes the waiting ticks when it draws, a few times a second).
+    # One tick per rank a progress draw, through the bridge (where a newer tick replaces a waiting one), each one
+    # drawn (the app takes the waiting ticks every PROGRESS_EVERY frames: once a second).
     for k in range(1, 9):
         for rank in range(3):
             app.bridge(RankEvent(f"h{rank}", f"h{rank}", _rec(
                 "progress", rank, NOW - 10 + k, stage=rank, phase="timed", repeat=0, microbatches_total=24,
                 microbatches=(2 + k % 3) * k, compute_s=0.3 * k, wait_s=0.05 * k * rank,
                 send_s=0.02 * k * (2 - rank), bytes_sent=3 * k * 302_592 * (rank < 2))))
-        app.render_dirty()
+        for _ in range(PROGRESS_EVERY):
+            app.render_dirty()
         await pilot.pause()
     app.state.pipeline_started_at = NOW - 12  # the phase message took the frozen clock
     app.render_all()

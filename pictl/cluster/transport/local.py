@@ -28,33 +28,36 @@ def _env(env: Mapping[str, str] | None) -> dict[str, str]:
 
 
 class LocalProcess(RemoteProcess):
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, stdout: int, stderr: int) -> None:
         super().__init__()
         self._proc = proc
-        self._readers = [asyncio.create_task(self._pump(proc.stdout, "stdout")),
-                         asyncio.create_task(self._pump(proc.stderr, "stderr"))]
+        self._readers = [asyncio.create_task(self._pump(stdout, "stdout")),
+                         asyncio.create_task(self._pump(stderr, "stderr"))]
 
-    async def _pump(self, stream: asyncio.StreamReader | None, name: str) -> None:
-        """Lines from `stream` as they come. A trickle (a rank's progress, 200 lines a second) is read every
-        GATHER_S rather than line by line: the lines wait a few milliseconds and cost one wake-up together."""
-        assert stream is not None
+    async def _pump(self, fd: int, name: str) -> None:
+        """Lines from the pipe `fd` as they come. A trickle (a rank's progress, 200 lines a second) is read
+        every GATHER_S rather than line by line: meanwhile the pipe is not watched at all, so its lines wait a
+        few milliseconds in the pipe and cost one wake-up of the event loop together (an asyncio stream would
+        wake it for every line the process flushes)."""
         pending, last = b"", -1.0
-        while True:
-            chunk = await stream.read(1 << 16)
-            if not chunk:
-                break
-            now = time.monotonic()
-            streaming, last = now - last < 0.1, now  # (a one-shot command's output is never held back)
-            *lines, pending = (pending + chunk).split(b"\n")
-            if len(pending) > LINE_LIMIT:  # a line longer than any of ours: passed on in pieces
-                lines.append(pending)
-                pending = b""
-            for raw in lines:
-                await self._line(name, raw.decode(errors="replace"))
-            if streaming and len(chunk) < 4096:
-                await asyncio.sleep(GATHER_S)
-        if pending:
-            await self._line(name, pending.decode(errors="replace"))
+        try:
+            while True:
+                chunk = await _read_when_ready(fd)
+                if not chunk:
+                    break
+                now = time.monotonic()
+                streaming, last = now - last < 0.1, now  # (a one-shot command's output is never held back)
+                *lines, pending = (pending + chunk).split(b"\n")
+                if len(pending) > LINE_LIMIT:  # a line longer than any of ours: passed on in pieces
+                    lines.append(pending)
+                    pending = b""
+                self._lines(name, [raw.decode(errors="replace") for raw in lines])
+                if streaming and len(chunk) < 4096:
+                    await asyncio.sleep(GATHER_S)
+            if pending:
+                await self._line(name, pending.decode(errors="replace"))
+        finally:
+            os.close(fd)
         await self._stream_ended()
 
     async def send_line(self, line: str) -> None:
@@ -99,6 +102,27 @@ class LocalProcess(RemoteProcess):
         await self._proc.wait()
 
 
+def _wake(ready: asyncio.Future[None]) -> None:
+    if not ready.done():
+        ready.set_result(None)
+
+
+async def _read_when_ready(fd: int) -> bytes:
+    """What the non-blocking pipe `fd` holds (b"" at its end), waiting until it holds something."""
+    while True:
+        try:
+            return os.read(fd, 1 << 16)
+        except BlockingIOError:
+            pass
+        loop = asyncio.get_running_loop()
+        ready = loop.create_future()
+        loop.add_reader(fd, _wake, ready)
+        try:
+            await ready
+        finally:
+            loop.remove_reader(fd)
+
+
 class LocalTransport(Transport):
     async def run(self, argv: list[str], *, cwd: str | None = None, env: Mapping[str, str] | None = None,
                   timeout_s: float | None = None) -> CommandResult:
@@ -121,19 +145,29 @@ class LocalTransport(Transport):
 
     async def start(self, argv: list[str], *, cwd: str | None = None,
                     env: Mapping[str, str] | None = None) -> LocalProcess:
+        out_r, out_w = os.pipe()  # output pipes of our own: read when we choose (`LocalProcess._pump`)
+        err_r, err_w = os.pipe()
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv, cwd=str(_path(cwd)) if cwd else None, env=_env(env),
                 # A pipe we hold open: supervised commands stop when it reaches EOF (we are gone).
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, start_new_session=True, limit=1 << 20)
-        except (FileNotFoundError, PermissionError) as exc:
-            # The host is this machine, so it is there: what is missing is its interpreter or directory.
-            raise NotReady(f"host '{self.host.name}': cannot start {argv[0]}: {exc.strerror} "
-                           f"({exc.filename or argv[0]})") from exc
-        except OSError as exc:
-            raise TransportError(f"host '{self.host.name}': cannot start {argv[0]}: {exc}") from exc
-        return LocalProcess(proc)
+                stdin=asyncio.subprocess.PIPE, stdout=out_w, stderr=err_w, start_new_session=True)
+        except BaseException as exc:
+            for fd in (out_r, err_r):
+                os.close(fd)
+            if isinstance(exc, FileNotFoundError | PermissionError):
+                # The host is this machine, so it is there: what is missing is its interpreter or directory.
+                raise NotReady(f"host '{self.host.name}': cannot start {argv[0]}: {exc.strerror} "
+                               f"({exc.filename or argv[0]})") from exc
+            if isinstance(exc, OSError):
+                raise TransportError(f"host '{self.host.name}': cannot start {argv[0]}: {exc}") from exc
+            raise
+        finally:
+            os.close(out_w)  # the child holds its own copies: the pipes end when the process (group) does
+            os.close(err_w)
+        for fd in (out_r, err_r):
+            os.set_blocking(fd, False)
+        return LocalProcess(proc, out_r, err_r)
 
     async def put_bytes(self, data: bytes, remote_path: str) -> None:
         path = _path(remote_path)
