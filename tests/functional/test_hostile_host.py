@@ -75,8 +75,8 @@ class _Lines(RemoteProcess):
     def __init__(self, lines: list[tuple[str, str]]) -> None:
         super().__init__()
         for channel, line in lines:
-            self._queue.put_nowait((channel, line))
-        self._queue.put_nowait(None)
+            self._lines(channel, [line])
+        self._queue.put_nowait(None)  # (both streams ended)
         self._queue.put_nowait(None)
 
     async def send_line(self, line: str) -> None: ...
