@@ -15,8 +15,9 @@ except PackageNotFoundError:  # run from a checkout that was never installed
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 """Where the `remote/` package (pushed to the hosts) lies beside `pictl/`: the checkout, or site-packages."""
 
-_API = ("Cluster", "RunOptions", "RunSummary", "TrainOptions", "load_cluster", "run_experiment", "run_experiment_async",
-        "runs", "train", "train_async")
+_API = ("Cluster", "PruneOptions", "PruneSummary", "RunOptions", "RunSummary", "SweepResult", "TrainOptions",
+        "TrainSummary", "load_cluster", "prune", "prune_async", "run_experiment", "run_experiment_async", "runs",
+        "sweep", "sweep_async", "train", "train_async")
 __all__ = ["PROJECT_ROOT", "__version__", *_API]
 
 

@@ -9,16 +9,20 @@ runs. The CLI and the dashboard are built on the same sessions; this is their pr
     for past in pictl.runs():                             # newest first
         print(past.run_id, past.speedup)
 
-Every function has an `async` twin (`run_experiment_async`, `train_async`) for notebooks and event loops
-that are already running. A run that started returns its summary whatever its status (`summary.status`: ok, failed,
-interrupted; `summary.error` says why); bad input, an unreachable host or a busy one raise `PictlError`
-subclasses (`pictl.errors`: each has the CLI's exit code as `exit_code`) before anything starts.
+Also `sweep` (every combination of stages, chunks, policies and wire formats against shared baselines, as
+`pictl sweep`), `train` and `prune` (as `pictl train` and `pictl prune`), each returning its typed summary. Every
+function has an `async` twin (`run_experiment_async`, `sweep_async`, `train_async`, `prune_async`) for notebooks
+and event loops that are already running. A job that started returns its summary whatever its status
+(`summary.status`: ok, failed, interrupted; `summary.error` says why); bad input, an unreachable host or a busy
+one raise `PictlError` subclasses (`pictl.errors`: each has the CLI's exit code as `exit_code`) before anything starts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +30,8 @@ from pictl import errors as E
 from pictl.events import SessionEvent
 from pictl.inventory import Cluster
 from pictl.inventory import load_cluster as _load_cluster
+from pictl.job_summaries import PruneSummary, TrainSummary
+from pictl.jobs.prune import PruneOptions, PruneSession
 from pictl.jobs.training.options import TrainOptions
 from pictl.jobs.training.session import TrainSession
 from pictl.planning.options import RunOptions
@@ -36,8 +42,9 @@ from pictl.shipped import shipped_path
 from pictl.summary import read_summary
 from pictl.summary_models import RunSummary
 
-__all__ = ["Cluster", "RunOptions", "RunSummary", "TrainOptions", "load_cluster", "run_experiment",
-           "run_experiment_async", "runs", "train", "train_async"]
+__all__ = ["Cluster", "PruneOptions", "PruneSummary", "RunOptions", "RunSummary", "SweepResult", "TrainOptions",
+           "TrainSummary", "load_cluster", "prune", "prune_async", "run_experiment", "run_experiment_async", "runs",
+           "sweep", "sweep_async", "train", "train_async"]
 # (`pictl.run` is the package of a run's phases: the library's verb is `run_experiment`.)
 
 EventHandler = Callable[[SessionEvent], None]
@@ -82,24 +89,81 @@ def run_experiment(cluster: Cluster | None = None, options: RunOptions | None = 
     return asyncio.run(run_experiment_async(cluster, options, **kwargs))
 
 
+@dataclass(frozen=True)
+class SweepResult:
+    """A sweep's directory (sweep.json, table.csv, table.md, plots, each point's run under runs/) and its rows,
+    one per point in the order run (the columns of `pictl sweep --json`)."""
+
+    directory: Path
+    rows: list[dict[str, Any]]
+
+
+async def sweep_async(cluster: Cluster | None = None, options: RunOptions | None = None, *,
+                      stages: list[int] = [1, 2, 3, 4], chunks: list[int] = [1],  # noqa: B006 - never mutated
+                      policies: list[str] = ["balanced"], wires: list[str] | None = None,  # noqa: B006
+                      out: str | Path | None = None, profile: str | None = None, on_event: EventHandler | None = None,
+                      wait: bool = False, **fields: Any) -> SweepResult:
+    """Every combination (as `pictl sweep`), each point's options from `options` or the preset with `fields` over
+    it; a failed point is a row saying why, and the others still run. Bad input raises before anything starts."""
+    from pictl.jobs.sweep import run_sweep, sweep_points
+
+    chosen_cluster = cluster or load_cluster()
+    base = _options(options, profile, fields)
+    points = sweep_points(chosen_cluster, base, list(stages), list(chunks), list(policies), wires)
+    target = Path(out) if out else default_runs_root().parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S")
+    if target.exists():
+        raise E.ConfigError(f"out: {target} already exists")
+    rows = await run_sweep(chosen_cluster, base, points, target, on_event=on_event, wait=wait)
+    return SweepResult(target, rows)
+
+
+def sweep(cluster: Cluster | None = None, options: RunOptions | None = None, **kwargs: Any) -> SweepResult:
+    """`sweep_async`, for code that is not in an event loop."""
+    return asyncio.run(sweep_async(cluster, options, **kwargs))
+
+
 async def train_async(cluster: Cluster | None = None, options: TrainOptions | None = None, *,
                       root: str | Path | None = None, on_event: EventHandler | None = None, wait: bool = False,
-                      **fields: Any) -> dict[str, Any]:
-    """One training job (as `pictl train`): `options`, or `TrainOptions` fields. Returns its summary (the
-    training summary's model is `pictl.job_summaries.TrainSummary`)."""
+                      **fields: Any) -> TrainSummary:
+    """One training job (as `pictl train`): `options`, or `TrainOptions` fields. Returns its typed summary,
+    whatever its status."""
     chosen = options.model_copy(update=fields) if options is not None else TrainOptions(**fields)
     session = TrainSession(cluster or load_cluster(), chosen, on_event=on_event, root=Path(root) if root else None,
                            wait=wait)
     try:
-        return await session.run()
+        summary = await session.run()
     except E.PictlError:
         if session.summary is None:
             raise
-        return session.summary
+        summary = session.summary
+    return TrainSummary.model_validate(summary)
 
 
-def train(cluster: Cluster | None = None, options: TrainOptions | None = None, **kwargs: Any) -> dict[str, Any]:
+def train(cluster: Cluster | None = None, options: TrainOptions | None = None, **kwargs: Any) -> TrainSummary:
+    """`train_async`, for code that is not in an event loop."""
     return asyncio.run(train_async(cluster, options, **kwargs))
+
+
+async def prune_async(options: PruneOptions | None = None, *, cluster: Cluster | None = None,
+                      on_host: str | None = None, root: str | Path | None = None,
+                      on_event: EventHandler | None = None, wait: bool = False, **fields: Any) -> PruneSummary:
+    """One pruning job (as `pictl prune`): on the controller, or on the inventory's host `on_host`. Returns its
+    typed summary (the artifact it wrote, to run with `run_experiment(model=...)`), whatever its status."""
+    chosen = options.model_copy(update=fields) if options is not None else PruneOptions(**fields)
+    session = PruneSession(chosen, cluster=(cluster or load_cluster()) if on_host else None, on_host=on_host,
+                           root=Path(root) if root else None, on_event=on_event, wait=wait)
+    try:
+        summary = await session.run()
+    except E.PictlError:
+        if session.summary is None:
+            raise
+        summary = session.summary
+    return PruneSummary.model_validate(summary)
+
+
+def prune(options: PruneOptions | None = None, **kwargs: Any) -> PruneSummary:
+    """`prune_async`, for code that is not in an event loop."""
+    return asyncio.run(prune_async(options, **kwargs))
 
 
 def runs(runs_dir: str | Path | None = None) -> list[RunSummary]:

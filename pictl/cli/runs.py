@@ -28,7 +28,6 @@ from pictl.cli.common import (
     before_command,
     checked_runs_root,
     choices,
-    chosen,
     default_of,
     fail,
     note,
@@ -39,7 +38,7 @@ from pictl.cli.common import (
     tracked,
     wide_console,
 )
-from pictl.planning.options import DATASETS, POLICIES
+from pictl.planning.options import DATASETS, POLICIES, given_options
 from pictl.planning.presets import available_presets, resolve_options
 
 
@@ -169,16 +168,16 @@ def run(
     from pictl.headless import HeadlessRenderer, print_summary
     from pictl.run.session import RunSession
 
-    overrides: dict[str, Any] = {
-        "stages": stages, "split": None, "policy": chosen(policy), "chunk": chunk, "images": images, "warmup": warmup,
-        "repeats": repeats, "threads": threads, "model": model, "num_classes": num_classes, "checkpoint": checkpoint,
-        "allow_pickle": allow_pickle, "data": chosen(data), "data_path": data_path, "atol": atol,
-        "master_port": master_port, "trace_steps": trace_steps, "refine": refine, "baseline_max_age": baseline_max_age,
-        "wire": wire, "min_agreement": min_agreement, "track": tracked(track)}
+    flags = {"stages": stages, "split": split, "policy": policy, "chunk": chunk, "images": images, "warmup": warmup,
+             "repeats": repeats, "threads": threads, "model": model, "num_classes": num_classes,
+             "checkpoint": checkpoint, "allow_pickle": allow_pickle, "data": data, "data_path": data_path,
+             "atol": atol, "master_port": master_port, "trace_steps": trace_steps, "refine": refine,
+             "baseline_max_age": baseline_max_age, "wire": wire, "min_agreement": min_agreement}
     renderer = HeadlessRenderer(verbose=verbose)
     session = None
     try:
-        overrides["split"] = split_points(split)
+        # The one mapping from flags to options, the run form's too (choices, split points, the flag to blame).
+        overrides = {**given_options(flags), "track": tracked(track)}
         options = resolve_options(profile, overrides)
         note_profile(profile)
         if not (headless or as_json) and _on_a_terminal():
@@ -218,17 +217,6 @@ def _in_the_console(cluster: Any, options: Any, profile: str | None, root: Path)
     app = PictlApp(cluster, runs_root=root, start=(options, profile))
     app.run()
     return app.run_exit_code if app.run_exit_code is not None else E.EXIT_INTERRUPTED
-
-
-def split_points(value: str | None) -> list[str] | None:
-    if value is None:
-        return None
-    points = [p.strip() for p in value.split(",")]
-    if not any(points):
-        raise E.ConfigError(f"--split: {value!r} names no split point (give module names, e.g. blocks.4,blocks.8)")
-    if not all(points):
-        raise E.ConfigError(f"--split: {value!r} has an empty split point")
-    return points
 
 
 @app.command()

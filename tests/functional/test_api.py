@@ -41,3 +41,21 @@ def test_bad_input_raises_before_anything_starts(tmp_path: Path) -> None:
     with pytest.raises(ConfigError):
         pictl.run_experiment(cluster, stages=2, images=0, runs_dir=tmp_path / "runs")
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
+
+
+def test_a_sweep_and_a_training_job_from_python_return_typed_results(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PICTL_CACHE_DIR", str(tmp_path / "cache"))
+    cluster = pictl.load_cluster(write_cluster(tmp_path / "cluster", 2))
+    result = pictl.sweep(cluster, stages=[1, 2], chunks=[2], policies=["equal"], images=4, warmup=0, repeats=1,
+                         out=tmp_path / "sweep")
+    assert isinstance(result, pictl.SweepResult) and result.directory == tmp_path / "sweep"
+    assert [(r["stages"], r["policy"], r["status"]) for r in result.rows] == [(1, "serial", "ok"), (2, "equal", "ok")]
+    assert (result.directory / "table.csv").is_file() and result.rows[1]["outputs_match"] is True
+
+    job = pictl.train(cluster, pictl.TrainOptions(
+        mode="pipeline", stages=2, batch_size=8, chunks=2, steps=3, train_images=16, eval_images=8, check_steps=0,
+        save=False, model="vit_tiny_patch16_224",
+        model_args={"img_size": 32, "patch_size": 8, "depth": 2, "embed_dim": 96, "num_heads": 4}),
+        root=tmp_path / "trains")
+    assert isinstance(job, pictl.TrainSummary) and job.status == "ok" and job.mode == "pipeline"
+    assert [p.step for p in job.losses] == [1, 2, 3] and all(p.loss is not None for p in job.losses)
