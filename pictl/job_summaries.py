@@ -150,6 +150,9 @@ class TrainSummary(Open):
     lr: float | None = None
     optimizer: str | None = None
     threads: int | None = None
+    workers: int | None = None
+    """Data-loading processes per image-reading rank (older records: none)."""
+    checkpoint_activations: bool | None = None
     samples_per_s: float | None = None
     losses: list[LossPoint] = []
     evals: list[EvalPoint] = []

@@ -187,6 +187,11 @@ class TrainSpec:
     """Top-1 after every epoch on this many held-out images (0: no evaluation)."""
     data: DataSpec = field(default_factory=DataSpec)
     threads: int = 1
+    workers: int = 0
+    """Data-loading processes per rank that reads images (torch's DataLoader); 0: read in the step itself."""
+    checkpoint_activations: bool = False
+    """Recompute each piece's activations in the backward pass instead of keeping them (less memory, more
+    compute): per stage in the pipeline mode, the whole model in single and ddp."""
     save: bool = True
     """Write each rank's weights (`protocol.train_part_file`) for the controller to assemble."""
     check_images: int = 8

@@ -65,6 +65,9 @@ def sweep(
                                         rich_help_panel=TRAIN_PANEL)] = False,
     modes: Annotated[Optional[str], typer.Option(help="Training modes, e.g. single,pipeline,ddp (default: all).",
                                                  rich_help_panel=TRAIN_PANEL)] = None,
+    workers: Annotated[Optional[str], typer.Option(help="Data-loading processes per image-reading rank to compare, "
+                                                        "e.g. 0,1,2,4 (default 0).",
+                                                   rich_help_panel=TRAIN_PANEL)] = None,
     schedules: Annotated[Optional[str], typer.Option(help="Pipeline schedules, e.g. gpipe,1f1b (default: both).",
                                                      rich_help_panel=TRAIN_PANEL)] = None,
     model: Annotated[Optional[str], typer.Option(help="Model to train.", rich_help_panel=TRAIN_PANEL)] = None,
@@ -97,6 +100,8 @@ def sweep(
 
     if train and profile is not None:  # profiles hold run options: a training sweep would drop it unsaid
         fail(E.ConfigError("--profile: a training sweep (--train) takes no profile; give its settings as flags"))
+    if workers is not None and not train:  # a run has no data loader: the flag would be dropped unsaid
+        fail(E.ConfigError("--workers: data-loading workers are a training setting (add --train)"))
     renderer = HeadlessRenderer(verbose=verbose)
     if train:
         settings = {"model": model, "model_args": model_arg, "image_size": image_size, "batch_size": batch_size,
@@ -104,7 +109,7 @@ def sweep(
                     "data_path": data_path, "amp": amp,
                     "threads": threads, "track": tracked(track)}
         _train_sweep(renderer, settings, modes=modes, schedules=schedules, stages=stages, chunks=chunks, out=out,
-                     hosts=hosts, wait=wait, as_json=as_json, cold=cold, runs_dir=runs_dir)
+                     hosts=hosts, wait=wait, as_json=as_json, cold=cold, runs_dir=runs_dir, workers=workers)
         return
     try:
         cluster = read_cluster(hosts, cold=cold)
@@ -138,8 +143,8 @@ def sweep(
 
 def _train_sweep(renderer: Any, settings: dict[str, Any], *, modes: str | None, schedules: str | None,
                  stages: str | None, chunks: str | None, out: Path | None, hosts: Path | None, wait: bool,
-                 as_json: bool, cold: bool = False, runs_dir: Path | None = None) -> None:
-    """`pictl sweep --train`: training jobs over modes, schedules, rank counts and chunk counts."""
+                 as_json: bool, cold: bool = False, runs_dir: Path | None = None, workers: str | None = None) -> None:
+    """`pictl sweep --train`: training jobs over modes, schedules, rank counts, chunk counts and loader workers."""
     import time
 
     from pictl.jobs.prune import parse_model_args
@@ -160,7 +165,8 @@ def _train_sweep(renderer: Any, settings: dict[str, Any], *, modes: str | None, 
                 raise E.ConfigError(f"{name}: '{','.join(bad) or '(none)'}' is not among {', '.join(allowed)}")
         cluster = read_cluster(hosts, cold=cold)
         points, skipped = train_points(cluster, base, wanted, parse_ints("--stages", stages or "2"),
-                                       parse_ints("--chunks", chunks or "1,4,8"), kinds)
+                                       parse_ints("--chunks", chunks or "1,4,8"), kinds,
+                                       parse_ints("--workers", workers, least=0) if workers else None)
         target = out or checked_runs_root(runs_dir).parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S-train")
         if os.path.lexists(target):  # (False for a name too long to look up: writable_dir names that)
             raise E.ConfigError(f"--out: {target} already exists")

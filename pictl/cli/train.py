@@ -89,6 +89,12 @@ def train(
                                                        rich_help_panel=STEP_PANEL)] = None,
     threads: Annotated[Optional[int], typer.Option(help="torch threads per rank. \\[default: 1]",
                                                    rich_help_panel=STEP_PANEL)] = None,
+    workers: Annotated[Optional[int], typer.Option(help="Data-loading processes per rank that reads images "
+                                                        "(0: the step reads them). \\[default: 0]",
+                                                   rich_help_panel=STEP_PANEL)] = None,
+    checkpoint_activations: Annotated[Optional[bool], typer.Option(
+        "--checkpoint-activations/--keep-activations", help="Recompute activations in the backward pass "
+        "(less memory, more compute; per stage). \\[default: keep]", rich_help_panel=STEP_PANEL)] = None,
     model: Annotated[Optional[str], typer.Option(help="timm ViT, ResNet or MobileNet/EfficientNet. "
                                                       "\\[default: deit_small_patch16_224]",
                                                  rich_help_panel=MODEL_PANEL)] = None,
@@ -126,21 +132,22 @@ def train(
     track: TrackOpt = None,
 ) -> None:
     """Train across the hosts: the loss of every mode checked against a single run's, time per category per rank."""
-    from pictl.cli.runs import split_points
     from pictl.headless import HeadlessRenderer
     from pictl.headless_train import print_train_summary
     from pictl.jobs.prune import parse_model_args
     from pictl.jobs.training.options import train_options
     from pictl.jobs.training.session import TrainSession
+    from pictl.planning.options import parse_split
 
     renderer = HeadlessRenderer(verbose=verbose)
     session = None
     try:
         options = train_options({
             "mode": chosen(mode), "schedule": chosen(schedule), "stages": stages, "policy": chosen(policy),
-            "split": split_points(split),
+            "split": parse_split(split),
             "batch_size": batch_size, "chunks": chunks, "steps": steps, "epochs": epochs, "warmup_steps": warmup_steps,
             "lr": lr, "optimizer": chosen(optimizer), "amp": amp, "check_steps": check_steps, "threads": threads,
+            "workers": workers, "checkpoint_activations": checkpoint_activations,
             "model": model, "model_args": parse_model_args(model_arg), "num_classes": num_classes,
             "image_size": image_size, "checkpoint": checkpoint, "allow_pickle": allow_pickle or None,
             "data": chosen(data), "data_path": data_path, "train_images": train_images, "eval_images": eval_images,

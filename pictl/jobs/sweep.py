@@ -82,14 +82,15 @@ def parse_wires(name: str, text: str) -> list[str]:
         raise E.ConfigError(f"{name}: {exc}") from None
 
 
-def parse_ints(name: str, text: str) -> list[int]:
-    """`1,2,4` -> [1, 2, 4]; `name` is how the caller calls the field in the error."""
+def parse_ints(name: str, text: str, least: int = 1) -> list[int]:
+    """`1,2,4` -> [1, 2, 4], each at least `least`; `name` is how the caller calls the field in the error."""
     found = [ascii_count(v) for v in text.replace(" ", "").split(",") if v]
     values = [v for v in found if v is not None]
     if len(values) != len(found):
         raise E.ConfigError(f"{name}: {text!r} is not a comma-separated list of whole numbers")
-    if not values or min(values) < 1:
-        raise E.ConfigError(f"{name}: '{text}' needs positive integers")
+    if not values or min(values) < least:
+        raise E.ConfigError(f"{name}: '{text}' needs {'positive ' if least == 1 else ''}integers"
+                            + (f" of at least {least}" if least != 1 else ""))
     return values
 
 

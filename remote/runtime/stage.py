@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from remote.runtime.artifact import meta_model_for
 from remote.runtime.codec import Codec
@@ -72,12 +73,17 @@ class StageModule(nn.Module):
         self._ops = _ops(pieces)
         self.codec = codec
         """Decodes what arrives and encodes what leaves (`--wire`); None: fp32 both ways, nothing counted."""
+        self.checkpointed = False
+        """Training: each piece's activations are recomputed in the backward pass, not kept (only its input
+        is). Non-reentrant checkpointing: it keeps the autocast state and works under the pipeline schedules;
+        a BatchNorm's running statistics are updated again by the recomputation."""
 
     def forward(self, *state: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         if self.codec is not None:
             state = self.codec.decode(state)
+        recompute = self.checkpointed and torch.is_grad_enabled()
         for op in self._ops:
-            state = op(self.model, state)
+            state = checkpoint(op, self.model, state, use_reentrant=False) if recompute else op(self.model, state)
         if self.codec is not None:
             state = self.codec.encode(state)
         return state[0] if len(state) == 1 else state

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from remote.data.datasets import _Cifar, _InMemory, labelled_set
 from remote.errors import BadInput
@@ -76,6 +76,36 @@ class Labelled:
 
     def take(self, indices: list[int]) -> torch.Tensor:
         return torch.stack([self.images[i][0] for i in indices])
+
+
+class _ImagesOnly(Dataset):
+    def __init__(self, images: Dataset) -> None:
+        self.images = images
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.images[i][0]
+
+
+def _one_thread(_worker_id: int) -> None:
+    torch.set_num_threads(1)  # a loader process shares the host's cores with the rank: it must not fan out
+
+
+class Prefetched(Labelled):
+    """A rank's training images for all of its steps, read ahead by `workers` processes (torch's DataLoader,
+    two batches each) in the order the steps will ask for them; `take` hands over the next batch, and refuses
+    one asked for out of that order (it would be another step's images)."""
+
+    def __init__(self, split: Labelled, order: list[list[int]], workers: int) -> None:
+        super().__init__(split.images, split.labels)
+        self.order, self.next = order, 0
+        self._batches = iter(DataLoader(_ImagesOnly(split.images), batch_sampler=order, num_workers=workers,
+                                        collate_fn=torch.stack, worker_init_fn=_one_thread, prefetch_factor=2))
+
+    def take(self, indices: list[int]) -> torch.Tensor:
+        if self.next >= len(self.order) or list(indices) != self.order[self.next]:
+            raise RuntimeError(f"prefetched batch {self.next} is not the one asked for")
+        self.next += 1
+        return next(self._batches)
 
 
 def labelled(spec: TrainSpec, split: str, count: int, model_cfg: dict) -> Labelled:

@@ -34,7 +34,7 @@ from remote.runtime.model import Checkpoint
 from remote.runtime.outputs import write_logits
 from remote.runtime.stage import ModelLayout, compact_pieces
 from remote.spec import DataSpec, TrainSpec
-from remote.training.data import Batches, Labelled, labelled, padded_microbatches, take_padded
+from remote.training.data import Batches, Labelled, Prefetched, labelled, padded_microbatches, take_padded
 from remote.training.layout import layout_kwargs, train_layout
 from remote.training.timing import StepTimes
 from remote.training.workers import PipelineStageWorker, WholeModel, Worker
@@ -53,6 +53,11 @@ def check(spec: TrainSpec, world: int) -> None:
         raise BadInput(f"single runs one rank, not {world}")
     if spec.train_images < spec.batch_size:
         raise BadInput(f"--train-images {spec.train_images} is less than one batch of {spec.batch_size}")
+
+
+def _mine(micro: list[list[int]], spec: TrainSpec, rank: int, world: int) -> list[list[int]]:
+    """The microbatches of a step whose images rank `rank` reads (`Worker.step`'s order)."""
+    return micro if spec.mode == "pipeline" else micro[rank::world]
 
 
 def _worker(spec: TrainSpec, layout: ModelLayout, rank: int, world: int, steps: int) -> Worker:
@@ -101,6 +106,10 @@ def _train(spec: TrainSpec, emitter: Emitter) -> None:
     if len(train) < spec.train_images:
         raise BadInput(f"data set {spec.data.path} has {len(train)} training images; "
                        f"--train-images {spec.train_images} were asked for")
+    if spec.workers and reads_images:  # read ahead, in the order this rank's steps take the images
+        todo = min(steps, spec.stop_after) if spec.stop_after else steps
+        train = Prefetched(train, [idx for step in range(todo) for idx in _mine(batches.step(step), spec, rank, world)],
+                           spec.workers)
     held_out = labelled(spec, "test", spec.eval_images, cfg)
     evaluator = _Evaluator(spec, worker, held_out, reads_images)
     plan = layout.stages[rank if pipeline else 0]

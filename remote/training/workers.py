@@ -94,6 +94,7 @@ class WholeModel(Worker, _Optimized):
                  world: int, steps: int) -> None:
         self.spec, self.rank, self.world = spec, rank, world
         self.module = build_stage(spec, layout, layout.stages[0], checkpoint).train()
+        self.module.checkpointed = spec.checkpoint_activations
         self.holds_loss = rank == 0
         self.clock = AllReduceClock(world)
         self.net: nn.Module = self.module
@@ -156,6 +157,7 @@ class PipelineStageWorker(Worker, _Optimized):
                  world: int, steps: int) -> None:
         self.spec, self.rank, self.world = spec, rank, world
         self.module = build_stage(spec, layout, layout.stages[rank], checkpoint).train()
+        self.module.checkpointed = spec.checkpoint_activations
         in_shapes, out_shapes = stage_io_shapes(layout, spec.microbatch)[rank]
         # The example tensors carry `requires_grad`: it is what makes the stage receive and send gradients.
         self.stage = TrainStage(_Fp32Outputs(self.module), rank, world, torch.device("cpu"),

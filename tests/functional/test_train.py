@@ -174,6 +174,8 @@ def test_ctrl_c_and_a_killed_rank_leave_nothing_behind(tmp_path: Path, pictl_env
     (["--schedule", "1f1b", "--chunks", "1"], "chunks (1) must be at least the 2 stages"),
     (["--data", "cifar10"], "needs data_path"),
     (["--model-arg", "depth"], "use KEY=VALUE"),
+    (["--workers", "-1"], "workers"),
+    (["--workers", "99"], "workers"),
     (["--mode", "pipeline", "--model", "resnet18", "--policy", "balanced"], "policy balanced profiles timm ViTs"),
 ])
 def test_bad_input_is_refused_before_anything_starts(tmp_path: Path, pictl_env, args: list[str], says: str) -> None:
@@ -182,6 +184,46 @@ def test_bad_input_is_refused_before_anything_starts(tmp_path: Path, pictl_env, 
     assert proc.returncode == 2, proc.stderr
     assert says in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "trains").exists() and not (tmp_path / "cluster" / "h0").exists()
+
+
+# Activations big enough to see in a rank's peak RSS (DeiT-S's width, 4 blocks, 16 images a microbatch: about
+# 30 MB a block kept for the backward pass), few enough blocks to keep each step to a second or two.
+WIDE = ["--model", "vit_tiny_patch16_224", "--model-arg", "embed_dim=384", "--model-arg", "num_heads=6",
+        "--model-arg", "depth=4"]
+
+
+@pytest.mark.slow
+def test_activation_checkpointing_lowers_peak_memory_and_keeps_the_losses(shared, env) -> None:
+    steps = ["--batch-size", "16", "--chunks", "1", "--steps", "3", "--train-images", "48", "--eval-images", "0"]
+    plain = _train(shared, env, "--mode", "single", *steps, model=tuple(WIDE))
+    recomputed = _train(shared, env, "--mode", "single", "--checkpoint-activations", *steps, model=tuple(WIDE))
+    assert plain["checkpoint_activations"] is False and recomputed["checkpoint_activations"] is True
+    assert [p["loss"] for p in recomputed["losses"]] == pytest.approx([p["loss"] for p in plain["losses"]], rel=1e-6)
+    kept, dropped = plain["breakdown"][0]["peak_rss_mb"], recomputed["breakdown"][0]["peak_rss_mb"]
+    assert dropped < kept - 60, (kept, dropped)  # the blocks' activations were not kept (8 images: 62 MB less)
+    # Per stage in a pipeline, with images read ahead by loader processes: held to the plain single run's losses.
+    pipe = _train(shared, env, "--mode", "pipeline", "--checkpoint-activations", "--workers", "2",
+                  "--chunks", "2", *steps[:2], *steps[4:], model=tuple(WIDE))
+    assert pipe["workers"] == 2 and pipe["agreement"]["passed"] is True, pipe["agreement"]
+
+
+@pytest.mark.slow
+def test_loader_workers_read_the_same_images(shared, env) -> None:
+    """Images read ahead by 2 loader processes train exactly as the step's own reads do; a training sweep
+    compares worker counts, with the data-loading share of each."""
+    inline = _train(shared, env, "--mode", "single")
+    ahead = _train(shared, env, "--mode", "single", "--workers", "2")
+    assert [p["loss"] for p in ahead["losses"]] == [p["loss"] for p in inline["losses"]]
+    out = shared["root"] / "sweep-workers"
+    proc = run_pictl(["sweep", "--train", "--hosts", str(shared["hosts"]), "--out", str(out), *TINY, "--modes",
+                      "single", "--chunks", "2", "--workers", "0,1", "--batch-size", "8", "--steps", "4",
+                      "--train-images", "32", "--json"], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout)["rows"]
+    assert [(r["workers"], r["status"]) for r in rows] == [(0, "ok"), (1, "ok")]
+    assert all(r["data_share"] is not None for r in rows)
+    refused = run_pictl(["sweep", "--hosts", str(shared["hosts"]), "--workers", "1"], env)
+    assert refused.returncode == 2 and "--workers" in refused.stderr
 
 
 @pytest.mark.slow

@@ -80,6 +80,10 @@ class TrainOptions(BaseModel):
     data: Literal["synthetic", "cifar10", "cifar100", "imagefolder"] = "synthetic"
     data_path: str | None = Field(default=None, min_length=1, max_length=4096)
     threads: int = Field(default=1, ge=1, le=256)
+    workers: int = Field(default=0, ge=0, le=32)
+    """Data-loading processes per rank that reads images (0: the step reads its own)."""
+    checkpoint_activations: bool = False
+    """Recompute activations in the backward pass (per stage; the whole model in single and ddp)."""
     check_steps: int = Field(default=3, ge=0, le=100)
     """Steps whose loss is checked against a `single` run of the same job (0: no check)."""
     check_images: int = Field(default=8, ge=0, le=MAX_IMAGES)
@@ -140,7 +144,8 @@ class TrainOptions(BaseModel):
         mode = mode or self.mode
         fields = self.model_dump(include={"model", "image_size", "allow_pickle", "seed", "schedule", "batch_size",
                                           "chunks", "epochs", "warmup_steps", "lr", "optimizer", "momentum",
-                                          "weight_decay", "amp", "train_images", "eval_images", "threads",
+                                          "weight_decay", "amp", "train_images", "eval_images", "threads", "workers",
+                                          "checkpoint_activations",
                                           "check_images", "save", "break_rank"})
         checkpoint = str(Path(self.checkpoint).expanduser()) if self.checkpoint else None
         return TrainSpec(**fields, model_kwargs=dict(self.model_args), num_classes=self.classes,

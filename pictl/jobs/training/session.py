@@ -155,9 +155,12 @@ class TrainSession:
         per cent from fp32's, with every mode computing the same), or at `amp`'s when given."""
         o, node = self.options, self.nodes[0]
         spec = o.spec(self.job_id, mode="single", stop_after=o.check_steps)
-        # What a single run does not depend on is left out, so one reference serves every mode and schedule.
+        # What a single run does not depend on is left out, so one reference serves every mode and schedule;
+        # and it reads its images and keeps its activations plainly: a job that prefetches or recomputes them
+        # is held to the plain losses.
         spec = dataclasses.replace(spec, amp=o.amp if amp is None else amp, eval_images=0, check_images=0,
-                                   save=False, break_rank=None, schedule="gpipe", policy="equal")
+                                   save=False, break_rank=None, schedule="gpipe", policy="equal", workers=0,
+                                   checkpoint_activations=False)
         fields = {k: v for k, v in dataclasses.asdict(spec).items() if k != "run_id"}
         key = JsonCache.key({"spec": fields, "host": [node.host.name, node.host.address, node.host.python_path()],
                              "code": code})
@@ -169,7 +172,7 @@ class TrainSession:
         when an evaluation came before the last checked step (it runs between the reference's steps)."""
         o, tel = self.options, self.telemetry
         per_epoch = (tel.start.steps_per_epoch if tel.start else None) or 0
-        if (o.mode != "single" or not o.check_steps or o.break_rank is not None
+        if (o.mode != "single" or not o.check_steps or o.break_rank is not None or o.checkpoint_activations
                 or (o.eval_images and per_epoch < o.check_steps)
                 or any(step not in tel.losses for step in range(1, o.check_steps + 1))):
             return
@@ -251,7 +254,8 @@ class TrainSession:
             "batch_size": o.batch_size, "chunks": o.chunks, "microbatch": o.batch_size // o.chunks,
             "steps": start.steps if start else None, "steps_done": max(tel.losses, default=0),
             "steps_per_epoch": start.steps_per_epoch if start else None, "lr": o.lr, "optimizer": o.optimizer,
-            "threads": o.threads, "samples_per_s": tel.samples_per_s(o.batch_size),
+            "threads": o.threads, "workers": o.workers, "checkpoint_activations": o.checkpoint_activations,
+            "samples_per_s": tel.samples_per_s(o.batch_size),
             "losses": losses, "evals": tel.evals, "top1": tel.evals[-1]["top1"] if tel.evals else None,
             "policy": o.policy if o.mode == "pipeline" else None, "split_points": self._split_points(),
             "prediction": self._prediction, "breakdown": tel.breakdown(), "agreement": check, **self._collected,

@@ -24,8 +24,9 @@ from pictl.jobs.training.session import TrainSession, placement
 from pictl.records.runs import write_json_atomic
 from remote import protocol as P
 
-COLUMNS = ("mode", "schedule", "stages", "chunks", "microbatch", "status", "samples_per_s", "speedup",
-           "loss_agreement", "loss_last", "top1", "comm_share", "idle_share", "job_id", "error")
+COLUMNS = ("mode", "schedule", "stages", "chunks", "workers", "microbatch", "status", "samples_per_s", "speedup",
+           "loss_agreement", "loss_last", "top1", "data_share", "comm_share", "idle_share", "peak_rss_mb", "job_id",
+           "error")
 CATEGORIES = tuple(k.removesuffix("_s") for k in P.TRAIN_TIME_KEYS)
 
 
@@ -35,23 +36,27 @@ class TrainPoint:
     stages: int
     chunks: int
     schedule: str = "gpipe"
+    workers: int = 0
+    """Data-loading processes per image-reading rank."""
 
     @property
     def label(self) -> str:
         how = f"{self.mode} ({self.schedule})" if self.mode == "pipeline" else self.mode
-        return f"{how}, {self.stages} rank(s), {self.chunks} chunk(s)"
+        loaders = f", {self.workers} loader worker(s)" if self.workers else ""
+        return f"{how}, {self.stages} rank(s), {self.chunks} chunk(s){loaders}"
 
 
 def train_points(cluster: Cluster, base: TrainOptions, modes: list[str], stages: list[int], chunks: list[int],
-                 schedules: list[str]) -> tuple[list[TrainPoint], list[str]]:
-    """The jobs in run order (single first for each chunk count), and the combinations left out (why)."""
+                 schedules: list[str], workers: list[int] | None = None) -> tuple[list[TrainPoint], list[str]]:
+    """The jobs in run order (single first for each chunk count and worker count), and the combinations left
+    out (why)."""
     points: list[TrainPoint] = []
     skipped: list[str] = []
-    for c in chunks:
+    for c, w in ((c, w) for c in chunks for w in (workers or [base.workers])):
         for mode in modes:
             for s in ([1] if mode == "single" else [s for s in stages if s > 1]):
                 for sched in (schedules if mode == "pipeline" else ["gpipe"]):
-                    point = TrainPoint(mode, s, c, sched)
+                    point = TrainPoint(mode, s, c, sched, w)
                     refused = chunks_refusal(mode, sched, s, c)
                     if refused:
                         skipped.append(f"{point.label}: {refused}")
@@ -69,7 +74,7 @@ def train_points(cluster: Cluster, base: TrainOptions, modes: list[str], stages:
 
 def options_for(base: TrainOptions, point: TrainPoint) -> TrainOptions:
     values = {**base.model_dump(), "mode": point.mode, "stages": point.stages, "chunks": point.chunks,
-              "schedule": point.schedule, "split": []}
+              "schedule": point.schedule, "workers": point.workers, "split": []}
     try:
         return TrainOptions(**values)
     except ValueError as exc:
@@ -93,7 +98,9 @@ def row_of(point: TrainPoint, summary: dict[str, Any] | None, error: str | None 
             "loss_agreement": None if not check or check["max_rel_diff"] is None else
             (f"{'ok' if check['passed'] else 'DIFFERS'} ({check['max_rel_diff']})"),
             "loss_last": losses[-1]["loss"] if losses else None, "top1": summary.get("top1"),
-            "comm_share": share("comm"), "idle_share": share("idle"), "job_id": summary.get("job_id"),
+            "data_share": share("data"), "comm_share": share("comm"), "idle_share": share("idle"),
+            "peak_rss_mb": max((r["peak_rss_mb"] for r in ranks if r.get("peak_rss_mb") is not None), default=None),
+            "job_id": summary.get("job_id"),
             "per_step_ms": {c: _mean([r["per_step_ms"][c] for r in ranks]) for c in CATEGORIES},
             "error": error}
 
@@ -104,10 +111,11 @@ def _mean(values: list[float | None]) -> float | None:
 
 
 def with_speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each row's samples/s over single's at the same chunk count (None without one)."""
-    single = {r["chunks"]: r.get("samples_per_s") for r in rows if r["mode"] == "single" and r["status"] == "ok"}
-    return [{**r, "speedup": round(r["samples_per_s"] / single[r["chunks"]], 3)
-             if r.get("samples_per_s") and single.get(r["chunks"]) else None} for r in rows]
+    """Each row's samples/s over single's at the same chunk count and loader workers (None without one)."""
+    single = {(r["chunks"], r.get("workers", 0)): r.get("samples_per_s") for r in rows
+              if r["mode"] == "single" and r["status"] == "ok"}
+    return [{**r, "speedup": round(r["samples_per_s"] / single[(r["chunks"], r.get("workers", 0))], 3)
+             if r.get("samples_per_s") and single.get((r["chunks"], r.get("workers", 0))) else None} for r in rows]
 
 
 def write_table(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
