@@ -89,7 +89,8 @@ def train_lines(summary: dict[str, Any]) -> list[str]:
              + f", {s.get('stages') or '-'} rank(s): {_num(s.get('samples_per_s'))} samples/s, "
              f"{s.get('steps_done')} step(s)" + (", bf16 autocast" if s.get("amp") else "")
              + (f", {s['workers']} loader worker(s)" if s.get("workers") else "")
-             + (", activations recomputed" if s.get("checkpoint_activations") else "")]
+             + (", activations recomputed" if s.get("checkpoint_activations") else "")
+             + (f", wire {s['wire']}" if s.get("wire") not in (None, "fp32") else "")]
     if losses:
         lines.append(f"loss {losses[0]['loss']:.4f} (step 1) -> {losses[-1]['loss']:.4f} (step {losses[-1]['step']})")
     if s.get("evals"):

@@ -64,6 +64,8 @@ class RankBreakdown(Open):
     per_step_ms: dict[str, float | None] = {}
     share: dict[str, float | None] = {}
     bytes_sent: int | None = None
+    grad_bytes_sent: int | None = None
+    """Pipeline: gradients sent back to the previous stage, in bytes."""
     allreduce_s: float | None = None
     peak_rss_mb: float | None = None
 
@@ -96,6 +98,8 @@ class LossAgreement(Open):
     reference_job: str | None = None
     against: str | None = None
     vs_fp32: Fp32Drift | None = None
+    enforced: bool | None = None
+    """False: reported, not a failure (a lossy wire moves the loss by design)."""
 
 
 class TrainedCheckpoint(Open):
@@ -153,6 +157,7 @@ class TrainSummary(Open):
     workers: int | None = None
     """Data-loading processes per image-reading rank (older records: none)."""
     checkpoint_activations: bool | None = None
+    wire: str | None = None
     samples_per_s: float | None = None
     losses: list[LossPoint] = []
     evals: list[EvalPoint] = []

@@ -122,6 +122,8 @@ class TrainEnd(Record):
     seconds: Num
     times: Table
     bytes_sent: Count | None = None
+    grad_bytes_sent: Count | None = None
+    """Pipeline: the gradients this rank sent back to the previous stage, in bytes."""
     allreduce_s: Num | None = None
     part_file: Str | None = None
     heads: Table | None = None

@@ -189,6 +189,9 @@ class TrainSpec:
     threads: int = 1
     workers: int = 0
     """Data-loading processes per rank that reads images (torch's DataLoader); 0: read in the step itself."""
+    wire: str = "fp32"
+    """What crosses each cut of a pipeline job, activations forward and their gradients back (`remote.wire`;
+    fp32, fp16, bf16 or lowrank:R: a format with a gradient)."""
     checkpoint_activations: bool = False
     """Recompute each piece's activations in the backward pass instead of keeping them (less memory, more
     compute): per stage in the pipeline mode, the whole model in single and ddp."""

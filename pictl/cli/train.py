@@ -92,6 +92,10 @@ def train(
     workers: Annotated[Optional[int], typer.Option(help="Data-loading processes per rank that reads images "
                                                         "(0: the step reads them). \\[default: 0]",
                                                    rich_help_panel=STEP_PANEL)] = None,
+    wire: Annotated[Optional[str], typer.Option(help="Pipeline: what crosses each cut, activations forward and "
+                                                     "gradients back: fp32, fp16, bf16, lowrank:R (per cut: "
+                                                     "blocks.6=fp16). \\[default: fp32]",
+                                                rich_help_panel=STEP_PANEL)] = None,
     checkpoint_activations: Annotated[Optional[bool], typer.Option(
         "--checkpoint-activations/--keep-activations", help="Recompute activations in the backward pass "
         "(less memory, more compute; per stage). \\[default: keep]", rich_help_panel=STEP_PANEL)] = None,
@@ -147,7 +151,7 @@ def train(
             "split": parse_split(split),
             "batch_size": batch_size, "chunks": chunks, "steps": steps, "epochs": epochs, "warmup_steps": warmup_steps,
             "lr": lr, "optimizer": chosen(optimizer), "amp": amp, "check_steps": check_steps, "threads": threads,
-            "workers": workers, "checkpoint_activations": checkpoint_activations,
+            "workers": workers, "checkpoint_activations": checkpoint_activations, "wire": wire,
             "model": model, "model_args": parse_model_args(model_arg), "num_classes": num_classes,
             "image_size": image_size, "checkpoint": checkpoint, "allow_pickle": allow_pickle or None,
             "data": chosen(data), "data_path": data_path, "train_images": train_images, "eval_images": eval_images,

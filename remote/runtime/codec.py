@@ -46,9 +46,13 @@ def _lowrank(x: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     start, so that every run (and the serial comparison) sees the same factors for the same input."""
     gen = torch.Generator().manual_seed(0)
     q = torch.randn((x.shape[-1], rank), generator=gen, dtype=x.dtype).expand(*x.shape[:-2], -1, -1)
-    for _ in range(POWER_ITERATIONS):
-        p = torch.linalg.qr(x @ q).Q
-        q = x.transpose(-2, -1) @ p
+    with torch.no_grad():  # the basis is found, not learned: training differentiates through q alone
+        for _ in range(POWER_ITERATIONS):
+            p = torch.linalg.qr(x @ q).Q
+            q = x.transpose(-2, -1) @ p
+    # Recomputed with the gradient (the same numbers): in training, x ~ p p^T x, so the gradient that comes
+    # back is projected on the same basis, and q's gradient (C x r) is what crosses the link.
+    q = x.transpose(-2, -1) @ p
     return p.contiguous(), q.contiguous()
 
 

@@ -60,6 +60,9 @@ class TrainStage(PipelineStage):
         self.amp = amp
         self.forward_s = self.backward_s = 0.0
         self.bytes_sent = 0
+        self.grad_bytes_sent = 0
+        """Gradients of this stage's inputs sent back to the previous stage (the backward half of the link)."""
+        self._input_bytes = sum(t.numel() * t.element_size() for t in kwargs.get("input_args") or ())
 
     def forward_one_chunk(self, fwd_chunk_id, args, kwargs=None, save_forward_output=True):  # noqa: ANN001, ANN201
         start = time.perf_counter()
@@ -76,6 +79,8 @@ class TrainStage(PipelineStage):
         out = super().backward_one_chunk(bwd_chunk_id, loss=loss, full_backward=full_backward,
                                          last_backward=last_backward)
         self.backward_s += time.perf_counter() - start
+        if not self.is_first:  # one gradient a received tensor, of its shape and dtype
+            self.grad_bytes_sent += self._input_bytes
         return out
 
     def take(self) -> tuple[float, float]:

@@ -182,6 +182,7 @@ def _finish(spec: TrainSpec, emitter: Emitter, worker: Worker, layout: ModelLayo
         os.replace(tmp, part)
     emitter.emit(TrainEnd(stage=rank, status="ok", steps=timed_steps, seconds=round(timed_s, 6),
                  times=totals.rounded(), bytes_sent=getattr(worker, "bytes_sent", 0),
+                 grad_bytes_sent=getattr(worker, "grad_bytes_sent", None),
                  allreduce_s=round(getattr(getattr(worker, "clock", None), "reduce_s", 0.0), 6),
                  part_file=part, heads=attention_heads(worker.module.model), peak_rss_mb=peak_rss_mb()))
 

@@ -18,11 +18,13 @@ from torch import nn
 from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 from torch.nn.parallel import DistributedDataParallel
 
+from remote.runtime.codec import payload_meta
 from remote.runtime.model import Checkpoint
-from remote.runtime.stage import ModelLayout, StageModule, build_stage, stage_io_shapes
+from remote.runtime.stage import ModelLayout, StageModule, build_stage, stage_codec, stage_io_shapes
 from remote.spec import TrainSpec
 from remote.training.data import Labelled
 from remote.training.timing import AllReduceClock, StepTimes, TrainStage, autocast
+from remote.wire import WireFormat
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -44,9 +46,14 @@ class _Fp32Outputs(nn.Module):
     def __init__(self, stage: StageModule) -> None:
         super().__init__()
         self.stage = stage
+        codec = stage.codec
+        self.encoded = codec is not None and codec.fmt_out is not None and codec.fmt_out.kind != "fp32"
+        """A `--wire` format leaves as its own dtypes (fp16, bf16, lowrank's fp32 factors)."""
 
     def forward(self, *state: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         out = self.stage(*state)
+        if self.encoded:
+            return out
         if isinstance(out, tuple):
             return tuple(t.float() for t in out)
         return out.float()
@@ -156,15 +163,19 @@ class PipelineStageWorker(Worker, _Optimized):
     def __init__(self, spec: TrainSpec, layout: ModelLayout, checkpoint: Checkpoint | None, *, rank: int,
                  world: int, steps: int) -> None:
         self.spec, self.rank, self.world = spec, rank, world
-        self.module = build_stage(spec, layout, layout.stages[rank], checkpoint).train()
+        codec = stage_codec(spec, layout, rank)  # type: ignore[arg-type]  (a TrainSpec has the wire it reads)
+        self.module = build_stage(spec, layout, layout.stages[rank], checkpoint, codec).train()
         self.module.checkpointed = spec.checkpoint_activations
         in_shapes, out_shapes = stage_io_shapes(layout, spec.microbatch)[rank]
-        # The example tensors carry `requires_grad`: it is what makes the stage receive and send gradients.
+        fp32 = WireFormat("fp32")
+        # The example tensors carry `requires_grad`: it is what makes the stage receive and send gradients. With
+        # `--wire`, they are the payload's (its dtypes and shapes): the gradients come back in the same form.
         self.stage = TrainStage(_Fp32Outputs(self.module), rank, world, torch.device("cpu"),
-                                input_args=tuple(torch.empty(s, device="meta", requires_grad=rank > 0)
-                                                 for s in in_shapes),
-                                output_args=tuple(torch.empty(s, device="meta", requires_grad=True)
-                                                  for s in out_shapes), amp=spec.amp)
+                                input_args=tuple(t.requires_grad_(rank > 0) for t in
+                                                 payload_meta(codec.fmt_in or fp32, list(in_shapes))),
+                                output_args=tuple(t.requires_grad_(True) for t in
+                                                  payload_meta(codec.fmt_out or fp32, list(out_shapes))),
+                                amp=spec.amp)
         self.schedule = SCHEDULES[spec.schedule](self.stage, n_microbatches=spec.chunks, loss_fn=F.cross_entropy)
         self.first, self.last = rank == 0, rank == world - 1
         self.holds_loss = self.last
@@ -173,6 +184,10 @@ class PipelineStageWorker(Worker, _Optimized):
     @property
     def bytes_sent(self) -> int:
         return self.stage.bytes_sent
+
+    @property
+    def grad_bytes_sent(self) -> int:
+        return self.stage.grad_bytes_sent
 
     def step(self, micro: list[list[int]], data: Labelled) -> tuple[float | None, StepTimes]:
         times = StepTimes()

@@ -174,6 +174,9 @@ def test_ctrl_c_and_a_killed_rank_leave_nothing_behind(tmp_path: Path, pictl_env
     (["--schedule", "1f1b", "--chunks", "1"], "chunks (1) must be at least the 2 stages"),
     (["--data", "cifar10"], "needs data_path"),
     (["--model-arg", "depth"], "use KEY=VALUE"),
+    (["--wire", "int8"], "rounding has no gradient"),
+    (["--mode", "ddp", "--chunks", "2", "--wire", "fp16"], "(--mode pipeline)"),
+    (["--wire", "fp17"], "fp17"),
     (["--workers", "-1"], "workers"),
     (["--workers", "99"], "workers"),
     (["--mode", "pipeline", "--model", "resnet18", "--policy", "balanced"], "policy balanced profiles timm ViTs"),
@@ -205,6 +208,33 @@ def test_activation_checkpointing_lowers_peak_memory_and_keeps_the_losses(shared
     pipe = _train(shared, env, "--mode", "pipeline", "--checkpoint-activations", "--workers", "2",
                   "--chunks", "2", *steps[:2], *steps[4:], model=tuple(WIDE))
     assert pipe["workers"] == 2 and pipe["agreement"]["passed"] is True, pipe["agreement"]
+
+
+@pytest.mark.slow
+def test_a_compressed_link_cuts_the_bytes_both_ways_and_still_learns(shared, env) -> None:
+    """fp32 over the wire is today's training bit for bit; fp16 sends half the bytes forward and back; lowrank
+    a quarter here; the loss of both still falls (one batch, seen at every step), checked against single's
+    only as a report."""
+    common = ("--mode", "pipeline", "--steps", "10", "--train-images", "8", "--eval-images", "0")
+    plain = _train(shared, env, *common)
+    same = _train(shared, env, *common, "--wire", "fp32")
+    assert same["losses"] == plain["losses"] and same["agreement"]["passed"] is True
+
+    def link(job: dict) -> tuple[int, int]:  # (activations sent by stage 0, gradients sent back by stage 1)
+        return job["breakdown"][0]["bytes_sent"], job["breakdown"][1]["grad_bytes_sent"]
+
+    forward, backward = link(plain)
+    assert forward == backward > 0  # a gradient for every activation, of its size
+    for wire, ratio in (("fp16", 2), ("lowrank:4", 3)):
+        job = _train(shared, env, *common, "--wire", wire)
+        assert job["wire"] == wire and job["status"] == "ok"
+        if wire == "fp16":
+            assert link(job) == (forward // 2, backward // 2)
+        else:
+            assert all(0 < b < forward // ratio for b in link(job)), link(job)
+        losses = [p["loss"] for p in job["losses"]]
+        assert losses[-1] < 0.5 * losses[0], losses  # the gradients that came back through it still train
+        assert job["agreement"]["enforced"] is False and "lossy wire" in job["agreement"]["against"]
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ from pictl.inventory import format_validation_error
 from pictl.planning.options import MAX_IMAGES
 from pictl.records.trackers import Tracker
 from remote.spec import DataSpec, TrainSpec
+from remote.wire import parse_wire
 
 Mode = Literal["single", "pipeline", "ddp"]
 Schedule = Literal["gpipe", "1f1b"]
@@ -84,6 +85,9 @@ class TrainOptions(BaseModel):
     """Data-loading processes per rank that reads images (0: the step reads its own)."""
     checkpoint_activations: bool = False
     """Recompute activations in the backward pass (per stage; the whole model in single and ddp)."""
+    wire: str = Field(default="fp32", min_length=1, max_length=4096)
+    """Pipeline: what crosses each cut, activations forward and gradients back (fp32, fp16, bf16, lowrank:R;
+    per cut as `blocks.4=fp16` with explicit split points)."""
     check_steps: int = Field(default=3, ge=0, le=100)
     """Steps whose loss is checked against a `single` run of the same job (0: no check)."""
     check_images: int = Field(default=8, ge=0, le=MAX_IMAGES)
@@ -129,7 +133,29 @@ class TrainOptions(BaseModel):
             raise ValueError("checkpoint is empty (leave it out for random weights)")
         if self.mode == "single" and self.break_rank:
             raise ValueError("break_rank: single has only rank 0")
+        self._check_wire()
         return self
+
+    def _check_wire(self) -> None:
+        wire = parse_wire(self.wire)  # a ValueError names the bad part
+        self.wire = str(wire)
+        if self.mode != "pipeline" and self.wire != "fp32":
+            raise ValueError(f"wire {self.wire}: a wire format is what crosses a pipeline's cuts (--mode pipeline)")
+        formats = [wire.default, *(f for _, f in wire.per_cut)]
+        if any(f.kind == "int8" for f in formats):
+            raise ValueError("wire int8: rounding has no gradient to send back; in training use fp16, bf16 or "
+                             "lowrank:R")
+        cuts = [cut for cut, _ in wire.per_cut]
+        if cuts and not self.split:
+            raise ValueError(f"wire: per-cut formats ({', '.join(cuts)}) need explicit split points (--split)")
+        unknown = [c for c in cuts if c not in self.split]
+        if unknown:
+            raise ValueError(f"wire: {', '.join(unknown)} is not a cut of this job (split points: "
+                             f"{', '.join(self.split)})")
+
+    @property
+    def lossy_wire(self) -> bool:
+        return not parse_wire(self.wire).lossless
 
     @property
     def classes(self) -> int:
@@ -145,7 +171,7 @@ class TrainOptions(BaseModel):
         fields = self.model_dump(include={"model", "image_size", "allow_pickle", "seed", "schedule", "batch_size",
                                           "chunks", "epochs", "warmup_steps", "lr", "optimizer", "momentum",
                                           "weight_decay", "amp", "train_images", "eval_images", "threads", "workers",
-                                          "checkpoint_activations",
+                                          "checkpoint_activations", "wire",
                                           "check_images", "save", "break_rank"})
         checkpoint = str(Path(self.checkpoint).expanduser()) if self.checkpoint else None
         return TrainSpec(**fields, model_kwargs=dict(self.model_args), num_classes=self.classes,

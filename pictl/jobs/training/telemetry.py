@@ -101,6 +101,7 @@ class TrainTelemetry:
                         "share": {k.removesuffix("_s"): round(v / total, 4) if total else None
                                   for k, v in r.times.items()},
                         "bytes_sent": r.end.bytes_sent if r.end else None,
+                        "grad_bytes_sent": r.end.grad_bytes_sent if r.end else None,
                         "allreduce_s": r.end.allreduce_s if r.end else None,
                         "peak_rss_mb": r.end.peak_rss_mb if r.end else None})
         return out
