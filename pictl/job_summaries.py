@@ -128,6 +128,23 @@ class TrainWaterfall(Open):
     ideal_step_ms: float | None = None
 
 
+class LinkSide(Open):
+    avg_MBps: float | None = None
+    peak_MBps: float | None = None
+
+
+class TrainLink(Open):
+    """A pipeline link (stage r to r + 1), per step: bytes each way and each side's bandwidth."""
+
+    link: str
+    cut: str | None = None
+    format: str
+    forward_bytes_per_step: int
+    backward_bytes_per_step: int
+    sender: LinkSide
+    receiver: LinkSide
+
+
 class TrainSummary(Open):
     """A training job's summary.json (`pictl.jobs.training.session`)."""
 
@@ -158,6 +175,7 @@ class TrainSummary(Open):
     """Data-loading processes per image-reading rank (older records: none)."""
     checkpoint_activations: bool | None = None
     wire: str | None = None
+    links: list[TrainLink] = []
     samples_per_s: float | None = None
     losses: list[LossPoint] = []
     evals: list[EvalPoint] = []

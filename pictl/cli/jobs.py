@@ -109,7 +109,8 @@ def sweep(
                     "data_path": data_path, "amp": amp,
                     "threads": threads, "track": tracked(track)}
         _train_sweep(renderer, settings, modes=modes, schedules=schedules, stages=stages, chunks=chunks, out=out,
-                     hosts=hosts, wait=wait, as_json=as_json, cold=cold, runs_dir=runs_dir, workers=workers)
+                     hosts=hosts, wait=wait, as_json=as_json, cold=cold, runs_dir=runs_dir, workers=workers,
+                     wires=wire)
         return
     try:
         cluster = read_cluster(hosts, cold=cold)
@@ -143,12 +144,13 @@ def sweep(
 
 def _train_sweep(renderer: Any, settings: dict[str, Any], *, modes: str | None, schedules: str | None,
                  stages: str | None, chunks: str | None, out: Path | None, hosts: Path | None, wait: bool,
-                 as_json: bool, cold: bool = False, runs_dir: Path | None = None, workers: str | None = None) -> None:
+                 as_json: bool, cold: bool = False, runs_dir: Path | None = None, workers: str | None = None,
+                 wires: str | None = None) -> None:
     """`pictl sweep --train`: training jobs over modes, schedules, rank counts, chunk counts and loader workers."""
     import time
 
     from pictl.jobs.prune import parse_model_args
-    from pictl.jobs.sweep import parse_ints
+    from pictl.jobs.sweep import parse_ints, parse_wires
     from pictl.jobs.training.options import train_options
     from pictl.jobs.training.sweep import run_train_sweep, train_points
     from pictl.records.runs import writable_dir
@@ -166,7 +168,8 @@ def _train_sweep(renderer: Any, settings: dict[str, Any], *, modes: str | None, 
         cluster = read_cluster(hosts, cold=cold)
         points, skipped = train_points(cluster, base, wanted, parse_ints("--stages", stages or "2"),
                                        parse_ints("--chunks", chunks or "1,4,8"), kinds,
-                                       parse_ints("--workers", workers, least=0) if workers else None)
+                                       parse_ints("--workers", workers, least=0) if workers else None,
+                                       parse_wires("--wire", wires) if wires else None)
         target = out or checked_runs_root(runs_dir).parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S-train")
         if os.path.lexists(target):  # (False for a name too long to look up: writable_dir names that)
             raise E.ConfigError(f"--out: {target} already exists")

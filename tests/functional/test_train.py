@@ -235,6 +235,25 @@ def test_a_compressed_link_cuts_the_bytes_both_ways_and_still_learns(shared, env
         losses = [p["loss"] for p in job["losses"]]
         assert losses[-1] < 0.5 * losses[0], losses  # the gradients that came back through it still train
         assert job["agreement"]["enforced"] is False and "lossy wire" in job["agreement"]["against"]
+        # The link's figures are the bytes the ranks counted, per step, over each side's computation time.
+        (fig,) = job["links"]
+        assert fig["format"] == wire and fig["link"] == "0->1"
+        counted = tuple(round(b / 10) for b in link(job))  # 10 steps
+        assert (fig["forward_bytes_per_step"], fig["backward_bytes_per_step"]) == counted
+        compute = [(r["per_step_ms"]["forward"] + r["per_step_ms"]["backward"]) / 1000 for r in job["breakdown"]]
+        per_step = fig["forward_bytes_per_step"] + fig["backward_bytes_per_step"]
+        assert fig["sender"]["avg_MBps"] == pytest.approx(per_step / compute[0] / 1e6, rel=0.02)
+        assert fig["sender"]["peak_MBps"] >= fig["sender"]["avg_MBps"]
+
+    # A training sweep over wire formats: the source's table (bandwidth, computation, time per batch).
+    out = shared["root"] / "sweep-wire"
+    proc = run_pictl(["sweep", "--train", "--hosts", str(shared["hosts"]), "--out", str(out), *TINY, "--modes",
+                      "pipeline", "--schedules", "gpipe", "--stages", "2", "--chunks", "2", "--wire", "fp32,fp16",
+                      "--batch-size", "8", "--steps", "3", "--train-images", "16", "--json"], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout)["rows"]
+    assert [r["wire"] for r in rows] == ["fp32", "fp16"] and all(r["status"] == "ok" for r in rows)
+    assert all(r["avg_MBps"] and r["peak_MBps"] and r["compute_ms"] and r["step_ms"] for r in rows)
 
 
 @pytest.mark.slow

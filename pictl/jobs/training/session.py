@@ -32,7 +32,7 @@ from pictl.jobs.training.checkpoint import MODEL_FILE, merge_parts, trained_meta
 from pictl.jobs.training.launch import REFERENCE_SPEC, run_ranks, run_reference
 from pictl.jobs.training.options import AMP_LOSS_TOLERANCE, LOSS_TOLERANCE, TrainOptions
 from pictl.jobs.training.split import balanced_points
-from pictl.jobs.training.telemetry import TrainTelemetry, agreement
+from pictl.jobs.training.telemetry import TrainTelemetry, agreement, link_figures
 from pictl.jobs.training.waterfall import train_waterfall
 from pictl.planning.placement import NodePlan, place_stages
 from pictl.records.cache import JsonCache, cache_root
@@ -41,6 +41,7 @@ from pictl.records.tracker_writers import check_trackers, track_record
 from pictl.records.trackers import train_series
 from remote import protocol as P
 from remote.spec import TrainSpec
+from remote.wire import parse_wire
 
 SUMMARY_SCHEMA = 1
 
@@ -257,7 +258,8 @@ class TrainSession:
             "steps": start.steps if start else None, "steps_done": max(tel.losses, default=0),
             "steps_per_epoch": start.steps_per_epoch if start else None, "lr": o.lr, "optimizer": o.optimizer,
             "threads": o.threads, "workers": o.workers, "checkpoint_activations": o.checkpoint_activations,
-            "wire": o.wire,
+            "wire": o.wire, "links": link_figures(tel.ranks, self._split_points(), parse_wire(o.wire))
+            if o.mode == "pipeline" else [],
             "samples_per_s": tel.samples_per_s(o.batch_size),
             "losses": losses, "evals": tel.evals, "top1": tel.evals[-1]["top1"] if tel.evals else None,
             "policy": o.policy if o.mode == "pipeline" else None, "split_points": self._split_points(),

@@ -24,9 +24,9 @@ from pictl.jobs.training.session import TrainSession, placement
 from pictl.records.runs import write_json_atomic
 from remote import protocol as P
 
-COLUMNS = ("mode", "schedule", "stages", "chunks", "workers", "microbatch", "status", "samples_per_s", "speedup",
-           "loss_agreement", "loss_last", "top1", "data_share", "comm_share", "idle_share", "peak_rss_mb", "job_id",
-           "error")
+COLUMNS = ("mode", "schedule", "stages", "chunks", "workers", "wire", "microbatch", "status", "samples_per_s",
+           "speedup", "loss_agreement", "loss_last", "top1", "avg_MBps", "peak_MBps", "compute_ms", "step_ms",
+           "data_share", "comm_share", "idle_share", "peak_rss_mb", "job_id", "error")
 CATEGORIES = tuple(k.removesuffix("_s") for k in P.TRAIN_TIME_KEYS)
 
 
@@ -38,16 +38,20 @@ class TrainPoint:
     schedule: str = "gpipe"
     workers: int = 0
     """Data-loading processes per image-reading rank."""
+    wire: str = "fp32"
+    """Pipeline: what crosses each cut, both ways."""
 
     @property
     def label(self) -> str:
         how = f"{self.mode} ({self.schedule})" if self.mode == "pipeline" else self.mode
         loaders = f", {self.workers} loader worker(s)" if self.workers else ""
-        return f"{how}, {self.stages} rank(s), {self.chunks} chunk(s){loaders}"
+        wire = f", wire {self.wire}" if self.wire != "fp32" else ""
+        return f"{how}, {self.stages} rank(s), {self.chunks} chunk(s){loaders}{wire}"
 
 
 def train_points(cluster: Cluster, base: TrainOptions, modes: list[str], stages: list[int], chunks: list[int],
-                 schedules: list[str], workers: list[int] | None = None) -> tuple[list[TrainPoint], list[str]]:
+                 schedules: list[str], workers: list[int] | None = None, wires: list[str] | None = None,
+                 ) -> tuple[list[TrainPoint], list[str]]:
     """The jobs in run order (single first for each chunk count and worker count), and the combinations left
     out (why)."""
     points: list[TrainPoint] = []
@@ -55,8 +59,9 @@ def train_points(cluster: Cluster, base: TrainOptions, modes: list[str], stages:
     for c, w in ((c, w) for c in chunks for w in (workers or [base.workers])):
         for mode in modes:
             for s in ([1] if mode == "single" else [s for s in stages if s > 1]):
-                for sched in (schedules if mode == "pipeline" else ["gpipe"]):
-                    point = TrainPoint(mode, s, c, sched, w)
+                for sched, wire in ((k, x) for k in (schedules if mode == "pipeline" else ["gpipe"])
+                                    for x in ((wires or [base.wire]) if mode == "pipeline" else ["fp32"])):
+                    point = TrainPoint(mode, s, c, sched, w, wire)
                     refused = chunks_refusal(mode, sched, s, c)
                     if refused:
                         skipped.append(f"{point.label}: {refused}")
@@ -74,7 +79,7 @@ def train_points(cluster: Cluster, base: TrainOptions, modes: list[str], stages:
 
 def options_for(base: TrainOptions, point: TrainPoint) -> TrainOptions:
     values = {**base.model_dump(), "mode": point.mode, "stages": point.stages, "chunks": point.chunks,
-              "schedule": point.schedule, "workers": point.workers, "split": []}
+              "schedule": point.schedule, "workers": point.workers, "wire": point.wire, "split": []}
     try:
         return TrainOptions(**values)
     except ValueError as exc:
@@ -98,11 +103,25 @@ def row_of(point: TrainPoint, summary: dict[str, Any] | None, error: str | None 
             "loss_agreement": None if not check or check["max_rel_diff"] is None else
             (f"{'ok' if check['passed'] else 'DIFFERS'} ({check['max_rel_diff']})"),
             "loss_last": losses[-1]["loss"] if losses else None, "top1": summary.get("top1"),
+            **_link_columns(summary),
             "data_share": share("data"), "comm_share": share("comm"), "idle_share": share("idle"),
             "peak_rss_mb": max((r["peak_rss_mb"] for r in ranks if r.get("peak_rss_mb") is not None), default=None),
             "job_id": summary.get("job_id"),
             "per_step_ms": {c: _mean([r["per_step_ms"][c] for r in ranks]) for c in CATEGORIES},
             "error": error}
+
+
+def _link_columns(summary: dict[str, Any]) -> dict[str, Any]:
+    """The source's table: bandwidth over the busiest link (sender's side), computation and time per batch."""
+    links = summary.get("links") or []
+    avg = [link["sender"]["avg_MBps"] for link in links if link["sender"]["avg_MBps"] is not None]
+    peak = [link["sender"]["peak_MBps"] for link in links if link["sender"]["peak_MBps"] is not None]
+    ranks = summary.get("breakdown") or []
+    compute = _mean([(r["per_step_ms"].get("forward") or 0) + (r["per_step_ms"].get("backward") or 0)
+                     for r in ranks if r["per_step_ms"].get("forward") is not None])
+    ips = summary.get("samples_per_s")
+    return {"avg_MBps": max(avg, default=None), "peak_MBps": max(peak, default=None), "compute_ms": compute,
+            "step_ms": round(1000 * summary["batch_size"] / ips, 2) if ips else None}
 
 
 def _mean(values: list[float | None]) -> float | None:

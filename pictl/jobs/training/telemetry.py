@@ -28,6 +28,8 @@ class RankTrain:
     """Seconds per category over the timed steps (folded step by step; the end event has the same totals)."""
     end: TrainEnd | None = None
     error: Error | None = None
+    compute_s: list[float] = field(default_factory=list)
+    """Each timed step's computation (forward and backward) seconds: the time a link's bandwidth is over."""
 
 
 @dataclass
@@ -61,6 +63,7 @@ class TrainTelemetry:
                     r.steps += 1
                     for key in P.TRAIN_TIME_KEYS:
                         r.times[key] += _seconds((record.times or {}).get(key))
+                    r.compute_s.append(sum(_seconds((record.times or {}).get(k)) for k in ("forward_s", "backward_s")))
                 if record.loss is not None:
                     self.losses[record.step] = float(record.loss)
                     self.step_s[record.step] = float(record.seconds)
@@ -105,6 +108,36 @@ class TrainTelemetry:
                         "allreduce_s": r.end.allreduce_s if r.end else None,
                         "peak_rss_mb": r.end.peak_rss_mb if r.end else None})
         return out
+
+
+def link_figures(ranks: dict[int, RankTrain], cuts: list[str], wire: Any) -> list[dict[str, Any]]:
+    """Per pipeline link (stage r to r + 1), per step: the bytes each way, and on each side the average and
+    peak bandwidth as the source defines them: the bytes sent or received over the side's computation time
+    (forward and backward) of a step, its mean and its best step. `wire` (`remote.wire.Wire`) names each
+    cut's format."""
+    out = []
+    for r in sorted(ranks)[:-1]:
+        sender, receiver = ranks[r], ranks.get(r + 1)
+        if receiver is None or sender.end is None or receiver.end is None or not sender.last_step:
+            continue
+        steps = sender.last_step  # the counters cover every step, the warm-up ones too
+        forward = (sender.end.bytes_sent or 0) / steps
+        backward = (receiver.end.grad_bytes_sent or 0) / steps
+
+        cut = cuts[r] if r < len(cuts) else None
+        out.append({"link": f"{r}->{r + 1}", "cut": cut, "format": str(wire.at(cut)) if cut else str(wire.default),
+                    "forward_bytes_per_step": round(forward), "backward_bytes_per_step": round(backward),
+                    "sender": _bandwidth(sender, forward + backward),
+                    "receiver": _bandwidth(receiver, forward + backward)})
+    return out
+
+
+def _bandwidth(rank: RankTrain, bytes_per_step: float) -> dict[str, float | None]:
+    times = [s for s in rank.compute_s if s > 0]
+    if not times:
+        return {"avg_MBps": None, "peak_MBps": None}
+    return {"avg_MBps": round(bytes_per_step / (sum(times) / len(times)) / 1e6, 3),
+            "peak_MBps": round(bytes_per_step / min(times) / 1e6, 3)}
 
 
 def _seconds(value: Any) -> float:
