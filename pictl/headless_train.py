@@ -28,6 +28,9 @@ class TrainProgress:
         self.err = err
         self.steps: int | None = None
         self._last = 0.0
+        self._slowest: dict[int, float] = {}
+        """Step -> seconds of its slowest rank so far (a pipeline's step ends with its first stage's backward,
+        after the rank that reports the loss)."""
 
     def __call__(self, source: str, rec: Record) -> None:
         if source == "reference":
@@ -38,11 +41,17 @@ class TrainProgress:
                 self.err.print(f"pictl train: {rec.mode} on {rec.world_size} rank(s), {rec.steps} step(s) of "
                                f"{rec.batch_size} images as {rec.chunks} microbatch(es)"
                                + (", bf16 autocast" if rec.amp else ""), markup=False)
-            case TrainStep(loss=float() | int() as loss):
+            case TrainStep():
+                self._slowest[rec.step] = max(self._slowest.get(rec.step, 0.0), rec.seconds or 0.0)
+                if rec.loss is None:
+                    return
+                loss = rec.loss
                 now = time.monotonic()
                 if now - self._last >= 5.0 or rec.step in (1, self.steps):
                     self._last = now
-                    rate = rec.samples / rec.seconds if rec.seconds else 0.0
+                    # The step before is whole (every rank has reported it); this one may not be yet.
+                    seconds = self._slowest.get(rec.step - 1) or self._slowest[rec.step]
+                    rate = rec.samples / seconds if seconds else 0.0
                     self.err.print(f"pictl train: step {rec.step}/{self.steps} (epoch {rec.epoch}) loss "
                                    f"{loss:.4f}, {rate:.1f} samples/s", markup=False)
             case TrainEval():

@@ -27,6 +27,8 @@ class TrainView:
     evals: list[TrainEval] = field(default_factory=list)
     summary: dict[str, Any] | None = None
     _counts: dict[int, int] = field(default_factory=dict)
+    _slowest: dict[int, float] = field(default_factory=dict)
+    """Step -> seconds of its slowest rank so far: a pipeline's step ends with its first stage's backward."""
 
     def apply(self, source: str, host: str, rec: Record) -> None:
         if source == "reference":
@@ -42,10 +44,13 @@ class TrainView:
     def _step(self, host: str, rec: TrainStep) -> None:
         rank = rec.rank
         self.hosts[rank] = host
+        self._slowest[rec.step] = max(self._slowest.get(rec.step, 0.0), rec.seconds or 0.0)
         if rec.loss is not None:
             self.losses.append(float(rec.loss))
             self.step = rec.step
-            self.rate = rec.samples / rec.seconds if rec.seconds else None
+        # The step before the newest is whole (every rank has reported it).
+        seconds = self._slowest.get(self.step - 1) or self._slowest.get(self.step) if self.step else None
+        self.rate = rec.samples / seconds if seconds else self.rate
         if rec.timed:
             n = self._counts[rank] = self._counts.get(rank, 0) + 1
             mean = self.ranks.setdefault(rank, dict.fromkeys(CATEGORIES, 0.0))

@@ -38,7 +38,9 @@ class TrainTelemetry:
     losses: dict[int, float] = field(default_factory=dict)
     """Step (from 1) -> mean loss over the step's microbatches."""
     step_s: dict[int, float] = field(default_factory=dict)
-    """Step -> wall seconds on the rank that reports the loss."""
+    """Step -> wall seconds of its slowest rank. Every rank starts a step together, so the step ends when the
+    last one does: in a pipeline that is the first stage (its backward comes last), not the rank that sees
+    the loss."""
     timed: set[int] = field(default_factory=set)
     evals: list[dict[str, Any]] = field(default_factory=list)
     start: TrainStart | None = None
@@ -64,11 +66,11 @@ class TrainTelemetry:
                     for key in P.TRAIN_TIME_KEYS:
                         r.times[key] += _seconds((record.times or {}).get(key))
                     r.compute_s.append(sum(_seconds((record.times or {}).get(k)) for k in ("forward_s", "backward_s")))
+                self.step_s[record.step] = max(self.step_s.get(record.step, 0.0), float(record.seconds))
+                if record.timed:
+                    self.timed.add(record.step)
                 if record.loss is not None:
                     self.losses[record.step] = float(record.loss)
-                    self.step_s[record.step] = float(record.seconds)
-                    if record.timed:
-                        self.timed.add(record.step)
             case TrainEval():
                 self.evals.append({"epoch": record.epoch, "step": record.step, "top1": record.top1,
                                    "correct": record.correct, "total": record.total, "seconds": record.seconds})
