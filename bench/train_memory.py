@@ -6,8 +6,9 @@
    synthetic data) with and without `--checkpoint-activations`, in alternating rounds: the rank's peak RSS
    and samples/s of each, and their ratios.
 2. Data-loading workers: `pictl sweep --train --modes single --workers 0,1,2` on scikit-learn's digits
-   written as an ImageFolder (real PNGs decoded and resized to 64 px every step) with a ResNet-18: each
-   worker count's samples/s and the data-loading share of a step, per round.
+   written as an ImageFolder, at 224 px (512 images: more than pictl decodes once into memory, so real PNGs
+   are decoded and resized at every step) with a small ViT (patch 32, 2 blocks of width 96: cheap compute,
+   so reading is a large share of a step): each worker count's samples/s and the data-loading share.
 Everything on one local host of this machine (its cores: see `nproc`); the figures are this machine's.
 """
 
@@ -47,7 +48,9 @@ def loader_workers(pictl: Pictl, hosts: Path, args: argparse.Namespace, data: Pa
     for r in range(args.rounds):
         out = pictl.workdir / f"workers-{r}"
         result = pictl("sweep", "--train", "--hosts", str(hosts), "--out", str(out), "--modes", "single",
-                       "--chunks", "1", "--workers", "0,1,2", "--model", "resnet18", "--image-size", "64",
+                       "--chunks", "1", "--workers", "0,1,2", "--model", "vit_tiny_patch16_224", "--model-arg",
+                       "patch_size=32", "--model-arg", "depth=2", "--model-arg", "embed_dim=96", "--model-arg",
+                       "num_heads=4",
                        "--data", "imagefolder", "--data-path", str(data), "--batch-size", "32",
                        "--steps", str(args.steps * 2), "--train-images", "512", "--eval-images", "0")
         rows = [(row["workers"], row["samples_per_s"], row["data_share"]) for row in result["rows"]]
