@@ -18,8 +18,15 @@ POWER_ITERATIONS = 2
 """Power-iteration steps of `lowrank:R` (PowerSGD uses 1 per step with warm starts; a cold start needs 2)."""
 
 
-def _rank(fmt: WireFormat, shape: torch.Size) -> int:
-    return min(fmt.rank, shape[-2], shape[-1])
+def _matrix(shape: torch.Size | tuple[int, ...]) -> tuple[int, ...]:
+    """The shape lowrank factors: a ViT's (B, T, C) as it is; a CNN's feature map (B, C, H, W) as (B, C, H*W),
+    the channels against the positions (as the two-machine experiment compresses it)."""
+    return (*shape[:-2], shape[-2] * shape[-1]) if len(shape) == 4 else tuple(shape)
+
+
+def _rank(fmt: WireFormat, shape: torch.Size | tuple[int, ...]) -> int:
+    matrix = _matrix(shape)
+    return min(fmt.rank, matrix[-2], matrix[-1])
 
 
 def payload_meta(fmt: WireFormat, shapes: list[torch.Size]) -> list[torch.Tensor]:
@@ -35,9 +42,8 @@ def payload_meta(fmt: WireFormat, shapes: list[torch.Size]) -> list[torch.Tensor
             out += [torch.empty(shape, device="meta", dtype=torch.int8),
                     torch.empty((*shape[:-1], 1), device="meta")]
         else:
-            r = _rank(fmt, shape)
-            out += [torch.empty((*shape[:-1], r), device="meta"), torch.empty((*shape[:-2], shape[-1], r),
-                                                                               device="meta")]
+            r, m = _rank(fmt, shape), _matrix(shape)
+            out += [torch.empty((*m[:-1], r), device="meta"), torch.empty((*m[:-2], m[-1], r), device="meta")]
     return out
 
 
@@ -69,11 +75,13 @@ def encode(fmt: WireFormat, state: tuple[torch.Tensor, ...]) -> tuple[torch.Tens
             scale = t.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / 127.0
             out += [torch.round(t / scale).clamp_(-127, 127).to(torch.int8), scale.to(torch.float32)]
         else:
-            out += list(_lowrank(t, _rank(fmt, t.shape)))
+            out += list(_lowrank(t.reshape(_matrix(t.shape)), _rank(fmt, t.shape)))
     return tuple(out)
 
 
-def decode(fmt: WireFormat, payload: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+def decode(fmt: WireFormat, payload: tuple[torch.Tensor, ...],
+           shapes: list[torch.Size] | None = None) -> tuple[torch.Tensor, ...]:
+    """The state from its payload; `shapes` (the state's, per microbatch) restore a feature map's H and W."""
     if fmt.kind == "fp32":
         return payload
     if fmt.kind in ("fp16", "bf16"):
@@ -81,7 +89,13 @@ def decode(fmt: WireFormat, payload: tuple[torch.Tensor, ...]) -> tuple[torch.Te
     pairs = zip(payload[::2], payload[1::2], strict=True)
     if fmt.kind == "int8":
         return tuple(q.to(torch.float32) * scale for q, scale in pairs)
-    return tuple(p @ q.transpose(-2, -1) for p, q in pairs)
+    out = []
+    for i, (p, q) in enumerate(pairs):
+        x = p @ q.transpose(-2, -1)
+        if shapes is not None and len(shapes[i]) == 4:
+            x = x.reshape(*x.shape[:-1], *shapes[i][-2:])
+        out.append(x)
+    return tuple(out)
 
 
 @dataclass
@@ -96,8 +110,11 @@ class CodecCounters:
 class Codec:
     """A stage's two ends: decode what arrives (`fmt_in`), encode what leaves (`fmt_out`); None: not a cut."""
 
-    def __init__(self, fmt_in: WireFormat | None, fmt_out: WireFormat | None) -> None:
+    def __init__(self, fmt_in: WireFormat | None, fmt_out: WireFormat | None,
+                 in_shapes: list[torch.Size] | None = None) -> None:
         self.fmt_in, self.fmt_out = fmt_in, fmt_out
+        self.in_shapes = in_shapes
+        """The state's shapes as it arrives (a CNN's feature maps: lowrank restores their H and W)."""
         self.counters = CodecCounters()
 
     def take(self) -> CodecCounters:
@@ -108,7 +125,7 @@ class Codec:
         if self.fmt_in is None or self.fmt_in.lossless:
             return payload
         start = time.perf_counter()
-        state = decode(self.fmt_in, payload)
+        state = decode(self.fmt_in, payload, self.in_shapes)
         self.counters.decompress_s += time.perf_counter() - start
         return state
 

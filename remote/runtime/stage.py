@@ -122,7 +122,9 @@ def stage_codec(spec: RunSpec, layout: ModelLayout, rank: int) -> Codec:
     stages = layout.stages
     fmt_in = wire.at(layout.pieces[stages[rank].first].name) if rank > 0 else None
     fmt_out = wire.at(layout.pieces[stages[rank + 1].first].name) if rank < len(stages) - 1 else None
-    return Codec(fmt_in, fmt_out)
+    # lowrank sends a feature map (B, C, H, W) as factors of (B, C, H*W): the receiver restores H and W.
+    in_shapes = stage_io_shapes(layout, 1)[rank][0] if fmt_in is not None and fmt_in.kind == "lowrank" else None
+    return Codec(fmt_in, fmt_out, in_shapes)
 
 
 def stage_io_shapes(layout: ModelLayout, batch: int) -> list[tuple[list[torch.Size], list[torch.Size]]]:
