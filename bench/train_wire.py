@@ -1,7 +1,7 @@
 """Pipeline training over a compressed link: the two-machine experiment's table, on data pictl can have offline.
 
-    sudo .venv/bin/python -m bench.train_wire [--mbit 100] [--cpu 1.0] [--chunks 1,4,8]
-                                              [--wires fp32,fp16,bf16,lowrank:8] [--epochs 2] [--quick]
+    sudo .venv/bin/python -m bench.train_wire [--mbit 100] [--cpu 1.0] [--chunks 1,4,8] [--split blocks.2]
+                                              [--wires fp32,fp16,bf16,lowrank:4,lowrank:2] [--epochs 2] [--quick]
 
 MobileNetV2 (timm's mobilenetv2_100 at 32 px) fine-tuned as a 2-stage GPipe pipeline on scikit-learn's digits
 (written as an ImageFolder: real images, a real held-out split), over 2 hosts of the SSH test cluster with
@@ -28,7 +28,8 @@ def main() -> int:
     ap.add_argument("--mbit", type=float, default=100.0)
     ap.add_argument("--cpu", type=float, default=1.0)
     ap.add_argument("--chunks", default="1,4,8")
-    ap.add_argument("--wires", default="fp32,fp16,bf16,lowrank:8")
+    ap.add_argument("--wires", default="fp32,fp16,bf16,lowrank:4,lowrank:2")
+    ap.add_argument("--split", default="blocks.2", help="the cut (blocks.2 at 32 px: a 32 x 4 x 4 feature map)")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--save", default=None)
@@ -46,7 +47,7 @@ def main() -> int:
         out = pictl.workdir / "sweep"
         steps = str(args.epochs * 1408 // args.batch_size)
         result = pictl("sweep", "--train", "--hosts", str(cluster.inventory), "--out", str(out), "--modes", "pipeline",
-                       "--schedules", "gpipe", "--stages", "2", "--chunks", args.chunks, "--wire", args.wires,
+                       "--schedules", "gpipe", "--stages", "2", "--split", args.split, "--chunks", args.chunks, "--wire", args.wires,
                        "--model", "mobilenetv2_100", "--image-size", "32", "--data", "imagefolder", "--data-path",
                        str(data), "--batch-size", str(args.batch_size), "--steps", steps,
                        "--train-images", "1408", "--eval-images", "352", timeout=7200)

@@ -35,6 +35,7 @@ from pictl.cli.common import (
     tracked,
     wide_console,
 )
+from pictl.planning.options import parse_split
 
 TRAIN_PANEL = "Training (--train)"
 
@@ -64,6 +65,9 @@ def sweep(
     train: Annotated[bool, typer.Option("--train", help="Sweep training jobs (`pictl train`) instead of runs.",
                                         rich_help_panel=TRAIN_PANEL)] = False,
     modes: Annotated[Optional[str], typer.Option(help="Training modes, e.g. single,pipeline,ddp (default: all).",
+                                                 rich_help_panel=TRAIN_PANEL)] = None,
+    split: Annotated[Optional[str], typer.Option(help="Pipeline training: where stages 2..N begin, e.g. blocks.2 "
+                                                      "(for the stage count it cuts).",
                                                  rich_help_panel=TRAIN_PANEL)] = None,
     workers: Annotated[Optional[str], typer.Option(help="Data-loading processes per image-reading rank to compare, "
                                                         "e.g. 0,1,2,4 (default 0).",
@@ -100,6 +104,8 @@ def sweep(
 
     if train and profile is not None:  # profiles hold run options: a training sweep would drop it unsaid
         fail(E.ConfigError("--profile: a training sweep (--train) takes no profile; give its settings as flags"))
+    if split is not None and not train:  # a run sweep varies its stages: split points would not fit them all
+        fail(E.ConfigError("--split: split points are a training sweep's setting (add --train)"))
     if workers is not None and not train:  # a run has no data loader: the flag would be dropped unsaid
         fail(E.ConfigError("--workers: data-loading workers are a training setting (add --train)"))
     renderer = HeadlessRenderer(verbose=verbose)
@@ -107,7 +113,7 @@ def sweep(
         settings = {"model": model, "model_args": model_arg, "image_size": image_size, "batch_size": batch_size,
                     "steps": steps, "train_images": train_images, "eval_images": eval_images, "data": data,
                     "data_path": data_path, "amp": amp,
-                    "threads": threads, "track": tracked(track)}
+                    "threads": threads, "track": tracked(track), "split": split}
         _train_sweep(renderer, settings, modes=modes, schedules=schedules, stages=stages, chunks=chunks, out=out,
                      hosts=hosts, wait=wait, as_json=as_json, cold=cold, runs_dir=runs_dir, workers=workers,
                      wires=wire)
@@ -157,6 +163,7 @@ def _train_sweep(renderer: Any, settings: dict[str, Any], *, modes: str | None, 
 
     try:
         settings["model_args"] = parse_model_args(settings["model_args"])
+        settings["split"] = parse_split(settings["split"], "--split")
         base = train_options(settings)
         wanted = [m for m in (modes or "single,pipeline,ddp").replace(" ", "").split(",") if m]
         kinds = [k for k in (schedules or "gpipe,1f1b").replace(" ", "").split(",") if k]

@@ -17,6 +17,10 @@ from support.clusters import write_cluster
     (["--stages", "1,x"], "--stages: '1,x' is not a comma-separated list of whole numbers"),
     (["--stages", "1,\u0663"], "--stages: '1,\u0663' is not a comma-separated list of whole numbers"),
     (["--policy", "equal,greedy"], "--policy: 'greedy' is not one of equal, balanced"),
+    (["--split", "blocks.2"], "--split: split points are a training sweep's setting"),
+    (["--train", "--split", ","], "--split: ',' names no split point"),
+    (["--train", "--wire", "fp32,int8"], "sweep point pipeline (gpipe), 2 rank(s), 1 chunk(s), wire int8"),
+    (["--train", "--workers", "0,x"], "--workers: '0,x' is not a comma-separated list of whole numbers"),
 ])
 def test_a_value_that_cannot_run_stops_the_sweep_before_it_starts(tmp_path: Path, pictl_env, args: list,
                                                                    fragment: str) -> None:

@@ -79,7 +79,9 @@ def train_points(cluster: Cluster, base: TrainOptions, modes: list[str], stages:
 
 def options_for(base: TrainOptions, point: TrainPoint) -> TrainOptions:
     values = {**base.model_dump(), "mode": point.mode, "stages": point.stages, "chunks": point.chunks,
-              "schedule": point.schedule, "workers": point.workers, "wire": point.wire, "split": []}
+              "schedule": point.schedule, "workers": point.workers, "wire": point.wire,
+              # The base's split points where they cut this point's stages (a sweep at one stage count).
+              "split": base.split if point.mode == "pipeline" and len(base.split) == point.stages - 1 else []}
     try:
         return TrainOptions(**values)
     except ValueError as exc:
