@@ -47,7 +47,8 @@ def main() -> int:
         out = pictl.workdir / "sweep"
         steps = str(args.epochs * 1408 // args.batch_size)
         result = pictl("sweep", "--train", "--hosts", str(cluster.inventory), "--out", str(out), "--modes", "pipeline",
-                       "--schedules", "gpipe", "--stages", "2", "--split", args.split, "--chunks", args.chunks, "--wire", args.wires,
+                       "--schedules", "gpipe", "--stages", "2", "--split", args.split, "--chunks", args.chunks,
+                       "--wire", args.wires,
                        "--model", "mobilenetv2_100", "--image-size", "32", "--data", "imagefolder", "--data-path",
                        str(data), "--batch-size", str(args.batch_size), "--steps", steps,
                        "--train-images", "1408", "--eval-images", "352", timeout=7200)
