@@ -44,7 +44,10 @@ def train_grid(state: DashboardState, phase_line: str) -> Table:
     grid.add_row("train", Text(phase_line, style=style))
     how = o.get("mode", "") + (f" ({o.get('schedule')})" if o.get("mode") == "pipeline" else "")
     grid.add_row("job", f"{how}, {o.get('model')}, batch {o.get('batch_size')} as {o.get('chunks')} microbatch(es)"
-                        + (", bf16" if o.get("amp") else ""))
+                        + (", bf16" if o.get("amp") else "")
+                        + (f", wire {o['wire']}" if o.get("wire") not in (None, "fp32") else "")
+                        + (", activations recomputed" if o.get("checkpoint_activations") else "")
+                        + (f", {o['workers']} loader worker(s)" if o.get("workers") else ""))
     if job.step:
         frac = job.step / max(job.steps or job.step, 1)
         filled = round(frac * 20)
@@ -63,9 +66,16 @@ def train_grid(state: DashboardState, phase_line: str) -> Table:
     if done:
         check = done.get("agreement")
         if check:
-            verdict = "agree" if check["passed"] else "DIFFER"
+            reported = check.get("enforced") is False  # a lossy wire: the distance is reported, not judged
+            verdict = "agree" if check["passed"] else ("moved by the wire" if reported else "DIFFER")
             grid.add_row("vs single", Text(f"losses {verdict} (max rel. diff {check['max_rel_diff']})",
-                                           style="green" if check["passed"] else "bold red"))
+                                           style="green" if check["passed"] else ("yellow" if reported
+                                                                                   else "bold red")))
+        for link in done.get("links") or []:  # per step: bytes each way, the sender's bandwidth
+            sender = link["sender"]
+            grid.add_row(f"link {link['link']}", f"{link['format']}: {link['forward_bytes_per_step'] / 1e3:.1f} kB "
+                         f"forward, {link['backward_bytes_per_step'] / 1e3:.1f} kB back per step; "
+                         f"{sender['avg_MBps'] or 0:.2f} MB/s average, {sender['peak_MBps'] or 0:.2f} peak")
         if done.get("checkpoint"):
             grid.add_row("model", str(done["checkpoint"]["path"]))
         if done.get("job_dir"):
