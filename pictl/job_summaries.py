@@ -109,6 +109,8 @@ class TrainedCheckpoint(Open):
     tensors: int | None = None
     params: int | None = None
     bytes: int | None = None
+    compressor: Literal["removed"] | None = None
+    """A convinsert job: its learned compressor pair is not in the merged model."""
 
 
 class TrainWaterfallTerm(Open):

@@ -9,6 +9,9 @@ named stay `fp32`), or both (`int8,blocks.4=fp16`). Formats:
   about a quarter of the bytes.
 - `lowrank:R`: each image's tokens x channels matrix factored to rank R by power iteration (the related
   work's PowerSGD-style compression), the two factors sent in fp32: R (T + C) / (T C) of the bytes.
+- `convinsert:RATE` (training only): a learned compressor before the cut and decompressor after it, trained
+  with the model (a Linear to round(C x RATE) channels for a ViT's tokens; a stride-2 convolution to
+  round(4 C x RATE) channels for a CNN's feature map): about RATE of the bytes.
 
 The controller validates with this module; `remote.runtime.codec` encodes and decodes with torch.
 """
@@ -19,11 +22,12 @@ import math
 import re
 from dataclasses import dataclass
 
-KINDS = ("fp32", "fp16", "bf16", "int8", "lowrank")
+KINDS = ("fp32", "fp16", "bf16", "int8", "lowrank", "convinsert")
 MAX_RANK = 256
 # ASCII only: `\d`, `\w` and int() also take other scripts' digits (`lowrank:٣`, `lowrank:１２`), which a
 # spec must not carry as a rank or a module name.
 _LOWRANK = re.compile(r"lowrank:([0-9]{1,4})")
+_CONVINSERT = re.compile(r"convinsert:([0-9]{1,2}(?:\.[0-9]{1,4})?|\.[0-9]{1,4})")
 _CUT = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 
 
@@ -31,9 +35,18 @@ _CUT = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 class WireFormat:
     kind: str
     rank: int = 0
+    rate: float = 0.0
+    """convinsert: the share of the channels (a CNN's: of the values) the learned compressor keeps."""
 
     def __str__(self) -> str:
+        if self.kind == "convinsert":
+            return f"convinsert:{self.rate:g}"
         return f"lowrank:{self.rank}" if self.kind == "lowrank" else self.kind
+
+    @property
+    def learned(self) -> bool:
+        """Has parameters, trained with the model: exists in training only."""
+        return self.kind == "convinsert"
 
     @property
     def lossless(self) -> bool:
@@ -48,6 +61,8 @@ class WireFormat:
             return 2 * n
         if self.kind == "int8":
             return n + 4 * math.prod(shape[:-1])  # the values, and one fp32 scale per token
+        if self.kind == "convinsert":
+            return 4 * math.prod(shape[:-1]) * max(1, round(shape[-1] * self.rate))
         batch, channels = math.prod(shape[:-2]), shape[-1]
         tokens = shape[-2] if len(shape) >= 2 else 1
         rank = min(self.rank, tokens, channels)
@@ -66,14 +81,19 @@ def byte_ratio(fmt: WireFormat, shape: tuple[int, ...] = VIT_S_STATE) -> float:
 
 def parse_format(text: str) -> WireFormat:
     text = text.strip()
-    if text in KINDS and text != "lowrank":
+    if text in KINDS and text not in ("lowrank", "convinsert"):
         return WireFormat(text)
+    if m := _CONVINSERT.fullmatch(text):
+        rate = float(m.group(1))
+        if not 0 < rate < 1:
+            raise ValueError(f"{text!r}: the rate must be between 0 and 1")
+        return WireFormat("convinsert", rate=rate)
     if m := _LOWRANK.fullmatch(text):
         rank = int(m.group(1))
         if not 1 <= rank <= MAX_RANK:
             raise ValueError(f"{text!r}: the rank must be in 1..{MAX_RANK}")
         return WireFormat("lowrank", rank)
-    raise ValueError(f"{text!r} is not a wire format (fp32, fp16, bf16, int8, lowrank:R)")
+    raise ValueError(f"{text!r} is not a wire format (fp32, fp16, bf16, int8, lowrank:R, convinsert:RATE)")
 
 
 @dataclass(frozen=True)

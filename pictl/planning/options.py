@@ -120,6 +120,9 @@ class RunOptions(BaseModel):
 
     def _check_wire(self) -> None:
         wire = parse_wire(self.wire)
+        if any(f.learned for f in (wire.default, *(f for _, f in wire.per_cut))):
+            raise ValueError("wire: convinsert is a compressor learned in training (pictl train --wire); a run "
+                             "has none to apply")
         cuts = [cut for cut, _ in wire.per_cut]
         if cuts and not self.split:
             raise ValueError(f"wire: per-cut formats ({', '.join(cuts)}) need explicit split points (--split); "

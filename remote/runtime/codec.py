@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from remote.wire import WireFormat
 
@@ -41,10 +42,37 @@ def payload_meta(fmt: WireFormat, shapes: list[torch.Size]) -> list[torch.Tensor
         elif fmt.kind == "int8":
             out += [torch.empty(shape, device="meta", dtype=torch.int8),
                     torch.empty((*shape[:-1], 1), device="meta")]
+        elif fmt.kind == "convinsert":
+            out.append(torch.empty(_squeezed(fmt, shape), device="meta"))
         else:
             r, m = _rank(fmt, shape), _matrix(shape)
             out += [torch.empty((*m[:-1], r), device="meta"), torch.empty((*m[:-2], m[-1], r), device="meta")]
     return out
+
+
+def _squeezed(fmt: WireFormat, shape: torch.Size | tuple[int, ...]) -> tuple[int, ...]:
+    """What convinsert's compressor makes of a state of `shape`: a ViT's (B, T, C) as (B, T, k), a CNN's
+    (B, C, H, W) as (B, k, H // 2, W // 2) (a 2x2 convolution of stride 2)."""
+    if len(shape) == 4:
+        return (shape[0], max(1, round(4 * shape[1] * fmt.rate)), shape[2] // 2, shape[3] // 2)
+    return (*shape[:-1], max(1, round(shape[-1] * fmt.rate)))
+
+
+def learned_pair(fmt: WireFormat, shapes: list[torch.Size], seed: int) -> tuple[nn.ModuleList, nn.ModuleList]:
+    """convinsert's compressors (the sending stage's) and decompressors (the receiving stage's), one per state
+    tensor of `shapes` (per image); each side builds only the half it runs, from its own seed."""
+    encoders, decoders = nn.ModuleList(), nn.ModuleList()
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        for shape in shapes:
+            k = _squeezed(fmt, shape)[1 if len(shape) == 4 else -1]
+            if len(shape) == 4:
+                encoders.append(nn.Conv2d(shape[1], k, 2, stride=2))
+                decoders.append(nn.ConvTranspose2d(k, shape[1], 2, stride=2))
+            else:
+                encoders.append(nn.Linear(shape[-1], k))
+                decoders.append(nn.Linear(k, shape[-1]))
+    return encoders, decoders
 
 
 def _lowrank(x: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,10 +139,13 @@ class Codec:
     """A stage's two ends: decode what arrives (`fmt_in`), encode what leaves (`fmt_out`); None: not a cut."""
 
     def __init__(self, fmt_in: WireFormat | None, fmt_out: WireFormat | None,
-                 in_shapes: list[torch.Size] | None = None) -> None:
+                 in_shapes: list[torch.Size] | None = None, *, encoders: nn.ModuleList | None = None,
+                 decoders: nn.ModuleList | None = None) -> None:
         self.fmt_in, self.fmt_out = fmt_in, fmt_out
         self.in_shapes = in_shapes
         """The state's shapes as it arrives (a CNN's feature maps: lowrank restores their H and W)."""
+        self.encoders, self.decoders = encoders, decoders
+        """convinsert: the learned halves this stage runs (the stage module holds them as its own layers)."""
         self.counters = CodecCounters()
 
     def take(self) -> CodecCounters:
@@ -125,6 +156,12 @@ class Codec:
         if self.fmt_in is None or self.fmt_in.lossless:
             return payload
         start = time.perf_counter()
+        if self.fmt_in.kind == "convinsert":
+            assert self.decoders is not None and self.in_shapes is not None
+            state = tuple(dec(t, output_size=shape[-2:]) if isinstance(dec, nn.ConvTranspose2d) else dec(t)
+                          for dec, t, shape in zip(self.decoders, payload, self.in_shapes, strict=True))
+            self.counters.decompress_s += time.perf_counter() - start
+            return state
         state = decode(self.fmt_in, payload, self.in_shapes)
         self.counters.decompress_s += time.perf_counter() - start
         return state
@@ -136,6 +173,11 @@ class Codec:
         if self.fmt_out.lossless:
             return state
         start = time.perf_counter()
+        if self.fmt_out.kind == "convinsert":
+            assert self.encoders is not None
+            payload = tuple(enc(t) for enc, t in zip(self.encoders, state, strict=True))
+            self.counters.compress_s += time.perf_counter() - start
+            return payload
         payload = encode(self.fmt_out, state)
         self.counters.compress_s += time.perf_counter() - start
         return payload

@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from remote.runtime.artifact import meta_model_for
-from remote.runtime.codec import Codec
+from remote.runtime.codec import Codec, learned_pair
 from remote.runtime.model import Checkpoint, materialize, prune_to
 from remote.runtime.partition import StagePlan, plan
 from remote.runtime.pieces import Piece, PieceFn, block_piece_count, check_supported, vit_pieces
@@ -73,6 +73,10 @@ class StageModule(nn.Module):
         self._ops = _ops(pieces)
         self.codec = codec
         """Decodes what arrives and encodes what leaves (`--wire`); None: fp32 both ways, nothing counted."""
+        if codec is not None and codec.encoders is not None:  # convinsert's layers train with the stage's
+            self.wire_encoders = codec.encoders
+        if codec is not None and codec.decoders is not None:
+            self.wire_decoders = codec.decoders
         self.checkpointed = False
         """Training: each piece's activations are recomputed in the backward pass, not kept (only its input
         is). Non-reentrant checkpointing: it keeps the autocast state and works under the pipeline schedules;
@@ -123,8 +127,14 @@ def stage_codec(spec: RunSpec, layout: ModelLayout, rank: int) -> Codec:
     fmt_in = wire.at(layout.pieces[stages[rank].first].name) if rank > 0 else None
     fmt_out = wire.at(layout.pieces[stages[rank + 1].first].name) if rank < len(stages) - 1 else None
     # lowrank sends a feature map (B, C, H, W) as factors of (B, C, H*W): the receiver restores H and W.
-    in_shapes = stage_io_shapes(layout, 1)[rank][0] if fmt_in is not None and fmt_in.kind == "lowrank" else None
-    return Codec(fmt_in, fmt_out, in_shapes)
+    learned = [f for f in (fmt_in, fmt_out) if f is not None and f.learned]
+    shapes = stage_io_shapes(layout, 1)[rank] if learned or (fmt_in and fmt_in.kind == "lowrank") else None
+    encoders = decoders = None
+    if fmt_out is not None and fmt_out.learned and shapes:
+        encoders = learned_pair(fmt_out, shapes[1], seed=spec.seed * 1000 + 2 * rank)[0]
+    if fmt_in is not None and fmt_in.learned and shapes:
+        decoders = learned_pair(fmt_in, shapes[0], seed=spec.seed * 1000 + 2 * rank + 1)[1]
+    return Codec(fmt_in, fmt_out, shapes[0] if shapes and fmt_in else None, encoders=encoders, decoders=decoders)
 
 
 def stage_io_shapes(layout: ModelLayout, batch: int) -> list[tuple[list[torch.Size], list[torch.Size]]]:

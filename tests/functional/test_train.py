@@ -245,6 +245,13 @@ def test_a_compressed_link_cuts_the_bytes_both_ways_and_still_learns(shared, env
         assert fig["sender"]["avg_MBps"] == pytest.approx(per_step / compute[0] / 1e6, rel=0.02)
         assert fig["sender"]["peak_MBps"] >= fig["sender"]["avg_MBps"]
 
+    # A learned compressor pair at the cut (convinsert: 96 channels to 24), trained with the model; the merged
+    # model leaves it out, and says so.
+    learned = _train(shared, env, *common, "--wire", "convinsert:0.25")
+    assert link(learned) == (forward // 4, backward // 4) and learned["checkpoint"]["compressor"] == "removed"
+    losses = [p["loss"] for p in learned["losses"]]
+    assert losses[-1] < 0.85 * losses[0], losses
+
     # A CNN's feature map (B, C, H, W) travels as factors of (B, C, H*W), as the source compresses it, and comes
     # back whole: fewer bytes than fp32's, and a loss that still falls.
     cnn = ("--model", "mobilenetv2_100", "--image-size", "32", "--split", "blocks.2", *common, "--lr", "0.01")

@@ -30,10 +30,14 @@ def test_wire_texts_parse_or_name_the_bad_part() -> None:
     assert str(only) == "blocks.4=lowrank:8" and not only.lossless and parse_wire("fp32").lossless
     for bad, said in (("int4", "not a wire format"), ("lowrank:0", "rank must be"), ("lowrank", "not a wire"),
                       ("fp16,int8", "more than one format"), ("blocks.4=fp16,blocks.4=int8", "given twice"),
-                      ("a b=fp16", "not a module name"), ("fp16,", "empty part"), ("", "no wire format")):
+                      ("a b=fp16", "not a module name"), ("fp16,", "empty part"), ("", "no wire format"),
+                      ("convinsert:0", "between 0 and 1"), ("convinsert:1.5", "between 0 and 1"),
+                      ("convinsert", "not a wire format")):
         with pytest.raises(ValueError, match=said):
             parse_wire(bad)
     assert byte_ratio(parse_format("fp16")) == 0.5 == byte_ratio(parse_format("bf16"))
+    assert str(parse_format("convinsert:0.25")) == "convinsert:0.25" == str(parse_format("convinsert:.25"))
+    assert byte_ratio(parse_format("convinsert:0.25")) == 96 / 384  # round(384 x 0.25) of DeiT-S's channels
     assert byte_ratio(parse_format("int8")) == pytest.approx(0.25 + 1 / 384)  # a scale per 384 channels
     assert byte_ratio(parse_format("lowrank:8")) == pytest.approx(8 * (197 + 384) / (197 * 384))
 
@@ -95,7 +99,8 @@ def test_bad_wire_input_is_refused_before_anything_starts(tmp_path: Path, pictl_
     for args, said in ((["--wire", "int4"], "--wire: 'int4' is not a wire format"),
                        (["--wire", "blocks.6=fp16"], "per-cut formats (blocks.6) need explicit split points"),
                        (["--split", "blocks.6", "--wire", "blocks.5=fp16"], "blocks.5 is not a cut of this run"),
-                       (["--wire", "int8", "--min-agreement", "1.5"], "--min-agreement")):
+                       (["--wire", "int8", "--min-agreement", "1.5"], "--min-agreement"),
+                       (["--wire", "convinsert:0.1"], "convinsert is a compressor learned in training")):
         proc = run_pictl(["run", "--hosts", str(hosts), "--stages", "2", "--headless", *args], pictl_env)
         assert proc.returncode == 2, (args, proc.stderr)
         assert said in proc.stderr.strip().splitlines()[-1], (args, proc.stderr)

@@ -158,6 +158,12 @@ class TrainOptions(BaseModel):
         return not parse_wire(self.wire).lossless
 
     @property
+    def learned_wire(self) -> bool:
+        """A compressor pair trained with the model (convinsert) sits at some cut."""
+        wire = parse_wire(self.wire)
+        return any(f.learned for f in (wire.default, *(f for _, f in wire.per_cut)))
+
+    @property
     def classes(self) -> int:
         if self.num_classes:
             return self.num_classes

@@ -224,10 +224,15 @@ class TrainSession:
             heads.update((r.end.heads if r.end else None) or {})
         start = tel.start
         last_eval = tel.evals[-1]["top1"] if tel.evals else None
+        accuracy: dict[str, Any] = {"best": last_eval, "epochs": [e["top1"] for e in tel.evals]}
+        if o.learned_wire:  # the stages learned around a compressor this artifact leaves out: not its top-1
+            accuracy = {"best": None, "epochs": [], "note": f"trained through --wire {o.wire}; the compressor "
+                        "pair is not in this artifact, so the job's top-1 is not this model's"}
         meta = trained_meta(o.model, (start.num_classes if start else None) or o.classes or 10,
-                            dict((start.model_kwargs if start else None) or o.model_args), heads, o.data,
-                            {"best": last_eval, "epochs": [e["top1"] for e in tel.evals]})
+                            dict((start.model_kwargs if start else None) or o.model_args), heads, o.data, accuracy)
         info = merge_parts(blobs, meta, self.record.path / MODEL_FILE)
+        if o.learned_wire:
+            info["compressor"] = "removed"  # (why: docs/training.md, "A compressed link")
         self._collected["checkpoint"] = info
         self._phase("collect", f"trained model: {info['path']} ({info['params']:,} parameters)")
 
