@@ -60,6 +60,18 @@ def load_cluster(hosts: str | Path | None = None, *, cold: bool = False) -> Clus
     return cluster
 
 
+async def _ended(session: RunSession | TrainSession | PruneSession, kept: str) -> dict[str, Any]:
+    """`session.run()`'s summary, whatever its status: a job that started and failed still has one (its
+    attribute `kept`); a failure before anything started has none, and is raised."""
+    try:
+        return await session.run()
+    except E.PictlError:
+        summary = getattr(session, kept)
+        if summary is None:
+            raise
+        return summary
+
+
 def _options(options: RunOptions | None, profile: str | None, fields: dict[str, Any]) -> RunOptions:
     if options is not None:
         return options.model_copy(update=fields) if fields else options
@@ -75,13 +87,7 @@ async def run_experiment_async(cluster: Cluster | None = None, options: RunOptio
     session = RunSession(cluster or load_cluster(), _options(options, profile, fields), on_event=on_event,
                          runs_root=Path(runs_dir) if runs_dir else None, reuse_baseline=not fresh_baseline,
                          profile=profile, wait=wait)
-    try:
-        summary = await session.run()
-    except E.PictlError:
-        if session.last_summary is None:  # nothing started: the error is the answer
-            raise
-        summary = session.last_summary
-    return RunSummary.model_validate(summary)
+    return RunSummary.model_validate(await _ended(session, "last_summary"))
 
 
 def run_experiment(cluster: Cluster | None = None, options: RunOptions | None = None, **kwargs: Any) -> RunSummary:
@@ -130,13 +136,7 @@ async def train_async(cluster: Cluster | None = None, options: TrainOptions | No
     chosen = options.model_copy(update=fields) if options is not None else TrainOptions(**fields)
     session = TrainSession(cluster or load_cluster(), chosen, on_event=on_event, root=Path(root) if root else None,
                            wait=wait)
-    try:
-        summary = await session.run()
-    except E.PictlError:
-        if session.summary is None:
-            raise
-        summary = session.summary
-    return TrainSummary.model_validate(summary)
+    return TrainSummary.model_validate(await _ended(session, "summary"))
 
 
 def train(cluster: Cluster | None = None, options: TrainOptions | None = None, **kwargs: Any) -> TrainSummary:
@@ -152,13 +152,7 @@ async def prune_async(options: PruneOptions | None = None, *, cluster: Cluster |
     chosen = options.model_copy(update=fields) if options is not None else PruneOptions(**fields)
     session = PruneSession(chosen, cluster=(cluster or load_cluster()) if on_host else None, on_host=on_host,
                            root=Path(root) if root else None, on_event=on_event, wait=wait)
-    try:
-        summary = await session.run()
-    except E.PictlError:
-        if session.summary is None:
-            raise
-        summary = session.summary
-    return PruneSummary.model_validate(summary)
+    return PruneSummary.model_validate(await _ended(session, "summary"))
 
 
 def prune(options: PruneOptions | None = None, **kwargs: Any) -> PruneSummary:

@@ -108,8 +108,29 @@ class Wire:
         return dict(self.per_cut).get(cut, self.default)
 
     @property
+    def formats(self) -> tuple[WireFormat, ...]:
+        """Every format this wire uses: the default and each cut's own."""
+        return (self.default, *(f for _, f in self.per_cut))
+
+    @property
     def lossless(self) -> bool:
-        return self.default.lossless and all(f.lossless for _, f in self.per_cut)
+        return all(f.lossless for f in self.formats)
+
+    @property
+    def learned(self) -> bool:
+        """A compressor pair trained with the model (convinsert) sits at some cut."""
+        return any(f.learned for f in self.formats)
+
+    def check_cuts(self, split: list[str], what: str) -> None:
+        """ValueError when a per-cut format names no cut of `split` (the split points of `what`: a run, a job)."""
+        cuts = [cut for cut, _ in self.per_cut]
+        if cuts and not split:
+            raise ValueError(f"wire: per-cut formats ({', '.join(cuts)}) need explicit split points (--split); "
+                             f"give one format for every cut instead")
+        unknown = [c for c in cuts if c not in split]
+        if unknown:
+            raise ValueError(f"wire: {', '.join(unknown)} is not a cut of this {what} (split points: "
+                             f"{', '.join(split)})")
 
     def __str__(self) -> str:
         parts = [] if self.default == FP32 and self.per_cut else [str(self.default)]

@@ -120,17 +120,10 @@ class RunOptions(BaseModel):
 
     def _check_wire(self) -> None:
         wire = parse_wire(self.wire)
-        if any(f.learned for f in (wire.default, *(f for _, f in wire.per_cut))):
+        if wire.learned:
             raise ValueError("wire: convinsert is a compressor learned in training (pictl train --wire); a run "
                              "has none to apply")
-        cuts = [cut for cut, _ in wire.per_cut]
-        if cuts and not self.split:
-            raise ValueError(f"wire: per-cut formats ({', '.join(cuts)}) need explicit split points (--split); "
-                             f"give one format for every cut instead")
-        unknown = [c for c in cuts if c not in self.split]
-        if unknown:
-            raise ValueError(f"wire: {', '.join(unknown)} is not a cut of this run (split points: "
-                             f"{', '.join(self.split)})")
+        wire.check_cuts(self.split, "run")
 
     @property
     def lossy_wire(self) -> bool:

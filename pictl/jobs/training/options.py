@@ -141,17 +141,10 @@ class TrainOptions(BaseModel):
         self.wire = str(wire)
         if self.mode != "pipeline" and self.wire != "fp32":
             raise ValueError(f"wire {self.wire}: a wire format is what crosses a pipeline's cuts (--mode pipeline)")
-        formats = [wire.default, *(f for _, f in wire.per_cut)]
-        if any(f.kind == "int8" for f in formats):
+        if any(f.kind == "int8" for f in wire.formats):
             raise ValueError("wire int8: rounding has no gradient to send back; in training use fp16, bf16 or "
                              "lowrank:R")
-        cuts = [cut for cut, _ in wire.per_cut]
-        if cuts and not self.split:
-            raise ValueError(f"wire: per-cut formats ({', '.join(cuts)}) need explicit split points (--split)")
-        unknown = [c for c in cuts if c not in self.split]
-        if unknown:
-            raise ValueError(f"wire: {', '.join(unknown)} is not a cut of this job (split points: "
-                             f"{', '.join(self.split)})")
+        wire.check_cuts(self.split, "job")
 
     @property
     def lossy_wire(self) -> bool:
@@ -160,8 +153,7 @@ class TrainOptions(BaseModel):
     @property
     def learned_wire(self) -> bool:
         """A compressor pair trained with the model (convinsert) sits at some cut."""
-        wire = parse_wire(self.wire)
-        return any(f.learned for f in (wire.default, *(f for _, f in wire.per_cut)))
+        return parse_wire(self.wire).learned
 
     @property
     def classes(self) -> int:
