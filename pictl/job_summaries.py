@@ -109,8 +109,8 @@ class TrainedCheckpoint(Open):
     tensors: int | None = None
     params: int | None = None
     bytes: int | None = None
-    compressor: Literal["removed"] | None = None
-    """A convinsert job: its learned compressor pair is not in the merged model."""
+    compressor: Literal["removed", "kept"] | None = None
+    """A convinsert job: its learned compressor pairs left out of the merged model, or kept in it."""
 
 
 class TrainWaterfallTerm(Open):
@@ -177,6 +177,8 @@ class TrainSummary(Open):
     """Data-loading processes per image-reading rank (older records: none)."""
     checkpoint_activations: bool | None = None
     wire: str | None = None
+    error_feedback: bool | None = None
+    """lowrank cuts sent each image's change (None: no lowrank cut, or an older record)."""
     links: list[TrainLink] = []
     samples_per_s: float | None = None
     losses: list[LossPoint] = []

@@ -191,7 +191,11 @@ class TrainSpec:
     """Data-loading processes per rank that reads images (torch's DataLoader); 0: read in the step itself."""
     wire: str = "fp32"
     """What crosses each cut of a pipeline job, activations forward and their gradients back (`remote.wire`;
-    fp32, fp16, bf16 or lowrank:R: a format with a gradient)."""
+    fp32, fp16, bf16, int8, lowrank:R or convinsert:RATE)."""
+    keep_compressor: bool = False
+    """convinsert: save each learned pair with the weights (`remote.runtime.kept_pair`), not drop it."""
+    error_feedback: bool = True
+    """A lowrank cut compresses each image's change since the receiver's copy of it (`remote.runtime.feedback`)."""
     checkpoint_activations: bool = False
     """Recompute each piece's activations in the backward pass instead of keeping them (less memory, more
     compute): per stage in the pipeline mode, the whole model in single and ddp."""

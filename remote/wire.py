@@ -6,7 +6,7 @@ named stay `fp32`), or both (`int8,blocks.4=fp16`). Formats:
 - `fp32`: the activations as computed; exact (the default).
 - `fp16`, `bf16`: half-width floats; half the bytes.
 - `int8`: 8-bit integers with one fp32 scale per token (its largest |value| / 127), sent beside them;
-  about a quarter of the bytes.
+  about a quarter of the bytes. In training the gradient comes back the same way (int8, a scale per row).
 - `lowrank:R`: each image's tokens x channels matrix factored to rank R by power iteration (the related
   work's PowerSGD-style compression), the two factors sent in fp32: R (T + C) / (T C) of the bytes.
 - `convinsert:RATE` (training only): a learned compressor before the cut and decompressor after it, trained
@@ -60,7 +60,8 @@ class WireFormat:
         if self.kind in ("fp16", "bf16"):
             return 2 * n
         if self.kind == "int8":
-            return n + 4 * math.prod(shape[:-1])  # the values, and one fp32 scale per token
+            rows = math.prod(shape[:-1])  # the values (each row padded to 4 bytes), and one fp32 scale a row
+            return rows * (4 * -(-shape[-1] // 4)) + 4 * rows
         if self.kind == "convinsert":
             return 4 * math.prod(shape[:-1]) * max(1, round(shape[-1] * self.rate))
         batch, channels = math.prod(shape[:-2]), shape[-1]

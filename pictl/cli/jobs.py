@@ -91,6 +91,9 @@ def sweep(
                                                      rich_help_panel=TRAIN_PANEL)] = None,
     amp: Annotated[Optional[bool], typer.Option("--amp/--fp32", help="bf16 autocast.",
                                                 rich_help_panel=TRAIN_PANEL)] = None,
+    error_feedback: Annotated[Optional[bool], typer.Option(
+        "--error-feedback/--no-error-feedback", help="lowrank cuts: send each image's change (default on).",
+        rich_help_panel=TRAIN_PANEL)] = None,
 ) -> None:
     """Run every combination against shared serial baselines (or, with --train, every training job); write a
     table and plots."""
@@ -112,7 +115,7 @@ def sweep(
     if train:
         settings = {"model": model, "model_args": model_arg, "image_size": image_size, "batch_size": batch_size,
                     "steps": steps, "train_images": train_images, "eval_images": eval_images, "data": data,
-                    "data_path": data_path, "amp": amp,
+                    "data_path": data_path, "amp": amp, "error_feedback": error_feedback,
                     "threads": threads, "track": tracked(track), "split": split}
         _train_sweep(renderer, settings, modes=modes, schedules=schedules, stages=stages, chunks=chunks, out=out,
                      hosts=hosts, wait=wait, as_json=as_json, cold=cold, runs_dir=runs_dir, workers=workers,

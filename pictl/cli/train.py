@@ -93,9 +93,17 @@ def train(
                                                         "(0: the step reads them). \\[default: 0]",
                                                    rich_help_panel=STEP_PANEL)] = None,
     wire: Annotated[Optional[str], typer.Option(help="Pipeline: what crosses each cut, activations forward and "
-                                                     "gradients back: fp32, fp16, bf16, lowrank:R (per cut: "
+                                                     "gradients back: fp32, fp16, bf16, int8, lowrank:R, "
+                                                     "convinsert:RATE (per cut: "
                                                      "blocks.6=fp16). \\[default: fp32]",
                                                 rich_help_panel=STEP_PANEL)] = None,
+    keep_compressor: Annotated[Optional[bool], typer.Option(
+        "--keep-compressor/--drop-compressor", help="convinsert: keep the learned pairs in the merged model (a "
+        "pipelined deployment cut there sends the code). \\[default: drop]", rich_help_panel=STEP_PANEL)] = None,
+    error_feedback: Annotated[Optional[bool], typer.Option(
+        "--error-feedback/--no-error-feedback", help="lowrank cuts: send each image's change since the "
+        "receiver's copy of it (costs a state per training image on each side). \\[default: on]",
+        rich_help_panel=STEP_PANEL)] = None,
     checkpoint_activations: Annotated[Optional[bool], typer.Option(
         "--checkpoint-activations/--keep-activations", help="Recompute activations in the backward pass "
         "(less memory, more compute; per stage). \\[default: keep]", rich_help_panel=STEP_PANEL)] = None,
@@ -152,6 +160,7 @@ def train(
             "batch_size": batch_size, "chunks": chunks, "steps": steps, "epochs": epochs, "warmup_steps": warmup_steps,
             "lr": lr, "optimizer": chosen(optimizer), "amp": amp, "check_steps": check_steps, "threads": threads,
             "workers": workers, "checkpoint_activations": checkpoint_activations, "wire": wire,
+            "error_feedback": error_feedback, "keep_compressor": keep_compressor,
             "model": model, "model_args": parse_model_args(model_arg), "num_classes": num_classes,
             "image_size": image_size, "checkpoint": checkpoint, "allow_pickle": allow_pickle or None,
             "data": chosen(data), "data_path": data_path, "train_images": train_images, "eval_images": eval_images,

@@ -18,6 +18,7 @@ from torch import nn
 
 from remote.artifact_meta import ArtifactMeta, read_artifact_meta, read_header
 from remote.errors import BadInput
+from remote.runtime.kept_pair import PAIRS, attach_pairs
 from remote.runtime.model import create_meta_model
 from remote.spec import RunSpec
 
@@ -135,8 +136,14 @@ def meta_model_from_artifact(path: str | Path, *, model: str, num_classes: int) 
     if model != meta.base_model or num_classes != meta.num_classes:
         raise BadInput(f"model artifact {path}: pruned from {meta.base_model} with {meta.num_classes} classes, "
                        f"but the run asks for {model} with {num_classes}")
-    return apply_architecture(create_meta_model(meta.base_model, meta.num_classes, **meta.model_kwargs),
-                              Path(path).expanduser(), meta)
+    model = create_meta_model(meta.base_model, meta.num_classes, **meta.model_kwargs)
+    if meta.compressors:
+        cuts = [c.get("at") if isinstance(c, dict) else None for c in meta.compressors]
+        if not all(isinstance(c, str) and c for c in cuts):
+            raise BadInput(f"model artifact {path}: its compressors do not name their cuts")
+        shapes = {k: tuple(v["shape"]) for k, v in read_header(path).items() if k.startswith(f"{PAIRS}.")}
+        attach_pairs(model, cuts, shapes, str(path))  # type: ignore[arg-type]  (checked: every cut a name)
+    return apply_architecture(model, Path(path).expanduser(), meta)
 
 
 def meta_model_for(spec: RunSpec) -> nn.Module:

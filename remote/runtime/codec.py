@@ -11,8 +11,10 @@ import time
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from remote.runtime.feedback import DeltaMemory
 from remote.wire import WireFormat
 
 POWER_ITERATIONS = 2
@@ -40,7 +42,7 @@ def payload_meta(fmt: WireFormat, shapes: list[torch.Size]) -> list[torch.Tensor
             out.append(torch.empty(shape, device="meta", dtype=getattr(torch, {"fp16": "float16",
                                                                                  "bf16": "bfloat16"}[fmt.kind])))
         elif fmt.kind == "int8":
-            out += [torch.empty(shape, device="meta", dtype=torch.int8),
+            out += [torch.empty((*shape[:-1], -(-shape[-1] // 4)), device="meta"),
                     torch.empty((*shape[:-1], 1), device="meta")]
         elif fmt.kind == "convinsert":
             out.append(torch.empty(_squeezed(fmt, shape), device="meta"))
@@ -75,6 +77,60 @@ def learned_pair(fmt: WireFormat, shapes: list[torch.Size], seed: int) -> tuple[
     return encoders, decoders
 
 
+def _int8(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 with one fp32 scale per row (a token, or a feature map's row): its largest |value| / 127."""
+    scale = t.abs().amax(dim=-1, keepdim=True).float().clamp_min(1e-12) / 127.0
+    return torch.round(t.float() / scale).clamp_(-127, 127).to(torch.int8), scale
+
+
+def _carried(q: torch.Tensor) -> torch.Tensor:
+    """int8 values (..., C) as the bytes of an fp32 tensor (..., ceil(C / 4)): what crosses the link.
+
+    Why fp32: the pipeline schedule sends a gradient back only for a floating-point input it received, so
+    an int8 tensor would cut the backward pass. Carried as fp32 bytes (never computed with), the values
+    go forward and the int8 gradient comes back in the same slot, at the same 1 byte a value.
+    """
+    pad = -q.shape[-1] % 4
+    return (F.pad(q, (0, pad)) if pad else q).contiguous().view(torch.float32)
+
+
+def _uncarried(carrier: torch.Tensor, width: int) -> torch.Tensor:
+    return carrier.contiguous().view(torch.int8)[..., :width]
+
+
+class _Int8Send(torch.autograd.Function):
+    """The sending side: forward, the state as int8 and its scales; backward, the int8 gradient (that the
+    receiving side put in the values' slot, its scales in the scales' slot) back to fp32."""
+
+    @staticmethod
+    def forward(ctx, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]  # noqa: ANN001
+        ctx.width = t.shape[-1]
+        q, scale = _int8(t)
+        return _carried(q), scale
+
+    @staticmethod
+    def backward(ctx, carried: torch.Tensor | None, scale: torch.Tensor | None,  # type: ignore[override]  # noqa: ANN001
+                 ) -> torch.Tensor | None:
+        if carried is None or scale is None:
+            return None
+        return _uncarried(carried, ctx.width).float() * scale
+
+
+class _Int8Receive(torch.autograd.Function):
+    """The receiving side: forward, the values times their scales; backward, the gradient quantised the same
+    way (per row, its own scales), in the slots the values and scales came in."""
+
+    @staticmethod
+    def forward(ctx, carried: torch.Tensor, scale: torch.Tensor, width: int,  # type: ignore[override]  # noqa: ANN001
+                ) -> torch.Tensor:
+        return _uncarried(carried, width).float() * scale
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:  # type: ignore[override]  # noqa: ANN001
+        q, scale = _int8(grad)
+        return _carried(q), scale, None
+
+
 def _lowrank(x: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """x (..., T, C) ~ p @ q^T with p (..., T, r) orthonormal and q (..., C, r): power iteration from a fixed
     start, so that every run (and the serial comparison) sees the same factors for the same input."""
@@ -100,8 +156,7 @@ def encode(fmt: WireFormat, state: tuple[torch.Tensor, ...]) -> tuple[torch.Tens
         elif fmt.kind == "bf16":
             out.append(t.to(torch.bfloat16))
         elif fmt.kind == "int8":
-            scale = t.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / 127.0
-            out += [torch.round(t / scale).clamp_(-127, 127).to(torch.int8), scale.to(torch.float32)]
+            out += list(_Int8Send.apply(t))
         else:
             out += list(_lowrank(t.reshape(_matrix(t.shape)), _rank(fmt, t.shape)))
     return tuple(out)
@@ -115,8 +170,9 @@ def decode(fmt: WireFormat, payload: tuple[torch.Tensor, ...],
     if fmt.kind in ("fp16", "bf16"):
         return tuple(t.to(torch.float32) for t in payload)
     pairs = zip(payload[::2], payload[1::2], strict=True)
-    if fmt.kind == "int8":
-        return tuple(q.to(torch.float32) * scale for q, scale in pairs)
+    if fmt.kind == "int8":  # without `shapes`, every row's width is a multiple of 4 (a ViT's)
+        return tuple(_Int8Receive.apply(q, scale, shapes[i][-1] if shapes is not None else 4 * q.shape[-1])
+                     for i, (q, scale) in enumerate(pairs))
     out = []
     for i, (p, q) in enumerate(pairs):
         x = p @ q.transpose(-2, -1)
@@ -140,13 +196,22 @@ class Codec:
 
     def __init__(self, fmt_in: WireFormat | None, fmt_out: WireFormat | None,
                  in_shapes: list[torch.Size] | None = None, *, encoders: nn.ModuleList | None = None,
-                 decoders: nn.ModuleList | None = None) -> None:
+                 decoders: nn.ModuleList | None = None, feedback: bool = False) -> None:
         self.fmt_in, self.fmt_out = fmt_in, fmt_out
         self.in_shapes = in_shapes
         """The state's shapes as it arrives (a CNN's feature maps: lowrank restores their H and W)."""
         self.encoders, self.decoders = encoders, decoders
         """convinsert: the learned halves this stage runs (the stage module holds them as its own layers)."""
+        self.received = DeltaMemory() if feedback and fmt_in is not None and fmt_in.kind == "lowrank" else None
+        self.sent = DeltaMemory() if feedback and fmt_out is not None and fmt_out.kind == "lowrank" else None
+        """Training's error feedback at a lowrank cut (`remote.runtime.feedback`): each end's per-image copy."""
         self.counters = CodecCounters()
+
+    def expect(self, micro: list[list[int]]) -> None:
+        """A training step's images per microbatch, for the error feedback's per-image copies."""
+        for memory in (self.received, self.sent):
+            if memory is not None:
+                memory.expect(micro)
 
     def take(self) -> CodecCounters:
         taken, self.counters = self.counters, CodecCounters()
@@ -162,7 +227,11 @@ class Codec:
                           for dec, t, shape in zip(self.decoders, payload, self.in_shapes, strict=True))
             self.counters.decompress_s += time.perf_counter() - start
             return state
+        images = self.received.next_images() if self.received is not None else None
         state = decode(self.fmt_in, payload, self.in_shapes)
+        if self.received is not None and images is not None:  # what came is the change since the kept copy
+            state = tuple(b + s for b, s in zip(self.received.base(images, state), state, strict=True))
+            self.received.keep(images, state)
         self.counters.decompress_s += time.perf_counter() - start
         return state
 
@@ -178,6 +247,14 @@ class Codec:
             payload = tuple(enc(t) for enc, t in zip(self.encoders, state, strict=True))
             self.counters.compress_s += time.perf_counter() - start
             return payload
-        payload = encode(self.fmt_out, state)
+        images = self.sent.next_images() if self.sent is not None else None
+        if self.sent is not None and images is not None:  # send the change since the receiver's copy
+            base = self.sent.base(images, state)
+            payload = encode(self.fmt_out, tuple(t - b for t, b in zip(state, base, strict=True)))
+            with torch.no_grad():  # what the receiver rebuilds from it, bit for bit
+                change = decode(self.fmt_out, tuple(t.detach() for t in payload), [t.shape for t in state])
+            self.sent.keep(images, tuple(b + c for b, c in zip(base, change, strict=True)))
+        else:
+            payload = encode(self.fmt_out, state)
         self.counters.compress_s += time.perf_counter() - start
         return payload

@@ -12,6 +12,7 @@ from torch.utils.checkpoint import checkpoint
 
 from remote.runtime.artifact import meta_model_for
 from remote.runtime.codec import Codec, learned_pair
+from remote.runtime.kept_pair import with_pairs
 from remote.runtime.model import Checkpoint, materialize, prune_to
 from remote.runtime.partition import StagePlan, plan
 from remote.runtime.pieces import Piece, PieceFn, block_piece_count, check_supported, vit_pieces
@@ -34,7 +35,7 @@ class ModelLayout:
 
 def layout_for(spec: RunSpec) -> ModelLayout:
     meta = check_supported(meta_model_for(spec), spec.model)
-    pieces = vit_pieces(meta)
+    pieces = with_pairs(vit_pieces(meta), meta)  # a trained model's kept compressor pairs, where it has some
     stages = plan(pieces, meta, stages=spec.stages, policy=spec.policy, split_points=spec.split_points)
     return ModelLayout(meta, pieces, stages)
 
@@ -128,13 +129,14 @@ def stage_codec(spec: RunSpec, layout: ModelLayout, rank: int) -> Codec:
     fmt_out = wire.at(layout.pieces[stages[rank + 1].first].name) if rank < len(stages) - 1 else None
     # lowrank sends a feature map (B, C, H, W) as factors of (B, C, H*W): the receiver restores H and W.
     learned = [f for f in (fmt_in, fmt_out) if f is not None and f.learned]
-    shapes = stage_io_shapes(layout, 1)[rank] if learned or (fmt_in and fmt_in.kind == "lowrank") else None
+    shapes = stage_io_shapes(layout, 1)[rank] if learned or (fmt_in and fmt_in.kind in ("lowrank", "int8")) else None
     encoders = decoders = None
     if fmt_out is not None and fmt_out.learned and shapes:
         encoders = learned_pair(fmt_out, shapes[1], seed=spec.seed * 1000 + 2 * rank)[0]
     if fmt_in is not None and fmt_in.learned and shapes:
         decoders = learned_pair(fmt_in, shapes[0], seed=spec.seed * 1000 + 2 * rank + 1)[1]
-    return Codec(fmt_in, fmt_out, shapes[0] if shapes and fmt_in else None, encoders=encoders, decoders=decoders)
+    return Codec(fmt_in, fmt_out, shapes[0] if shapes and fmt_in else None, encoders=encoders, decoders=decoders,
+                 feedback=getattr(spec, "error_feedback", False))  # a training job's choice
 
 
 def stage_io_shapes(layout: ModelLayout, batch: int) -> list[tuple[list[torch.Size], list[torch.Size]]]:

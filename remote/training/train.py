@@ -29,15 +29,17 @@ from remote.errors import BadInput
 from remote.job_records import TrainEnd, TrainEval, TrainStart, TrainStep
 from remote.run_records import Outputs, StageReady
 from remote.runtime.artifact import attention_heads
+from remote.runtime.kept_pair import PAIRS
 from remote.runtime.measure import current_rss_mb, die_with_parent, peak_rss_mb, run_main, set_threads
 from remote.runtime.model import Checkpoint
 from remote.runtime.outputs import write_logits
-from remote.runtime.stage import ModelLayout, compact_pieces
+from remote.runtime.stage import ModelLayout, StageModule, compact_pieces
 from remote.spec import DataSpec, TrainSpec
 from remote.training.data import Batches, Labelled, Prefetched, labelled, padded_microbatches, take_padded
 from remote.training.layout import layout_kwargs, train_layout
 from remote.training.timing import StepTimes
 from remote.training.workers import PipelineStageWorker, WholeModel, Worker
+from remote.wire import parse_wire
 
 
 def check(spec: TrainSpec, world: int) -> None:
@@ -155,6 +157,22 @@ def _train(spec: TrainSpec, emitter: Emitter) -> None:
         dist.destroy_process_group()
 
 
+def kept_halves(spec: TrainSpec, layout: ModelLayout, rank: int, module: StageModule) -> dict[str, torch.Tensor]:
+    """This rank's halves of the learned pairs, under their names in the kept model (`kept_pair.PAIRS`): the
+    encoder of the cut it sends to, the decoder of the one it receives at; N counts the learned cuts."""
+    wire = parse_wire(spec.wire)
+    cuts = [layout.pieces[s.first].name for s in layout.stages[1:]]
+    learned = [c for c in cuts if wire.at(c).learned]
+    out = {}
+    for side, held, cut in (("encoders", "wire_encoders", cuts[rank] if rank < len(cuts) else None),
+                            ("decoders", "wire_decoders", cuts[rank - 1] if rank > 0 else None)):
+        if cut in learned and hasattr(module, held):
+            n = learned.index(cut)
+            out.update({f"{PAIRS}.{n}.{side}.{k}": v.detach().contiguous()
+                        for k, v in getattr(module, held).state_dict().items()})
+    return out
+
+
 def _finish(spec: TrainSpec, emitter: Emitter, worker: Worker, layout: ModelLayout, rank: int, reads_images: bool,
             totals: StepTimes, timed_s: float, timed_steps: int) -> None:
     """The trained model's logits on the first evaluation images, and this rank's weights on disk."""
@@ -177,6 +195,8 @@ def _finish(spec: TrainSpec, emitter: Emitter, worker: Worker, layout: ModelLayo
 
         part = P.train_part_file(rank)
         tensors = {k: v.detach().contiguous() for k, v in worker.module.model.state_dict().items()}
+        if spec.keep_compressor:
+            tensors.update(kept_halves(spec, layout, rank, worker.module))
         tmp = Path(f".{part}.tmp")
         save_file(tensors, str(tmp))
         os.replace(tmp, part)

@@ -196,6 +196,8 @@ class PipelineStageWorker(Worker, _Optimized):
         y = [data.labels[idx] for idx in micro] if self.last else None
         times.data_s = time.perf_counter() - start
         losses: list[torch.Tensor] | None = [] if self.last else None
+        if self.module.codec is not None:
+            self.module.codec.expect(micro)
         start = time.perf_counter()
         self.schedule.step(arg_mbs=x, target_mbs=y, losses=losses, return_outputs=False)
         spent = time.perf_counter() - start

@@ -174,9 +174,10 @@ def test_ctrl_c_and_a_killed_rank_leave_nothing_behind(tmp_path: Path, pictl_env
     (["--schedule", "1f1b", "--chunks", "1"], "chunks (1) must be at least the 2 stages"),
     (["--data", "cifar10"], "needs data_path"),
     (["--model-arg", "depth"], "use KEY=VALUE"),
-    (["--wire", "int8"], "rounding has no gradient"),
     (["--mode", "ddp", "--chunks", "2", "--wire", "fp16"], "(--mode pipeline)"),
     (["--wire", "fp17"], "fp17"),
+    (["--wire", "lowrank:0"], "lowrank"),
+    (["--wire", "int8", "--keep-compressor"], "no learned compressor to keep"),
     (["--workers", "-1"], "workers"),
     (["--workers", "99"], "workers"),
     (["--mode", "pipeline", "--model", "resnet18", "--policy", "balanced"], "policy balanced profiles timm ViTs"),
@@ -197,7 +198,7 @@ WIDE = ["--model", "vit_tiny_patch16_224", "--model-arg", "embed_dim=384", "--mo
 
 @pytest.mark.slow
 def test_activation_checkpointing_lowers_peak_memory_and_keeps_the_losses(shared, env) -> None:
-    steps = ["--batch-size", "32", "--chunks", "1", "--steps", "3", "--train-images", "64", "--eval-images", "0"]
+    steps = ["--batch-size", "32", "--chunks", "1", "--steps", "2", "--train-images", "64", "--eval-images", "0"]
     plain = _train(shared, env, "--mode", "single", *steps, model=tuple(WIDE))
     recomputed = _train(shared, env, "--mode", "single", "--checkpoint-activations", *steps, model=tuple(WIDE))
     assert plain["checkpoint_activations"] is False and recomputed["checkpoint_activations"] is True
@@ -208,15 +209,15 @@ def test_activation_checkpointing_lowers_peak_memory_and_keeps_the_losses(shared
     assert dropped < kept - 100, (kept, dropped)  # the blocks' activations were not kept
     # Per stage in a pipeline, with images read ahead by loader processes: held to the plain single run's losses.
     pipe = _train(shared, env, "--mode", "pipeline", "--checkpoint-activations", "--workers", "2",
-                  "--chunks", "2", *steps[:2], *steps[4:], model=tuple(WIDE))
+                  "--batch-size", "16", "--chunks", "2", *steps[4:], model=tuple(WIDE))
     assert pipe["workers"] == 2 and pipe["agreement"]["passed"] is True, pipe["agreement"]
 
 
 @pytest.mark.slow
 def test_a_compressed_link_cuts_the_bytes_both_ways_and_still_learns(shared, env) -> None:
-    """fp32 over the wire is today's training bit for bit; fp16 sends half the bytes forward and back; lowrank
-    a quarter here; the loss of both still falls (one batch, seen at every step), checked against single's
-    only as a report."""
+    """fp32 over the wire is today's training bit for bit; fp16 sends half the bytes forward and back; int8
+    (values and a scale per token, both ways) about a quarter, lowrank a third here; the loss of all three
+    still falls (one batch, seen at every step), checked against single's only as a report."""
     common = ("--mode", "pipeline", "--steps", "10", "--train-images", "8", "--eval-images", "0")
     plain = _train(shared, env, *common)
     same = _train(shared, env, *common, "--wire", "fp32")
@@ -227,11 +228,13 @@ def test_a_compressed_link_cuts_the_bytes_both_ways_and_still_learns(shared, env
 
     forward, backward = link(plain)
     assert forward == backward > 0  # a gradient for every activation, of its size
-    for wire, ratio in (("fp16", 2), ("lowrank:4", 3)):
+    for wire, ratio in (("fp16", 2), ("int8", 3), ("lowrank:4", 3)):
         job = _train(shared, env, *common, "--wire", wire)
         assert job["wire"] == wire and job["status"] == "ok"
         if wire == "fp16":
             assert link(job) == (forward // 2, backward // 2)
+        elif wire == "int8":  # a byte a value, and a 4-byte scale a row of 96 or 384 values, each way
+            assert all(fp32 / 4 < sent <= fp32 / 4 * 1.05 for fp32, sent in zip(link(plain), link(job), strict=True))
         else:
             assert all(0 < b < forward // ratio for b in link(job)), link(job)
         losses = [p["loss"] for p in job["losses"]]
@@ -253,6 +256,25 @@ def test_a_compressed_link_cuts_the_bytes_both_ways_and_still_learns(shared, env
     assert link(learned) == (forward // 4, backward // 4) and learned["checkpoint"]["compressor"] == "removed"
     losses = [p["loss"] for p in learned["losses"]]
     assert losses[-1] < 0.85 * losses[0], losses
+    # Kept instead: the merged model computes what the pipeline trained to compute. `pictl run` cut at the
+    # pair sends the code (a quarter of the bytes), cut elsewhere it runs the pair inside a stage; both match
+    # the serial run bit for bit, and the logits are the trained pipeline's own.
+    kept = _train(shared, env, *common, "--wire", "convinsert:0.25", "--keep-compressor")
+    assert kept["checkpoint"]["compressor"] == "kept" and kept["losses"] == learned["losses"]
+    cut = kept["split_points"][0]
+    sent = {}
+    for split in (cut, "blocks.1"):
+        proc = run_pictl(["run", "--hosts", str(shared["hosts"]), "--model", kept["checkpoint"]["path"],
+                          "--stages", "2", "--split", split, "--images", "8", "--chunk", "4", "--warmup", "0",
+                          "--repeats", "1", "--headless", "--json"], env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        run = json.loads(proc.stdout)
+        assert run["outputs_match"] is True
+        assert _floats(Path(run["run_dir"]) / "logits-serial.f32")[:80] == _floats(Path(kept["trained_logits"]))[:80]
+        sent[split] = run["wire"]["links"][0]["wire_bytes"]
+    # 8 images of 17 tokens. The equal split cuts inside an MLP, where 384 hidden and 96 residual channels
+    # would cross: a quarter of each does. At blocks.1 the 96 channels of the residual stream cross whole.
+    assert cut.endswith("mlp.fc2") and sent == {cut: 8 * 17 * (96 + 24) * 4, "blocks.1": 8 * 17 * 96 * 4}
 
     # A CNN's feature map (B, C, H, W) travels as factors of (B, C, H*W), as the source compresses it, and comes
     # back whole: fewer bytes than fp32's, and a loss that still falls.

@@ -86,8 +86,13 @@ class TrainOptions(BaseModel):
     checkpoint_activations: bool = False
     """Recompute activations in the backward pass (per stage; the whole model in single and ddp)."""
     wire: str = Field(default="fp32", min_length=1, max_length=4096)
-    """Pipeline: what crosses each cut, activations forward and gradients back (fp32, fp16, bf16, lowrank:R;
-    per cut as `blocks.4=fp16` with explicit split points)."""
+    """Pipeline: what crosses each cut, activations forward and gradients back (fp32, fp16, bf16, int8,
+    lowrank:R, convinsert:RATE; per cut as `blocks.4=fp16` with explicit split points)."""
+    keep_compressor: bool = False
+    """convinsert: keep the learned pairs in the merged model (it then computes what the pipeline trained to
+    compute, and a run cut there sends the code); default: leave them out (a model for one host)."""
+    error_feedback: bool = True
+    """lowrank cuts: send each image's change since the receiver's copy of it (AQ-SGD), not the state."""
     check_steps: int = Field(default=3, ge=0, le=100)
     """Steps whose loss is checked against a `single` run of the same job (0: no check)."""
     check_images: int = Field(default=8, ge=0, le=MAX_IMAGES)
@@ -141,10 +146,9 @@ class TrainOptions(BaseModel):
         self.wire = str(wire)
         if self.mode != "pipeline" and self.wire != "fp32":
             raise ValueError(f"wire {self.wire}: a wire format is what crosses a pipeline's cuts (--mode pipeline)")
-        if any(f.kind == "int8" for f in wire.formats):
-            raise ValueError("wire int8: rounding has no gradient to send back; in training use fp16, bf16 or "
-                             "lowrank:R")
         wire.check_cuts(self.split, "job")
+        if self.keep_compressor and not wire.learned:
+            raise ValueError(f"keep_compressor: wire {self.wire} has no learned compressor to keep (convinsert:RATE)")
 
     @property
     def lossy_wire(self) -> bool:
@@ -169,7 +173,7 @@ class TrainOptions(BaseModel):
         fields = self.model_dump(include={"model", "image_size", "allow_pickle", "seed", "schedule", "batch_size",
                                           "chunks", "epochs", "warmup_steps", "lr", "optimizer", "momentum",
                                           "weight_decay", "amp", "train_images", "eval_images", "threads", "workers",
-                                          "checkpoint_activations", "wire",
+                                          "checkpoint_activations", "wire", "error_feedback", "keep_compressor",
                                           "check_images", "save", "break_rank"})
         checkpoint = str(Path(self.checkpoint).expanduser()) if self.checkpoint else None
         return TrainSpec(**fields, model_kwargs=dict(self.model_args), num_classes=self.classes,

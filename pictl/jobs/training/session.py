@@ -225,14 +225,19 @@ class TrainSession:
         start = tel.start
         last_eval = tel.evals[-1]["top1"] if tel.evals else None
         accuracy: dict[str, Any] = {"best": last_eval, "epochs": [e["top1"] for e in tel.evals]}
-        if o.learned_wire:  # the stages learned around a compressor this artifact leaves out: not its top-1
+        dropped = o.learned_wire and not o.keep_compressor
+        if dropped:  # the stages learned around a compressor this artifact leaves out: not its top-1
             accuracy = {"best": None, "epochs": [], "note": f"trained through --wire {o.wire}; the compressor "
                         "pair is not in this artifact, so the job's top-1 is not this model's"}
         meta = trained_meta(o.model, (start.num_classes if start else None) or o.classes or 10,
                             dict((start.model_kwargs if start else None) or o.model_args), heads, o.data, accuracy)
+        if o.learned_wire and o.keep_compressor:  # each pair's cut, in order (its tensors: `wire_pairs.N.*`)
+            wire = parse_wire(o.wire)
+            meta.compressors = [{"at": cut, "wire": str(wire.at(cut))} for cut in self._split_points()
+                                if wire.at(cut).learned]
         info = merge_parts(blobs, meta, self.record.path / MODEL_FILE)
-        if o.learned_wire:
-            info["compressor"] = "removed"  # (why: docs/training.md, "A compressed link")
+        if o.learned_wire:  # (which is right for serving: docs/training.md, "A compressed link")
+            info["compressor"] = "removed" if dropped else "kept"
         self._collected["checkpoint"] = info
         self._phase("collect", f"trained model: {info['path']} ({info['params']:,} parameters)")
 
@@ -263,8 +268,8 @@ class TrainSession:
             "steps": start.steps if start else None, "steps_done": max(tel.losses, default=0),
             "steps_per_epoch": start.steps_per_epoch if start else None, "lr": o.lr, "optimizer": o.optimizer,
             "threads": o.threads, "workers": o.workers, "checkpoint_activations": o.checkpoint_activations,
-            "wire": o.wire, "links": link_figures(tel.ranks, self._split_points(), parse_wire(o.wire))
-            if o.mode == "pipeline" else [],
+            "wire": o.wire, "error_feedback": o.error_feedback if "lowrank" in o.wire else None,
+            "links": link_figures(tel.ranks, self._split_points(), parse_wire(o.wire)) if o.mode == "pipeline" else [],
             "samples_per_s": tel.samples_per_s(o.batch_size),
             "losses": losses, "evals": tel.evals, "top1": tel.evals[-1]["top1"] if tel.evals else None,
             "policy": o.policy if o.mode == "pipeline" else None, "split_points": self._split_points(),
