@@ -14,12 +14,14 @@ import os
 from pathlib import Path
 
 import torch
+from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from remote.artifact_meta import ArtifactMeta, read_artifact_meta, read_header
 from remote.errors import BadInput
-from remote.runtime.kept_pair import PAIRS, attach_pairs
+from remote.runtime.kept_pair import PAIRS, attach_pairs, run_pieces, with_pairs
 from remote.runtime.model import create_meta_model
+from remote.runtime.pieces import vit_pieces
 from remote.spec import RunSpec
 
 
@@ -143,7 +145,18 @@ def meta_model_from_artifact(path: str | Path, *, model: str, num_classes: int) 
             raise BadInput(f"model artifact {path}: its compressors do not name their cuts")
         shapes = {k: tuple(v["shape"]) for k, v in read_header(path).items() if k.startswith(f"{PAIRS}.")}
         attach_pairs(model, cuts, shapes, str(path))  # type: ignore[arg-type]  (checked: every cut a name)
-    return apply_architecture(model, Path(path).expanduser(), meta)
+    model = apply_architecture(model, Path(path).expanduser(), meta)
+    if meta.compressors and isinstance(model, VisionTransformer):  # the pairs fit their cuts, before any memory
+        size = tuple(model.pretrained_cfg.get("input_size", (3, 224, 224)))
+        try:
+            with torch.no_grad():
+                run_pieces(with_pairs(vit_pieces(model), model), model, torch.empty((1, *size), device="meta"))
+        except BadInput:
+            raise
+        except Exception as exc:
+            raise BadInput(f"model artifact {path}: its compressor pairs do not fit their cuts "
+                           f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
+    return model
 
 
 def meta_model_for(spec: RunSpec) -> nn.Module:
