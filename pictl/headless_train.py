@@ -99,7 +99,8 @@ def train_lines(summary: dict[str, Any]) -> list[str]:
              f"{s.get('steps_done')} step(s)" + (", bf16 autocast" if s.get("amp") else "")
              + (f", {s['workers']} loader worker(s)" if s.get("workers") else "")
              + (", activations recomputed" if s.get("checkpoint_activations") else "")
-             + (f", wire {s['wire']}" if s.get("wire") not in (None, "fp32") else "")]
+             + (f", wire {s['wire']}" if s.get("wire") not in (None, "fp32") else "")
+             + (", no error feedback" if s.get("error_feedback") is False else "")]
     if losses:
         lines.append(f"loss {losses[0]['loss']:.4f} (step 1) -> {losses[-1]['loss']:.4f} (step {losses[-1]['step']})")
     if s.get("evals"):
@@ -110,7 +111,9 @@ def train_lines(summary: dict[str, Any]) -> list[str]:
     if s.get("error"):
         lines.append(f"error: {s['error'].get('message')}")
     if s.get("run_with"):
-        lines.append(f"trained model: {s['checkpoint']['path']}  ({s['run_with']})")
+        kept = {"kept": ", compressor pair kept", "removed": ", compressor pair left out"}.get(
+            (s.get("checkpoint") or {}).get("compressor") or "", "")
+        lines.append(f"trained model: {s['checkpoint']['path']}{kept}  ({s['run_with']})")
     if s.get("job_dir"):
         lines.append(f"job directory: {s['job_dir']}")
     return lines
