@@ -67,7 +67,7 @@ class HeadlessRenderer:
     def _on_record(self, event: RankEvent) -> None:
         rec, rank = event.record, event.record.rank
         match rec:
-            case Progress() if event.source != "serial":
+            case Progress() if not event.source.startswith("serial"):
                 self._progress[rank] = (event.host, rec)
                 if self._live:
                     self._live.update(self._table())
@@ -77,7 +77,7 @@ class HeadlessRenderer:
                                    f"{rec.repeat}: {rec.microbatches}/{rec.microbatches_total} microbatches, compute "
                                    f"{rec.compute_s:.2f}s wait {rec.wait_s:.2f}s send {rec.send_s:.2f}s")
             case Throughput():
-                who = "serial" if event.source == "serial" else "pipeline"
+                who = {"serial": "serial", "serial-fp32": "fp32 serial reference"}.get(event.source, "pipeline")
                 self.err.print(f"pictl {who}: pass {rec.repeat + 1}: {rec.ips:.2f} img/s")
             case Refine() | Refined():
                 self.err.print(printable(refine_line(rec)), markup=False, highlight=False)
@@ -184,6 +184,20 @@ def wire_lines(s: dict[str, Any]) -> list[str]:
             for k in wire.get("links", [])]
 
 
+def numerics_lines(s: dict[str, Any]) -> list[str]:
+    """Under other numerics: the speedup against fp32 serial beside the one against the same numerics."""
+    n = s.get("numerics")
+    if not n:
+        return []
+    agreed = "-" if n.get("agreement_vs_fp32") is None else f"{n['agreement_vs_fp32']:.2%}"
+    return [printable(
+        f"numerics {n['kind']} ({', '.join(n.get('engines') or []) or 'serial only'}): speedup "
+        f"{_fmt(n.get('speedup_vs_fp32'))}x over the fp32 serial run ({_fmt(n.get('fp32_serial_ips'))} img/s), "
+        f"{_fmt(s.get('speedup'))}x over the {n['kind']} serial run; {n['kind']} alone "
+        f"{_fmt(n.get('numerics_gain'))}x on one host; top-1 agreement with fp32 {agreed} over "
+        f"{n.get('compared_images') or '-'} image(s)")]
+
+
 def summary_title(s: dict[str, Any]) -> str:
     """The result in one line (printed above the stage table, never wrapped into it)."""
     return (f"{s['status'].upper()}  {s['stages']} stage(s)  split {', '.join(s['split_points']) or '-'}  "
@@ -221,7 +235,7 @@ def print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
         err = result_console(stderr=True)
         err.print(printable(summary_title(summary)), markup=False, highlight=False, soft_wrap=True)
         err.print(summary_table(summary))
-        for line in wire_lines(summary) + explain_lines(summary):
+        for line in wire_lines(summary) + numerics_lines(summary) + explain_lines(summary):
             err.print(line, markup=False, highlight=False, soft_wrap=True)
         for line in flag_lines(summary):
             err.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
@@ -231,7 +245,7 @@ def print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
         out = result_console()
         out.print(printable(summary_title(summary)), markup=False, highlight=False, soft_wrap=True)
         out.print(summary_table(summary))
-        for line in wire_lines(summary) + explain_lines(summary):
+        for line in wire_lines(summary) + numerics_lines(summary) + explain_lines(summary):
             out.print(line, markup=False, highlight=False, soft_wrap=True)
         for line in flag_lines(summary):  # one line each, however long: scripts grep them
             out.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)

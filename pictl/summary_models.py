@@ -128,6 +128,27 @@ class WireFigures(Open):
     links: list[LinkFigures] = []
 
 
+class NumericsFigures(Open):
+    """A run under other numerics than fp32 (`--numerics`): the gain of the numerics and of the parallelism,
+    apart, and what the numerics cost against fp32."""
+
+    kind: str
+    engines: list[str] = []
+    """The quantised engines the pipeline's ranks ran on (fbgemm / x86 on x86, qnnpack on ARM)."""
+    serial_ips: float | None = None
+    """The serial run in these numerics: what `speedup` and the output check compare with."""
+    fp32_serial_ips: float | None = None
+    fp32_serial_reused: bool | None = None
+    numerics_gain: float | None = None
+    """Serial in these numerics over serial in fp32: the numerics alone, on one host."""
+    speedup_vs_fp32: float | None = None
+    """This run's throughput over the fp32 serial run: numerics and parallelism together."""
+    agreement_vs_fp32: float | None = None
+    """The share of images whose top-1 class is the fp32 serial run's."""
+    mean_abs_diff_vs_fp32: float | None = None
+    compared_images: int | None = None
+
+
 class RunError(Open):
     """How a run failed; a rank's failure also says where, with the host's last lines."""
 
@@ -364,6 +385,7 @@ class RunSummary(Open):
     max_abs_diff: float | None = None
     compared_images: int | None = None
     wire: WireFigures | None = None
+    numerics: NumericsFigures | None = None
     agreement: float | None = None
     """Lossy wire: the share of images whose top-1 class is the serial run's (None with an exact wire)."""
     mean_abs_diff: float | None = None

@@ -63,6 +63,8 @@ ENV_THREADS = "PICTL_THREADS"
 SPEC_FILE = "spec.json"
 LOGITS_FILE_PIPELINE = "logits-pipeline.f32"
 LOGITS_FILE_SERIAL = "logits-serial.f32"
+LOGITS_FILE_SERIAL_FP32 = "logits-serial-fp32.f32"
+"""The fp32 reference of a run under other numerics (`--numerics`): what its bounded loss is measured against."""
 TRACE_REQUEST_FILE = "trace-request.json"  # written (atomically) on host 0 to ask for a trace window
 TRACES_DIR = "traces"  # traces/<id>/rank<r>.json.gz
 OWNER_FILE = "owner"  # the controller that started the run (`pictl stop` stops only its own unless --all)

@@ -39,6 +39,8 @@ class StageReady(Record):
     rss_mb: Num | None = None
     peak_rss_mb: Num | None = None
     rendezvous_s: Num | None = None
+    engine: Str | None = None
+    """The quantised engine an int8-dynamic stage runs on (`remote.runtime.numerics`); None: fp32."""
 
 
 @dataclass(frozen=True, kw_only=True)

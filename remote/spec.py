@@ -68,6 +68,8 @@ class RunSpec:
     run_id: str = ""
     wire: str = "fp32"
     """What travels between stages (`remote.wire`): one format, or per cut."""
+    numerics: str = "fp32"
+    """Every stage's (and the serial run's) numerics: `remote.runtime.numerics`."""
     refine: RefineSpec | None = None
     """Set by `balanced` (unless --no-refine): correct the split from what the first passes measure."""
 

@@ -118,6 +118,10 @@ def run(
     wire: Annotated[Optional[str], typer.Option(
         help="What travels between stages: fp32 (exact), fp16, bf16, int8, lowrank:R; for every cut, or per cut "
              "(blocks.4=fp16,blocks.8=int8)." + default_of("wire"), rich_help_panel=EXPERIMENT)] = None,
+    numerics: Annotated[Optional[str], typer.Option(
+        help="Every stage's numerics: fp32, or int8-dynamic (int8 Linear layers). The pipeline is checked "
+             "against a serial run in the same numerics; an fp32 serial run measures their gain and loss."
+             + default_of("numerics"), rich_help_panel=EXPERIMENT)] = None,
     min_agreement: Annotated[Optional[float], typer.Option(
         help="A lossy --wire passes when this share of images gets the serial run's top-1 class."
              + default_of("min_agreement"), rich_help_panel=EXPERIMENT)] = None,
@@ -172,7 +176,8 @@ def run(
              "repeats": repeats, "threads": threads, "model": model, "num_classes": num_classes,
              "checkpoint": checkpoint, "allow_pickle": allow_pickle, "data": data, "data_path": data_path,
              "atol": atol, "master_port": master_port, "trace_steps": trace_steps, "refine": refine,
-             "baseline_max_age": baseline_max_age, "wire": wire, "min_agreement": min_agreement}
+             "baseline_max_age": baseline_max_age, "wire": wire, "min_agreement": min_agreement,
+             "numerics": numerics}
     renderer = HeadlessRenderer(verbose=verbose)
     session = None
     try:

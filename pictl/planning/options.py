@@ -80,6 +80,10 @@ class RunOptions(BaseModel):
     wire: str = Field(default="fp32", min_length=1, max_length=4096)
     """What travels between stages (`remote.wire`): `fp32` (exact), `fp16`, `bf16`, `int8`, `lowrank:R`, for
     every cut or per cut (`blocks.4=fp16,blocks.8=int8`, explicit splits only)."""
+    numerics: Literal["fp32", "int8-dynamic"] = "fp32"
+    """Every stage's numerics, and its serial baseline's (`remote.runtime.numerics`): the pipeline is held to a
+    serial run in the same numerics (bit for bit); beside it an fp32 serial run measures what the numerics
+    gain (speedup against fp32) and cost (top-1 agreement with fp32, over every image)."""
     min_agreement: float = Field(default=0.99, ge=0.0, le=1.0)
     """A lossy wire passes when at least this share of images gets the serial run's top-1 class."""
     refine: bool = True
@@ -207,6 +211,8 @@ RUN_FLAGS: dict[str, RunFlag] = {flag.field: flag for flag in (
             show_default=False),
     RunFlag("wire", "What travels between stages: fp32 (exact), fp16, bf16, int8, lowrank:R; for every cut, or per "
             "cut (blocks.4=fp16,blocks.8=int8).", EXPERIMENT),
+    RunFlag("numerics", "Every stage's numerics: fp32, or int8-dynamic (int8 Linear layers). The pipeline is checked "
+            "against a serial run in the same numerics; an fp32 serial run measures their gain and loss.", EXPERIMENT),
     RunFlag("min_agreement", "A lossy --wire passes when this share of images gets the serial run's top-1 class.",
             EXPERIMENT),
     RunFlag("images", "Images per pass.", MEASUREMENT),

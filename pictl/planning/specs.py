@@ -41,8 +41,10 @@ def spec_from(options: RunOptions, run_id: str, artifact: Artifact | None) -> Ru
         repeats=options.repeats, threads=options.threads,
         data=DataSpec(kind=options.data, path=options.data_path, split=options.data_split),
         # A lossy wire is judged by top-1 agreement over every image: all their logits are compared.
-        check_images=options.images if options.lossy_wire else min(options.check_images, options.images),
-        pg_timeout_s=options.pg_timeout_s, wire=options.wire,
+        # So is the fp32 reference of other numerics (`--numerics`).
+        check_images=options.images if options.lossy_wire or options.numerics != "fp32"
+        else min(options.check_images, options.images),
+        pg_timeout_s=options.pg_timeout_s, wire=options.wire, numerics=options.numerics,
         trace_steps=options.trace_steps if options.stages > 1 else 0,
         run_id=run_id)
 

@@ -183,6 +183,18 @@ def _wire_lines(s: RunSummary, files: ReportFiles) -> list[str]:
     return [*lines, "", f"![wire bytes per link]({chart})", ""]
 
 
+def _numerics_lines(s: RunSummary) -> list[str]:
+    """Under `--numerics` other than fp32: the two speedups apart, and what the numerics cost against fp32."""
+    n = s.numerics
+    if n is None:
+        return []
+    return [f"**numerics** `{md_text(n.kind)}` ({md_text(', '.join(n.engines) or 'serial only')}): the speedup "
+            f"above is against a serial run in the same numerics ({n.serial_ips} img/s). Against the fp32 serial "
+            f"run ({n.fp32_serial_ips} img/s): **{n.speedup_vs_fp32}x**; the numerics alone, on one host: "
+            f"{n.numerics_gain}x. Top-1 agreement with fp32: {n.agreement_vs_fp32} over {n.compared_images} "
+            f"image(s), mean |logit diff| {n.mean_abs_diff_vs_fp32}.", ""]
+
+
 def _refine_lines(refine: Any) -> list[str]:
     """`balanced`'s refinement rounds (an untyped part of the summary: what is not as written is left out)."""
     rounds = refine.get("rounds") if isinstance(refine, dict) else None
@@ -210,6 +222,7 @@ def _run_section(run_dir: Path, s: RunSummary, files: ReportFiles) -> list[str]:
              "| throughput img/s | serial img/s | speedup | efficiency | outputs match |", "|---|---|---|---|---|",
              f"| {s.throughput_ips} | {s.serial_ips} | {s.speedup} | {s.efficiency} | "
              f"{s.outputs_match} |", "", *gap_lines(s.run_id, extra, files), *_wire_lines(s, files),
+             *_numerics_lines(s),
              *_baseline_and_flags(s)]
     if s.stages > 1:
         # Per microbatch: the stage's compute (what `balanced` predicts), and apart from it the time it

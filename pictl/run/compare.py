@@ -27,7 +27,8 @@ class Comparison:
 
 
 async def collect_and_compare(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSpec,
-                              baseline: Baseline) -> Comparison:
+                              baseline: Baseline, fp32: Baseline | None = None) -> Comparison:
+    """`fp32`: the fp32 serial reference of a run under other numerics; its logits are kept beside."""
     assert ctx.record is not None
     if spec.stages > 1:
         last = placement.node_of(spec.stages - 1).host
@@ -36,6 +37,8 @@ async def collect_and_compare(ctx: RunContext, job: HostJob, placement: Placemen
     else:
         logits = baseline.logits
     ctx.record.save_bytes(P.LOGITS_FILE_SERIAL, baseline.logits)
+    if fp32 is not None:
+        ctx.record.save_bytes(P.LOGITS_FILE_SERIAL_FP32, fp32.logits)
     diff = max_abs_diff(logits, baseline.logits)
     if not ctx.options.lossy_wire:
         return Comparison(diff, diff is not None and diff <= ctx.options.atol)

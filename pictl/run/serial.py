@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,9 @@ from remote.records import Record, to_wire
 from remote.run_records import Error, Plan
 from remote.spec import RunSpec
 
+SERIAL_FP32 = "serial-fp32"
+"""The event source of the fp32 reference's serial run: its figures are never the run's serial ones."""
+
 
 @dataclass(frozen=True)
 class Serial:
@@ -44,6 +47,9 @@ class Serial:
     baseline: Baseline
     refused: str | None
     """Why a cached baseline was not reused (None: reused, or none was cached)."""
+    fp32: Baseline | None = None
+    """Under other numerics (`--numerics`): the same serial run in fp32, what their gain and loss are
+    measured against (a cached one when it may stand, as for any baseline)."""
 
 
 async def plan_and_baseline(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSpec, staged: Staged,
@@ -62,9 +68,9 @@ async def plan_and_baseline(ctx: RunContext, job: HostJob, placement: Placement,
         if cached:
             ctx.phase("baseline", f"serial baseline reused: {cached.ips:.2f} img/s on {host.name}, measured "
                                   f"{age_text(time.time() - cached.measured_at)} ago", serial_ips=cached.ips)
-            return Serial(plan, reused is not None, cached, refused)
+            return Serial(plan, reused is not None, cached, refused, await _fp32(ctx, job, placement, spec, staged))
         measured = await _measure(ctx, job, placement, spec, staged, fields, refused)
-        return Serial(plan, reused is not None, measured, refused)
+        return Serial(plan, reused is not None, measured, refused, await _fp32(ctx, job, placement, spec, staged))
 
     found: dict[str, Any] = {}
 
@@ -76,7 +82,28 @@ async def plan_and_baseline(ctx: RunContext, job: HostJob, placement: Placement,
 
     # Neither is known: one process plans, then measures (the record opens when the plan arrives).
     baseline = await _measure(ctx, job, placement, spec, staged, fields, refused, on_plan=plan_arrived)
-    return Serial(found, False, baseline, refused)
+    return Serial(found, False, baseline, refused, await _fp32(ctx, job, placement, spec, staged))
+
+
+async def _fp32(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSpec, staged: Staged,
+                ) -> Baseline | None:
+    """The fp32 serial run a run under other numerics is set beside: cached (any fp32 run's baseline of
+    the same key) or measured now, after the run's own baseline (whose window the waterfall reads)."""
+    if spec.numerics == "fp32":
+        return None
+    host = placement.first.host
+    plain = replace(spec, numerics="fp32")
+    fields = baseline_fields(ctx, host, plain, staged.facts[host.name], placement.serial_threads)
+    cached, refused = _reusable(ctx, fields, staged.facts[host.name].state)
+    if cached is not None:
+        ctx.phase("baseline", f"fp32 serial reference reused: {cached.ips:.2f} img/s on {host.name}")
+        return cached
+    window = ctx.windows.get("baseline")
+    try:
+        return await _measure(ctx, job, placement, plain, staged, fields, refused, fp32_reference=True)
+    finally:
+        if window is not None:
+            ctx.windows["baseline"] = window
 
 
 def baseline_fields(ctx: RunContext, host: Host, spec: RunSpec, facts: HostFacts, threads: int) -> dict[str, Any]:
@@ -89,6 +116,7 @@ def baseline_fields(ctx: RunContext, host: Host, spec: RunSpec, facts: HostFacts
             "artifact": ctx.artifact.digest if ctx.artifact else None,
             "data": [spec.data.kind, spec.data.path, spec.data.split], "images": spec.images,
             "chunk": spec.chunk, "threads": threads, "warmup": spec.warmup, "repeats": spec.repeats,
+            "numerics": spec.numerics,
             "check_images": spec.check_images, "host": [host.name, host.address, host.python_path()],
             "code": ctx.code}
 
@@ -148,11 +176,13 @@ def _open_record(ctx: RunContext, placement: Placement, spec: RunSpec, plan: dic
 
 async def _measure(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSpec, staged: Staged,
                    fields: dict[str, Any], refused: str | None,
-                   on_plan: Callable[[dict[str, Any]], None] | None = None) -> Baseline:
+                   on_plan: Callable[[dict[str, Any]], None] | None = None, fp32_reference: bool = False) -> Baseline:
     """The serial run on the first host. With `on_plan`, the same process plans first and `on_plan` gets
-    the plan; bad input found by planning is a ConfigError, as from `_plan`."""
+    the plan; bad input found by planning is a ConfigError, as from `_plan`. `fp32_reference`: the run's
+    spec in fp32 (its own logits file), for a run under other numerics."""
     host = placement.first.host
-    ctx.phase("baseline", (f"measuring the serial baseline on {host.name}" if on_plan is None else
+    what = "the fp32 serial reference" if fp32_reference else "the serial baseline"
+    ctx.phase("baseline", (f"measuring {what} on {host.name}" if on_plan is None else
                            f"validating the spec, planning {spec.stages} stage(s) and measuring the serial "
                            f"baseline on {host.name}") + (f": {refused}" if refused else ""))
     ctx.windows["baseline"] = [time.time(), time.time()]
@@ -173,8 +203,10 @@ async def _measure(ctx: RunContext, job: HostJob, placement: Placement, spec: Ru
         telemetry.reject(host.name, why)
         ctx.telemetry.reject(host.name, why)
 
-    stream = ProcessStream("serial", host.name, ctx, ctx.sink, on_record, on_rejected=on_rejected)
-    argv = module_argv(host, "remote.runtime.serial", P.SPEC_FILE) + (["--plan"] if on_plan else [])
+    stream = ProcessStream(SERIAL_FP32 if fp32_reference else "serial", host.name, ctx, ctx.sink, on_record,
+                           on_rejected=on_rejected)
+    argv = module_argv(host, "remote.runtime.serial", P.SPEC_FILE) + (["--plan"] if on_plan else []) \
+        + (["--fp32-reference"] if fp32_reference else [])
     ctx.timeline.launched("baseline", {host: 1})
     if on_plan is not None:
         ctx.timeline.launched("plan", {host: 0})  # (the same process)
@@ -196,8 +228,10 @@ async def _measure(ctx: RunContext, job: HostJob, placement: Placement, spec: Ru
         message = (st.error.message if st and st.error else f"exit status {rc}" if rc != 0
                    else f"{missing}" + (f"; {rejected['count']} telemetry record(s) rejected: "
                                         f"{rejected['first'][0]['reason']}" if rejected else ""))
-        raise ctx.failed(host.name, 0, "serial baseline", message, stream.tail)
-    logits = await job.transport(host).get_bytes(f"{host.run_dir(spec.run_id)}/{P.LOGITS_FILE_SERIAL}")
+        raise ctx.failed(host.name, 0, "fp32 serial reference" if fp32_reference else "serial baseline", message,
+                         stream.tail)
+    logits_file = P.LOGITS_FILE_SERIAL_FP32 if fp32_reference else P.LOGITS_FILE_SERIAL
+    logits = await job.transport(host).get_bytes(f"{host.run_dir(spec.run_id)}/{logits_file}")
     baseline = Baseline(ips, telemetry.ips_spread or [], telemetry.top1, logits, time.time(),
                         st.peak_rss_mb, st.import_rss_mb, host_state=staged.facts[host.name].state,
                         timing=serial_timing(telemetry, spec.images * spec.repeats, placement.serial_threads or 1))

@@ -121,7 +121,8 @@ class RunSession:
                     await self.grab_traces(spec.trace_steps, trace_id="run", request=False, timeout_s=30)
             ctx.timeline.warm_started = await started_since([job.transport(n.host) for n in placement.nodes],
                                                             ctx.timeline.started_at)
-            reached.comparison = cmp = await collect_and_compare(ctx, job, placement, spec, serial.baseline)
+            reached.comparison = cmp = await collect_and_compare(ctx, job, placement, spec, serial.baseline,
+                                                                 serial.fp32)
             summary = summarize(ctx, reached, "ok")
             if not cmp.outputs_match:
                 summary["status"] = "failed"

@@ -24,6 +24,7 @@ from pictl.run.placement import Placement
 from pictl.run.serial import Serial, baseline_max_age
 from pictl.run.split import SplitChoice, final_prediction
 from pictl.run.staging import Staged
+from pictl.run.telemetry import agreement
 from pictl.run.waterfall import waterfall
 from pictl.summary import SUMMARY_SCHEMA, checked
 from remote.wire import parse_wire
@@ -74,6 +75,7 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
         "max_abs_diff": cmp.max_abs_diff if cmp else None,
         "compared_images": o.images if o.lossy_wire else min(o.check_images, o.images),
         "wire": wire_summary(o, per_stage) if o.stages > 1 else None,
+        "numerics": numerics_summary(ctx, reached.serial, ips),
         "agreement": cmp.agreement if cmp else None, "mean_abs_diff": cmp.mean_abs_diff if cmp else None,
         "accuracy": baseline.top1 if serial_only and baseline else tel.top1,
         "serial_accuracy": baseline.top1 if baseline else None,
@@ -98,6 +100,29 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
     summary["waterfall"] = waterfall(summary) if status == "ok" else None
     summary["flags"] = [f.to_json() for f in compute_flags(summary)]
     return checked(summary)
+
+
+def numerics_summary(ctx: RunContext, serial: Serial | None, ips: float | None) -> dict[str, Any] | None:
+    """Under other numerics: the run against the serial run in the same numerics (its `speedup`) and against
+    the fp32 serial run, with the agreement of their top-1 classes over every image."""
+    o = ctx.options
+    if o.numerics == "fp32":
+        return None
+    same, fp32 = (serial.baseline, serial.fp32) if serial else (None, None)
+    agreed = agreement(same.logits, fp32.logits, o.num_classes) if same and fp32 else None
+    return {"kind": o.numerics, "engines": sorted({st.engine for st in ctx.telemetry.stages.values() if st.engine}),
+            "serial_ips": round(same.ips, 4) if same else None,
+            "fp32_serial_ips": round(fp32.ips, 4) if fp32 else None,
+            "fp32_serial_reused": fp32.reused if fp32 else None,
+            "numerics_gain": _ratio(same.ips if same else None, fp32.ips if fp32 else None),
+            "speedup_vs_fp32": _ratio(ips, fp32.ips if fp32 else None),
+            "agreement_vs_fp32": round(agreed[0], 6) if agreed else None,
+            "mean_abs_diff_vs_fp32": agreed[1] if agreed else None,
+            "compared_images": len(same.logits) // (4 * o.num_classes) if same and agreed else None}
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 4) if a and b else None
 
 
 def wire_summary(o: RunOptions, per_stage: list[dict[str, Any]]) -> dict[str, Any]:

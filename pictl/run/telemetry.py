@@ -42,6 +42,8 @@ class StageState:
     import_rss_mb: float | None = None
     ready_rss_mb: float | None = None
     peak_rss_mb: float | None = None
+    engine: str | None = None
+    """The quantised engine the rank's stage ran on (None: fp32)."""
     progress: Progress | None = None
     totals: dict[str, Any] = field(default_factory=dict)
     """The `run_end` counters by name (`TOTALS`): the figures every reader tables."""
@@ -105,7 +107,7 @@ class RunTelemetry:
                 st.modules, st.pieces, st.params = ev.modules, ev.pieces or [], ev.params
             case StageReady():
                 st.modules, st.pieces = ev.modules, ev.pieces or []
-                st.params, st.load_s, st.ready_rss_mb = ev.params, ev.load_s, ev.rss_mb
+                st.params, st.load_s, st.ready_rss_mb, st.engine = ev.params, ev.load_s, ev.rss_mb, ev.engine
             case Progress():
                 st.progress = ev
             case Throughput():

@@ -57,12 +57,12 @@ class SessionBridge:
             self.post(PhaseChanged(event.name, event.message, event.serial_ips))
         elif isinstance(event, RankEvent):
             rec = event.record
-            if isinstance(rec, Progress) and event.source != "serial":
+            if isinstance(rec, Progress) and not event.source.startswith("serial"):
                 self.latest[(event.source, rec.rank)] = (event.host, rec)
                 return
             self.post(RankRecord(event.source, event.host, event.record))
             if (text := _as_log(rec)) is not None:
-                who = event.source if event.source in ("serial", "prune") else f"rank{rec.rank}"
+                who = event.source if event.source in ("serial", "serial-fp32", "prune") else f"rank{rec.rank}"
                 self.post(LogLine(who, event.host, "stderr" if isinstance(rec, Error) else "stdout", text))
         elif isinstance(event, Placed):
             self.post(StagesPlaced(event))

@@ -190,8 +190,8 @@ class DashboardState:
         if self.train is not None:
             self.train.apply(source, host, rec)
             return
-        if source == "serial":
-            if isinstance(rec, Throughput):
+        if source.startswith("serial"):  # (serial-fp32: the fp32 reference of other numerics, not shown)
+            if source == "serial" and isinstance(rec, Throughput):
                 self.serial_ips = float(rec.ips)
             return
         st = self.stages.get(rec.rank)

@@ -39,6 +39,7 @@ from remote.runtime.measure import (
     run_main,
     set_threads,
 )
+from remote.runtime.numerics import engine
 from remote.runtime.outputs import open_checkpoint, report_outputs
 from remote.runtime.partition import StagePlan
 from remote.runtime.refine import RefineLoop, measured_compute_s
@@ -121,7 +122,7 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
                           pieces=list(plan.pieces), params=plan.params, **extra))
 
     ready(StageReady, load_s=round(time.perf_counter() - t0, 3), rendezvous_s=round(rendezvous_s, 3),
-          rss_mb=current_rss_mb(), peak_rss_mb=peak_rss_mb())
+          rss_mb=current_rss_mb(), peak_rss_mb=peak_rss_mb(), engine=engine() if spec.numerics != "fp32" else None)
 
     passes_run = 0
 

@@ -22,6 +22,7 @@ from remote.errors import BadInput
 from remote.run_records import Plan
 from remote.runtime.measure import run_main
 from remote.runtime.model import expected_shapes
+from remote.runtime.numerics import check_numerics
 from remote.runtime.outputs import open_checkpoint
 from remote.runtime.partition import split_point_names
 from remote.runtime.stage import compact_pieces, layout_for, stage_io_shapes
@@ -32,6 +33,7 @@ def emit_plan(spec: RunSpec, emitter: Emitter, spec_file: str | None = None) -> 
     """Check the spec against the model, the checkpoint and the data; emit the stage plan (BadInput if not)."""
     if spec.chunk < 1 or spec.images < 1:
         raise BadInput("chunk and images must be at least 1")
+    check_numerics(spec.numerics)  # before anything starts on the hosts
     layout = layout_for(spec)
     checkpoint = open_checkpoint(spec)
     if checkpoint is not None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 
 import torch
 
@@ -25,6 +26,7 @@ from remote.runtime.artifact import meta_model_for
 from remote.runtime.kept_pair import PAIRS, run_pieces, with_pairs
 from remote.runtime.measure import StageCounters, current_rss_mb, peak_rss_mb, run_main, set_threads
 from remote.runtime.model import materialize
+from remote.runtime.numerics import apply_numerics
 from remote.runtime.outputs import open_checkpoint, report_outputs
 from remote.runtime.pieces import check_supported, vit_pieces
 from remote.runtime.plan import emit_plan
@@ -32,7 +34,7 @@ from remote.runtime.timing import Span, emit_mb_times
 from remote.spec import RunSpec
 
 
-def _run(spec: RunSpec, emitter: Emitter, *, plan: bool = False) -> None:
+def _run(spec: RunSpec, emitter: Emitter, *, plan: bool = False, logits_file: str = P.LOGITS_FILE_SERIAL) -> None:
     threads = set_threads(spec.threads)
     import_rss_mb = current_rss_mb()
     if plan:
@@ -42,14 +44,16 @@ def _run(spec: RunSpec, emitter: Emitter, *, plan: bool = False) -> None:
     t0 = time.perf_counter()
     model = check_supported(meta_model_for(spec), spec.model)
     materialize(model, seed=spec.seed, checkpoint=open_checkpoint(spec))
+    params = sum(p.numel() for p in model.parameters())  # (an int8 Linear's weights are no Parameters)
+    engine = apply_numerics(model, spec.numerics)
     # A trained model with a kept compressor pair runs it between two pieces: serially, its pieces in order.
     pieces = with_pairs(vit_pieces(model), model) if hasattr(model, PAIRS) else None
     forward = (lambda x: run_pieces(pieces, model, x)) if pieces is not None else model
     mbs = microbatches(load_images(spec.data, spec.images, model.pretrained_cfg, spec.seed), spec.chunk)
     labels = load_labels(spec.data, spec.images)
-    emitter.emit(StageReady(stage=0, modules=["<whole model>"], params=sum(p.numel() for p in model.parameters()),
+    emitter.emit(StageReady(stage=0, modules=["<whole model>"], params=params,
                             load_s=round(time.perf_counter() - t0, 3), rss_mb=current_rss_mb(),
-                            peak_rss_mb=peak_rss_mb()))
+                            peak_rss_mb=peak_rss_mb(), engine=engine))
 
     totals = StageCounters()
     check_logits = predictions = None
@@ -78,7 +82,7 @@ def _run(spec: RunSpec, emitter: Emitter, *, plan: bool = False) -> None:
             logits = torch.cat(outs)[: spec.images]
             predictions = logits.argmax(dim=1)
             check_logits = logits[: spec.check_images].clone()
-    report_outputs(emitter, spec, check_logits, predictions, labels, P.LOGITS_FILE_SERIAL)
+    report_outputs(emitter, spec, check_logits, predictions, labels, logits_file)
     emitter.emit(RunEnd(stage=0, status="ok", peak_rss_mb=peak_rss_mb(), **totals.rounded()))
 
 
@@ -86,9 +90,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--spec", required=True)
     parser.add_argument("--plan", action="store_true", help="emit the stage plan first")
+    parser.add_argument("--fp32-reference", action="store_true",
+                        help="run the spec in fp32 whatever its numerics, writing the logits to their own file")
     args = parser.parse_args(argv)
     emitter = Emitter(P.ROLE_SERIAL)
-    return run_main(emitter, lambda: _run(RunSpec.load(args.spec), emitter, plan=args.plan))
+
+    def measure() -> None:
+        spec = RunSpec.load(args.spec)
+        if args.fp32_reference:
+            spec = replace(spec, numerics="fp32")
+        _run(spec, emitter, plan=args.plan,
+             logits_file=P.LOGITS_FILE_SERIAL_FP32 if args.fp32_reference else P.LOGITS_FILE_SERIAL)
+    return run_main(emitter, measure)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from remote.runtime.artifact import meta_model_for
 from remote.runtime.codec import Codec, learned_pair
 from remote.runtime.kept_pair import with_pairs
 from remote.runtime.model import Checkpoint, materialize, prune_to
+from remote.runtime.numerics import apply_numerics
 from remote.runtime.partition import StagePlan, plan
 from remote.runtime.pieces import Piece, PieceFn, block_piece_count, check_supported, vit_pieces
 from remote.spec import RunSpec
@@ -118,6 +119,7 @@ def build_stage(spec: RunSpec, layout: ModelLayout, stage: StagePlan,
     model = copy.deepcopy(layout.meta_model)  # meta: copying costs no weight memory
     prune_to(model, stage_modules(layout, stage))
     materialize(model, seed=spec.seed, checkpoint=checkpoint)
+    apply_numerics(model, getattr(spec, "numerics", "fp32"))  # (a training job's stages stay fp32)
     return StageModule(model, layout.pieces[stage.first:stage.end], codec).eval()
 
 

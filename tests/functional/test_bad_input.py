@@ -54,6 +54,7 @@ def test_bad_inventory(file: str, fragment: str, pictl_env, tmp_path: Path) -> N
     (["--stages", "5"], "5 stages do not fit"),
     (["--data", "cifar10"], "needs data_path"),
     (["--model", "/nonexistent/pruned.safetensors"], "model artifact /nonexistent/pruned.safetensors: no such file"),
+    (["--numerics", "int4"], "numerics: Input should be 'fp32' or 'int8-dynamic'"),
 ])
 def test_refused_before_anything_runs(args: list[str], fragment: str, hosts: Path, pictl_env,
                                       tmp_path: Path) -> None:
@@ -79,6 +80,7 @@ def test_refused_by_the_plan_on_the_first_host(make_args, fragment: str, hosts: 
     (lambda d: RunSpec(stages=76), "75 is the most"),
     (lambda d: RunSpec(stages=2, checkpoint=str(d / "missing.safetensors")), "no such file"),
     (lambda d: RunSpec(stages=2, data=DataSpec(kind="cifar10", path=str(d / "nodata"))), "does not exist"),
+    (lambda d: RunSpec(stages=2, numerics="int4"), "numerics 'int4' is not one of fp32, int8-dynamic"),
 ])
 def test_the_plan_refuses(spec, fragment: str, tmp_path: Path) -> None:  # noqa: ANN001
     """The same planning step in this process (each CLI round trip costs a torch import on the host)."""

@@ -100,6 +100,39 @@ def test_three_stages_inside_blocks_reuses_the_baseline(shared, pictl_env) -> No
     assert s["per_stage"][0]["bytes_sent"] == 3 * 2 * (2 * 197 * 384 * 4)
 
 
+def test_int8_dynamic_numerics_beside_fp32(shared, pictl_env, tmp_path: Path) -> None:
+    """--numerics int8-dynamic: the pipeline matches a serial run in int8 bit for bit; the fp32 serial run
+    (the module's own baseline, reused: the same key) measures what int8 gains and what it costs."""
+    env = _env(shared, pictl_env)
+    plain = _run(shared, env, "--stages", "2", "--split", "blocks.6")
+    proc = run_pictl(["run", "--hosts", str(shared["hosts"]), *FAST, "--stages", "2", "--split", "blocks.6",
+                      "--numerics", "int8-dynamic"], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads(proc.stdout)
+    assert "numerics int8-dynamic (" in proc.stderr and "x over the fp32 serial run" in proc.stderr
+    assert s["status"] == "ok" and s["outputs_match"] is True and s["max_abs_diff"] == 0.0
+    n = s["numerics"]
+    assert n["kind"] == "int8-dynamic" and len(n["engines"]) == 1 and n["engines"][0] in ("x86", "fbgemm", "qnnpack")
+    assert n["fp32_serial_reused"] is True and n["fp32_serial_ips"] == plain["serial_ips"]
+    assert n["serial_ips"] == s["serial_ips"] != plain["serial_ips"]  # the same-numerics serial run is int8
+    assert n["speedup_vs_fp32"] == pytest.approx(s["throughput_ips"] / plain["serial_ips"], rel=1e-3)
+    assert n["numerics_gain"] == pytest.approx(s["serial_ips"] / plain["serial_ips"], rel=1e-3)
+    assert s["speedup"] == pytest.approx(s["throughput_ips"] / s["serial_ips"], rel=1e-3)
+    assert 0 <= n["agreement_vs_fp32"] <= 1 and n["mean_abs_diff_vs_fp32"] > 0 and n["compared_images"] == 5
+    fp32 = (Path(s["run_dir"]) / "logits-serial-fp32.f32").read_bytes()
+    assert fp32 == (Path(plain["run_dir"]) / "logits-serial.f32").read_bytes()
+    assert (Path(s["run_dir"]) / "logits-serial.f32").read_bytes() != fp32
+    report = run_pictl(["report", s["run_id"], "--out", str(tmp_path / "report")], env)
+    assert report.returncode == 0, report.stderr
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "**numerics** `int8-dynamic`" in text and f"**{n['speedup_vs_fp32']}x**" in text
+    # Serial only, nothing reused: the fp32 reference is measured too, after the run's own serial run.
+    one = _run(shared, env, "--stages", "1", "--numerics", "int8-dynamic", "--fresh-baseline")
+    n1 = one["numerics"]
+    assert n1["fp32_serial_reused"] is False and n1["serial_ips"] == one["throughput_ips"]
+    assert n1["speedup_vs_fp32"] == n1["numerics_gain"] and n1["agreement_vs_fp32"] == n["agreement_vs_fp32"]
+
+
 def test_output_mismatch_fails_the_run(shared, pictl_env, tmp_path: Path) -> None:
     """A stale baseline whose logits differ (here: bytes flipped in the cache) must fail the run."""
     env = {**_env(shared, pictl_env), "PICTL_CACHE_DIR": str(tmp_path / "cache")}
