@@ -156,6 +156,13 @@ class RunPanel(Static):
         grid.add_row("run", Text(phase_line, style=phase_style))
         grid.add_row("speedup", f"{_f(speedup, unit='x')}" + (f"  of {stages}x ideal" if stages else "")
                      + (f"  efficiency {speedup / stages:.2f}" if speedup and stages else ""))
+        numerics = s.get("numerics")
+        if numerics:  # the speedup above is the parallelism alone; beside it, numerics and parallelism together
+            grid.add_row(numerics.get("kind", "numerics"),
+                         f"{_f(numerics.get('speedup_vs_fp32'), unit='x')} over fp32 serial  (alone "
+                         f"{_f(numerics.get('numerics_gain'), unit='x')}, top-1 agreement "
+                         + ("-" if numerics.get("agreement_vs_fp32") is None
+                            else f"{numerics['agreement_vs_fp32']:.1%}") + ")")
         gap = waterfall_of(s)
         if gap:  # each term's share of the gap in its colour (a gain shaded); the `gap` line names them all
             most = [(f": {t.name}", f"bold {TERM_COLORS.get(t.term, 'white')}") for t in gap.terms
