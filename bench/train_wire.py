@@ -32,7 +32,7 @@ def main() -> int:
     ap.add_argument("--chunks", default="1,4,8")
     ap.add_argument("--wires", default="fp32,fp16,bf16,int8,lowrank:4,lowrank:2,convinsert:0.25")
     ap.add_argument("--no-feedback-too", action="store_true", help="lowrank formats again, without error feedback")
-    ap.add_argument("--split", default="blocks.2", help="the cut (blocks.2 at 32 px: a 32 x 4 x 4 feature map)")
+    ap.add_argument("--split", default="blocks.2", help="the cut (blocks.2 at 32 px: a 24 x 8 x 8 feature map)")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--save", default=None)

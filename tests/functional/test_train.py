@@ -279,7 +279,7 @@ def test_a_compressed_link_cuts_the_bytes_both_ways_and_still_learns(shared, env
     # A CNN's feature map (B, C, H, W) travels as factors of (B, C, H*W), as the source compresses it, and comes
     # back whole: fewer bytes than fp32's, and a loss that still falls.
     cnn = ("--model", "mobilenetv2_100", "--image-size", "32", "--split", "blocks.2", *common, "--lr", "0.01")
-    full = _train(shared, env, *cnn, model=())  # (a 32 x 4 x 4 map at blocks.2: rank 4 sends 192 of its 512 values)
+    full = _train(shared, env, *cnn, model=())  # (a 24 x 8 x 8 map at blocks.2: rank 4 sends 352 of its 1536 values)
     low = _train(shared, env, *cnn, "--wire", "lowrank:4", model=())
     assert 0 < link(low)[0] < link(full)[0] // 2 and 0 < link(low)[1] < link(full)[1] // 2, (link(low), link(full))
     losses = [p["loss"] for p in low["losses"]]
