@@ -25,7 +25,7 @@ from pictl.run.waterfall import waterfall_line
 from pictl.summary import baseline_text
 from pictl.text import markup_safe, printable
 from remote.job_records import PruneAccuracy, PruneDone, PruneProgress, PruneStart, TrainEval, TrainStart, TrainStep
-from remote.run_records import Error, Progress, Refine, Refined, Throughput
+from remote.run_records import Error, Progress, Recut, Refine, Refined, Throughput
 
 PRUNE_RECORDS = (PruneStart, PruneProgress, PruneAccuracy, PruneDone)
 
@@ -81,6 +81,8 @@ class HeadlessRenderer:
                 self.err.print(f"pictl {who}: pass {rec.repeat + 1}: {rec.ips:.2f} img/s")
             case Refine() | Refined():
                 self.err.print(printable(refine_line(rec)), markup=False, highlight=False)
+            case Recut():
+                self.err.print(printable(recut_line(rec)), markup=False, highlight=False)
             case PruneStart() | PruneProgress() | PruneAccuracy() | PruneDone():
                 self._on_prune(rec)
             case TrainStart() | TrainStep() | TrainEval():
@@ -140,6 +142,22 @@ def refine_line(rec: Refine | Refined) -> str:
     return (f"pictl refine: round {rec.round}: {', '.join(rec.split_points)}: predicted "
             f"{_ms_list(rec.predicted_ms)}, measured {_ms_list(rec.measured_ms)} ms compute per "
             f"microbatch; {then}")
+
+
+def recut_line(rec: Recut) -> str:
+    """One line per decision of the watch over the timed passes."""
+    then = (f"re-cut to {', '.join(rec.next_split)} (predicted {_ms_list(rec.next_predicted_ms)})" if rec.moved
+            else "no split better by the margin: kept")
+    return (f"pictl recut: after timed pass {rec.after_pass + 1}: {rec.reason}; {', '.join(rec.split_points)} "
+            f"measured {_ms_list(rec.measured_ms)} ms per microbatch against {_ms_list(rec.expected_ms)} expected; "
+            f"{then}")
+
+
+def recut_lines(s: dict[str, Any]) -> list[str]:
+    """The run's re-cuts, each with the img/s of the passes before and after it."""
+    return [printable(f"re-cut after timed pass {r['after_pass'] + 1}: {', '.join(r['split_points'])} -> "
+                      f"{', '.join(r['next_split'])} ({r['reason']}); {_fmt(r.get('ips_before'))} img/s before, "
+                      f"{_fmt(r.get('ips_after'))} after") for r in s.get("recuts") or [] if r.get("moved")]
 
 
 def explain_lines(s: dict[str, Any]) -> list[str]:
@@ -235,7 +253,7 @@ def print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
         err = result_console(stderr=True)
         err.print(printable(summary_title(summary)), markup=False, highlight=False, soft_wrap=True)
         err.print(summary_table(summary))
-        for line in wire_lines(summary) + numerics_lines(summary) + explain_lines(summary):
+        for line in wire_lines(summary) + numerics_lines(summary) + recut_lines(summary) + explain_lines(summary):
             err.print(line, markup=False, highlight=False, soft_wrap=True)
         for line in flag_lines(summary):
             err.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
@@ -245,7 +263,7 @@ def print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
         out = result_console()
         out.print(printable(summary_title(summary)), markup=False, highlight=False, soft_wrap=True)
         out.print(summary_table(summary))
-        for line in wire_lines(summary) + numerics_lines(summary) + explain_lines(summary):
+        for line in wire_lines(summary) + numerics_lines(summary) + recut_lines(summary) + explain_lines(summary):
             out.print(line, markup=False, highlight=False, soft_wrap=True)
         for line in flag_lines(summary):  # one line each, however long: scripts grep them
             out.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)

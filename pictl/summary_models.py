@@ -149,6 +149,23 @@ class NumericsFigures(Open):
     compared_images: int | None = None
 
 
+class RecutFigures(Open):
+    """One decision of the watch over the timed passes (`remote.recut`)."""
+
+    after_pass: int
+    reason: str
+    moved: bool
+    split_points: list[str] = []
+    next_split: list[str] = []
+    measured_ms: list[float] = []
+    expected_ms: list[float] = []
+    predicted_ms: list[float] = []
+    next_predicted_ms: list[float] = []
+    factors: list[float] = []
+    ips_before: float | None = None
+    ips_after: float | None = None
+
+
 class RunError(Open):
     """How a run failed; a rank's failure also says where, with the host's last lines."""
 
@@ -386,6 +403,9 @@ class RunSummary(Open):
     compared_images: int | None = None
     wire: WireFigures | None = None
     numerics: NumericsFigures | None = None
+    recuts: list[RecutFigures] = []
+    pass_ips: list[float] = []
+    """Each timed pass's img/s, in order (a re-cut run's passes before and after its cuts)."""
     agreement: float | None = None
     """Lossy wire: the share of images whose top-1 class is the serial run's (None with an exact wire)."""
     mean_abs_diff: float | None = None

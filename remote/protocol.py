@@ -37,6 +37,7 @@ COSTS = "costs"  # per-piece time and per-cut bytes on one host (remote.profilin
 TRACE = "trace"  # a rank wrote its profiler trace of a window of steps (remote.runtime.tracing)
 REFINE = "refine"  # rank 0 measured a split during the run and corrected the cost table (`balanced`)
 REFINED = "refined"  # refinement is over: the split the timed passes run, its prediction, the corrections
+RECUT = "recut"  # rank 0 watched the timed passes drift, corrected the hosts' factors, and moved the cut (or not)
 STAGE_MOVED = "stage_moved"  # a rank's stage after refinement: its modules, pieces and params
 PRUNE_START = "prune_start"  # remote.pruning.prune: base model's params and MACs, data set sizes
 PRUNE_PROGRESS = "prune_progress"  # a fine-tuning step: epoch, step, loss, images/s
@@ -49,7 +50,7 @@ TRAIN_END = "train_end"  # a rank finished: its totals by category and the file 
 MB_TIMES = "mb_times"  # a pass's microbatch wall times entering stage 0 / leaving the last (or the serial's durations)
 
 EVENTS = (RUN_START, STAGE_READY, PROGRESS, THROUGHPUT, ACCURACY, RUN_END, ERROR, PLAN, OUTPUTS, FIRST_OUTPUT,
-          COSTS, TRACE, REFINE, REFINED, STAGE_MOVED, PRUNE_START, PRUNE_PROGRESS, PRUNE_ACCURACY, PRUNE_DONE,
+          COSTS, TRACE, REFINE, REFINED, RECUT, STAGE_MOVED, PRUNE_START, PRUNE_PROGRESS, PRUNE_ACCURACY, PRUNE_DONE,
           TRAIN_START, TRAIN_STEP, TRAIN_EVAL, TRAIN_END, MB_TIMES)
 
 # The fields of each event, and their kinds, are declared once on its record class (`remote.records`,

@@ -176,6 +176,25 @@ class Refined(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Recut(Record):
+    """`remote.recut.Watch` decided after timed pass `after_pass`: why, the factors it corrected to, and the
+    split before and after (the same when no split was better by the margin), with their predictions."""
+
+    EVENT: ClassVar[str] = P.RECUT
+    after_pass: Int
+    reason: Str
+    split_points: Strs
+    next_split: Strs
+    moved: Bool
+    measured_ms: Nums
+    expected_ms: Nums
+    predicted_ms: Nums
+    """The old split under the corrected factors (stages, then links)."""
+    next_predicted_ms: Nums
+    factors: Nums
+
+
+@dataclass(frozen=True, kw_only=True)
 class MbTimes(Record):
     EVENT: ClassVar[str] = P.MB_TIMES
     side: Str

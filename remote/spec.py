@@ -40,6 +40,12 @@ class RefineSpec:
     """Splits measured at most (the first included); each after the first costs one calibration pass."""
     min_gain: float = 0.03
     """Try a new split only when its predicted bottleneck is at least this much better."""
+    recut: bool = True
+    """Watch the timed passes and re-cut between them when a host drifts (`remote.recut`)."""
+    max_recuts: int = 2
+    recut_threshold: float = 0.15
+    recut_patience: int = 2
+    recut_margin: float = 0.05
 
 
 @dataclass
@@ -72,6 +78,9 @@ class RunSpec:
     """Every stage's (and the serial run's) numerics: `remote.runtime.numerics`."""
     refine: RefineSpec | None = None
     """Set by `balanced` (unless --no-refine): correct the split from what the first passes measure."""
+    slowdown: list[float] | None = None
+    """Fault injection (tests): [rank, timed pass, factor]: from that pass on, the rank's every microbatch takes
+    factor times its compute, as if its host had slowed down."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)

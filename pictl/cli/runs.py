@@ -115,6 +115,14 @@ def run(
                                                    help="balanced: correct the split from the stages' measured "
                                                         "compute before the timed passes (default) or keep the "
                                                         "profiles' one-shot split.")] = None,
+    recut: Annotated[Optional[bool], typer.Option(
+        "--recut/--no-recut", rich_help_panel=EXPERIMENT,
+        help="balanced: re-cut between timed passes when a host slows down or recovers (default), or keep the "
+             "refined split.")] = None,
+    max_recuts: Annotated[Optional[int], typer.Option(help="balanced: re-cuts per run at most."
+                                                      + default_of("max_recuts"), rich_help_panel=EXPERIMENT)] = None,
+    slowdown: Annotated[Optional[str], typer.Option(hidden=True, help="Tests: RANK:PASS:FACTOR slows a rank from a "
+                                                                      "timed pass on.")] = None,
     wire: Annotated[Optional[str], typer.Option(
         help="What travels between stages: fp32 (exact), fp16, bf16, int8, lowrank:R; for every cut, or per cut "
              "(blocks.4=fp16,blocks.8=int8)." + default_of("wire"), rich_help_panel=EXPERIMENT)] = None,
@@ -177,12 +185,17 @@ def run(
              "checkpoint": checkpoint, "allow_pickle": allow_pickle, "data": data, "data_path": data_path,
              "atol": atol, "master_port": master_port, "trace_steps": trace_steps, "refine": refine,
              "baseline_max_age": baseline_max_age, "wire": wire, "min_agreement": min_agreement,
-             "numerics": numerics}
+             "numerics": numerics, "recut": recut, "max_recuts": max_recuts}
     renderer = HeadlessRenderer(verbose=verbose)
     session = None
     try:
         # The one mapping from flags to options, the run form's too (choices, split points, the flag to blame).
         overrides = {**given_options(flags), "track": tracked(track)}
+        if slowdown is not None:  # fault injection (tests): RANK:PASS:FACTOR
+            try:
+                overrides["slowdown"] = [float(x) for x in slowdown.split(":")]
+            except ValueError:
+                raise E.ConfigError(f"--slowdown: '{slowdown}' is not RANK:PASS:FACTOR") from None
         options = resolve_options(profile, overrides)
         note_profile(profile)
         if not (headless or as_json) and _on_a_terminal():

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, TypeGuard, TypeVar
@@ -179,6 +180,11 @@ class Profiles:
         """How much slower than its profile a run found the host (1.0: never corrected, or not used)."""
         return float(self.by_host[host].get("correction", 1.0)) if self.use_corrections else 1.0
 
+    def correction_age_s(self, host: str) -> float | None:
+        """How long ago a run corrected the host's profile (None: never, an older record, or not used)."""
+        at = self.by_host[host].get("corrected_at")
+        return max(0.0, time.time() - at) if self.use_corrections and isinstance(at, (int, float)) else None
+
 
 async def host_profiles(transports: list[Transport], cache: JsonCache, *, model: str, num_classes: int,
                         chunk: int, threads: int | dict[str, int], code: str, artifact: Artifact | None = None,
@@ -221,7 +227,7 @@ def keep_corrections(cache: JsonCache, hosts: dict[str, Host], corrections: dict
     for name, factor in corrections.items():
         key = profile_key(hosts[name], model, num_classes, chunk, threads.get(name, 1), code=code, artifact=artifact)
         if _usable(profile := cache.get(key)):
-            cache.put(key, {**profile, "correction": round(factor, 4)})
+            cache.put(key, {**profile, "correction": round(factor, 4), "corrected_at": round(time.time(), 1)})
 
 
 def cost_table(stage_hosts: list[str], profiles: Profiles,

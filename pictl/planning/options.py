@@ -90,6 +90,13 @@ class RunOptions(BaseModel):
     """`balanced` only: after the warm-up pass, correct the cost model from each stage's measured compute
     and split again while that promises a gain of a few percent (at most 3 splits measured); False keeps
     the one-shot split from the profiles."""
+    recut: bool = True
+    """`balanced` with refinement: watch every timed pass and re-cut between passes when a host slows down
+    or recovers enough that another split wins by a margin (`remote.recut`); False keeps the refined split."""
+    max_recuts: int = Field(default=2, ge=0, le=20)
+    slowdown: list[float] | None = Field(default=None, min_length=3, max_length=3)
+    """Fault injection (tests): [rank, timed pass, factor]: from that pass on the rank computes factor times
+    slower, as a throttled host would."""
     trace_steps: int = Field(default=0, ge=0, le=10_000)
     """Profile this many pipeline steps on every rank in one extra untimed pass (0: no traces)."""
     pg_timeout_s: float = Field(default=300.0, gt=0, le=86_400)
@@ -209,6 +216,9 @@ RUN_FLAGS: dict[str, RunFlag] = {flag.field: flag for flag in (
     RunFlag("refine", "balanced: correct the split from the stages' measured compute before the timed passes "
             "(default) or keep the profiles' one-shot split.", EXPERIMENT, ("--refine/--no-refine",),
             show_default=False),
+    RunFlag("recut", "balanced: re-cut between timed passes when a host slows down or recovers (default), or keep "
+            "the refined split.", EXPERIMENT, ("--recut/--no-recut",), show_default=False),
+    RunFlag("max_recuts", "balanced: re-cuts per run at most.", EXPERIMENT),
     RunFlag("wire", "What travels between stages: fp32 (exact), fp16, bf16, int8, lowrank:R; for every cut, or per "
             "cut (blocks.4=fp16,blocks.8=int8).", EXPERIMENT),
     RunFlag("numerics", "Every stage's numerics: fp32, or int8-dynamic (int8 Linear layers). The pipeline is checked "

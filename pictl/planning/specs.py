@@ -44,7 +44,7 @@ def spec_from(options: RunOptions, run_id: str, artifact: Artifact | None) -> Ru
         # So is the fp32 reference of other numerics (`--numerics`).
         check_images=options.images if options.lossy_wire or options.numerics != "fp32"
         else min(options.check_images, options.images),
-        pg_timeout_s=options.pg_timeout_s, wire=options.wire, numerics=options.numerics,
+        pg_timeout_s=options.pg_timeout_s, wire=options.wire, numerics=options.numerics, slowdown=options.slowdown,
         trace_steps=options.trace_steps if options.stages > 1 else 0,
         run_id=run_id)
 

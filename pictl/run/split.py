@@ -51,20 +51,26 @@ async def choose_split(ctx: RunContext, job: HostJob, placement: Placement, spec
     pieces = profiles.by_host[stage_hosts[0]]["pieces"]
     refine = RefineSpec(compute_s=[list(row) for row in table.compute_s], cut_bytes=list(table.cut_bytes),
                         links=[[k.latency_s, k.bytes_per_s] for k in table.links],
-                        comm_s_per_byte=list(table.comm_s_per_byte)) if o.refine else None
+                        comm_s_per_byte=list(table.comm_s_per_byte), recut=o.recut,
+                        max_recuts=o.max_recuts) if o.refine else None
     chosen = replace(spec, policy="explicit", split_points=[pieces[i] for i in split.starts], refine=refine)
     prediction: dict[str, Any] = {"stage_ms": [round(s * 1000, 3) for s in split.stage_s],
                   "link_ms": [round(s * 1000, 3) for s in split.link_s],
                   "bottleneck_ms": round(split.bottleneck_s * 1000, 3), "profiled": profiles.measured,
                   "shared_machine": profiles.shared,
                   "corrections": {h: profiles.correction(h) for h in dict.fromkeys(stage_hosts)},
+                  # How old each correction is: a host that has cooled down since is corrected again by the run.
+                  "corrections_age_s": {h: round(a) for h in dict.fromkeys(stage_hosts)
+                                        if (a := profiles.correction_age_s(h)) is not None},
                   "links": {f"{a}->{b}": {"latency_ms": round(k.latency_s * 1000, 3),
                                           "MB_per_s": round(k.bytes_per_s / 1e6, 1)} for (a, b), k in links.items()},
                   "links_measured": measured_links, "first_split": list(chosen.split_points), "refine": o.refine}
     for group in profiles.shared:
         ctx.phase("balance", f"{', '.join(group)} share one machine: profiled one at a time")
     source = f"measured {', '.join(profiles.measured)}" if profiles.measured else cached_age(profiles.by_host)
-    corrected = [f"{h} x{f:.2f}" for h, f in prediction["corrections"].items() if f != 1.0]
+    ages = prediction["corrections_age_s"]
+    corrected = [f"{h} x{f:.2f}" + (f" {ages[h]:.0f} s ago" if h in ages else "")
+                 for h, f in prediction["corrections"].items() if f != 1.0]
     ctx.phase("balance", f"split {', '.join(chosen.split_points)}: predicted "
               + " / ".join(f"{ms:.1f}" for ms in prediction["stage_ms"]) + " ms per microbatch"
               + f" ({source}" + (f"; corrected by earlier runs: {', '.join(corrected)}" if corrected else "")

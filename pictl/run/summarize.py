@@ -21,6 +21,7 @@ from pictl.run.flags import compute_flags
 from pictl.run.latency import pipeline_latencies, summary_ms
 from pictl.run.pipeline import PipelineDone
 from pictl.run.placement import Placement
+from pictl.run.recuts import recut_summary
 from pictl.run.serial import Serial, baseline_max_age
 from pictl.run.split import SplitChoice, final_prediction
 from pictl.run.staging import Staged
@@ -76,6 +77,8 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
         "compared_images": o.images if o.lossy_wire else min(o.check_images, o.images),
         "wire": wire_summary(o, per_stage) if o.stages > 1 else None,
         "numerics": numerics_summary(ctx, reached.serial, ips),
+        "recuts": recut_summary(tel),
+        "pass_ips": list(tel.throughputs),
         "agreement": cmp.agreement if cmp else None, "mean_abs_diff": cmp.mean_abs_diff if cmp else None,
         "accuracy": baseline.top1 if serial_only and baseline else tel.top1,
         "serial_accuracy": baseline.top1 if baseline else None,

@@ -15,6 +15,7 @@ from remote.run_records import (
     MbTimes,
     Outputs,
     Progress,
+    Recut,
     Refine,
     Refined,
     RunEnd,
@@ -64,6 +65,7 @@ class RunTelemetry:
         self.outputs: Outputs | None = None
         self.refine_rounds: list[Refine] = []  # `balanced` correcting its split during the run
         self.refined: Refined | None = None
+        self.recuts: list[Recut] = []  # the watch over the timed passes: each correction, and where the cut moved
         self.rejected: list[tuple[str, str]] = []  # (host, why): records that broke the protocol, never applied
         self.mb_times: dict[tuple[str, str, int], dict[int, list[float]]] = {}
         """(side, phase, repeat) -> first index -> the pass's microbatch times from there (`mb_times`)."""
@@ -118,6 +120,8 @@ class RunTelemetry:
                 self.refine_rounds.append(ev)
             case Refined():
                 self.refined = ev
+            case Recut():
+                self.recuts.append(ev)
             case Accuracy():
                 self.accuracy = ev
             case Outputs():

@@ -10,7 +10,7 @@ from pictl.events import HostOutput, Phase, Placed, RankEvent, SessionEvent
 from pictl.tui.messages import LogLine, PhaseChanged, RankRecord, StagesPlaced
 from remote.job_records import PruneAccuracy, PruneDone
 from remote.records import Record
-from remote.run_records import Error, Progress, StageMoved, StageReady, Throughput, Trace
+from remote.run_records import Error, Progress, Recut, StageMoved, StageReady, Throughput, Trace
 
 
 def _as_log(rec: Record) -> str | None:
@@ -20,6 +20,8 @@ def _as_log(rec: Record) -> str | None:
             return f"error: {rec.message}"
         case StageMoved():
             return None
+        case Recut() if rec.moved:
+            return f"re-cut after pass {rec.after_pass + 1}: {rec.reason}; now {', '.join(rec.next_split)}"
         case StageReady():
             mods = rec.modules or ["-"]
             return f"ready: {mods[0]} .. {mods[-1]}, {rec.params:,} parameters, loaded in {rec.load_s} s"

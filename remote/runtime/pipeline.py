@@ -131,6 +131,9 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
         state.update(phase=phase, repeat=repeat)
         stage = built.stage
         stage.new_pass()
+        slow = spec.slowdown  # fault injection (tests): [rank, from this timed pass on, factor]
+        stage.slow_factor = slow[2] if slow and rank == int(slow[0]) and phase == "timed" and repeat >= slow[1] \
+            else 1.0
         stage.first_step = passes_run * n_mb
         dist.barrier()
         state["step_start"] = time.perf_counter()
@@ -152,6 +155,7 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
         one_pass("warmup", w)
         tracer.end_of_pass(passes_run * n_mb)
         report()
+    loop: RefineLoop | None = None
     if spec.refine is not None and world > 1:
         names = [p.name for p in layout.pieces]
         loop = RefineLoop(spec.refine, built.starts, rank, world, names, emitter)
@@ -180,6 +184,13 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
         report()
         if timed:
             totals.add(built.stage.counters)
+        # Between timed passes: a host that drifted far enough moves the cut (`remote.recut`); the next pass
+        # runs the new split. The moved pieces' weights come from the checkpoint on this host, as at start-up
+        # (or the seeded initialisation): nothing crosses the pipeline's links but the next pass's states.
+        if timed and loop is not None and loop.spec.recut and repeat < spec.repeats - 1:
+            if (moved := loop.watch_pass(measured_compute_s(built.stage.compute_times), repeat)) is not None:
+                rebuild(moved)
+                ready(StageMoved)
         # Each microbatch's wall time entering stage 0 and leaving the last: the controller pairs them (with
         # the hosts' clock offsets) into the latency per image.
         phase = "timed" if timed else "trace"

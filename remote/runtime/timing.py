@@ -167,6 +167,8 @@ class TimedStage(PipelineStage):
         self.tracer = tracer
         self.clock = clock or Clock()
         self.first_step = 0  # the global number of this pass's first microbatch
+        self.slow_factor = 1.0
+        """Fault injection (tests, `RunSpec.slowdown`): every microbatch takes this many times its compute."""
 
     def new_pass(self) -> None:
         self.counters, self.compute_times, self.enter_times, self.leave_times = StageCounters(), [], [], []
@@ -197,6 +199,8 @@ class TimedStage(PipelineStage):
                 out = super().forward_one_chunk(fwd_chunk_id, args, kwargs, save_forward_output)
         else:
             out = super().forward_one_chunk(fwd_chunk_id, args, kwargs, save_forward_output)
+        if self.slow_factor > 1.0:  # as if the host had slowed down (a throttled clock, a neighbour's load)
+            time.sleep((time.perf_counter() - start) * (self.slow_factor - 1.0))
         end = time.perf_counter()
         elapsed = end - start
         self.enter_times.append(self.clock.wall(start))

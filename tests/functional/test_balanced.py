@@ -190,3 +190,39 @@ async def test_fewer_stages_than_hosts_take_the_fastest_connecting_and_pushing_o
     assert len(placed) == 1 and [p.host for p in placed[0].stages] == ["h0", "h2"]
     assert {r: v.host for r, v in dashboard.stages.items()} == {0: "h0", 1: "h2"}
     assert dashboard.hosts["h1"].ranks == [] and dashboard.hosts["h2"].ranks == [1]
+
+
+def test_a_host_slowed_mid_run_moves_the_cut_and_noise_alone_never_does(deit_costs: dict, tmp_path,
+                                                                        pictl_env) -> None:
+    """Rank 1 computes 3x slower from the second timed pass on (fault injection, as a throttled host would):
+    after two drifting passes the watch corrects h1's factor and re-cuts between passes; the passes after run
+    the new split, faster, and the outputs still match the serial run bit for bit. The re-cut is in the
+    summary with the img/s around it, and h1's correction is cached with its age. Then an unchanged cluster
+    over many passes: no re-cut."""
+    env = {**pictl_env, "PICTL_CACHE_DIR": str(tmp_path / "cache")}
+    hosts = write_cluster(tmp_path / "cluster", 2)
+    _seed_profiles(tmp_path / "cache", hosts, deit_costs)
+    common = ["run", "--hosts", str(hosts), "--stages", "2", "--images", "6", "--warmup", "1", "--headless", "--json"]
+    proc = run_pictl([*common, "--repeats", "6", "--slowdown", "1:1:3"], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads(proc.stdout)
+    assert s["outputs_match"] is True and s["max_abs_diff"] == 0.0
+    (recut,) = [r for r in s["recuts"] if r["moved"]]
+    pieces = deit_costs["pieces"]
+    assert recut["after_pass"] == 2 and "stage 1 measured" in recut["reason"] and "slower" in recut["reason"]
+    assert pieces.index(recut["next_split"][0]) > pieces.index(recut["split_points"][0])  # h1 holds less
+    assert s["split_points"] == recut["next_split"] and recut["factors"][1] > 2 * recut["factors"][0]
+    slowed, after = s["pass_ips"][1:3], s["pass_ips"][4:]
+    assert min(after) > 1.3 * max(slowed), s["pass_ips"]
+    assert "pictl recut: after timed pass 3" in proc.stderr and "re-cut after timed pass 3" in proc.stderr
+    h1 = load_cluster(hosts).hosts[1]
+    kept = JsonCache(tmp_path / "cache" / "costs").get(profile_key(h1, "deit_small_patch16_224", 1000, 1, 1,
+                                                                    code=tree_digest()))
+    assert kept is not None and kept["correction"] > 2 and kept["corrected_at"] > s["started_at"]
+
+    fresh = tmp_path / "cache-steady"  # (not the cache that now says h1 is slow)
+    _seed_profiles(fresh, hosts, deit_costs)
+    steady = run_pictl([*common, "--repeats", "10"], {**env, "PICTL_CACHE_DIR": str(fresh)})
+    assert steady.returncode == 0, steady.stderr[-3000:]
+    quiet = json.loads(steady.stdout)
+    assert not [r for r in quiet["recuts"] if r["moved"]] and quiet["outputs_match"] is True

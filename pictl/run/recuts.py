@@ -1,0 +1,32 @@
+"""The re-cuts of a run, for its summary: each decision of the watch over the timed passes (`remote.recut`),
+with the throughput of the passes before and after it, so that a re-cut is judged by what it measured."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pictl.run.telemetry import RunTelemetry
+
+
+def _mean(xs: list[float]) -> float | None:
+    return round(sum(xs) / len(xs), 4) if xs else None
+
+
+def recut_summary(tel: RunTelemetry) -> list[dict[str, Any]]:
+    """One entry per decision: when (after which timed pass), why, the split before and after, what was
+    measured, expected and predicted, and the mean img/s of the timed passes on each side of it (from the
+    previous moved cut to the next one)."""
+    passes = tel.throughputs
+    moved_at = [r.after_pass for r in tel.recuts if r.moved]
+    out = []
+    for r in tel.recuts:
+        before_start = max([a + 1 for a in moved_at if a < r.after_pass], default=0)
+        after_end = min([a + 1 for a in moved_at if a > r.after_pass], default=len(passes))
+        out.append({"after_pass": r.after_pass, "reason": r.reason, "moved": r.moved,
+                    "split_points": list(r.split_points), "next_split": list(r.next_split),
+                    "measured_ms": list(r.measured_ms), "expected_ms": list(r.expected_ms),
+                    "predicted_ms": list(r.predicted_ms), "next_predicted_ms": list(r.next_predicted_ms),
+                    "factors": list(r.factors),
+                    "ips_before": _mean(passes[before_start:r.after_pass + 1]),
+                    "ips_after": _mean(passes[r.after_pass + 1:after_end]) if r.moved else None})
+    return out
