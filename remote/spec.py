@@ -79,8 +79,9 @@ class RunSpec:
     refine: RefineSpec | None = None
     """Set by `balanced` (unless --no-refine): correct the split from what the first passes measure."""
     slowdown: list[float] | None = None
-    """Fault injection (tests): [rank, timed pass, factor]: from that pass on, the rank's every microbatch takes
-    factor times its compute, as if its host had slowed down."""
+    """Fault injection (tests): [rank, timed pass, factor] (and a 4th, 1: the rank is killed as the re-cut
+    begins): from that pass on, the rank's every microbatch takes factor times its compute, as if its host
+    had slowed down."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)

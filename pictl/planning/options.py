@@ -94,7 +94,7 @@ class RunOptions(BaseModel):
     """`balanced` with refinement: watch every timed pass and re-cut between passes when a host slows down
     or recovers enough that another split wins by a margin (`remote.recut`); False keeps the refined split."""
     max_recuts: int = Field(default=2, ge=0, le=20)
-    slowdown: list[float] | None = Field(default=None, min_length=3, max_length=3)
+    slowdown: list[float] | None = Field(default=None, min_length=3, max_length=4)
     """Fault injection (tests): [rank, timed pass, factor]: from that pass on the rank computes factor times
     slower, as a throttled host would."""
     trace_steps: int = Field(default=0, ge=0, le=10_000)

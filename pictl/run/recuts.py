@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from pictl.run.telemetry import RunTelemetry
+from pictl.run.waterfall import Settled
+from remote.records import COUNTER_NAMES
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -30,3 +32,27 @@ def recut_summary(tel: RunTelemetry) -> list[dict[str, Any]]:
                     "ips_before": _mean(passes[before_start:r.after_pass + 1]),
                     "ips_after": _mean(passes[r.after_pass + 1:after_end]) if r.moved else None})
     return out
+
+
+def settled(tel: RunTelemetry, stages: int, repeats: int, serial_ips: float | None) -> Settled | None:
+    """A re-cut run's passes after its last re-cut and that re-cut's cold first pass, for the waterfall: each
+    rank's counters summed over them; None when the run did not re-cut or those figures are not all here."""
+    moved = [r.after_pass for r in tel.recuts if r.moved]
+    if not moved or not serial_ips:
+        return None
+    first = moved[-1] + 2
+    passes = range(first, repeats)
+    ips = tel.throughputs[first:repeats]
+    if not passes or len(ips) != len(passes) or any((r, p) not in tel.pass_counters
+                                                    for r in range(stages) for p in passes):
+        return None
+    per_rank = []
+    for r in range(stages):
+        totals: dict[str, Any] = {}
+        for p in passes:
+            for name in COUNTER_NAMES:
+                value = getattr(tel.pass_counters[(r, p)], name)
+                if value is not None:
+                    totals[name] = totals.get(name, 0) + value
+        per_rank.append(totals)
+    return Settled(per_rank, len(passes), sum(ips) / len(ips) / serial_ips, first)

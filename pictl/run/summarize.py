@@ -21,7 +21,7 @@ from pictl.run.flags import compute_flags
 from pictl.run.latency import pipeline_latencies, summary_ms
 from pictl.run.pipeline import PipelineDone
 from pictl.run.placement import Placement
-from pictl.run.recuts import recut_summary
+from pictl.run.recuts import recut_summary, settled
 from pictl.run.serial import Serial, baseline_max_age
 from pictl.run.split import SplitChoice, final_prediction
 from pictl.run.staging import Staged
@@ -100,7 +100,9 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
         "clocks": reached.pipeline.clocks if reached.pipeline else None,
     }
     summary["latency"] = _latency(ctx, reached, baseline)
-    summary["waterfall"] = waterfall(summary) if status == "ok" else None
+    # A re-cut run's waterfall is taken over the passes of its last split; the passes before are its own term.
+    summary["waterfall"] = waterfall(summary, settled(tel, o.stages, o.repeats, baseline.ips if baseline else None)) \
+        if status == "ok" else None
     summary["flags"] = [f.to_json() for f in compute_flags(summary)]
     return checked(summary)
 

@@ -66,6 +66,8 @@ class RunTelemetry:
         self.refine_rounds: list[Refine] = []  # `balanced` correcting its split during the run
         self.refined: Refined | None = None
         self.recuts: list[Recut] = []  # the watch over the timed passes: each correction, and where the cut moved
+        self.pass_counters: dict[tuple[int, int], Progress] = {}
+        """(rank, timed pass) -> the rank's counters over that pass (its last `progress` of it)."""
         self.rejected: list[tuple[str, str]] = []  # (host, why): records that broke the protocol, never applied
         self.mb_times: dict[tuple[str, str, int], dict[int, list[float]]] = {}
         """(side, phase, repeat) -> first index -> the pass's microbatch times from there (`mb_times`)."""
@@ -112,6 +114,8 @@ class RunTelemetry:
                 st.params, st.load_s, st.ready_rss_mb, st.engine = ev.params, ev.load_s, ev.rss_mb, ev.engine
             case Progress():
                 st.progress = ev
+                if ev.phase == "timed":
+                    self.pass_counters[(ev.rank, ev.repeat)] = ev
             case Throughput():
                 (self.traced_throughputs if ev.traced else self.throughputs).append(float(ev.ips))
             case Trace():

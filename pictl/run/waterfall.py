@@ -18,6 +18,11 @@ its own CPU wait. The chain, each step replacing one ideal by a measurement:
     runtime         = t_sc' / (F (c_b + k_b + o_b))    the schedule's time on the bottleneck
     baseline        = t_s / (F (c_b + k_b + o_b))      the serial run's own CPU wait and loop, as measured
     residual        measured speedup - the above       shown, never hidden
+    recut           (a re-cut run) the passes before the last re-cut, and its cold first pass
+
+A run that re-cut (`remote.recut`) is taken apart over its settled passes (those after the last re-cut's
+cold first pass, from their own per-pass counters), so every term describes one split; the passes before
+are the `recut` term: the whole run's speedup less the settled passes'.
 
 Each term is the change in speedup points (negative: lost) and its share of the gap N - speedup; the terms
 add up to the gap exactly.
@@ -25,13 +30,14 @@ add up to the gap exactly.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pictl.records.waterfall_view import waterfall_line as view_line
 from pictl.records.waterfall_view import waterfall_of
 
 TERMS = ("fill_drain", "imbalance", "split_overhead", "interference", "communication", "runtime", "baseline",
-         "residual")
+         "residual", "recut")
 ADVICE = {
     "fill_drain": "more images per pass (or a smaller --chunk): M microbatches keep M / (M + N - 1) of N",
     "imbalance": "--policy balanced, or move a cut toward the lighter stage",
@@ -41,15 +47,31 @@ ADVICE = {
     "runtime": "a larger --chunk: fewer, larger microbatches spread the schedule's per-microbatch cost",
     "baseline": "--fresh-baseline on an idle host (the serial run waited for a CPU, or ran slower than its compute)",
     "residual": "more timed passes (--repeats): the pass-to-pass spread is not modelled",
+    "recut": "a host drifted during the run: the passes before the re-cut ran a worse split (see `recuts`)",
 }
 RESIDUAL_LIMIT = 0.05
 """A residual above this share of N raises the `waterfall_residual` flag: the model missed something."""
 
 
-def waterfall(s: dict[str, Any]) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class Settled:
+    """A re-cut run's passes after its last re-cut (and that re-cut's cold first pass)."""
+
+    stages: list[dict[str, Any]]
+    """Per rank, the counters summed over those passes (the keys of a summary's `per_stage` totals)."""
+    passes: int
+    speedup: float
+    """Their mean img/s over the serial run's."""
+    first: int
+    """The first settled pass (0-based)."""
+
+
+def waterfall(s: dict[str, Any], settled: Settled | None = None) -> dict[str, Any] | None:
     """The speedup waterfall of a pipeline run's summary, or None when it has no figures to take apart."""
-    n, speedup, stages = s.get("stages"), s.get("speedup"), s.get("per_stage") or []
-    images, repeats, chunk = s.get("images"), s.get("repeats"), s.get("chunk") or 1
+    n, speedup = s.get("stages"), s.get("speedup")
+    stages = settled.stages if settled else s.get("per_stage") or []
+    images, chunk = s.get("images"), s.get("chunk") or 1
+    repeats = settled.passes if settled else s.get("repeats")
     serial_ips = s.get("serial_ips")
     if not (isinstance(n, int) and n > 1 and speedup and serial_ips and images and repeats and len(stages) == n):
         return None
@@ -85,10 +107,12 @@ def waterfall(s: dict[str, Any]) -> dict[str, Any] | None:
     steps.append(t_sc / (f * (c[b] + k_b)))
     steps.append(t_sc / (f * (c[b] + k_b + o_b)) if c[b] + k_b + o_b > 0 else steps[-1])
     steps.append(t_s / t_sc * steps[-1])
-    steps.append(float(speedup))
+    steps.append(settled.speedup if settled else float(speedup))
+    if settled:
+        steps.append(float(speedup))
     gap = n - float(speedup)
     terms = []
-    for name, before, after in zip(TERMS, steps[:-1], steps[1:], strict=True):
+    for name, before, after in zip(TERMS[:len(steps) - 1], steps[:-1], steps[1:], strict=True):
         points = after - before
         terms.append({"term": name, "points": round(points, 4),
                       "share": round(-points / gap, 4) if abs(gap) > 1e-9 else None})
@@ -96,6 +120,7 @@ def waterfall(s: dict[str, Any]) -> dict[str, Any] | None:
     dominant = min(losses, key=lambda t: t["points"])["term"] if losses else None
     return {"stages": n, "speedup": round(float(speedup), 4), "gap": round(gap, 4), "bottleneck_rank": b,
             "microbatches": m, "terms": terms, "dominant": dominant,
+            "settled_from_pass": settled.first if settled else None,
             "advice": ADVICE[dominant] if dominant else None,
             "per_image_ms": {"serial": round(t_s * 1000, 3), "serial_compute": round(t_sc * 1000, 3),
                              "bottleneck_compute": round(c[b] * 1000, 3), "bottleneck_wait_for_cpu":

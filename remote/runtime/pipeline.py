@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -189,6 +190,9 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
         # (or the seeded initialisation): nothing crosses the pipeline's links but the next pass's states.
         if timed and loop is not None and loop.spec.recut and repeat < spec.repeats - 1:
             if (moved := loop.watch_pass(measured_compute_s(built.stage.compute_times), repeat)) is not None:
+                slow = spec.slowdown
+                if slow and len(slow) > 3 and slow[3] and rank == int(slow[0]):  # fault injection: killed mid re-cut
+                    os.kill(os.getpid(), signal.SIGKILL)
                 rebuild(moved)
                 ready(StageMoved)
         # Each microbatch's wall time entering stage 0 and leaving the last: the controller pairs them (with

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 from support.cli import ROOT, run_pictl
@@ -215,6 +216,10 @@ def test_a_host_slowed_mid_run_moves_the_cut_and_noise_alone_never_does(deit_cos
     slowed, after = s["pass_ips"][1:3], s["pass_ips"][4:]
     assert min(after) > 1.3 * max(slowed), s["pass_ips"]
     assert "pictl recut: after timed pass 3" in proc.stderr and "re-cut after timed pass 3" in proc.stderr
+    # The waterfall takes the settled passes (5 and 6) apart; the passes before the re-cut are a term of their own.
+    w = s["waterfall"]
+    assert w["settled_from_pass"] == 4 and w["terms"][-1]["term"] == "recut" and w["terms"][-1]["points"] < 0
+    assert sum(t["points"] for t in w["terms"]) == pytest.approx(-w["gap"], abs=1e-3)
     h1 = load_cluster(hosts).hosts[1]
     kept = JsonCache(tmp_path / "cache" / "costs").get(profile_key(h1, "deit_small_patch16_224", 1000, 1, 1,
                                                                     code=tree_digest()))
@@ -226,3 +231,23 @@ def test_a_host_slowed_mid_run_moves_the_cut_and_noise_alone_never_does(deit_cos
     assert steady.returncode == 0, steady.stderr[-3000:]
     quiet = json.loads(steady.stdout)
     assert not [r for r in quiet["recuts"] if r["moved"]] and quiet["outputs_match"] is True
+
+
+def test_a_rank_killed_as_the_re_cut_begins_fails_the_run_cleanly(deit_costs: dict, tmp_path, pictl_env) -> None:
+    """Rank 1 is SIGKILLed when the re-cut is decided (fault injection): the run fails with the run-failed
+    exit status and a line naming the rank, its record says so, and nothing is left running on any host."""
+    from support.clusters import processes_under
+
+    env = {**pictl_env, "PICTL_CACHE_DIR": str(tmp_path / "cache")}
+    hosts = write_cluster(tmp_path / "cluster", 2)
+    _seed_profiles(tmp_path / "cache", hosts, deit_costs)
+    proc = run_pictl(["run", "--hosts", str(hosts), "--stages", "2", "--images", "6", "--warmup", "1", "--repeats",
+                      "6", "--slowdown", "1:1:3:1", "--headless", "--json"], env)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "rank 1" in proc.stderr and "Traceback" not in proc.stderr
+    s = json.loads(proc.stdout) if proc.stdout.strip() else None
+    assert s is None or s["status"] == "failed"
+    deadline = time.monotonic() + 10  # (the hosts confirmed their ranks stopped; their shells may take a moment)
+    while processes_under(tmp_path / "cluster") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not processes_under(tmp_path / "cluster")
