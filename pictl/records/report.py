@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from pictl import errors as E
+from pictl.records.report_sections import numerics_lines, recut_lines, refine_lines
 from pictl.records.report_waterfall import gap_lines, sweep_latency_lines
 from pictl.records.runs import SUMMARY_FILE, path_exists, path_is_file, writable_dir
 from pictl.records.train_report import ReportFiles, chart_label, job_section, jobs_table, md_text, quiet_charts
@@ -183,35 +184,6 @@ def _wire_lines(s: RunSummary, files: ReportFiles) -> list[str]:
     return [*lines, "", f"![wire bytes per link]({chart})", ""]
 
 
-def _numerics_lines(s: RunSummary) -> list[str]:
-    """Under `--numerics` other than fp32: the two speedups apart, and what the numerics cost against fp32."""
-    n = s.numerics
-    if n is None:
-        return []
-    return [f"**numerics** `{md_text(n.kind)}` ({md_text(', '.join(n.engines) or 'serial only')}): the speedup "
-            f"above is against a serial run in the same numerics ({n.serial_ips} img/s). Against the fp32 serial "
-            f"run ({n.fp32_serial_ips} img/s): **{n.speedup_vs_fp32}x**; the numerics alone, on one host: "
-            f"{n.numerics_gain}x. Top-1 agreement with fp32: {n.agreement_vs_fp32} over {n.compared_images} "
-            f"image(s), mean |logit diff| {n.mean_abs_diff_vs_fp32}.", ""]
-
-
-def _refine_lines(refine: Any) -> list[str]:
-    """`balanced`'s refinement rounds (an untyped part of the summary: what is not as written is left out)."""
-    rounds = refine.get("rounds") if isinstance(refine, dict) else None
-    lines = []
-    for r in rounds if isinstance(rounds, list) else []:
-        if not isinstance(r, dict):
-            continue
-        split = r.get("split_points")
-        nxt = r.get("next_split")
-        then = f"next {', '.join(map(md_text, nxt))}" if isinstance(nxt, list) and nxt else "kept"
-        lines.append(f"\nrefinement round {md_text(r.get('round'))}: split "
-                     f"{', '.join(map(md_text, split)) if isinstance(split, list) else '-'}, predicted "
-                     f"{md_text(r.get('predicted_ms'))} ms, measured {md_text(r.get('measured_ms'))} ms per stage; "
-                     f"{then}.")
-    return lines
-
-
 def _run_section(run_dir: Path, s: RunSummary, files: ReportFiles) -> list[str]:
     extra = s.model_dump(by_alias=True, exclude_unset=True)  # as written: the views read what the run wrote
     lines = [f"## Run {md_text(s.run_id)}", "",
@@ -222,7 +194,7 @@ def _run_section(run_dir: Path, s: RunSummary, files: ReportFiles) -> list[str]:
              "| throughput img/s | serial img/s | speedup | efficiency | outputs match |", "|---|---|---|---|---|",
              f"| {s.throughput_ips} | {s.serial_ips} | {s.speedup} | {s.efficiency} | "
              f"{s.outputs_match} |", "", *gap_lines(s.run_id, extra, files), *_wire_lines(s, files),
-             *_numerics_lines(s),
+             *numerics_lines(s), *recut_lines(s),
              *_baseline_and_flags(s)]
     if s.stages > 1:
         # Per microbatch: the stage's compute (what `balanced` predicts), and apart from it the time it
@@ -235,7 +207,7 @@ def _run_section(run_dir: Path, s: RunSummary, files: ReportFiles) -> list[str]:
             lines.append(f"| {st.rank} | {md_text(st.host)} | {md_text((st.modules or ['-'])[0])} | {st.measured_ms} | "
                          f"{st.wait_ms} | {st.send_ms} | {mb} | {st.predicted_ms} | "
                          f"{'-' if error is None else format(error, '+.1%')} |")
-        lines += _refine_lines(extra.get("refine"))
+        lines += refine_lines(extra.get("refine"))
         chart = files.chart(s.run_id, "stages", lambda fh: stage_chart(s, fh))
         lines += ["", f"![per-stage time]({chart})", "", "| link | average MB/s | fastest pass MB/s |",
                   "|---|---|---|"]

@@ -220,6 +220,10 @@ def test_a_host_slowed_mid_run_moves_the_cut_and_noise_alone_never_does(deit_cos
     w = s["waterfall"]
     assert w["settled_from_pass"] == 4 and w["terms"][-1]["term"] == "recut" and w["terms"][-1]["points"] < 0
     assert sum(t["points"] for t in w["terms"]) == pytest.approx(-w["gap"], abs=1e-3)
+    report = run_pictl(["report", s["run_id"], "--out", str(tmp_path / "report")], env)
+    assert report.returncode == 0, report.stderr
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "**re-cuts**" in text and f"re-cut to {', '.join(recut['next_split'])}" in text
     h1 = load_cluster(hosts).hosts[1]
     kept = JsonCache(tmp_path / "cache" / "costs").get(profile_key(h1, "deit_small_patch16_224", 1000, 1, 1,
                                                                     code=tree_digest()))

@@ -1,0 +1,55 @@
+"""The optional sections of a run's report (`pictl.records.report`): other numerics than fp32, the re-cuts of a
+run whose host drifted, and `balanced`'s refinement rounds; each is empty when the run had none."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pictl.records.train_report import md_text
+from pictl.summary import RunSummary
+
+
+def numerics_lines(s: RunSummary) -> list[str]:
+    """Under `--numerics` other than fp32: the two speedups apart, and what the numerics cost against fp32."""
+    n = s.numerics
+    if n is None:
+        return []
+    return [f"**numerics** `{md_text(n.kind)}` ({md_text(', '.join(n.engines) or 'serial only')}): the speedup "
+            f"above is against a serial run in the same numerics ({n.serial_ips} img/s). Against the fp32 serial "
+            f"run ({n.fp32_serial_ips} img/s): **{n.speedup_vs_fp32}x**; the numerics alone, on one host: "
+            f"{n.numerics_gain}x. Top-1 agreement with fp32: {n.agreement_vs_fp32} over {n.compared_images} "
+            f"image(s), mean |logit diff| {n.mean_abs_diff_vs_fp32}.", ""]
+
+
+def recut_lines(s: RunSummary) -> list[str]:
+    """The watch over the timed passes: each decision, why, and the img/s of the passes around a re-cut."""
+    lines = []
+    for r in s.recuts:
+        then = (f"re-cut to {', '.join(map(md_text, r.next_split))} (predicted {r.next_predicted_ms} ms); "
+                f"{r.ips_before} img/s before, {r.ips_after} after" if r.moved
+                else "no split better by the margin: kept, with the corrected factors")
+        lines.append(f"- after timed pass {r.after_pass + 1}: {md_text(r.reason)}; "
+                     f"{', '.join(map(md_text, r.split_points))} measured {r.measured_ms} ms per microbatch against "
+                     f"{r.expected_ms} expected; {then}.")
+    if not lines:
+        return []
+    passes = ", ".join(f"{ips:g}" for ips in s.pass_ips)
+    return ["**re-cuts** (a host drifted during the run; only the cut moved, so the outputs are still checked "
+            "bit for bit):", "", *lines, "", f"img/s per timed pass: {passes}.", ""]
+
+
+def refine_lines(refine: Any) -> list[str]:
+    """`balanced`'s refinement rounds (an untyped part of the summary: what is not as written is left out)."""
+    rounds = refine.get("rounds") if isinstance(refine, dict) else None
+    lines = []
+    for r in rounds if isinstance(rounds, list) else []:
+        if not isinstance(r, dict):
+            continue
+        split = r.get("split_points")
+        nxt = r.get("next_split")
+        then = f"next {', '.join(map(md_text, nxt))}" if isinstance(nxt, list) and nxt else "kept"
+        lines.append(f"\nrefinement round {md_text(r.get('round'))}: split "
+                     f"{', '.join(map(md_text, split)) if isinstance(split, list) else '-'}, predicted "
+                     f"{md_text(r.get('predicted_ms'))} ms, measured {md_text(r.get('measured_ms'))} ms per stage; "
+                     f"{then}.")
+    return lines
