@@ -164,6 +164,8 @@ class RecutFigures(Open):
     factors: list[float] = []
     ips_before: float | None = None
     ips_after: float | None = None
+    measured_after_ms: list[float] | None = None
+    """Each stage's compute per microbatch in the first warm pass on the new split."""
 
 
 class RunError(Open):

@@ -30,8 +30,18 @@ def recut_summary(tel: RunTelemetry) -> list[dict[str, Any]]:
                     "predicted_ms": list(r.predicted_ms), "next_predicted_ms": list(r.next_predicted_ms),
                     "factors": list(r.factors),
                     "ips_before": _mean(passes[before_start:r.after_pass + 1]),
-                    "ips_after": _mean(passes[r.after_pass + 1:after_end]) if r.moved else None})
+                    "ips_after": _mean(passes[r.after_pass + 1:after_end]) if r.moved else None,
+                    "measured_after_ms": _compute_ms(tel, r.after_pass + 2) if r.moved else None})
     return out
+
+
+def _compute_ms(tel: RunTelemetry, timed_pass: int) -> list[float] | None:
+    """Each stage's compute per microbatch in one timed pass (the first warm one after a re-cut)."""
+    ranks = sorted({rank for rank, _ in tel.pass_counters})
+    found = [tel.pass_counters.get((rank, timed_pass)) for rank in ranks]
+    if not found or any(c is None or not c.microbatches for c in found):
+        return None
+    return [round(c.compute_s / c.microbatches * 1000, 3) for c in found if c is not None]
 
 
 def settled(tel: RunTelemetry, stages: int, repeats: int, serial_ips: float | None) -> Settled | None:

@@ -213,6 +213,9 @@ def test_a_host_slowed_mid_run_moves_the_cut_and_noise_alone_never_does(deit_cos
     assert recut["after_pass"] == 2 and "stage 1 measured" in recut["reason"] and "slower" in recut["reason"]
     assert pieces.index(recut["next_split"][0]) > pieces.index(recut["split_points"][0])  # h1 holds less
     assert s["split_points"] == recut["next_split"] and recut["factors"][1] > 2 * recut["factors"][0]
+    # Measured after, per stage: the slowed host's stage no longer the far slower one.
+    after_ms = recut["measured_after_ms"]
+    assert after_ms is not None and after_ms[1] < 0.7 * recut["measured_ms"][1]
     slowed, after = s["pass_ips"][1:3], s["pass_ips"][4:]
     assert min(after) > 1.3 * max(slowed), s["pass_ips"]
     assert "pictl recut: after timed pass 3" in proc.stderr and "re-cut after timed pass 3" in proc.stderr
