@@ -141,7 +141,7 @@ def share_text(share: float | None) -> str:
 
 
 KNOWN_TERMS = tuple(TERM_COLORS)
-"""The terms in the order the waterfall steps through them (`pictl.run.waterfall.TERMS`)."""
+"""The terms in the order the waterfall steps through them (`pictl.run.waterfall.ALL_TERMS`)."""
 LATENCY_KEYS = ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "serial_latency_p50_ms",
                 "serial_latency_p95_ms", "serial_latency_p99_ms")
 TERM_KEYS = tuple(f"{term}_points" for term in KNOWN_TERMS)

@@ -37,7 +37,10 @@ from pictl.records.waterfall_view import waterfall_line as view_line
 from pictl.records.waterfall_view import waterfall_of
 
 TERMS = ("fill_drain", "imbalance", "split_overhead", "interference", "communication", "runtime", "baseline",
-         "residual", "recut")
+         "residual")
+"""Every run's terms, in the chain's order."""
+ALL_TERMS = (*TERMS, "recut")
+"""With a re-cut run's own last term."""
 ADVICE = {
     "fill_drain": "more images per pass (or a smaller --chunk): M microbatches keep M / (M + N - 1) of N",
     "imbalance": "--policy balanced, or move a cut toward the lighter stage",
@@ -112,7 +115,7 @@ def waterfall(s: dict[str, Any], settled: Settled | None = None) -> dict[str, An
         steps.append(float(speedup))
     gap = n - float(speedup)
     terms = []
-    for name, before, after in zip(TERMS[:len(steps) - 1], steps[:-1], steps[1:], strict=True):
+    for name, before, after in zip(ALL_TERMS[:len(steps) - 1], steps[:-1], steps[1:], strict=True):
         points = after - before
         terms.append({"term": name, "points": round(points, 4),
                       "share": round(-points / gap, 4) if abs(gap) > 1e-9 else None})

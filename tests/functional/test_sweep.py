@@ -19,7 +19,8 @@ from support.clusters import write_cluster
     (["--policy", "equal,greedy"], "--policy: 'greedy' is not one of equal, balanced"),
     (["--split", "blocks.2"], "--split: split points are a training sweep's setting"),
     (["--train", "--split", ","], "--split: ',' names no split point"),
-    (["--train", "--wire", "fp32,int8"], "sweep point pipeline (gpipe), 2 rank(s), 1 chunk(s), wire int8"),
+    (["--train", "--chunks", "2,3"], "sweep point single, 1 rank(s), 3 chunk(s): chunks 3 do not divide the batch "
+                                      "of 8 (every microbatch has the same size)"),
     (["--train", "--workers", "0,x"], "--workers: '0,x' is not a comma-separated list of whole numbers"),
 ])
 def test_a_value_that_cannot_run_stops_the_sweep_before_it_starts(tmp_path: Path, pictl_env, args: list,

@@ -21,7 +21,7 @@ from support.cli import ROOT
 
 from pictl.jobs.sweep import COLUMNS, SweepPoint, markdown_table, plot, row_of, write_table
 from pictl.records import waterfall_view as wv
-from pictl.run.waterfall import TERMS, waterfall, waterfall_line
+from pictl.run.waterfall import ALL_TERMS, TERMS, waterfall, waterfall_line
 
 BASE: dict[str, Any] = json.loads((ROOT / "tests" / "support" / "data" / "run_summary_two_stages.json").read_text())
 LATENCY = {"pipeline": {"p50_ms": 247.838, "p95_ms": 345.094, "p99_ms": 360.756, "mean_ms": 254.657,
@@ -83,7 +83,7 @@ def test_the_view_line_is_the_run_layers_line() -> None:
     for w in (waterfall(real), gains, flat):
         view = wv.waterfall_of({"waterfall": w})
         assert view is not None and wv.waterfall_line(view) == waterfall_line(w)
-    assert wv.KNOWN_TERMS == TERMS
+    assert wv.KNOWN_TERMS == ALL_TERMS
 
 
 @pytest.mark.parametrize("odd", ["fast", [], 3, {"stages": 2}, {"stages": 2, "speedup": 1.1, "gap": 0.9, "terms": []},

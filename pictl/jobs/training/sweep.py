@@ -15,9 +15,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from pictl import errors as E
 from pictl.events import EventSink, Phase
-from pictl.inventory import Cluster
+from pictl.inventory import Cluster, format_validation_error
 from pictl.jobs.sweep import write_tables
 from pictl.jobs.training.options import TrainOptions, chunks_refusal
 from pictl.jobs.training.session import TrainSession, placement
@@ -66,8 +68,9 @@ def train_points(cluster: Cluster, base: TrainOptions, modes: list[str], stages:
                     if refused:
                         skipped.append(f"{point.label}: {refused}")
                         continue
+                    options = options_for(base, point)  # (its ConfigError names the point)
                     try:
-                        placement(cluster, options_for(base, point))
+                        placement(cluster, options)
                     except E.ConfigError as exc:
                         raise E.ConfigError(f"sweep point {point.label}: {exc}") from None
                     if point not in points:
@@ -84,8 +87,8 @@ def options_for(base: TrainOptions, point: TrainPoint) -> TrainOptions:
               "split": base.split if point.mode == "pipeline" and len(base.split) == point.stages - 1 else []}
     try:
         return TrainOptions(**values)
-    except ValueError as exc:
-        raise E.ConfigError(f"sweep point {point.label}: {str(exc).splitlines()[-1].strip()}") from None
+    except ValidationError as exc:  # the first problem, as `pictl train` says it (not pydantic's URL line)
+        raise E.ConfigError(format_validation_error(f"sweep point {point.label}", exc)) from None
 
 
 def row_of(point: TrainPoint, summary: dict[str, Any] | None, error: str | None = None) -> dict[str, Any]:

@@ -1,0 +1,169 @@
+"""The measured figures nested in a run's summary (`pictl.summary_models.RunSummary`): what each link carried,
+the numerics against fp32, the re-cuts, `balanced`'s prediction and refinement, the latencies and the speedup
+waterfall. Like every summary model, each lets through keys it does not name (`Open`)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Open(BaseModel):
+    """A record pictl wrote: its fields typed, keys a newer pictl adds let through."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+class LinkFigures(Open):
+    """One link (stage r to r+1) under `--wire`."""
+
+    link: str
+    cut: str
+    format: str
+    wire_bytes: int | None = None
+    raw_bytes: int | None = None
+    ratio: float | None = None
+    compress_s: float | None = None
+    decompress_s: float | None = None
+    avg_Bps: float | None = None
+    peak_Bps: float | None = None
+
+
+class WireFigures(Open):
+    format: str
+    lossy: bool
+    min_agreement: float | None = None
+    links: list[LinkFigures] = []
+
+
+class NumericsFigures(Open):
+    """A run under other numerics than fp32 (`--numerics`): the gain of the numerics and of the parallelism,
+    apart, and what the numerics cost against fp32."""
+
+    kind: str
+    engines: list[str] = []
+    """The quantised engines the pipeline's ranks ran on (fbgemm / x86 on x86, qnnpack on ARM)."""
+    serial_ips: float | None = None
+    """The serial run in these numerics: what `speedup` and the output check compare with."""
+    fp32_serial_ips: float | None = None
+    fp32_serial_reused: bool | None = None
+    numerics_gain: float | None = None
+    """Serial in these numerics over serial in fp32: the numerics alone, on one host."""
+    speedup_vs_fp32: float | None = None
+    """This run's throughput over the fp32 serial run: numerics and parallelism together."""
+    agreement_vs_fp32: float | None = None
+    """The share of images whose top-1 class is the fp32 serial run's."""
+    mean_abs_diff_vs_fp32: float | None = None
+    compared_images: int | None = None
+
+
+class RecutFigures(Open):
+    """One decision of the watch over the timed passes (`remote.recut`)."""
+
+    after_pass: int
+    reason: str
+    moved: bool
+    split_points: list[str] = []
+    next_split: list[str] = []
+    measured_ms: list[float] = []
+    expected_ms: list[float] = []
+    predicted_ms: list[float] = []
+    next_predicted_ms: list[float] = []
+    factors: list[float] = []
+    ips_before: float | None = None
+    ips_after: float | None = None
+    measured_after_ms: list[float] | None = None
+    """Each stage's compute per microbatch in the first warm pass on the new split."""
+
+
+class LinkCost(Open):
+    latency_ms: float | None = None
+    MB_per_s: float | None = None
+
+
+class Prediction(Open):
+    """What `--policy balanced` predicted for the split the timed passes ran (`pictl.run.split`)."""
+
+    stage_ms: list[float] = []
+    link_ms: list[float] = []
+    bottleneck_ms: float | None = None
+    profiled: list[str] = []
+    """The hosts whose costs were measured for this prediction (the others' came from the cache)."""
+    shared_machine: list[list[str]] = []
+    """Groups of hosts that are one machine (they share its CPUs)."""
+    corrections: dict[str, float] = {}
+    """Measured over profiled time, per host, before the run."""
+    links: dict[str, LinkCost] = {}
+    links_measured: list[str] = []
+    first_split: list[str] = []
+    refine: bool | None = None
+    corrections_after: dict[str, float] | None = None
+    """The corrections the run's refinement found, per host."""
+
+
+class RefineRound(Open):
+    round: int | None = None
+    split_points: list[str] | None = None
+    predicted_ms: list[float] | None = None
+    measured_ms: list[float] | None = None
+    link_ms: list[float] | None = None
+    factors: list[float] | None = None
+    next_split: list[str] | None = None
+
+
+class Refinement(Open):
+    rounds: list[RefineRound] = []
+
+
+class LatencyFigures(Open):
+    """Latency per microbatch, in ms (`pictl.run.latency.summary_ms`)."""
+
+    p50_ms: float | None = None
+    p95_ms: float | None = None
+    p99_ms: float | None = None
+    mean_ms: float | None = None
+    microbatches: int | None = None
+
+
+class SerialTiming(Open):
+    """Where the serial run's time went, per image, and its latency per microbatch."""
+
+    compute_per_image_s: float | None = None
+    run_delay_per_image_s: float | None = None
+    threads: int | None = None
+    latency: LatencyFigures | None = None
+
+
+class ClockReading(Open):
+    """A host's clock against the controller's (offset = host clock - ours), or why it could not be read."""
+
+    offset_ns: int | None = None
+    uncertainty_ns: int | None = None
+    error: str | None = None
+
+
+class Latencies(Open):
+    pipeline: LatencyFigures | None = None
+    serial: LatencyFigures | None = None
+    clock_aligned: bool | None = None
+    traced: LatencyFigures | None = None
+    """The --trace-steps pass, for checking against the merged trace."""
+
+
+class WaterfallTerm(Open):
+    term: str
+    points: float
+    share: float | None = None
+
+
+class WaterfallRecord(Open):
+    """Why the speedup is not N (`pictl.run.waterfall`): the gap split into terms, the dominant one and advice."""
+
+    stages: int | None = None
+    speedup: float | None = None
+    gap: float | None = None
+    bottleneck_rank: int | None = None
+    microbatches: int | None = None
+    terms: list[WaterfallTerm] = []
+    dominant: str | None = None
+    advice: str | None = None
+    per_image_ms: dict[str, float | None] = {}
