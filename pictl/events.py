@@ -38,6 +38,10 @@ class Phase:
     """The serial baseline's img/s, when this step found it (a reused baseline sends no passes of its own)."""
 
 
+SERIAL_FP32 = "serial-fp32"
+"""The source of a run's fp32 serial reference (`--numerics`): its figures are never the run's serial ones."""
+
+
 @dataclass(frozen=True)
 class HostOutput:
     """A line of ordinary output (not telemetry) from a host's process."""

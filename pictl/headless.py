@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pictl.console import result_console
-from pictl.events import HostOutput, Phase, RankEvent, SessionEvent
+from pictl.events import SERIAL_FP32, HostOutput, Phase, RankEvent, SessionEvent
 from pictl.headless_train import TrainProgress
 from pictl.records.waterfall_view import latency_of, percentiles_text
 from pictl.run.waterfall import waterfall_line
@@ -67,7 +67,7 @@ class HeadlessRenderer:
     def _on_record(self, event: RankEvent) -> None:
         rec, rank = event.record, event.record.rank
         match rec:
-            case Progress() if not event.source.startswith("serial"):
+            case Progress() if event.source not in ("serial", SERIAL_FP32):
                 self._progress[rank] = (event.host, rec)
                 if self._live:
                     self._live.update(self._table())
@@ -77,7 +77,7 @@ class HeadlessRenderer:
                                    f"{rec.repeat}: {rec.microbatches}/{rec.microbatches_total} microbatches, compute "
                                    f"{rec.compute_s:.2f}s wait {rec.wait_s:.2f}s send {rec.send_s:.2f}s")
             case Throughput():
-                who = {"serial": "serial", "serial-fp32": "fp32 serial reference"}.get(event.source, "pipeline")
+                who = {"serial": "serial", SERIAL_FP32: "fp32 serial reference"}.get(event.source, "pipeline")
                 self.err.print(f"pictl {who}: pass {rec.repeat + 1}: {rec.ips:.2f} img/s")
             case Refine() | Refined():
                 self.err.print(printable(refine_line(rec)), markup=False, highlight=False)

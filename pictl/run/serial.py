@@ -20,7 +20,7 @@ from pictl.cluster.commands import module_argv, supervised, worker_env
 from pictl.cluster.hoststate import HostFacts
 from pictl.cluster.jobs import HostJob
 from pictl.cluster.stream import ProcessStream
-from pictl.events import Rejected, command_outcome
+from pictl.events import SERIAL_FP32, Rejected, command_outcome
 from pictl.inventory import Host
 from pictl.planning.specs import plan_key, plans_cache
 from pictl.records.cache import JsonCache
@@ -35,9 +35,6 @@ from remote import protocol as P
 from remote.records import Record, to_wire
 from remote.run_records import Error, Plan
 from remote.spec import RunSpec
-
-SERIAL_FP32 = "serial-fp32"
-"""The event source of the fp32 reference's serial run: its figures are never the run's serial ones."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +51,12 @@ class Serial:
 
 async def plan_and_baseline(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSpec, staged: Staged,
                             ) -> Serial:
+    own = await _plan_and_own_baseline(ctx, job, placement, spec, staged)
+    return replace(own, fp32=await _fp32(ctx, job, placement, spec, staged))
+
+
+async def _plan_and_own_baseline(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSpec,
+                                 staged: Staged) -> Serial:
     host = placement.first.host
     fields = baseline_fields(ctx, host, spec, staged.facts[host.name], placement.serial_threads)
     plans = plans_cache(ctx.cache_root)
@@ -68,9 +71,9 @@ async def plan_and_baseline(ctx: RunContext, job: HostJob, placement: Placement,
         if cached:
             ctx.phase("baseline", f"serial baseline reused: {cached.ips:.2f} img/s on {host.name}, measured "
                                   f"{age_text(time.time() - cached.measured_at)} ago", serial_ips=cached.ips)
-            return Serial(plan, reused is not None, cached, refused, await _fp32(ctx, job, placement, spec, staged))
+            return Serial(plan, reused is not None, cached, refused)
         measured = await _measure(ctx, job, placement, spec, staged, fields, refused)
-        return Serial(plan, reused is not None, measured, refused, await _fp32(ctx, job, placement, spec, staged))
+        return Serial(plan, reused is not None, measured, refused)
 
     found: dict[str, Any] = {}
 
@@ -82,7 +85,7 @@ async def plan_and_baseline(ctx: RunContext, job: HostJob, placement: Placement,
 
     # Neither is known: one process plans, then measures (the record opens when the plan arrives).
     baseline = await _measure(ctx, job, placement, spec, staged, fields, refused, on_plan=plan_arrived)
-    return Serial(found, False, baseline, refused, await _fp32(ctx, job, placement, spec, staged))
+    return Serial(found, False, baseline, refused)
 
 
 async def _fp32(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSpec, staged: Staged,

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from textual.message import Message
 
-from pictl.events import HostOutput, Phase, Placed, RankEvent, SessionEvent
+from pictl.events import SERIAL_FP32, HostOutput, Phase, Placed, RankEvent, SessionEvent
 from pictl.tui.messages import LogLine, PhaseChanged, RankRecord, StagesPlaced
 from remote.job_records import PruneAccuracy, PruneDone
 from remote.records import Record
@@ -59,12 +59,12 @@ class SessionBridge:
             self.post(PhaseChanged(event.name, event.message, event.serial_ips))
         elif isinstance(event, RankEvent):
             rec = event.record
-            if isinstance(rec, Progress) and not event.source.startswith("serial"):
+            if isinstance(rec, Progress) and event.source not in ("serial", SERIAL_FP32):
                 self.latest[(event.source, rec.rank)] = (event.host, rec)
                 return
             self.post(RankRecord(event.source, event.host, event.record))
             if (text := _as_log(rec)) is not None:
-                who = event.source if event.source in ("serial", "serial-fp32", "prune") else f"rank{rec.rank}"
+                who = event.source if event.source in ("serial", SERIAL_FP32, "prune") else f"rank{rec.rank}"
                 self.post(LogLine(who, event.host, "stderr" if isinstance(rec, Error) else "stdout", text))
         elif isinstance(event, Placed):
             self.post(StagesPlaced(event))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pictl.cluster.monitor import HostSample
-from pictl.events import Placed
+from pictl.events import SERIAL_FP32, Placed
 from pictl.inventory import Cluster
 from pictl.planning.placement import place_stages
 from pictl.tui.prune_state import PruneView
@@ -190,7 +190,7 @@ class DashboardState:
         if self.train is not None:
             self.train.apply(source, host, rec)
             return
-        if source.startswith("serial"):  # (serial-fp32: the fp32 reference of other numerics, not shown)
+        if source in ("serial", SERIAL_FP32):  # (the fp32 reference of other numerics is not shown)
             if source == "serial" and isinstance(rec, Throughput):
                 self.serial_ips = float(rec.ips)
             return

@@ -19,9 +19,8 @@ from torch import nn
 
 from remote.artifact_meta import ArtifactMeta, read_artifact_meta, read_header
 from remote.errors import BadInput
-from remote.runtime.kept_pair import PAIRS, attach_pairs, run_pieces, with_pairs
+from remote.runtime.kept_pair import PAIRS, attach_pairs, whole_forward
 from remote.runtime.model import create_meta_model
-from remote.runtime.pieces import vit_pieces
 from remote.spec import RunSpec
 
 
@@ -150,7 +149,7 @@ def meta_model_from_artifact(path: str | Path, *, model: str, num_classes: int) 
         size = tuple(model.pretrained_cfg.get("input_size", (3, 224, 224)))
         try:
             with torch.no_grad():
-                run_pieces(with_pairs(vit_pieces(model), model), model, torch.empty((1, *size), device="meta"))
+                whole_forward(model)(torch.empty((1, *size), device="meta"))
         except BadInput:
             raise
         except Exception as exc:

@@ -11,13 +11,14 @@ the same pieces, so a pipelined run's outputs stay bit-identical to it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import torch
 from torch import nn
 
 from remote.errors import BadInput
-from remote.runtime.pieces import Piece, State
+from remote.runtime.pieces import Piece, State, vit_pieces
 
 PAIRS = "wire_pairs"
 
@@ -75,6 +76,14 @@ def with_pairs(pieces: list[Piece], model: nn.Module) -> list[Piece]:
             raise BadInput(f"the model's compressor sits at '{cut}', which is not a cut of this model")
         out[at - 1], out[at] = _encoding(out[at - 1], n), _decoding(out[at], n)
     return out
+
+
+def whole_forward(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The whole model's forward: timm's own, or, with kept pairs, its pieces in order (pairs included)."""
+    if not hasattr(model, PAIRS):
+        return model
+    pieces = with_pairs(vit_pieces(model), model)  # type: ignore[arg-type]  (a model with pairs is a ViT here)
+    return lambda x: run_pieces(pieces, model, x)
 
 
 def run_pieces(pieces: list[Piece], model: nn.Module, x: torch.Tensor) -> torch.Tensor:

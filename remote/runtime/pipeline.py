@@ -126,15 +126,15 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
           rss_mb=current_rss_mb(), peak_rss_mb=peak_rss_mb(), engine=engine() if spec.numerics != "fp32" else None)
 
     passes_run = 0
+    # Fault injection (tests, `RunSpec.slowdown`): this rank's [rank, from timed pass, factor, killed at re-cut].
+    slowed = spec.slowdown if spec.slowdown and rank == int(spec.slowdown[0]) else None
 
     def one_pass(phase: str, repeat: int) -> tuple[float, torch.Tensor | None]:
         nonlocal passes_run
         state.update(phase=phase, repeat=repeat)
         stage = built.stage
         stage.new_pass()
-        slow = spec.slowdown  # fault injection (tests): [rank, from this timed pass on, factor]
-        stage.slow_factor = slow[2] if slow and rank == int(slow[0]) and phase == "timed" and repeat >= slow[1] \
-            else 1.0
+        stage.slow_factor = slowed[2] if slowed and phase == "timed" and repeat >= slowed[1] else 1.0
         stage.first_step = passes_run * n_mb
         dist.barrier()
         state["step_start"] = time.perf_counter()
@@ -190,8 +190,7 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
         # (or the seeded initialisation): nothing crosses the pipeline's links but the next pass's states.
         if timed and loop is not None and loop.spec.recut and repeat < spec.repeats - 1:
             if (moved := loop.watch_pass(measured_compute_s(built.stage.compute_times), repeat)) is not None:
-                slow = spec.slowdown
-                if slow and len(slow) > 3 and slow[3] and rank == int(slow[0]):  # fault injection: killed mid re-cut
+                if slowed and len(slowed) > 3 and slowed[3]:  # fault injection: killed as the re-cut begins
                     os.kill(os.getpid(), signal.SIGKILL)
                 rebuild(moved)
                 ready(StageMoved)

@@ -23,12 +23,12 @@ from remote.data.images import load_images, load_labels, microbatches
 from remote.emit import Emitter
 from remote.run_records import Progress, RunEnd, RunStart, StageReady, Throughput
 from remote.runtime.artifact import meta_model_for
-from remote.runtime.kept_pair import PAIRS, run_pieces, with_pairs
+from remote.runtime.kept_pair import whole_forward
 from remote.runtime.measure import StageCounters, current_rss_mb, peak_rss_mb, run_main, set_threads
 from remote.runtime.model import materialize
 from remote.runtime.numerics import apply_numerics
 from remote.runtime.outputs import open_checkpoint, report_outputs
-from remote.runtime.pieces import check_supported, vit_pieces
+from remote.runtime.pieces import check_supported
 from remote.runtime.plan import emit_plan
 from remote.runtime.timing import Span, emit_mb_times
 from remote.spec import RunSpec
@@ -46,9 +46,7 @@ def _run(spec: RunSpec, emitter: Emitter, *, plan: bool = False, logits_file: st
     materialize(model, seed=spec.seed, checkpoint=open_checkpoint(spec))
     params = sum(p.numel() for p in model.parameters())  # (an int8 Linear's weights are no Parameters)
     engine = apply_numerics(model, spec.numerics)
-    # A trained model with a kept compressor pair runs it between two pieces: serially, its pieces in order.
-    pieces = with_pairs(vit_pieces(model), model) if hasattr(model, PAIRS) else None
-    forward = (lambda x: run_pieces(pieces, model, x)) if pieces is not None else model
+    forward = whole_forward(model)  # (a trained model with a kept compressor pair runs it between two pieces)
     mbs = microbatches(load_images(spec.data, spec.images, model.pretrained_cfg, spec.seed), spec.chunk)
     labels = load_labels(spec.data, spec.images)
     emitter.emit(StageReady(stage=0, modules=["<whole model>"], params=params,
