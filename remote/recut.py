@@ -10,12 +10,16 @@ The rules, with hysteresis so that noise never moves the cut:
 - A pass drifts when some stage's measured compute per microbatch is off what the corrected cost table
   expects for the current split by more than `threshold` (15 %: a pass's median microbatch moves a few
   percent from pass to pass on an unchanged host).
+- The first timed pass sets the expectation (its measure corrects the factors, nothing is decided): the
+  refinement measured cold passes, and a warm pass can sit 25 % off them with nothing changed.
 - `patience` drifting passes in a row (2) before anything is done; the pass right after a re-cut is not
   judged (a rebuilt stage's first calls are cold).
 - Then each stage's host factor is corrected by measured / expected (the mean over the drifting passes),
   the table is solved again, and the pipeline is re-cut only if the new split's predicted bottleneck beats
-  the current split's, under the same corrected table, by more than `margin` (5 %). Either way the
-  corrected factors become the expectation, so a slowdown that no split can help stops drifting.
+  the current split's, under the same corrected table, by more than `margin` (10 %: a re-cut costs a
+  rebuild and a cold pass, and two stages sharing a busy machine were seen to drift 12 % apart for two
+  passes on their own). Either way the corrected factors become the expectation, so a slowdown that no
+  split can help stops drifting.
 - At most `max_recuts` re-cuts per run.
 """
 
@@ -57,11 +61,12 @@ class Watch:
     factors: list[float]
     threshold: float = 0.15
     patience: int = 2
-    margin: float = 0.05
+    margin: float = 0.10
     max_recuts: int = 2
     decisions: list[RecutDecision] = field(default_factory=list)
     _drifting: list[tuple[float, ...]] = field(default_factory=list)
     _skip: int = 0
+    _calibrated: bool = False
 
     @property
     def recuts(self) -> int:
@@ -76,6 +81,11 @@ class Watch:
             self._skip -= 1
             return None
         expected = self.expected()
+        if not self._calibrated:  # the first timed pass is the expectation, not a drift from it
+            self._calibrated = True
+            self.factors = [f * (m / e if m > 0 and e > 0 else 1.0)
+                            for f, m, e in zip(self.factors, measured_s, expected, strict=True)]
+            return None
         off = [m / e - 1.0 for m, e in zip(measured_s, expected, strict=True) if m > 0 and e > 0]
         if not off or max(abs(x) for x in off) <= self.threshold:
             self._drifting.clear()

@@ -45,7 +45,7 @@ class RefineSpec:
     max_recuts: int = 2
     recut_threshold: float = 0.15
     recut_patience: int = 2
-    recut_margin: float = 0.05
+    recut_margin: float = 0.10
 
 
 @dataclass
