@@ -218,10 +218,12 @@ def numerics_lines(s: dict[str, Any]) -> list[str]:
 
 def summary_title(s: dict[str, Any]) -> str:
     """The result in one line (printed above the stage table, never wrapped into it)."""
-    return (f"{s['status'].upper()}  {s['stages']} stage(s)  split {', '.join(s['split_points']) or '-'}  "
+    replicas = s.get("replicas") or 1
+    copies = f"{replicas} replicas x " if replicas > 1 else ""
+    return (f"{s['status'].upper()}  {copies}{s['stages']} stage(s)  split {', '.join(s['split_points']) or '-'}  "
             f"pipeline {_fmt(s['throughput_ips'])} img/s  serial {_fmt(s['serial_ips'])} img/s"
             f"{baseline_text(s)}  speedup {_fmt(s['speedup'])}x "
-            f"(ideal {s['stages']}x)  {outputs_text(s)}  "
+            f"(ideal {s['stages'] * replicas}x)  {outputs_text(s)}  "
             f"accuracy {'n/a' if s['accuracy'] is None else format(s['accuracy'], '.2%')}")
 
 

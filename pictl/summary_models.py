@@ -48,6 +48,9 @@ class StageFigures(Open):
     """One stage: where it ran, what it held, and its time per microbatch (compute, waits, sends apart)."""
 
     rank: int = Field(ge=0)
+    replica: int = Field(default=0, ge=0)
+    stage: int | None = Field(default=None, ge=0)
+    """The rank's stage in its replica (an older record: its rank)."""
     host: str | None = None
     threads: int | None = None
     modules: list[str] = []
@@ -232,6 +235,8 @@ class RunSummary(Open):
     """Where the run wrote its record; a reader trusts the directory it found the summary in instead."""
     model: str | None = None
     stages: int = Field(ge=1)
+    replicas: int = Field(default=1, ge=1)
+    """Copies of the pipeline (an older record: one); the run used stages x replicas ranks."""
     policy: str | None = None
     artifact: ArtifactRecord | None = None
     split_points: list[str] = []

@@ -58,6 +58,8 @@ class RunSpec:
     checkpoint: str | None = None
     allow_pickle: bool = False
     stages: int = 1
+    replicas: int = 1
+    """Copies of the S-stage pipeline, over replicas x stages ranks (`remote.runtime.replicas`)."""
     policy: str = "equal"
     split_points: list[str] = field(default_factory=list)
     chunk: int = 1

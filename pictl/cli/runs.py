@@ -101,6 +101,9 @@ else:
 def run(
     stages: Annotated[Optional[int], typer.Option(help="Pipeline stages (1 = serial only)." + default_of("stages"),
                                                   rich_help_panel=EXPERIMENT)] = None,
+    replicas: Annotated[Optional[int], typer.Option(
+        help="Copies of the pipeline (replicas x stages ranks over the hosts); images are dealt among them, every "
+             "replica's outputs checked." + default_of("replicas"), rich_help_panel=EXPERIMENT)] = None,
     split: Annotated[Optional[str], typer.Option(help="Split points: blocks.3,blocks.6 (stage starts); implies "
                                                       "--policy explicit.", rich_help_panel=EXPERIMENT)] = None,
     policy: Annotated[Optional[PolicyChoice], typer.Option(
@@ -180,7 +183,8 @@ def run(
     from pictl.headless import HeadlessRenderer, print_summary
     from pictl.run.session import RunSession
 
-    flags = {"stages": stages, "split": split, "policy": policy, "chunk": chunk, "images": images, "warmup": warmup,
+    flags = {"stages": stages, "replicas": replicas, "split": split, "policy": policy, "chunk": chunk, "images": images,
+             "warmup": warmup,
              "repeats": repeats, "threads": threads, "model": model, "num_classes": num_classes,
              "checkpoint": checkpoint, "allow_pickle": allow_pickle, "data": data, "data_path": data_path,
              "atol": atol, "master_port": master_port, "trace_steps": trace_steps, "refine": refine,

@@ -40,6 +40,11 @@ class RunOptions(BaseModel):
 
     stages: int = Field(default=2, ge=1, le=128)
     """Number of pipeline stages (1 = the serial model alone)."""
+    replicas: int = Field(default=1, ge=1, le=128)
+    """Copies of the S-stage pipeline over replicas x stages ranks (`remote.runtime.replicas`): a pass's
+    microbatches are dealt among them, every replica's outputs checked against the serial run. One pipeline's
+    split is shared by all; `balanced` splits once from the cost model (no refinement or re-cut: those
+    watch one pipeline)."""
     policy: Policy = "balanced"
     """How split points are chosen when `split` is empty: `equal` parameter counts per stage, or `balanced`:
     the smallest slowest-stage time over measured per-piece costs on the hosts."""
@@ -122,6 +127,12 @@ class RunOptions(BaseModel):
         if self.model.endswith(".safetensors"):
             self._take_artifact()
         self._check_wire()
+        if self.replicas > 1:
+            microbatches = -(-self.images // self.chunk)
+            if microbatches % self.replicas:
+                raise ValueError(f"replicas: {self.replicas} replicas need the {microbatches} microbatches of a pass "
+                                 f"(images / chunk) to divide evenly among them")
+            self.refine = self.recut = False
         return self
 
     @field_validator("wire")
@@ -135,6 +146,11 @@ class RunOptions(BaseModel):
             raise ValueError("wire: convinsert is a compressor learned in training (pictl train --wire); a run "
                              "has none to apply")
         wire.check_cuts(self.split, "run")
+
+    @property
+    def ranks(self) -> int:
+        """Processes the pipeline runs: every replica's stages (1: the serial run alone)."""
+        return self.stages * self.replicas
 
     @property
     def lossy_wire(self) -> bool:
@@ -208,6 +224,8 @@ class RunFlag:
 
 RUN_FLAGS: dict[str, RunFlag] = {flag.field: flag for flag in (
     RunFlag("stages", "Pipeline stages (1 = serial only).", EXPERIMENT),
+    RunFlag("replicas", "Copies of the pipeline (replicas x stages ranks over the hosts); images are dealt among "
+            "them, every replica's outputs checked.", EXPERIMENT),
     RunFlag("split", "Split points: blocks.3,blocks.6 (stage starts); implies --policy explicit.", EXPERIMENT,
             show_default=False),
     RunFlag("policy", "balanced: measured costs, corrected by the run; equal: parameter counts; explicit: --split.",

@@ -35,7 +35,7 @@ def spec_from(options: RunOptions, run_id: str, artifact: Artifact | None) -> Ru
         model=options.model, num_classes=options.num_classes, seed=options.seed,
         checkpoint=artifact.run_relative_path if artifact else options.checkpoint,
         # `balanced` is decided on the controller: the hosts receive its split points as explicit ones.
-        allow_pickle=options.allow_pickle, stages=options.stages,
+        allow_pickle=options.allow_pickle, stages=options.stages, replicas=options.replicas,
         policy="equal" if options.policy == "balanced" else options.policy,
         split_points=list(options.split), chunk=options.chunk, images=options.images, warmup=options.warmup,
         repeats=options.repeats, threads=options.threads,
@@ -45,7 +45,7 @@ def spec_from(options: RunOptions, run_id: str, artifact: Artifact | None) -> Ru
         check_images=options.images if options.lossy_wire or options.numerics != "fp32"
         else min(options.check_images, options.images),
         pg_timeout_s=options.pg_timeout_s, wire=options.wire, numerics=options.numerics, slowdown=options.slowdown,
-        trace_steps=options.trace_steps if options.stages > 1 else 0,
+        trace_steps=options.trace_steps if options.ranks > 1 else 0,
         run_id=run_id)
 
 
@@ -80,7 +80,7 @@ async def plan_ahead(cluster: Cluster, runs: list[tuple[str, RunOptions]], *,
     for label, options in runs:
         if (options.policy == "balanced" and options.stages > 1) or options.artifact:
             continue
-        host = place_stages(cluster, options.stages)[0].host
+        host = place_stages(cluster, options.ranks)[0].host
         spec = spec_from(options, "plan-ahead", None)
         key = plan_key(host, spec, code=code)
         if key and key not in seen and not plans.get(key):

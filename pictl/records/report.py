@@ -187,7 +187,8 @@ def _wire_lines(s: RunSummary, files: ReportFiles) -> list[str]:
 def _run_section(run_dir: Path, s: RunSummary, files: ReportFiles) -> list[str]:
     extra = s.model_dump(by_alias=True, exclude_unset=True)  # as written: the views read what the run wrote
     lines = [f"## Run {md_text(s.run_id)}", "",
-             f"{s.stages} stage(s), policy {md_text(s.policy)}, "
+             (f"{s.replicas} replicas x " if s.replicas > 1 else "")
+             + f"{s.stages} stage(s), policy {md_text(s.policy)}, "
              f"split {', '.join(map(md_text, s.split_points)) or '-'}; "
              f"{s.images} images, chunk {s.chunk}, {md_text(extra.get('threads'))} thread(s); "
              f"status **{s.status}**.", "",
@@ -196,7 +197,7 @@ def _run_section(run_dir: Path, s: RunSummary, files: ReportFiles) -> list[str]:
              f"{s.outputs_match} |", "", *gap_lines(s.run_id, extra, files), *_wire_lines(s, files),
              *numerics_lines(s), *recut_lines(s),
              *_baseline_and_flags(s)]
-    if s.stages > 1:
+    if s.stages * s.replicas > 1:
         # Per microbatch: the stage's compute (what `balanced` predicts), and apart from it the time it
         # waited for input and was blocked on sends.
         lines += ["| rank | host | first module | compute ms | wait ms | send ms | MB sent | predicted ms | "

@@ -30,8 +30,8 @@ async def collect_and_compare(ctx: RunContext, job: HostJob, placement: Placemen
                               baseline: Baseline, fp32: Baseline | None = None) -> Comparison:
     """`fp32`: the fp32 serial reference of a run under other numerics; its logits are kept beside."""
     assert ctx.record is not None
-    if spec.stages > 1:
-        last = placement.node_of(spec.stages - 1).host
+    if spec.stages * spec.replicas > 1:  # the last rank of all gathers every replica's outputs
+        last = placement.node_of(spec.stages * spec.replicas - 1).host
         logits = await job.transport(last).get_bytes(f"{last.run_dir(spec.run_id)}/{P.LOGITS_FILE_PIPELINE}")
         ctx.record.save_bytes(P.LOGITS_FILE_PIPELINE, logits)
     else:

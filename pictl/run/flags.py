@@ -47,14 +47,18 @@ def _state(s: dict[str, Any], host: str | None) -> dict[str, Any]:
 
 # -- speedup -------------------------------------------------------------------------------------
 
+def _replicas(s: dict[str, Any]) -> int:
+    return s.get("replicas") or 1
+
+
 def _speedup(s: dict[str, Any]) -> list[Flag]:
-    speedup, stages = s.get("speedup"), s.get("stages", 1)
+    speedup, stages = s.get("speedup"), s.get("stages", 1) * _replicas(s)
     if speedup is None or stages < 2:
         return []
     if speedup > stages:
-        return [Flag("speedup_above_stages", f"speedup {speedup:.2f}x is above the {stages} stages: {_above_why(s)}")]
+        return [Flag("speedup_above_stages", f"speedup {speedup:.2f}x is above the {stages} ranks: {_above_why(s)}")]
     if speedup < 1:
-        return [Flag("speedup_below_1", f"the {stages}-stage pipeline ({s['throughput_ips']:.2f} img/s) is slower "
+        return [Flag("speedup_below_1", f"the {stages}-rank pipeline ({s['throughput_ips']:.2f} img/s) is slower "
                                         f"than the serial run ({s['serial_ips']:.2f} img/s)")]
     return []
 
@@ -66,6 +70,7 @@ def _stage_ms_per_image(s: dict[str, Any]) -> float | None:
         if not st.get("compute_s") or not st.get("microbatches"):
             return None
         total += st["compute_s"] / (st["microbatches"] * s.get("chunk", 1))
+    total /= _replicas(s)  # each replica's stages compute every image of its own share
     return total * 1000 if total else None
 
 
@@ -95,7 +100,7 @@ def _above_why(s: dict[str, Any]) -> str:
 
 def _spread(s: dict[str, Any]) -> list[Flag]:
     runs = [("serial baseline", s.get("serial_spread_ips"), s.get("serial_ips"))]
-    if s.get("stages", 1) > 1:
+    if s.get("stages", 1) * _replicas(s) > 1:
         runs.insert(0, ("pipeline", s.get("throughput_spread_ips"), s.get("throughput_ips")))
     out = []
     for what, spread, mean in runs:
@@ -217,7 +222,7 @@ def _fill_drain(s: dict[str, Any]) -> list[Flag]:
     if stages < 2 or not s.get("images"):
         return []
     chunk = s.get("chunk") or 1
-    microbatches = -(-s["images"] // chunk)
+    microbatches = -(-s["images"] // chunk) // _replicas(s)  # each replica fills and drains with its share
     bound = microbatches / (microbatches + stages - 1)
     if bound >= FILL_DRAIN_MIN:
         return []

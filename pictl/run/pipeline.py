@@ -82,14 +82,14 @@ class Pipeline:
         """Every rank ended well: still, a run whose figures did not all arrive (a host sent records that
         broke the protocol, or none) fails rather than end "OK" with a number missing."""
         tel, spec = self.ctx.telemetry, self.choice.spec
-        missing = tel.missing_figures(spec.stages, spec.repeats)
+        ranks = spec.stages * spec.replicas
+        missing = tel.missing_figures(ranks, spec.repeats)
         if missing is None:
             return
         rejected = tel.rejected_summary()
         why = f"{missing}" + (f"; {rejected['count']} telemetry record(s) rejected, the first from "
                               f"{rejected['first'][0]['host']}: {rejected['first'][0]['reason']}" if rejected else "")
-        silent = next((r for r in range(spec.stages) if not (tel.stages.get(r) and tel.stages[r].ended)),
-                      spec.stages - 1)
+        silent = next((r for r in range(ranks) if not (tel.stages.get(r) and tel.stages[r].ended)), ranks - 1)
         raise self.ctx.failed(self.placement.node_of(silent).host.name, silent, "the pipeline", why, deque())
 
     def _on_record(self, host: str, record: Record) -> bool:
@@ -103,7 +103,8 @@ class Pipeline:
     async def _launch(self, port: int) -> None:
         ctx, spec, nodes = self.ctx, self.choice.spec, self.placement.nodes
         master = nodes[0].host
-        ctx.phase("pipeline", f"launching {spec.stages} stage(s) on {len(nodes)} host(s), "
+        copies = f"{spec.replicas} replicas x " if spec.replicas > 1 else ""
+        ctx.phase("pipeline", f"launching {copies}{spec.stages} stage(s) on {len(nodes)} host(s), "
                               f"rendezvous {master.rendezvous_address}:{port}")
         stages = ctx.telemetry.stages
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from pictl.cluster.jobs import HostJob
 from pictl.cluster.leases import Lease
+from pictl.errors import ConfigError
 from pictl.events import Placed, StagePlacement
 from pictl.inventory import Cluster
 from pictl.planning.costs import host_profiles
@@ -58,8 +59,12 @@ class Candidates:
     nodes: tuple[NodePlan, ...] | None
 
 
-def candidates(cluster: Cluster, stages: int, policy: str) -> Candidates:
-    """Stages placed once, over the inventory (ConfigError if the stages do not fit)."""
+def candidates(cluster: Cluster, stages: int, policy: str, replicas: int = 1) -> Candidates:
+    """Every replica's stages (`stages` is their product) placed once, over the inventory (ConfigError if they
+    do not fit)."""
+    if replicas > 1 and stages > cluster.slots:
+        raise ConfigError(f"{replicas} replicas x {stages // replicas} stages = {stages} ranks do not fit "
+                          f"{cluster.source}: {len(cluster.hosts)} hosts with {cluster.slots} stage slot(s) in all")
     nodes = tuple(place_stages(cluster, stages))
     if policy == "balanced" and 1 < stages < len(cluster.hosts):
         return Candidates(cluster, None)  # every host: the fastest are chosen from their profiles
@@ -71,8 +76,8 @@ async def place(ctx: RunContext, job: HostJob, usable: Candidates) -> Placement:
     """Where each stage runs, with how many threads; announced (`Placed`)."""
     nodes = usable.nodes
     if nodes is None:
-        chosen = await _fastest(ctx, job, usable.cluster, ctx.options.stages)
-        nodes = tuple(place_stages(chosen, ctx.options.stages))
+        chosen = await _fastest(ctx, job, usable.cluster, ctx.options.ranks)
+        nodes = tuple(place_stages(chosen, ctx.options.ranks))
     kept = await job.keep_only(n.host.name for n in nodes)
     threads, serial_threads = await _divide_threads(ctx, job, nodes)
     placement = Placement(nodes, threads, serial_threads, tuple(kept))

@@ -94,7 +94,7 @@ class RunSession:
     async def run(self) -> dict[str, Any]:
         ctx, reached = self.ctx, self.reached
         o = ctx.options
-        usable = candidates(ctx.cluster, o.stages, o.policy)  # ConfigError: nothing started yet
+        usable = candidates(ctx.cluster, o.ranks, o.policy, o.replicas)  # ConfigError: nothing started yet
         check_trackers(self.trackers)
         spec = spec_from(o, ctx.run_id, ctx.artifact)
         summary: dict[str, Any] = {}
@@ -113,7 +113,7 @@ class RunSession:
                                          return_exceptions=True)
                 raise
             ctx.timeline.mark("baselined")
-            if spec.stages > 1:
+            if o.ranks > 1:
                 self.pipeline = Pipeline(ctx, job, placement, choice, staged)
                 reached.pipeline = await self.pipeline.run()
                 await self._settle_grabs(ok=True)

@@ -15,7 +15,7 @@ from pictl.cluster.jobs import HostJob
 from pictl.planning.costs import cost_table, host_profiles, keep_corrections, link_profiles
 from pictl.run.context import RunContext
 from pictl.run.placement import Placement
-from remote.balance import NoFeasibleSplit, balanced_split
+from remote.balance import CostTable, Link, NoFeasibleSplit, balanced_split
 from remote.run_records import Refined
 from remote.spec import RefineSpec, RunSpec
 from remote.wire import byte_ratio, parse_wire
@@ -41,9 +41,13 @@ async def choose_split(ctx: RunContext, job: HostJob, placement: Placement, spec
                                    artifact=ctx.artifact, use_corrections=o.refine)
     if profiles.measured:
         ctx.timeline.launched("profile", {job.transport(h).host: 1 for h in profiles.measured})
-    hops = [(job.transport(a), job.transport(b)) for a, b in itertools.pairwise(stage_hosts) if a != b]
+    # With replicas, each runs the same split on its own hosts: the split is chosen for the slowest of them.
+    replicas = [stage_hosts[r * spec.stages:(r + 1) * spec.stages] for r in range(spec.replicas)]
+    hops = [(job.transport(a), job.transport(b)) for a, b in dict.fromkeys(
+        (a, b) for hosts in replicas for a, b in itertools.pairwise(hosts) if a != b)]
     links, measured_links = await link_profiles(hops, ctx.cache("links"))
-    table = cost_table(stage_hosts, profiles, links, wire_ratio=byte_ratio(parse_wire(o.wire).default))
+    ratio = byte_ratio(parse_wire(o.wire).default)
+    table = slowest_of([cost_table(hosts, profiles, links, wire_ratio=ratio) for hosts in replicas])
     try:
         split = balanced_split(table)
     except NoFeasibleSplit as exc:
@@ -113,3 +117,17 @@ def keep_refined(ctx: RunContext, placement: Placement, choice: SplitChoice, ref
                      model=o.model, num_classes=o.num_classes, chunk=o.chunk, threads=placement.threads,
                      code=ctx.code, artifact=ctx.artifact)
     return {h: round(f, 4) for h, f in corrections.items()}
+
+
+def slowest_of(tables: list[CostTable]) -> CostTable:
+    """One table for replicas that share a split: each stage position costs what it costs on the slowest of
+    the replicas' hosts there, each link what the slowest of theirs does (one replica: its own table)."""
+    if len(tables) == 1:
+        return tables[0]
+    first = tables[0]
+    return replace(first, compute_s=[[max(t.compute_s[s][p] for t in tables) for p in range(len(row))]
+                                     for s, row in enumerate(first.compute_s)],
+                   links=[Link(max(t.links[s].latency_s for t in tables), min(t.links[s].bytes_per_s for t in tables))
+                          for s in range(len(first.links))],
+                   comm_s_per_byte=[max(t.comm_s_per_byte[s] for t in tables)
+                                    for s in range(len(first.comm_s_per_byte))])

@@ -28,7 +28,7 @@ async def stage(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSp
     names = [n.host.name for n in placement.nodes]
     swept = await job.stage({P.SPEC_FILE: spec.to_json().encode()}, "cannot prepare the run", names)
     port = None
-    if spec.stages > 1 and ctx.options.master_port:  # a chosen port is checked before anything starts
+    if ctx.options.ranks > 1 and ctx.options.master_port:  # a chosen port is checked before anything starts
         port = await master_port(job.transport(names[0]), ctx.options.master_port)
     first = placement.first.host
     facts = await read_run_facts(job.transport(first), job.fleet.only(names[1:]), base_dir=first.run_dir(spec.run_id),

@@ -48,7 +48,7 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
     o, tel = ctx.options, ctx.telemetry
     baseline = reached.serial.baseline if reached.serial else None
     plan = reached.serial.plan if reached.serial else {}
-    serial_only = o.stages == 1
+    serial_only = o.ranks == 1
     ips = baseline.ips if serial_only and baseline else tel.mean_ips
     prediction = final_prediction(reached.choice, tel.refined) if reached.choice else None
     if prediction is not None and reached.pipeline and reached.pipeline.corrections:
@@ -59,7 +59,7 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
     summary: dict[str, Any] = {
         "schema": SUMMARY_SCHEMA, "status": status, "run_id": ctx.run_id,
         "run_dir": str(ctx.record.path) if ctx.record else None,
-        "model": o.model, "stages": o.stages, "policy": o.policy,
+        "model": o.model, "stages": o.stages, "replicas": o.replicas, "policy": o.policy,
         "artifact": artifact_summary(ctx.artifact) if ctx.artifact else None,
         "split_points": (tel.refined or plan).get("split_points", list(o.split)),
         "images": o.images, "chunk": o.chunk, "threads": o.threads, "warmup": o.warmup, "repeats": o.repeats,
@@ -71,11 +71,11 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
         "serial_peak_rss_mb": baseline.peak_rss_mb if baseline else None,
         "serial_import_rss_mb": baseline.import_rss_mb if baseline else None,
         "speedup": round(speedup, 4) if speedup else None,
-        "efficiency": round(speedup / o.stages, 4) if speedup else None,
+        "efficiency": round(speedup / o.ranks, 4) if speedup else None,
         "outputs_match": cmp.outputs_match if cmp else None,
         "max_abs_diff": cmp.max_abs_diff if cmp else None,
         "compared_images": o.images if o.lossy_wire else min(o.check_images, o.images),
-        "wire": wire_summary(o, per_stage) if o.stages > 1 else None,
+        "wire": wire_summary(o, per_stage[:o.stages]) if o.stages > 1 else None,  # (replica 0's links)
         "numerics": numerics_summary(ctx, reached.serial, ips),
         "recuts": recut_summary(tel),
         "pass_ips": list(tel.throughputs),
@@ -157,15 +157,15 @@ def _per_stage(ctx: RunContext, reached: Reached, plan: dict[str, Any],
     threads = placement.threads if placement else {}
     planned = {s["stage"]: s for s in plan.get("stages", [])}
     out = []
-    for rank in range(o.stages):
-        st = ctx.telemetry.stages.get(rank)
+    for rank in range(o.ranks):
+        st, stage = ctx.telemetry.stages.get(rank), rank % o.stages  # (with replicas, rank // stages is the replica)
         totals = st.totals if st else {}
         n = totals.get("microbatches")
 
         def per_mb(key: str, n: int | None = n, totals: dict[str, Any] = totals) -> float | None:
             return round(totals[key] / n * 1000, 3) if n and totals.get(key) is not None else None
 
-        predicted = prediction["stage_ms"][rank] if prediction else None
+        predicted = prediction["stage_ms"][stage] if prediction else None
         measured = per_mb("compute_s")
         out.append({
             # The stage's compute per microbatch, beside what `balanced` predicted for it; the time it
@@ -173,10 +173,11 @@ def _per_stage(ctx: RunContext, reached: Reached, plan: dict[str, Any],
             "measured_ms": measured, "predicted_ms": predicted,
             "prediction_error": round(measured / predicted - 1, 4) if measured and predicted else None,
             "wait_ms": per_mb("wait_s"), "send_ms": per_mb("send_s"),
-            "host": host_of.get(rank), "rank": rank, "threads": threads.get(host_of.get(rank, ""), o.threads),
+            "host": host_of.get(rank), "rank": rank, "replica": rank // o.stages, "stage": stage,
+            "threads": threads.get(host_of.get(rank, ""), o.threads),
             # A refined run moved its cuts: the ranks' own word on what they ran comes before the plan's.
-            "modules": (st.modules if st and st.modules else planned.get(rank, {}).get("modules", [])),
-            "params": (st.params if st and st.modules else planned.get(rank, {}).get("params", 0)),
+            "modules": (st.modules if st and st.modules else planned.get(stage, {}).get("modules", [])),
+            "params": (st.params if st and st.modules else planned.get(stage, {}).get("params", 0)),
             "compute_s": totals.get("compute_s"), "wait_s": totals.get("wait_s"),
             "send_s": totals.get("send_s"), "bytes_sent": totals.get("bytes_sent"),
             "raw_bytes": totals.get("raw_bytes"), "compress_s": totals.get("compress_s"),
@@ -197,7 +198,7 @@ def _latency(ctx: RunContext, reached: Reached, baseline: Baseline | None) -> di
     our clock; the serial run's, its time per microbatch; `traced`: the --trace-steps pass, for checking
     against the merged trace."""
     serial = (baseline.timing or {}).get("latency") if baseline else None
-    if ctx.options.stages == 1:
+    if ctx.options.ranks == 1:
         return {"pipeline": serial, "serial": serial, "clock_aligned": True} if serial else None
     tel, clocks = ctx.telemetry, (reached.pipeline.clocks if reached.pipeline else {})
     placement = reached.placement
@@ -242,6 +243,7 @@ def bare_summary(ctx: RunContext) -> dict[str, Any]:
     exc = sys.exc_info()[1]
     status = "interrupted" if isinstance(exc, asyncio.CancelledError | E.Interrupted) else "failed"
     return checked({"schema": SUMMARY_SCHEMA, "status": status, "run_id": ctx.run_id, "stages": ctx.options.stages,
+                    "replicas": ctx.options.replicas,
                     "run_dir": str(ctx.record.path) if ctx.record else None, "per_stage": [],
                     "error": {"type": type(exc).__name__, "message": str(exc)} if exc else None,
                     "started_at": ctx.started, "duration_s": round(time.time() - ctx.started, 2)})

@@ -24,6 +24,11 @@ A run that re-cut (`remote.recut`) is taken apart over its settled passes (those
 cold first pass, from their own per-pass counters), so every term describes one split; the passes before
 are the `recut` term: the whole run's speedup less the settled passes'.
 
+With R replicas (`--replicas`), N is R x S ranks: each rank's figures are per image of its replica's share
+(I / R images a pass, M / R microbatches), F = (M / R + S - 1) / (M / R), b is the slowest rank of any
+replica (a pass lasts until the slowest replica is done), and every step after `imbalance` is R times one
+replica's, since the replicas compute side by side.
+
 Each term is the change in speedup points (negative: lost) and its share of the gap N - speedup; the terms
 add up to the gap exactly.
 """
@@ -71,20 +76,21 @@ class Settled:
 
 def waterfall(s: dict[str, Any], settled: Settled | None = None) -> dict[str, Any] | None:
     """The speedup waterfall of a pipeline run's summary, or None when it has no figures to take apart."""
-    n, speedup = s.get("stages"), s.get("speedup")
+    n, speedup, r = s.get("stages"), s.get("speedup"), s.get("replicas") or 1
     stages = settled.stages if settled else s.get("per_stage") or []
     images, chunk = s.get("images"), s.get("chunk") or 1
     repeats = settled.passes if settled else s.get("repeats")
     serial_ips = s.get("serial_ips")
-    if not (isinstance(n, int) and n > 1 and speedup and serial_ips and images and repeats and len(stages) == n):
+    if not (isinstance(n, int) and n * r > 1 and speedup and serial_ips and images and repeats
+            and len(stages) == n * r):
         return None
-    per = float(images * repeats)
+    per = float(images * repeats) / r  # the images each rank computed
     try:
         c = [st["compute_s"] / per for st in stages]
         d = [(st.get("run_delay_s") or 0.0) / per for st in stages]
     except (KeyError, TypeError):
         return None
-    b = max(range(n), key=lambda i: c[i])
+    b = max(range(n * r), key=lambda i: c[i])
     bst = stages[b]
 
     def total(key: str) -> float:
@@ -96,24 +102,24 @@ def waterfall(s: dict[str, Any], settled: Settled | None = None) -> dict[str, An
     pass_b = total("pass_s") or total("compute_s") + total("wait_s") + total("send_s")
     o_b = pass_b - c[b] - codec - total("recv_post_s") - total("recv_wait_s") - total("send_post_s") - total("drain_s")
     clean = [max(ci - di, 1e-12) for ci, di in zip(c, d, strict=True)]
-    m = -(-images // chunk)
+    m = -(-images // chunk) // r  # each replica's microbatches
     f = (m + n - 1) / m
     t_s = 1.0 / serial_ips
     timing = s.get("serial_timing") or {}
     t_sc = (timing.get("compute_per_image_s") or t_s) - (timing.get("run_delay_per_image_s") or 0.0)
     if t_sc <= 0 or c[b] <= 0:
         return None
-    steps = [float(n), n / f]
-    steps.append(steps[-1] * (sum(clean) / n) / clean[b])
-    steps.append(t_sc / (f * clean[b]))
-    steps.append(t_sc / (f * c[b]))
-    steps.append(t_sc / (f * (c[b] + k_b)))
-    steps.append(t_sc / (f * (c[b] + k_b + o_b)) if c[b] + k_b + o_b > 0 else steps[-1])
+    steps = [float(n * r), n * r / f]
+    steps.append(steps[-1] * (sum(clean) / (n * r)) / clean[b])
+    steps.append(r * t_sc / (f * clean[b]))
+    steps.append(r * t_sc / (f * c[b]))
+    steps.append(r * t_sc / (f * (c[b] + k_b)))
+    steps.append(r * t_sc / (f * (c[b] + k_b + o_b)) if c[b] + k_b + o_b > 0 else steps[-1])
     steps.append(t_s / t_sc * steps[-1])
     steps.append(settled.speedup if settled else float(speedup))
     if settled:
         steps.append(float(speedup))
-    gap = n - float(speedup)
+    gap = n * r - float(speedup)
     terms = []
     for name, before, after in zip(ALL_TERMS[:len(steps) - 1], steps[:-1], steps[1:], strict=True):
         points = after - before
@@ -121,7 +127,8 @@ def waterfall(s: dict[str, Any], settled: Settled | None = None) -> dict[str, An
                       "share": round(-points / gap, 4) if abs(gap) > 1e-9 else None})
     losses = [t for t in terms if t["points"] < 0]
     dominant = min(losses, key=lambda t: t["points"])["term"] if losses else None
-    return {"stages": n, "speedup": round(float(speedup), 4), "gap": round(gap, 4), "bottleneck_rank": b,
+    return {"stages": n * r, "replicas": r, "speedup": round(float(speedup), 4), "gap": round(gap, 4),
+            "bottleneck_rank": b,
             "microbatches": m, "terms": terms, "dominant": dominant,
             "settled_from_pass": settled.first if settled else None,
             "advice": ADVICE[dominant] if dominant else None,

@@ -139,7 +139,8 @@ class DashboardState:
         for row in self.hosts.values():
             row.ranks, row.activity = [], "idle"
         # A first guess from the inventory's order, so the panels appear at once; `on_placed` has the word.
-        for node in place_stages(self.cluster, int(options.get("stages", 1))):
+        ranks = int(options.get("stages", 1)) * int(options.get("replicas", 1) or 1)
+        for node in place_stages(self.cluster, ranks):
             self._put(node.host.name, node.ranks, "connecting")
 
     def _put(self, host: str, ranks: Iterable[int], activity: str) -> None:

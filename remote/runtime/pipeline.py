@@ -2,8 +2,9 @@
 
     torchrun ... -m remote.runtime.pipeline --spec spec.json
 
-Rank r runs stage r. Every rank derives the same plan from the spec, builds only
-its own stage, and reports through JSON lines on stdout (`remote.protocol`).
+Rank r runs stage r (with replicas, stage r % S of replica r // S: `remote.runtime.replicas`). Every
+rank derives the same plan from the spec, builds only its own stage, and reports through JSON lines on
+stdout (`remote.protocol`).
 Passes: warm-up, then (under `balanced`, `spec.refine`) calibration passes while
 the measured stages suggest a better split (`remote.runtime.refine`), then the timed ones,
 then the traced one (`--trace-steps`).
@@ -44,6 +45,7 @@ from remote.runtime.numerics import engine
 from remote.runtime.outputs import open_checkpoint, report_outputs
 from remote.runtime.partition import StagePlan
 from remote.runtime.refine import RefineLoop, measured_compute_s
+from remote.runtime.replicas import Replicas, replicas_of
 from remote.runtime.stage import ModelLayout, build_stage, compact_pieces, layout_for, stage_codec, stage_io_shapes
 from remote.runtime.timing import TimedStage, count_p2p, emit_mb_times, timed_pass
 from remote.runtime.tracing import Tracer, planned_window, rendezvous_store
@@ -61,18 +63,18 @@ class Built:
     starts: tuple[int, ...]
 
 
-def _build(spec: RunSpec, rank: int, world: int, n_mb: int, on_chunk: Callable[[], None],
+def _build(spec: RunSpec, place: Replicas, n_mb: int, on_chunk: Callable[[], None],
            tracer: Tracer) -> tuple[Built, ModelLayout]:
     layout = layout_for(spec)
-    plan = layout.stages[rank]
-    codec = stage_codec(spec, layout, rank)
+    plan = layout.stages[place.stage]
+    codec = stage_codec(spec, layout, place.stage)
     module = build_stage(spec, layout, plan, open_checkpoint(spec), codec)
-    in_shapes, out_shapes = stage_io_shapes(layout, spec.chunk)[rank]
+    in_shapes, out_shapes = stage_io_shapes(layout, spec.chunk)[place.stage]
     # What travels: the encoded tensors (another dtype, other shapes), so the schedule's buffers fit them.
-    stage = TimedStage(module, rank, world, torch.device("cpu"),
+    stage = TimedStage(module, place.stage, place.stages, torch.device("cpu"),
                        input_args=tuple(payload_meta(codec.fmt_in or FP32, in_shapes)),
                        output_args=tuple(payload_meta(codec.fmt_out or FP32, out_shapes)),
-                       on_chunk=on_chunk, tracer=tracer)
+                       group=place.group, on_chunk=on_chunk, tracer=tracer)
     count_p2p(stage)
     return Built(plan, stage, ScheduleGPipe(stage, n_microbatches=n_mb), tuple(s.first for s in layout.stages[1:])), \
         layout
@@ -82,17 +84,19 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     die_with_parent()
     threads = set_threads(spec.threads)
-    if world != spec.stages:
-        raise RuntimeError(f"world size {world} != {spec.stages} stages")
+    if world != spec.stages * spec.replicas:
+        raise RuntimeError(f"world size {world} != {spec.replicas} replica(s) x {spec.stages} stage(s)")
     emitter.emit(RunStart(world_size=world, stages=spec.stages, model=spec.model, images=spec.images,
                           chunk=spec.chunk, threads=threads, torch=torch.__version__, pid=os.getpid(),
                           import_rss_mb=current_rss_mb()))
     t_rendezvous = time.perf_counter()
     dist.init_process_group("gloo", timeout=timedelta(seconds=spec.pg_timeout_s))
     rendezvous_s = time.perf_counter() - t_rendezvous
+    place = replicas_of(rank, world, spec.stages, spec.replicas)
 
-    n_mb = -(-spec.images // spec.chunk)
-    first, last = rank == 0, rank == world - 1
+    all_mb = -(-spec.images // spec.chunk)
+    n_mb = place.microbatches(all_mb)
+    first, last = place.first, place.last
     state = {"phase": "warmup", "repeat": 0, "step_start": 0.0}
     built: Built
 
@@ -112,10 +116,10 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
 
     t0 = time.perf_counter()
     tracer = Tracer(rank, emitter, Path.cwd(), rendezvous_store())
-    built, layout = _build(spec, rank, world, n_mb, on_chunk, tracer)
-    mbs = microbatches(load_images(spec.data, spec.images, layout.meta_model.pretrained_cfg, spec.seed),
-                       spec.chunk) if first else None
-    labels = load_labels(spec.data, spec.images) if last else None
+    built, layout = _build(spec, place, n_mb, on_chunk, tracer)
+    mbs = place.deal(microbatches(load_images(spec.data, spec.images, layout.meta_model.pretrained_cfg, spec.seed),
+                                  spec.chunk)) if first else None
+    labels = load_labels(spec.data, spec.images) if place.gathers else None
 
     def ready(kind: type[StageReady], **extra: Any) -> None:
         plan = built.plan
@@ -144,12 +148,12 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
                 lambda: stage.counters)
         stage.counters.send_s = max(0.0, seconds - stage.counters.compute_s - stage.counters.wait_s)
         passes_run += 1
-        return seconds, out
+        return place.slowest(seconds), out  # with replicas, the pass lasts until the slowest one is done
 
     def rebuild(starts: tuple[int, ...]) -> None:
         nonlocal built, layout
         named = [layout.pieces[i].name for i in starts]
-        built, layout = _build(replace(spec, policy="explicit", split_points=named), rank, world, n_mb,
+        built, layout = _build(replace(spec, policy="explicit", split_points=named), place, n_mb,
                                on_chunk, tracer)
 
     for w in range(spec.warmup):
@@ -157,7 +161,7 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
         tracer.end_of_pass(passes_run * n_mb)
         report()
     loop: RefineLoop | None = None
-    if spec.refine is not None and world > 1:
+    if spec.refine is not None and spec.stages > 1 and place.count == 1:
         names = [p.name for p in layout.pieces]
         loop = RefineLoop(spec.refine, built.starts, rank, world, names, emitter)
         if spec.warmup == 0:  # refinement needs one measured pass
@@ -196,20 +200,24 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
                 ready(StageMoved)
         # Each microbatch's wall time entering stage 0 and leaving the last: the controller pairs them (with
         # the hosts' clock offsets) into the latency per image.
+        # With replicas, replica 0's: its images' latencies are every replica's (the same stages, dealt alike).
         phase = "timed" if timed else "trace"
-        if first:
+        if first and place.replica == 0:
             emit_mb_times(emitter, "enter", phase, repeat, built.stage.enter_times)
-        if last:
+        if last and place.replica == 0:
             emit_mb_times(emitter, "leave", phase, repeat, built.stage.leave_times)
-        if last and timed:
-            logits = out[: spec.images]  # drop the padded rows of the last microbatch
+        # The outputs checked are those of the first timed pass (of the split that was timed), every
+        # replica's gathered into image order on the last rank of all.
+        gathered = place.gather_outputs(out if last else None, all_mb, spec.chunk) if timed and repeat == 0 else None
+        if place.gathers and timed:
             emitter.emit(Throughput(repeat=repeat, images=spec.images, seconds=round(seconds, 6),
                                     ips=round(spec.images / seconds, 4), traced=traced))
-            if predictions is None:  # the outputs checked are those of the split that was timed
+            if gathered is not None:
+                logits = gathered[: spec.images]  # drop the padded rows of the last microbatch
                 predictions = logits.argmax(dim=1)
                 check_logits = logits[: spec.check_images].clone()
     dist.barrier()
-    if last:
+    if place.gathers:
         report_outputs(emitter, spec, check_logits, predictions, labels, P.LOGITS_FILE_PIPELINE)
     emitter.emit(RunEnd(stage=rank, status="ok", peak_rss_mb=peak_rss_mb(), **totals.rounded()))
     dist.destroy_process_group()

@@ -133,6 +133,44 @@ def test_int8_dynamic_numerics_beside_fp32(shared, pictl_env, tmp_path: Path) ->
     assert n1["speedup_vs_fp32"] == n1["numerics_gain"] and n1["agreement_vs_fp32"] == n["agreement_vs_fp32"]
 
 
+def test_replicas_deal_the_images_and_every_replica_matches_the_serial_run(shared, pictl_env, tmp_path: Path,
+                                                                          ) -> None:
+    """--replicas: 2 copies of a 2-stage pipeline on 2 hosts of 2 slots, then 3 copies of the whole model on 3
+    hosts; every replica's outputs gathered in image order and equal to the serial run's, bit for bit; the
+    waterfall's ideal is every rank. Replicas x stages over the slots, or microbatches that do not divide
+    among the replicas, are refused before anything starts."""
+    env = _env(shared, pictl_env)
+    two = write_cluster(tmp_path / "two", 2, slots=2)
+    proc = run_pictl(["run", "--hosts", str(two), *FAST, "--images", "4", "--chunk", "1", "--stages", "2",
+                      "--split", "blocks.6", "--replicas", "2"], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads(proc.stdout)
+    assert s["status"] == "ok" and s["replicas"] == 2 and s["outputs_match"] is True and s["max_abs_diff"] == 0.0
+    assert s["compared_images"] == 4
+    assert [(st["replica"], st["stage"], st["host"]) for st in s["per_stage"]] == [
+        (0, 0, "h0"), (0, 1, "h0"), (1, 0, "h1"), (1, 1, "h1")]
+    assert all(st["microbatches"] == 2 for st in s["per_stage"])  # 4 microbatches dealt, 2 to each replica
+    assert s["per_stage"][0]["modules"][-1] == "blocks.5" and s["per_stage"][3]["modules"][0] == "blocks.6"
+    assert s["efficiency"] == pytest.approx(s["speedup"] / 4, rel=1e-3)
+    assert "2 replicas x 2 stage(s)" in proc.stderr and "(ideal 4x)" in proc.stderr
+    w = s["waterfall"]
+    assert w["stages"] == 4 and w["replicas"] == 2
+    assert sum(t["points"] for t in w["terms"]) == pytest.approx(s["speedup"] - 4, abs=1e-3)
+
+    whole = _run(shared, env, "--stages", "1", "--replicas", "3")  # 5 images of chunk 2: 3 microbatches
+    assert whole["status"] == "ok" and whole["outputs_match"] is True and whole["max_abs_diff"] == 0.0
+    assert [st["host"] for st in whole["per_stage"]] == ["h0", "h1", "h2"] and whole["throughput_ips"] > 0
+    run_dir = Path(whole["run_dir"])
+    assert (run_dir / "logits-pipeline.f32").read_bytes() == (run_dir / "logits-serial.f32").read_bytes()
+    assert whole["wire"] is None and whole["latency"]["pipeline"]["microbatches"] == 1  # replica 0's one
+
+    for args, named in ((["--stages", "2", "--replicas", "3"], "3 replicas x 2 stages = 6 ranks do not fit"),
+                        (["--stages", "1", "--replicas", "2"], "replicas: 2 replicas need the 3 microbatches")):
+        bad = run_pictl(["run", "--hosts", str(shared["hosts"]), *FAST, *args], env)
+        assert bad.returncode == 2 and named in bad.stderr, bad.stderr[-2000:]
+        assert "Traceback" not in bad.stderr
+
+
 def test_output_mismatch_fails_the_run(shared, pictl_env, tmp_path: Path) -> None:
     """A stale baseline whose logits differ (here: bytes flipped in the cache) must fail the run."""
     env = {**_env(shared, pictl_env), "PICTL_CACHE_DIR": str(tmp_path / "cache")}

@@ -302,3 +302,21 @@ def test_any_waterfall_and_latency_are_shown_or_left_out_never_a_crash(w: Any, l
     out.mkdir(exist_ok=True)
     lines = gap_lines("run", s, ReportFiles(out))
     assert not any(CONTROL.search(line) for line in lines)
+
+
+def test_a_replicated_run_is_taken_apart_against_every_rank() -> None:
+    """R replicas of S stages: the ideal is R x S; one stage per replica has no fill and drain; every rank's
+    figures are per image of its replica's share, so the same ranks as one 2-stage pipeline compute twice the
+    images per pass as replicas; the terms still add up to the gap exactly."""
+    s = copy.deepcopy(BASE)
+    s.update(stages=1, replicas=2)
+    w = waterfall(s)
+    assert w is not None and w["stages"] == 2 and w["replicas"] == 2
+    points = {t["term"]: t["points"] for t in w["terms"]}
+    assert points["fill_drain"] == 0.0
+    assert sum(points.values()) == pytest.approx(s["speedup"] - 2, abs=1e-3)
+    pipeline = waterfall(copy.deepcopy(BASE))
+    assert pipeline is not None
+    # The same counters over half the images per rank: each rank's compute per image is twice the pipeline's.
+    assert w["per_image_ms"]["bottleneck_compute"] == pytest.approx(2 * pipeline["per_image_ms"]["bottleneck_compute"],
+                                                                    rel=1e-3)

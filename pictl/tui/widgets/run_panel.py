@@ -145,7 +145,8 @@ class RunPanel(Static):
             self._show(train_grid(state, phase_line))
             return
         s = state.summary or {}
-        stages = int(state.options.get("stages", 0)) or None
+        # The ideal is every rank: replicas x stages.
+        stages = int(state.options.get("stages", 0)) * int(state.options.get("replicas", 1) or 1) or None
         ips = state.live_ips
         serial = s.get("serial_ips") or state.serial_ips
         speedup = s.get("speedup") or (ips / serial if ips and serial else None)
