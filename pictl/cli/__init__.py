@@ -25,10 +25,10 @@ from pictl.text import printable
 
 # isort: off
 # Each command module registers its commands on `app` when imported: `pictl --help` lists them in this order.
-from pictl.cli import runs, catalog, jobs, train, costs, hosts, init  # noqa: E402
+from pictl.cli import runs, catalog, jobs, tune, train, costs, hosts, init  # noqa: E402
 
 # isort: on
-COMMAND_MODULES = (runs, catalog, jobs, train, costs, hosts, init)
+COMMAND_MODULES = (runs, catalog, jobs, tune, train, costs, hosts, init)
 
 __all__ = ["app", "entrypoint"]
 

@@ -1,0 +1,248 @@
+"""`pictl tune`: the fastest configuration the cluster allows, exact first, and past N times where the user
+accepts a bounded loss.
+
+The search space is replicas x stages (stages beyond the hosts through their slots) and, with `allow_loss`,
+int8-dynamic numerics and compressing wire formats (one lossy source per candidate, so its agreement with the
+fp32 serial run is the one measured). Every candidate is predicted from the hosts' cost profiles (the ones
+`balanced` measures, `pictl.planning.costs`): each replica's split is the balanced one for the slowest replica's
+hosts, a pass takes (M / R + S - 1) bottleneck steps, and int8 scales compute by the gain its serial run
+measured. The first measurement is the pipeline over every slot (R = 1, `balanced`): it profiles the hosts
+and is the pipeline-only answer; with `allow_loss`, an int8 serial run measures what int8 gains here. Then the
+best predicted candidates are measured, each a full `pictl run` against the serial run, until `measure` of them
+are in or the budget is spent. A candidate is kept when its run is ok and its outputs are bit-identical to the
+serial run in its numerics (exact), or, lossy, when its top-1 agreement with the fp32 serial run is at least
+`min_agreement`; the winner is the kept one with the highest measured throughput. `tune.json` is rewritten
+after every measurement, so an interrupted tune keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pictl import errors as E
+from pictl.cluster.push import local_tree, manifest_digest
+from pictl.events import EventSink, Phase
+from pictl.inventory import Cluster
+from pictl.planning.costs import Profiles, cost_table, profile_key
+from pictl.planning.options import RunOptions
+from pictl.planning.placement import place_stages
+from pictl.records.cache import JsonCache
+from pictl.records.runs import write_json_atomic
+from pictl.run.baselines import BaselineCache
+from pictl.run.session import RunSession
+from pictl.run.split import slowest_of
+from remote.balance import NoFeasibleSplit, balanced_split
+from remote.wire import byte_ratio, parse_wire
+
+LOSSY_WIRES = ("fp16", "int8")
+"""The compressing formats a lossy tune tries (lowrank loses far more for its bytes on DeiT-S's links)."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    replicas: int
+    stages: int
+    numerics: str = "fp32"
+    wire: str = "fp32"
+
+    @property
+    def lossy(self) -> bool:
+        return self.numerics != "fp32" or not parse_wire(self.wire).lossless
+
+    @property
+    def label(self) -> str:
+        shape = f"{self.replicas}x{self.stages}"
+        extra = [x for x in (self.numerics if self.numerics != "fp32" else "",
+                             f"wire {self.wire}" if self.wire != "fp32" else "") if x]
+        return " ".join([shape, *extra])
+
+    def options(self, base: RunOptions) -> RunOptions:
+        """The run that measures this candidate: `balanced` cuts a pipeline; the base's images, chunk, passes."""
+        fields = {**base.model_dump(exclude={"artifact"}), "stages": self.stages, "replicas": self.replicas,
+                  "numerics": self.numerics, "wire": self.wire, "split": [],
+                  "policy": "balanced" if self.stages > 1 else "equal"}
+        if base.artifact:
+            fields["model"] = base.artifact
+        return RunOptions(**fields)
+
+
+def candidates(cluster: Cluster, base: RunOptions, *, allow_loss: bool) -> list[Candidate]:
+    """Every shape that fits the slots and deals the pass's microbatches evenly, in each numerics and wire."""
+    microbatches = -(-base.images // base.chunk)
+    out = []
+    for ranks in range(1, cluster.slots + 1):
+        for replicas in (r for r in range(1, ranks + 1) if ranks % r == 0 and microbatches % r == 0):
+            stages = ranks // replicas
+            out.append(Candidate(replicas, stages))
+            if allow_loss:
+                out.append(Candidate(replicas, stages, numerics="int8-dynamic"))
+                out += [Candidate(replicas, stages, wire=w) for w in LOSSY_WIRES if stages > 1]
+    return out
+
+
+def cached_profiles(cluster: Cluster, base: RunOptions, cache_root: Path) -> Profiles | None:
+    """The hosts' cost profiles from the cache the runs fill (None while any host has none)."""
+    code, costs = manifest_digest(local_tree()), JsonCache(cache_root / "costs")
+    by_host = {}
+    for host in cluster.hosts:
+        found = costs.get(profile_key(host, base.model, base.num_classes, base.chunk, base.threads or 1, code=code))
+        if not isinstance(found, dict) or not found.get("compute_s"):
+            return None
+        by_host[host.name] = found
+    return Profiles(by_host, [], [])
+
+
+def predict(c: Candidate, cluster: Cluster, base: RunOptions, profiles: Profiles, int8_gain: float | None,
+            ) -> float | None:
+    """Predicted img/s of `c`, or None when nothing can be said (no int8 gain measured yet, no feasible split)."""
+    if c.numerics != "fp32" and not int8_gain:
+        return None
+    hosts = [n.host.name for n in place_stages(cluster, c.replicas * c.stages) for _ in n.ranks]
+    tables = [cost_table(hosts[r * c.stages:(r + 1) * c.stages], profiles,
+                         wire_ratio=byte_ratio(parse_wire(c.wire).default)) for r in range(c.replicas)]
+    try:
+        step_s = balanced_split(slowest_of(tables)).bottleneck_s
+    except NoFeasibleSplit:
+        return None
+    per_replica = -(-base.images // base.chunk) // c.replicas
+    ips = base.images / ((per_replica + c.stages - 1) * step_s)
+    return ips * (int8_gain if c.numerics != "fp32" and int8_gain else 1.0)
+
+
+@dataclass
+class Measured:
+    """One candidate as the tune saw it: predicted, then (if measured) its run's figures and verdict."""
+
+    candidate: Candidate
+    predicted_ips: float | None = None
+    run_id: str | None = None
+    status: str | None = None
+    throughput_ips: float | None = None
+    speedup_vs_fp32: float | None = None
+    """Against the fp32 serial run: numerics and parallelism together."""
+    agreement_vs_fp32: float | None = None
+    latency_p50_ms: float | None = None
+    split_points: list[str] = field(default_factory=list)
+    kept: bool = False
+    why: str = ""
+
+    def row(self) -> dict[str, Any]:
+        c = self.candidate
+        return {"candidate": c.label, **asdict(c), "exact": not c.lossy,
+                **{k: v for k, v in asdict(self).items() if k != "candidate"}}
+
+
+def judge(m: Measured, summary: dict[str, Any], min_agreement: float) -> None:
+    """Fill `m` from its run's summary and decide whether it may win."""
+    c = m.candidate
+    numerics = summary.get("numerics") or {}
+    m.run_id, m.status = summary.get("run_id"), summary.get("status")
+    m.throughput_ips, m.split_points = summary.get("throughput_ips"), list(summary.get("split_points") or [])
+    m.speedup_vs_fp32 = numerics.get("speedup_vs_fp32") if c.numerics != "fp32" else summary.get("speedup")
+    m.agreement_vs_fp32 = (numerics.get("agreement_vs_fp32") if c.numerics != "fp32"
+                           else summary.get("agreement") if c.lossy else 1.0 if summary.get("outputs_match") else None)
+    m.latency_p50_ms = ((summary.get("latency") or {}).get("pipeline") or {}).get("p50_ms")
+    if m.status != "ok" or not summary.get("outputs_match"):
+        m.kept, m.why = False, "its run failed" if m.status != "ok" else "outputs differ from the serial run"
+    elif c.lossy and (m.agreement_vs_fp32 is None or m.agreement_vs_fp32 < min_agreement):
+        m.kept, m.why = False, f"top-1 agreement with fp32 {m.agreement_vs_fp32} is below {min_agreement}"
+    else:
+        m.kept, m.why = True, "bit-identical" if not c.lossy else f"agreement {m.agreement_vs_fp32} >= {min_agreement}"
+
+
+def winner(rows: list[Measured]) -> Measured | None:
+    """The kept candidate with the highest measured throughput (an exact one wins a tie)."""
+    kept = [m for m in rows if m.kept and m.throughput_ips]
+    return max(kept, key=lambda m: (m.throughput_ips or 0.0, not m.candidate.lossy), default=None)
+
+
+@dataclass
+class TuneSettings:
+    measure: int = 3
+    """Candidates measured at most (the pipeline-only one and the int8 serial run included)."""
+    budget_s: float = 1800.0
+    allow_loss: bool = False
+    min_agreement: float = 0.99
+    wait: bool = False
+
+
+async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, out: Path, *,
+                   on_event: EventSink | None = None, cache: BaselineCache | None = None,
+                   on_rows: Callable[[list[Measured]], object] | None = None) -> list[Measured]:
+    """Measure, predict, measure the best; `tune.json` in `out` after every run (E.Interrupted keeps it)."""
+    say = on_event or (lambda _e: None)
+    started = time.monotonic()
+    everything = candidates(cluster, base, allow_loss=settings.allow_loss)
+    rows = {c: Measured(c) for c in everything}
+    measured: list[Measured] = []
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"started_at": time.time(), "cluster": cluster.source, "options": base.model_dump(),
+            "settings": asdict(settings)}
+
+    def save(status: str) -> None:
+        order = sorted(rows.values(), key=lambda m: (m.throughput_ips is None, -(m.throughput_ips or 0.0),
+                                                     -(m.predicted_ips or 0.0)))
+        best, exact = winner(measured), winner([m for m in measured if not m.candidate.lossy])
+        pipeline = winner([m for m in measured if m.candidate.replicas == 1 and not m.candidate.lossy])
+        write_json_atomic(out / "tune.json", {
+            **meta, "status": status, "elapsed_s": round(time.monotonic() - started, 1),
+            "winner": best.row() if best else None, "best_exact": exact.row() if exact else None,
+            "best_pipeline": pipeline.row() if pipeline else None, "rows": [m.row() for m in order]})
+        if on_rows:
+            on_rows(list(measured))
+
+    async def measure(m: Measured, why: str) -> None:
+        say(Phase("tune", f"measuring {m.candidate.label} ({why})"))
+        session = RunSession(cluster, m.candidate.options(base), on_event=on_event, runs_root=out / "runs",
+                             baseline_cache=cache, wait=settings.wait)
+        try:
+            summary = await session.run()
+        except (E.RunFailed, E.OutputMismatch, E.TransportError) as exc:
+            summary = session.last_summary or {"status": "failed"}
+            say(Phase("tune", f"{m.candidate.label}: {exc}"))
+        except E.Interrupted:
+            if session.last_summary:
+                judge(m, session.last_summary, settings.min_agreement)
+                measured.append(m)
+            save("interrupted")
+            raise
+        judge(m, summary, settings.min_agreement)
+        measured.append(m)
+        save("running")
+        say(Phase("tune", f"{m.candidate.label}: {m.throughput_ips} img/s, "
+                          + ("kept" if m.kept else f"not kept: {m.why}")))
+
+    # One stage per host (a single host: one per slot): `balanced` profiles every host it runs on.
+    pipeline = Candidate(1, len(cluster.hosts) if len(cluster.hosts) > 1 else cluster.slots)
+    await measure(rows.setdefault(pipeline, Measured(pipeline)), "the pipeline over every host; it profiles them")
+    gain = None
+    if settings.allow_loss:
+        serial8 = rows[Candidate(1, 1, numerics="int8-dynamic")]
+        await measure(serial8, "what int8 gains on one host")
+        gain = serial8.speedup_vs_fp32 if serial8.status == "ok" else None
+    profiles = cached_profiles(cluster, base, (cache or BaselineCache()).root.parent)
+    if profiles is None:
+        raise E.RunFailed("tune: the hosts' cost profiles are not in the cache after the first run")
+    for m in rows.values():
+        m.predicted_ips = predict(m.candidate, cluster, base, profiles, gain)
+    save("running")
+    todo = sorted((m for m in rows.values() if m not in measured and m.predicted_ips),
+                  key=lambda m: -(m.predicted_ips or 0.0))
+    if settings.allow_loss:  # the best exact configuration is measured too, to stand beside the lossy winner
+        exact = [m for m in todo if not m.candidate.lossy][:1]
+        todo = exact + [m for m in todo if m not in exact]
+    for m in todo:
+        if len(measured) >= settings.measure:
+            break
+        if time.monotonic() - started > settings.budget_s:
+            say(Phase("tune", f"budget of {settings.budget_s:.0f} s spent: {len(measured)} candidate(s) measured"))
+            break
+        await measure(m, f"predicted {m.predicted_ips:.1f} img/s")
+    save("done")
+    return sorted(measured, key=lambda m: -(m.throughput_ips or 0.0))
+
+

@@ -1,0 +1,86 @@
+"""`pictl tune`'s search and verdicts without a run: the candidates a cluster allows, the cost model's
+prediction for replicas, the rule that a lossy candidate below the bound never wins, and the saved preset
+read back by the same resolver `pictl run --profile` uses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from support.clusters import write_cluster
+
+from pictl.inventory import load_cluster
+from pictl.jobs.tune import Candidate, Measured, candidates, judge, predict, winner
+from pictl.jobs.tune_report import preset_text, save_preset, table
+from pictl.planning.costs import Profiles
+from pictl.planning.options import RunOptions
+from pictl.planning.presets import resolve_options
+
+
+def _cluster(tmp_path: Path, hosts: int = 4, slots: int = 1):  # noqa: ANN202
+    return load_cluster(write_cluster(tmp_path / "c", hosts, slots=slots))
+
+
+def test_candidates_fit_the_slots_and_deal_the_microbatches_evenly(tmp_path: Path) -> None:
+    cluster = _cluster(tmp_path)
+    exact = candidates(cluster, RunOptions(images=6, chunk=1), allow_loss=False)
+    shapes = {(c.replicas, c.stages) for c in exact}
+    # 6 microbatches: 4 replicas cannot share them evenly; every other shape of up to 4 ranks can.
+    assert shapes == {(1, 1), (1, 2), (2, 1), (1, 3), (3, 1), (1, 4), (2, 2)}
+    assert not any(c.lossy for c in exact)
+    lossy = candidates(cluster, RunOptions(images=8, chunk=1), allow_loss=True)
+    assert Candidate(4, 1, numerics="int8-dynamic") in lossy and Candidate(2, 2, wire="int8") in lossy
+    assert Candidate(4, 1, wire="fp16") not in lossy  # one stage has no link to compress
+    assert all(not (c.numerics != "fp32" and c.wire != "fp32") for c in lossy)  # one lossy source each
+
+
+def test_replicas_are_predicted_without_fill_and_drain_and_int8_by_its_measured_gain(tmp_path: Path) -> None:
+    cluster = _cluster(tmp_path)
+    pieces = 10
+    profile = {"pieces": [f"p{i}" for i in range(pieces)], "compute_s": [0.01] * pieces,
+               "cut_bytes": [1000.0] * pieces, "piece_bytes": [1.0] * pieces, "comm_s_per_byte": 0.0}
+    profiles = Profiles({h.name: profile for h in cluster.hosts}, [], [])
+    base = RunOptions(images=8, chunk=1)
+    serial = predict(Candidate(1, 1), cluster, base, profiles, None)
+    four = predict(Candidate(4, 1), cluster, base, profiles, None)
+    pipeline = predict(Candidate(1, 4), cluster, base, profiles, None)
+    assert serial == pytest.approx(1 / 0.1, rel=1e-6)
+    assert four == pytest.approx(4 * serial, rel=1e-6)  # four whole models, nothing to fill or drain
+    assert pipeline is not None and pipeline < four  # 8 microbatches through 4 stages: 8 / 11 of 4x at best
+    assert predict(Candidate(4, 1, numerics="int8-dynamic"), cluster, base, profiles, None) is None
+    assert predict(Candidate(4, 1, numerics="int8-dynamic"), cluster, base, profiles, 2.5) == pytest.approx(2.5 * four)
+
+
+def _summary(ips: float, *, agreement: float | None = None, numerics: bool = False) -> dict:
+    return {"run_id": f"r{ips}", "status": "ok", "throughput_ips": ips, "outputs_match": True, "speedup": ips / 10,
+            "split_points": [], "agreement": agreement,
+            "numerics": {"speedup_vs_fp32": ips / 10, "agreement_vs_fp32": agreement} if numerics else None}
+
+
+def test_a_lossy_candidate_below_the_bound_never_wins() -> None:
+    exact = Measured(Candidate(2, 2))
+    judge(exact, _summary(30.0), 0.99)
+    fast_lossy = Measured(Candidate(4, 1, numerics="int8-dynamic"))
+    judge(fast_lossy, _summary(80.0, agreement=0.985, numerics=True), 0.99)
+    assert exact.kept and not fast_lossy.kept and "below 0.99" in fast_lossy.why
+    assert winner([exact, fast_lossy]) is exact
+    good_lossy = Measured(Candidate(2, 2, wire="fp16"))
+    judge(good_lossy, _summary(40.0, agreement=0.995), 0.99)
+    assert winner([exact, fast_lossy, good_lossy]) is good_lossy
+    failed = Measured(Candidate(1, 4))
+    judge(failed, {**_summary(99.0), "status": "failed"}, 0.99)
+    assert not failed.kept and winner([failed]) is None
+    text = table([exact, fast_lossy, good_lossy, failed], good_lossy)
+    assert all(len(line) <= 80 for line in text.splitlines()) and "WINNER" in text
+
+
+def test_the_saved_preset_is_read_back_as_the_winners_configuration(tmp_path: Path) -> None:
+    base = RunOptions(images=8, chunk=1, threads=1, warmup=0, repeats=2)
+    won = Measured(Candidate(2, 2), throughput_ips=31.5, split_points=["blocks.6"])
+    options = won.candidate.options(base)
+    path = save_preset(tmp_path / "profiles", "tuned", preset_text(options, won, "hosts.toml"))
+    again = resolve_options("tuned", {}, extra=path.parent)
+    assert (again.stages, again.replicas, again.split, again.policy) == (2, 2, ["blocks.6"], "explicit")
+    assert (again.images, again.chunk, again.repeats, again.numerics, again.wire) == (8, 1, 2, "fp32", "fp32")
+    with pytest.raises(ValueError, match="not a profile name"):
+        save_preset(tmp_path, "../x", "")
