@@ -54,6 +54,9 @@ def tune(
     model: Annotated[Optional[str], typer.Option(help="timm model name, or an artifact from `pictl prune`.")] = None,
     num_classes: Annotated[Optional[int], typer.Option(help="Classifier outputs.")] = None,
     checkpoint: Annotated[Optional[str], typer.Option(help="State dict (.safetensors / .pth).")] = None,
+    data: Annotated[Optional[str], typer.Option(help="Images to run: synthetic, cifar10, cifar100, imagefolder "
+                                                     "(labelled data adds accuracy to every candidate).")] = None,
+    data_path: Annotated[Optional[str], typer.Option(help="Data set directory on the hosts.")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Tune directory (default: under the runs root).")] = None,
     hosts: HostsOpt = None,
     wait: WaitOpt = False,
@@ -79,6 +82,7 @@ def tune(
         cluster = read_cluster(hosts, cold=cold)
         base = resolve_options(profile, {"images": images, "chunk": chunk, "warmup": warmup, "repeats": repeats,
                                          "model": model, "num_classes": num_classes, "checkpoint": checkpoint,
+                                         "data": data, "data_path": data_path,
                                          "threads": 1 if profile is None else None})
         note_profile(profile)
         root = checked_runs_root(runs_dir)

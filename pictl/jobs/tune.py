@@ -4,15 +4,16 @@ accepts a bounded loss.
 The search space is replicas x stages (stages beyond the hosts through their slots) and, with `allow_loss`,
 int8-dynamic numerics and compressing wire formats (one lossy source per candidate, so its agreement with the
 fp32 serial run is the one measured). Every candidate is predicted from the hosts' cost profiles (the ones
-`balanced` measures, `pictl.planning.costs`): each replica's split is the balanced one for the slowest replica's
-hosts, a pass takes (M / R + S - 1) bottleneck steps, and int8 scales compute by the gain its serial run
-measured. The first measurement is the pipeline over every slot (R = 1, `balanced`): it profiles the hosts
-and is the pipeline-only answer; with `allow_loss`, an int8 serial run measures what int8 gains here. Then the
-best predicted candidates are measured, each a full `pictl run` against the serial run, until `measure` of them
-are in or the budget is spent. A candidate is kept when its run is ok and its outputs are bit-identical to the
-serial run in its numerics (exact), or, lossy, when its top-1 agreement with the fp32 serial run is at least
-`min_agreement`; the winner is the kept one with the highest measured throughput. `tune.json` is rewritten
-after every measurement, so an interrupted tune keeps what it measured.
+`balanced` measures, `pictl.planning.costs`): each replica's split is the balanced one for the slowest
+replica's hosts, a pass takes (M / R + S - 1) bottleneck steps, and int8 scales compute by the gain its
+serial run measured. The first measurement is the pipeline over every host (R = 1, `balanced`): it profiles
+the hosts, is the pipeline-only answer, and with its serial run calibrates the model (`Calibration`); with
+`allow_loss`, an int8 serial run measures what int8 gains here. Then the best predicted candidates are
+measured, each a full `pictl run` against the serial run, until `measure` of them are in or the budget is
+spent. A candidate is kept when its run is ok and its outputs are bit-identical to the serial run in its
+numerics (exact), or, lossy, when its top-1 agreement with the fp32 serial run is at least `min_agreement`;
+the winner is the kept one with the highest measured throughput. `tune.json` is rewritten after every
+measurement, so an interrupted tune keeps what it measured.
 """
 
 from __future__ import annotations
@@ -96,10 +97,23 @@ def cached_profiles(cluster: Cluster, base: RunOptions, cache_root: Path) -> Pro
     return Profiles(by_host, [], [])
 
 
-def predict(c: Candidate, cluster: Cluster, base: RunOptions, profiles: Profiles, int8_gain: float | None,
-            ) -> float | None:
+@dataclass(frozen=True)
+class Calibration:
+    """What the tune's first measurements correct in the cost model: `serial`, the measured serial run over the
+    profiles' serial prediction (the profiles time pieces inside passes, a little slower than the whole model);
+    `pipeline`, the measured pipeline over every host against its (serial-corrected) prediction: what the
+    model leaves out of a pipeline (links, the schedule's own time), applied to every candidate with stages."""
+
+    serial: float = 1.0
+    pipeline: float = 1.0
+    int8_gain: float | None = None
+
+
+def predict(c: Candidate, cluster: Cluster, base: RunOptions, profiles: Profiles,
+            calibration: Calibration | None = None) -> float | None:
     """Predicted img/s of `c`, or None when nothing can be said (no int8 gain measured yet, no feasible split)."""
-    if c.numerics != "fp32" and not int8_gain:
+    cal = calibration or Calibration()
+    if c.numerics != "fp32" and not cal.int8_gain:
         return None
     hosts = [n.host.name for n in place_stages(cluster, c.replicas * c.stages) for _ in n.ranks]
     tables = [cost_table(hosts[r * c.stages:(r + 1) * c.stages], profiles,
@@ -109,8 +123,9 @@ def predict(c: Candidate, cluster: Cluster, base: RunOptions, profiles: Profiles
     except NoFeasibleSplit:
         return None
     per_replica = -(-base.images // base.chunk) // c.replicas
-    ips = base.images / ((per_replica + c.stages - 1) * step_s)
-    return ips * (int8_gain if c.numerics != "fp32" and int8_gain else 1.0)
+    ips = base.images / ((per_replica + c.stages - 1) * step_s) * cal.serial
+    ips *= cal.pipeline if c.stages > 1 else 1.0
+    return ips * (cal.int8_gain if c.numerics != "fp32" and cal.int8_gain else 1.0)
 
 
 @dataclass
@@ -126,6 +141,8 @@ class Measured:
     """Against the fp32 serial run: numerics and parallelism together."""
     agreement_vs_fp32: float | None = None
     latency_p50_ms: float | None = None
+    serial_ips: float | None = None
+    """The fp32 serial run's img/s the run was measured against."""
     split_points: list[str] = field(default_factory=list)
     kept: bool = False
     why: str = ""
@@ -146,6 +163,7 @@ def judge(m: Measured, summary: dict[str, Any], min_agreement: float) -> None:
     m.agreement_vs_fp32 = (numerics.get("agreement_vs_fp32") if c.numerics != "fp32"
                            else summary.get("agreement") if c.lossy else 1.0 if summary.get("outputs_match") else None)
     m.latency_p50_ms = ((summary.get("latency") or {}).get("pipeline") or {}).get("p50_ms")
+    m.serial_ips = numerics.get("fp32_serial_ips") if c.numerics != "fp32" else summary.get("serial_ips")
     if m.status != "ok" or not summary.get("outputs_match"):
         m.kept, m.why = False, "its run failed" if m.status != "ok" else "outputs differ from the serial run"
     elif c.lossy and (m.agreement_vs_fp32 is None or m.agreement_vs_fp32 < min_agreement):
@@ -227,8 +245,12 @@ async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, o
     profiles = cached_profiles(cluster, base, (cache or BaselineCache()).root.parent)
     if profiles is None:
         raise E.RunFailed("tune: the hosts' cost profiles are not in the cache after the first run")
+    calibration = calibrate(rows[pipeline], cluster, base, profiles, gain)
+    say(Phase("tune", f"cost model calibrated: serial x{calibration.serial:.2f}, pipelines x{calibration.pipeline:.2f}"
+                      + (f", int8 x{gain:.2f}" if gain else "")))
+    meta["calibration"] = asdict(calibration)
     for m in rows.values():
-        m.predicted_ips = predict(m.candidate, cluster, base, profiles, gain)
+        m.predicted_ips = predict(m.candidate, cluster, base, profiles, calibration)
     save("running")
     todo = sorted((m for m in rows.values() if m not in measured and m.predicted_ips),
                   key=lambda m: -(m.predicted_ips or 0.0))
@@ -246,3 +268,13 @@ async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, o
     return sorted(measured, key=lambda m: -(m.throughput_ips or 0.0))
 
 
+def calibrate(first: Measured, cluster: Cluster, base: RunOptions, profiles: Profiles,
+              int8_gain: float | None) -> Calibration:
+    """The model corrected by the first run: its serial run, and (when it is a pipeline) the pipeline itself."""
+    raw_serial = predict(Candidate(1, 1), cluster, base, profiles)
+    serial = first.serial_ips / raw_serial if first.serial_ips and raw_serial else 1.0
+    pipeline = 1.0
+    if first.candidate.stages > 1 and first.status == "ok" and first.throughput_ips:
+        raw = predict(first.candidate, cluster, base, profiles, Calibration(serial))
+        pipeline = first.throughput_ips / raw if raw else 1.0
+    return Calibration(round(serial, 4), round(pipeline, 4), int8_gain)

@@ -10,7 +10,7 @@ import pytest
 from support.clusters import write_cluster
 
 from pictl.inventory import load_cluster
-from pictl.jobs.tune import Candidate, Measured, candidates, judge, predict, winner
+from pictl.jobs.tune import Calibration, Candidate, Measured, calibrate, candidates, judge, predict, winner
 from pictl.jobs.tune_report import preset_text, save_preset, table
 from pictl.planning.costs import Profiles
 from pictl.planning.options import RunOptions
@@ -48,7 +48,15 @@ def test_replicas_are_predicted_without_fill_and_drain_and_int8_by_its_measured_
     assert four == pytest.approx(4 * serial, rel=1e-6)  # four whole models, nothing to fill or drain
     assert pipeline is not None and pipeline < four  # 8 microbatches through 4 stages: 8 / 11 of 4x at best
     assert predict(Candidate(4, 1, numerics="int8-dynamic"), cluster, base, profiles, None) is None
-    assert predict(Candidate(4, 1, numerics="int8-dynamic"), cluster, base, profiles, 2.5) == pytest.approx(2.5 * four)
+    int8 = predict(Candidate(4, 1, numerics="int8-dynamic"), cluster, base, profiles, Calibration(int8_gain=2.5))
+    assert int8 == pytest.approx(2.5 * four)
+    # Calibrated by a first pipeline run that measured 80 % of its prediction, against a serial run 1.2x the
+    # profiles': every candidate takes the serial correction, only those with stages the pipeline's.
+    first = Measured(Candidate(1, 4), status="ok", throughput_ips=0.8 * 1.2 * pipeline, serial_ips=1.2 * serial)
+    cal = calibrate(first, cluster, base, profiles, None)
+    assert (cal.serial, cal.pipeline) == (pytest.approx(1.2), pytest.approx(0.8))
+    assert predict(Candidate(4, 1), cluster, base, profiles, cal) == pytest.approx(1.2 * four)
+    assert predict(Candidate(1, 4), cluster, base, profiles, cal) == pytest.approx(first.throughput_ips)
 
 
 def _summary(ips: float, *, agreement: float | None = None, numerics: bool = False) -> dict:
