@@ -17,7 +17,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 _API = ("Cluster", "PruneOptions", "PruneSummary", "RunOptions", "RunSummary", "SweepResult", "TrainOptions",
         "TrainSummary", "load_cluster", "prune", "prune_async", "run_experiment", "run_experiment_async", "runs",
-        "sweep", "sweep_async", "train", "train_async")
+        "sweep", "sweep_async", "train", "train_async", "tune", "tune_async")
 __all__ = ["PROJECT_ROOT", "__version__", *_API]
 
 

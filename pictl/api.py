@@ -9,13 +9,13 @@ runs. The CLI and the dashboard are built on the same sessions; this is their pr
     for past in pictl.runs():                             # newest first
         print(past.run_id, past.speedup)
 
-Also `sweep` (every combination of stages, chunks, policies and wire formats against shared baselines, as
-`pictl sweep`), `train` and `prune` (as `pictl train` and `pictl prune`), each returning its typed summary. Every
-function has an `async` twin (`run_experiment_async`, `sweep_async`, `train_async`, `prune_async`) for notebooks
-and event loops that are already running. A job that started returns its summary whatever its status
-(`summary.status`: ok, failed, interrupted; `summary.error` says why); bad input, an unreachable host or a busy
-one raise `PictlError` subclasses (`pictl.errors`: each has the CLI's exit code as `exit_code`) before anything starts.
-"""
+Also `tune` (as `pictl tune`: the measured configurations, fastest first), `sweep` (every combination of stages,
+chunks, policies and wire formats against shared baselines, as `pictl sweep`), `train` and `prune` (as `pictl
+train` and `pictl prune`), each returning its typed summary. Every function has an `async` twin
+(`run_experiment_async`, `sweep_async`, `train_async`, `prune_async`) for notebooks and event loops that are
+already running. A job that started returns its summary whatever its status (`summary.status`: ok, failed,
+interrupted; `summary.error` says why); bad input, an unreachable host or a busy one raise `PictlError` subclasses
+(`pictl.errors`: each has the CLI's exit code as `exit_code`) before anything starts. """
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ from pictl.job_summaries import PruneSummary, TrainSummary
 from pictl.jobs.prune import PruneOptions, PruneSession
 from pictl.jobs.training.options import TrainOptions
 from pictl.jobs.training.session import TrainSession
+from pictl.jobs.tune import Measured
 from pictl.planning.options import RunOptions
 from pictl.planning.presets import resolve_options
 from pictl.records.runs import default_runs_root
@@ -44,7 +45,7 @@ from pictl.summary_models import RunSummary
 
 __all__ = ["Cluster", "PruneOptions", "PruneSummary", "RunOptions", "RunSummary", "SweepResult", "TrainOptions",
            "TrainSummary", "load_cluster", "prune", "prune_async", "run_experiment", "run_experiment_async", "runs",
-           "sweep", "sweep_async", "train", "train_async"]
+           "sweep", "sweep_async", "train", "train_async", "tune", "tune_async"]
 # (`pictl.run` is the package of a run's phases: the library's verb is `run_experiment`.)
 
 EventHandler = Callable[[SessionEvent], None]
@@ -126,6 +127,29 @@ async def sweep_async(cluster: Cluster | None = None, options: RunOptions | None
 def sweep(cluster: Cluster | None = None, options: RunOptions | None = None, **kwargs: Any) -> SweepResult:
     """`sweep_async`, for code that is not in an event loop."""
     return asyncio.run(sweep_async(cluster, options, **kwargs))
+
+
+async def tune_async(cluster: Cluster | None = None, options: RunOptions | None = None, *, allow_loss: bool = False,
+                     min_agreement: float = 0.99, measure: int = 3, budget_s: float = 1800.0,
+                     out: str | Path | None = None, profile: str | None = None, on_event: EventHandler | None = None,
+                     wait: bool = False, **fields: Any) -> list[Measured]:
+    """As `pictl tune` (without saving a preset): the measured candidates, fastest first; `winner(rows)` (from
+    `pictl.jobs.tune`) is the one `pictl tune` would save. `tune.json` is in `out`."""
+    from pictl.jobs.tune import TuneSettings, run_tune
+
+    chosen_cluster = cluster or load_cluster()
+    base = _options(options, profile, {"threads": 1, **fields} if options is None and profile is None else fields)
+    target = Path(out) if out else default_runs_root().parent / "tunes" / time.strftime("%Y%m%d-%H%M%S")
+    if target.exists():
+        raise E.ConfigError(f"out: {target} already exists")
+    settings = TuneSettings(measure=measure, budget_s=budget_s, allow_loss=allow_loss, min_agreement=min_agreement,
+                            wait=wait)
+    return await run_tune(chosen_cluster, base, settings, target, on_event=on_event)
+
+
+def tune(cluster: Cluster | None = None, options: RunOptions | None = None, **kwargs: Any) -> list[Measured]:
+    """`tune_async`, for code that is not in an event loop."""
+    return asyncio.run(tune_async(cluster, options, **kwargs))
 
 
 async def train_async(cluster: Cluster | None = None, options: TrainOptions | None = None, *,

@@ -108,8 +108,13 @@ def evaluate(table: CostTable, starts: Sequence[int]) -> Split:
                  tuple(link_time(table, s, bounds[s + 1]) for s in range(table.stages - 1)))
 
 
-def balanced_split(table: CostTable) -> Split:
-    """The split with the smallest bottleneck (ties: the first found, scanning cuts left to right)."""
+def balanced_split(table: CostTable, *others: CostTable) -> Split:
+    """The split with the smallest bottleneck (ties: the first found, scanning cuts left to right). With
+    `others` (replicas that share the split, each on its own hosts), the smallest bottleneck of the slowest
+    of them: each stage and link costs its worst over the tables, which is exact, since the slowest replica's
+    bottleneck is the largest of every replica's every stage. The result is evaluated on the table whose
+    bottleneck it is."""
+    tables = (table, *others)
     k, n = table.stages, table.pieces
     if k > n:
         raise NoFeasibleSplit(f"{k} stages but only {n} pieces to share")
@@ -120,11 +125,11 @@ def balanced_split(table: CostTable) -> Split:
     for s in range(1, k + 1):
         # Stage s-1 needs one piece at least, and the stages after it one each.
         for j in range(s, n - (k - s) + 1):
-            wire = link_time(table, s - 1, j) if j < n else 0.0
+            wire = max(link_time(t, s - 1, j) for t in tables) if j < n else 0.0
             for i in range(s - 1, j):
                 if best[s - 1][i] == math.inf:
                     continue
-                value = max(best[s - 1][i], stage_time(table, s - 1, i, j), wire)
+                value = max(best[s - 1][i], max(stage_time(t, s - 1, i, j) for t in tables), wire)
                 if value < best[s][j]:
                     best[s][j], cut[s][j] = value, i
     if best[k][n] == math.inf:
@@ -133,7 +138,7 @@ def balanced_split(table: CostTable) -> Split:
     for s in range(k, 1, -1):
         j = cut[s][j]
         starts.append(j)
-    return evaluate(table, sorted(starts))
+    return max((evaluate(t, sorted(starts)) for t in tables), key=lambda sp: sp.bottleneck_s)
 
 
 def brute_force_split(table: CostTable) -> Split:

@@ -35,8 +35,8 @@ from pictl.records.cache import JsonCache
 from pictl.records.runs import write_json_atomic
 from pictl.run.baselines import BaselineCache
 from pictl.run.session import RunSession
-from pictl.run.split import slowest_of
-from remote.balance import NoFeasibleSplit, balanced_split
+from pictl.run.split import shared_split
+from remote.balance import NoFeasibleSplit
 from remote.wire import byte_ratio, parse_wire
 
 LOSSY_WIRES = ("fp16", "int8")
@@ -119,7 +119,7 @@ def predict(c: Candidate, cluster: Cluster, base: RunOptions, profiles: Profiles
     tables = [cost_table(hosts[r * c.stages:(r + 1) * c.stages], profiles,
                          wire_ratio=byte_ratio(parse_wire(c.wire).default)) for r in range(c.replicas)]
     try:
-        step_s = balanced_split(slowest_of(tables)).bottleneck_s
+        step_s = shared_split(tables).bottleneck_s
     except NoFeasibleSplit:
         return None
     per_replica = -(-base.images // base.chunk) // c.replicas

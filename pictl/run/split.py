@@ -15,7 +15,7 @@ from pictl.cluster.jobs import HostJob
 from pictl.planning.costs import cost_table, host_profiles, keep_corrections, link_profiles
 from pictl.run.context import RunContext
 from pictl.run.placement import Placement
-from remote.balance import CostTable, Link, NoFeasibleSplit, balanced_split
+from remote.balance import CostTable, NoFeasibleSplit, Split, balanced_split
 from remote.run_records import Refined
 from remote.spec import RefineSpec, RunSpec
 from remote.wire import byte_ratio, parse_wire
@@ -47,9 +47,10 @@ async def choose_split(ctx: RunContext, job: HostJob, placement: Placement, spec
         (a, b) for hosts in replicas for a, b in itertools.pairwise(hosts) if a != b)]
     links, measured_links = await link_profiles(hops, ctx.cache("links"))
     ratio = byte_ratio(parse_wire(o.wire).default)
-    table = slowest_of([cost_table(hosts, profiles, links, wire_ratio=ratio) for hosts in replicas])
+    tables = [cost_table(hosts, profiles, links, wire_ratio=ratio) for hosts in replicas]
+    table = tables[0]
     try:
-        split = balanced_split(table)
+        split = shared_split(tables)
     except NoFeasibleSplit as exc:
         raise E.ConfigError(f"policy balanced: {exc}") from None
     pieces = profiles.by_host[stage_hosts[0]]["pieces"]
@@ -119,15 +120,7 @@ def keep_refined(ctx: RunContext, placement: Placement, choice: SplitChoice, ref
     return {h: round(f, 4) for h, f in corrections.items()}
 
 
-def slowest_of(tables: list[CostTable]) -> CostTable:
-    """One table for replicas that share a split: each stage position costs what it costs on the slowest of
-    the replicas' hosts there, each link what the slowest of theirs does (one replica: its own table)."""
-    if len(tables) == 1:
-        return tables[0]
-    first = tables[0]
-    return replace(first, compute_s=[[max(t.compute_s[s][p] for t in tables) for p in range(len(row))]
-                                     for s, row in enumerate(first.compute_s)],
-                   links=[Link(max(t.links[s].latency_s for t in tables), min(t.links[s].bytes_per_s for t in tables))
-                          for s in range(len(first.links))],
-                   comm_s_per_byte=[max(t.comm_s_per_byte[s] for t in tables)
-                                    for s in range(len(first.comm_s_per_byte))])
+def shared_split(tables: list[CostTable]) -> Split:
+    """One split for replicas that share it, each on its own hosts (`tables`): the balanced split of the
+    slowest replica, as that replica runs it (one replica: its balanced split)."""
+    return balanced_split(*tables)
