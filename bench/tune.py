@@ -33,7 +33,7 @@ def pictl(env: dict, *args: str, timeout: float = 7200) -> dict:
     proc = subprocess.run([sys.executable, "-m", "pictl", *args, "--json"], env=env, cwd=env["PICTL_BENCH_CWD"],
                           capture_output=True, text=True, timeout=timeout)
     print(proc.stderr[-6000:] if proc.returncode else _table(proc.stderr), file=sys.stderr, flush=True)
-    if proc.returncode not in (0, 3):
+    if proc.returncode not in (0, 3) or not proc.stdout.strip():  # 3: no candidate kept (the JSON says why)
         raise SystemExit(f"pictl {' '.join(args[:2])} failed ({proc.returncode})")
     return json.loads(proc.stdout)
 

@@ -85,9 +85,10 @@ def candidates(cluster: Cluster, base: RunOptions, *, allow_loss: bool) -> list[
     return out
 
 
-def cached_profiles(cluster: Cluster, base: RunOptions, cache_root: Path) -> Profiles | None:
-    """The hosts' cost profiles from the cache the runs fill (None while any host has none)."""
-    code, costs = manifest_digest(local_tree()), JsonCache(cache_root / "costs")
+def cached_profiles(cluster: Cluster, base: RunOptions, cache_root: Path, code: str | None = None) -> Profiles | None:
+    """The hosts' cost profiles from the cache the runs fill (None while any host has none); `code`: the digest
+    of the tree the runs pushed (default: the tree now)."""
+    code, costs = code or manifest_digest(local_tree()), JsonCache(cache_root / "costs")
     by_host = {}
     for host in cluster.hosts:
         found = costs.get(profile_key(host, base.model, base.num_classes, base.chunk, base.threads or 1, code=code))
@@ -213,10 +214,13 @@ async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, o
         if on_rows:
             on_rows(list(measured))
 
+    codes: list[str] = []
+
     async def measure(m: Measured, why: str) -> None:
         say(Phase("tune", f"measuring {m.candidate.label} ({why})"))
         session = RunSession(cluster, m.candidate.options(base), on_event=on_event, runs_root=out / "runs",
                              baseline_cache=cache, wait=settings.wait)
+        codes.append(session.ctx.code)
         try:
             summary = await session.run()
         except (E.RunFailed, E.OutputMismatch, E.TransportError) as exc:
@@ -242,9 +246,10 @@ async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, o
         serial8 = rows[Candidate(1, 1, numerics="int8-dynamic")]
         await measure(serial8, "what int8 gains on one host")
         gain = serial8.speedup_vs_fp32 if serial8.status == "ok" else None
-    profiles = cached_profiles(cluster, base, (cache or BaselineCache()).root.parent)
+    profiles = cached_profiles(cluster, base, (cache or BaselineCache()).root.parent, codes[0])
     if profiles is None:
-        raise E.RunFailed("tune: the hosts' cost profiles are not in the cache after the first run")
+        raise E.RunFailed("tune: the hosts' cost profiles are not in the cache after the first run"
+                          + ("" if rows[pipeline].status == "ok" else " (it failed: see its record)"))
     calibration = calibrate(rows[pipeline], cluster, base, profiles, gain)
     say(Phase("tune", f"cost model calibrated: serial x{calibration.serial:.2f}, pipelines x{calibration.pipeline:.2f}"
                       + (f", int8 x{gain:.2f}" if gain else "")))
