@@ -42,8 +42,9 @@ def tune(
                                              "wire formats, kept when their top-1 agreement with the fp32 serial "
                                              "run is at least --min-agreement.")] = False,
     min_agreement: Annotated[float, typer.Option(min=0.0, max=1.0, help="Lossy candidates' bound.")] = 0.99,
-    measure: Annotated[int, typer.Option(min=1, max=64, help="Candidates measured at most (the pipeline over every "
-                                                             "host first).")] = 3,
+    measure: Annotated[Optional[int], typer.Option(min=1, max=64, help="Candidates measured at most (the pipeline "
+                                                                       "over every host first) [default: 3; 5 with "
+                                                                       "--allow-loss]")] = None,
     budget: Annotated[float, typer.Option(min=1.0, help="Wall-time budget in seconds: no new measurement starts "
                                                         "after it.")] = 1800.0,
     save_as: Annotated[str, typer.Option(help="Preset the winner is saved as (./profiles/NAME.toml).")] = "tuned",
@@ -90,7 +91,7 @@ def tune(
         if os.path.lexists(target):
             raise E.ConfigError(f"--out: {target} already exists")
         writable_dir(target, "--out")
-        settings = TuneSettings(measure=measure, budget_s=budget, allow_loss=allow_loss,
+        settings = TuneSettings(measure=measure or (5 if allow_loss else 3), budget_s=budget, allow_loss=allow_loss,
                                 min_agreement=min_agreement, wait=wait)
         rows = asyncio.run(run_cancellable(run_tune(cluster, base, settings, target, on_event=renderer,
                                                     cache=BaselineCache())))

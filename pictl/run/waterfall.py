@@ -57,6 +57,11 @@ ADVICE = {
     "residual": "more timed passes (--repeats): the pass-to-pass spread is not modelled",
     "recut": "a host drifted during the run: the passes before the re-cut ran a worse split (see `recuts`)",
 }
+REPLICA_ADVICE = {
+    "split_overhead": "the copies computed slower than the serial run alone: copies on one machine share its memory "
+                      "bandwidth and caches (see `pictl check`), or their hosts are slower than the serial run's",
+}
+"""Where a replicated run's term means something else: with one stage per copy there is no cut to move."""
 RESIDUAL_LIMIT = 0.05
 """A residual above this share of N raises the `waterfall_residual` flag: the model missed something."""
 
@@ -127,11 +132,12 @@ def waterfall(s: dict[str, Any], settled: Settled | None = None) -> dict[str, An
                       "share": round(-points / gap, 4) if abs(gap) > 1e-9 else None})
     losses = [t for t in terms if t["points"] < 0]
     dominant = min(losses, key=lambda t: t["points"])["term"] if losses else None
+    advice = ((REPLICA_ADVICE.get(dominant) if r > 1 else None) or ADVICE[dominant]) if dominant else None
     return {"stages": n * r, "replicas": r, "speedup": round(float(speedup), 4), "gap": round(gap, 4),
             "bottleneck_rank": b,
             "microbatches": m, "terms": terms, "dominant": dominant,
             "settled_from_pass": settled.first if settled else None,
-            "advice": ADVICE[dominant] if dominant else None,
+            "advice": advice,
             "per_image_ms": {"serial": round(t_s * 1000, 3), "serial_compute": round(t_sc * 1000, 3),
                              "bottleneck_compute": round(c[b] * 1000, 3), "bottleneck_wait_for_cpu":
                              round(d[b] * 1000, 3), "bottleneck_communication": round(k_b * 1000, 3),
