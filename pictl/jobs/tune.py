@@ -226,6 +226,11 @@ async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, o
         except (E.RunFailed, E.OutputMismatch, E.TransportError) as exc:
             summary = session.last_summary or {"status": "failed"}
             say(Phase("tune", f"{m.candidate.label}: {exc}"))
+        except E.ConfigError as exc:
+            if not measured:  # the first run: the tune's own options are at fault, nothing is measured
+                raise
+            summary = {"status": "failed"}  # this shape cannot run here (no split fits, say): the rest can
+            say(Phase("tune", f"{m.candidate.label} refused: {exc}"))
         except E.Interrupted:
             if session.last_summary:
                 judge(m, session.last_summary, settings.min_agreement)
