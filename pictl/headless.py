@@ -216,6 +216,20 @@ def numerics_lines(s: dict[str, Any]) -> list[str]:
         f"{n.get('compared_images') or '-'} image(s)")]
 
 
+def replica_lines(s: dict[str, Any]) -> list[str]:
+    """With replicas: each one's own img/s beside the aggregate (every image over the slowest one's time)."""
+    each = s.get("replica_ips")
+    if not each:
+        return []
+    return [f"replicas: {' / '.join(_fmt(v) for v in each)} img/s each; together {_fmt(s.get('throughput_ips'))} "
+            "img/s (every image over the slowest replica's pass)"]
+
+
+def detail_lines(s: dict[str, Any]) -> list[str]:
+    """The lines under the stage table: replicas, links, numerics, re-cuts, why not N."""
+    return replica_lines(s) + wire_lines(s) + numerics_lines(s) + recut_lines(s) + explain_lines(s)
+
+
 def summary_title(s: dict[str, Any]) -> str:
     """The result in one line (printed above the stage table, never wrapped into it)."""
     replicas = s.get("replicas") or 1
@@ -255,7 +269,7 @@ def print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
         err = result_console(stderr=True)
         err.print(printable(summary_title(summary)), markup=False, highlight=False, soft_wrap=True)
         err.print(summary_table(summary))
-        for line in wire_lines(summary) + numerics_lines(summary) + recut_lines(summary) + explain_lines(summary):
+        for line in detail_lines(summary):
             err.print(line, markup=False, highlight=False, soft_wrap=True)
         for line in flag_lines(summary):
             err.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
@@ -265,7 +279,7 @@ def print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
         out = result_console()
         out.print(printable(summary_title(summary)), markup=False, highlight=False, soft_wrap=True)
         out.print(summary_table(summary))
-        for line in wire_lines(summary) + numerics_lines(summary) + recut_lines(summary) + explain_lines(summary):
+        for line in detail_lines(summary):
             out.print(line, markup=False, highlight=False, soft_wrap=True)
         for line in flag_lines(summary):  # one line each, however long: scripts grep them
             out.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)

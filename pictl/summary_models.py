@@ -237,6 +237,9 @@ class RunSummary(Open):
     stages: int = Field(ge=1)
     replicas: int = Field(default=1, ge=1)
     """Copies of the pipeline (an older record: one); the run used stages x replicas ranks."""
+    replica_ips: list[float] | None = None
+    """With replicas: each one's own img/s (its images over its own pass times; `throughput_ips` is every
+    image over the slowest replica's)."""
     policy: str | None = None
     artifact: ArtifactRecord | None = None
     split_points: list[str] = []

@@ -65,6 +65,8 @@ class Throughput(Record):
     seconds: Num | None = None
     ips: Num
     traced: Bool | None = None
+    replica_seconds: Nums | None = None
+    """With replicas: each replica's pass time (the pass's `seconds` is the largest)."""
 
 
 @dataclass(frozen=True, kw_only=True)

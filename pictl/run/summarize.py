@@ -79,6 +79,7 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
         "numerics": numerics_summary(ctx, reached.serial, ips),
         "recuts": recut_summary(tel),
         "pass_ips": list(tel.throughputs),
+        "replica_ips": replica_ips(o, tel.replica_seconds),
         "agreement": cmp.agreement if cmp else None, "mean_abs_diff": cmp.mean_abs_diff if cmp else None,
         "accuracy": baseline.top1 if serial_only and baseline else tel.top1,
         "serial_accuracy": baseline.top1 if baseline else None,
@@ -124,6 +125,17 @@ def numerics_summary(ctx: RunContext, serial: Serial | None, ips: float | None) 
             "agreement_vs_fp32": round(agreed[0], 6) if agreed else None,
             "mean_abs_diff_vs_fp32": agreed[1] if agreed else None,
             "compared_images": len(same.logits) // (4 * o.num_classes) if same and agreed else None}
+
+
+def replica_ips(o: RunOptions, passes: list[list[float]]) -> list[float] | None:
+    """Each replica's own img/s over the timed passes: its share of the images (microbatch j is replica
+    j mod R's; the last one may be short) over its own pass times."""
+    if o.replicas == 1 or not passes or any(len(p) != o.replicas for p in passes):
+        return None
+    share = [0] * o.replicas
+    for j in range(-(-o.images // o.chunk)):
+        share[j % o.replicas] += min(o.chunk, o.images - j * o.chunk)
+    return [round(share[r] * len(passes) / sum(p[r] for p in passes), 4) for r in range(o.replicas)]
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

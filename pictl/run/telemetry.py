@@ -60,6 +60,7 @@ class RunTelemetry:
         self.stages: dict[int, StageState] = {}
         self.throughputs: list[float] = []
         self.traced_throughputs: list[float] = []  # passes a profiler window touched: slower, kept apart
+        self.replica_seconds: list[list[float]] = []  # with replicas: each timed pass's every replica's time
         self.traces: list[Trace] = []
         self.accuracy: Accuracy | None = None
         self.outputs: Outputs | None = None
@@ -118,6 +119,8 @@ class RunTelemetry:
                     self.pass_counters[(ev.rank, ev.repeat)] = ev
             case Throughput():
                 (self.traced_throughputs if ev.traced else self.throughputs).append(float(ev.ips))
+                if ev.replica_seconds and not ev.traced:
+                    self.replica_seconds.append([float(t) for t in ev.replica_seconds])
             case Trace():
                 self.traces.append(replace(ev, host=host))  # the inventory's name, not the host's own
             case Refine():

@@ -148,7 +148,8 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
                 lambda: stage.counters)
         stage.counters.send_s = max(0.0, seconds - stage.counters.compute_s - stage.counters.wait_s)
         passes_run += 1
-        return place.slowest(seconds), out  # with replicas, the pass lasts until the slowest one is done
+        state["replica_seconds"] = place.pass_times(seconds)
+        return max(state["replica_seconds"]), out  # with replicas, the pass lasts until the slowest one is done
 
     def rebuild(starts: tuple[int, ...]) -> None:
         nonlocal built, layout
@@ -211,7 +212,9 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
         gathered = place.gather_outputs(out if last else None, all_mb, spec.chunk) if timed and repeat == 0 else None
         if place.gathers and timed:
             emitter.emit(Throughput(repeat=repeat, images=spec.images, seconds=round(seconds, 6),
-                                    ips=round(spec.images / seconds, 4), traced=traced))
+                                    ips=round(spec.images / seconds, 4), traced=traced,
+                                    replica_seconds=[round(t, 6) for t in state["replica_seconds"]]
+                                    if place.count > 1 else None))
             if gathered is not None:
                 logits = gathered[: spec.images]  # drop the padded rows of the last microbatch
                 predictions = logits.argmax(dim=1)

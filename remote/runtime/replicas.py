@@ -53,13 +53,14 @@ class Replicas:
     def deal(self, mbs: list[torch.Tensor]) -> list[torch.Tensor]:
         return mbs[self.replica::self.count]
 
-    def slowest(self, seconds: float) -> float:
-        """The pass time of the slowest replica (every rank calls this after every pass)."""
+    def pass_times(self, seconds: float) -> list[float]:
+        """Every replica's pass time: the longest of its ranks' (every rank calls this after every pass)."""
         if self.count == 1:
-            return seconds
-        t = torch.tensor([seconds], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float(t.item())
+            return [seconds]
+        t = torch.zeros(self.count * self.stages, dtype=torch.float64)
+        t[self.rank] = seconds
+        dist.all_reduce(t)  # each rank fills its own slot: the sum is every rank's time
+        return [float(t[r * self.stages:(r + 1) * self.stages].max()) for r in range(self.count)]
 
     def gather_outputs(self, out: torch.Tensor | None, total: int, chunk: int) -> torch.Tensor | None:
         """Every replica's logits in image order, on the gathering rank (None elsewhere); every rank calls

@@ -153,6 +153,11 @@ def test_replicas_deal_the_images_and_every_replica_matches_the_serial_run(share
     assert s["per_stage"][0]["modules"][-1] == "blocks.5" and s["per_stage"][3]["modules"][0] == "blocks.6"
     assert s["efficiency"] == pytest.approx(s["speedup"] / 4, rel=1e-3)
     assert "2 replicas x 2 stage(s)" in proc.stderr and "(ideal 4x)" in proc.stderr
+    # Each replica's own rate (2 images over its own pass) is at least the aggregate's half: the aggregate is
+    # every image over the slowest replica's pass.
+    each = s["replica_ips"]
+    assert len(each) == 2 and min(each) == pytest.approx(s["throughput_ips"] / 2, rel=1e-3)
+    assert max(each) >= min(each) and "img/s each; together" in proc.stderr
     w = s["waterfall"]
     assert w["stages"] == 4 and w["replicas"] == 2
     assert sum(t["points"] for t in w["terms"]) == pytest.approx(s["speedup"] - 4, abs=1e-3)
@@ -163,6 +168,7 @@ def test_replicas_deal_the_images_and_every_replica_matches_the_serial_run(share
     run_dir = Path(whole["run_dir"])
     assert (run_dir / "logits-pipeline.f32").read_bytes() == (run_dir / "logits-serial.f32").read_bytes()
     assert whole["wire"] is None and whole["latency"]["pipeline"]["microbatches"] == 1  # replica 0's one
+    assert len(whole["replica_ips"]) == 3  # 2 + 2 + 1 images (the last microbatch short)
 
     for args, named in ((["--stages", "2", "--replicas", "3"], "3 replicas x 2 stages = 6 ranks do not fit"),
                         (["--stages", "1", "--replicas", "2"], "replicas: 2 replicas need the 3 microbatches")):
