@@ -44,6 +44,8 @@ class HostRow:
 class StageView:
     rank: int
     host: str
+    label: str = ""
+    """What the panel calls the rank: "stage 2", or with replicas "replica 1 stage 0"."""
     modules: list[str] = field(default_factory=list)
     ips: deque[float] = field(default_factory=lambda: deque(maxlen=SPARK_POINTS))
     phase: str = "waiting"
@@ -146,8 +148,10 @@ class DashboardState:
     def _put(self, host: str, ranks: Iterable[int], activity: str) -> None:
         row = self.hosts[host]
         row.ranks, row.activity = list(ranks), activity
+        stages, copies = int(self.options.get("stages") or 1), int(self.options.get("replicas") or 1)
         for r in ranks:
-            self.stages[r] = StageView(r, host)
+            label = f"replica {r // stages} stage {r % stages}" if copies > 1 else f"stage {r}"
+            self.stages[r] = StageView(r, host, label)
 
     def on_placed(self, placed: Placed) -> None:
         """Where the session put the stages (under `balanced`, maybe not the first hosts)."""

@@ -109,3 +109,14 @@ def test_replicas_share_the_split_whose_slowest_replica_is_fastest() -> None:
     assert split.bottleneck_s == min(max(evaluate(a, (c,)).bottleneck_s, evaluate(b, (c,)).bottleneck_s)
                                      for c in (1, 2, 3))
     assert split.bottleneck_s < 6.0  # what the element-wise worst table [[2,2,1,1],[1,1,2,2]] would say at best
+
+
+def test_the_dashboard_names_each_rank_by_its_replica_and_stage(tmp_path: Path) -> None:
+    from pictl.tui.state import DashboardState
+
+    state = DashboardState(_cluster(tmp_path))
+    state.start_run({"stages": 2, "replicas": 2})
+    assert [st.label for st in state.stages.values()] == ["replica 0 stage 0", "replica 0 stage 1",
+                                                          "replica 1 stage 0", "replica 1 stage 1"]
+    state.start_run({"stages": 3})
+    assert [st.label for st in state.stages.values()] == ["stage 0", "stage 1", "stage 2"]
