@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pictl import errors as E
+from pictl.cluster.hoststate import capacity
 from pictl.cluster.push import local_tree, manifest_digest
 from pictl.events import EventSink, Phase
 from pictl.inventory import Cluster
@@ -103,11 +104,25 @@ class Calibration:
     """What the tune's first measurements correct in the cost model: `serial`, the measured serial run over the
     profiles' serial prediction (the profiles time pieces inside passes, a little slower than the whole model);
     `pipeline`, the measured pipeline over every host against its (serial-corrected) prediction: what the
-    model leaves out of a pipeline (links, the schedule's own time), applied to every candidate with stages."""
+    model leaves out of a pipeline (links, the schedule's own time), applied to every candidate with stages.
+    `machines`: host -> [machine, its CPUs, the host's own cap], from the first run's host records: hosts that
+    share one machine share its CPUs, so a candidate running more threads on it than it has is slowed by the
+    ratio (the shipped local cluster's four "hosts" on one machine; Pis never share)."""
 
     serial: float = 1.0
     pipeline: float = 1.0
     int8_gain: float | None = None
+    machines: dict[str, tuple[str, float, float]] = field(default_factory=dict)
+
+    def crowding(self, hosts: list[str], threads: int) -> float:
+        """The share of its CPU time the most crowded machine gives each of `hosts`' ranks (1: enough CPUs)."""
+        demand: dict[str, float] = {}
+        cpus: dict[str, float] = {}
+        for h in hosts:
+            machine, n, cap = self.machines.get(h, (h, float("inf"), float("inf")))
+            demand[machine] = demand.get(machine, 0.0) + min(float(threads), cap)
+            cpus[machine] = n
+        return min([1.0, *(cpus[m] / d for m, d in demand.items() if d > 0)])
 
 
 def predict(c: Candidate, cluster: Cluster, base: RunOptions, profiles: Profiles,
@@ -124,7 +139,7 @@ def predict(c: Candidate, cluster: Cluster, base: RunOptions, profiles: Profiles
     except NoFeasibleSplit:
         return None
     per_replica = -(-base.images // base.chunk) // c.replicas
-    ips = base.images / ((per_replica + c.stages - 1) * step_s) * cal.serial
+    ips = base.images / ((per_replica + c.stages - 1) * step_s) * cal.serial * cal.crowding(hosts, base.threads or 1)
     ips *= cal.pipeline if c.stages > 1 else 1.0
     return ips * (cal.int8_gain if c.numerics != "fp32" and cal.int8_gain else 1.0)
 
@@ -142,6 +157,8 @@ class Measured:
     """Against the fp32 serial run: numerics and parallelism together."""
     agreement_vs_fp32: float | None = None
     latency_p50_ms: float | None = None
+    machines: dict[str, tuple[str, float, float]] = field(default_factory=dict)
+    """The run's hosts: [machine (boot id), its CPUs, the host's cap] (`Calibration.machines`)."""
     serial_ips: float | None = None
     """The fp32 serial run's img/s the run was measured against."""
     split_points: list[str] = field(default_factory=list)
@@ -151,7 +168,7 @@ class Measured:
     def row(self) -> dict[str, Any]:
         c = self.candidate
         return {"candidate": c.label, **asdict(c), "exact": not c.lossy,
-                **{k: v for k, v in asdict(self).items() if k != "candidate"}}
+                **{k: v for k, v in asdict(self).items() if k not in ("candidate", "machines")}}
 
 
 def judge(m: Measured, summary: dict[str, Any], min_agreement: float) -> None:
@@ -165,6 +182,10 @@ def judge(m: Measured, summary: dict[str, Any], min_agreement: float) -> None:
                            else summary.get("agreement") if c.lossy else 1.0 if summary.get("outputs_match") else None)
     m.latency_p50_ms = ((summary.get("latency") or {}).get("pipeline") or {}).get("p50_ms")
     m.serial_ips = numerics.get("fp32_serial_ips") if c.numerics != "fp32" else summary.get("serial_ips")
+    for name, record in (summary.get("hosts") or {}).items():
+        state = (record or {}).get("state") or {}
+        if state.get("cpus"):
+            m.machines[name] = (str(state.get("boot_id") or name), float(state["cpus"]), capacity(state))
     if m.status != "ok" or not summary.get("outputs_match"):
         m.kept, m.why = False, "its run failed" if m.status != "ok" else "outputs differ from the serial run"
     elif c.lossy and (m.agreement_vs_fp32 is None or m.agreement_vs_fp32 < min_agreement):
@@ -285,6 +306,6 @@ def calibrate(first: Measured, cluster: Cluster, base: RunOptions, profiles: Pro
     serial = first.serial_ips / raw_serial if first.serial_ips and raw_serial else 1.0
     pipeline = 1.0
     if first.candidate.stages > 1 and first.status == "ok" and first.throughput_ips:
-        raw = predict(first.candidate, cluster, base, profiles, Calibration(serial))
+        raw = predict(first.candidate, cluster, base, profiles, Calibration(serial, machines=first.machines))
         pipeline = first.throughput_ips / raw if raw else 1.0
-    return Calibration(round(serial, 4), round(pipeline, 4), int8_gain)
+    return Calibration(round(serial, 4), round(pipeline, 4), int8_gain, dict(first.machines))

@@ -120,3 +120,28 @@ def test_the_dashboard_names_each_rank_by_its_replica_and_stage(tmp_path: Path) 
                                                           "replica 1 stage 0", "replica 1 stage 1"]
     state.start_run({"stages": 3})
     assert [st.label for st in state.stages.values()] == ["stage 0", "stage 1", "stage 2"]
+
+
+def test_hosts_on_one_machine_share_its_cpus_in_the_prediction(tmp_path: Path) -> None:
+    """Four local "hosts" on one 2-CPU machine run four copies at half speed each; four hosts capped at 0.4
+    core on that machine (the SSH test cluster) ask 1.6 CPUs of 2 and are not slowed."""
+    cluster = _cluster(tmp_path)
+    pieces = 4
+    profile = {"pieces": [f"p{i}" for i in range(pieces)], "compute_s": [0.025] * pieces,
+               "cut_bytes": [0.0] * pieces, "piece_bytes": [1.0] * pieces, "comm_s_per_byte": 0.0}
+    profiles = Profiles({h.name: profile for h in cluster.hosts}, [], [])
+    base = RunOptions(images=8, chunk=1, threads=1)
+    shared = Calibration(machines={h.name: ("boot-1", 2.0, 2.0) for h in cluster.hosts})
+    capped = Calibration(machines={h.name: ("boot-1", 2.0, 0.4) for h in cluster.hosts})
+    alone = predict(Candidate(4, 1), cluster, base, profiles)
+    assert predict(Candidate(4, 1), cluster, base, profiles, shared) == pytest.approx(alone / 2)
+    assert predict(Candidate(2, 1), cluster, base, profiles, shared) == pytest.approx(alone / 2)  # 2 on 2 CPUs
+    assert predict(Candidate(4, 1), cluster, base, profiles, capped) == pytest.approx(alone)
+    row = judge_hosts({"h0": {"state": {"cpus": 2, "boot_id": "b", "cpu_quota": 0.4}}})
+    assert row.machines == {"h0": ("b", 2.0, 0.4)} and "machines" not in row.row()
+
+
+def judge_hosts(hosts: dict) -> Measured:
+    m = Measured(Candidate(1, 1))
+    judge(m, {**_summary(10.0), "hosts": hosts}, 0.99)
+    return m
