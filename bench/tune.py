@@ -42,7 +42,7 @@ def _table(err: str) -> str:
     return "\n".join(line for line in err.splitlines() if line.startswith("|") or line.startswith("winner"))
 
 
-def trained_deit(env: dict, epochs: int) -> tuple[str, Path, int]:
+def trained_deit(env: dict, epochs: int, lr: float) -> tuple[str, Path, int]:
     """A DeiT-S trained on upscaled digits (cached), its held-out images' directory, their count."""
     sys.path.insert(0, str(ROOT / "tests"))
     from support.digits import write_digits
@@ -51,17 +51,17 @@ def trained_deit(env: dict, epochs: int) -> tuple[str, Path, int]:
     if not (data / "test").is_dir():
         write_digits(data)
     held_out = sum(1 for _ in (data / "test").rglob("*.png"))
-    made = CACHE / f"deit-s-digits-{epochs}ep.json"
+    made = CACHE / f"deit-s-digits-{epochs}ep-lr{lr:g}.json"
     if made.is_file() and Path(json.loads(made.read_text())["model"]).is_file():
         return json.loads(made.read_text())["model"], data / "test", held_out
     train_images = sum(1 for _ in (data / "train").rglob("*.png"))
     job = pictl(env, "train", "--mode", "single", "--model", "deit_small_patch16_224", "--num-classes", "10",
                 "--data", "imagefolder", "--data-path", str(data), "--train-images", str(train_images),
                 "--eval-images", str(held_out), "--epochs", str(epochs), "--steps", "0", "--batch-size", "32",
-                "--chunks", "1", "--optimizer", "adamw", "--lr", "0.0005", "--threads", "2", "--check-steps", "0",
+                "--chunks", "1", "--optimizer", "adamw", "--lr", str(lr), "--threads", "2", "--check-steps", "0",
                 "--out", str(CACHE / "jobs"))
     model = job["checkpoint"]["path"]
-    made.write_text(json.dumps({"model": model, "top1": job["top1"], "epochs": epochs}))
+    made.write_text(json.dumps({"model": model, "top1": job["top1"], "epochs": epochs, "lr": lr}))
     print(f"trained DeiT-S on {train_images} digits (224 px), {epochs} epoch(s): held-out top-1 {job['top1']:.3f}",
           flush=True)
     return model, data / "test", held_out
@@ -78,7 +78,8 @@ def main() -> int:
     ap.add_argument("--allow-loss", action="store_true")
     ap.add_argument("--exact", action=argparse.BooleanOptionalAction, default=True, help="run the exact tune")
     ap.add_argument("--trained", action="store_true", help="tune a DeiT-S trained on digits (lossy tune)")
-    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=6)
+    ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--lossy-repeats", type=int, default=1)
     ap.add_argument("--save", default=None)
     add_quick(ap)
@@ -91,7 +92,7 @@ def main() -> int:
               "--budget", str(args.budget)]
     lossy = ["--images", str(args.images)]
     if args.trained:
-        model, data, held_out = trained_deit({**env, "PICTL_BENCH_CWD": str(ROOT)}, args.epochs)
+        model, data, held_out = trained_deit({**env, "PICTL_BENCH_CWD": str(ROOT)}, args.epochs, args.lr)
         lossy = ["--model", model, "--data", "imagefolder", "--data-path", str(data),
                  "--images", str(held_out - held_out % 4)]  # dealt evenly among up to 4 replicas
     with cluster(args.cluster, 4, cpu=args.cpu) as inventory:
