@@ -9,13 +9,13 @@ runs. The CLI and the dashboard are built on the same sessions; this is their pr
     for past in pictl.runs():                             # newest first
         print(past.run_id, past.speedup)
 
-Also `tune` (as `pictl tune`: the measured configurations, fastest first), `sweep` (every combination of stages,
-chunks, policies and wire formats against shared baselines, as `pictl sweep`), `train` and `prune` (as `pictl
-train` and `pictl prune`), each returning its typed summary. Every function has an `async` twin
+Also `tune` (as `pictl tune`: every configuration, the measured ones first, fastest first), `sweep` (every
+combination of stages, chunks, policies and wire formats against shared baselines, as `pictl sweep`), `train` and
+`prune` (as `pictl train` and `pictl prune`), each returning its typed summary. Every function has an `async` twin
 (`run_experiment_async`, `sweep_async`, `train_async`, `prune_async`) for notebooks and event loops that are
 already running. A job that started returns its summary whatever its status (`summary.status`: ok, failed,
 interrupted; `summary.error` says why); bad input, an unreachable host or a busy one raise `PictlError` subclasses
-(`pictl.errors`: each has the CLI's exit code as `exit_code`) before anything starts. """
+(`pictl.errors`: each has the CLI's exit code as `exit_code`) before anything starts."""
 
 from __future__ import annotations
 
@@ -133,7 +133,8 @@ async def tune_async(cluster: Cluster | None = None, options: RunOptions | None 
                      min_agreement: float = 0.99, measure: int = 3, budget_s: float = 1800.0,
                      out: str | Path | None = None, profile: str | None = None, on_event: EventHandler | None = None,
                      wait: bool = False, **fields: Any) -> list[Measured]:
-    """As `pictl tune` (without saving a preset): the measured candidates, fastest first; `winner(rows)` (from
+    """As `pictl tune` (without saving a preset): every candidate, the measured ones (with a `status`) first and
+    fastest first; `winner(rows)` (from
     `pictl.jobs.tune`) is the one `pictl tune` would save. `tune.json` is in `out`."""
     from pictl.jobs.tune import TuneSettings, run_tune
 

@@ -107,8 +107,7 @@ def tune(
     assert target is not None
     best = winner(rows)
     plot(target, rows)
-    every = json.loads((target / "tune.json").read_text())
-    shown = table(rows + [m for m in _predicted_only(every) if all(r.candidate != m.candidate for r in rows)], best)
+    shown = table(rows, best)
     (target / "table.md").write_text(shown + "\n")
     preset = None
     if best is not None:
@@ -126,21 +125,10 @@ def tune(
     for line in lines:
         console.print(line, markup=False)
     if as_json:
+        every = json.loads((target / "tune.json").read_text())
         typer.echo(json.dumps({"tune_dir": str(target), "preset": str(preset) if preset else None, **every}))
     if best is None:
         raise typer.Exit(E.EXIT_RUN_FAILED)
-
-
-def _predicted_only(every: dict) -> list:
-    """The candidates tune.json holds that were predicted but not measured, for the table."""
-    from pictl.jobs.tune import Candidate, Measured
-
-    out = []
-    for row in every.get("rows", []):
-        if row.get("run_id") is None:
-            c = Candidate(row["replicas"], row["stages"], row["numerics"], row["wire"])
-            out.append(Measured(c, predicted_ips=row.get("predicted_ips")))
-    return out
 
 
 def _print_kept(target: Path) -> None:

@@ -26,7 +26,6 @@ from typing import Any
 
 from pictl import errors as E
 from pictl.cluster.hoststate import capacity
-from pictl.cluster.push import local_tree, manifest_digest
 from pictl.events import EventSink, Phase
 from pictl.inventory import Cluster
 from pictl.planning.costs import Profiles, cost_table, profile_key
@@ -36,8 +35,7 @@ from pictl.records.cache import JsonCache
 from pictl.records.runs import write_json_atomic
 from pictl.run.baselines import BaselineCache
 from pictl.run.session import RunSession
-from pictl.run.split import shared_split
-from remote.balance import NoFeasibleSplit
+from remote.balance import NoFeasibleSplit, balanced_split
 from remote.wire import byte_ratio, parse_wire
 
 LOSSY_WIRES = ("fp16", "int8")
@@ -86,10 +84,10 @@ def candidates(cluster: Cluster, base: RunOptions, *, allow_loss: bool) -> list[
     return out
 
 
-def cached_profiles(cluster: Cluster, base: RunOptions, cache_root: Path, code: str | None = None) -> Profiles | None:
+def cached_profiles(cluster: Cluster, base: RunOptions, cache_root: Path, code: str) -> Profiles | None:
     """The hosts' cost profiles from the cache the runs fill (None while any host has none); `code`: the digest
-    of the tree the runs pushed (default: the tree now)."""
-    code, costs = code or manifest_digest(local_tree()), JsonCache(cache_root / "costs")
+    of the tree the runs pushed."""
+    costs = JsonCache(cache_root / "costs")
     by_host = {}
     for host in cluster.hosts:
         found = costs.get(profile_key(host, base.model, base.num_classes, base.chunk, base.threads or 1, code=code))
@@ -135,7 +133,7 @@ def predict(c: Candidate, cluster: Cluster, base: RunOptions, profiles: Profiles
     tables = [cost_table(hosts[r * c.stages:(r + 1) * c.stages], profiles,
                          wire_ratio=byte_ratio(parse_wire(c.wire).default)) for r in range(c.replicas)]
     try:
-        step_s = shared_split(tables).bottleneck_s
+        step_s = balanced_split(*tables).bottleneck_s  # replicas share the split: the slowest one's
     except NoFeasibleSplit:
         return None
     per_replica = -(-base.images // base.chunk) // c.replicas
@@ -194,6 +192,11 @@ def judge(m: Measured, summary: dict[str, Any], min_agreement: float) -> None:
         m.kept, m.why = True, "bit-identical" if not c.lossy else f"agreement {m.agreement_vs_fp32} >= {min_agreement}"
 
 
+def ranked(rows: list[Measured]) -> list[Measured]:
+    """Measured candidates first, fastest first, then the predicted rest, best predicted first."""
+    return sorted(rows, key=lambda m: (m.throughput_ips is None, -(m.throughput_ips or 0.0), -(m.predicted_ips or 0.0)))
+
+
 def winner(rows: list[Measured]) -> Measured | None:
     """The kept candidate with the highest measured throughput (an exact one wins a tie)."""
     kept = [m for m in rows if m.kept and m.throughput_ips]
@@ -213,7 +216,8 @@ class TuneSettings:
 async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, out: Path, *,
                    on_event: EventSink | None = None, cache: BaselineCache | None = None,
                    on_rows: Callable[[list[Measured]], object] | None = None) -> list[Measured]:
-    """Measure, predict, measure the best; `tune.json` in `out` after every run (E.Interrupted keeps it)."""
+    """Measure, predict, measure the best; `tune.json` in `out` after every run (E.Interrupted keeps it).
+    Returns every candidate, `ranked`: those measured have a `status`."""
     say = on_event or (lambda _e: None)
     started = time.monotonic()
     everything = candidates(cluster, base, allow_loss=settings.allow_loss)
@@ -224,24 +228,23 @@ async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, o
             "settings": asdict(settings)}
 
     def save(status: str) -> None:
-        order = sorted(rows.values(), key=lambda m: (m.throughput_ips is None, -(m.throughput_ips or 0.0),
-                                                     -(m.predicted_ips or 0.0)))
         best, exact = winner(measured), winner([m for m in measured if not m.candidate.lossy])
         pipeline = winner([m for m in measured if m.candidate.replicas == 1 and not m.candidate.lossy])
         write_json_atomic(out / "tune.json", {
             **meta, "status": status, "elapsed_s": round(time.monotonic() - started, 1),
             "winner": best.row() if best else None, "best_exact": exact.row() if exact else None,
-            "best_pipeline": pipeline.row() if pipeline else None, "rows": [m.row() for m in order]})
+            "best_pipeline": pipeline.row() if pipeline else None,
+            "rows": [m.row() for m in ranked(list(rows.values()))]})
         if on_rows:
             on_rows(list(measured))
 
-    codes: list[str] = []
+    code: list[str] = []  # the digest of the tree the first run pushed: its profiles are keyed by it
 
     async def measure(m: Measured, why: str) -> None:
         say(Phase("tune", f"measuring {m.candidate.label} ({why})"))
         session = RunSession(cluster, m.candidate.options(base), on_event=on_event, runs_root=out / "runs",
                              baseline_cache=cache, wait=settings.wait)
-        codes.append(session.ctx.code)
+        code[:] = code or [session.ctx.code]
         try:
             summary = await session.run()
         except (E.RunFailed, E.OutputMismatch, E.TransportError) as exc:
@@ -272,7 +275,7 @@ async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, o
         serial8 = rows[Candidate(1, 1, numerics="int8-dynamic")]
         await measure(serial8, "what int8 gains on one host")
         gain = serial8.speedup_vs_fp32 if serial8.status == "ok" else None
-    profiles = cached_profiles(cluster, base, (cache or BaselineCache()).root.parent, codes[0])
+    profiles = cached_profiles(cluster, base, (cache or BaselineCache()).root.parent, code[0])
     if profiles is None:
         raise E.RunFailed("tune: the hosts' cost profiles are not in the cache after the first run"
                           + ("" if rows[pipeline].status == "ok" else " (it failed: see its record)"))
@@ -296,7 +299,7 @@ async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, o
             break
         await measure(m, f"predicted {m.predicted_ips:.1f} img/s")
     save("done")
-    return sorted(measured, key=lambda m: -(m.throughput_ips or 0.0))
+    return ranked(list(rows.values()))
 
 
 def calibrate(first: Measured, cluster: Cluster, base: RunOptions, profiles: Profiles,

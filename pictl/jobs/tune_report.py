@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pictl.jobs.tune import Measured
+from pictl.jobs.tune import Measured, ranked
 from pictl.planning.options import RunOptions
 from pictl.planning.presets import PRESET_NAME
 from pictl.records.runs import write_bytes_atomic
@@ -29,9 +29,8 @@ def _num(value: float | None, fmt: str = ".2f") -> str:
 
 
 def table(rows: list[Measured], best: Measured | None) -> str:
-    """Measured candidates first, fastest first, then the predicted rest; fits 80 columns."""
-    shown = sorted(rows, key=lambda m: (m.throughput_ips is None, -(m.throughput_ips or 0.0),
-                                        -(m.predicted_ips or 0.0)))
+    """Measured candidates first, fastest first, then the predicted rest (`ranked`); fits 80 columns."""
+    shown = ranked(rows)
     lines = ["| RxS         | kind  | pred/s | img/s  | x fp32 | agree | p50 ms | verdict |",
              "|-------------|-------|--------|--------|--------|-------|--------|---------|"]
     for m in shown:

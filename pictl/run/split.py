@@ -15,7 +15,7 @@ from pictl.cluster.jobs import HostJob
 from pictl.planning.costs import cost_table, host_profiles, keep_corrections, link_profiles
 from pictl.run.context import RunContext
 from pictl.run.placement import Placement
-from remote.balance import CostTable, NoFeasibleSplit, Split, balanced_split
+from remote.balance import NoFeasibleSplit, balanced_split
 from remote.run_records import Refined
 from remote.spec import RefineSpec, RunSpec
 from remote.wire import byte_ratio, parse_wire
@@ -50,7 +50,7 @@ async def choose_split(ctx: RunContext, job: HostJob, placement: Placement, spec
     tables = [cost_table(hosts, profiles, links, wire_ratio=ratio) for hosts in replicas]
     table = tables[0]
     try:
-        split = shared_split(tables)
+        split = balanced_split(*tables)  # replicas share the split: the one whose slowest replica is fastest
     except NoFeasibleSplit as exc:
         raise E.ConfigError(f"policy balanced: {exc}") from None
     pieces = profiles.by_host[stage_hosts[0]]["pieces"]
@@ -118,9 +118,3 @@ def keep_refined(ctx: RunContext, placement: Placement, choice: SplitChoice, ref
                      model=o.model, num_classes=o.num_classes, chunk=o.chunk, threads=placement.threads,
                      code=ctx.code, artifact=ctx.artifact)
     return {h: round(f, 4) for h, f in corrections.items()}
-
-
-def shared_split(tables: list[CostTable]) -> Split:
-    """One split for replicas that share it, each on its own hosts (`tables`): the balanced split of the
-    slowest replica, as that replica runs it (one replica: its balanced split)."""
-    return balanced_split(*tables)

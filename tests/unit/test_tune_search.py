@@ -97,15 +97,14 @@ def test_the_saved_preset_is_read_back_as_the_winners_configuration(tmp_path: Pa
 def test_replicas_share_the_split_whose_slowest_replica_is_fastest() -> None:
     """Two replicas, each with one host slow on a different half: the shared split is judged by the replica
     that runs it slowest; an element-wise worst table (both halves slow) would overstate both."""
-    from pictl.run.split import shared_split
-    from remote.balance import CostTable, Link, evaluate
+    from remote.balance import CostTable, Link, balanced_split, evaluate
 
     def table(compute: list[list[float]]) -> CostTable:
         return CostTable(compute_s=compute, cut_bytes=[0.0] * 4, links=[Link()])
 
     a = table([[2.0, 2.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]])  # replica 0: its first host is slow early
     b = table([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 2.0, 2.0]])  # replica 1: its second host is slow late
-    split = shared_split([a, b])
+    split = balanced_split(a, b)
     assert split.bottleneck_s == min(max(evaluate(a, (c,)).bottleneck_s, evaluate(b, (c,)).bottleneck_s)
                                      for c in (1, 2, 3))
     assert split.bottleneck_s < 6.0  # what the element-wise worst table [[2,2,1,1],[1,1,2,2]] would say at best
