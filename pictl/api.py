@@ -61,7 +61,7 @@ def load_cluster(hosts: str | Path | None = None, *, cold: bool = False) -> Clus
     return cluster
 
 
-async def _ended(session: RunSession | TrainSession | PruneSession, kept: str) -> dict[str, Any]:
+async def _ended(session: RunSession | TrainSession | PruneSession, kept: str) -> Any:
     """`session.run()`'s summary, whatever its status: a job that started and failed still has one (its
     attribute `kept`); a failure before anything started has none, and is raised."""
     try:
@@ -88,7 +88,8 @@ async def run_experiment_async(cluster: Cluster | None = None, options: RunOptio
     session = RunSession(cluster or load_cluster(), _options(options, profile, fields), on_event=on_event,
                          runs_root=Path(runs_dir) if runs_dir else None, reuse_baseline=not fresh_baseline,
                          profile=profile, wait=wait)
-    return RunSummary.model_validate(await _ended(session, "last_summary"))
+    summary: RunSummary = await _ended(session, "last_summary")
+    return summary
 
 
 def run_experiment(cluster: Cluster | None = None, options: RunOptions | None = None, **kwargs: Any) -> RunSummary:

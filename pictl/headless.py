@@ -20,9 +20,9 @@ from rich.text import Text
 from pictl.console import result_console
 from pictl.events import SERIAL_FP32, HostOutput, Phase, RankEvent, SessionEvent
 from pictl.headless_train import TrainProgress
-from pictl.records.waterfall_view import latency_of, percentiles_text
-from pictl.run.waterfall import waterfall_line
+from pictl.records.waterfall_view import latency_of, percentiles_text, waterfall_line, waterfall_of
 from pictl.summary import baseline_text
+from pictl.summary_models import RunSummary
 from pictl.text import markup_safe, printable
 from remote.job_records import PruneAccuracy, PruneDone, PruneProgress, PruneStart, TrainEval, TrainStart, TrainStep
 from remote.run_records import Error, Progress, Recut, Refine, Refined, Throughput
@@ -153,18 +153,18 @@ def recut_line(rec: Recut) -> str:
             f"{then}")
 
 
-def recut_lines(s: dict[str, Any]) -> list[str]:
+def recut_lines(s: RunSummary) -> list[str]:
     """The run's re-cuts, each with the img/s of the passes before and after it."""
-    return [printable(f"re-cut after timed pass {r['after_pass'] + 1}: {', '.join(r['split_points'])} -> "
-                      f"{', '.join(r['next_split'])} ({r['reason']}); {_fmt(r.get('ips_before'))} img/s before, "
-                      f"{_fmt(r.get('ips_after'))} after") for r in s.get("recuts") or [] if r.get("moved")]
+    return [printable(f"re-cut after timed pass {r.after_pass + 1}: {', '.join(r.split_points)} -> "
+                      f"{', '.join(r.next_split)} ({r.reason}); {_fmt(r.ips_before)} img/s before, "
+                      f"{_fmt(r.ips_after)} after") for r in s.recuts if r.moved]
 
 
-def explain_lines(s: dict[str, Any]) -> list[str]:
+def explain_lines(s: RunSummary) -> list[str]:
     """Why the speedup is not N (the waterfall, one line), and the latency per image beside the serial's."""
     lines = []
-    if s.get("waterfall"):
-        lines.append("why not N: " + waterfall_line(s["waterfall"]))
+    if (gap := waterfall_of(s)) is not None:
+        lines.append("why not N: " + waterfall_line(gap))
     lat = latency_of(s)
     if lat is not None and (lat.pipeline or lat.serial):
         unaligned = " (hosts' clocks not aligned)" if lat.clock_aligned is False else ""
@@ -173,98 +173,95 @@ def explain_lines(s: dict[str, Any]) -> list[str]:
     return [printable(line) for line in lines]
 
 
-def flag_lines(summary: dict[str, Any]) -> list[str]:
-    return [printable(f"flag {f['code']}: {f['message']}") for f in summary.get("flags") or []]
+def flag_lines(summary: RunSummary) -> list[str]:
+    return [printable(f"flag {f.code}: {f.message}") for f in summary.flags]
 
 
-def outputs_text(s: dict[str, Any]) -> str:
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else format(value, ".2%")
+
+
+def outputs_text(s: RunSummary) -> str:
     """How the output check went: bit-identity with an exact wire, top-1 agreement with a lossy one."""
-    wire = s.get("wire") or {}
-    if not wire.get("lossy"):
-        return f"outputs match {s['outputs_match']} (max |diff| {s['max_abs_diff']})"
-    agreed = "-" if s.get("agreement") is None else f"{s['agreement']:.2%}"
-    return (f"lossy wire {wire['format']}: top-1 agreement {agreed} (at least {wire['min_agreement']:.0%} "
-            f"passes), max |diff| {_fmt(s['max_abs_diff'], '.4f')}, mean |diff| {_fmt(s.get('mean_abs_diff'), '.4f')}"
-            f", accuracy {'n/a' if s['accuracy'] is None else format(s['accuracy'], '.2%')} against serial "
-            f"{'n/a' if s.get('serial_accuracy') is None else format(s['serial_accuracy'], '.2%')}")
+    wire = s.wire
+    if wire is None or not wire.lossy:
+        return f"outputs match {s.outputs_match} (max |diff| {s.max_abs_diff})"
+    agreed = "-" if s.agreement is None else f"{s.agreement:.2%}"
+    bound = "-" if wire.min_agreement is None else f"{wire.min_agreement:.0%}"
+    return (f"lossy wire {wire.format}: top-1 agreement {agreed} (at least {bound} passes), max |diff| "
+            f"{_fmt(s.max_abs_diff, '.4f')}, mean |diff| {_fmt(s.mean_abs_diff, '.4f')}, accuracy "
+            f"{_pct(s.accuracy)} against serial {_pct(s.serial_accuracy)}")
 
 
-def wire_lines(s: dict[str, Any]) -> list[str]:
+def wire_lines(s: RunSummary) -> list[str]:
     """One line per link when anything but fp32 travelled."""
-    wire = s.get("wire") or {}
-    if wire.get("format", "fp32") == "fp32":
+    if s.wire is None or s.wire.format == "fp32":
         return []
-    return [printable(f"link {k['link']} at {k['cut']}: {k['format']}, "
-                      f"{_fmt((k['wire_bytes'] or 0) / 1e6, '.2f')} MB on the "
-            f"wire of {_fmt((k['raw_bytes'] or 0) / 1e6, '.2f')} MB ({_fmt(k['ratio'], '.3f')}), compress "
-            f"{_fmt(k['compress_s'], '.3f')} s, decompress {_fmt(k['decompress_s'], '.3f')} s, average "
-            f"{_fmt((k['avg_Bps'] or 0) / 1e6, '.2f')} MB/s, peak {_fmt((k['peak_Bps'] or 0) / 1e6, '.2f')} MB/s")
-            for k in wire.get("links", [])]
+    return [printable(f"link {k.link} at {k.cut}: {k.format}, {_fmt((k.wire_bytes or 0) / 1e6, '.2f')} MB on the "
+                      f"wire of {_fmt((k.raw_bytes or 0) / 1e6, '.2f')} MB ({_fmt(k.ratio, '.3f')}), compress "
+                      f"{_fmt(k.compress_s, '.3f')} s, decompress {_fmt(k.decompress_s, '.3f')} s, average "
+                      f"{_fmt((k.avg_Bps or 0) / 1e6, '.2f')} MB/s, peak {_fmt((k.peak_Bps or 0) / 1e6, '.2f')} MB/s")
+            for k in s.wire.links]
 
 
-def numerics_lines(s: dict[str, Any]) -> list[str]:
+def numerics_lines(s: RunSummary) -> list[str]:
     """Under other numerics: the speedup against fp32 serial beside the one against the same numerics."""
-    n = s.get("numerics")
-    if not n:
+    n = s.numerics
+    if n is None:
         return []
-    agreed = "-" if n.get("agreement_vs_fp32") is None else f"{n['agreement_vs_fp32']:.2%}"
+    agreed = "-" if n.agreement_vs_fp32 is None else f"{n.agreement_vs_fp32:.2%}"
     return [printable(
-        f"numerics {n['kind']} ({', '.join(n.get('engines') or []) or 'serial only'}): speedup "
-        f"{_fmt(n.get('speedup_vs_fp32'))}x over the fp32 serial run ({_fmt(n.get('fp32_serial_ips'))} img/s), "
-        f"{_fmt(s.get('speedup'))}x over the {n['kind']} serial run; {n['kind']} alone "
-        f"{_fmt(n.get('numerics_gain'))}x on one host; top-1 agreement with fp32 {agreed} over "
-        f"{n.get('compared_images') or '-'} image(s)")]
+        f"numerics {n.kind} ({', '.join(n.engines) or 'serial only'}): speedup "
+        f"{_fmt(n.speedup_vs_fp32)}x over the fp32 serial run ({_fmt(n.fp32_serial_ips)} img/s), "
+        f"{_fmt(s.speedup)}x over the {n.kind} serial run; {n.kind} alone "
+        f"{_fmt(n.numerics_gain)}x on one host; top-1 agreement with fp32 {agreed} over "
+        f"{n.compared_images or '-'} image(s)")]
 
 
-def replica_lines(s: dict[str, Any]) -> list[str]:
+def replica_lines(s: RunSummary) -> list[str]:
     """With replicas: each one's own img/s beside the aggregate (every image over the slowest one's time)."""
-    each = s.get("replica_ips")
-    if not each:
+    if not s.replica_ips:
         return []
-    return [f"replicas: {' / '.join(_fmt(v) for v in each)} img/s each; together {_fmt(s.get('throughput_ips'))} "
-            "img/s (every image over the slowest replica's pass)"]
+    return [f"replicas: {' / '.join(_fmt(v) for v in s.replica_ips)} img/s each; together "
+            f"{_fmt(s.throughput_ips)} img/s (every image over the slowest replica's pass)"]
 
 
-def detail_lines(s: dict[str, Any]) -> list[str]:
+def detail_lines(s: RunSummary) -> list[str]:
     """The lines under the stage table: replicas, links, numerics, re-cuts, why not N."""
     return replica_lines(s) + wire_lines(s) + numerics_lines(s) + recut_lines(s) + explain_lines(s)
 
 
-def summary_title(s: dict[str, Any]) -> str:
+def summary_title(s: RunSummary) -> str:
     """The result in one line (printed above the stage table, never wrapped into it)."""
-    replicas = s.get("replicas") or 1
-    copies = f"{replicas} replicas x " if replicas > 1 else ""
-    return (f"{s['status'].upper()}  {copies}{s['stages']} stage(s)  split {', '.join(s['split_points']) or '-'}  "
-            f"pipeline {_fmt(s['throughput_ips'])} img/s  serial {_fmt(s['serial_ips'])} img/s"
-            f"{baseline_text(s)}  speedup {_fmt(s['speedup'])}x "
-            f"(ideal {s['stages'] * replicas}x)  {outputs_text(s)}  "
-            f"accuracy {'n/a' if s['accuracy'] is None else format(s['accuracy'], '.2%')}")
+    copies = f"{s.replicas} replicas x " if s.replicas > 1 else ""
+    return (f"{s.status.upper()}  {copies}{s.stages} stage(s)  split {', '.join(s.split_points) or '-'}  "
+            f"pipeline {_fmt(s.throughput_ips)} img/s  serial {_fmt(s.serial_ips)} img/s"
+            f"{baseline_text(s)}  speedup {_fmt(s.speedup)}x "
+            f"(ideal {s.stages * s.replicas}x)  {outputs_text(s)}  accuracy {_pct(s.accuracy)}")
 
 
-def summary_table(summary: dict[str, Any]) -> Table:
-    s = summary
+def summary_table(s: RunSummary) -> Table:
     table = Table()
-    predicted = s.get("prediction") is not None
+    predicted = s.prediction is not None
     # Per microbatch: the stage's compute, and apart from it the time it waited for input and was
     # blocked on sends (back-pressure from the next stage).
     cols = ["rank", "host", "modules", "params", "compute ms", "wait ms", "send ms", "MB sent", "peak RSS MB"]
     for col in cols + (["predicted ms", "error"] if predicted else []):
         table.add_column(col, justify="left" if col in ("host", "modules") else "right")
-    for st in s["per_stage"]:
-        mods = st["modules"] or []
+    for st in s.per_stage:
+        mods = st.modules
         span = f"{mods[0]} .. {mods[-1]}" if len(mods) > 1 else (mods[0] if mods else "-")
-        cells = [str(st["rank"]), st["host"] or "-", span, f"{st['params']:,}", _fmt(st.get("measured_ms"), ".1f"),
-                 _fmt(st.get("wait_ms"), ".1f"), _fmt(st.get("send_ms"), ".1f"),
-                 _fmt(st["bytes_sent"] / 1e6 if st["bytes_sent"] is not None else None, ".1f"),
-                 _fmt(st["peak_rss_mb"], ".0f")]
+        cells = [str(st.rank), st.host or "-", span, f"{st.params:,}", _fmt(st.measured_ms, ".1f"),
+                 _fmt(st.wait_ms, ".1f"), _fmt(st.send_ms, ".1f"),
+                 _fmt(st.bytes_sent / 1e6 if st.bytes_sent is not None else None, ".1f"), _fmt(st.peak_rss_mb, ".0f")]
         if predicted:  # where the cost model was right or wrong, stage by stage
-            error = st.get("prediction_error")
-            cells += [_fmt(st.get("predicted_ms"), ".1f"), "-" if error is None else f"{error:+.0%}"]
+            error = st.prediction_error
+            cells += [_fmt(st.predicted_ms, ".1f"), "-" if error is None else f"{error:+.0%}"]
         table.add_row(*map(markup_safe, cells))  # module names come from the hosts
     return table
 
 
-def print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
+def print_summary(summary: RunSummary, *, as_json: bool) -> None:
     if as_json:
         err = result_console(stderr=True)
         err.print(printable(summary_title(summary)), markup=False, highlight=False, soft_wrap=True)
@@ -273,7 +270,8 @@ def print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
             err.print(line, markup=False, highlight=False, soft_wrap=True)
         for line in flag_lines(summary):
             err.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
-        sys.stdout.write(json.dumps(summary) + "\n")
+        # As written to summary.json: the keys the run wrote, none a default adds.
+        sys.stdout.write(json.dumps(summary.model_dump(mode="python", by_alias=True, exclude_unset=True)) + "\n")
         sys.stdout.flush()
     else:
         out = result_console()
@@ -283,8 +281,8 @@ def print_summary(summary: dict[str, Any], *, as_json: bool) -> None:
             out.print(line, markup=False, highlight=False, soft_wrap=True)
         for line in flag_lines(summary):  # one line each, however long: scripts grep them
             out.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
-        if summary.get("run_dir"):
-            out.print(f"run directory: {printable(summary['run_dir'])}", markup=False, highlight=False,
+        if summary.run_dir:
+            out.print(f"run directory: {printable(summary.run_dir)}", markup=False, highlight=False,
                       soft_wrap=True)
 
 

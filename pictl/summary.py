@@ -149,9 +149,8 @@ def age_text(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
-def baseline_text(summary: dict[str, Any]) -> str:
+def baseline_text(summary: RunSummary) -> str:
     """A run summary's serial baseline in a few words: ` (reused, 21 min old)`, ` (measured now)`."""
-    base = summary.get("baseline") or {}
-    if summary.get("serial_reused"):
-        return f" (reused, {age_text(base.get('age_s') or 0.0)} old)"
-    return " (measured now)" if base else ""
+    if summary.serial_reused:
+        return f" (reused, {age_text(summary.baseline.age_s if summary.baseline else 0.0)} old)"
+    return " (measured now)" if summary.baseline else ""

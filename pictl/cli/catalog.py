@@ -97,7 +97,7 @@ def show(
         fail(exc)
     _notes(skipped)
     if as_json:
-        typer.echo(catalog.json_text(found))
+        typer.echo(catalog.json_text(catalog.as_written(found)))
         return
     wide_console().print(catalog.run_details(found))
 

@@ -220,9 +220,9 @@ def run(
     print_summary(summary, as_json=as_json)  # first: a measured result is never lost to a full disk
     if session.write_error is not None:
         fail(session.write_error)
-    if strict and summary.get("flags"):
-        fail(E.Flagged(f"--strict: the result raised {len(summary['flags'])} sanity flag(s): "
-                        + ", ".join(dict.fromkeys(f["code"] for f in summary["flags"]))))
+    if strict and summary.flags:
+        fail(E.Flagged(f"--strict: the result raised {len(summary.flags)} sanity flag(s): "
+                        + ", ".join(dict.fromkeys(f.code for f in summary.flags))))
 
 
 def _on_a_terminal() -> bool:

@@ -31,6 +31,7 @@ from pictl.records import waterfall_view
 from pictl.records.runs import write_bytes_atomic, write_json_atomic
 from pictl.run.baselines import BaselineCache
 from pictl.run.session import RunSession
+from pictl.summary_models import RunSummary
 from pictl.text import ascii_count
 
 COLUMNS = ("stages", "chunk", "policy", "wire", "status", "throughput_ips", "serial_ips", "speedup", "efficiency",
@@ -120,32 +121,25 @@ def options_for(base: RunOptions, point: SweepPoint) -> RunOptions:
         raise E.ConfigError(str(exc).splitlines()[0]) from None
 
 
-def row_of(point: SweepPoint, summary: dict[str, Any] | None, error: str | None = None) -> dict[str, Any]:
+def row_of(point: SweepPoint, summary: RunSummary | None, error: str | None = None) -> dict[str, Any]:
     row: dict[str, Any] = {"stages": point.stages, "chunk": point.chunk, "policy": point.policy, "wire": point.wire}
     if summary is None:
         return {**row, "status": "failed", "error": error}
-    busy = [(st["compute_s"] or 0) + (st["send_s"] or 0) for st in summary["per_stage"]]
+    s = summary
+    busy = [(st.compute_s or 0) + (st.send_s or 0) for st in s.per_stage]
     slowest = max(range(len(busy)), key=busy.__getitem__) if busy else None
-    return {**row, "status": summary["status"], "throughput_ips": summary["throughput_ips"],
-            "serial_ips": summary["serial_ips"], "speedup": summary["speedup"], "efficiency": summary["efficiency"],
-            "bottleneck_rank": slowest,
-            "bottleneck": (summary["per_stage"][slowest]["modules"] or ["-"])[0] if slowest is not None else None,
-            "split_points": summary["split_points"], "outputs_match": summary["outputs_match"],
+    latency, gap = waterfall_view.latency_of(s), waterfall_view.waterfall_of(s)
+    pipeline = latency.pipeline if latency else None  # a serial point's latency is its own
+    return {**row, "status": s.status, "throughput_ips": s.throughput_ips, "serial_ips": s.serial_ips,
+            "speedup": s.speedup, "efficiency": s.efficiency, "bottleneck_rank": slowest,
+            "bottleneck": (s.per_stage[slowest].modules or ["-"])[0] if slowest is not None else None,
+            "split_points": s.split_points, "outputs_match": s.outputs_match,
             # What crossed the wire per image (all links, one timed pass), and a lossy wire's agreement.
-            "bytes_per_image": round(sum(st.get("bytes_sent") or 0 for st in summary["per_stage"])
-                                     / (summary["images"] * summary["repeats"])) if summary.get("images") else None,
-            "agreement": summary.get("agreement"), **_latency_and_gap(summary),
-            "run_id": summary["run_id"], "flags": [f["code"] for f in summary.get("flags") or []],
-            **({"error": error} if error else {})}
-
-
-def _latency_and_gap(summary: dict[str, Any]) -> dict[str, Any]:
-    """The pipeline's latency per image (p50, p95; a serial point's is its own) and the waterfall's dominant
-    term; None for each where the summary has none (a failed run, one from an older pictl)."""
-    latency, gap = waterfall_view.latency_of(summary), waterfall_view.waterfall_of(summary)
-    pipeline = latency.pipeline if latency else None
-    return {"latency_p50_ms": pipeline.p50_ms if pipeline else None,
-            "latency_p95_ms": pipeline.p95_ms if pipeline else None, "dominant": gap.dominant if gap else None}
+            "bytes_per_image": round(sum(st.bytes_sent or 0 for st in s.per_stage) / (s.images * (s.repeats or 1)))
+            if s.images else None,
+            "agreement": s.agreement, "latency_p50_ms": pipeline.p50_ms if pipeline else None,
+            "latency_p95_ms": pipeline.p95_ms if pipeline else None, "dominant": gap.dominant if gap else None,
+            "run_id": s.run_id, "flags": [f.code for f in s.flags], **({"error": error} if error else {})}
 
 
 def write_table(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:

@@ -35,6 +35,7 @@ from pictl.records.cache import JsonCache
 from pictl.records.runs import write_json_atomic
 from pictl.run.baselines import BaselineCache
 from pictl.run.session import RunSession
+from pictl.summary_models import RunSummary
 from remote.balance import NoFeasibleSplit, balanced_split
 from remote.wire import byte_ratio, parse_wire
 
@@ -169,22 +170,29 @@ class Measured:
                 **{k: v for k, v in asdict(self).items() if k not in ("candidate", "machines")}}
 
 
-def judge(m: Measured, summary: dict[str, Any], min_agreement: float) -> None:
-    """Fill `m` from its run's summary and decide whether it may win."""
+def judge(m: Measured, summary: RunSummary | None, min_agreement: float) -> None:
+    """Fill `m` from its run's summary (None: it ended before it had one) and decide whether it may win."""
     c = m.candidate
-    numerics = summary.get("numerics") or {}
-    m.run_id, m.status = summary.get("run_id"), summary.get("status")
-    m.throughput_ips, m.split_points = summary.get("throughput_ips"), list(summary.get("split_points") or [])
-    m.speedup_vs_fp32 = numerics.get("speedup_vs_fp32") if c.numerics != "fp32" else summary.get("speedup")
-    m.agreement_vs_fp32 = (numerics.get("agreement_vs_fp32") if c.numerics != "fp32"
-                           else summary.get("agreement") if c.lossy else 1.0 if summary.get("outputs_match") else None)
-    m.latency_p50_ms = ((summary.get("latency") or {}).get("pipeline") or {}).get("p50_ms")
-    m.serial_ips = numerics.get("fp32_serial_ips") if c.numerics != "fp32" else summary.get("serial_ips")
-    for name, record in (summary.get("hosts") or {}).items():
-        state = (record or {}).get("state") or {}
-        if state.get("cpus"):
-            m.machines[name] = (str(state.get("boot_id") or name), float(state["cpus"]), capacity(state))
-    if m.status != "ok" or not summary.get("outputs_match"):
+    if summary is None:
+        m.status, m.kept, m.why = "failed", False, "its run failed"
+        return
+    s, n = summary, summary.numerics
+    m.run_id, m.status = s.run_id, s.status
+    m.throughput_ips, m.split_points = s.throughput_ips, list(s.split_points)
+    if c.numerics != "fp32":
+        m.speedup_vs_fp32 = n.speedup_vs_fp32 if n else None
+        m.agreement_vs_fp32 = n.agreement_vs_fp32 if n else None
+        m.serial_ips = n.fp32_serial_ips if n else None
+    else:
+        m.speedup_vs_fp32, m.serial_ips = s.speedup, s.serial_ips
+        m.agreement_vs_fp32 = s.agreement if c.lossy else 1.0 if s.outputs_match else None
+    pipeline = s.latency.pipeline if s.latency else None
+    m.latency_p50_ms = pipeline.p50_ms if pipeline else None
+    for name, record in s.hosts.items():
+        if record.state and record.state.cpus:
+            m.machines[name] = (record.state.boot_id or name, float(record.state.cpus),
+                                capacity(record.state.model_dump(exclude_none=True)))
+    if m.status != "ok" or not s.outputs_match:
         m.kept, m.why = False, "its run failed" if m.status != "ok" else "outputs differ from the serial run"
     elif c.lossy and (m.agreement_vs_fp32 is None or m.agreement_vs_fp32 < min_agreement):
         m.kept, m.why = False, f"top-1 agreement with fp32 {m.agreement_vs_fp32} is below {min_agreement}"
@@ -245,15 +253,16 @@ async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, o
         session = RunSession(cluster, m.candidate.options(base), on_event=on_event, runs_root=out / "runs",
                              baseline_cache=cache, wait=settings.wait)
         code[:] = code or [session.ctx.code]
+        summary: RunSummary | None
         try:
             summary = await session.run()
         except (E.RunFailed, E.OutputMismatch, E.TransportError) as exc:
-            summary = session.last_summary or {"status": "failed"}
+            summary = session.last_summary
             say(Phase("tune", f"{m.candidate.label}: {exc}"))
         except E.ConfigError as exc:
             if not measured:  # the first run: the tune's own options are at fault, nothing is measured
                 raise
-            summary = {"status": "failed"}  # this shape cannot run here (no split fits, say): the rest can
+            summary = None  # this shape cannot run here (no split fits, say): the rest can
             say(Phase("tune", f"{m.candidate.label} refused: {exc}"))
         except E.Interrupted:
             if session.last_summary:

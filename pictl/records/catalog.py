@@ -38,11 +38,11 @@ from pictl.summary import (
     terminal_text,
     validation_problem,
 )
-from pictl.summary_models import TraceRecord
+from pictl.summary_models import RunSummary, TraceRecord
 
-__all__ = ["CELL_LIMIT", "COLUMNS", "COMPARE_COLUMNS", "NO_SUMMARY", "SORT_KEYS", "RunFilter", "Skipped",
-           "compare_rows", "fmt", "json_text", "load_runs", "read_run", "resolve_run", "row", "run_details",
-           "table_rows", "terminal_text", "to_csv"]
+__all__ = ["CELL_LIMIT", "COLUMNS", "COMPARE_COLUMNS", "NO_SUMMARY", "SORT_KEYS", "FoundRun", "PendingRun",
+           "RunFilter", "Skipped", "as_written", "compare_rows", "fmt", "json_text", "load_runs", "read_run",
+           "resolve_run", "row", "run_details", "table_rows", "terminal_text", "to_csv"]
 
 COLUMNS = ("run_id", "started", "status", "model", "stages", "policy", "chunk", "images", "split", "throughput_ips",
            "serial_ips", "speedup", "efficiency", "latency_p50_ms", "latency_p95_ms", "dominant", "outputs_match",
@@ -77,20 +77,42 @@ def _is_run_dir(path: Path) -> bool:
     return path_exists(path / SUMMARY_FILE) or path_exists(path / CONFIG_FILE) or path_exists(path / "sweep.json")
 
 
-def read_run(path: Path, skipped: list[Skipped] | None = None, *, traces: bool = True) -> dict[str, Any]:
-    """The run in directory `path` as readers show it: its checked summary as written, with `run_dir` the
-    directory it was found in (a run directory copied elsewhere names its old place) and, with `traces`,
-    the grabs `pictl traces` left beside it (a bad grab is left out and added to `skipped`). A run with a
-    config but no summary yet reads as `NO_SUMMARY`; a summary that does not keep the contract raises
-    RecordInvalid."""
+@dataclass(frozen=True)
+class PendingRun:
+    """A run directory with a config but no summary yet: a live run, or one whose controller died."""
+
+    run_id: str
+    run_dir: str
+    status: str = NO_SUMMARY
+
+    def record(self) -> dict[str, Any]:
+        return {"status": self.status, "run_id": self.run_id, "run_dir": self.run_dir}
+
+
+FoundRun = RunSummary | PendingRun
+"""A run directory as readers see it."""
+
+
+def read_run(path: Path, skipped: list[Skipped] | None = None, *, traces: bool = True) -> FoundRun:
+    """The run in directory `path` as readers show it: its checked summary, with `run_dir` the directory it was
+    found in (a run directory copied elsewhere names its old place) and, with `traces`, the grabs `pictl
+    traces` left beside it (a bad grab is left out and added to `skipped`). A run with a config but no summary
+    yet is a `PendingRun`; a summary that does not keep the contract raises RecordInvalid."""
     where = str(path.absolute())
     if not path_exists(path / SUMMARY_FILE):
-        return {"status": NO_SUMMARY, "run_id": path.name, "run_dir": where}
+        return PendingRun(path.name, where)
     summary = read_summary(path / SUMMARY_FILE)
     summary.run_dir = where
     if traces:
         summary.traces = [*summary.traces, *_grabs(path, {g.directory for g in summary.traces}, skipped)]
-    return summary.model_dump(mode="python", by_alias=True, exclude_unset=True)
+    return summary
+
+
+def as_written(found: FoundRun) -> dict[str, Any]:
+    """A run as its record holds it (`pictl runs show --json`): the keys it wrote, none this pictl adds."""
+    if isinstance(found, PendingRun):
+        return found.record()
+    return found.model_dump(mode="python", by_alias=True, exclude_unset=True)
 
 
 def _grabs(path: Path, known: set[str | None], skipped: list[Skipped] | None) -> list[TraceRecord]:
@@ -125,10 +147,10 @@ def _run_dirs(root: Path) -> list[Path]:
 
 
 def load_runs(root: Path, limit: int | None = None, skipped: list[Skipped] | None = None, *,
-              traces: bool = True) -> list[dict[str, Any]]:
+              traces: bool = True) -> list[FoundRun]:
     """The runs under `root` (`read_run`), newest first; one whose record does not keep the contract is
     left out and added to `skipped`, so that its siblings are still listed."""
-    runs = []
+    runs: list[FoundRun] = []
     for path in _run_dirs(root)[:limit]:
         try:
             runs.append(read_run(path, skipped, traces=traces))
@@ -188,36 +210,37 @@ def _started(value: Any) -> str | None:
         return None
 
 
-def row(summary: dict[str, Any]) -> dict[str, Any]:
+def row(found: FoundRun) -> dict[str, Any]:
     """One run's comparable figures (None where the run did not get that far), from `read_run`'s record."""
-    baseline = summary.get("baseline") or {}
-    wire = summary.get("wire") or {}
-    figures, w = wv.compare_figures(summary), wv.waterfall_of(summary)
+    if isinstance(found, PendingRun):
+        return {**dict.fromkeys(COLUMNS), **found.record()}
+    s = found
+    figures, w = wv.compare_figures(s), wv.waterfall_of(s)
     values = {
-        "run_id": summary.get("run_id"),
-        "started": _started(summary.get("started_at")),
-        "status": summary.get("status"),
-        "model": summary.get("model"),
-        "stages": summary.get("stages"),
-        "policy": summary.get("policy"),
-        "chunk": summary.get("chunk"),
-        "images": summary.get("images"),
-        "split": ",".join(summary.get("split_points") or []) or None,
-        "throughput_ips": _rounded(summary.get("throughput_ips")),
-        "serial_ips": _rounded(summary.get("serial_ips")),
-        "speedup": _rounded(summary.get("speedup"), 3),
-        "efficiency": _rounded(summary.get("efficiency"), 3),
+        "run_id": s.run_id,
+        "started": _started(s.started_at),
+        "status": s.status,
+        "model": s.model,
+        "stages": s.stages,
+        "policy": s.policy,
+        "chunk": s.chunk,
+        "images": s.images,
+        "split": ",".join(s.split_points) or None,
+        "throughput_ips": _rounded(s.throughput_ips),
+        "serial_ips": _rounded(s.serial_ips),
+        "speedup": _rounded(s.speedup, 3),
+        "efficiency": _rounded(s.efficiency, 3),
         "latency_p50_ms": _rounded(figures["latency_p50_ms"], 1),
         "latency_p95_ms": _rounded(figures["latency_p95_ms"], 1),
         "dominant": w.dominant if w else None,
-        "outputs_match": summary.get("outputs_match"),
+        "outputs_match": s.outputs_match,
         # A lossy wire's runs pass by top-1 agreement, never by identity: the row says which wire it was.
-        "wire": f"{wire.get('format')}{' (lossy wire)' if wire.get('lossy') else ''}" if wire else None,
-        "agreement": summary.get("agreement"),
-        "accuracy": summary.get("accuracy"),
-        "baseline": ("reused" if baseline.get("reused") else "measured") if baseline else None,
-        "flags": ",".join(dict.fromkeys(f.get("code", "?") for f in summary.get("flags") or [])) or None,
-        "run_dir": summary.get("run_dir"),
+        "wire": f"{s.wire.format}{' (lossy wire)' if s.wire.lossy else ''}" if s.wire else None,
+        "agreement": s.agreement,
+        "accuracy": s.accuracy,
+        "baseline": ("reused" if s.baseline.reused else "measured") if s.baseline else None,
+        "flags": ",".join(dict.fromkeys(f.code for f in s.flags)) or None,
+        "run_dir": s.run_dir,
     }
     return {k: _plain(v) for k, v in values.items()}
 
@@ -280,11 +303,11 @@ def compare_rows(paths: list[Path]) -> list[dict[str, Any]]:
     B`); RecordInvalid for a bad record."""
     rows = []
     for path in paths:
-        summary = read_run(path, traces=False)
-        if summary.get("status") == NO_SUMMARY:
+        found = read_run(path, traces=False)
+        if isinstance(found, PendingRun):
             raise ConfigError(f"run '{terminal_text(path.name, 120)}': no summary yet (still running, or cut short)")
-        extra = wv.compare_figures(summary)
-        rows.append({**row(summary), **{k: extra[k] for k in wv.COMPARE_KEYS}})
+        extra = wv.compare_figures(found)
+        rows.append({**row(found), **{k: extra[k] for k in wv.COMPARE_KEYS}})
     return rows
 
 
@@ -335,44 +358,43 @@ def _one_line(text: Any) -> str:
     return " / ".join(str(text).splitlines())
 
 
-def _outputs(s: dict[str, Any]) -> str:
-    wire = s.get("wire") or {}
-    if not wire.get("lossy"):
-        return str(s.get("outputs_match"))
-    agreed = fmt(s.get("agreement"), ".2%")
-    return f"{s.get('outputs_match')} (lossy wire {wire.get('format')}: top-1 agreement {agreed})"
+def _outputs(s: RunSummary) -> str:
+    if not (s.wire and s.wire.lossy):
+        return str(s.outputs_match)
+    return f"{s.outputs_match} (lossy wire {s.wire.format}: top-1 agreement {fmt(s.agreement, '.2%')})"
 
 
-def run_details(s: dict[str, Any]) -> Table:
+def run_details(found: FoundRun) -> Table:
     """One run as label/value lines (`read_run`'s record): `pictl runs show` and the dashboard's history."""
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
-    for label, value in (("run", s.get("run_id")), ("status", s.get("status")), ("directory", s.get("run_dir")),
-                         ("model", s.get("model")), ("stages", s.get("stages")),
-                         ("split", ", ".join(s.get("split_points") or []) or "-"), ("policy", s.get("policy")),
-                         ("pipeline", f"{fmt(s.get('throughput_ips'))} img/s"),
-                         ("serial", f"{fmt(s.get('serial_ips'))} img/s{baseline_text(s)}"),
-                         ("speedup", f"{fmt(s.get('speedup'))}x"),
-                         ("outputs match", _outputs(s)), ("accuracy", s.get("accuracy"))):
+    if isinstance(found, PendingRun):
+        for key, text in found.record().items():
+            grid.add_row({"run_id": "run", "run_dir": "directory"}.get(key, key), _cell(text))
+        return grid
+    s = found
+    lines: tuple[tuple[str, object], ...] = (
+        ("run", s.run_id), ("status", s.status), ("directory", s.run_dir), ("model", s.model), ("stages", s.stages),
+        ("split", ", ".join(s.split_points) or "-"), ("policy", s.policy),
+        ("pipeline", f"{fmt(s.throughput_ips)} img/s"), ("serial", f"{fmt(s.serial_ips)} img/s{baseline_text(s)}"),
+        ("speedup", f"{fmt(s.speedup)}x"), ("outputs match", _outputs(s)), ("accuracy", s.accuracy))
+    for label, value in lines:
         grid.add_row(label, _cell(value))
     wv.add_latency_rows(grid, s)
-    error = s.get("error")
-    if error:
-        grid.add_row(Text("error", style="red"), _cell(_one_line(error.get("message")), style="red"))
-    for i, flag in enumerate(s.get("flags") or []):
+    if s.error:
+        grid.add_row(Text("error", style="red"), _cell(_one_line(s.error.message), style="red"))
+    for i, flag in enumerate(s.flags):
         grid.add_row(Text("flags" if i == 0 else "", style="bold yellow"),
-                     _cell(f"{flag.get('code')}: {_one_line(flag.get('message'))}", style="yellow"))
-    for st in s.get("per_stage") or []:
-        grid.add_row(_cell(f"stage {st.get('rank')}"), _cell(f"{st.get('host')}  compute {fmt(st.get('compute_s'))}s  "
-                                                             f"wait {fmt(st.get('wait_s'))}s  "
-                                                             f"send {fmt(st.get('send_s'))}s"))
-    for grab in s.get("traces") or []:
-        grid.add_row("traces", _cell(grab.get("timeline") or grab.get("directory")))
-        for rank, share in sorted((grab.get("per_rank") or {}).items()):
-            pct = {k: fmt(share.get(k), ".0f") for k in ("compute_pct", "send_pct", "recv_wait_pct", "idle_pct")}
-            grid.add_row("", _cell(f"rank {rank}: compute {pct['compute_pct']}%  send {pct['send_pct']}%  "
-                                   f"recv-wait {pct['recv_wait_pct']}%  idle {pct['idle_pct']}%"))
+                     _cell(f"{flag.code}: {_one_line(flag.message)}", style="yellow"))
+    for st in s.per_stage:
+        grid.add_row(_cell(f"stage {st.rank}"), _cell(f"{st.host}  compute {fmt(st.compute_s)}s  "
+                                                      f"wait {fmt(st.wait_s)}s  send {fmt(st.send_s)}s"))
+    for grab in s.traces:
+        grid.add_row("traces", _cell(grab.timeline or grab.directory))
+        for rank, share in sorted(grab.per_rank.items()):
+            grid.add_row("", _cell(f"rank {rank}: compute {fmt(share.compute_pct, '.0f')}%  "
+                                   f"send {fmt(share.send_pct, '.0f')}%  recv-wait {fmt(share.recv_wait_pct, '.0f')}%  "
+                                   f"idle {fmt(share.idle_pct, '.0f')}%"))
     wv.add_gap_rows(grid, s)  # last: the longest part, and the history pane shows the rows above it first
     return grid
-

@@ -185,16 +185,15 @@ def _wire_lines(s: RunSummary, files: ReportFiles) -> list[str]:
 
 
 def _run_section(run_dir: Path, s: RunSummary, files: ReportFiles) -> list[str]:
-    extra = s.model_dump(by_alias=True, exclude_unset=True)  # as written: the views read what the run wrote
     lines = [f"## Run {md_text(s.run_id)}", "",
              (f"{s.replicas} replicas x " if s.replicas > 1 else "")
              + f"{s.stages} stage(s), policy {md_text(s.policy)}, "
              f"split {', '.join(map(md_text, s.split_points)) or '-'}; "
-             f"{s.images} images, chunk {s.chunk}, {md_text(extra.get('threads'))} thread(s); "
+             f"{s.images} images, chunk {s.chunk}, {md_text(s.threads)} thread(s); "
              f"status **{s.status}**.", "",
              "| throughput img/s | serial img/s | speedup | efficiency | outputs match |", "|---|---|---|---|---|",
              f"| {s.throughput_ips} | {s.serial_ips} | {s.speedup} | {s.efficiency} | "
-             f"{s.outputs_match} |", "", *gap_lines(s.run_id, extra, files), *_wire_lines(s, files),
+             f"{s.outputs_match} |", "", *gap_lines(s.run_id, s, files), *_wire_lines(s, files),
              *numerics_lines(s), *recut_lines(s),
              *_baseline_and_flags(s)]
     if s.stages * s.replicas > 1:
@@ -208,7 +207,7 @@ def _run_section(run_dir: Path, s: RunSummary, files: ReportFiles) -> list[str]:
             lines.append(f"| {st.rank} | {md_text(st.host)} | {md_text((st.modules or ['-'])[0])} | {st.measured_ms} | "
                          f"{st.wait_ms} | {st.send_ms} | {mb} | {st.predicted_ms} | "
                          f"{'-' if error is None else format(error, '+.1%')} |")
-        lines += refine_lines(extra.get("refine"))
+        lines += refine_lines(s.refine)
         chart = files.chart(s.run_id, "stages", lambda fh: stage_chart(s, fh))
         lines += ["", f"![per-stage time]({chart})", "", "| link | average MB/s | fastest pass MB/s |",
                   "|---|---|---|"]
@@ -262,7 +261,7 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{v:.1%}"
 
 
-def models_section(runs: list[dict[str, Any]], prunes: list[dict[str, Any]]) -> list[str]:
+def models_section(runs: list[RunSummary], prunes: list[dict[str, Any]]) -> list[str]:
     """The course's Part 3 table: each model's size, accuracy, serial throughput and pipeline speedup,
     all speedups against the unpruned model's serial baseline (the same yardstick for every row)."""
     rows: dict[str, dict[str, Any]] = {}
@@ -272,17 +271,17 @@ def models_section(runs: list[dict[str, Any]], prunes: list[dict[str, Any]]) -> 
         rows.setdefault("base", {"name": f"{job['base_model']} (unpruned)", "params": job["params_base"],
                                  "macs": job["macs_base"], "top1": job["top1_before"]})
     for run in runs:
-        art = run.get("artifact")
-        key = art["path"] if art else "base"
-        row = rows.setdefault(key, {"name": f"pruned {art['importance']} {art['ratio']}" if art
-                                    else f"{run.get('model')} (unpruned)"})
+        art = run.artifact
+        key = art.path if art else "base"
+        row = rows.setdefault(key, {"name": f"pruned {art.importance} {art.ratio}" if art
+                                    else f"{run.model} (unpruned)"})
         if art:
-            row.update({k: art[k] for k in ("params", "macs", "top1_pruned")}, top1=art["top1"])
-            rows.setdefault("base", {"name": f"{art['base_model']} (unpruned)"}).update(
-                params=art["params_base"], macs=art["macs_base"], top1=art["top1_before"])
-        row["serial_ips"] = run.get("serial_ips") or row.get("serial_ips")
-        if run["stages"] > 1 and run["status"] == "ok":
-            row.setdefault("pipelines", []).append((run["stages"], run.get("throughput_ips"), run.get("serial_ips")))
+            row.update(params=art.params, macs=art.macs, top1_pruned=art.top1_pruned, top1=art.top1)
+            rows.setdefault("base", {"name": f"{art.base_model} (unpruned)"}).update(
+                params=art.params_base, macs=art.macs_base, top1=art.top1_before)
+        row["serial_ips"] = run.serial_ips or row.get("serial_ips")
+        if run.stages > 1 and run.status == "ok":
+            row.setdefault("pipelines", []).append((run.stages, run.throughput_ips, run.serial_ips))
     if len(rows) < 2:
         return []
     base_serial = rows.get("base", {}).get("serial_ips")
@@ -338,7 +337,7 @@ def write_report(sources: list[Path], out: Path) -> Path:
     jobs = {src: s for src, s in summaries.items() if isinstance(s, dict)}
     trains = [s for s in jobs.values() if s.get("kind") == "train"]
     prunes = [s for s in jobs.values() if s.get("status") == "ok" and s.get("kind") != "train"]
-    runs = [s.model_dump(by_alias=True, exclude_unset=True) for s in summaries.values() if isinstance(s, RunSummary)]
+    runs = [s for s in summaries.values() if isinstance(s, RunSummary)]
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -3,10 +3,9 @@ run whose host drifted, and `balanced`'s refinement rounds; each is empty when t
 
 from __future__ import annotations
 
-from typing import Any
-
 from pictl.records.train_report import md_text
 from pictl.summary import RunSummary
+from pictl.summary_figures import Refinement
 
 
 def numerics_lines(s: RunSummary) -> list[str]:
@@ -38,18 +37,12 @@ def recut_lines(s: RunSummary) -> list[str]:
             "bit for bit):", "", *lines, "", f"img/s per timed pass: {passes}.", ""]
 
 
-def refine_lines(refine: Any) -> list[str]:
-    """`balanced`'s refinement rounds (an untyped part of the summary: what is not as written is left out)."""
-    rounds = refine.get("rounds") if isinstance(refine, dict) else None
+def refine_lines(refine: Refinement | None) -> list[str]:
+    """`balanced`'s refinement rounds."""
     lines = []
-    for r in rounds if isinstance(rounds, list) else []:
-        if not isinstance(r, dict):
-            continue
-        split = r.get("split_points")
-        nxt = r.get("next_split")
-        then = f"next {', '.join(map(md_text, nxt))}" if isinstance(nxt, list) and nxt else "kept"
-        lines.append(f"\nrefinement round {md_text(r.get('round'))}: split "
-                     f"{', '.join(map(md_text, split)) if isinstance(split, list) else '-'}, predicted "
-                     f"{md_text(r.get('predicted_ms'))} ms, measured {md_text(r.get('measured_ms'))} ms per stage; "
-                     f"{then}.")
+    for r in refine.rounds if refine else []:
+        then = f"next {', '.join(map(md_text, r.next_split))}" if r.next_split else "kept"
+        lines.append(f"\nrefinement round {md_text(r.round)}: split "
+                     f"{', '.join(map(md_text, r.split_points)) if r.split_points is not None else '-'}, predicted "
+                     f"{md_text(r.predicted_ms)} ms, measured {md_text(r.measured_ms)} ms per stage; {then}.")
     return lines

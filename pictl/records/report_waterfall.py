@@ -15,6 +15,7 @@ from typing import IO, Any
 from pictl.records import waterfall_view as wv
 from pictl.records.train_report import ReportFiles, chart_label, md_text, quiet_charts
 from pictl.summary import RecordInvalid, read_json_object
+from pictl.summary_models import RunSummary
 
 __all__ = ["gap_lines", "sweep_latency_lines", "waterfall_chart"]
 
@@ -79,7 +80,7 @@ def latency_lines(latency: wv.Latency) -> list[str]:
     return [*lines, ""]
 
 
-def gap_lines(run_id: str, summary: dict[str, Any], files: ReportFiles) -> list[str]:
+def gap_lines(run_id: str, summary: RunSummary, files: ReportFiles) -> list[str]:
     """A run's latency table and its waterfall (chart, terms, line, advice); nothing for an older summary."""
     latency, w = wv.latency_of(summary), wv.waterfall_of(summary)
     lines = latency_lines(latency) if latency else []

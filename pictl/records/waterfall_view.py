@@ -1,27 +1,29 @@
 """A run's speedup waterfall and latency as every reader shows them: `runs show`, `runs`, `compare` and the
 CSV, `report`, sweeps and the dashboard.
 
-The summary's `waterfall` (`pictl.run.waterfall`) and `latency` (`pictl.run.latency`) are extra keys:
-a summary written before them has neither, and a record edited by hand may hold anything there. They are
-read here, once, into small typed views, or None when absent or not of their shape (never an exception);
-a string the record holds is made printable on the way in. `waterfall_line` is the run layer's line of the
-same name, on the view: the records layer may not import `pictl.run`, and a test keeps the two equal.
+They read the checked `RunSummary`'s `waterfall` and `latency` (`pictl.run.waterfall`, `pictl.run.latency`)
+into small views with stricter bounds, or None when absent or not of the view's shape (a record edited by
+hand: no terms, a figure out of bounds; never an exception); a string the record holds is made printable on
+the way in. `waterfall_line` is the run layer's line of the same name, on the view: the records layer may not
+import `pictl.run`, and a test keeps the two equal.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 from rich.table import Table
 from rich.text import Text
 
+from pictl.summary_figures import WaterfallRecord
+from pictl.summary_models import RunSummary
 from pictl.text import shown
 
 __all__ = ["COMPARE_KEYS", "KNOWN_TERMS", "LATENCY_KEYS", "TERM_COLORS", "TERM_KEYS", "Latency", "Percentiles",
            "Term", "Waterfall", "add_gap_rows", "add_latency_rows", "compare_figures", "gap_bar", "latency_of",
            "line_parts", "line_text", "percentiles_text", "share_text", "terms_table", "unreadable", "waterfall_line",
-           "waterfall_of"]
+           "waterfall_of", "waterfall_view"]
 
 LIMIT = 1e6
 """No speedup, point or millisecond figure a run records is this large; one that is reads as no figure."""
@@ -86,32 +88,36 @@ class Latency(_View):
     traced: Percentiles | None = None
 
 
-def waterfall_of(summary: dict[str, Any]) -> Waterfall | None:
-    """The summary's waterfall, or None (an older summary, a run that failed, a value of another shape)."""
-    raw = summary.get("waterfall") if isinstance(summary, dict) else None
-    if not isinstance(raw, dict):
+def waterfall_view(raw: WaterfallRecord | dict[str, Any] | None) -> Waterfall | None:
+    """A waterfall as readers show it, or None (absent, or recorded in a shape this pictl does not show: no
+    terms, a figure out of bounds)."""
+    if raw is None:
         return None
     try:
-        return Waterfall.model_validate(raw)
+        return Waterfall.model_validate(raw.model_dump() if isinstance(raw, WaterfallRecord) else raw)
     except (ValidationError, ValueError, TypeError, RecursionError):
         return None
 
 
-def latency_of(summary: dict[str, Any]) -> Latency | None:
+def waterfall_of(summary: RunSummary) -> Waterfall | None:
+    """The summary's waterfall, or None (an older summary, a run that failed, one not of the view's shape)."""
+    return waterfall_view(summary.waterfall)
+
+
+def latency_of(summary: RunSummary) -> Latency | None:
     """The summary's latency, or None; a run with neither a pipeline's nor a serial figure has none."""
-    raw = summary.get("latency") if isinstance(summary, dict) else None
-    if not isinstance(raw, dict):
+    if summary.latency is None:
         return None
     try:
-        latency = Latency.model_validate(raw)
+        latency = Latency.model_validate(summary.latency.model_dump())
     except (ValidationError, ValueError, TypeError, RecursionError):
         return None
     return latency if latency.pipeline or latency.serial else None
 
 
-def unreadable(summary: dict[str, Any], key: str) -> bool:
-    """`key` is in the summary, but not in a shape this pictl reads (shown as a note, not as figures)."""
-    if not isinstance(summary, dict) or summary.get(key) is None:
+def unreadable(summary: RunSummary, key: Literal["waterfall", "latency"]) -> bool:
+    """`key` is in the summary, but not in a shape this pictl shows (a note, not figures)."""
+    if getattr(summary, key) is None:
         return False
     return (waterfall_of if key == "waterfall" else latency_of)(summary) is None
 
@@ -149,7 +155,7 @@ COMPARE_KEYS = (*LATENCY_KEYS[2:], *TERM_KEYS)
 """`runs compare`'s lines beyond a row's columns (a row already holds the pipeline's p50 and p95)."""
 
 
-def compare_figures(summary: dict[str, Any]) -> dict[str, Any]:
+def compare_figures(summary: RunSummary) -> dict[str, Any]:
     """A run's latency percentiles (pipeline and serial) and each waterfall term's points; None where the
     run has no such figure (an older summary, a failed run)."""
     latency, w = latency_of(summary), waterfall_of(summary)
@@ -208,7 +214,7 @@ def terms_table(w: Waterfall) -> Table:
     return table
 
 
-def add_latency_rows(grid: Table, s: dict[str, Any]) -> None:
+def add_latency_rows(grid: Table, s: RunSummary) -> None:
     """`runs show` (and the dashboard's history): latency per image beside throughput, the pipeline's and the
     serial run's; nothing for an older summary."""
     latency = latency_of(s)
@@ -220,7 +226,7 @@ def add_latency_rows(grid: Table, s: dict[str, Any]) -> None:
         grid.add_row("latency", Text("not readable in this record (another shape)", style="yellow"))
 
 
-def add_gap_rows(grid: Table, s: dict[str, Any]) -> None:
+def add_gap_rows(grid: Table, s: RunSummary) -> None:
     """`runs show` (and the dashboard's history): why the speedup is not N, the waterfall's line, its terms and
     what would reduce the dominant one; nothing for an older summary."""
     w = waterfall_of(s)

@@ -45,12 +45,13 @@ from pictl.run.split import choose_split
 from pictl.run.staging import stage
 from pictl.run.summarize import Reached, bare_summary, summarize
 from pictl.run.traces import RankTrace, TraceGrab, grab_traces
+from pictl.summary_models import RunSummary
 
 SAMPLE_INTERVAL_S = 2.0
 
 
 class RunSession:
-    """Runs one experiment on a cluster; `await run()` returns the summary dict."""
+    """Runs one experiment on a cluster; `await run()` returns its checked summary (`RunSummary`)."""
 
     def __init__(self, cluster: Cluster, options: RunOptions, *, on_event: EventSink | None = None,
                  runs_root: Path | None = None, baseline_cache: BaselineCache | None = None,
@@ -62,8 +63,8 @@ class RunSession:
                               profile=profile, wait_for_hosts=wait, reuse_baseline=reuse_baseline)
         self.reached = Reached()
         self.pipeline: Pipeline | None = None
-        self.last_summary: dict[str, Any] | None = None
-        """The summary of the finished run, failed or not (None when nothing started)."""
+        self.last_summary: RunSummary | None = None
+        """The summary of the finished run, failed or not (None when nothing started), as written."""
         self.job: HostJob | None = None
         """The run's hold on its hosts, once they are open."""
         self._grab_tasks: set[asyncio.Task] = set()
@@ -91,7 +92,14 @@ class RunSession:
     def pipeline_live(self) -> bool:
         return self.pipeline is not None and self.pipeline.live
 
-    async def run(self) -> dict[str, Any]:
+    async def run(self) -> RunSummary:
+        """Run the experiment; its summary, or the error that ended it (`last_summary` then holds the failed
+        run's summary)."""
+        await self._run()
+        assert self.last_summary is not None  # _run returned: the record closed with the summary
+        return self.last_summary
+
+    async def _run(self) -> None:
         ctx, reached = self.ctx, self.reached
         o = ctx.options
         usable = candidates(ctx.cluster, o.ranks, o.policy, o.replicas)  # ConfigError: nothing started yet
@@ -132,7 +140,6 @@ class RunSession:
                                            f"is below --min-agreement {o.min_agreement}")
                 raise E.OutputMismatch(f"pipeline output differs from the serial run "
                                        f"(max abs diff {cmp.max_abs_diff})")
-            return summary
         except asyncio.CancelledError:
             summary = summarize(ctx, reached, "interrupted")
             raise E.Interrupted("interrupted: every rank was stopped") from None
@@ -154,18 +161,16 @@ class RunSession:
                 if ctx.record is not None:
                     summary = summary or bare_summary(ctx)
                     ctx.record.finish(summary)
-                    self.last_summary = summary
-                    if summary.get("status") != "interrupted":  # a second Ctrl-C must not wait on a tracker
-                        await self._track(summary)
+                    self.last_summary = RunSummary.model_validate(summary)
+                    if self.last_summary.status != "interrupted":  # a second Ctrl-C must not wait on a tracker
+                        await self._track(self.last_summary)
 
     @property
     def trackers(self) -> list[str]:
         """Where the finished run is also written: its own `track`, else the inventory's."""
         return list(self.options.track or self.ctx.cluster.track)
 
-    async def _track(self, summary: dict[str, Any]) -> None:
-        from pictl.summary_models import RunSummary
-
+    async def _track(self, summary: RunSummary) -> None:
         record, kinds = self.ctx.record, self.trackers
         if record is None or not kinds:
             return
@@ -173,7 +178,7 @@ class RunSession:
             write_samples(record.path, self.ctx.samples)
         except OSError as exc:  # the trackers go without the host samples; the record stands
             self.ctx.phase("track", f"host samples not written ({exc.strerror or exc})")
-        await track_record(kinds, record.path, lambda: run_series(record.path, RunSummary.model_validate(summary)),
+        await track_record(kinds, record.path, lambda: run_series(record.path, summary),
                            lambda message: self.ctx.phase("track", message))
 
     async def _watch_hosts(self, job: HostJob, placement: Placement) -> None:

@@ -27,6 +27,7 @@ from pictl import errors as E
 from pictl.cluster.clock import measure_clock
 from pictl.cluster.transport import Transport
 from pictl.records.runs import CONFIG_FILE, SUMMARY_FILE, read_record, run_is_live, write_json_atomic
+from pictl.summary_models import TraceRecord
 from remote import protocol as P
 
 TIMELINE_FILE = "timeline.json"
@@ -59,6 +60,10 @@ class TraceGrab:
                 "missing": {str(r): why for r, why in sorted(self.missing.items())},
                 "per_rank": {str(r): s for r, s in sorted(self.per_rank.items())},
                 "timeline": str(self.timeline) if self.timeline else None}
+
+    def record(self) -> TraceRecord:
+        """The grab as the summary records it."""
+        return TraceRecord.model_validate(self.to_json())
 
 
 def new_trace_id() -> str:

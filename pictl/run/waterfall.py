@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pictl.records.waterfall_view import waterfall_line as view_line
-from pictl.records.waterfall_view import waterfall_of
+from pictl.records.waterfall_view import waterfall_view
 
 TERMS = ("fill_drain", "imbalance", "split_overhead", "interference", "communication", "runtime", "baseline",
          "residual")
@@ -147,5 +147,5 @@ def waterfall(s: dict[str, Any], settled: Settled | None = None) -> dict[str, An
 def waterfall_line(w: dict[str, Any]) -> str:
     """One line: the measured speedup of N, then every term that cost (or gave) a hundredth or more, largest
     loss first, and the dominant term with what would reduce it (the readers' own form, `records.waterfall_view`)."""
-    view = waterfall_of({"waterfall": w})
+    view = waterfall_view(w)
     return view_line(view) if view is not None else f"{w.get('speedup')}x of {w.get('stages')}"

@@ -195,8 +195,8 @@ class PictlApp(JobsApp):
 
     def on_traces_grabbed(self, msg: TracesGrabbed) -> None:
         self.state.on_traces(msg.grab)
-        got, missing = len(msg.grab["files"]), msg.grab["missing"]
-        self.notify(f"{got} rank trace(s) in {msg.grab['directory']}"
+        got, missing = len(msg.grab.files), msg.grab.missing
+        self.notify(f"{got} rank trace(s) in {msg.grab.directory}"
                     + "".join(f"\nrank {r}: {why}" for r, why in missing.items()),
                     title="traces", severity="warning" if missing else "information", timeout=10)
         self._dirty.add("summary")
@@ -248,7 +248,7 @@ class PictlApp(JobsApp):
         except E.PictlError as exc:
             self.notify(str(exc), title="traces", severity="warning")
             return
-        self.post_message(TracesGrabbed(grab.to_json()))
+        self.post_message(TracesGrabbed(grab.record()))
 
     async def stop_run(self) -> None:
         """Cancel the run worker and wait for the session to stop every process it started."""

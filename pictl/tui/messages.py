@@ -8,6 +8,7 @@ from textual.message import Message
 
 from pictl.cluster.monitor import HostSample
 from pictl.events import Placed
+from pictl.summary_models import RunSummary, TraceRecord
 from remote.records import Record
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ class HostHealth(Message):
 class RunFinished(Message):
     """The run ended: its summary (None when it failed before starting) and the error, if any."""
 
-    def __init__(self, summary: dict[str, Any] | None, error: str | None) -> None:
+    def __init__(self, summary: RunSummary | None, error: str | None) -> None:
         super().__init__()
         self.summary, self.error = summary, error
 
@@ -68,7 +69,7 @@ class RunFinished(Message):
 class TracesGrabbed(Message):
     """Traces from a grab arrived (some ranks may be missing)."""
 
-    def __init__(self, grab: dict[str, Any]) -> None:
+    def __init__(self, grab: TraceRecord) -> None:
         super().__init__()
         self.grab = grab
 

@@ -17,6 +17,7 @@ from pictl.cluster.monitor import HostSample
 from pictl.events import SERIAL_FP32, Placed
 from pictl.inventory import Cluster
 from pictl.planning.placement import place_stages
+from pictl.summary_models import RunError, RunSummary, TraceRecord
 from pictl.tui.prune_state import PruneView
 from pictl.tui.train_state import TrainView
 from remote.records import Record
@@ -82,15 +83,15 @@ class DashboardState:
         self.running = False
         self.phase = "idle"
         self.phase_message = "press r to start a run"
-        self.summary: dict[str, Any] | None = None
+        self.summary: RunSummary | None = None
         self.error: str | None = None
-        self.failure: dict[str, Any] | None = None
+        self.failure: RunError | None = None
         self.serial_ips: float | None = None
         self.pipeline_ips: list[float] = []
         self.accuracy: float | None = None
         self.started_at: float | None = None
         self.pipeline_started_at: float | None = None
-        self.traces: list[dict[str, Any]] = []
+        self.traces: list[TraceRecord] = []
         self.trace_note: str | None = None
         self.sweep: dict[str, Any] | None = None  # {"index", "total", "rows", "directory"} while/after a sweep
         self.prune: PruneView | None = None  # the latest pruning job: options, progress, accuracy, summary
@@ -249,27 +250,27 @@ class DashboardState:
         """The hosts the monitor found not answering, each with why ("" when none)."""
         return ", ".join(f"{r.name} ({r.error or 'no answer'})" for r in self.hosts.values() if r.up is False)
 
-    def on_traces(self, grab: dict[str, Any]) -> None:
+    def on_traces(self, grab: TraceRecord) -> None:
         self.traces.append(grab)
 
-    def finish(self, summary: dict[str, Any] | None, error: str | None) -> None:
+    def finish(self, summary: RunSummary | None, error: str | None) -> None:
         self.running = False
         self.summary, self.error = summary, error
-        self.failure = (summary or {}).get("error")
-        failed_host = (self.failure or {}).get("host")
+        self.failure = summary.error if summary else None
+        failed_host = self.failure.host if self.failure else None
         for row in self._busy_hosts():
             row.activity = "failed" if row.name == failed_host else ("stopped" if error else "done")
         self.phase = "done" if not error else ("stopped" if "interrupted" in error else "failed")
         self.phase_message = error or "finished"
-        if summary and summary.get("traces"):
-            known = {g["directory"] for g in self.traces}
-            self.traces += [g for g in summary["traces"] if g["directory"] not in known]
+        if summary and summary.traces:
+            known = {g.directory for g in self.traces}
+            self.traces += [g for g in summary.traces if g.directory not in known]
 
     # -- derived figures --------------------------------------------------------------------------
 
     def progress(self, now: float | None = None) -> tuple[float, float | None]:
         """Fraction of the pipeline's steps done (by the last stage) and the seconds left, if known."""
-        if self.summary and self.summary.get("status") == "ok":
+        if self.summary and self.summary.status == "ok":
             return 1.0, None
         if not self.stages:
             return 0.0, None
@@ -306,6 +307,6 @@ class DashboardState:
 
     @property
     def live_ips(self) -> float | None:
-        if self.summary and self.summary.get("throughput_ips"):
-            return self.summary["throughput_ips"]
+        if self.summary and self.summary.throughput_ips:
+            return self.summary.throughput_ips
         return sum(self.pipeline_ips) / len(self.pipeline_ips) if self.pipeline_ips else None

@@ -184,8 +184,8 @@ async def test_fewer_stages_than_hosts_take_the_fastest_connecting_and_pushing_o
     dashboard.start_run(options.model_dump())
     assert {r: v.host for r, v in dashboard.stages.items()} == {0: "h0", 1: "h1"}  # the inventory's guess
     s = await RunSession(cluster, options, on_event=on_event, runs_root=tmp_path / "runs").run()
-    assert [st["host"] for st in s["per_stage"]] == ["h0", "h2"] and s["outputs_match"] is True
-    assert s["prediction"]["profiled"] == [] and s["prediction"]["links_measured"] == ["h0->h2"]
+    assert [st.host for st in s.per_stage] == ["h0", "h2"] and s.outputs_match is True
+    assert s.prediction is not None and s.prediction.profiled == [] and s.prediction.links_measured == ["h0->h2"]
     assert any("fastest hosts: h0" in m and "left out: h1" in m for m in phases), phases
     assert sorted(connects) == ["h0", "h1", "h2"] and sorted(pushes) == ["h0", "h1", "h2"] and trees == [1]
     assert len(placed) == 1 and [p.host for p in placed[0].stages] == ["h0", "h2"]

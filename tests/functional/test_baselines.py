@@ -151,30 +151,29 @@ async def test_a_baseline_measured_under_load_is_not_reused_when_the_host_is_idl
                                   baseline_cache=cache).run()
     finally:
         _stop(busy)
-    assert loaded["status"] == "ok" and loaded["outputs_match"] is True
-    assert loaded["baseline"]["state"]["busy_cores"] > 1.5  # 3 busy processes on this machine's 2 cores
+    assert loaded.status == "ok" and loaded.outputs_match is True
+    assert loaded.baseline and loaded.baseline.state and (loaded.baseline.state.busy_cores or 0) > 1.5  # 3 busy
     flags: dict[str, str] = {}  # a code may come twice (the serial run and the pipeline both varied)
-    for f in loaded["flags"]:
-        flags[f["code"]] = flags.get(f["code"], "") + f["message"] + "\n"
-    assert loaded["speedup"] > 2 and "speedup_above_stages" in flags, flags
+    for f in loaded.flags:
+        flags[f.code] = flags.get(f.code, "") + f.message + "\n"
+    assert (loaded.speedup or 0) > 2 and "speedup_above_stages" in flags, flags
     assert "the serial baseline is suspect: other work kept" in flags["speedup_above_stages"]
     assert "pipeline throughput varied" in flags["throughput_spread"]
     # 3 loops and the serial run on 2 CPUs: the serial run's own thread waited for a CPU half the time.
     assert "h0: during the serial baseline, its threads waited" in flags["host_overloaded"], flags
-    assert loaded["serial_timing"]["run_delay_per_image_s"] > 0.2 * loaded["serial_timing"]["compute_per_image_s"]
+    timing = loaded.serial_timing
+    assert timing and (timing.run_delay_per_image_s or 0) > 0.2 * (timing.compute_per_image_s or 0)
 
     idle = await RunSession(cluster, options, runs_root=tmp_path / "runs", baseline_cache=cache).run()
-    assert idle["serial_reused"] is False and idle["baseline"]["reused"] is False
-    assert idle["baseline"]["not_reused_because"].startswith("the host changed since the cached baseline was "
-                                                             "measured")
-    assert "busy cores" in idle["baseline"]["not_reused_because"]
-    assert idle["serial_ips"] > 1.5 * loaded["serial_ips"]
-    for window in ("during_baseline", "during_pipeline"):
-        assert idle["hosts"]["h0"][window]["cpu_wait_mean"] is not None, idle["hosts"]["h0"]
+    assert idle.serial_reused is False and idle.baseline and idle.baseline.reused is False
+    why = idle.baseline.not_reused_because or ""
+    assert why.startswith("the host changed since the cached baseline was measured") and "busy cores" in why
+    assert (idle.serial_ips or 0) > 1.5 * (loaded.serial_ips or 0)
+    for window in (idle.hosts["h0"].during_baseline, idle.hosts["h0"].during_pipeline):
+        assert window and window.cpu_wait_mean is not None, idle.hosts["h0"]
     # The idle run's baseline is clean. (Its pipeline may still be flagged: two ranks and the controller share
     # this machine's 2 CPUs, and the flag reports that wait honestly.)
-    assert not any(f["code"] == "host_overloaded" and "serial baseline" in f["message"] for f in idle["flags"]), \
-        idle["flags"]
+    assert not any(f.code == "host_overloaded" and "serial baseline" in f.message for f in idle.flags), idle.flags
     # The honest baseline gives the lower speedup. (Whether a clean run raises no flag at all is checked on a
     # real run's figures in test_flags.py: on this shared 2-core machine the controller itself, reading the
     # ranks, runs beside them, and its noise can spread 3 short passes by 10 %.)

@@ -163,7 +163,7 @@ def test_a_rendezvous_port_taken_before_torchrun_binds_it_is_replaced(tmp_path: 
         thief.close()
     assert len(chosen) == 2 and chosen[0] == stolen != chosen[1]
     assert any(f"port {stolen} was taken on h0 before torchrun bound it" in m for m in phases), phases
-    assert summary["status"] == "ok" and summary["outputs_match"] is True
-    assert [st["microbatches"] for st in summary["per_stage"]] == [16, 16]  # one launch's passes, not two
+    assert summary.status == "ok" and summary.outputs_match is True
+    assert [st.microbatches for st in summary.per_stage] == [16, 16]  # one launch's passes, not two
     assert "EADDRINUSE" in (tmp_path / "runs" / session.run_id / "logs" / "h0.log").read_text()
     _assert_nothing_left(tmp_path / "cluster")

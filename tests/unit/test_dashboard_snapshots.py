@@ -14,6 +14,7 @@ from support.clusters import write_cluster
 from pictl.cluster.monitor import HostSample
 from pictl.events import RECORD_TYPES, RankEvent
 from pictl.inventory import load_cluster
+from pictl.summary_models import RunSummary
 from pictl.tui.app import PROGRESS_EVERY, PictlApp
 from pictl.tui.messages import HostHealth, LogLine, PhaseChanged, RankRecord, RunFinished
 from pictl.tui.widgets.stage_list import StageList
@@ -97,7 +98,7 @@ async def _after(pilot, traces: bool = True) -> None:  # noqa: ANN001
     summary = {"status": "ok", "run_id": "20270115-080000-s3-abcd", "stages": 3,
                "split_points": ["blocks.4", "blocks.8"],
                "throughput_ips": 9.61, "serial_ips": 3.45, "serial_reused": True, "speedup": 2.786,
-               "baseline": {"host": "h0", "reused": True, "age_s": 1260.0},
+               "baseline": {"host": "h0", "reused": True, "age_s": 1260.0, "measured_at": 1.7e9},
                "flags": [{"code": "throughput_spread", "message": "pipeline throughput varied from 8.70 to 10.40 "
                                                                    "img/s across the timed passes (18% of its mean)"},
                          {"code": "fill_drain_bound", "message": "24 microbatches through 3 stages: efficiency "
@@ -115,7 +116,7 @@ async def _after(pilot, traces: bool = True) -> None:  # noqa: ANN001
                                  "1": {"compute_pct": 88.0, "send_pct": 2.0, "recv_wait_pct": 8.0, "idle_pct": 2.0}}}]}
     if not traces:
         summary["traces"] = []
-    app.post_message(RunFinished(summary, None))
+    app.post_message(RunFinished(RunSummary.model_validate(summary), None))
     await pilot.pause()
     app.render_all()
     await pilot.pause()

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from pictl.records.report import models_section
+from pictl.summary_models import RunSummary
 
 ART = {"path": "/p/model.safetensors", "digest": "d", "base_model": "deit_small_patch16_224", "ratio": 0.15,
        "importance": "hessian", "params": 16_000_000, "params_base": 22_000_000, "macs": 3_370_000_000,
        "macs_base": 4_610_000_000, "top1_before": 0.90, "top1_pruned": 0.12, "top1": 0.886}
 
 
-def _run(stages: int, ips: float, serial: float, artifact: dict | None = None) -> dict:
-    return {"run_id": f"r{stages}{artifact is not None}", "model": "deit_small_patch16_224", "stages": stages,
-            "status": "ok", "throughput_ips": ips, "serial_ips": serial, "artifact": artifact}
+def _run(stages: int, ips: float, serial: float, artifact: dict | None = None) -> RunSummary:
+    return RunSummary.model_validate({
+        "run_id": f"r{stages}{artifact is not None}", "model": "deit_small_patch16_224", "stages": stages,
+        "status": "ok", "throughput_ips": ips, "serial_ips": serial, "artifact": artifact})
 
 
 def test_speedups_are_against_the_unpruned_serial_run() -> None:

@@ -17,13 +17,14 @@ from pictl.planning.options import RunOptions
 from pictl.run.baselines import BaselineCache
 from pictl.run.session import RunSession
 from pictl.run.traces import merge, rank_breakdown
+from pictl.summary_models import RunSummary
 from remote import protocol as P
 
 
-def _throughputs(summary: dict) -> list[dict]:
+def _throughputs(summary: RunSummary) -> list[dict]:
     """The last rank's throughput events of a run (its record), one per timed pass."""
-    run_dir = Path(summary["run_dir"])
-    last = summary["per_stage"][-1]["host"]
+    run_dir = Path(summary.run_dir or "")
+    last = summary.per_stage[-1].host
     return [e for e in map(json.loads, (run_dir / "events" / f"{last}.jsonl").read_text().splitlines())
             if e.get("event") == "throughput"]
 
@@ -74,18 +75,18 @@ async def test_traces_from_a_live_two_rank_run(tmp_path: Path) -> None:
     session = RunSession(cluster, options, on_event=on_event, runs_root=tmp_path / "runs",
                          baseline_cache=BaselineCache(tmp_path / "cache" / "baselines"))
     summary = await session.run()
-    assert summary["status"] == "ok" and summary["outputs_match"] is True
+    assert summary.status == "ok" and summary.outputs_match is True
     live = await grabs[0]
     assert not live.missing and sorted(live.files) == [0, 1]
     # A timed pass the live window touched is kept out of the throughput figures (the planned window runs in
     # an extra pass after the timed ones); which passes it touches depends on when the request lands.
     counted = [e for e in _throughputs(summary) if not e.get("traced")]
-    assert len(counted) == 3 - summary["traced_passes"]
-    assert summary["throughput_spread_ips"] == [min(e["ips"] for e in counted), max(e["ips"] for e in counted)]
-    assert summary["throughput_ips"] > 0
-    planned = next(g for g in summary["traces"] if g["id"] == "run")
-    run_dir = Path(summary["run_dir"])
-    for grab_dir, steps in ((Path(planned["directory"]), 4), (live.directory, 3)):
+    assert len(counted) == 3 - (summary.traced_passes or 0)
+    assert summary.throughput_spread_ips == [min(e["ips"] for e in counted), max(e["ips"] for e in counted)]
+    assert (summary.throughput_ips or 0) > 0
+    planned = next(g for g in summary.traces if g.id == "run")
+    run_dir = Path(summary.run_dir or "")
+    for grab_dir, steps in ((Path(planned.directory or ""), 4), (live.directory, 3)):
         files = sorted(p.name for p in grab_dir.glob("*.json.gz"))
         assert files == ["h0-rank0.json.gz", "h1-rank1.json.gz"]
         assert grab_dir.parent == run_dir
@@ -115,7 +116,7 @@ async def test_traces_from_a_live_two_rank_run(tmp_path: Path) -> None:
             assert share["microbatches"] == steps and share["compute_pct"] > 20
             assert sum(share[k] for k in ("compute_pct", "send_pct", "recv_wait_pct", "idle_pct")) \
                 == pytest.approx(100, abs=0.5)
-    assert live.directory.name == "traces-2" or Path(planned["directory"]).name == "traces-2"
+    assert live.directory.name == "traces-2" or Path(planned.directory or "").name == "traces-2"
 
 
 async def test_a_trace_request_without_a_live_pipeline_is_refused(tmp_path: Path) -> None:

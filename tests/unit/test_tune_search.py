@@ -5,6 +5,7 @@ read back by the same resolver `pictl run --profile` uses."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.clusters import write_cluster
@@ -15,6 +16,7 @@ from pictl.jobs.tune_report import preset_text, save_preset, table
 from pictl.planning.costs import Profiles
 from pictl.planning.options import RunOptions
 from pictl.planning.presets import resolve_options
+from pictl.summary_models import RunSummary
 
 
 def _cluster(tmp_path: Path, hosts: int = 4, slots: int = 1):  # noqa: ANN202
@@ -59,10 +61,12 @@ def test_replicas_are_predicted_without_fill_and_drain_and_int8_by_its_measured_
     assert predict(Candidate(1, 4), cluster, base, profiles, cal) == pytest.approx(first.throughput_ips)
 
 
-def _summary(ips: float, *, agreement: float | None = None, numerics: bool = False) -> dict:
-    return {"run_id": f"r{ips}", "status": "ok", "throughput_ips": ips, "outputs_match": True, "speedup": ips / 10,
-            "split_points": [], "agreement": agreement,
-            "numerics": {"speedup_vs_fp32": ips / 10, "agreement_vs_fp32": agreement} if numerics else None}
+def _summary(ips: float, *, agreement: float | None = None, numerics: bool = False, **more: Any) -> RunSummary:
+    return RunSummary.model_validate({
+        "run_id": f"r{ips}", "status": "ok", "stages": 1, "throughput_ips": ips, "outputs_match": True,
+        "speedup": ips / 10, "split_points": [], "agreement": agreement,
+        "numerics": {"kind": "int8-dynamic", "speedup_vs_fp32": ips / 10, "agreement_vs_fp32": agreement}
+        if numerics else None, **more})
 
 
 def test_a_lossy_candidate_below_the_bound_never_wins() -> None:
@@ -76,7 +80,10 @@ def test_a_lossy_candidate_below_the_bound_never_wins() -> None:
     judge(good_lossy, _summary(40.0, agreement=0.995), 0.99)
     assert winner([exact, fast_lossy, good_lossy]) is good_lossy
     failed = Measured(Candidate(1, 4))
-    judge(failed, {**_summary(99.0), "status": "failed"}, 0.99)
+    judge(failed, _summary(99.0, status="failed"), 0.99)
+    gone = Measured(Candidate(2, 2))
+    judge(gone, None, 0.99)  # refused before its run had a summary
+    assert not gone.kept and gone.status == "failed" and winner([gone]) is None
     assert not failed.kept and winner([failed]) is None
     text = table([exact, fast_lossy, good_lossy, failed], good_lossy)
     assert all(len(line) <= 80 for line in text.splitlines()) and "WINNER" in text
@@ -142,5 +149,5 @@ def test_hosts_on_one_machine_share_its_cpus_in_the_prediction(tmp_path: Path) -
 
 def judge_hosts(hosts: dict) -> Measured:
     m = Measured(Candidate(1, 1))
-    judge(m, {**_summary(10.0), "hosts": hosts}, 0.99)
+    judge(m, _summary(10.0, hosts=hosts), 0.99)
     return m

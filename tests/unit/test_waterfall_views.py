@@ -17,11 +17,14 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 from support.cli import ROOT
 
 from pictl.jobs.sweep import COLUMNS, SweepPoint, markdown_table, plot, row_of, write_table
 from pictl.records import waterfall_view as wv
 from pictl.run.waterfall import ALL_TERMS, TERMS, waterfall, waterfall_line
+from pictl.summary import RecordInvalid, parse_summary
+from pictl.summary_models import RunSummary
 
 BASE: dict[str, Any] = json.loads((ROOT / "tests" / "support" / "data" / "run_summary_two_stages.json").read_text())
 LATENCY = {"pipeline": {"p50_ms": 247.838, "p95_ms": 345.094, "p99_ms": 360.756, "mean_ms": 254.657,
@@ -40,6 +43,10 @@ def _with_gap(**over: Any) -> dict[str, Any]:
     s["waterfall"] = waterfall(s)
     s.update(over)
     return s
+
+
+def _typed(summary: dict[str, Any]) -> RunSummary:
+    return RunSummary.model_validate(summary)
 
 
 def _record(runs: Path, name: str, summary: dict[str, Any]) -> Path:
@@ -81,7 +88,7 @@ def test_the_view_line_is_the_run_layers_line() -> None:
     flat = {"stages": 3, "speedup": 3.0, "gap": 0.0, "dominant": None, "advice": None,
             "terms": [{"term": k, "points": 0.0, "share": None} for k in TERMS]}
     for w in (waterfall(real), gains, flat):
-        view = wv.waterfall_of({"waterfall": w})
+        view = wv.waterfall_view(w)
         assert view is not None and wv.waterfall_line(view) == waterfall_line(w)
     assert wv.KNOWN_TERMS == ALL_TERMS
 
@@ -93,17 +100,26 @@ def test_the_view_line_is_the_run_layers_line() -> None:
                                  {"stages": 2, "speedup": 1.0, "gap": 1.0, "terms": [{"term": "x", "points": "lots"}]},
                                  {"stages": 2, "speedup": 1e300, "gap": 1.0, "terms": [{"term": "x", "points": 1}]},
                                  {"stages": 2, "speedup": 1.0, "gap": 1.0, "terms": ["x"]}])
-def test_a_waterfall_of_another_shape_reads_as_none(odd: Any) -> None:
-    s = {**BASE, "waterfall": odd, "latency": odd}
+def test_a_waterfall_of_another_shape_reads_as_none_or_the_record_is_refused(odd: Any) -> None:
+    """A shape the summary's types refuse makes the record unreadable (named, never shown); one they take but
+    the view cannot show (no terms, a figure out of bounds) reads as no waterfall and no latency."""
+    raw = {**BASE, "waterfall": odd, "latency": odd}
+    try:
+        s = RunSummary.model_validate(raw)
+    except ValidationError:
+        with pytest.raises(RecordInvalid, match="waterfall|latency"):
+            parse_summary(Path("summary.json"), raw)
+        assert not isinstance(odd, dict) or odd.get("terms") not in (None, [])  # not the shapes below
+        return
     assert wv.waterfall_of(s) is None and wv.latency_of(s) is None
     assert wv.unreadable(s, "waterfall") and wv.unreadable(s, "latency")
-    assert not wv.unreadable(BASE, "waterfall")  # absent is not unreadable: an older summary
+    assert not wv.unreadable(_typed(BASE), "waterfall")  # absent is not unreadable: an older summary
     figures = wv.compare_figures(s)
     assert set(figures) == set(wv.LATENCY_KEYS + wv.COMPARE_KEYS) and set(figures.values()) == {None}
 
 
 def test_the_bar_fills_its_width_in_proportion_to_each_terms_points() -> None:
-    w = wv.waterfall_of(_with_gap())
+    w = wv.waterfall_of(_typed(_with_gap()))
     assert w is not None
     bar = wv.gap_bar(w, 20)
     assert len(bar.plain) == 20
@@ -112,8 +128,8 @@ def test_the_bar_fills_its_width_in_proportion_to_each_terms_points() -> None:
     # split_overhead holds 0.68 of the |points|: its segment (solid: a loss) is 14 of 20 cells
     assert bar.plain.count("█") >= round(20 * by_term["split_overhead"] / total)
     assert "░" in bar.plain  # the residual gained a little: shaded
-    flat = wv.waterfall_of({"waterfall": {"stages": 2, "speedup": 2.0, "gap": 0.0,
-                                          "terms": [{"term": "fill_drain", "points": 0.0}]}})
+    flat = wv.waterfall_view({"stages": 2, "speedup": 2.0, "gap": 0.0,
+                              "terms": [{"term": "fill_drain", "points": 0.0}]})
     assert flat is not None and wv.gap_bar(flat).plain == ""
 
 
@@ -225,8 +241,8 @@ def test_sweep_rows_tables_and_plots_carry_latency(tmp_path: Path) -> None:
     pipeline = _with_gap()
     serial = {**copy.deepcopy(BASE), "stages": 1, "speedup": 1.0, "per_stage": BASE["per_stage"][:1],
               "latency": {"pipeline": LATENCY["serial"], "serial": LATENCY["serial"], "clock_aligned": True}}
-    rows = [row_of(SweepPoint(1, 1, "serial"), serial), row_of(SweepPoint(2, 1, "equal"), pipeline),
-            row_of(SweepPoint(2, 2, "balanced"), None, error="boom"), row_of(SweepPoint(2, 4, "equal"), BASE)]
+    rows = [row_of(SweepPoint(1, 1, "serial"), _typed(serial)), row_of(SweepPoint(2, 1, "equal"), _typed(pipeline)),
+            row_of(SweepPoint(2, 2, "balanced"), None, error="boom"), row_of(SweepPoint(2, 4, "equal"), _typed(BASE))]
     assert (rows[0]["latency_p50_ms"], rows[0]["dominant"]) == (206.021, None)
     assert (rows[1]["latency_p50_ms"], rows[1]["latency_p95_ms"], rows[1]["dominant"]) == (
         247.838, 345.094, "split_overhead")
@@ -285,7 +301,13 @@ def test_any_waterfall_and_latency_are_shown_or_left_out_never_a_crash(w: Any, l
     from pictl.records.report_waterfall import gap_lines
     from pictl.records.train_report import ReportFiles
 
-    s = {**BASE, "waterfall": w, "latency": latency}
+    raw = {**BASE, "waterfall": w, "latency": latency}
+    try:
+        s = RunSummary.model_validate(raw)
+    except ValidationError:  # the summary's types refuse it: the record is named as unreadable, never shown
+        with pytest.raises(RecordInvalid):
+            parse_summary(Path("summary.json"), raw)
+        return
     grid = Table.grid()
     grid.add_column()
     grid.add_column()

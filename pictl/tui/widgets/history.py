@@ -17,7 +17,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
 from pictl import errors as E
-from pictl.records.catalog import SORT_KEYS, RunFilter, load_runs, row, run_details, to_csv
+from pictl.records.catalog import SORT_KEYS, FoundRun, RunFilter, load_runs, row, run_details, to_csv
 from pictl.text import markup_safe, printable
 
 COLUMNS = (("run", "run_id"), ("status", "status"), ("stages", "stages"), ("policy", "policy"),
@@ -58,7 +58,7 @@ class HistoryScreen(Screen):
     def __init__(self, runs_root: Path) -> None:
         super().__init__()
         self.runs_root = runs_root
-        self.runs: list[dict[str, Any]] = []
+        self.runs: list[FoundRun] = []
         self.rows: list[dict[str, Any]] = []
         self.shown: list[int] = []
         self.marked: set[str] = set()

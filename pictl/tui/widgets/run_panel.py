@@ -13,6 +13,7 @@ from textual.widgets import Static
 
 from pictl.records.waterfall_view import TERM_COLORS, gap_bar, latency_of, line_text, waterfall_of
 from pictl.summary import baseline_text
+from pictl.summary_models import RunSummary
 from pictl.tui.state import DashboardState
 from pictl.tui.widgets.train_panel import train_grid
 from remote.run_records import Refine, Refined
@@ -43,12 +44,12 @@ def sweep_table(rows: list[dict]) -> Table:
     return table
 
 
-def result_line(s: dict) -> str:
+def result_line(s: RunSummary) -> str:
     """A finished run in one line (the toast): speedup, whether the outputs matched, how many flags."""
-    speedup = f"{s['speedup']:.2f}x" if isinstance(s.get("speedup"), (int, float)) else "-"
-    matched = s.get("outputs_match")
+    speedup = "-" if s.speedup is None else f"{s.speedup:.2f}x"
+    matched = s.outputs_match
     match = "outputs not compared" if matched is None else ("outputs match" if matched else "outputs DIFFER")
-    flags = f", {len(s['flags'])} flag(s)" if s.get("flags") else ""
+    flags = f", {len(s.flags)} flag(s)" if s.flags else ""
     return f"speedup {speedup}, {match}{flags}"
 
 
@@ -144,12 +145,12 @@ class RunPanel(Static):
         if state.train is not None:
             self._show(train_grid(state, phase_line))
             return
-        s = state.summary or {}
+        s = state.summary
         # The ideal is every rank: replicas x stages.
         stages = int(state.options.get("stages", 0)) * int(state.options.get("replicas", 1) or 1) or None
         ips = state.live_ips
-        serial = s.get("serial_ips") or state.serial_ips
-        speedup = s.get("speedup") or (ips / serial if ips and serial else None)
+        serial = (s.serial_ips if s else None) or state.serial_ips
+        speedup = (s.speedup if s else None) or (ips / serial if ips and serial else None)
         grid = Table.grid(padding=(0, 2))
         grid.add_column(style="bold")
         grid.add_column()
@@ -157,26 +158,24 @@ class RunPanel(Static):
         grid.add_row("run", Text(phase_line, style=phase_style))
         grid.add_row("speedup", f"{_f(speedup, unit='x')}" + (f"  of {stages}x ideal" if stages else "")
                      + (f"  efficiency {speedup / stages:.2f}" if speedup and stages else ""))
-        numerics = s.get("numerics")
-        if numerics:  # the speedup above is the parallelism alone; beside it, numerics and parallelism together
-            grid.add_row(numerics.get("kind", "numerics"),
-                         f"{_f(numerics.get('speedup_vs_fp32'), unit='x')} over fp32 serial  (alone "
-                         f"{_f(numerics.get('numerics_gain'), unit='x')}, top-1 agreement "
-                         + ("-" if numerics.get("agreement_vs_fp32") is None
-                            else f"{numerics['agreement_vs_fp32']:.1%}") + ")")
-        gap = waterfall_of(s)
+        if s and (n := s.numerics):  # the speedup above is the parallelism alone; beside it, numerics and both
+            grid.add_row(n.kind, f"{_f(n.speedup_vs_fp32, unit='x')} over fp32 serial  (alone "
+                                 f"{_f(n.numerics_gain, unit='x')}, top-1 agreement "
+                                 + ("-" if n.agreement_vs_fp32 is None else f"{n.agreement_vs_fp32:.1%}") + ")")
+        gap = waterfall_of(s) if s else None
         if gap:  # each term's share of the gap in its colour (a gain shaded); the `gap` line names them all
             most = [(f": {t.name}", f"bold {TERM_COLORS.get(t.term, 'white')}") for t in gap.terms
                     if t.term == gap.dominant][:1]
             grid.add_row(f"why not {gap.stages}", Text.assemble(
                 gap_bar(gap, 14), f" {abs(gap.gap):.2f} {'lost' if gap.gap >= 0 else 'gained'}", *most,
                 no_wrap=True, overflow="ellipsis"))
-        match = s.get("outputs_match")
-        lossy = (s.get("wire") or {}).get("lossy") or state.options.get("wire", "fp32") != "fp32"
-        if lossy and s.get("agreement") is not None:  # a lossy wire passes by top-1 agreement, not identity
-            verdict = f"{'agree' if match else 'DISAGREE'} {s['agreement']:.1%} (lossy wire)"
+        match = s.outputs_match if s else None
+        lossy = bool(s and s.wire and s.wire.lossy) or state.options.get("wire", "fp32") != "fp32"
+        if lossy and s and s.agreement is not None:  # a lossy wire passes by top-1 agreement, not identity
+            verdict = f"{'agree' if match else 'DISAGREE'} {s.agreement:.1%} (lossy wire)"
         else:
-            verdict = "-" if match is None else ("match" if match else f"DIFFER (max |diff| {s.get('max_abs_diff')})")
+            verdict = "-" if match is None else ("match" if match else
+                                                 f"DIFFER (max |diff| {s.max_abs_diff if s else None})")
         grid.add_row("outputs", Text(verdict + (" (lossy wire)" if lossy and match is None else ""),
                                      style="" if match is None else ("green" if match else "bold red")))
         bar_width = 12
@@ -185,35 +184,36 @@ class RunPanel(Static):
         grid.add_row("pipeline", _f(ips, unit=" img/s"))
         grid.add_row("serial", _f(serial, unit=" img/s") + (baseline_text(s) if s else
                                                              ("  reused" if state.serial_reused else "")))
-        latency = latency_of(s)
+        latency = latency_of(s) if s else None
         if latency and latency.pipeline:
             p = latency.pipeline
             grid.add_row("latency", f"p50 {_f(p.p50_ms, '.0f')}  p95 {_f(p.p95_ms, '.0f')} ms"
                          + (f"  serial p50 {_f(latency.serial.p50_ms, '.0f')}" if latency.serial else ""))
-        accuracy = s.get("accuracy", state.accuracy)
+        accuracy = s.accuracy if s else state.accuracy
         grid.add_row("accuracy", "n/a" if accuracy is None else f"{accuracy:.2%}")
         if stages:
-            split = ", ".join(s.get("split_points") or []) or state.options.get("policy", "-")
+            split = ", ".join(s.split_points if s else []) or state.options.get("policy", "-")
             grid.add_row("stages", f"{stages} ({split})")
         if state.refine:  # `balanced` measuring a split and correcting itself: the latest step
             grid.add_row("refine", refine_text(state.refine[-1]))
         if state.run_dir:
             grid.add_row("record", Text(state.run_dir, style="dim", overflow="fold"))
-        for i, flag in enumerate(s.get("flags") or []):  # what makes these numbers suspect: one line each
+        for i, flag in enumerate(s.flags if s else []):  # what makes these numbers suspect: one line each
             grid.add_row(Text("flags" if i == 0 else "", style="bold yellow"),
-                         Text(f"{flag['code']}: {flag['message']}", style="yellow", no_wrap=True, overflow="ellipsis"))
+                         Text(f"{flag.code}: {flag.message}", style="yellow", no_wrap=True, overflow="ellipsis"))
         if state.failure:
             f = state.failure
-            where = f"host {f.get('host')}" + (f" rank {f['rank']}" if f.get("rank") is not None else "")
-            grid.add_row(Text("failed", style="bold red"), Text(f"{where}: {f.get('message')}", style="red"))
-            for line in (f.get("last_lines") or [])[-4:]:
+            where = f"host {f.host}" + (f" rank {f.rank}" if f.rank is not None else "")
+            grid.add_row(Text("failed", style="bold red"), Text(f"{where}: {f.message}", style="red"))
+            for line in f.last_lines[-4:]:
                 grid.add_row("", Text(line, style="dim"))
         for grab in state.traces[-1:]:
-            grid.add_row("traces", str(grab.get("directory")))
-            for rank, share in sorted(grab.get("per_rank", {}).items(), key=lambda kv: int(kv[0])):
-                grid.add_row("", f"rank {rank}: compute {share['compute_pct']:.0f}%  send {share['send_pct']:.0f}%  "
-                                 f"recv-wait {share['recv_wait_pct']:.0f}%  idle {share['idle_pct']:.0f}%")
-            for rank, why in grab.get("missing", {}).items():
+            grid.add_row("traces", str(grab.directory))
+            for rank, share in sorted(grab.per_rank.items(), key=lambda kv: int(kv[0])):
+                grid.add_row("", f"rank {rank}: compute {_f(share.compute_pct, '.0f')}%  send "
+                                 f"{_f(share.send_pct, '.0f')}%  recv-wait {_f(share.recv_wait_pct, '.0f')}%  "
+                                 f"idle {_f(share.idle_pct, '.0f')}%")
+            for rank, why in grab.missing.items():
                 grid.add_row("", Text(f"rank {rank}: missing ({why})", style="yellow"))
         if state.trace_note:
             grid.add_row("", Text(state.trace_note, style="yellow"))
