@@ -162,7 +162,8 @@ async def train_async(cluster: Cluster | None = None, options: TrainOptions | No
     chosen = options.model_copy(update=fields) if options is not None else TrainOptions(**fields)
     session = TrainSession(cluster or load_cluster(), chosen, on_event=on_event, root=Path(root) if root else None,
                            wait=wait)
-    return TrainSummary.model_validate(await _ended(session, "summary"))
+    summary: TrainSummary = await _ended(session, "summary")
+    return summary
 
 
 def train(cluster: Cluster | None = None, options: TrainOptions | None = None, **kwargs: Any) -> TrainSummary:

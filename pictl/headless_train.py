@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from pictl.console import result_console
+from pictl.job_summaries import TrainSummary
 from pictl.jobs.training.waterfall import train_waterfall_line
 from remote import protocol as P
 from remote.job_records import TrainEval, TrainStart, TrainStep
@@ -67,66 +67,70 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
 
 
-def breakdown_table(summary: dict[str, Any]) -> Table:
+def breakdown_table(summary: TrainSummary) -> Table:
     """Per rank: ms per step in each category, with its share of the step."""
     table = Table(title="time per step, by rank (ms, share)", title_justify="left")
     for col in ("rank", "host", *CATEGORIES):
         table.add_column(col, justify="left" if col == "host" else "right")
-    for r in summary.get("breakdown") or []:
-        ms, share = r["per_step_ms"], r["share"]
-        table.add_row(str(r["rank"]), r["host"], *(f"{ms[c]:.1f} ({_pct(share[c])})" if ms[c] is not None else "-"
-                                                   for c in CATEGORIES))
+    for r in summary.breakdown:
+        ms, share = r.per_step_ms, r.share
+        table.add_row(str(r.rank), r.host, *(f"{ms[c]:.1f} ({_pct(share.get(c))})" if ms.get(c) is not None else "-"
+                                             for c in CATEGORIES))
     return table
 
 
-def agreement_line(summary: dict[str, Any]) -> str | None:
-    check = summary.get("agreement")
+def agreement_line(summary: TrainSummary) -> str | None:
+    check = summary.agreement
     if not check:
         return None
-    verdict = "agree" if check["passed"] else "DIFFER"
-    reused = ", reference reused" if check.get("reference_reused") else ""
-    fp32 = check.get("vs_fp32")
-    apart = f"; bf16 against single in fp32: largest relative difference {fp32['max_rel_diff']}" if fp32 else ""
-    return (f"losses {verdict} with {check['against']} over {check['steps']} step(s): largest relative difference "
-            f"{check['max_rel_diff']} (tolerance {check['tolerance']}{reused}){apart}")
+    verdict = "agree" if check.passed else "DIFFER"
+    reused = ", reference reused" if check.reference_reused else ""
+    fp32 = check.vs_fp32
+    apart = f"; bf16 against single in fp32: largest relative difference {fp32.max_rel_diff}" if fp32 else ""
+    return (f"losses {verdict} with {check.against} over {check.steps} step(s): largest relative difference "
+            f"{check.max_rel_diff} (tolerance {check.tolerance}{reused}){apart}")
 
 
-def train_lines(summary: dict[str, Any]) -> list[str]:
-    s = summary
-    losses = s.get("losses") or []
-    lines = [f"{s['status'].upper()}  {s['mode']}" + (f" ({s['schedule']})" if s.get("schedule") else "")
-             + f", {s.get('stages') or '-'} rank(s): {_num(s.get('samples_per_s'))} samples/s, "
-             f"{s.get('steps_done')} step(s)" + (", bf16 autocast" if s.get("amp") else "")
-             + (f", {s['workers']} loader worker(s)" if s.get("workers") else "")
-             + (", activations recomputed" if s.get("checkpoint_activations") else "")
-             + (f", wire {s['wire']}" if s.get("wire") not in (None, "fp32") else "")
-             + (", no error feedback" if s.get("error_feedback") is False else "")]
-    if losses:
-        lines.append(f"loss {losses[0]['loss']:.4f} (step 1) -> {losses[-1]['loss']:.4f} (step {losses[-1]['step']})")
-    if s.get("evals"):
-        lines.append("top-1 by epoch: " + ", ".join(f"{e['epoch']}: {e['top1']:.2%}" for e in s["evals"]))
+def _loss(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def train_lines(s: TrainSummary) -> list[str]:
+    lines = [f"{s.status.upper()}  {s.mode}" + (f" ({s.schedule})" if s.schedule else "")
+             + f", {s.stages or '-'} rank(s): {_num(s.samples_per_s)} samples/s, "
+             f"{s.steps_done} step(s)" + (", bf16 autocast" if s.amp else "")
+             + (f", {s.workers} loader worker(s)" if s.workers else "")
+             + (", activations recomputed" if s.checkpoint_activations else "")
+             + (f", wire {s.wire}" if s.wire not in (None, "fp32") else "")
+             + (", no error feedback" if s.error_feedback is False else "")]
+    if s.losses:
+        first, last = s.losses[0], s.losses[-1]
+        lines.append(f"loss {_loss(first.loss)} (step 1) -> {_loss(last.loss)} (step {last.step})")
+    if s.evals:
+        lines.append("top-1 by epoch: " + ", ".join(f"{e.epoch}: {e.top1:.2%}" for e in s.evals))
     check = agreement_line(s)
     if check:
         lines.append(check)
-    if s.get("error"):
-        lines.append(f"error: {s['error'].get('message')}")
-    if s.get("run_with"):
+    if s.error:
+        lines.append(f"error: {s.error.message}")
+    if s.run_with:
         kept = {"kept": ", compressor pair kept", "removed": ", compressor pair left out"}.get(
-            (s.get("checkpoint") or {}).get("compressor") or "", "")
-        lines.append(f"trained model: {s['checkpoint']['path']}{kept}  ({s['run_with']})")
-    if s.get("job_dir"):
-        lines.append(f"job directory: {s['job_dir']}")
+            (s.checkpoint.compressor if s.checkpoint else None) or "", "")
+        lines.append(f"trained model: {s.checkpoint.path if s.checkpoint else '-'}{kept}  ({s.run_with})")
+    if s.job_dir:
+        lines.append(f"job directory: {s.job_dir}")
     return lines
 
 
-def print_train_summary(summary: dict[str, Any], *, as_json: bool) -> None:
+def print_train_summary(summary: TrainSummary, *, as_json: bool) -> None:
     out = result_console(stderr=as_json, highlight=False, soft_wrap=True)
-    if summary.get("breakdown"):
+    if summary.breakdown:
         out.print(breakdown_table(summary))
     for line in train_lines(summary):
         out.print(line, markup=False)
-    if summary.get("waterfall"):
-        out.print("why not every rank busy: " + train_waterfall_line(summary["waterfall"]), markup=False)
+    if summary.waterfall:
+        out.print("why not every rank busy: " + train_waterfall_line(summary.waterfall), markup=False)
     if as_json:
-        sys.stdout.write(json.dumps(summary) + "\n")
+        # As written to summary.json: the keys the job wrote, none a default adds.
+        sys.stdout.write(json.dumps(summary.model_dump(mode="python", by_alias=True, exclude_unset=True)) + "\n")
         sys.stdout.flush()

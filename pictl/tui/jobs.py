@@ -118,8 +118,8 @@ class JobsApp(App):
             self.notify(msg.error, title="training stopped" if stopped else "training failed",
                         severity="warning" if stopped else "error", timeout=10)
         elif msg.summary:
-            self.notify(f"{msg.summary.get('samples_per_s')} samples/s; losses agree with single" if
-                        msg.summary.get("agreement") else f"{msg.summary.get('samples_per_s')} samples/s",
+            self.notify(f"{msg.summary.samples_per_s} samples/s; losses agree with single" if
+                        msg.summary.agreement else f"{msg.summary.samples_per_s} samples/s",
                         title="training done", timeout=10)
 
     def on_prune_finished(self, msg: PruneFinished) -> None:

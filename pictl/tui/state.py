@@ -16,6 +16,7 @@ from typing import Any
 from pictl.cluster.monitor import HostSample
 from pictl.events import SERIAL_FP32, Placed
 from pictl.inventory import Cluster
+from pictl.job_summaries import TrainSummary
 from pictl.planning.placement import place_stages
 from pictl.summary_models import RunError, RunSummary, TraceRecord
 from pictl.tui.prune_state import PruneView
@@ -123,7 +124,7 @@ class DashboardState:
         self.train = TrainView(options)
         self.phase, self.phase_message = "connect", f"training ({options.get('mode')}): connecting"
 
-    def finish_train(self, summary: dict[str, Any] | None, error: str | None) -> None:
+    def finish_train(self, summary: TrainSummary | None, error: str | None) -> None:
         if self.train is not None:
             self.train.summary = summary
         self.finish(None, error)

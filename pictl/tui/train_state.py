@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pictl.job_summaries import TrainSummary
 from remote import protocol as P
 from remote.job_records import TrainEval, TrainStart, TrainStep
 from remote.records import Record
@@ -25,7 +26,7 @@ class TrainView:
     """Per rank, ms per timed step by category (running mean)."""
     hosts: dict[int, str] = field(default_factory=dict)
     evals: list[TrainEval] = field(default_factory=list)
-    summary: dict[str, Any] | None = None
+    summary: TrainSummary | None = None
     _counts: dict[int, int] = field(default_factory=dict)
     _slowest: dict[int, float] = field(default_factory=dict)
     """Step -> seconds of its slowest rank so far: a pipeline's step ends with its first stage's backward."""

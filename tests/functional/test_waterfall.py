@@ -168,6 +168,7 @@ def test_a_slow_link_is_communication(ssh_cluster, shared_cache_env, tmp_path: P
 
 
 def test_a_training_pipeline_step_is_taken_apart_into_bubble_imbalance_and_the_rest() -> None:
+    from pictl.job_summaries import TrainWaterfall
     from pictl.jobs.training.waterfall import train_waterfall, train_waterfall_line
 
     def rank(r: int, fwd: float, bwd: float, comm: float, idle: float) -> dict:
@@ -181,5 +182,5 @@ def test_a_training_pipeline_step_is_taken_apart_into_bubble_imbalance_and_the_r
     assert by["imbalance"] == pytest.approx(6 / 11.25 - 4 / 5, abs=1e-3)  # mean 6 ms of fb against 9 x F
     assert sum(by.values()) == pytest.approx(w["efficiency"] - 1, abs=1e-3)
     assert w["efficiency"] == pytest.approx(0.6 / 1.18, abs=1e-3) and w["dominant"] == "imbalance"
-    assert train_waterfall_line(w).startswith("efficiency 0.51 of 1 (step 1180 ms")
+    assert train_waterfall_line(TrainWaterfall.model_validate(w)).startswith("efficiency 0.51 of 1 (step 1180 ms")
     assert train_waterfall({"mode": "single", "breakdown": summary["breakdown"]}) is None

@@ -28,6 +28,7 @@ from pictl.cluster.jobs import HostJob, to_the_end
 from pictl.cluster.push import local_tree, manifest_digest
 from pictl.events import EventSink, Phase
 from pictl.inventory import Cluster
+from pictl.job_summaries import TrainSummary
 from pictl.jobs.training.checkpoint import MODEL_FILE, merge_parts, trained_meta
 from pictl.jobs.training.launch import REFERENCE_SPEC, run_ranks, run_reference
 from pictl.jobs.training.options import AMP_LOSS_TOLERANCE, LOSS_TOLERANCE, TrainOptions
@@ -69,7 +70,7 @@ class TrainSession:
         self.root = root or default_trains_root()
         self.sink = on_event or (lambda _e: None)
         self.telemetry = TrainTelemetry()
-        self.summary: dict[str, Any] | None = None
+        self.summary: TrainSummary | None = None
         """The job's summary once it ended, failed or not (None when nothing started)."""
         self.record: RunRecord | None = None
         self._reference: dict[str, Any] | None = None
@@ -81,7 +82,13 @@ class TrainSession:
     def _phase(self, name: str, message: str) -> None:
         self.sink(Phase(name, message))
 
-    async def run(self) -> dict[str, Any]:
+    async def run(self) -> TrainSummary:
+        """Run the job; its summary, or the error that ended it (`summary` then holds the failed job's)."""
+        await self._run()
+        assert self.summary is not None  # _run returned: the record closed with the summary
+        return self.summary
+
+    async def _run(self) -> None:
         o, hosts = self.options, [n.host for n in self.nodes]
         job = HostJob(hosts, self.job_id)
         started, tree = time.time(), local_tree()
@@ -120,7 +127,6 @@ class TrainSession:
                 raise E.OutputMismatch(f"training: the first {check['steps']} step(s)' losses differ from a single "
                                        f"run's by up to {check['max_rel_diff']} (relative; tolerance "
                                        f"{check['tolerance']})")
-            return summary
         except asyncio.CancelledError:
             status = "interrupted"
             raise E.Interrupted("interrupted: every rank was stopped") from None
@@ -139,14 +145,12 @@ class TrainSession:
                 if error and not summary.get("error"):
                     summary.update(status="failed", error=error)
                 self.record.finish(summary)
-                self.summary = summary
+                self.summary = TrainSummary.model_validate(summary)
                 if status != "interrupted" and self.trackers:  # a second Ctrl-C must not wait on a tracker
-                    await self._track(self.record.path, summary)
+                    await self._track(self.record.path, self.summary)
 
-    async def _track(self, path: Path, summary: dict[str, Any]) -> None:
-        from pictl.job_summaries import TrainSummary
-
-        await track_record(self.trackers, path, lambda: train_series(TrainSummary.model_validate(summary)),
+    async def _track(self, path: Path, summary: TrainSummary) -> None:
+        await track_record(self.trackers, path, lambda: train_series(summary),
                            lambda message: self._phase("track", message))
 
     def _reference_key(self, code: str, *, amp: bool | None = None,

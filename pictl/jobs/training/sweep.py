@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from pictl import errors as E
 from pictl.events import EventSink, Phase
 from pictl.inventory import Cluster, format_validation_error
+from pictl.job_summaries import TrainSummary
 from pictl.jobs.sweep import write_tables
 from pictl.jobs.training.options import TrainOptions, chunks_refusal
 from pictl.jobs.training.session import TrainSession, placement
@@ -91,42 +92,39 @@ def options_for(base: TrainOptions, point: TrainPoint) -> TrainOptions:
         raise E.ConfigError(format_validation_error(f"sweep point {point.label}", exc)) from None
 
 
-def row_of(point: TrainPoint, summary: dict[str, Any] | None, error: str | None = None) -> dict[str, Any]:
+def row_of(point: TrainPoint, summary: TrainSummary | None, error: str | None = None) -> dict[str, Any]:
     row: dict[str, Any] = {**asdict(point), "schedule": point.schedule if point.mode == "pipeline" else None}
     if summary is None:
         return {**row, "status": "failed", "error": error}
-    ranks = summary.get("breakdown") or []
+    ranks = summary.breakdown
 
     def share(key: str) -> float | None:
-        values = [r["share"][key] for r in ranks if r["share"].get(key) is not None]
+        values = [v for r in ranks if (v := r.share.get(key)) is not None]
         return round(sum(values) / len(values), 4) if values else None
 
-    check = summary.get("agreement")
-    losses = summary.get("losses") or []
-    return {**row, "microbatch": summary.get("microbatch"), "status": summary["status"],
-            "samples_per_s": summary.get("samples_per_s"),
-            "loss_agreement": None if not check or check["max_rel_diff"] is None else
-            (f"{'ok' if check['passed'] else 'DIFFERS'} ({check['max_rel_diff']})"),
-            "loss_last": losses[-1]["loss"] if losses else None, "top1": summary.get("top1"),
+    check = summary.agreement
+    losses = summary.losses
+    return {**row, "microbatch": summary.microbatch, "status": summary.status, "samples_per_s": summary.samples_per_s,
+            "loss_agreement": None if not check or check.max_rel_diff is None else
+            (f"{'ok' if check.passed else 'DIFFERS'} ({check.max_rel_diff})"),
+            "loss_last": losses[-1].loss if losses else None, "top1": summary.top1,
             **_link_columns(summary),
             "data_share": share("data"), "comm_share": share("comm"), "idle_share": share("idle"),
-            "peak_rss_mb": max((r["peak_rss_mb"] for r in ranks if r.get("peak_rss_mb") is not None), default=None),
-            "job_id": summary.get("job_id"),
-            "per_step_ms": {c: _mean([r["per_step_ms"][c] for r in ranks]) for c in CATEGORIES},
+            "peak_rss_mb": max((r.peak_rss_mb for r in ranks if r.peak_rss_mb is not None), default=None),
+            "job_id": summary.job_id,
+            "per_step_ms": {c: _mean([r.per_step_ms.get(c) for r in ranks]) for c in CATEGORIES},
             "error": error}
 
 
-def _link_columns(summary: dict[str, Any]) -> dict[str, Any]:
+def _link_columns(summary: TrainSummary) -> dict[str, Any]:
     """The source's table: bandwidth over the busiest link (sender's side), computation and time per batch."""
-    links = summary.get("links") or []
-    avg = [link["sender"]["avg_MBps"] for link in links if link["sender"]["avg_MBps"] is not None]
-    peak = [link["sender"]["peak_MBps"] for link in links if link["sender"]["peak_MBps"] is not None]
-    ranks = summary.get("breakdown") or []
-    compute = _mean([(r["per_step_ms"].get("forward") or 0) + (r["per_step_ms"].get("backward") or 0)
-                     for r in ranks if r["per_step_ms"].get("forward") is not None])
-    ips = summary.get("samples_per_s")
+    avg = [link.sender.avg_MBps for link in summary.links if link.sender.avg_MBps is not None]
+    peak = [link.sender.peak_MBps for link in summary.links if link.sender.peak_MBps is not None]
+    compute = _mean([(r.per_step_ms.get("forward") or 0) + (r.per_step_ms.get("backward") or 0)
+                     for r in summary.breakdown if r.per_step_ms.get("forward") is not None])
+    ips = summary.samples_per_s
     return {"avg_MBps": max(avg, default=None), "peak_MBps": max(peak, default=None), "compute_ms": compute,
-            "step_ms": round(1000 * summary["batch_size"] / ips, 2) if ips else None}
+            "step_ms": round(1000 * summary.batch_size / ips, 2) if ips else None}
 
 
 def _mean(values: list[float | None]) -> float | None:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pictl.job_summaries import TrainWaterfall
+
 TERMS = ("bubble", "imbalance", "communication", "optimizer", "data", "residual")
 
 
@@ -53,8 +55,11 @@ def train_waterfall(summary: dict[str, Any]) -> dict[str, Any] | None:
             "step_ms": round(step * 1000, 3), "ideal_step_ms": round(ideal * 1000, 3)}
 
 
-def train_waterfall_line(w: dict[str, Any]) -> str:
-    parts = [f"{t['term']} {-t['points']:.2f}" for t in sorted(w["terms"], key=lambda t: t["points"])
-             if abs(t["points"]) >= 0.005]
-    return (f"efficiency {w['efficiency']:.2f} of 1 (step {w['step_ms']:.0f} ms, compute shared evenly "
-            f"{w['ideal_step_ms']:.0f} ms): " + ", ".join(parts))
+def train_waterfall_line(w: TrainWaterfall) -> str:
+    parts = [f"{t.term} {-t.points:.2f}" for t in sorted(w.terms, key=lambda t: t.points) if abs(t.points) >= 0.005]
+    return (f"efficiency {_fixed(w.efficiency, '.2f')} of 1 (step {_fixed(w.step_ms, '.0f')} ms, compute shared "
+            f"evenly {_fixed(w.ideal_step_ms, '.0f')} ms): " + ", ".join(parts))
+
+
+def _fixed(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)

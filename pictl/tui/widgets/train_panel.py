@@ -64,20 +64,20 @@ def train_grid(state: DashboardState, phase_line: str) -> Table:
     for e in job.evals[-3:]:
         grid.add_row(f"top-1 e{e.epoch}", f"{e.top1:.2%}")
     if done:
-        check = done.get("agreement")
+        check = done.agreement
         if check:
-            reported = check.get("enforced") is False  # a lossy wire: the distance is reported, not judged
-            verdict = "agree" if check["passed"] else ("moved by the wire" if reported else "DIFFER")
-            grid.add_row("vs single", Text(f"losses {verdict} (max rel. diff {check['max_rel_diff']})",
-                                           style="green" if check["passed"] else ("yellow" if reported
-                                                                                   else "bold red")))
-        for link in done.get("links") or []:  # per step: bytes each way, the sender's bandwidth
-            sender = link["sender"]
-            grid.add_row(f"link {link['link']}", f"{link['format']}: {link['forward_bytes_per_step'] / 1e3:.1f} kB "
-                         f"forward, {link['backward_bytes_per_step'] / 1e3:.1f} kB back per step; "
-                         f"{sender['avg_MBps'] or 0:.2f} MB/s average, {sender['peak_MBps'] or 0:.2f} peak")
-        if done.get("checkpoint"):
-            grid.add_row("model", str(done["checkpoint"]["path"]))
-        if done.get("job_dir"):
-            grid.add_row("record", str(done["job_dir"]))
+            reported = check.enforced is False  # a lossy wire: the distance is reported, not judged
+            verdict = "agree" if check.passed else ("moved by the wire" if reported else "DIFFER")
+            grid.add_row("vs single", Text(f"losses {verdict} (max rel. diff {check.max_rel_diff})",
+                                           style="green" if check.passed else ("yellow" if reported
+                                                                                else "bold red")))
+        for link in done.links:  # per step: bytes each way, the sender's bandwidth
+            sender = link.sender
+            grid.add_row(f"link {link.link}", f"{link.format}: {link.forward_bytes_per_step / 1e3:.1f} kB "
+                         f"forward, {link.backward_bytes_per_step / 1e3:.1f} kB back per step; "
+                         f"{sender.avg_MBps or 0:.2f} MB/s average, {sender.peak_MBps or 0:.2f} peak")
+        if done.checkpoint:
+            grid.add_row("model", str(done.checkpoint.path))
+        if done.job_dir:
+            grid.add_row("record", str(done.job_dir))
     return grid
