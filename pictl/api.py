@@ -179,7 +179,8 @@ async def prune_async(options: PruneOptions | None = None, *, cluster: Cluster |
     chosen = options.model_copy(update=fields) if options is not None else PruneOptions(**fields)
     session = PruneSession(chosen, cluster=(cluster or load_cluster()) if on_host else None, on_host=on_host,
                            root=Path(root) if root else None, on_event=on_event, wait=wait)
-    return PruneSummary.model_validate(await _ended(session, "summary"))
+    summary: PruneSummary = await _ended(session, "summary")
+    return summary
 
 
 def prune(options: PruneOptions | None = None, **kwargs: Any) -> PruneSummary:

@@ -20,6 +20,7 @@ from rich.text import Text
 from pictl.console import result_console
 from pictl.events import SERIAL_FP32, HostOutput, Phase, RankEvent, SessionEvent
 from pictl.headless_train import TrainProgress
+from pictl.job_summaries import PruneSummary
 from pictl.records.waterfall_view import latency_of, percentiles_text, waterfall_line, waterfall_of
 from pictl.summary import baseline_text
 from pictl.summary_models import RunSummary
@@ -30,7 +31,9 @@ from remote.run_records import Error, Progress, Recut, Refine, Refined, Throughp
 PRUNE_RECORDS = (PruneStart, PruneProgress, PruneAccuracy, PruneDone)
 
 
-def macs_text(macs: int) -> str:
+def macs_text(macs: float | None) -> str:
+    if macs is None:
+        return "-"
     return f"{macs / 1e9:.2f} GMACs" if macs >= 1e8 else f"{macs / 1e6:.1f} MMACs"
 
 
@@ -286,10 +289,9 @@ def print_summary(summary: RunSummary, *, as_json: bool) -> None:
                       soft_wrap=True)
 
 
-def prune_table(summary: dict[str, Any]) -> Table:
+def prune_table(s: PruneSummary) -> Table:
     """The course's Part 3 comparison, as far as pruning decides it (throughput: `pictl report`)."""
-    s = summary
-    table = Table(title=f"{s['status'].upper()}  {s['base_model']} pruned by {s['importance']} at ratio {s['ratio']}",
+    table = Table(title=f"{s.status.upper()}  {s.base_model} pruned by {s.importance} at ratio {s.ratio}",
                   title_justify="left")
     for col in ("model", "parameters", "MACs", "top-1 before", "top-1 after pruning", "top-1 fine-tuned"):
         table.add_column(col, justify="left" if col == "model" else "right")
@@ -297,21 +299,25 @@ def prune_table(summary: dict[str, Any]) -> Table:
     def pct(v: float | None) -> str:
         return "-" if v is None else f"{v:.2%}"
 
-    table.add_row("base", f"{s['params_base']:,}", macs_text(s["macs_base"]), pct(s["top1_before"]), "-", "-")
-    table.add_row(f"pruned ({s['params'] / s['params_base']:.0%} of the parameters)", f"{s['params']:,}",
-                  macs_text(s["macs"]), "-", pct(s["top1_pruned"]),
-                  f"{pct(s['top1'])} (epoch {s['best_epoch']})")
+    def count(v: float | None) -> str:
+        return "-" if v is None else f"{v:,.0f}"
+
+    share = f"{s.params / s.params_base:.0%}" if s.params and s.params_base else "-"
+    table.add_row("base", count(s.params_base), macs_text(s.macs_base), pct(s.top1_before), "-", "-")
+    table.add_row(f"pruned ({share} of the parameters)", count(s.params), macs_text(s.macs), "-",
+                  pct(s.top1_pruned), f"{pct(s.top1)} (epoch {s.best_epoch})")
     return table
 
 
-def print_prune_summary(summary: dict[str, Any], *, as_json: bool) -> None:
-    if summary.get("status") == "ok":
+def print_prune_summary(summary: PruneSummary, *, as_json: bool) -> None:
+    if summary.status == "ok":
         result_console(stderr=as_json).print(prune_table(summary))
     if as_json:
-        sys.stdout.write(json.dumps(summary) + "\n")
+        # As written to summary.json: the keys the job wrote, none a default adds.
+        sys.stdout.write(json.dumps(summary.model_dump(mode="python", by_alias=True, exclude_unset=True)) + "\n")
         sys.stdout.flush()
-    elif summary.get("artifact"):
-        print(f"artifact: {summary['artifact']}  (pictl run --model {summary['artifact']})")
+    elif summary.artifact:
+        print(f"artifact: {summary.artifact}  (pictl run --model {summary.artifact})")
 
 
 def _warm_cell(warm: dict[str, Any] | None) -> str:

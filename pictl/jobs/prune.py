@@ -33,6 +33,7 @@ from pictl.cluster.stream import ProcessStream
 from pictl.cluster.transport import Transport, transport_for
 from pictl.events import EventSink, Phase
 from pictl.inventory import Cluster, Host, format_validation_error
+from pictl.job_summaries import PruneSummary
 from pictl.records.runs import RunRecord, default_runs_root, write_bytes_atomic
 from pictl.text import shown
 from remote import protocol as P
@@ -172,13 +173,19 @@ class PruneSession:
         self.error: Error | None = None
         self.accuracy: list[dict[str, Any]] = []
         self._tail: list[str] = []
-        self.summary: dict[str, Any] | None = None
+        self.summary: PruneSummary | None = None
         """The job's summary once it ended, failed or not (None before)."""
 
     def _phase(self, message: str) -> None:
         self._sink(Phase("prune", message))
 
-    async def run(self) -> dict[str, Any]:
+    async def run(self) -> PruneSummary:
+        """Prune; the job's summary, or the error that ended it (`summary` then holds the failed job's)."""
+        await self._run()
+        assert self.summary is not None  # _run returned: the record closed with the summary
+        return self.summary
+
+    async def _run(self) -> None:
         self.record = RunRecord(self.dir.parent, self.job_id)
         summary: dict[str, Any] = {"status": "failed", "job_id": self.job_id, "job_dir": str(self.dir),
                                    "where": self.host.name if self.host else "controller",
@@ -188,7 +195,6 @@ class PruneSession:
             artifact = await (self._on_host() if self.host else self._local())
             assert self.done is not None
             summary.update(status="ok", artifact=str(artifact), **comparison(self.done.meta))
-            return summary
         except asyncio.CancelledError:
             summary["status"] = "interrupted"
             raise E.Interrupted("interrupted: the pruning job was stopped") from None
@@ -201,7 +207,7 @@ class PruneSession:
             summary["duration_s"] = round(time.time() - started, 2)
             summary["accuracy_trace"] = self.accuracy
             self.record.finish(summary)
-            self.summary = summary
+            self.summary = PruneSummary.model_validate(summary)
 
     async def _local(self) -> Path:
         import importlib.util

@@ -129,7 +129,8 @@ class JobsApp(App):
             self.notify(msg.error, title="pruning failed" if "interrupted" not in msg.error else "pruning stopped",
                         severity="error" if "interrupted" not in msg.error else "warning", timeout=10)
         elif msg.summary:
-            self.notify(f"top-1 {msg.summary['top1']:.2%}; run it with --model {msg.summary['artifact']}",
+            top1 = "-" if msg.summary.top1 is None else f"{msg.summary.top1:.2%}"
+            self.notify(f"top-1 {top1}; run it with --model {msg.summary.artifact}",
                         title="pruned model written", timeout=10)
 
     def _form_then(self, form: Screen, start: Callable[..., None]) -> None:

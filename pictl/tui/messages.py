@@ -8,7 +8,7 @@ from textual.message import Message
 
 from pictl.cluster.monitor import HostSample
 from pictl.events import Placed
-from pictl.job_summaries import TrainSummary
+from pictl.job_summaries import PruneSummary, TrainSummary
 from pictl.summary_models import RunSummary, TraceRecord
 from remote.records import Record
 
@@ -94,7 +94,7 @@ class SweepRows(Message):
 class PruneFinished(Message):
     """A pruning job ended: its summary (None if it never started) and the error, if any."""
 
-    def __init__(self, summary: dict[str, Any] | None, error: str | None) -> None:
+    def __init__(self, summary: PruneSummary | None, error: str | None) -> None:
         super().__init__()
         self.summary, self.error = summary, error
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pictl.job_summaries import PruneSummary
 from remote.job_records import PruneAccuracy, PruneProgress, PruneStart
 from remote.records import Record
 
@@ -17,7 +18,7 @@ class PruneView:
     start: PruneStart | None = None
     progress: PruneProgress | None = None
     accuracy: list[PruneAccuracy] = field(default_factory=list)
-    summary: dict[str, Any] | None = None
+    summary: PruneSummary | None = None
 
     def apply(self, rec: Record) -> None:
         match rec:

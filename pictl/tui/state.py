@@ -16,7 +16,7 @@ from typing import Any
 from pictl.cluster.monitor import HostSample
 from pictl.events import SERIAL_FP32, Placed
 from pictl.inventory import Cluster
-from pictl.job_summaries import TrainSummary
+from pictl.job_summaries import PruneSummary, TrainSummary
 from pictl.planning.placement import place_stages
 from pictl.summary_models import RunError, RunSummary, TraceRecord
 from pictl.tui.prune_state import PruneView
@@ -111,12 +111,12 @@ class DashboardState:
         self.phase, self.phase_message = "prune", f"pruning on {where}"
 
 
-    def finish_prune(self, summary: dict[str, Any] | None, error: str | None) -> None:
+    def finish_prune(self, summary: PruneSummary | None, error: str | None) -> None:
         if self.prune is not None:
             self.prune.summary = summary
         self.finish(None, error)
         if not error and summary:
-            self.phase_message = f"artifact {summary.get('artifact')}"
+            self.phase_message = f"artifact {summary.artifact}"
 
     def start_train(self, options: dict[str, Any], now: float | None = None) -> None:
         """A training job takes the run panel: steps, the loss, samples/s and each rank's time."""

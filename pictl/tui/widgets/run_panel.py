@@ -23,6 +23,10 @@ def _f(value: float | None, spec: str = ".2f", unit: str = "") -> str:
     return "-" if value is None else f"{format(value, spec)}{unit}"
 
 
+def _share(part: float | None, whole: float | None) -> str:
+    return f"{part / whole:.0%}" if part is not None and whole else "-"
+
+
 def _eta(seconds: float | None) -> str:
     if seconds is None:
         return "-"
@@ -89,10 +93,10 @@ def prune_grid(state: DashboardState) -> Table:
         filled = round(frac * 20)
         grid.add_row("fine-tune", f"epoch {prog.epoch}/{prog.epochs} {'█' * filled}{'░' * (20 - filled)} "
                                   f"loss {prog.loss:.4f}  {prog.ips:.0f} img/s")
-    if done and done.get("status") == "ok":
-        grid.add_row("result", f"top-1 {done['top1']:.2%} (epoch {done['best_epoch']}), "
-                               f"{done['params'] / done['params_base']:.0%} of the parameters, "
-                               f"{done['macs'] / done['macs_base']:.0%} of the MACs")
+    if done and done.status == "ok":
+        grid.add_row("result", f"top-1 {_f(done.top1, '.2%')} (epoch {done.best_epoch}), "
+                               f"{_share(done.params, done.params_base)} of the parameters, "
+                               f"{_share(done.macs, done.macs_base)} of the MACs")
     return grid
 
 
