@@ -1,6 +1,6 @@
 """Sanity flags: what makes a run's numbers suspect, each with one line that says why.
 
-`compute_flags(summary)` is a pure function of a run's summary, which carries every
+`compute_flags(summary)` is a pure function of a run's checked summary, which carries every
 host's state at the start of the run (`hosts.<name>.state`) and its samples while
 the serial baseline and the pipeline ran (`during_baseline`, `during_pipeline`),
 so each flag can be tested without a cluster and without torch. Codes are stable
@@ -16,6 +16,7 @@ from typing import Any
 from pictl.cluster.hoststate import HOT_C, LOAD_TOLERANCE_CORES, capacity, state_change, throttling
 from pictl.run.flags_measured import Flag, own_wait, rejected, residual
 from pictl.summary import age_text
+from pictl.summary_models import HostState, RunSummary, SampleWindow
 
 SPREAD_LIMIT = 0.10
 """Largest (max - min) / mean of the timed passes' throughput that is not flagged."""
@@ -29,7 +30,7 @@ HALF_PRECISION = ("fp16", "bf16")
 """Formats that send half of fp32's bytes by construction: a lossy format that sends more saves less."""
 
 
-def compute_flags(summary: dict[str, Any]) -> list[Flag]:
+def compute_flags(summary: RunSummary) -> list[Flag]:
     """Every flag the summary's figures raise, in the order of CODES."""
     found = [*_speedup(summary), *_spread(summary), *_host_health(summary), *_stale_baseline(summary),
              *_sharing(summary), *_fill_drain(summary), *_wire(summary), *rejected(summary),
@@ -37,60 +38,59 @@ def compute_flags(summary: dict[str, Any]) -> list[Flag]:
     return sorted(found, key=lambda f: CODES.index(f.code))
 
 
-def _hosts(s: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return s.get("hosts") or {}
-
-
-def _state(s: dict[str, Any], host: str | None) -> dict[str, Any]:
-    return (_hosts(s).get(host or "") or {}).get("state") or {}
+def _state(s: RunSummary, host: str | None) -> dict[str, Any]:
+    """A host's state at the start of the run, as its probe read it (what `hoststate`'s rules read)."""
+    record = s.hosts.get(host or "")
+    return record.state.model_dump(exclude_none=True) if record and record.state else {}
 
 
 # -- speedup -------------------------------------------------------------------------------------
 
-def _replicas(s: dict[str, Any]) -> int:
-    return s.get("replicas") or 1
-
-
-def _speedup(s: dict[str, Any]) -> list[Flag]:
-    speedup, stages = s.get("speedup"), s.get("stages", 1) * _replicas(s)
+def _speedup(s: RunSummary) -> list[Flag]:
+    speedup, stages = s.speedup, s.stages * s.replicas
     if speedup is None or stages < 2:
         return []
     if speedup > stages:
         return [Flag("speedup_above_stages", f"speedup {speedup:.2f}x is above the {stages} ranks: {_above_why(s)}")]
     if speedup < 1:
-        return [Flag("speedup_below_1", f"the {stages}-rank pipeline ({s['throughput_ips']:.2f} img/s) is slower "
-                                        f"than the serial run ({s['serial_ips']:.2f} img/s)")]
+        return [Flag("speedup_below_1", f"the {stages}-rank pipeline ({_ips(s.throughput_ips)} img/s) is slower "
+                                        f"than the serial run ({_ips(s.serial_ips)} img/s)")]
     return []
 
 
-def _stage_ms_per_image(s: dict[str, Any]) -> float | None:
+def _ips(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _stage_ms_per_image(s: RunSummary) -> float | None:
     """Compute time of all stages together per image (timed passes), ms."""
     total = 0.0
-    for st in s.get("per_stage") or []:
-        if not st.get("compute_s") or not st.get("microbatches"):
+    for st in s.per_stage:
+        if not st.compute_s or not st.microbatches:
             return None
-        total += st["compute_s"] / (st["microbatches"] * s.get("chunk", 1))
-    total /= _replicas(s)  # each replica's stages compute every image of its own share
+        total += st.compute_s / (st.microbatches * (s.chunk or 1))
+    total /= s.replicas  # each replica's stages compute every image of its own share
     return total * 1000 if total else None
 
 
-def _above_why(s: dict[str, Any]) -> str:
+def _above_why(s: RunSummary) -> str:
     """Which is it: a suspect serial baseline (and the evidence), or a model that got cheaper when split."""
-    base = s.get("baseline") or {}
-    host = base.get("host")
-    if s.get("serial_reused"):
-        return (f"the serial baseline is suspect: it was reused, measured {age_text(base.get('age_s') or 0)} earlier "
-                "(--fresh-baseline measures it again)")
-    measured = base.get("state") or {}
-    if (measured.get("busy_cores") or 0.0) > LOAD_TOLERANCE_CORES:
-        return (f"the serial baseline is suspect: other work kept {measured['busy_cores']:.1f} cores busy on {host} "
+    base = s.baseline
+    host = base.host if base else None
+    if s.serial_reused:
+        return (f"the serial baseline is suspect: it was reused, measured {age_text(base.age_s if base else 0)} "
+                "earlier (--fresh-baseline measures it again)")
+    measured = base.state if base and base.state else HostState()
+    if (measured.busy_cores or 0.0) > LOAD_TOLERANCE_CORES:
+        return (f"the serial baseline is suspect: other work kept {measured.busy_cores:.1f} cores busy on {host} "
                 "when it was measured")
-    during = (_hosts(s).get(host or "") or {}).get("during_baseline") or {}
-    if (overload := _overload(during, measured.get("cpus"))) is not None:
+    record = s.hosts.get(host or "")
+    during = record.during_baseline if record and record.during_baseline else SampleWindow()
+    if (overload := _overload(during, measured.cpus)) is not None:
         return f"the serial baseline is suspect: on {host}, while it was measured, {overload}"
-    if any(throttling(v) for v in during.get("throttled") or []) or (during.get("temp_max_c") or 0.0) >= HOT_C:
+    if any(throttling(v) for v in during.throttled) or (during.temp_max_c or 0.0) >= HOT_C:
         return f"the serial baseline is suspect: {host} was throttled or hot while it was measured"
-    stage_ms, serial_ms = _stage_ms_per_image(s), 1000.0 / s["serial_ips"] if s.get("serial_ips") else None
+    stage_ms, serial_ms = _stage_ms_per_image(s), 1000.0 / s.serial_ips if s.serial_ips else None
     if stage_ms and serial_ms and stage_ms < 0.9 * serial_ms:
         return (f"the model got cheaper when split: the stages together computed an image in {stage_ms:.0f} ms, "
                 f"the whole model in {serial_ms:.0f} ms (smaller stages fit the caches better)")
@@ -98,10 +98,10 @@ def _above_why(s: dict[str, Any]) -> str:
             f"image in {stage_ms or 0:.0f} ms against the serial run's {serial_ms or 0:.0f} ms")
 
 
-def _spread(s: dict[str, Any]) -> list[Flag]:
-    runs = [("serial baseline", s.get("serial_spread_ips"), s.get("serial_ips"))]
-    if s.get("stages", 1) * _replicas(s) > 1:
-        runs.insert(0, ("pipeline", s.get("throughput_spread_ips"), s.get("throughput_ips")))
+def _spread(s: RunSummary) -> list[Flag]:
+    runs = [("serial baseline", s.serial_spread_ips, s.serial_ips)]
+    if s.stages * s.replicas > 1:
+        runs.insert(0, ("pipeline", s.throughput_spread_ips, s.throughput_ips))
     out = []
     for what, spread, mean in runs:
         if spread and len(spread) == 2 and mean and (spread[1] - spread[0]) / mean > SPREAD_LIMIT:
@@ -113,7 +113,7 @@ def _spread(s: dict[str, Any]) -> list[Flag]:
 
 # -- hosts ---------------------------------------------------------------------------------------
 
-def _overload(during: dict[str, Any], cpus: int | None) -> str | None:
+def _overload(during: SampleWindow, cpus: int | None) -> str | None:
     """What says a host ran more threads than its CPUs while it was sampled, or None.
 
     The kernel's CPU pressure (`cpu_wait_mean`, the share of time some runnable thread waited for a CPU,
@@ -123,19 +123,19 @@ def _overload(during: dict[str, Any], cpus: int | None) -> str | None:
     Hosts without PSI fall back on the runnable threads counted at each sample's instant."""
     if not cpus:
         return None
-    wait = during.get("cpu_wait_mean")
+    wait = during.cpu_wait_mean
     if wait is not None:
         if wait * cpus <= LOAD_TOLERANCE_CORES:
             return None
         return (f"threads waited for a CPU {wait:.0%} of the time (about {wait * cpus:.1f} threads more than its "
                 f"{cpus} CPUs wanted one; /proc/pressure/cpu)")
-    runnable = during.get("runnable_mean")
+    runnable = during.runnable_mean
     if runnable is not None and runnable > cpus + LOAD_TOLERANCE_CORES:
         return f"{runnable:.1f} threads were running or waiting for {cpus} CPUs"
     return None
 
 
-def _machines(s: dict[str, Any], names: list[str]) -> list[list[str]]:
+def _machines(s: RunSummary, names: list[str]) -> list[list[str]]:
     """Hosts grouped by machine: those that share a kernel (the same boot id) are one machine."""
     groups: dict[str, list[str]] = defaultdict(list)
     for name in names:
@@ -147,20 +147,21 @@ def _who(group: list[str]) -> str:
     return group[0] if len(group) == 1 else f"{', '.join(group)} (one machine)"
 
 
-def _host_health(s: dict[str, Any]) -> list[Flag]:
+def _host_health(s: RunSummary) -> list[Flag]:
     out = []
     for window, during in (("during_pipeline", "the pipeline"), ("during_baseline", "the serial baseline")):
         measured, own = own_wait(s, window)
         if own is not None:
             out.append(own)
-        seen = {name: rec[window] for name, rec in _hosts(s).items() if rec.get(window)}
+        seen: dict[str, SampleWindow] = {name: w for name, rec in s.hosts.items()
+                                         if (w := getattr(rec, window)) is not None and w.model_fields_set}
         for group in _machines(s, list(seen)):
             # Hosts on one machine sampled the same kernel: what any of them saw, the machine had.
             aggs = [seen[h] for h in group]
-            throttled = sorted({v for a in aggs for v in a.get("throttled") or []})
-            hottest = max((a.get("temp_max_c") or 0.0 for a in aggs), default=0.0)
+            throttled = sorted({str(v) for a in aggs for v in a.throttled})
+            hottest = max((a.temp_max_c or 0.0 for a in aggs), default=0.0)
             cpus = _state(s, group[0]).get("cpus")
-            worst = max(aggs, key=lambda a: (a.get("cpu_wait_mean") or 0.0, a.get("runnable_mean") or 0.0))
+            worst = max(aggs, key=lambda a: (a.cpu_wait_mean or 0.0, a.runnable_mean or 0.0))
             if not measured and (overload := _overload(worst, cpus)) is not None:
                 out.append(Flag("host_overloaded", f"{_who(group)}: during {during}, {overload}"))
             why = sorted({w for v in throttled for w in throttling(v)})
@@ -174,30 +175,32 @@ def _host_health(s: dict[str, Any]) -> list[Flag]:
     return out
 
 
-def _stale_baseline(s: dict[str, Any]) -> list[Flag]:
-    base = s.get("baseline") or {}
-    if not s.get("serial_reused") or not base:
+def _stale_baseline(s: RunSummary) -> list[Flag]:
+    base = s.baseline
+    if not s.serial_reused or base is None:
         return []
-    age, limit = base.get("age_s") or 0.0, base.get("max_age_s")
+    age, limit = base.age_s or 0.0, base.max_age_s
     why = []
     if limit is not None and age > limit:
         why.append(f"it is older than baseline_max_age ({age_text(limit)})")
-    if (change := state_change(base.get("state"), _state(s, base.get("host")))) is not None:
+    then = base.state.model_dump(exclude_none=True) if base.state else None
+    if (change := state_change(then, _state(s, base.host))) is not None:
         why.append(f"its host changed since: {change}")
     return [Flag("baseline_stale", f"the serial baseline was reused ({age_text(age)} old) although "
                                    + " and ".join(why))] if why else []
 
 
-def _sharing(s: dict[str, Any]) -> list[Flag]:
+def _sharing(s: RunSummary) -> list[Flag]:
     """More stage threads than cores: on one host (its CPUs or its quota), or on one machine across hosts."""
-    stages = [st for st in s.get("per_stage") or [] if st.get("host")]
+    stages = [st for st in s.per_stage if st.host]
     if len(stages) < 2:
         return []
     count: dict[str, int] = defaultdict(int)
     threads: dict[str, int] = defaultdict(int)
     for st in stages:
-        count[st["host"]] += 1
-        threads[st["host"]] += st.get("threads") or 1
+        assert st.host is not None
+        count[st.host] += 1
+        threads[st.host] += st.threads or 1
     out = []
     for host in count:
         cores = capacity(_state(s, host)) if _state(s, host) else None
@@ -217,12 +220,12 @@ def _sharing(s: dict[str, Any]) -> list[Flag]:
     return out
 
 
-def _fill_drain(s: dict[str, Any]) -> list[Flag]:
-    stages = s.get("stages", 1)
-    if stages < 2 or not s.get("images"):
+def _fill_drain(s: RunSummary) -> list[Flag]:
+    stages = s.stages
+    if stages < 2 or not s.images:
         return []
-    chunk = s.get("chunk") or 1
-    microbatches = -(-s["images"] // chunk) // _replicas(s)  # each replica fills and drains with its share
+    chunk = s.chunk or 1
+    microbatches = -(-s.images // chunk) // s.replicas  # each replica fills and drains with its share
     bound = microbatches / (microbatches + stages - 1)
     if bound >= FILL_DRAIN_MIN:
         return []
@@ -232,19 +235,18 @@ def _fill_drain(s: dict[str, Any]) -> list[Flag]:
                                      f"keep the cap at {FILL_DRAIN_MIN}")]
 
 
-def _wire(s: dict[str, Any]) -> list[Flag]:
+def _wire(s: RunSummary) -> list[Flag]:
     """A compressing format that sends more than fp16 would on some link (lowrank:R with R near the token or
     channel count): it costs accuracy and saves less than a format that costs almost none. One flag per
     format and ratio, naming its cuts."""
     cuts: dict[tuple[str, float], list[str]] = defaultdict(list)
-    for link in (s.get("wire") or {}).get("links") or []:
-        fmt, wire, raw = link.get("format"), link.get("wire_bytes"), link.get("raw_bytes")
-        if fmt in (None, "fp32", *HALF_PRECISION) or not wire or not raw or wire <= raw / 2:
+    for link in s.wire.links if s.wire else []:
+        fmt, wire, raw = link.format, link.wire_bytes, link.raw_bytes
+        if fmt in ("fp32", *HALF_PRECISION) or not wire or not raw or wire <= raw / 2:
             continue
-        cuts[(fmt, round(wire / raw, 2))].append(f"{link.get('cut')} (link {link.get('link')})")
+        cuts[(fmt, round(wire / raw, 2))].append(f"{link.cut} (link {link.link})")
     flags = []
     for (fmt, ratio), where in cuts.items():
         than = "more than fp32 itself" if ratio >= 1 else "more than fp16's 0.50, which loses far less"
         flags.append(Flag("wire_no_saving", f"{fmt} sent {ratio:.2f} of fp32's bytes at {', '.join(where)}, {than}"))
     return flags
-

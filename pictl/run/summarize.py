@@ -28,6 +28,7 @@ from pictl.run.staging import Staged
 from pictl.run.telemetry import agreement
 from pictl.run.waterfall import waterfall
 from pictl.summary import SUMMARY_SCHEMA, checked
+from pictl.summary_models import RunSummary
 from remote.wire import parse_wire
 
 
@@ -104,7 +105,7 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
     # A re-cut run's waterfall is taken over the passes of its last split; the passes before are its own term.
     summary["waterfall"] = waterfall(summary, settled(tel, o.stages, o.repeats, baseline.ips if baseline else None)) \
         if status == "ok" else None
-    summary["flags"] = [f.to_json() for f in compute_flags(summary)]
+    summary["flags"] = [f.to_json() for f in compute_flags(RunSummary.model_validate(summary))]
     return checked(summary)
 
 

@@ -22,6 +22,7 @@ from pictl.cluster.transport import RemoteProcess
 from pictl.events import RECORD_TYPES, HostOutput, RankEvent, Rejected, read_line
 from pictl.run.flags import compute_flags
 from pictl.run.telemetry import RunTelemetry
+from pictl.summary_models import RunSummary
 from remote.job_records import TrainStep
 from remote.records import Record, field_kinds, to_wire
 from remote.run_records import RunEnd, Throughput
@@ -129,7 +130,8 @@ def test_missing_figures_are_named_and_rejections_raise_a_flag() -> None:
     tel.apply("h", good)
     assert tel.missing_figures(2, 2) is None
     tel.reject("h1", Rejected("throughput", "'ips' is not a finite number >= 0: \"x\""))
-    flags = compute_flags({"telemetry_rejected": tel.rejected_summary(), "per_stage": []})
+    flags = compute_flags(RunSummary.model_validate({"status": "ok", "run_id": "r", "stages": 2,
+                                                     "telemetry_rejected": tel.rejected_summary()}))
     assert [f.code for f in flags] == ["telemetry_rejected"] and "1 from h1" in flags[0].message
 
 

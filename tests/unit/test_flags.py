@@ -20,7 +20,9 @@ from pictl.cluster.hoststate import state_change, throttling
 from pictl.cluster.monitor import SAMPLE_SCRIPT, parse_sample
 from pictl.run.baselines import Baseline, reuse_refusal
 from pictl.run.flags import CODES, compute_flags
+from pictl.run.flags_measured import Flag
 from pictl.summary import age_text
+from pictl.summary_models import RunSummary
 
 REAL = json.loads((ROOT / "tests" / "support" / "data" / "run_summary_two_stages.json").read_text())
 
@@ -39,17 +41,22 @@ def calm(s: dict) -> dict:
     return s
 
 
+def flags_of(s: dict) -> list[Flag]:
+    """The flags of a summary as written (checked first, as every reader does)."""
+    return compute_flags(RunSummary.model_validate(s))
+
+
 def codes(s: dict) -> list[str]:
-    return [f.code for f in compute_flags(s)]
+    return [f.code for f in flags_of(s)]
 
 
 def messages(s: dict) -> str:
-    return " | ".join(f.message for f in compute_flags(s))
+    return " | ".join(f.message for f in flags_of(s))
 
 
 def test_the_real_run_is_flagged_for_the_load_it_ran_under() -> None:
     # Recomputed from the figures alone, the flags are the ones the run itself stored.
-    assert [f.to_json() for f in compute_flags(REAL)] == REAL["flags"]
+    assert [f.to_json() for f in flags_of(REAL)] == REAL["flags"]
     # The loop and two stages on 2 CPUs contended during the pipeline; the loop and the 1-thread serial run did
     # not (the instant's runnable counts said 3.9 and 4.5-4.8 threads for both: samplers and the VM's own).
     assert codes(REAL) == ["host_overloaded"]
@@ -58,7 +65,7 @@ def test_the_real_run_is_flagged_for_the_load_it_ran_under() -> None:
 
 
 def test_the_same_run_without_the_load_raises_nothing() -> None:
-    assert compute_flags(calm(REAL)) == []
+    assert flags_of(calm(REAL)) == []
 
 
 def _set(path: str, value: object) -> Callable[[dict], None]:
@@ -120,8 +127,9 @@ CASES = {
                        "6 microbatches through 2 stages: filling and draining the pipeline every pass caps its "
                        "efficiency at 0.86; 19 images or more keep the cap at 0.95"),
     "a compressing wire that saves nothing": (
-        [_set("wire", {"format": "lowrank:16", "links": [{"link": "0->1", "cut": "blocks.6", "format": "lowrank:16",
-                                                          "wire_bytes": 2603520, "raw_bytes": 2350080}]})],
+        [_set("wire", {"format": "lowrank:16", "lossy": True,
+                       "links": [{"link": "0->1", "cut": "blocks.6", "format": "lowrank:16", "wire_bytes": 2603520,
+                                  "raw_bytes": 2350080}]})],
         "wire_no_saving", "lowrank:16 sent 1.11 of fp32's bytes at blocks.6 (link 0->1), more than fp32 itself"),
     "a host's records broke the protocol": (
         [_set("telemetry_rejected", {"count": 3, "hosts": {"local1": 3},
@@ -165,13 +173,14 @@ def test_a_compressing_wire_is_flagged_only_when_it_sends_more_than_half_precisi
     for fmt, wire, flagged in [("lowrank:8", 554, True), ("lowrank:8", 190, False), ("int8", 260, False),
                                ("fp16", 500, False), ("bf16", 500, False), ("fp32", 1000, False)]:
         s = calm(REAL)
-        s["wire"] = {"format": fmt, "links": [link(fmt, wire)]}
+        s["wire"] = {"format": fmt, "lossy": fmt != "fp32", "links": [link(fmt, wire)]}
         assert codes(s) == (["wire_no_saving"] if flagged else []), (fmt, wire, messages(s))
-    assert "more than fp16's 0.50" in messages(s | {"wire": {"links": [link("lowrank:8", 554)]}})
+    assert "more than fp16's 0.50" in messages(s | {"wire": {"format": "lowrank:8", "lossy": True,
+                                                              "links": [link("lowrank:8", 554)]}})
     # Three cuts with the same format and ratio: one flag that names them all.
     three = [link("lowrank:16", 1110) | {"cut": f"blocks.{b}", "link": f"{i}->{i + 1}"}
              for i, b in enumerate((3, 6, 9))]
-    s["wire"] = {"links": three}
+    s["wire"] = {"format": "lowrank:16", "lossy": True, "links": three}
     assert codes(s) == ["wire_no_saving"] and "at blocks.3 (link 0->1), blocks.6 (link 1->2), blocks.9" in messages(s)
 
 
