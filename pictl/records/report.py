@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from pictl import errors as E
+from pictl.job_summaries import PruneSummary, TrainSummary, parse_job_summary
 from pictl.records.report_sections import numerics_lines, recut_lines, refine_lines
 from pictl.records.report_waterfall import gap_lines, sweep_latency_lines
 from pictl.records.runs import SUMMARY_FILE, path_exists, path_is_file, writable_dir
@@ -261,15 +262,16 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{v:.1%}"
 
 
-def models_section(runs: list[RunSummary], prunes: list[dict[str, Any]]) -> list[str]:
+def models_section(runs: list[RunSummary], prunes: list[PruneSummary]) -> list[str]:
     """The course's Part 3 table: each model's size, accuracy, serial throughput and pipeline speedup,
     all speedups against the unpruned model's serial baseline (the same yardstick for every row)."""
     rows: dict[str, dict[str, Any]] = {}
     for job in prunes:
-        key = job["artifact"]
-        rows.setdefault(key, {"name": f"pruned {job['importance']} {job['ratio']}", **job})
-        rows.setdefault("base", {"name": f"{job['base_model']} (unpruned)", "params": job["params_base"],
-                                 "macs": job["macs_base"], "top1": job["top1_before"]})
+        rows.setdefault(job.artifact or job.job_id, {
+            "name": f"pruned {job.importance} {job.ratio}", "params": job.params, "macs": job.macs,
+            "top1_pruned": job.top1_pruned, "top1": job.top1})
+        rows.setdefault("base", {"name": f"{job.base_model} (unpruned)", "params": job.params_base,
+                                 "macs": job.macs_base, "top1": job.top1_before})
     for run in runs:
         art = run.artifact
         key = art.path if art else "base"
@@ -305,8 +307,8 @@ def models_section(runs: list[RunSummary], prunes: list[dict[str, Any]]) -> list
     return [*lines, ""]
 
 
-def _load(src: Path) -> RunSummary | dict[str, Any]:
-    """A source's summary: a run's, checked against `RunSummary`; a pruning or training job's, as written."""
+def _load(src: Path) -> RunSummary | TrainSummary | PruneSummary:
+    """A source's summary, checked against its model: a run's, a training job's or a pruning job's."""
     path = src / SUMMARY_FILE
     data = read_json_object(path)
     if "run_id" in data:
@@ -314,7 +316,7 @@ def _load(src: Path) -> RunSummary | dict[str, Any]:
     if not isinstance(data.get("job_id"), str):
         raise RecordInvalid(path, "neither a run's nor a pruning job's summary, nor a training job's "
                                   "(no run_id, no job_id)")
-    return data
+    return parse_job_summary(path, data)
 
 
 _UNREADABLE = (KeyError, TypeError, AttributeError, ValueError, IndexError, ArithmeticError, RuntimeError)
@@ -334,9 +336,8 @@ def write_report(sources: list[Path], out: Path) -> Path:
                                 f"(sweep.json) or a pruning job")
     # (a summary.json that is no regular file, a FIFO, is named by the reader, never opened)
     summaries = {src: _load(src) for src in sources if path_exists(src / SUMMARY_FILE)}
-    jobs = {src: s for src, s in summaries.items() if isinstance(s, dict)}
-    trains = [s for s in jobs.values() if s.get("kind") == "train"]
-    prunes = [s for s in jobs.values() if s.get("status") == "ok" and s.get("kind") != "train"]
+    trains = [s for s in summaries.values() if isinstance(s, TrainSummary)]
+    prunes = [s for s in summaries.values() if isinstance(s, PruneSummary) and s.status == "ok"]
     runs = [s for s in summaries.values() if isinstance(s, RunSummary)]
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -356,7 +357,7 @@ def write_report(sources: list[Path], out: Path) -> Path:
                 lines += _sweep_section(src, files)
             elif isinstance(summary, RunSummary):
                 lines += _run_section(src, summary, files)
-            elif summary is not None and summary.get("kind") == "train":
+            elif isinstance(summary, TrainSummary):
                 lines += job_section(summary, files)
         except _UNREADABLE as exc:
             # A summary from another pictl version, or edited by hand: name it, do not crash on it.

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from pictl import errors as E
+from pictl.job_summaries import TrainSummary
 from pictl.summary import terminal_text
 from remote import protocol as P
 
@@ -122,47 +123,43 @@ def _num(value: Any, spec: str = ".2f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def jobs_table(jobs: list[dict[str, Any]]) -> list[str]:
+def jobs_table(jobs: list[TrainSummary]) -> list[str]:
     """Every job, grouped by mode: throughput, losses, top-1 and the loss check against single."""
     lines = ["## Training jobs", "", "| mode | ranks | chunks | microbatch | samples/s | loss first -> last | "
              "top-1 | loss check vs single | job |", "|---|---|---|---|---|---|---|---|---|"]
-    for s in sorted(jobs, key=lambda s: (("single", "pipeline", "ddp").index(s["mode"]), s.get("stages") or 0,
-                                         s.get("chunks") or 0)):
-        losses = s.get("losses") or []
-        check = s.get("agreement")
-        verdict = "-" if not check else f"{'agree' if check['passed'] else 'DIFFER'} ({check['max_rel_diff']})"
-        mode = s["mode"] + (f" ({s['schedule']})" if s.get("schedule") else "") + (" bf16" if s.get("amp") else "")
-        lines.append(f"| {md_text(mode)} | {md_text(s.get('stages') or '-')} | {md_text(s['chunks'])} | "
-                     f"{md_text(s['microbatch'])} | {_num(s.get('samples_per_s'))} | "
-                     f"{_num(losses[0]['loss'], '.4f') if losses else '-'} -> "
-                     f"{_num(losses[-1]['loss'], '.4f') if losses else '-'} | "
-                     f"{_num(s.get('top1'), '.1%')} | {md_text(verdict)} | {md_text(s['job_id'])} |")
+    for s in sorted(jobs, key=lambda s: (("single", "pipeline", "ddp").index(s.mode), s.stages or 0, s.chunks)):
+        check = s.agreement
+        verdict = "-" if not check else f"{'agree' if check.passed else 'DIFFER'} ({check.max_rel_diff})"
+        mode = s.mode + (f" ({s.schedule})" if s.schedule else "") + (" bf16" if s.amp else "")
+        lines.append(f"| {md_text(mode)} | {md_text(s.stages or '-')} | {md_text(s.chunks)} | "
+                     f"{md_text(s.microbatch)} | {_num(s.samples_per_s)} | "
+                     f"{_num(s.losses[0].loss, '.4f') if s.losses else '-'} -> "
+                     f"{_num(s.losses[-1].loss, '.4f') if s.losses else '-'} | "
+                     f"{_num(s.top1, '.1%')} | {md_text(verdict)} | {md_text(s.job_id)} |")
     return [*lines, ""]
 
 
-def breakdown_chart(summary: dict[str, Any], fh: IO[bytes]) -> None:
+def breakdown_chart(summary: TrainSummary, fh: IO[bytes]) -> None:
     """Per rank, a stacked bar of its step's time by category; beside it the loss curve (PNG into `fh`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ranks = (summary.get("breakdown") or [])[:64]
+    ranks = summary.breakdown[:64]
     fig, (ax, loss_ax) = plt.subplots(1, 2, figsize=(10, 3.8))
     try:
-        labels = [f"{chart_label(r['rank'])}\n{chart_label(r['host'])}" for r in ranks]
+        labels = [f"{chart_label(r.rank)}\n{chart_label(r.host)}" for r in ranks]
         bottom = [0.0] * len(ranks)
         for category, color in zip(CATEGORIES, COLORS, strict=True):
-            values = [float(r["per_step_ms"][category] or 0.0) for r in ranks]
+            values = [float(r.per_step_ms.get(category) or 0.0) for r in ranks]
             ax.bar(range(len(ranks)), values, bottom=bottom, label=category, color=color)
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]
         ax.set_xticks(range(len(ranks)), labels)
         ax.set_ylabel("ms per step")
-        ax.set_title(f"{chart_label(summary['mode'])}: where each rank's step went")
-        losses = summary.get("losses") or []
-        loss_ax.plot([r["step"] for r in losses], [r["loss"] for r in losses], "-", label="loss")
-        check = summary.get("agreement") or {}
-        ref = [(r["step"], r["reference"]) for r in check.get("per_step", [])]
+        ax.set_title(f"{chart_label(summary.mode)}: where each rank's step went")
+        loss_ax.plot([r.step for r in summary.losses], [r.loss for r in summary.losses], "-", label="loss")
+        ref = [(r.step, r.reference) for r in summary.agreement.per_step] if summary.agreement else []
         if ref:
             loss_ax.plot([s for s, _ in ref], [v for _, v in ref], "x", label="single (reference)")
         loss_ax.set_xlabel("step")
@@ -177,29 +174,27 @@ def breakdown_chart(summary: dict[str, Any], fh: IO[bytes]) -> None:
         plt.close(fig)
 
 
-def job_section(summary: dict[str, Any], files: ReportFiles) -> list[str]:
-    s = summary
-    how = md_text(s["mode"] + (f" ({s['schedule']})" if s.get("schedule") else ""))
-    lines = [f"## Training job {md_text(s['job_id'])}", "",
-             f"- {md_text(s['status'])}: {how} on {md_text(s.get('stages') or '-')} rank(s), model "
-             f"{md_text(s['model'])}, batch {md_text(s['batch_size'])} as {md_text(s['chunks'])} microbatch(es) "
-             f"of {md_text(s['microbatch'])}, {md_text(s.get('steps_done'))} "
-             f"step(s){', bf16 autocast' if s.get('amp') else ''}",
-             f"- samples/s (timed steps): {_num(s.get('samples_per_s'))}; top-1 by epoch: "
-             + (", ".join(f"{e['epoch']}: {e['top1']:.1%}" for e in s.get("evals") or []) or "-")]
-    if s.get("agreement"):
-        c = s["agreement"]
-        lines.append(f"- loss check against {md_text(c['against'])}: {'passed' if c['passed'] else 'FAILED'} over "
-                     f"{c['steps']} step(s), largest relative difference {c['max_rel_diff']} "
-                     f"(tolerance {c['tolerance']})")
-    if s.get("error"):
-        lines.append(f"- error: {md_text(s['error'].get('message'))}")
+def job_section(s: TrainSummary, files: ReportFiles) -> list[str]:
+    how = md_text(s.mode + (f" ({s.schedule})" if s.schedule else ""))
+    lines = [f"## Training job {md_text(s.job_id)}", "",
+             f"- {md_text(s.status)}: {how} on {md_text(s.stages or '-')} rank(s), model "
+             f"{md_text(s.model)}, batch {md_text(s.batch_size)} as {md_text(s.chunks)} microbatch(es) "
+             f"of {md_text(s.microbatch)}, {md_text(s.steps_done)} "
+             f"step(s){', bf16 autocast' if s.amp else ''}",
+             f"- samples/s (timed steps): {_num(s.samples_per_s)}; top-1 by epoch: "
+             + (", ".join(f"{e.epoch}: {e.top1:.1%}" for e in s.evals) or "-")]
+    if (c := s.agreement) is not None:
+        lines.append(f"- loss check against {md_text(c.against)}: {'passed' if c.passed else 'FAILED'} over "
+                     f"{c.steps} step(s), largest relative difference {c.max_rel_diff} "
+                     f"(tolerance {c.tolerance})")
+    if s.error:
+        lines.append(f"- error: {md_text(s.error.message)}")
     lines += ["", "| rank | host | " + " | ".join(f"{c} ms" for c in CATEGORIES) + " |",
               "|---|---|" + "---|" * len(CATEGORIES)]
-    for r in s.get("breakdown") or []:
-        lines.append(f"| {md_text(r['rank'])} | {md_text(r['host'])} | " + " | ".join(
-            f"{_num(r['per_step_ms'][c], '.1f')} ({_num(r['share'][c], '.0%')})" for c in CATEGORIES) + " |")
-    if s.get("breakdown"):
-        chart = files.chart(str(s["job_id"]), "breakdown", lambda fh: breakdown_chart(s, fh))
+    for r in s.breakdown:
+        lines.append(f"| {md_text(r.rank)} | {md_text(r.host)} | " + " | ".join(
+            f"{_num(r.per_step_ms.get(c), '.1f')} ({_num(r.share.get(c), '.0%')})" for c in CATEGORIES) + " |")
+    if s.breakdown:
+        chart = files.chart(s.job_id, "breakdown", lambda fh: breakdown_chart(s, fh))
         lines += ["", f"![time per step and loss]({chart})"]
     return [*lines, ""]
