@@ -92,6 +92,8 @@ class Prediction(Open):
     """Groups of hosts that are one machine (they share its CPUs)."""
     corrections: dict[str, float] = {}
     """Measured over profiled time, per host, before the run."""
+    corrections_age_s: dict[str, float] = {}
+    """How old each host's correction was when this run used it (seconds)."""
     links: dict[str, LinkCost] = {}
     links_measured: list[str] = []
     first_split: list[str] = []
@@ -159,8 +161,12 @@ class WaterfallRecord(Open):
     """Why the speedup is not N (`pictl.run.waterfall`): the gap split into terms, the dominant one and advice."""
 
     stages: int | None = None
+    """Every rank: replicas x stages (the ideal speedup)."""
+    replicas: int | None = None
     speedup: float | None = None
     gap: float | None = None
+    settled_from_pass: int | None = None
+    """A re-cut run: the first timed pass of its last split (the terms are taken over the passes from it)."""
     bottleneck_rank: int | None = None
     microbatches: int | None = None
     terms: list[WaterfallTerm] = []

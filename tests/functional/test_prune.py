@@ -14,6 +14,9 @@ import pytest
 from support.cli import run_pictl
 from support.clusters import write_cluster
 from support.digits import write_digits
+from support.typed import untyped
+
+from pictl.job_summaries import PruneSummary
 
 DIGITS_VIT = ["img_size=32", "patch_size=8", "depth=4", "embed_dim=96", "num_heads=4"]
 THRESHOLD = 0.85
@@ -83,6 +86,7 @@ def test_digits_prune_and_finetune(pictl_env, tmp_path: Path) -> None:
                      pictl_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
+    assert untyped(PruneSummary.model_validate(summary)) == []  # every key the job wrote is typed
     # Measured on the held-out test/ folder, before, right after, and after fine-tuning.
     assert summary["top1_before"] == pytest.approx(base_top1)
     assert summary["top1_pruned"] < summary["top1_before"], "pruning 30% of every width cost nothing?"

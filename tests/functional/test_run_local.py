@@ -11,6 +11,9 @@ import pytest
 from support.cifar import write_cifar10
 from support.cli import run_pictl
 from support.clusters import write_cluster
+from support.typed import untyped
+
+from pictl.summary_models import RunSummary
 
 pytestmark = pytest.mark.slow
 
@@ -59,6 +62,7 @@ def test_two_stages_at_a_block_boundary(shared, pictl_env) -> None:
     assert st1["wait_s"] > 0 and st0["compute_s"] > 0
     run_dir = Path(s["run_dir"])
     assert json.loads((run_dir / "summary.json").read_text()) == s
+    assert untyped(RunSummary.model_validate(s)) == []  # every key the run wrote has its type in the model
     events = [json.loads(line) for line in (run_dir / "events" / "h1.jsonl").read_text().splitlines()]
     assert {"run_start", "stage_ready", "progress", "throughput", "run_end"} <= {e["event"] for e in events}
     # The first run plans in the serial-baseline process (one torch import on h0): the plan comes first,
@@ -111,6 +115,7 @@ def test_int8_dynamic_numerics_beside_fp32(shared, pictl_env, tmp_path: Path) ->
     s = json.loads(proc.stdout)
     assert "numerics int8-dynamic (" in proc.stderr and "x over the fp32 serial run" in proc.stderr
     assert s["status"] == "ok" and s["outputs_match"] is True and s["max_abs_diff"] == 0.0
+    assert untyped(RunSummary.model_validate(s)) == []
     n = s["numerics"]
     assert n["kind"] == "int8-dynamic" and len(n["engines"]) == 1 and n["engines"][0] in ("x86", "fbgemm", "qnnpack")
     assert n["fp32_serial_reused"] is True and n["fp32_serial_ips"] == plain["serial_ips"]
@@ -146,6 +151,7 @@ def test_replicas_deal_the_images_and_every_replica_matches_the_serial_run(share
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.loads(proc.stdout)
     assert s["status"] == "ok" and s["replicas"] == 2 and s["outputs_match"] is True and s["max_abs_diff"] == 0.0
+    assert untyped(RunSummary.model_validate(s)) == []
     assert s["compared_images"] == 4
     assert [(st["replica"], st["stage"], st["host"]) for st in s["per_stage"]] == [
         (0, 0, "h0"), (0, 1, "h0"), (1, 0, "h1"), (1, 1, "h1")]
@@ -189,6 +195,7 @@ def test_output_mismatch_fails_the_run(shared, pictl_env, tmp_path: Path) -> Non
     assert proc.returncode == 5, proc.stderr[-2000:]
     s = json.loads(proc.stdout)
     assert s["status"] == "failed" and s["outputs_match"] is False and s["max_abs_diff"] > 1000
+    assert untyped(RunSummary.model_validate(s)) == []  # a failed run's record too
     assert "differs from the serial run" in proc.stderr.strip().splitlines()[-1]
     assert json.loads((Path(s["run_dir"]) / "summary.json").read_text())["status"] == "failed"
 

@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 from support.cli import run_pictl
 from support.clusters import processes_under, write_cluster
+from support.typed import untyped
+
+from pictl.job_summaries import TrainSummary
 
 # A small ViT (4 blocks of width 96 on 32x32 images) keeps each run to seconds; the machinery is the real one.
 TINY = ["--model", "vit_tiny_patch16_224", "--model-arg", "img_size=32", "--model-arg", "patch_size=8",
@@ -42,7 +45,9 @@ def _train(shared: dict, env: dict[str, str], *args: str, code: int = 0, model: 
            ) -> dict:
     proc = run_pictl(["train", "--hosts", str(shared["hosts"]), *model, *STEPS, *args], env)
     assert proc.returncode == code, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
+    summary = json.loads(proc.stdout)
+    assert untyped(TrainSummary.model_validate(summary)) == []  # every key the job wrote is typed
+    return summary
 
 
 def _floats(path: Path) -> list[float]:
