@@ -6,6 +6,8 @@ dashboard shows the same text.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_BAD_INPUT = 2
@@ -65,6 +67,18 @@ class RunFailed(PictlError):
     """A rank or the serial run failed on a host."""
 
     exit_code = EXIT_RUN_FAILED
+
+    def __init__(self, message: str, where: dict[str, object] | None = None) -> None:
+        super().__init__(message)
+        self.where: dict[str, object] = where or {}
+        """Where it failed, for the record's `error`: host, rank, message and the host's last lines."""
+
+    @classmethod
+    def on(cls, host: str, rank: int | None, what: str, message: str, tail: Iterable[str] = ()) -> RunFailed:
+        """`what` failed on `host` (and `rank`): one line naming them, and the record's details."""
+        where = f"host '{host}'" + (f" rank {rank}" if rank is not None else "")
+        return cls(f"{what} failed on {where}: {message}",
+                   {"host": host, "rank": rank, "message": message, "last_lines": list(tail)})
 
 
 class OutputMismatch(PictlError):

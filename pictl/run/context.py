@@ -10,12 +10,10 @@ The hosts themselves (connections, leases, processes) are the job's (`pictl.clus
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pictl import errors as E
 from pictl.cluster.artifacts import Artifact
 from pictl.cluster.monitor import HostSample
 from pictl.cluster.push import local_tree, manifest_digest
@@ -51,8 +49,6 @@ class RunContext:
     """The run's hosts, sampled while it runs (for its flags)."""
     windows: dict[str, list[float]] = field(default_factory=dict)
     """"baseline" / "pipeline" -> [start, end] on the controller's clock."""
-    failure: dict[str, Any] | None = None
-    """Where a failed run failed: host, rank, message, the last lines."""
     _early: list[tuple[str, str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -88,15 +84,6 @@ class RunContext:
         for kind, source, line in early:
             self._keep(kind, source, line)
         return self.record
-
-    # -- failure ---------------------------------------------------------------------------------------
-
-    def failed(self, host: str, rank: int | None, what: str, message: str, tail: deque[str] | list[str],
-               ) -> E.RunFailed:
-        """The error a run failure raises; the summary's `error` tells where, with the host's last lines."""
-        self.failure = {"host": host, "rank": rank, "message": message, "last_lines": list(tail)}
-        where = f"host '{host}'" + (f" rank {rank}" if rank is not None else "")
-        return E.RunFailed(f"{what} failed on {where}: {message}")
 
     # -- caches ---------------------------------------------------------------------------------------
 

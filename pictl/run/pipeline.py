@@ -63,7 +63,7 @@ class Pipeline:
                 return PipelineDone(self.corrections, await self._clocks())
             except _PortTaken:
                 if self.staged.master_port or attempt == PORT_ATTEMPTS:
-                    raise ctx.failed(master.name, 0, "the pipeline", f"the rendezvous port {port} was taken on "
+                    raise E.RunFailed.on(master.name, 0, "the pipeline", f"the rendezvous port {port} was taken on "
                                      f"{master.name} before torchrun could bind it", deque()) from None
                 ctx.phase("pipeline", f"port {port} was taken on {master.name} before torchrun bound it; "
                                       "launching again on another port")
@@ -90,7 +90,7 @@ class Pipeline:
         why = f"{missing}" + (f"; {rejected['count']} telemetry record(s) rejected, the first from "
                               f"{rejected['first'][0]['host']}: {rejected['first'][0]['reason']}" if rejected else "")
         silent = next((r for r in range(ranks) if not (tel.stages.get(r) and tel.stages[r].ended)), ranks - 1)
-        raise self.ctx.failed(self.placement.node_of(silent).host.name, silent, "the pipeline", why, deque())
+        raise E.RunFailed.on(self.placement.node_of(silent).host.name, silent, "the pipeline", why)
 
     def _on_record(self, host: str, record: Record) -> bool:
         ctx = self.ctx
@@ -132,10 +132,10 @@ class Pipeline:
         """A rank that died without a word first, then the earliest rank that reported an error."""
         ctx = self.ctx
         if culprit is not None:
-            return ctx.failed(culprit.host, culprit.rank, "the pipeline", culprit.message, tail)
+            return E.RunFailed.on(culprit.host, culprit.rank, "the pipeline", culprit.message, tail)
         st = ctx.telemetry.first_error()
         if st is not None and st.error is not None:
-            return ctx.failed(self.placement.node_of(st.rank).host.name, st.rank, "the pipeline",
+            return E.RunFailed.on(self.placement.node_of(st.rank).host.name, st.rank, "the pipeline",
                               st.error.message, tail)
-        return ctx.failed(self.placement.first.host.name, None, "the pipeline",
+        return E.RunFailed.on(self.placement.first.host.name, None, "the pipeline",
                           "torchrun exited before every rank finished", tail)

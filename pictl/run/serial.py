@@ -231,7 +231,7 @@ async def _measure(ctx: RunContext, job: HostJob, placement: Placement, spec: Ru
         message = (st.error.message if st and st.error else f"exit status {rc}" if rc != 0
                    else f"{missing}" + (f"; {rejected['count']} telemetry record(s) rejected: "
                                         f"{rejected['first'][0]['reason']}" if rejected else ""))
-        raise ctx.failed(host.name, 0, "fp32 serial reference" if fp32_reference else "serial baseline", message,
+        raise E.RunFailed.on(host.name, 0, "fp32 serial reference" if fp32_reference else "serial baseline", message,
                          stream.tail)
     logits_file = P.LOGITS_FILE_SERIAL_FP32 if fp32_reference else P.LOGITS_FILE_SERIAL
     logits = await job.transport(host).get_bytes(f"{host.run_dir(spec.run_id)}/{logits_file}")

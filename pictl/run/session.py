@@ -149,7 +149,8 @@ class RunSession:
             if not summary:
                 summary = summarize(ctx, reached, "failed")
             summary["status"] = "failed"
-            summary["error"] = {"type": type(exc).__name__, "message": str(exc), **(ctx.failure or {})}
+            where = exc.where if isinstance(exc, E.RunFailed) else {}
+            summary["error"] = {"type": type(exc).__name__, "message": str(exc), **where}
             raise
         finally:
             try:

@@ -30,8 +30,7 @@ def _failure(tail: deque[str], record: Error | None, host: str, rank: int | None
     message = record.message if record is not None else (list(tail) or ["no output"])[-1]
     if record is not None and record.kind == "bad_input":
         return E.ConfigError(message)
-    where = f"host '{host}'" + (f" rank {rank}" if rank is not None else "")
-    return E.RunFailed(f"{what} failed on {where}: {message}")
+    return E.RunFailed.on(host, rank, what, message, tail)
 
 
 async def run_reference(job: HostJob, node: NodePlan, keep: LineKeeper, sink: EventSink, threads: int,
