@@ -40,7 +40,7 @@ from pictl.tui.messages import (
     SweepRunStarted,
     TracesGrabbed,
 )
-from pictl.tui.state import DashboardState
+from pictl.tui.state import DashboardState, Ending
 from pictl.tui.widgets.confirm import Confirm
 from pictl.tui.widgets.help_screen import HelpScreen
 from pictl.tui.widgets.history import HistoryScreen
@@ -184,11 +184,12 @@ class PictlApp(JobsApp):
 
     async def on_run_finished(self, msg: RunFinished) -> None:
         self._fold_progress(self.clock())  # (a run's last progress comes before its end)
-        self.state.finish(msg.summary, msg.error)
+        self.state.finish(msg.summary, msg.ending)
         self.render_all()
-        if msg.error:
-            self.notify(msg.error, title="run failed" if "interrupted" not in msg.error else "run stopped",
-                        severity="error" if "interrupted" not in msg.error else "warning", timeout=10)
+        if msg.ending.outcome != "done":
+            stopped = msg.ending.outcome == "stopped"
+            self.notify(msg.ending.error or "", title="run stopped" if stopped else "run failed",
+                        severity="warning" if stopped else "error", timeout=10)
         elif msg.summary is not None:
             self.notify(result_line(msg.summary), title="run finished")
             self.bell_if_long()
@@ -237,10 +238,10 @@ class PictlApp(JobsApp):
             summary = await session.run()
         except E.PictlError as exc:
             self.run_exit_code = exc.exit_code
-            self.post_message(RunFinished(session.last_summary, str(exc)))
+            self.post_message(RunFinished(session.last_summary, Ending.of(exc)))
             return
         self.run_exit_code = E.EXIT_WRITE_FAILED if session.write_error is not None else 0
-        self.post_message(RunFinished(summary, None))
+        self.post_message(RunFinished(summary, Ending.of()))
 
     async def _grab(self, session: RunSession) -> None:
         try:

@@ -19,7 +19,7 @@ from pictl.run.baselines import BaselineCache
 from pictl.run.session import RunSession
 from pictl.tui.bridge import SessionBridge
 from pictl.tui.messages import PruneFinished, RunFinished, SweepRows, SweepRunStarted, TrainFinished
-from pictl.tui.state import DashboardState
+from pictl.tui.state import DashboardState, Ending
 from pictl.tui.widgets.prune_form import PruneForm
 from pictl.tui.widgets.stage_list import StageList
 from pictl.tui.widgets.sweep_form import SweepForm
@@ -64,12 +64,12 @@ class JobsApp(App):
                                        cache=self.baseline_cache,
                                        on_rows=lambda rows: self.post_message(SweepRows(rows, str(out))))
             except E.PictlError as exc:
-                self.post_message(RunFinished(self.session.last_summary if self.session else None, str(exc)))
+                self.post_message(RunFinished(self.session.last_summary if self.session else None, Ending.of(exc)))
                 return
             self.post_message(SweepRows(rows, str(out)))
             failed = [r for r in rows if r["status"] != "ok"]
-            self.post_message(RunFinished(self.session.last_summary if self.session else None,
-                                          f"{len(failed)} of {len(rows)} sweep run(s) failed" if failed else None))
+            self.post_message(RunFinished(self.session.last_summary if self.session else None, Ending.of(
+                failed=f"{len(failed)} of {len(rows)} sweep run(s) failed" if failed else None)))
 
         self.run_worker(sweep(), name="sweep", group="run", exclusive=True, exit_on_error=False)
 
@@ -86,9 +86,9 @@ class JobsApp(App):
             try:
                 summary = await session.run()
             except E.PictlError as exc:
-                self.post_message(PruneFinished(session.summary, str(exc)))
+                self.post_message(PruneFinished(session.summary, Ending.of(exc)))
                 return
-            self.post_message(PruneFinished(summary, None))
+            self.post_message(PruneFinished(summary, Ending.of()))
 
         self.run_worker(prune(), name="prune", group="run", exclusive=True, exit_on_error=False)
 
@@ -104,18 +104,18 @@ class JobsApp(App):
             try:
                 summary = await session.run()
             except E.PictlError as exc:
-                self.post_message(TrainFinished(session.summary, str(exc)))
+                self.post_message(TrainFinished(session.summary, Ending.of(exc)))
                 return
-            self.post_message(TrainFinished(summary, None))
+            self.post_message(TrainFinished(summary, Ending.of()))
 
         self.run_worker(train(), name="train", group="run", exclusive=True, exit_on_error=False)
 
     def on_train_finished(self, msg: TrainFinished) -> None:
-        self.state.finish_train(msg.summary, msg.error)
+        self.state.finish_train(msg.summary, msg.ending)
         self.render_all()
-        if msg.error:
-            stopped = "interrupted" in msg.error
-            self.notify(msg.error, title="training stopped" if stopped else "training failed",
+        if msg.ending.outcome != "done":
+            stopped = msg.ending.outcome == "stopped"
+            self.notify(msg.ending.error or "", title="training stopped" if stopped else "training failed",
                         severity="warning" if stopped else "error", timeout=10)
         elif msg.summary:
             self.notify(f"{msg.summary.samples_per_s} samples/s; losses agree with single" if
@@ -123,11 +123,12 @@ class JobsApp(App):
                         title="training done", timeout=10)
 
     def on_prune_finished(self, msg: PruneFinished) -> None:
-        self.state.finish_prune(msg.summary, msg.error)
+        self.state.finish_prune(msg.summary, msg.ending)
         self.render_all()
-        if msg.error:
-            self.notify(msg.error, title="pruning failed" if "interrupted" not in msg.error else "pruning stopped",
-                        severity="error" if "interrupted" not in msg.error else "warning", timeout=10)
+        if msg.ending.outcome != "done":
+            stopped = msg.ending.outcome == "stopped"
+            self.notify(msg.ending.error or "", title="pruning stopped" if stopped else "pruning failed",
+                        severity="warning" if stopped else "error", timeout=10)
         elif msg.summary:
             top1 = "-" if msg.summary.top1 is None else f"{msg.summary.top1:.2%}"
             self.notify(f"top-1 {top1}; run it with --model {msg.summary.artifact}",

@@ -10,6 +10,7 @@ from pictl.cluster.monitor import HostSample
 from pictl.events import Placed
 from pictl.job_summaries import PruneSummary, TrainSummary
 from pictl.summary_models import RunSummary, TraceRecord
+from pictl.tui.state import Ending
 from remote.records import Record
 
 if TYPE_CHECKING:
@@ -60,11 +61,11 @@ class HostHealth(Message):
 
 
 class RunFinished(Message):
-    """The run ended: its summary (None when it failed before starting) and the error, if any."""
+    """The run ended: its summary (None when it failed before starting) and how it ended."""
 
-    def __init__(self, summary: RunSummary | None, error: str | None) -> None:
+    def __init__(self, summary: RunSummary | None, ending: Ending) -> None:
         super().__init__()
-        self.summary, self.error = summary, error
+        self.summary, self.ending = summary, ending
 
 
 class TracesGrabbed(Message):
@@ -92,16 +93,16 @@ class SweepRows(Message):
 
 
 class PruneFinished(Message):
-    """A pruning job ended: its summary (None if it never started) and the error, if any."""
+    """A pruning job ended: its summary (None if it never started) and how it ended."""
 
-    def __init__(self, summary: PruneSummary | None, error: str | None) -> None:
+    def __init__(self, summary: PruneSummary | None, ending: Ending) -> None:
         super().__init__()
-        self.summary, self.error = summary, error
+        self.summary, self.ending = summary, ending
 
 
 class TrainFinished(Message):
-    """A training job ended: its summary (None if it never started) and the error, if any."""
+    """A training job ended: its summary (None if it never started) and how it ended."""
 
-    def __init__(self, summary: TrainSummary | None, error: str | None) -> None:
+    def __init__(self, summary: TrainSummary | None, ending: Ending) -> None:
         super().__init__()
-        self.summary, self.error = summary, error
+        self.summary, self.ending = summary, ending

@@ -11,8 +11,9 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+from pictl import errors as E
 from pictl.cluster.monitor import HostSample
 from pictl.events import SERIAL_FP32, Placed
 from pictl.inventory import Cluster
@@ -25,6 +26,25 @@ from remote.records import Record
 from remote.run_records import Accuracy, Error, Progress, Refine, Refined, StageReady, Throughput, Trace
 
 SPARK_POINTS = 60
+
+
+Outcome = Literal["done", "stopped", "failed"]
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a job ended, decided where it ended (from the exception's type, never its text): its outcome, and
+    the line to show when it did not end well."""
+
+    outcome: Outcome
+    error: str | None = None
+
+    @classmethod
+    def of(cls, exc: BaseException | None = None, *, failed: str | None = None) -> Ending:
+        """A job that raised `exc` (an interrupt is a stop), or one that finished (`failed`: but with failures)."""
+        if exc is None:
+            return cls("failed", failed) if failed else cls("done")
+        return cls("stopped" if isinstance(exc, E.Interrupted) else "failed", str(exc))
 
 
 @dataclass
@@ -85,7 +105,7 @@ class DashboardState:
         self.phase = "idle"
         self.phase_message = "press r to start a run"
         self.summary: RunSummary | None = None
-        self.error: str | None = None
+        self.ending: Ending | None = None
         self.failure: RunError | None = None
         self.serial_ips: float | None = None
         self.pipeline_ips: list[float] = []
@@ -111,11 +131,11 @@ class DashboardState:
         self.phase, self.phase_message = "prune", f"pruning on {where}"
 
 
-    def finish_prune(self, summary: PruneSummary | None, error: str | None) -> None:
+    def finish_prune(self, summary: PruneSummary | None, ending: Ending) -> None:
         if self.prune is not None:
             self.prune.summary = summary
-        self.finish(None, error)
-        if not error and summary:
+        self.finish(None, ending)
+        if ending.outcome == "done" and summary:
             self.phase_message = f"artifact {summary.artifact}"
 
     def start_train(self, options: dict[str, Any], now: float | None = None) -> None:
@@ -124,16 +144,16 @@ class DashboardState:
         self.train = TrainView(options)
         self.phase, self.phase_message = "connect", f"training ({options.get('mode')}): connecting"
 
-    def finish_train(self, summary: TrainSummary | None, error: str | None) -> None:
+    def finish_train(self, summary: TrainSummary | None, ending: Ending) -> None:
         if self.train is not None:
             self.train.summary = summary
-        self.finish(None, error)
+        self.finish(None, ending)
 
     def start_run(self, options: dict[str, Any], now: float | None = None) -> None:
         self.options = options
         self.prune = None
         self.train = None
-        self.running, self.summary, self.error, self.failure = True, None, None, None
+        self.running, self.summary, self.ending, self.failure = True, None, None, None
         self.serial_ips, self.pipeline_ips, self.accuracy, self.traces, self.trace_note = None, [], None, [], None
         self.refine, self.run_dir, self.serial_reused = [], None, False
         self.started_at, self.pipeline_started_at = now or time.time(), None
@@ -254,15 +274,14 @@ class DashboardState:
     def on_traces(self, grab: TraceRecord) -> None:
         self.traces.append(grab)
 
-    def finish(self, summary: RunSummary | None, error: str | None) -> None:
+    def finish(self, summary: RunSummary | None, ending: Ending) -> None:
         self.running = False
-        self.summary, self.error = summary, error
+        self.summary, self.ending = summary, ending
         self.failure = summary.error if summary else None
         failed_host = self.failure.host if self.failure else None
         for row in self._busy_hosts():
-            row.activity = "failed" if row.name == failed_host else ("stopped" if error else "done")
-        self.phase = "done" if not error else ("stopped" if "interrupted" in error else "failed")
-        self.phase_message = error or "finished"
+            row.activity = "failed" if row.name == failed_host else ("done" if ending.outcome == "done" else "stopped")
+        self.phase, self.phase_message = ending.outcome, ending.error or "finished"
         if summary and summary.traces:
             known = {g.directory for g in self.traces}
             self.traces += [g for g in summary.traces if g.directory not in known]

@@ -17,6 +17,7 @@ from pictl.inventory import load_cluster
 from pictl.summary_models import RunSummary
 from pictl.tui.app import PROGRESS_EVERY, PictlApp
 from pictl.tui.messages import HostHealth, LogLine, PhaseChanged, RankRecord, RunFinished
+from pictl.tui.state import Ending
 from pictl.tui.widgets.stage_list import StageList
 from remote.records import Record
 
@@ -116,7 +117,7 @@ async def _after(pilot, traces: bool = True) -> None:  # noqa: ANN001
                                  "1": {"compute_pct": 88.0, "send_pct": 2.0, "recv_wait_pct": 8.0, "idle_pct": 2.0}}}]}
     if not traces:
         summary["traces"] = []
-    app.post_message(RunFinished(RunSummary.model_validate(summary), None))
+    app.post_message(RunFinished(RunSummary.model_validate(summary), Ending.of()))
     await pilot.pause()
     app.render_all()
     await pilot.pause()

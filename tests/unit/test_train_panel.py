@@ -9,7 +9,7 @@ from rich.console import Console
 
 from pictl.inventory import load_cluster
 from pictl.job_summaries import TrainSummary
-from pictl.tui.state import DashboardState
+from pictl.tui.state import DashboardState, Ending
 from pictl.tui.widgets.train_panel import train_grid
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +31,7 @@ def test_a_finished_job_over_a_compressed_link_shows_the_link_and_a_reported_los
                                        "max_rel_diff": 0.0391},
         "links": [{"link": "0->1", "cut": "blocks.2", "format": "lowrank:4", "forward_bytes_per_step": 98_304,
                    "backward_bytes_per_step": 98_304, "sender": {"avg_MBps": 4.97, "peak_MBps": 5.92},
-                   "receiver": {"avg_MBps": 3.1, "peak_MBps": 4.0}}]}), None)
+                   "receiver": {"avg_MBps": 3.1, "peak_MBps": 4.0}}]}), Ending.of())
     text = _text(state)
     assert "wire lowrank:4, activations recomputed, 2 loader worker(s)" in text
     assert "losses moved by the wire (max rel. diff 0.0391)" in text and "DIFFER" not in text

@@ -1,0 +1,45 @@
+"""The dashboard's state (no Textual): how a job's end is decided and shown, from the typed records it gets."""
+
+from __future__ import annotations
+
+from support.cli import ROOT
+
+from pictl import errors as E
+from pictl.inventory import load_cluster
+from pictl.summary_models import RunSummary
+from pictl.tui.state import DashboardState, Ending
+
+
+def _state() -> DashboardState:
+    state = DashboardState(load_cluster(ROOT / "hosts.toml"))
+    state.start_run({"stages": 2, "policy": "equal"}, now=0.0)  # ranks on the first two hosts until placed
+    return state
+
+
+def test_an_ending_is_decided_by_the_exceptions_type_not_its_text() -> None:
+    assert Ending.of(E.Interrupted("stopped by the user")).outcome == "stopped"
+    assert Ending.of(E.RunFailed("interrupted by a host that rebooted")).outcome == "failed"  # the word alone: no
+    assert Ending.of() == Ending("done") and Ending.of(failed="1 of 3 sweep run(s) failed").outcome == "failed"
+
+
+def test_a_failed_run_marks_its_failing_host_and_stops_the_others() -> None:
+    state = _state()
+    busy = [r.name for r in state.hosts.values() if r.ranks]
+    summary = RunSummary.model_validate({
+        "status": "failed", "run_id": "r", "stages": 2,
+        "error": {"type": "RunFailed", "message": "rank 1 died", "host": busy[1], "rank": 1, "last_lines": ["x"]}})
+    exc = E.RunFailed.on(busy[1], 1, "the pipeline", "rank 1 died", ["x"])
+    state.finish(summary, Ending.of(exc))
+    assert state.phase == "failed" and "rank 1 died" in state.phase_message and not state.running
+    assert state.failure is not None and (state.failure.host, state.failure.rank) == (busy[1], 1)
+    assert {r.name: r.activity for r in state.hosts.values() if r.ranks} == {busy[0]: "stopped", busy[1]: "failed"}
+    assert exc.where == {"host": busy[1], "rank": 1, "message": "rank 1 died", "last_lines": ["x"]}
+
+
+def test_a_finished_run_shows_its_own_throughput() -> None:
+    state = _state()
+    state.pipeline_ips = [3.0, 5.0]
+    assert state.live_ips == 4.0  # while it runs: the passes so far
+    state.finish(RunSummary.model_validate({"status": "ok", "run_id": "r", "stages": 2, "throughput_ips": 4.5}),
+                 Ending.of())
+    assert state.phase == "done" and state.live_ips == 4.5 and state.progress()[0] == 1.0
