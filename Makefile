@@ -38,4 +38,4 @@ test: setup system-deps
 	$(VENV)/bin/python -m pytest -q -rs --durations=20
 
 bench: setup
-	$(VENV)/bin/python bench/serial_vs_pipeline.py
+	$(VENV)/bin/python -m bench
