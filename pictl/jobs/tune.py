@@ -111,7 +111,15 @@ class Calibration:
     serial: float = 1.0
     pipeline: float = 1.0
     int8_gain: float | None = None
+    """int8's gain over fp32 on a host whose machine has none of its own in `int8_gains`."""
     machines: dict[str, tuple[str, float, float]] = field(default_factory=dict)
+    int8_gains: dict[str, float] = field(default_factory=dict)
+    """Host -> int8's gain measured on its machine (one serial run per machine: an ARM core gains less)."""
+
+    def int8_on(self, hosts: list[str]) -> float | None:
+        """int8's gain for a candidate on `hosts`: its least-gaining host's (the pipeline waits for it)."""
+        gains = [self.int8_gains.get(h, self.int8_gain) for h in hosts]
+        return None if not gains or None in gains else min(g for g in gains if g is not None)
 
     def crowding(self, hosts: list[str], threads: int) -> float:
         """The share of its CPU time the most crowded machine gives each of `hosts`' ranks (1: enough CPUs)."""
@@ -128,9 +136,10 @@ def predict(c: Candidate, cluster: Cluster, base: RunOptions, profiles: Profiles
             calibration: Calibration | None = None) -> float | None:
     """Predicted img/s of `c`, or None when nothing can be said (no int8 gain measured yet, no feasible split)."""
     cal = calibration or Calibration()
-    if c.numerics != "fp32" and not cal.int8_gain:
-        return None
     hosts = [n.host.name for n in place_stages(cluster, c.replicas * c.stages) for _ in n.ranks]
+    gain = cal.int8_on(hosts) if c.numerics != "fp32" else 1.0
+    if gain is None:
+        return None
     tables = [cost_table(hosts[r * c.stages:(r + 1) * c.stages], profiles,
                          wire_ratio=byte_ratio(parse_wire(c.wire).default)) for r in range(c.replicas)]
     try:
@@ -140,7 +149,7 @@ def predict(c: Candidate, cluster: Cluster, base: RunOptions, profiles: Profiles
     per_replica = -(-base.images // base.chunk) // c.replicas
     ips = base.images / ((per_replica + c.stages - 1) * step_s) * cal.serial * cal.crowding(hosts, base.threads or 1)
     ips *= cal.pipeline if c.stages > 1 else 1.0
-    return ips * (cal.int8_gain if c.numerics != "fp32" and cal.int8_gain else 1.0)
+    return ips * gain
 
 
 @dataclass
@@ -248,9 +257,12 @@ async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, o
 
     code: list[str] = []  # the digest of the tree the first run pushed: its profiles are keyed by it
 
-    async def measure(m: Measured, why: str) -> None:
+    async def measure(m: Measured, why: str, on: str | None = None) -> None:
+        """Run `m` (on the host `on` alone, when given) and judge it; a row of the table counts toward
+        --measure, a further machine's int8 serial run does not."""
         say(Phase("tune", f"measuring {m.candidate.label} ({why})"))
-        session = RunSession(cluster, m.candidate.options(base), on_event=on_event, runs_root=out / "runs",
+        hosts = cluster.model_copy(update={"hosts": tuple(h for h in cluster.hosts if h.name == on)}) if on else cluster
+        session = RunSession(hosts, m.candidate.options(base), on_event=on_event, runs_root=out / "runs",
                              baseline_cache=cache, wait=settings.wait)
         code[:] = code or [session.ctx.code]
         summary: RunSummary | None
@@ -267,11 +279,11 @@ async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, o
         except E.Interrupted:
             if session.last_summary:
                 judge(m, session.last_summary, settings.min_agreement)
-                measured.append(m)
+                measured.extend([m] if m in rows.values() else [])
             save("interrupted")
             raise
         judge(m, summary, settings.min_agreement)
-        measured.append(m)
+        measured.extend([m] if m in rows.values() else [])
         save("running")
         say(Phase("tune", f"{m.candidate.label}: {m.throughput_ips} img/s, "
                           + ("kept" if m.kept else f"not kept: {m.why}")))
@@ -279,18 +291,23 @@ async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, o
     # One stage per host (a single host: one per slot): `balanced` profiles every host it runs on.
     pipeline = Candidate(1, len(cluster.hosts) if len(cluster.hosts) > 1 else cluster.slots)
     await measure(rows.setdefault(pipeline, Measured(pipeline)), "the pipeline over every host; it profiles them")
-    gain = None
-    if settings.allow_loss:
-        serial8 = rows[Candidate(1, 1, numerics="int8-dynamic")]
-        await measure(serial8, "what int8 gains on one host")
-        gain = serial8.speedup_vs_fp32 if serial8.status == "ok" else None
+    gains: dict[str, float] = {}
+    if settings.allow_loss:  # one int8 serial run per machine: the table's row is the first machine's
+        serial8 = Candidate(1, 1, numerics="int8-dynamic")
+        for i, group in enumerate(by_machine(cluster, rows[pipeline].machines)):
+            m = rows[serial8] if i == 0 else Measured(serial8)
+            shared = f" (one machine with {', '.join(group[1:])})" if group[1:] else ""
+            await measure(m, f"what int8 gains on {group[0]}{shared}", on=group[0])
+            if m.status == "ok" and m.speedup_vs_fp32:
+                gains |= dict.fromkeys(group, m.speedup_vs_fp32)
+        meta["int8_gains"] = gains
     profiles = cached_profiles(cluster, base, (cache or BaselineCache()).root.parent, code[0])
     if profiles is None:
         raise E.RunFailed("tune: the hosts' cost profiles are not in the cache after the first run"
                           + ("" if rows[pipeline].status == "ok" else " (it failed: see its record)"))
-    calibration = calibrate(rows[pipeline], cluster, base, profiles, gain)
+    calibration = calibrate(rows[pipeline], cluster, base, profiles, gains)
     say(Phase("tune", f"cost model calibrated: serial x{calibration.serial:.2f}, pipelines x{calibration.pipeline:.2f}"
-                      + (f", int8 x{gain:.2f}" if gain else "")))
+                      + (f", int8 x{min(gains.values()):.2f}-{max(gains.values()):.2f}" if gains else "")))
     meta["calibration"] = asdict(calibration)
     for m in rows.values():
         m.predicted_ips = predict(m.candidate, cluster, base, profiles, calibration)
@@ -311,8 +328,20 @@ async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, o
     return ranked(list(rows.values()))
 
 
+def by_machine(cluster: Cluster, machines: dict[str, tuple[str, float, float]]) -> list[list[str]]:
+    """The cluster's hosts grouped by the machine they run on (the first run's boot ids; a host it did not
+    record is a machine of its own), in the inventory's order; all of them as one when it recorded none (it
+    failed: one int8 run stands for every host, as the tune cannot tell them apart)."""
+    if not machines:
+        return [[h.name for h in cluster.hosts]]
+    groups: dict[str, list[str]] = {}
+    for h in cluster.hosts:
+        groups.setdefault(machines.get(h.name, (f"host:{h.name}", 0.0, 0.0))[0], []).append(h.name)
+    return list(groups.values())
+
+
 def calibrate(first: Measured, cluster: Cluster, base: RunOptions, profiles: Profiles,
-              int8_gain: float | None) -> Calibration:
+              int8_gains: dict[str, float] | None = None) -> Calibration:
     """The model corrected by the first run: its serial run, and (when it is a pipeline) the pipeline itself."""
     raw_serial = predict(Candidate(1, 1), cluster, base, profiles)
     serial = first.serial_ips / raw_serial if first.serial_ips and raw_serial else 1.0
@@ -320,4 +349,4 @@ def calibrate(first: Measured, cluster: Cluster, base: RunOptions, profiles: Pro
     if first.candidate.stages > 1 and first.status == "ok" and first.throughput_ips:
         raw = predict(first.candidate, cluster, base, profiles, Calibration(serial, machines=first.machines))
         pipeline = first.throughput_ips / raw if raw else 1.0
-    return Calibration(round(serial, 4), round(pipeline, 4), int8_gain, dict(first.machines))
+    return Calibration(round(serial, 4), round(pipeline, 4), None, dict(first.machines), dict(int8_gains or {}))

@@ -11,7 +11,17 @@ import pytest
 from support.clusters import write_cluster
 
 from pictl.inventory import load_cluster
-from pictl.jobs.tune import Calibration, Candidate, Measured, calibrate, candidates, judge, predict, winner
+from pictl.jobs.tune import (
+    Calibration,
+    Candidate,
+    Measured,
+    by_machine,
+    calibrate,
+    candidates,
+    judge,
+    predict,
+    winner,
+)
 from pictl.jobs.tune_report import preset_text, save_preset, table
 from pictl.planning.costs import Profiles
 from pictl.planning.options import RunOptions
@@ -145,6 +155,27 @@ def test_hosts_on_one_machine_share_its_cpus_in_the_prediction(tmp_path: Path) -
     assert predict(Candidate(4, 1), cluster, base, profiles, capped) == pytest.approx(alone)
     row = judge_hosts({"h0": {"state": {"cpus": 2, "boot_id": "b", "cpu_quota": 0.4}}})
     assert row.machines == {"h0": ("b", 2.0, 0.4)} and "machines" not in row.row()
+
+
+def test_int8_is_measured_per_machine_and_a_candidate_gains_its_least_gaining_hosts(tmp_path: Path) -> None:
+    """Pis gain less from int8 than x86 cores: each machine's gain is its own, and a pipeline over a Pi and a
+    faster machine is held to the Pi's (its slowest stage sets the pace)."""
+    cluster = _cluster(tmp_path)
+    names = [h.name for h in cluster.hosts]
+    two = {names[0]: ("pi", 4.0, 4.0), names[1]: ("pi", 4.0, 4.0), names[2]: ("x86", 8.0, 8.0)}
+    assert by_machine(cluster, two) == [names[:2], [names[2]], [names[3]]]  # h3 unrecorded: its own machine
+    assert by_machine(cluster, {}) == [names]  # nothing recorded: one run stands for every host
+    cal = Calibration(int8_gains={names[0]: 1.3, names[1]: 1.3, names[2]: 2.4})
+    assert cal.int8_on(names[:2]) == 1.3 and cal.int8_on([names[2]]) == 2.4 and cal.int8_on(names[1:3]) == 1.3
+    assert cal.int8_on([names[3]]) is None  # no gain measured for its machine: no prediction
+    pieces = 4
+    profile = {"pieces": [f"p{i}" for i in range(pieces)], "compute_s": [0.025] * pieces,
+               "cut_bytes": [0.0] * pieces, "piece_bytes": [1.0] * pieces, "comm_s_per_byte": 0.0}
+    profiles = Profiles({h.name: profile for h in cluster.hosts}, [], [])
+    base = RunOptions(images=8, chunk=1, threads=1)
+    fp32 = predict(Candidate(1, 2), cluster, base, profiles, cal)
+    assert predict(Candidate(1, 2, numerics="int8-dynamic"), cluster, base, profiles, cal) == pytest.approx(1.3 * fp32)
+    assert predict(Candidate(1, 4, numerics="int8-dynamic"), cluster, base, profiles, cal) is None
 
 
 def judge_hosts(hosts: dict) -> Measured:
