@@ -34,8 +34,6 @@ class Phase:
 
     name: str
     message: str
-    serial_ips: float | None = None
-    """The serial baseline's img/s, when this step found it (a reused baseline sends no passes of its own)."""
 
 
 SERIAL_FP32 = "serial-fp32"
@@ -82,7 +80,27 @@ class Placed:
         return next(s.host for s in self.stages if rank in s.ranks)
 
 
-SessionEvent = Phase | HostOutput | RankEvent | Placed
+@dataclass(frozen=True)
+class SplitChosen:
+    """Where the run cuts the model, decided once (`equal`'s even cut is the plan's; `balanced`'s from the cost
+    model, with each stage's predicted ms per microbatch)."""
+
+    points: tuple[str, ...]
+    policy: str
+    predicted_ms: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class BaselineReady:
+    """The serial run the speedup divides by, measured now or reused from the cache (`age_s` old)."""
+
+    host: str
+    ips: float
+    reused: bool
+    age_s: float = 0.0
+
+
+SessionEvent = Phase | HostOutput | RankEvent | Placed | SplitChosen | BaselineReady
 EventSink = Callable[[SessionEvent], None]
 
 

@@ -58,8 +58,8 @@ class RunContext:
 
     # -- events and the record ----------------------------------------------------------------------
 
-    def phase(self, name: str, message: str, *, serial_ips: float | None = None) -> None:
-        self.sink(Phase(name, message, serial_ips))
+    def phase(self, name: str, message: str) -> None:
+        self.sink(Phase(name, message))
 
     def event(self, source: str, line: str) -> None:
         """Keep a telemetry line (before the record exists, until it does: the plan may come first)."""

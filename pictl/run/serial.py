@@ -20,7 +20,7 @@ from pictl.cluster.commands import module_argv, supervised, worker_env
 from pictl.cluster.hoststate import HostFacts
 from pictl.cluster.jobs import HostJob
 from pictl.cluster.stream import ProcessStream
-from pictl.events import SERIAL_FP32, Rejected, command_outcome
+from pictl.events import SERIAL_FP32, BaselineReady, Rejected, SplitChosen, command_outcome
 from pictl.inventory import Host
 from pictl.planning.specs import plan_key, plans_cache
 from pictl.records.cache import JsonCache
@@ -52,6 +52,11 @@ class Serial:
 async def plan_and_baseline(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSpec, staged: Staged,
                             ) -> Serial:
     own = await _plan_and_own_baseline(ctx, job, placement, spec, staged)
+    base = own.baseline
+    ctx.sink(BaselineReady(placement.first.host.name, base.ips, base.reused,
+                           max(0.0, time.time() - base.measured_at) if base.reused else 0.0))
+    if spec.stages > 1 and ctx.options.policy != "balanced":  # `balanced` announced its split as it chose it
+        ctx.sink(SplitChosen(tuple(own.plan.get("split_points") or spec.split_points), ctx.options.policy))
     return replace(own, fp32=await _fp32(ctx, job, placement, spec, staged))
 
 
@@ -70,7 +75,7 @@ async def _plan_and_own_baseline(ctx: RunContext, job: HostJob, placement: Place
         _open_record(ctx, placement, spec, plan)
         if cached:
             ctx.phase("baseline", f"serial baseline reused: {cached.ips:.2f} img/s on {host.name}, measured "
-                                  f"{age_text(time.time() - cached.measured_at)} ago", serial_ips=cached.ips)
+                                  f"{age_text(time.time() - cached.measured_at)} ago")
             return Serial(plan, reused is not None, cached, refused)
         measured = await _measure(ctx, job, placement, spec, staged, fields, refused)
         return Serial(plan, reused is not None, measured, refused)

@@ -12,6 +12,7 @@ from typing import Any
 
 from pictl import errors as E
 from pictl.cluster.jobs import HostJob
+from pictl.events import SplitChosen
 from pictl.planning.costs import cost_table, host_profiles, keep_corrections, link_profiles
 from pictl.run.context import RunContext
 from pictl.run.placement import Placement
@@ -80,6 +81,7 @@ async def choose_split(ctx: RunContext, job: HostJob, placement: Placement, spec
               + " / ".join(f"{ms:.1f}" for ms in prediction["stage_ms"]) + " ms per microbatch"
               + f" ({source}" + (f"; corrected by earlier runs: {', '.join(corrected)}" if corrected else "")
               + ")" + ("; refined during the run" if o.refine else ""))
+    ctx.sink(SplitChosen(tuple(chosen.split_points), "balanced", tuple(prediction["stage_ms"])))
     return SplitChoice(chosen, prediction)
 
 

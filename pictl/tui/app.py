@@ -30,12 +30,12 @@ from pictl.run.session import RunSession
 from pictl.tui.bridge import SessionBridge
 from pictl.tui.jobs import JobsApp
 from pictl.tui.messages import (
+    Decided,
     HostHealth,
     LogLine,
     PhaseChanged,
     RankRecord,
     RunFinished,
-    StagesPlaced,
     SweepRows,
     SweepRunStarted,
     TracesGrabbed,
@@ -151,12 +151,12 @@ class PictlApp(JobsApp):
     # -- service messages --------------------------------------------------------------------------
 
     def on_phase_changed(self, msg: PhaseChanged) -> None:
-        self.state.on_phase(msg.name, msg.text, self.clock(), serial_ips=msg.serial_ips)
+        self.state.on_phase(msg.name, msg.text, self.clock())
         self.query_one(LogView).add("pictl", "", "stdout", f"{msg.name}: {msg.text}")
         self._dirty.update({"hosts", "summary"})
 
-    def on_stages_placed(self, msg: StagesPlaced) -> None:
-        self.state.on_placed(msg.placed)
+    def on_decided(self, msg: Decided) -> None:
+        self.state.on_decided(msg.decision)
         self._dirty.update({"hosts", "stages", "summary"})
 
     def on_rank_record(self, msg: RankRecord) -> None:

@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 from textual.message import Message
 
-from pictl.events import SERIAL_FP32, HostOutput, Phase, Placed, RankEvent, SessionEvent
-from pictl.tui.messages import LogLine, PhaseChanged, RankRecord, StagesPlaced
+from pictl.events import SERIAL_FP32, BaselineReady, HostOutput, Phase, Placed, RankEvent, SessionEvent, SplitChosen
+from pictl.tui.messages import Decided, LogLine, PhaseChanged, RankRecord
 from remote.job_records import PruneAccuracy, PruneDone
 from remote.records import Record
 from remote.run_records import Error, Progress, Recut, StageMoved, StageReady, Throughput, Trace
@@ -56,7 +56,7 @@ class SessionBridge:
 
     def __call__(self, event: SessionEvent) -> None:
         if isinstance(event, Phase):
-            self.post(PhaseChanged(event.name, event.message, event.serial_ips))
+            self.post(PhaseChanged(event.name, event.message))
         elif isinstance(event, RankEvent):
             rec = event.record
             if isinstance(rec, Progress) and event.source not in ("serial", SERIAL_FP32):
@@ -66,7 +66,7 @@ class SessionBridge:
             if (text := _as_log(rec)) is not None:
                 who = event.source if event.source in ("serial", SERIAL_FP32, "prune") else f"rank{rec.rank}"
                 self.post(LogLine(who, event.host, "stderr" if isinstance(rec, Error) else "stdout", text))
-        elif isinstance(event, Placed):
-            self.post(StagesPlaced(event))
+        elif isinstance(event, Placed | SplitChosen | BaselineReady):
+            self.post(Decided(event))
         elif isinstance(event, HostOutput):
             self.post(LogLine(event.source, event.host, event.stream, event.line))

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from textual.message import Message
 
 from pictl.cluster.monitor import HostSample
-from pictl.events import Placed
+from pictl.events import BaselineReady, Placed, SplitChosen
 from pictl.job_summaries import PruneSummary, TrainSummary
 from pictl.summary_models import RunSummary, TraceRecord
 from pictl.tui.state import Ending
@@ -16,21 +16,24 @@ from remote.records import Record
 if TYPE_CHECKING:
     from pictl.run.session import RunSession
 
+Decision = Placed | SplitChosen | BaselineReady
+
 
 class PhaseChanged(Message):
     """The run moved to a new step."""
 
-    def __init__(self, name: str, text: str, serial_ips: float | None = None) -> None:
+    def __init__(self, name: str, text: str) -> None:
         super().__init__()
-        self.name, self.text, self.serial_ips = name, text, serial_ips
+        self.name, self.text = name, text
 
 
-class StagesPlaced(Message):
-    """Where the run's stages went (the fastest hosts under `balanced`, slots, threads)."""
+class Decided(Message):
+    """The session decided something once and announced it: where the stages went (`Placed`), where the
+    model is cut (`SplitChosen`), the serial run the speedup divides by (`BaselineReady`)."""
 
-    def __init__(self, placed: Placed) -> None:
+    def __init__(self, decision: Decision) -> None:
         super().__init__()
-        self.placed = placed
+        self.decision = decision
 
 
 class RankRecord(Message):

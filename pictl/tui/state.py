@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pictl import errors as E
 from pictl.cluster.monitor import HostSample
-from pictl.events import SERIAL_FP32, Placed
+from pictl.events import SERIAL_FP32, BaselineReady, Placed, SplitChosen
 from pictl.inventory import Cluster
 from pictl.job_summaries import PruneSummary, TrainSummary
 from pictl.planning.placement import place_stages
@@ -121,6 +121,8 @@ class DashboardState:
         self.phase_since: float | None = None
         self.run_dir: str | None = None  # where this run's record goes (known from its start)
         self.serial_reused = False
+        self.split_points: list[str] = []
+        """Where the run cuts the model, once the session announced it (`SplitChosen`)."""
 
     # -- run lifecycle ----------------------------------------------------------------------------
 
@@ -155,7 +157,7 @@ class DashboardState:
         self.train = None
         self.running, self.summary, self.ending, self.failure = True, None, None, None
         self.serial_ips, self.pipeline_ips, self.accuracy, self.traces, self.trace_note = None, [], None, [], None
-        self.refine, self.run_dir, self.serial_reused = [], None, False
+        self.refine, self.run_dir, self.serial_reused, self.split_points = [], None, False, []
         self.started_at, self.pipeline_started_at = now or time.time(), None
         self.phase, self.phase_message = "connect", "connecting"
         self.phase_since = self.started_at
@@ -188,11 +190,19 @@ class DashboardState:
     def _busy_hosts(self) -> list[HostRow]:
         return [r for r in self.hosts.values() if r.ranks]
 
-    def on_phase(self, name: str, message: str, now: float | None = None, *, serial_ips: float | None = None) -> None:
+    def on_decided(self, decision: Placed | SplitChosen | BaselineReady) -> None:
+        """What the session decided once (never worked out again here)."""
+        match decision:
+            case Placed():
+                self.on_placed(decision)
+            case SplitChosen():
+                self.split_points = list(decision.points)
+            case BaselineReady():
+                self.serial_ips, self.serial_reused = decision.ips, decision.reused
+
+    def on_phase(self, name: str, message: str, now: float | None = None) -> None:
         self.phase, self.phase_message = name, message
         self.phase_since = now or time.time()
-        if serial_ips is not None:
-            self.serial_ips, self.serial_reused = serial_ips, True
         activity = _PHASE_ACTIVITY.get(name)
         busy = self._busy_hosts()
         if name in ("plan", "baseline") and busy:

@@ -140,7 +140,7 @@ async def test_fewer_stages_than_hosts_take_the_fastest_connecting_and_pushing_o
     import pictl.cluster.jobs
     import pictl.run.context
     from pictl.cluster.transport.base import Transport
-    from pictl.events import Phase, Placed
+    from pictl.events import BaselineReady, Phase, Placed, SplitChosen
     from pictl.planning.options import RunOptions
     from pictl.run.session import RunSession
     from pictl.tui.state import DashboardState
@@ -173,10 +173,13 @@ async def test_fewer_stages_than_hosts_take_the_fastest_connecting_and_pushing_o
     placed: list[Placed] = []
     phases: list[str] = []
 
+    decided: list[SplitChosen | BaselineReady] = []
+
     def on_event(event: object) -> None:
-        if isinstance(event, Placed):
-            placed.append(event)
-            dashboard.on_placed(event)
+        if isinstance(event, Placed | SplitChosen | BaselineReady):
+            placed.extend([event] if isinstance(event, Placed) else [])
+            decided.extend([] if isinstance(event, Placed) else [event])
+            dashboard.on_decided(event)
         elif isinstance(event, Phase):
             phases.append(event.message)
 
@@ -191,6 +194,13 @@ async def test_fewer_stages_than_hosts_take_the_fastest_connecting_and_pushing_o
     assert len(placed) == 1 and [p.host for p in placed[0].stages] == ["h0", "h2"]
     assert {r: v.host for r, v in dashboard.stages.items()} == {0: "h0", 1: "h2"}
     assert dashboard.hosts["h1"].ranks == [] and dashboard.hosts["h2"].ranks == [1]
+    # The split and the baseline announced once each, as the summary has them (the split before the timed
+    # passes: refinement may move it after).
+    split = next(d for d in decided if isinstance(d, SplitChosen))
+    assert split.policy == "balanced" and len(split.points) == 1 and len(split.predicted_ms) == 2
+    base = [d for d in decided if isinstance(d, BaselineReady)]
+    assert len(base) == 1 and base[0].ips == s.serial_ips and base[0].host == "h0"
+    assert dashboard.serial_ips == s.serial_ips and dashboard.split_points == list(split.points)
 
 
 def test_a_host_slowed_mid_run_moves_the_cut_and_noise_alone_never_does(deit_costs: dict, tmp_path,

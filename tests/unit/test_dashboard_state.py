@@ -5,6 +5,7 @@ from __future__ import annotations
 from support.cli import ROOT
 
 from pictl import errors as E
+from pictl.events import BaselineReady, SplitChosen
 from pictl.inventory import load_cluster
 from pictl.summary_models import RunSummary
 from pictl.tui.state import DashboardState, Ending
@@ -43,3 +44,14 @@ def test_a_finished_run_shows_its_own_throughput() -> None:
     state.finish(RunSummary.model_validate({"status": "ok", "run_id": "r", "stages": 2, "throughput_ips": 4.5}),
                  Ending.of())
     assert state.phase == "done" and state.live_ips == 4.5 and state.progress()[0] == 1.0
+
+
+def test_decisions_are_taken_as_announced() -> None:
+    """The split and the baseline come as the session's own events: the panel shows them while the run goes on,
+    never worked out again here."""
+    state = _state()
+    state.on_decided(SplitChosen(("blocks.6",), "equal"))
+    state.on_decided(BaselineReady("h0", 3.45, reused=True, age_s=60.0))
+    assert state.split_points == ["blocks.6"] and (state.serial_ips, state.serial_reused) == (3.45, True)
+    state.start_run({"stages": 2}, now=1.0)  # the next run starts with nothing decided
+    assert state.split_points == [] and state.serial_ips is None

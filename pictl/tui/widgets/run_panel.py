@@ -125,7 +125,7 @@ class RunPanel(Static):
                id(state.summary), len(state.traces), state.trace_note, round(done, 3),
                None if eta is None else round(eta), state.options.get("stages"), sweep.get("index"),
                len(sweep.get("rows", [])), len(state.refine), phase_line, int(now * 4) if waiting else None,
-               state.run_dir)
+               state.run_dir, tuple(state.split_points))
         if key == self._shown:
             return
         self._shown = key
@@ -196,7 +196,7 @@ class RunPanel(Static):
         accuracy = s.accuracy if s else state.accuracy
         grid.add_row("accuracy", "n/a" if accuracy is None else f"{accuracy:.2%}")
         if stages:
-            split = ", ".join(s.split_points if s else []) or state.options.get("policy", "-")
+            split = ", ".join(s.split_points if s else state.split_points) or state.options.get("policy", "-")
             grid.add_row("stages", f"{stages} ({split})")
         if state.refine:  # `balanced` measuring a split and correcting itself: the latest step
             grid.add_row("refine", refine_text(state.refine[-1]))
