@@ -28,6 +28,7 @@ from pictl.cli.common import (
 )
 from pictl.records import catalog
 from pictl.records import waterfall_view as wv
+from pictl.records.run_details import run_details
 
 runs_app = typer.Typer(help="Past runs: list (filter, sort), show one, compare several, export as CSV.",
                        context_settings={"help_option_names": ["-h", "--help"]})
@@ -99,7 +100,7 @@ def show(
     if as_json:
         typer.echo(catalog.json_text(catalog.as_written(found)))
         return
-    wide_console().print(catalog.run_details(found))
+    wide_console().print(run_details(found))
 
 
 @runs_app.command()

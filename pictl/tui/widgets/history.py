@@ -17,7 +17,8 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
 from pictl import errors as E
-from pictl.records.catalog import SORT_KEYS, FoundRun, RunFilter, load_runs, row, run_details, to_csv
+from pictl.records.catalog import SORT_KEYS, FoundRun, RunFilter, load_runs, row, to_csv
+from pictl.records.run_details import run_details
 from pictl.text import markup_safe, printable
 
 COLUMNS = (("run", "run_id"), ("status", "status"), ("stages", "stages"), ("policy", "policy"),

@@ -1,0 +1,80 @@
+"""One run on a terminal: `pictl runs show` and the dashboard's history pane, as label/value lines.
+
+The record's strings reach the terminal only through `pictl.text` (no control characters, no Rich markup,
+at most `CELL_LIMIT` characters a value).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+
+from pictl.records import waterfall_view as wv
+from pictl.records.catalog import CELL_LIMIT, FoundRun, PendingRun
+from pictl.summary import baseline_text, terminal_text
+from pictl.summary_models import RunSummary
+
+__all__ = ["fmt", "run_details"]
+
+
+def fmt(value: Any, spec: str = ".2f") -> str:
+    if value is None:
+        return "-"
+    try:
+        return format(value, spec)
+    except (TypeError, ValueError):
+        return terminal_text(value, 60)
+
+
+def _cell(value: Any, style: str = "") -> Text:
+    """A record's value as a cell: never read as Rich markup, no control characters, not megabytes long."""
+    return Text("-" if value is None else terminal_text(value, CELL_LIMIT), style=style)
+
+
+def _one_line(text: Any) -> str:
+    """A message that may span lines (an error's text) on one line."""
+    return " / ".join(str(text).splitlines())
+
+
+def _outputs(s: RunSummary) -> str:
+    if not (s.wire and s.wire.lossy):
+        return str(s.outputs_match)
+    return f"{s.outputs_match} (lossy wire {s.wire.format}: top-1 agreement {fmt(s.agreement, '.2%')})"
+
+
+def run_details(found: FoundRun) -> Table:
+    """One run as label/value lines (`read_run`'s record): `pictl runs show` and the dashboard's history."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    if isinstance(found, PendingRun):
+        for key, text in found.record().items():
+            grid.add_row({"run_id": "run", "run_dir": "directory"}.get(key, key), _cell(text))
+        return grid
+    s = found
+    lines: tuple[tuple[str, object], ...] = (
+        ("run", s.run_id), ("status", s.status), ("directory", s.run_dir), ("model", s.model), ("stages", s.stages),
+        ("split", ", ".join(s.split_points) or "-"), ("policy", s.policy),
+        ("pipeline", f"{fmt(s.throughput_ips)} img/s"), ("serial", f"{fmt(s.serial_ips)} img/s{baseline_text(s)}"),
+        ("speedup", f"{fmt(s.speedup)}x"), ("outputs match", _outputs(s)), ("accuracy", s.accuracy))
+    for label, value in lines:
+        grid.add_row(label, _cell(value))
+    wv.add_latency_rows(grid, s)
+    if s.error:
+        grid.add_row(Text("error", style="red"), _cell(_one_line(s.error.message), style="red"))
+    for i, flag in enumerate(s.flags):
+        grid.add_row(Text("flags" if i == 0 else "", style="bold yellow"),
+                     _cell(f"{flag.code}: {_one_line(flag.message)}", style="yellow"))
+    for st in s.per_stage:
+        grid.add_row(_cell(f"stage {st.rank}"), _cell(f"{st.host}  compute {fmt(st.compute_s)}s  "
+                                                      f"wait {fmt(st.wait_s)}s  send {fmt(st.send_s)}s"))
+    for grab in s.traces:
+        grid.add_row("traces", _cell(grab.timeline or grab.directory))
+        for rank, share in sorted(grab.per_rank.items()):
+            grid.add_row("", _cell(f"rank {rank}: compute {fmt(share.compute_pct, '.0f')}%  "
+                                   f"send {fmt(share.send_pct, '.0f')}%  recv-wait {fmt(share.recv_wait_pct, '.0f')}%  "
+                                   f"idle {fmt(share.idle_pct, '.0f')}%"))
+    wv.add_gap_rows(grid, s)  # last: the longest part, and the history pane shows the rows above it first
+    return grid
