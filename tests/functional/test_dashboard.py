@@ -107,12 +107,12 @@ async def test_run_from_the_form_live_panels_traces_and_history(tmp_path: Path, 
         # The throughput sparkline gained a point at each progress draw (once a second) while the run went on.
         assert len(app.query_one("#stage-1", StagePanel).query_one(Sparkline).data) > 1
         s = app.state.summary
-        assert app.state.phase == "done" and s["status"] == "ok" and s["outputs_match"] is True
+        assert app.state.phase == "done" and s is not None and s.status == "ok" and s.outputs_match is True
         assert "match" in _screen_text(app)
         grab = app.state.traces[0]
-        assert sorted(grab["files"]) == ["0", "1"] and not grab["missing"]
-        assert all(Path(f).exists() for f in grab["files"].values()) and Path(grab["timeline"]).exists()
-        assert s["traced_passes"] >= 1
+        assert sorted(grab.files) == ["0", "1"] and not grab.missing
+        assert all(Path(f).exists() for f in grab.files.values()) and Path(grab.timeline or "").exists()
+        assert (s.traced_passes or 0) >= 1
         await pilot.pause(0.5)
         assert "rank 1: compute" in _screen_text(app)  # the per-rank breakdown from the traces
         await pilot.press("h")
@@ -127,7 +127,7 @@ async def test_run_from_the_form_live_panels_traces_and_history(tmp_path: Path, 
         except AssertionError:
             raise AssertionError(f"the details pane holds:\n{_detail_text(app)}") from None
         detail = _detail_text(app)
-        assert s["run_id"] in detail and "traces" in detail and "rank 0: compute" in detail
+        assert s.run_id in detail and "traces" in detail and "rank 0: compute" in detail
         await pilot.press("escape")
         assert not isinstance(app.screen, HistoryScreen)
 
@@ -151,7 +151,7 @@ async def test_stop_and_quit_ask_first_and_leave_nothing_running(tmp_path: Path,
         await pilot.press("y")
         await _until(pilot, lambda: not app.state.running, timeout=60)
         assert app.state.phase == "stopped"
-        assert app.state.summary["status"] == "interrupted"
+        assert app.state.summary is not None and app.state.summary.status == "interrupted"
         assert not processes_under(tmp_path / "cluster")
         assert str(app.query_one("#hosts", DataTable).get_cell("h1", "activity")) == "stopped"
 
@@ -286,11 +286,11 @@ async def test_a_pruning_job_from_the_dashboard(tmp_path: Path) -> None:
         await _until(pilot, lambda: not app.state.running, timeout=120)
         await pilot.pause(0.6)
         summary = app.state.prune.summary
-        assert summary and summary["status"] == "ok", app.state.phase_message
+        assert summary and summary.status == "ok", app.state.phase_message
         screen = _screen_text(app)
         assert "top-1 epoch 1" in screen and "result top-1" in screen, screen
-        assert Path(summary["artifact"]).is_file()
-        assert str(tmp_path / "prunes") in summary["artifact"]
+        assert Path(summary.artifact or "").is_file()
+        assert str(tmp_path / "prunes") in (summary.artifact or "")
 
 
 async def test_history_sorts_filters_compares_and_exports(tmp_path: Path) -> None:

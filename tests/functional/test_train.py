@@ -380,10 +380,11 @@ async def test_a_training_job_from_the_dashboard(shared, tmp_path: Path, monkeyp
             await pilot.pause(0.2)
         await pilot.pause(0.6)
         done = app.state.train.summary
-        assert done and done["status"] == "ok" and done["agreement"]["passed"], app.state.phase_message
+        assert done and done.status == "ok" and done.agreement and done.agreement.passed, app.state.phase_message
+        assert done.checkpoint is not None
         screen = _screen(app)
-        assert "losses agree" in screen and done["checkpoint"]["path"][:40] in screen, screen
-        assert str(tmp_path / "trains") in done["job_dir"]
+        assert "losses agree" in screen and done.checkpoint.path[:40] in screen, screen
+        assert str(tmp_path / "trains") in (done.job_dir or "")
 
 
 def _screen(app) -> str:  # noqa: ANN001
