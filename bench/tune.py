@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -92,7 +93,10 @@ def main() -> int:
               "--budget", str(args.budget)]
     lossy = ["--images", str(args.images)]
     if args.trained:
-        model, data, held_out = trained_deit({**env, "PICTL_BENCH_CWD": str(ROOT)}, args.epochs, args.lr)
+        model, cached, held_out = trained_deit({**env, "PICTL_BENCH_CWD": str(ROOT)}, args.epochs, args.lr)
+        # The SSH hosts are logins of their own: they read the images where anyone may, not in root's cache.
+        work.chmod(0o755)
+        data = Path(shutil.copytree(cached, work / "held-out"))
         lossy = ["--model", model, "--data", "imagefolder", "--data-path", str(data),
                  "--images", str(held_out - held_out % 4)]  # dealt evenly among up to 4 replicas
     with cluster(args.cluster, 4, cpu=args.cpu) as inventory:
