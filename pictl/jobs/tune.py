@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pictl import errors as E
+from pictl.cluster.artifacts import Artifact
 from pictl.cluster.hoststate import capacity
 from pictl.events import EventSink, Phase
 from pictl.inventory import Cluster
@@ -85,13 +86,15 @@ def candidates(cluster: Cluster, base: RunOptions, *, allow_loss: bool) -> list[
     return out
 
 
-def cached_profiles(cluster: Cluster, base: RunOptions, cache_root: Path, code: str) -> Profiles | None:
+def cached_profiles(cluster: Cluster, base: RunOptions, cache_root: Path, code: str,
+                    artifact: Artifact | None = None) -> Profiles | None:
     """The hosts' cost profiles from the cache the runs fill (None while any host has none); `code`: the digest
-    of the tree the runs pushed."""
+    of the tree the runs pushed, `artifact`: the model file they ran (its digest keys the profiles too)."""
     costs = JsonCache(cache_root / "costs")
     by_host = {}
     for host in cluster.hosts:
-        found = costs.get(profile_key(host, base.model, base.num_classes, base.chunk, base.threads or 1, code=code))
+        found = costs.get(profile_key(host, base.model, base.num_classes, base.chunk, base.threads or 1, code=code,
+                                      artifact=artifact))
         if not isinstance(found, dict) or not found.get("compute_s"):
             return None
         by_host[host.name] = found
@@ -255,7 +258,7 @@ async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, o
         if on_rows:
             on_rows(list(measured))
 
-    code: list[str] = []  # the digest of the tree the first run pushed: its profiles are keyed by it
+    first: list[RunSession] = []  # its tree's digest and its model file key the profiles it measured
 
     async def measure(m: Measured, why: str, on: str | None = None) -> None:
         """Run `m` (on the host `on` alone, when given) and judge it; a row of the table counts toward
@@ -264,7 +267,7 @@ async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, o
         hosts = cluster.model_copy(update={"hosts": tuple(h for h in cluster.hosts if h.name == on)}) if on else cluster
         session = RunSession(hosts, m.candidate.options(base), on_event=on_event, runs_root=out / "runs",
                              baseline_cache=cache, wait=settings.wait)
-        code[:] = code or [session.ctx.code]
+        first[:] = first or [session]
         summary: RunSummary | None
         try:
             summary = await session.run()
@@ -301,7 +304,8 @@ async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, o
             if m.status == "ok" and m.speedup_vs_fp32:
                 gains |= dict.fromkeys(group, m.speedup_vs_fp32)
         meta["int8_gains"] = gains
-    profiles = cached_profiles(cluster, base, (cache or BaselineCache()).root.parent, code[0])
+    profiles = cached_profiles(cluster, base, (cache or BaselineCache()).root.parent, first[0].ctx.code,
+                               first[0].ctx.artifact)
     if profiles is None:
         raise E.RunFailed("tune: the hosts' cost profiles are not in the cache after the first run"
                           + ("" if rows[pipeline].status == "ok" else " (it failed: see its record)"))
