@@ -79,7 +79,7 @@ def main() -> int:
     ap.add_argument("--allow-loss", action="store_true")
     ap.add_argument("--exact", action=argparse.BooleanOptionalAction, default=True, help="run the exact tune")
     ap.add_argument("--trained", action="store_true", help="tune a DeiT-S trained on digits (lossy tune)")
-    ap.add_argument("--epochs", type=int, default=6)
+    ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--lossy-repeats", type=int, default=1)
     ap.add_argument("--save", default=None)
