@@ -2,7 +2,7 @@
 --allow-loss the best within a top-1 agreement bound, each against the fp32 serial run measured in the same tune.
 
     sudo .venv/bin/python -m bench.tune [--cluster ssh] [--cpu 0.4] [--images 96] [--repeats 2] [--measure 4]
-                                        [--allow-loss] [--trained] [--epochs 2] [--quick]
+                                        [--allow-loss] [--trained] [--epochs 8] [--quick]
 
 DeiT-S, chunk 1 (the lab's protocol). The exact tune runs seeded random weights on `--images` synthetic
 images (outputs are checked bit for bit, so the weights do not matter there). `--trained` first trains a
