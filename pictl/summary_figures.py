@@ -46,6 +46,8 @@ class NumericsFigures(Open):
     """The serial run in these numerics: what `speedup` and the output check compare with."""
     fp32_serial_ips: float | None = None
     fp32_serial_reused: bool | None = None
+    fp32_serial_accuracy: float | None = None
+    """The fp32 serial run's top-1 on labelled images (None without labels)."""
     numerics_gain: float | None = None
     """Serial in these numerics over serial in fp32: the numerics alone, on one host."""
     speedup_vs_fp32: float | None = None

@@ -167,6 +167,9 @@ class Measured:
     speedup_vs_fp32: float | None = None
     """Against the fp32 serial run: numerics and parallelism together."""
     agreement_vs_fp32: float | None = None
+    accuracy: float | None = None
+    """Top-1 on labelled images, and the fp32 serial run's (None without labels)."""
+    fp32_accuracy: float | None = None
     latency_p50_ms: float | None = None
     machines: dict[str, tuple[str, float, float]] = field(default_factory=dict)
     """The run's hosts: [machine (boot id), its CPUs, the host's cap] (`Calibration.machines`)."""
@@ -191,12 +194,13 @@ def judge(m: Measured, summary: RunSummary | None, min_agreement: float) -> None
     s, n = summary, summary.numerics
     m.run_id, m.status = s.run_id, s.status
     m.throughput_ips, m.split_points = s.throughput_ips, list(s.split_points)
+    m.accuracy = s.accuracy
     if c.numerics != "fp32":
         m.speedup_vs_fp32 = n.speedup_vs_fp32 if n else None
         m.agreement_vs_fp32 = n.agreement_vs_fp32 if n else None
-        m.serial_ips = n.fp32_serial_ips if n else None
+        m.serial_ips, m.fp32_accuracy = (n.fp32_serial_ips, n.fp32_serial_accuracy) if n else (None, None)
     else:
-        m.speedup_vs_fp32, m.serial_ips = s.speedup, s.serial_ips
+        m.speedup_vs_fp32, m.serial_ips, m.fp32_accuracy = s.speedup, s.serial_ips, s.serial_accuracy
         m.agreement_vs_fp32 = s.agreement if c.lossy else 1.0 if s.outputs_match else None
     pipeline = s.latency.pipeline if s.latency else None
     m.latency_p50_ms = pipeline.p50_ms if pipeline else None
@@ -208,6 +212,10 @@ def judge(m: Measured, summary: RunSummary | None, min_agreement: float) -> None
         m.kept, m.why = False, "its run failed" if m.status != "ok" else "outputs differ from the serial run"
     elif c.lossy and (m.agreement_vs_fp32 is None or m.agreement_vs_fp32 < min_agreement):
         m.kept, m.why = False, f"top-1 agreement with fp32 {m.agreement_vs_fp32} is below {min_agreement}"
+    elif c.lossy and m.accuracy is not None and m.fp32_accuracy and m.accuracy < min_agreement * m.fp32_accuracy:
+        # With labels, the accuracy is bounded too: it keeps at least that share of the fp32 serial run's.
+        m.kept, m.why = False, (f"accuracy {m.accuracy} keeps less than {min_agreement} of the fp32 serial run's "
+                                f"{m.fp32_accuracy}")
     else:
         m.kept, m.why = True, "bit-identical" if not c.lossy else f"agreement {m.agreement_vs_fp32} >= {min_agreement}"
 

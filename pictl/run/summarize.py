@@ -121,6 +121,7 @@ def numerics_summary(ctx: RunContext, serial: Serial | None, ips: float | None) 
             "serial_ips": round(same.ips, 4) if same else None,
             "fp32_serial_ips": round(fp32.ips, 4) if fp32 else None,
             "fp32_serial_reused": fp32.reused if fp32 else None,
+            "fp32_serial_accuracy": fp32.top1 if fp32 else None,
             "numerics_gain": _ratio(same.ips if same else None, fp32.ips if fp32 else None),
             "speedup_vs_fp32": _ratio(ips, fp32.ips if fp32 else None),
             "agreement_vs_fp32": round(agreed[0], 6) if agreed else None,

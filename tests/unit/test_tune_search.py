@@ -89,6 +89,13 @@ def test_a_lossy_candidate_below_the_bound_never_wins() -> None:
     good_lossy = Measured(Candidate(2, 2, wire="fp16"))
     judge(good_lossy, _summary(40.0, agreement=0.995), 0.99)
     assert winner([exact, fast_lossy, good_lossy]) is good_lossy
+    # With labels, a lossy candidate must also keep the bound's share of the fp32 serial run's accuracy.
+    drops = Measured(Candidate(2, 2, wire="int8"))
+    judge(drops, _summary(90.0, agreement=0.995, accuracy=0.60, serial_accuracy=0.63), 0.99)
+    assert not drops.kept and "accuracy 0.6 keeps less than 0.99 of the fp32 serial run's 0.63" in drops.why
+    holds = Measured(Candidate(2, 2, wire="int8"))
+    judge(holds, _summary(45.0, agreement=0.995, accuracy=0.628, serial_accuracy=0.628), 0.99)
+    assert holds.kept and holds.row()["accuracy"] == 0.628 and winner([exact, drops, holds]) is holds
     failed = Measured(Candidate(1, 4))
     judge(failed, _summary(99.0, status="failed"), 0.99)
     gone = Measured(Candidate(2, 2))
