@@ -273,8 +273,7 @@ def print_summary(summary: RunSummary, *, as_json: bool) -> None:
             err.print(line, markup=False, highlight=False, soft_wrap=True)
         for line in flag_lines(summary):
             err.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
-        # As written to summary.json: the keys the run wrote, none a default adds.
-        sys.stdout.write(json.dumps(summary.model_dump(mode="python", by_alias=True, exclude_unset=True)) + "\n")
+        sys.stdout.write(json.dumps(summary.written()) + "\n")
         sys.stdout.flush()
     else:
         out = result_console()
@@ -313,8 +312,7 @@ def print_prune_summary(summary: PruneSummary, *, as_json: bool) -> None:
     if summary.status == "ok":
         result_console(stderr=as_json).print(prune_table(summary))
     if as_json:
-        # As written to summary.json: the keys the job wrote, none a default adds.
-        sys.stdout.write(json.dumps(summary.model_dump(mode="python", by_alias=True, exclude_unset=True)) + "\n")
+        sys.stdout.write(json.dumps(summary.written()) + "\n")
         sys.stdout.flush()
     elif summary.artifact:
         print(f"artifact: {summary.artifact}  (pictl run --model {summary.artifact})")

@@ -131,6 +131,5 @@ def print_train_summary(summary: TrainSummary, *, as_json: bool) -> None:
     if summary.waterfall:
         out.print("why not every rank busy: " + train_waterfall_line(summary.waterfall), markup=False)
     if as_json:
-        # As written to summary.json: the keys the job wrote, none a default adds.
-        sys.stdout.write(json.dumps(summary.model_dump(mode="python", by_alias=True, exclude_unset=True)) + "\n")
+        sys.stdout.write(json.dumps(summary.written()) + "\n")
         sys.stdout.flush()

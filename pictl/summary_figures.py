@@ -4,6 +4,8 @@ waterfall. Like every summary model, each lets through keys it does not name (`O
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict
 
 
@@ -11,6 +13,10 @@ class Open(BaseModel):
     """A record pictl wrote: its fields typed, keys a newer pictl adds let through."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    def written(self) -> dict[str, Any]:
+        """The record as it was written (summary.json, `--json`): the keys it held, none a default adds."""
+        return self.model_dump(mode="python", by_alias=True, exclude_unset=True)
 
 
 class LinkFigures(Open):

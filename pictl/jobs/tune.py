@@ -268,7 +268,7 @@ async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, o
 
     first: list[RunSession] = []  # its tree's digest and its model file key the profiles it measured
 
-    async def measure(m: Measured, why: str, on: str | None = None) -> None:
+    async def measure(m: Measured, why: str, on: str | None = None, *, counted: bool = True) -> None:
         """Run `m` (on the host `on` alone, when given) and judge it; a row of the table counts toward
         --measure, a further machine's int8 serial run does not."""
         say(Phase("tune", f"measuring {m.candidate.label} ({why})"))
@@ -290,11 +290,11 @@ async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, o
         except E.Interrupted:
             if session.last_summary:
                 judge(m, session.last_summary, settings.min_agreement)
-                measured.extend([m] if m in rows.values() else [])
+                measured.extend([m] if counted else [])
             save("interrupted")
             raise
         judge(m, summary, settings.min_agreement)
-        measured.extend([m] if m in rows.values() else [])
+        measured.extend([m] if counted else [])
         save("running")
         say(Phase("tune", f"{m.candidate.label}: {m.throughput_ips} img/s, "
                           + ("kept" if m.kept else f"not kept: {m.why}")))
@@ -308,7 +308,7 @@ async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, o
         for i, group in enumerate(by_machine(cluster, rows[pipeline].machines)):
             m = rows[serial8] if i == 0 else Measured(serial8)
             shared = f" (one machine with {', '.join(group[1:])})" if group[1:] else ""
-            await measure(m, f"what int8 gains on {group[0]}{shared}", on=group[0])
+            await measure(m, f"what int8 gains on {group[0]}{shared}", on=group[0], counted=i == 0)
             if m.status == "ok" and m.speedup_vs_fp32:
                 gains |= dict.fromkeys(group, m.speedup_vs_fp32)
         meta["int8_gains"] = gains

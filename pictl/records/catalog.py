@@ -109,7 +109,7 @@ def as_written(found: FoundRun) -> dict[str, Any]:
     """A run as its record holds it (`pictl runs show --json`): the keys it wrote, none this pictl adds."""
     if isinstance(found, PendingRun):
         return found.record()
-    return found.model_dump(mode="python", by_alias=True, exclude_unset=True)
+    return found.written()
 
 
 def _grabs(path: Path, known: set[str | None], skipped: list[Skipped] | None) -> list[TraceRecord]:
