@@ -34,7 +34,7 @@ from pictl.job_summaries import PruneSummary, TrainSummary
 from pictl.jobs.prune import PruneOptions, PruneSession
 from pictl.jobs.training.options import TrainOptions
 from pictl.jobs.training.session import TrainSession
-from pictl.jobs.tune import Measured
+from pictl.jobs.tune_verdicts import Measured
 from pictl.planning.options import RunOptions
 from pictl.planning.presets import resolve_options
 from pictl.records.runs import default_runs_root
@@ -136,16 +136,19 @@ async def tune_async(cluster: Cluster | None = None, options: RunOptions | None 
                      wait: bool = False, **fields: Any) -> list[Measured]:
     """As `pictl tune` (without saving a preset): every candidate, the measured ones (with a `status`) first and
     fastest first; `winner(rows)` (from
-    `pictl.jobs.tune`) is the one `pictl tune` would save. `tune.json` is in `out`."""
+    `pictl.jobs.tune_verdicts`) is the one `pictl tune` would save. `tune.json` is in `out`. Threads and chunk
+    are searched unless `options`, the profile or `fields` set them."""
     from pictl.jobs.tune import TuneSettings, run_tune
+    from pictl.planning.presets import preset_keys
 
     chosen_cluster = cluster or load_cluster()
-    base = _options(options, profile, {"threads": 1, **fields} if options is None and profile is None else fields)
+    base = _options(options, profile, fields)
+    free = set() if options is not None else {"threads", "chunk"} - preset_keys(profile) - set(fields)
     target = Path(out) if out else default_runs_root().parent / "tunes" / time.strftime("%Y%m%d-%H%M%S")
     if target.exists():
         raise E.ConfigError(f"out: {target} already exists")
     settings = TuneSettings(measure=measure, budget_s=budget_s, allow_loss=allow_loss, min_agreement=min_agreement,
-                            wait=wait)
+                            wait=wait, search_threads="threads" in free, search_chunk="chunk" in free)
     return await run_tune(chosen_cluster, base, settings, target, on_event=on_event)
 
 

@@ -49,7 +49,11 @@ def tune(
                                                         "after it.")] = 1800.0,
     save_as: Annotated[str, typer.Option(help="Preset the winner is saved as (./profiles/NAME.toml).")] = "tuned",
     images: ImagesOpt = None,
-    chunk: Annotated[Optional[int], typer.Option(help="Microbatch size (fixed during the search).")] = None,
+    chunk: Annotated[Optional[int], typer.Option(help="Microbatch size, fixed [default: the preset's, else 1, 2, 4 "
+                                                      "and 8 are searched]")] = None,
+    threads: Annotated[Optional[int], typer.Option(min=0, max=256, help="torch threads per rank, fixed [default: "
+                                                   "the preset's, else 1, 2, 4 ... up to the hosts' cores are "
+                                                   "searched]")] = None,
     warmup: WarmupOpt = None,
     repeats: RepeatsOpt = None,
     model: Annotated[Optional[str], typer.Option(help="timm model name, or an artifact from `pictl prune`.")] = None,
@@ -68,9 +72,10 @@ def tune(
 ) -> None:
     """Find the fastest configuration the cluster allows: exact (bit-identical outputs) unless --allow-loss."""
     from pictl.headless import HeadlessRenderer
-    from pictl.jobs.tune import TuneSettings, run_tune, winner
-    from pictl.jobs.tune_report import plot, preset_text, save_preset, table
-    from pictl.planning.presets import PRESET_NAME, resolve_options
+    from pictl.jobs.tune import TuneSettings, run_tune
+    from pictl.jobs.tune_report import legend, plot, preset_text, save_preset, table
+    from pictl.jobs.tune_verdicts import winner
+    from pictl.planning.presets import PRESET_NAME, preset_keys, resolve_options
     from pictl.records.runs import writable_dir
     from pictl.run.baselines import BaselineCache
 
@@ -83,8 +88,8 @@ def tune(
         cluster = read_cluster(hosts, cold=cold)
         base = resolve_options(profile, {"images": images, "chunk": chunk, "warmup": warmup, "repeats": repeats,
                                          "model": model, "num_classes": num_classes, "checkpoint": checkpoint,
-                                         "data": data, "data_path": data_path,
-                                         "threads": 1 if profile is None else None})
+                                         "data": data, "data_path": data_path, "threads": threads})
+        fixed = preset_keys(profile)
         note_profile(profile)
         root = checked_runs_root(runs_dir)
         target = out or root.parent / "tunes" / time.strftime("%Y%m%d-%H%M%S")
@@ -92,7 +97,9 @@ def tune(
             raise E.ConfigError(f"--out: {target} already exists")
         writable_dir(target, "--out")
         settings = TuneSettings(measure=measure or (5 if allow_loss else 3), budget_s=budget, allow_loss=allow_loss,
-                                min_agreement=min_agreement, wait=wait)
+                                min_agreement=min_agreement, wait=wait,
+                                search_threads=threads is None and "threads" not in fixed,
+                                search_chunk=chunk is None and "chunk" not in fixed)
         rows = asyncio.run(run_cancellable(run_tune(cluster, base, settings, target, on_event=renderer,
                                                     cache=BaselineCache())))
     except E.Interrupted as exc:
@@ -107,8 +114,8 @@ def tune(
     assert target is not None
     best = winner(rows)
     plot(target, rows)
-    shown = table(rows, best)
-    (target / "table.md").write_text(shown + "\n")
+    (target / "table.md").write_text(table(rows, best, base) + "\n\n" + legend(base) + "\n")
+    shown = table(rows, best, base, unmeasured=8) + "\n" + legend(base)
     preset = None
     if best is not None:
         options = best.candidate.options(base)

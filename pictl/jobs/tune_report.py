@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pictl.jobs.tune import Measured, ranked
+from pictl.jobs.tune_verdicts import Measured, ranked
 from pictl.planning.options import RunOptions
 from pictl.planning.presets import PRESET_NAME
 from pictl.records.runs import write_bytes_atomic
@@ -18,28 +18,39 @@ PRESET_FIELDS = ("model", "num_classes", "stages", "replicas", "policy", "split"
 """What a tuned preset fixes: the configuration and the measurement protocol it won under."""
 
 
-def _short(m: Measured) -> str:
-    c = m.candidate
-    extra = ("+int8" if c.numerics != "fp32" else "") + (f"+w:{c.wire}" if c.wire != "fp32" else "")
-    return f"{c.replicas}x{c.stages}{extra}"
-
-
 def _num(value: float | None, fmt: str = ".2f") -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def table(rows: list[Measured], best: Measured | None) -> str:
-    """Measured candidates first, fastest first, then the predicted rest (`ranked`); fits 80 columns."""
+def table(rows: list[Measured], best: Measured | None, base: RunOptions | None = None, *,
+          unmeasured: int | None = None) -> str:
+    """Measured candidates first, fastest first, then the predicted rest (`ranked`; the best `unmeasured` of
+    them, when given); fits 80 columns. A config names its threads (t) and chunk (c) where they differ from
+    `base`'s; +i8 and +w are lossy."""
     shown = ranked(rows)
-    lines = ["| RxS         | kind  | pred/s | img/s  | x fp32 | agree | p50 ms | verdict |",
-             "|-------------|-------|--------|--------|--------|-------|--------|---------|"]
+    left_out = 0
+    if unmeasured is not None:
+        waiting = [m for m in shown if not m.status]
+        left_out = max(0, len(waiting) - unmeasured)
+        shown = [m for m in shown if m.status] + waiting[:unmeasured]
+    lines = ["| config        | pred/s | img/s | x fp32 | agree | acc   | p50 ms | verdict |",
+             "|---------------|--------|-------|--------|-------|-------|--------|---------|"]
     for m in shown:
-        verdict = ("WINNER" if m is best else "kept" if m.kept else "no" if m.status else "-")
-        lines.append(f"| {_short(m):<11} | {'lossy' if m.candidate.lossy else 'exact':<5} "
-                     f"| {_num(m.predicted_ips, '.1f'):>6} | {_num(m.throughput_ips):>6} "
-                     f"| {_num(m.speedup_vs_fp32):>6} | {_num(m.agreement_vs_fp32, '.3f'):>5} "
+        verdict = ("WINNER" if m is best else "kept" if m.kept else "no" if m.status else "inexact" if m.why
+                   else "-")
+        lines.append(f"| {m.candidate.short(base):<13} | {_num(m.predicted_ips, '.1f'):>6} "
+                     f"| {_num(m.throughput_ips, '.1f'):>5} | {_num(m.speedup_vs_fp32):>6} "
+                     f"| {_num(m.agreement_vs_fp32, '.3f'):>5} | {_num(m.accuracy, '.3f'):>5} "
                      f"| {_num(m.latency_p50_ms, '.0f'):>6} | {verdict:<7} |")
+    if left_out:
+        lines.append(f"... and {left_out} more predicted, not measured (tune.json has every row)")
     return "\n".join(lines)
+
+
+def legend(base: RunOptions) -> str:
+    """What the table's columns are measured against, under it."""
+    return (f"x fp32, agree: against the fp32 serial run ({base.threads} thread(s), chunk {base.chunk})\n"
+            "acc: top-1 on labelled images; tN, cN: threads, chunk; +i8, +wX: lossy")
 
 
 def plot(out: Path, rows: list[Measured]) -> Path | None:
@@ -56,11 +67,11 @@ def plot(out: Path, rows: list[Measured]) -> Path | None:
     for ax, value, label in ((left, lambda m: m.agreement_vs_fp32, "top-1 agreement with the fp32 serial run"),
                              (right, lambda m: m.latency_p50_ms, "latency per image, p50 (ms)")):
         for lossy, marker, colour in ((False, "o", "#1f77b4"), (True, "^", "#d62728")):
-            pts = [m for m in done if m.candidate.lossy == lossy and value(m) is not None]
+            pts = [m for m in done if (not m.exact) == lossy and value(m) is not None]
             ax.scatter([value(m) for m in pts], [m.throughput_ips for m in pts], marker=marker, color=colour,
                        label="lossy" if lossy else "exact")
             for m in pts:
-                ax.annotate(_short(m), (value(m), m.throughput_ips), fontsize=7, xytext=(3, 3),
+                ax.annotate(m.candidate.short(), (value(m), m.throughput_ips), fontsize=7, xytext=(3, 3),
                             textcoords="offset points")
         ax.set_xlabel(label)
         ax.set_ylabel("images / s")

@@ -22,8 +22,8 @@ from pictl.inventory import format_validation_error, read_toml
 from pictl.planning.options import RunOptions, as_flag
 from pictl.shipped import shipped_path
 
-__all__ = ["RunOptions", "SweepSettings", "available_presets", "describe_preset", "preset_path", "resolve_options",
-           "shadowed_preset", "sweep_settings"]
+__all__ = ["RunOptions", "SweepSettings", "available_presets", "describe_preset", "preset_keys", "preset_path",
+           "resolve_options", "shadowed_preset", "sweep_settings"]
 
 SHIPPED_PRESETS = shipped_path("profiles")  # the folder keeps its name: users have theirs
 PRESET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -90,6 +90,11 @@ def load_preset(name: str, extra: Path | None = None) -> tuple[dict[str, Any], P
     raw.pop("description", None)
     raw.pop("sweep", None)  # what `pictl sweep` varies; see sweep_settings()
     return raw, path
+
+
+def preset_keys(name: str | None, extra: Path | None = None) -> set[str]:
+    """The options a profile sets (none without one): what `pictl tune` keeps fixed instead of searching."""
+    return set(load_preset(name, extra)[0]) if name is not None else set()
 
 
 class SweepSettings(BaseModel):

@@ -5,6 +5,7 @@ as a preset that `pictl run --profile` reproduces; interrupted, it keeps what it
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -28,10 +29,18 @@ def test_tune_measures_the_best_saves_a_preset_that_reproduces_it(tmp_path: Path
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     rows = out["rows"]
-    measured = [r for r in rows if r["run_id"]]
+    # Threads are free (no --threads, no profile): 1 and 2 on this 2-CPU machine, each gain measured by one
+    # serial run per machine (the cluster's two hosts share one), which is a row but not one of --measure's.
+    threads = [1, *[t for t in (2, 4, 8) if t <= (os.cpu_count() or 1)]]
+    assert out["axes"] == {"threads": threads, "chunks": [1]}
+    levers = [r for r in rows if r["run_id"] and (r["replicas"], r["stages"]) == (1, 1) and r["threads"] > 1]
+    assert len(levers) == len(threads) - 1 and all(r["status"] == "ok" for r in levers)
+    assert all(set(out["calibration"]["thread_gains"][str(t)]) == {"h0", "h1"} for t in threads[1:])
+    measured = [r for r in rows if r["run_id"] and r not in levers]
     assert len(measured) == 2 and all(r["status"] == "ok" for r in measured)
     assert {(r["replicas"], r["stages"]) for r in rows} == {(1, 1), (1, 2), (2, 1)}  # exact only: no --allow-loss
-    assert all(r["predicted_ips"] and r["predicted_ips"] > 0 for r in rows)
+    assert not any(r["numerics"] != "fp32" or r["wire"] != "fp32" for r in rows)
+    assert all(r["predicted_ips"] and r["predicted_ips"] > 0 for r in rows if r["threads"] == 1)
     assert any(r["replicas"] == 1 and r["stages"] == 2 for r in measured)  # the pipeline over every host first
     win = out["winner"]
     assert win["kept"] and win["exact"] and win["throughput_ips"] == max(r["throughput_ips"] for r in measured)
@@ -46,6 +55,7 @@ def test_tune_measures_the_best_saves_a_preset_that_reproduces_it(tmp_path: Path
     s = json.loads(again.stdout)
     assert (s["replicas"], s["stages"], s["profile"]) == (win["replicas"], win["stages"], "tuned")
     assert s["split_points"] == win["split_points"] and s["outputs_match"] is True
+    assert (s["threads"], s["chunk"]) == (win["threads"], win["chunk"])
 
 
 def test_an_interrupted_tune_keeps_what_it_measured(tmp_path: Path, pictl_env) -> None:

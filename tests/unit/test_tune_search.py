@@ -1,6 +1,7 @@
-"""`pictl tune`'s search and verdicts without a run: the candidates a cluster allows, the cost model's
-prediction for replicas, the rule that a lossy candidate below the bound never wins, and the saved preset
-read back by the same resolver `pictl run --profile` uses."""
+"""`pictl tune`'s search and verdicts without a run: the candidates a cluster allows (threads and chunks
+where they are free), the cost model's prediction for replicas and for measured gains, the rule that a lossy
+candidate below the bound never wins and that a chunk whose outputs differ from the reference serial run is not
+exact, and the saved preset read back by the same resolver `pictl run --profile` uses."""
 
 from __future__ import annotations
 
@@ -11,18 +12,11 @@ import pytest
 from support.clusters import write_cluster
 
 from pictl.inventory import load_cluster
-from pictl.jobs.tune import (
-    Calibration,
-    Candidate,
-    Measured,
-    by_machine,
-    calibrate,
-    candidates,
-    judge,
-    predict,
-    winner,
-)
-from pictl.jobs.tune_report import preset_text, save_preset, table
+from pictl.jobs.tune import calibrate
+from pictl.jobs.tune_model import Calibration, by_machine, predict
+from pictl.jobs.tune_report import legend, preset_text, save_preset, table
+from pictl.jobs.tune_space import Axes, Candidate, candidates
+from pictl.jobs.tune_verdicts import Measured, Versus, judge, winner
 from pictl.planning.costs import Profiles
 from pictl.planning.options import RunOptions
 from pictl.planning.presets import resolve_options
@@ -195,7 +189,7 @@ def test_the_profiles_of_a_model_file_are_found_under_its_digest(tmp_path: Path)
     """A tune of a trained model (`--model FILE`): the first run profiles under the file's digest, and the
     tune's look-up must ask for the same key (it asked without the digest and found nothing)."""
     from pictl.cluster.artifacts import Artifact
-    from pictl.jobs.tune import cached_profiles
+    from pictl.jobs.tune_model import cached_profiles
     from pictl.planning.costs import profile_key
     from pictl.records.cache import JsonCache
 
@@ -209,3 +203,88 @@ def test_the_profiles_of_a_model_file_are_found_under_its_digest(tmp_path: Path)
     assert cached_profiles(cluster, base, tmp_path / "cache", "c0de") is None
     found = cached_profiles(cluster, base, tmp_path / "cache", "c0de", artifact)
     assert found is not None and set(found.by_host) == {h.name for h in cluster.hosts}
+
+
+def _flat_profiles(cluster, pieces: int = 4, piece_s: float = 0.025) -> Profiles:  # noqa: ANN001
+    profile = {"pieces": [f"p{i}" for i in range(pieces)], "compute_s": [piece_s] * pieces,
+               "cut_bytes": [0.0] * pieces, "piece_bytes": [1.0] * pieces, "comm_s_per_byte": 0.0}
+    return Profiles({h.name: profile for h in cluster.hosts}, [], [])
+
+
+def test_threads_and_chunks_are_searched_only_where_nothing_fixes_them(tmp_path: Path) -> None:
+    base = RunOptions(images=12, chunk=1, threads=1)
+    free = Axes.of(base, search_threads=True, search_chunk=True, cores=4.0)
+    assert free == Axes((1, 2, 4), (1, 2, 4))  # 8 does not divide 12 images
+    assert Axes.of(base, search_threads=True, search_chunk=False, cores=0.4) == Axes((1,), (1,))  # a 0.4-core quota
+    assert Axes.of(base, search_threads=True, search_chunk=True, cores=6.0).threads == (1, 2, 4, 6)
+    lab = RunOptions(images=12, chunk=1, threads=4)
+    assert Axes.of(lab, search_threads=False, search_chunk=False, cores=4.0) == Axes((4,), (1,))
+    found = candidates(_cluster(tmp_path), base, allow_loss=False, axes=free)
+    assert Candidate(2, 2, threads=4, chunk=2) in found and Candidate(4, 1, threads=2, chunk=1) in found
+    assert Candidate(4, 1, chunk=4) not in found  # 12 / 4 = 3 microbatches cannot be dealt to 4 replicas
+    assert len({c for c in found if c.threads == 1 and c.chunk == 1}) == 8  # every shape of up to 4 ranks
+    assert Candidate(2, 2, threads=4, chunk=2).short(base) == "2x2t4c2"
+    assert Candidate(2, 2, threads=4, chunk=2).short(lab) == "2x2c2"  # the lab's 4 threads are the base
+
+
+def test_thread_and_chunk_gains_multiply_a_prediction_and_an_unmeasured_one_makes_none(tmp_path: Path) -> None:
+    cluster = _cluster(tmp_path)
+    names = [h.name for h in cluster.hosts]
+    profiles = _flat_profiles(cluster)
+    base = RunOptions(images=8, chunk=1, threads=1)
+    cal = Calibration(thread_gains={2: dict.fromkeys(names, 1.6)}, chunk_gains={4: dict.fromkeys(names, 1.25)},
+                      int8_gains=dict.fromkeys(names, 2.0))
+    one = predict(Candidate(4, 1), cluster, base, profiles, cal)
+    assert one is not None
+    assert predict(Candidate(4, 1, threads=2), cluster, base, profiles, cal) == pytest.approx(1.6 * one)
+    assert predict(Candidate(4, 1, "int8-dynamic", threads=2), cluster, base, profiles, cal) == \
+        pytest.approx(2.0 * 1.6 * one)
+    # Chunk 4: 2 microbatches of 4 images each, per-image compute / 1.25; one stage has no fill or drain.
+    assert predict(Candidate(2, 1, chunk=4), cluster, base, profiles, cal) == \
+        pytest.approx(1.25 * predict(Candidate(2, 1), cluster, base, profiles, cal))
+    # Four stages: 8 microbatches of 1 take 8 + 3 steps; 2 of 4 take 2 + 3 steps four times as long.
+    pipe1 = predict(Candidate(1, 4), cluster, base, profiles, cal)
+    pipe4 = predict(Candidate(1, 4, chunk=4), cluster, base, profiles, cal)
+    assert pipe1 is not None and pipe4 == pytest.approx(pipe1 * 1.25 * 11 / (5 * 4))
+    assert predict(Candidate(4, 1, threads=4), cluster, base, profiles, cal) is None  # 4 threads not measured
+    assert predict(Candidate(4, 1, chunk=2), cluster, base, profiles, cal) is None
+    # Ranks of 2 threads that oversubscribe one 2-CPU machine are not predicted (their threads wait on each
+    # other: measured far below a fair share); one such rank alone is.
+    shared = Calibration(machines={n: ("boot", 2.0, 2.0) for n in names}, thread_gains={2: dict.fromkeys(names, 1.6)})
+    assert predict(Candidate(4, 1, threads=2), cluster, base, profiles, shared) is None
+    assert predict(Candidate(1, 1, threads=2), cluster, base, profiles, shared) == \
+        pytest.approx(1.6 * predict(Candidate(1, 1), cluster, base, profiles, shared))
+
+
+def test_a_chunk_whose_outputs_differ_from_the_reference_serial_run_is_not_exact() -> None:
+    """Chunk 4 rounds DeiT-S's matmuls differently from chunk 1 (2e-7 here): bit-identical to its own serial run
+    at chunk 4, it is not to the tune's reference, so it never wins an exact tune; with --allow-loss it is judged
+    by its agreement like any lossy candidate. Its speedup divides by the reference serial run, not its own."""
+    reference = Versus(max_abs_diff=2.1e-7, agreement=1.0, serial_ips=10.0, accuracy=None)
+    batched = Measured(Candidate(4, 1, chunk=4))
+    judge(batched, _summary(48.0), 0.99, reference)
+    assert not batched.kept and not batched.exact and "2.1e-07" in batched.why
+    assert batched.speedup_vs_fp32 == pytest.approx(4.8) and batched.speedup_own == pytest.approx(4.8)
+    plain = Measured(Candidate(4, 1))
+    judge(plain, _summary(38.0), 0.99)
+    assert winner([plain, batched]) is plain
+    lossy_ok = Measured(Candidate(4, 1, chunk=4))
+    judge(lossy_ok, _summary(48.0), 0.99, reference, allow_loss=True)
+    assert lossy_ok.kept and not lossy_ok.exact and winner([plain, lossy_ok]) is lossy_ok
+    threads = Measured(Candidate(4, 1, threads=2))
+    judge(threads, _summary(60.0), 0.99, Versus(0.0, 1.0, 10.0, None))
+    assert threads.kept and threads.exact and threads.why == "bit-identical" and threads.row()["exact"]
+    unread = Measured(Candidate(4, 1, chunk=2))
+    judge(unread, _summary(50.0), 0.99, Versus(None, None, 10.0, None))  # no reference logits: not comparable
+    assert not unread.kept and "not comparable" in unread.why
+
+
+def test_the_table_names_threads_and_chunk_and_fits_80_columns() -> None:
+    base = RunOptions(images=8, chunk=1, threads=1)
+    rows = [Measured(Candidate(2, 2, "int8-dynamic", threads=4, chunk=8), predicted_ips=123.4, throughput_ips=118.9,
+                     speedup_vs_fp32=13.18, agreement_vs_fp32=1.0, accuracy=0.628, latency_p50_ms=1234.0,
+                     status="ok", kept=True),
+            Measured(Candidate(1, 4, wire="fp16", threads=2, chunk=2), predicted_ips=9.0)]
+    text = table(rows, rows[0], base) + "\n" + legend(base)
+    assert all(len(line) <= 80 for line in text.splitlines())
+    assert "2x2t4c8+i8" in text and "1x4t2c2+wfp16" in text and "0.628" in text and "WINNER" in text

@@ -1,0 +1,134 @@
+"""One candidate as `pictl tune` saw it (`Measured`: predicted, then measured) and the verdict on it: kept
+when its run is ok and its outputs are bit-identical to the serial run (exact), or, lossy, when its top-1
+agreement with the fp32 serial run (and its accuracy, where the images have labels) keeps the user's bound.
+
+A candidate that changes the arithmetic (a chunk or thread count other than the base's) is also compared with
+the tune's reference serial run (`Versus`: the fp32 serial run of the base configuration): it is exact only
+when bit-identical to it, and its speedup is against it, never against its own serial run alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pictl.cluster.hoststate import capacity
+from pictl.jobs.tune_model import Machines
+from pictl.jobs.tune_space import Candidate
+from pictl.summary_models import RunSummary
+
+
+@dataclass(frozen=True)
+class Versus:
+    """A run's outputs against the tune's reference serial run (the base configuration, fp32)."""
+
+    max_abs_diff: float | None
+    """None: the two logit files differ in size (nothing comparable)."""
+    agreement: float | None
+    """Share of images whose top-1 class is the reference's."""
+    serial_ips: float | None
+    accuracy: float | None
+
+
+@dataclass
+class Measured:
+    """One candidate as the tune saw it: predicted, then (if measured) its run's figures and verdict."""
+
+    candidate: Candidate
+    predicted_ips: float | None = None
+    run_id: str | None = None
+    status: str | None = None
+    throughput_ips: float | None = None
+    speedup_vs_fp32: float | None = None
+    """Against the fp32 serial run of the base configuration: numerics, threads, chunk and parallelism together."""
+    speedup_own: float | None = None
+    """Against its own serial run (same numerics, threads and chunk): what parallelism alone gained."""
+    agreement_vs_fp32: float | None = None
+    identical: bool | None = None
+    """Bit-identical to the tune's reference serial run (None: not compared, its arithmetic is the base's)."""
+    max_abs_diff_vs_reference: float | None = None
+    accuracy: float | None = None
+    """Top-1 on labelled images, and the fp32 serial run's (None without labels)."""
+    fp32_accuracy: float | None = None
+    latency_p50_ms: float | None = None
+    machines: Machines = field(default_factory=dict)
+    """The run's hosts: [machine (boot id), its CPUs, the host's cap] (`Calibration.machines`)."""
+    serial_ips: float | None = None
+    """The fp32 serial run's img/s the run was measured against."""
+    split_points: list[str] = field(default_factory=list)
+    kept: bool = False
+    why: str = ""
+
+    @property
+    def exact(self) -> bool:
+        """Exact by construction and, where it changes the arithmetic, bit-identical to the reference."""
+        return not self.candidate.lossy and self.identical is not False
+
+    def row(self) -> dict[str, Any]:
+        c = self.candidate
+        return {"candidate": c.label, **asdict(c), "exact": self.exact,
+                **{k: v for k, v in asdict(self).items() if k not in ("candidate", "machines")}}
+
+
+def judge(m: Measured, summary: RunSummary | None, min_agreement: float, versus: Versus | None = None,
+          *, allow_loss: bool = False) -> None:
+    """Fill `m` from its run's summary (None: it ended before it had one) and decide whether it may win;
+    `versus`: its outputs against the tune's reference, for a candidate that changes the arithmetic."""
+    c = m.candidate
+    if summary is None:
+        m.status, m.kept, m.why = "failed", False, "its run failed"
+        return
+    s, n = summary, summary.numerics
+    m.run_id, m.status = s.run_id, s.status
+    m.throughput_ips, m.split_points, m.speedup_own = s.throughput_ips, list(s.split_points), s.speedup
+    m.accuracy = s.accuracy
+    if c.numerics != "fp32":
+        m.speedup_vs_fp32 = n.speedup_vs_fp32 if n else None
+        m.agreement_vs_fp32 = n.agreement_vs_fp32 if n else None
+        m.serial_ips, m.fp32_accuracy = (n.fp32_serial_ips, n.fp32_serial_accuracy) if n else (None, None)
+    else:
+        m.speedup_vs_fp32, m.serial_ips, m.fp32_accuracy = s.speedup, s.serial_ips, s.serial_accuracy
+        m.agreement_vs_fp32 = s.agreement if c.lossy else 1.0 if s.outputs_match else None
+    if versus is not None:
+        diff = versus.max_abs_diff
+        m.identical, m.max_abs_diff_vs_reference = diff == 0.0, diff
+        m.agreement_vs_fp32, m.serial_ips, m.fp32_accuracy = versus.agreement, versus.serial_ips, versus.accuracy
+        m.speedup_vs_fp32 = (round(m.throughput_ips / versus.serial_ips, 3)
+                             if m.throughput_ips and versus.serial_ips else None)
+    pipeline = s.latency.pipeline if s.latency else None
+    m.latency_p50_ms = pipeline.p50_ms if pipeline else None
+    for name, record in s.hosts.items():
+        if record.state and record.state.cpus:
+            m.machines[name] = (record.state.boot_id or name, float(record.state.cpus),
+                                capacity(record.state.model_dump(exclude_none=True)))
+    m.kept, m.why = _verdict(m, s, min_agreement, allow_loss)
+
+
+def _verdict(m: Measured, s: RunSummary, min_agreement: float, allow_loss: bool) -> tuple[bool, str]:
+    if m.status != "ok" or not s.outputs_match:
+        return False, "its run failed" if m.status != "ok" else "outputs differ from its serial run"
+    if m.exact:
+        return True, "bit-identical"
+    if not m.candidate.lossy and not allow_loss:
+        diff = m.max_abs_diff_vs_reference
+        return False, ("outputs differ from the reference serial run's"
+                       + (f" by up to {diff:.1e}" if diff is not None else " (not comparable)")
+                       + ": exact only with --allow-loss's bound")
+    if m.agreement_vs_fp32 is None or m.agreement_vs_fp32 < min_agreement:
+        return False, f"top-1 agreement with fp32 {m.agreement_vs_fp32} is below {min_agreement}"
+    if m.accuracy is not None and m.fp32_accuracy and m.accuracy < min_agreement * m.fp32_accuracy:
+        # With labels, the accuracy is bounded too: it keeps at least that share of the fp32 serial run's.
+        return False, (f"accuracy {m.accuracy} keeps less than {min_agreement} of the fp32 serial run's "
+                       f"{m.fp32_accuracy}")
+    return True, f"agreement {m.agreement_vs_fp32} >= {min_agreement}"
+
+
+def ranked(rows: list[Measured]) -> list[Measured]:
+    """Measured candidates first, fastest first, then the predicted rest, best predicted first."""
+    return sorted(rows, key=lambda m: (m.throughput_ips is None, -(m.throughput_ips or 0.0), -(m.predicted_ips or 0.0)))
+
+
+def winner(rows: list[Measured]) -> Measured | None:
+    """The kept candidate with the highest measured throughput (an exact one wins a tie)."""
+    kept = [m for m in rows if m.kept and m.throughput_ips]
+    return max(kept, key=lambda m: (m.throughput_ips or 0.0, m.exact), default=None)
