@@ -49,8 +49,9 @@ def table(rows: list[Measured], best: Measured | None, base: RunOptions | None =
 
 def legend(base: RunOptions) -> str:
     """What the table's columns are measured against, under it."""
-    return (f"x fp32, agree: against the fp32 serial run ({base.threads} thread(s), chunk {base.chunk})\n"
-            "acc: top-1 on labelled images; tN, cN: threads, chunk; +i8, +wX: lossy")
+    return (f"x fp32 (ranks the rows), agree: against the fp32 serial run ({base.threads} thread(s),\n"
+            f"chunk {base.chunk}) each run measured or reused; acc: top-1 on labelled images;\n"
+            "tN, cN: threads, chunk; +i8, +wX: lossy (int8, wire)")
 
 
 def plot(out: Path, rows: list[Measured]) -> Path | None:

@@ -1,6 +1,7 @@
 """One candidate as `pictl tune` saw it (`Measured`: predicted, then measured) and the verdict on it: kept
 when its run is ok and its outputs are bit-identical to the serial run (exact), or, lossy, when its top-1
 agreement with the fp32 serial run (and its accuracy, where the images have labels) keeps the user's bound.
+Candidates rank by their speedup over the fp32 serial run their own run measured or reused.
 
 A candidate that changes the arithmetic (a chunk or thread count other than the base's) is also compared with
 the tune's reference serial run (`Versus`: the fp32 serial run of the base configuration): it is exact only
@@ -123,12 +124,19 @@ def _verdict(m: Measured, s: RunSummary, min_agreement: float, allow_loss: bool)
     return True, f"agreement {m.agreement_vs_fp32} >= {min_agreement}"
 
 
+def _score(m: Measured) -> tuple[float, float]:
+    """What ranks a measured candidate: its speedup over the fp32 serial run it was measured against (its own
+    run's, measured beside it or reused, so a machine that drifts between runs does not favour the run that
+    happened on a fast minute), then its img/s."""
+    return m.speedup_vs_fp32 or 0.0, m.throughput_ips or 0.0
+
+
 def ranked(rows: list[Measured]) -> list[Measured]:
-    """Measured candidates first, fastest first, then the predicted rest, best predicted first."""
-    return sorted(rows, key=lambda m: (m.throughput_ips is None, -(m.throughput_ips or 0.0), -(m.predicted_ips or 0.0)))
+    """Measured candidates first, best first (`_score`), then the predicted rest, best predicted first."""
+    return sorted(rows, key=lambda m: (m.throughput_ips is None, *(-x for x in _score(m)), -(m.predicted_ips or 0.0)))
 
 
 def winner(rows: list[Measured]) -> Measured | None:
-    """The kept candidate with the highest measured throughput (an exact one wins a tie)."""
+    """The kept candidate with the highest speedup over the fp32 serial run (an exact one wins a tie)."""
     kept = [m for m in rows if m.kept and m.throughput_ips]
-    return max(kept, key=lambda m: (m.throughput_ips or 0.0, m.exact), default=None)
+    return max(kept, key=lambda m: (*_score(m), m.exact), default=None)

@@ -204,7 +204,7 @@ class PictlApp(JobsApp):
 
     async def on_sweep_run_started(self, msg: SweepRunStarted) -> None:
         self.session = msg.session
-        self.state.start_run(msg.session.options.model_dump(), self.clock())
+        self.state.start_run(msg.session.options, self.clock())
         self.state.run_dir = str(msg.session.ctx.runs_root / msg.session.run_id)
         self.state.sweep = {**(self.state.sweep or {}), "index": msg.index, "total": msg.total}
         await self.query_one(StageList).reset(self.state)
@@ -225,7 +225,7 @@ class PictlApp(JobsApp):
         if self.run_active:
             self.notify("a run is already in progress", severity="warning")
             return
-        self.state.start_run(options.model_dump(), self.clock())
+        self.state.start_run(options, self.clock())
         self.state.sweep = None
         self.session = RunSession(self.cluster, options, on_event=self.bridge, runs_root=self.runs_root,
                                   baseline_cache=self.baseline_cache, profile=profile)

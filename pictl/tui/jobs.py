@@ -76,7 +76,7 @@ class JobsApp(App):
     def start_prune(self, options: PruneOptions, on: str | None) -> None:
         from pictl.jobs.prune import PruneSession
 
-        self.state.start_prune(options.model_dump(), on or "the controller", self.clock())
+        self.state.start_prune(options, on or "the controller", self.clock())
         self.state.sweep = None
         session = PruneSession(options, cluster=self.cluster, on_host=on, root=self.runs_root.parent / "prunes",
                                on_event=self.bridge)
@@ -96,7 +96,7 @@ class JobsApp(App):
         from pictl.jobs.training.session import TrainSession
 
         session = TrainSession(self.cluster, options, on_event=self.bridge, root=self.runs_root.parent / "trains")
-        self.state.start_train(options.model_dump(), self.clock())
+        self.state.start_train(options, self.clock())
         self.state.sweep = None
         self.call_later(self._reset_stages)
 

@@ -4,16 +4,16 @@ top-1 at each step, fine-tuning's progress, and its summary once it ended."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from pictl.job_summaries import PruneSummary
+from pictl.jobs.prune import PruneOptions
 from remote.job_records import PruneAccuracy, PruneProgress, PruneStart
 from remote.records import Record
 
 
 @dataclass
 class PruneView:
-    options: dict[str, Any]
+    options: PruneOptions
     where: str
     start: PruneStart | None = None
     progress: PruneProgress | None = None

@@ -18,6 +18,9 @@ from pictl.cluster.monitor import HostSample
 from pictl.events import SERIAL_FP32, BaselineReady, Placed, SplitChosen
 from pictl.inventory import Cluster
 from pictl.job_summaries import PruneSummary, TrainSummary
+from pictl.jobs.prune import PruneOptions
+from pictl.jobs.training.options import TrainOptions
+from pictl.planning.options import RunOptions
 from pictl.planning.placement import place_stages
 from pictl.summary_models import RunError, RunSummary, TraceRecord
 from pictl.tui.prune_state import PruneView
@@ -100,7 +103,10 @@ class DashboardState:
         self.cluster = cluster
         self.hosts = {h.name: HostRow(h.name) for h in cluster.hosts}
         self.stages: dict[int, StageView] = {}
-        self.options: dict[str, Any] = {}
+        self.options: RunOptions | None = None
+        """The run's options (None while a training or pruning job has the panel)."""
+        self.shape = (0, 1)
+        """Stages and replicas of the job on the panel (its ranks are their product)."""
         self.running = False
         self.phase = "idle"
         self.phase_message = "press r to start a run"
@@ -126,9 +132,9 @@ class DashboardState:
 
     # -- run lifecycle ----------------------------------------------------------------------------
 
-    def start_prune(self, options: dict[str, Any], where: str, now: float | None = None) -> None:
+    def start_prune(self, options: PruneOptions, where: str, now: float | None = None) -> None:
         """A pruning job takes the run panel: there are no stages, only epochs and accuracy."""
-        self.start_run({"stages": 0}, now)
+        self.start_run(None, now, stages=0)
         self.prune = PruneView(options, where)
         self.phase, self.phase_message = "prune", f"pruning on {where}"
 
@@ -140,19 +146,21 @@ class DashboardState:
         if ending.outcome == "done" and summary:
             self.phase_message = f"artifact {summary.artifact}"
 
-    def start_train(self, options: dict[str, Any], now: float | None = None) -> None:
+    def start_train(self, options: TrainOptions, now: float | None = None) -> None:
         """A training job takes the run panel: steps, the loss, samples/s and each rank's time."""
-        self.start_run({"stages": options.get("stages", 1) if options.get("mode") != "single" else 1}, now)
+        self.start_run(None, now, stages=options.stages if options.mode != "single" else 1)
         self.train = TrainView(options)
-        self.phase, self.phase_message = "connect", f"training ({options.get('mode')}): connecting"
+        self.phase, self.phase_message = "connect", f"training ({options.mode}): connecting"
 
     def finish_train(self, summary: TrainSummary | None, ending: Ending) -> None:
         if self.train is not None:
             self.train.summary = summary
         self.finish(None, ending)
 
-    def start_run(self, options: dict[str, Any], now: float | None = None) -> None:
+    def start_run(self, options: RunOptions | None, now: float | None = None, *, stages: int = 0) -> None:
+        """A run (`options`) or another job of `stages` ranks takes the panel."""
         self.options = options
+        self.shape = (options.stages, options.replicas) if options else (stages, 1)
         self.prune = None
         self.train = None
         self.running, self.summary, self.ending, self.failure = True, None, None, None
@@ -165,14 +173,13 @@ class DashboardState:
         for row in self.hosts.values():
             row.ranks, row.activity = [], "idle"
         # A first guess from the inventory's order, so the panels appear at once; `on_placed` has the word.
-        ranks = int(options.get("stages", 1)) * int(options.get("replicas", 1) or 1)
-        for node in place_stages(self.cluster, ranks):
+        for node in place_stages(self.cluster, self.shape[0] * self.shape[1]):
             self._put(node.host.name, node.ranks, "connecting")
 
     def _put(self, host: str, ranks: Iterable[int], activity: str) -> None:
         row = self.hosts[host]
         row.ranks, row.activity = list(ranks), activity
-        stages, copies = int(self.options.get("stages") or 1), int(self.options.get("replicas") or 1)
+        stages, copies = max(1, self.shape[0]), self.shape[1]
         for r in ranks:
             label = f"replica {r // stages} stage {r % stages}" if copies > 1 else f"stage {r}"
             self.stages[r] = StageView(r, host, label)
@@ -251,7 +258,7 @@ class DashboardState:
     def _progress(self, st: StageView, rec: Progress) -> None:
         t = rec.t or time.time()
         mbs, sent = rec.microbatches, rec.bytes_sent
-        chunk = int(self.options.get("chunk", 1))
+        chunk = self.options.chunk if self.options else 1
         if st._last and (rec.phase, rec.repeat) == (st.phase, st.repeat) and t > st._last[0] \
                 and mbs >= st._last[1]:
             dt = t - st._last[0]
@@ -307,8 +314,9 @@ class DashboardState:
         last = self.stages[max(self.stages)]
         if not last.microbatches_total:
             return 0.0, None
-        warmup, repeats = int(self.options.get("warmup", 1)), int(self.options.get("repeats", 3))
-        passes = warmup + repeats + (1 if self.options.get("trace_steps") else 0)
+        o = self.options or RunOptions()
+        warmup, repeats = o.warmup, o.repeats
+        passes = warmup + repeats + (1 if o.trace_steps else 0)
         index = {"warmup": last.repeat, "calibrate": warmup, "timed": warmup + last.repeat,
                  "trace": warmup + repeats}.get(last.phase, 0)
         done = (index * last.microbatches_total + last.microbatches) / (passes * last.microbatches_total)
@@ -324,7 +332,8 @@ class DashboardState:
         line follows its passes instead of the launch message."""
         last = self.stages[max(self.stages)] if self.stages else None
         if self.running and self.phase == "pipeline" and last is not None and last.microbatches_total:
-            warmup, repeats = int(self.options.get("warmup", 1)), int(self.options.get("repeats", 3))
+            o = self.options or RunOptions()
+            warmup, repeats = o.warmup, o.repeats
             label = {"warmup": f"warm-up pass {last.repeat + 1}/{warmup}", "calibrate": "calibrating the split",
                      "timed": f"timed pass {last.repeat + 1}/{repeats}", "trace": "traced pass"}.get(last.phase,
                                                                                                  last.phase)

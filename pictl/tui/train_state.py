@@ -4,9 +4,9 @@ samples/s of each step, where each rank's steps went, its evaluations, and its s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from pictl.job_summaries import TrainSummary
+from pictl.jobs.training.options import TrainOptions
 from remote import protocol as P
 from remote.job_records import TrainEval, TrainStart, TrainStep
 from remote.records import Record
@@ -16,7 +16,7 @@ CATEGORIES = tuple(k.removesuffix("_s") for k in P.TRAIN_TIME_KEYS)
 
 @dataclass
 class TrainView:
-    options: dict[str, Any]
+    options: TrainOptions
     start: TrainStart | None = None
     losses: list[float] = field(default_factory=list)
     step: int = 0

@@ -184,7 +184,7 @@ async def test_fewer_stages_than_hosts_take_the_fastest_connecting_and_pushing_o
             phases.append(event.message)
 
     options = RunOptions(stages=2, policy="balanced", images=4, warmup=0, repeats=1)
-    dashboard.start_run(options.model_dump())
+    dashboard.start_run(options)
     assert {r: v.host for r, v in dashboard.stages.items()} == {0: "h0", 1: "h1"}  # the inventory's guess
     s = await RunSession(cluster, options, on_event=on_event, runs_root=tmp_path / "runs").run()
     assert [st.host for st in s.per_stage] == ["h0", "h2"] and s.outputs_match is True

@@ -20,6 +20,7 @@ from support.clusters import write_cluster
 from pictl.cluster.stream import ProcessStream
 from pictl.cluster.transport import RemoteProcess
 from pictl.events import RECORD_TYPES, HostOutput, RankEvent, Rejected, read_line
+from pictl.planning.options import RunOptions
 from pictl.run.flags import compute_flags
 from pictl.run.telemetry import RunTelemetry
 from pictl.summary_models import RunSummary
@@ -270,7 +271,7 @@ def test_host_records_through_the_parser_and_every_renderer_never_crash(records,
     renderer = HeadlessRenderer(verbose=True, console=Console(file=out, width=100, force_terminal=False))
     cluster = Cluster(hosts=[Host(name="h0", transport="local", workdir="/tmp/x", slots=4)])
     state = DashboardState(cluster)
-    state.start_run({"stages": 4, "chunk": 1, "images": 8})
+    state.start_run(RunOptions(stages=4, chunk=1, images=8))
     tel = RunTelemetry()
     for rec in records:
         got = read_line(json.dumps(rec))

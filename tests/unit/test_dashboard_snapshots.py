@@ -14,6 +14,7 @@ from support.clusters import write_cluster
 from pictl.cluster.monitor import HostSample
 from pictl.events import RECORD_TYPES, RankEvent
 from pictl.inventory import load_cluster
+from pictl.planning.options import RunOptions
 from pictl.summary_models import RunSummary
 from pictl.tui.app import PROGRESS_EVERY, PictlApp
 from pictl.tui.messages import HostHealth, LogLine, PhaseChanged, RankRecord, RunFinished
@@ -23,7 +24,7 @@ from remote.records import Record
 
 NOW = 1_800_000_000.0
 SIZE = (140, 44)
-OPTIONS = {"stages": 3, "policy": "balanced", "chunk": 1, "images": 24, "warmup": 1, "repeats": 2}
+OPTIONS = RunOptions(stages=3, policy="balanced", chunk=1, images=24, warmup=1, repeats=2)
 MODULES = [["patch_embed", "blocks.3"], ["blocks.4", "blocks.7"], ["blocks.8", "head"]]
 GAP_POINTS = {"fill_drain": -0.2308, "imbalance": -0.05, "split_overhead": 0.03, "interference": -0.01,
               "communication": -0.03, "runtime": -0.005, "baseline": 0.09, "residual": -0.0082}

@@ -7,13 +7,14 @@ from support.cli import ROOT
 from pictl import errors as E
 from pictl.events import BaselineReady, SplitChosen
 from pictl.inventory import load_cluster
+from pictl.planning.options import RunOptions
 from pictl.summary_models import RunSummary
 from pictl.tui.state import DashboardState, Ending
 
 
 def _state() -> DashboardState:
     state = DashboardState(load_cluster(ROOT / "hosts.toml"))
-    state.start_run({"stages": 2, "policy": "equal"}, now=0.0)  # ranks on the first two hosts until placed
+    state.start_run(RunOptions(stages=2, policy="equal"), now=0.0)  # ranks on the first two hosts until placed
     return state
 
 
@@ -53,5 +54,5 @@ def test_decisions_are_taken_as_announced() -> None:
     state.on_decided(SplitChosen(("blocks.6",), "equal"))
     state.on_decided(BaselineReady("h0", 3.45, reused=True, age_s=60.0))
     assert state.split_points == ["blocks.6"] and (state.serial_ips, state.serial_reused) == (3.45, True)
-    state.start_run({"stages": 2}, now=1.0)  # the next run starts with nothing decided
+    state.start_run(RunOptions(stages=2), now=1.0)  # the next run starts with nothing decided
     assert state.split_points == [] and state.serial_ips is None

@@ -9,6 +9,7 @@ from rich.console import Console
 
 from pictl.inventory import load_cluster
 from pictl.job_summaries import TrainSummary
+from pictl.jobs.training.options import TrainOptions
 from pictl.tui.state import DashboardState, Ending
 from pictl.tui.widgets.train_panel import train_grid
 
@@ -23,8 +24,8 @@ def _text(state: DashboardState) -> str:
 
 def test_a_finished_job_over_a_compressed_link_shows_the_link_and_a_reported_loss_distance() -> None:
     state = DashboardState(load_cluster(ROOT / "hosts.toml"))
-    state.start_train({"mode": "pipeline", "schedule": "gpipe", "model": "mobilenetv2_100", "batch_size": 32,
-                       "chunks": 4, "wire": "lowrank:4", "checkpoint_activations": True, "workers": 2})
+    state.start_train(TrainOptions(mode="pipeline", schedule="gpipe", model="mobilenetv2_100", batch_size=32,
+                                   chunks=4, wire="lowrank:4", checkpoint_activations=True, workers=2))
     state.finish_train(TrainSummary.model_validate({
         "kind": "train", "status": "ok", "job_id": "j", "mode": "pipeline", "batch_size": 32, "chunks": 4,
         "microbatch": 8, "agreement": {"steps": 2, "tolerance": 0.001, "passed": False, "enforced": False,

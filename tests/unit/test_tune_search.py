@@ -16,7 +16,7 @@ from pictl.jobs.tune import calibrate
 from pictl.jobs.tune_model import Calibration, by_machine, predict
 from pictl.jobs.tune_report import legend, preset_text, save_preset, table
 from pictl.jobs.tune_space import Axes, Candidate, candidates
-from pictl.jobs.tune_verdicts import Measured, Versus, judge, winner
+from pictl.jobs.tune_verdicts import Measured, Versus, judge, ranked, winner
 from pictl.planning.costs import Profiles
 from pictl.planning.options import RunOptions
 from pictl.planning.presets import resolve_options
@@ -132,10 +132,10 @@ def test_the_dashboard_names_each_rank_by_its_replica_and_stage(tmp_path: Path) 
     from pictl.tui.state import DashboardState
 
     state = DashboardState(_cluster(tmp_path))
-    state.start_run({"stages": 2, "replicas": 2})
+    state.start_run(RunOptions(stages=2, replicas=2))
     assert [st.label for st in state.stages.values()] == ["replica 0 stage 0", "replica 0 stage 1",
                                                           "replica 1 stage 0", "replica 1 stage 1"]
-    state.start_run({"stages": 3})
+    state.start_run(RunOptions(stages=3))
     assert [st.label for st in state.stages.values()] == ["stage 0", "stage 1", "stage 2"]
 
 
@@ -288,3 +288,14 @@ def test_the_table_names_threads_and_chunk_and_fits_80_columns() -> None:
     text = table(rows, rows[0], base) + "\n" + legend(base)
     assert all(len(line) <= 80 for line in text.splitlines())
     assert "2x2t4c8+i8" in text and "1x4t2c2+wfp16" in text and "0.628" in text and "WINNER" in text
+
+
+def test_candidates_rank_by_their_speedup_over_the_serial_run_they_were_measured_against() -> None:
+    """The emulated cluster drifted 9 % between two runs' serial baselines (3.84 and 3.53 img/s): the copy
+    that ran 13.9 img/s against the faster minute's serial run is 3.61x, the one that ran 12.8 against the
+    slower one 3.63x; the table and the winner follow the speedups, not the raw rates of different minutes."""
+    fast_minute = Measured(Candidate(4, 1), status="ok", kept=True, throughput_ips=13.89, speedup_vs_fp32=3.612)
+    slow_minute = Measured(Candidate(2, 2), status="ok", kept=True, throughput_ips=12.80, speedup_vs_fp32=3.625)
+    assert winner([fast_minute, slow_minute]) is slow_minute
+    assert [m.candidate for m in ranked([fast_minute, slow_minute, Measured(Candidate(1, 1), predicted_ips=99.0)])] \
+        == [Candidate(2, 2), Candidate(4, 1), Candidate(1, 1)]

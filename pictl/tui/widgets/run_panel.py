@@ -79,8 +79,8 @@ def prune_grid(state: DashboardState) -> Table:
     grid.add_column()
     phase_style = {"failed": "bold red", "stopped": "yellow", "done": "green"}.get(state.phase, "cyan")
     grid.add_row("prune", Text(f"{state.phase}: {state.phase_message}", style=phase_style))
-    grid.add_row("model", f"{o.get('model')}  {o.get('importance')} importance, ratio {o.get('ratio')}"
-                          f"{'  global' if o.get('global_pruning') else ''}  on {job.where}")
+    grid.add_row("model", f"{o.model}  {o.importance} importance, ratio {o.ratio}"
+                          f"{'  global' if o.global_pruning else ''}  on {job.where}")
     if start:
         grid.add_row("data", f"{start.train_images} training / {start.eval_images} test images, "
                              f"{start.classes} classes, {start.device}")
@@ -123,7 +123,7 @@ class RunPanel(Static):
         key = (state.phase, state.phase_message, trained, state.live_ips, state.serial_ips, state.accuracy,
                pruned,
                id(state.summary), len(state.traces), state.trace_note, round(done, 3),
-               None if eta is None else round(eta), state.options.get("stages"), sweep.get("index"),
+               None if eta is None else round(eta), state.shape[0], sweep.get("index"),
                len(sweep.get("rows", [])), len(state.refine), phase_line, int(now * 4) if waiting else None,
                state.run_dir, tuple(state.split_points))
         if key == self._shown:
@@ -151,7 +151,7 @@ class RunPanel(Static):
             return
         s = state.summary
         # The ideal is every rank: replicas x stages.
-        stages = int(state.options.get("stages", 0)) * int(state.options.get("replicas", 1) or 1) or None
+        stages = state.shape[0] * state.shape[1] or None
         ips = state.live_ips
         serial = (s.serial_ips if s else None) or state.serial_ips
         speedup = (s.speedup if s else None) or (ips / serial if ips and serial else None)
@@ -174,7 +174,7 @@ class RunPanel(Static):
                 gap_bar(gap, 14), f" {abs(gap.gap):.2f} {'lost' if gap.gap >= 0 else 'gained'}", *most,
                 no_wrap=True, overflow="ellipsis"))
         match = s.outputs_match if s else None
-        lossy = bool(s and s.wire and s.wire.lossy) or state.options.get("wire", "fp32") != "fp32"
+        lossy = bool(s and s.wire and s.wire.lossy) or bool(state.options and state.options.wire != "fp32")
         if lossy and s and s.agreement is not None:  # a lossy wire passes by top-1 agreement, not identity
             verdict = f"{'agree' if match else 'DISAGREE'} {s.agreement:.1%} (lossy wire)"
         else:
@@ -196,7 +196,8 @@ class RunPanel(Static):
         accuracy = s.accuracy if s else state.accuracy
         grid.add_row("accuracy", "n/a" if accuracy is None else f"{accuracy:.2%}")
         if stages:
-            split = ", ".join(s.split_points if s else state.split_points) or state.options.get("policy", "-")
+            policy = state.options.policy if state.options else "-"
+            split = ", ".join(s.split_points if s else state.split_points) or policy
             grid.add_row("stages", f"{stages} ({split})")
         if state.refine:  # `balanced` measuring a split and correcting itself: the latest step
             grid.add_row("refine", refine_text(state.refine[-1]))

@@ -42,12 +42,12 @@ def train_grid(state: DashboardState, phase_line: str) -> Table:
     grid.add_column()
     style = {"failed": "bold red", "stopped": "yellow", "done": "green"}.get(state.phase, "cyan")
     grid.add_row("train", Text(phase_line, style=style))
-    how = o.get("mode", "") + (f" ({o.get('schedule')})" if o.get("mode") == "pipeline" else "")
-    grid.add_row("job", f"{how}, {o.get('model')}, batch {o.get('batch_size')} as {o.get('chunks')} microbatch(es)"
-                        + (", bf16" if o.get("amp") else "")
-                        + (f", wire {o['wire']}" if o.get("wire") not in (None, "fp32") else "")
-                        + (", activations recomputed" if o.get("checkpoint_activations") else "")
-                        + (f", {o['workers']} loader worker(s)" if o.get("workers") else ""))
+    how = o.mode + (f" ({o.schedule})" if o.mode == "pipeline" else "")
+    grid.add_row("job", f"{how}, {o.model}, batch {o.batch_size} as {o.chunks} microbatch(es)"
+                        + (", bf16" if o.amp else "")
+                        + (f", wire {o.wire}" if o.wire != "fp32" else "")
+                        + (", activations recomputed" if o.checkpoint_activations else "")
+                        + (f", {o.workers} loader worker(s)" if o.workers else ""))
     if job.step:
         frac = job.step / max(job.steps or job.step, 1)
         filled = round(frac * 20)
