@@ -125,8 +125,10 @@ def tune(
     console.print(shown, markup=False)
     lines = [f"tune directory: {target}"]
     if best is not None:
-        lines.append(f"winner: {best.candidate.label}: {best.throughput_ips} img/s, {best.speedup_vs_fp32}x the "
-                     f"fp32 serial run ({best.why}); run it again: pictl run --profile {save_as}")
+        # Short lines: the table is read on an 80-column terminal.
+        lines += [f"winner: {best.candidate.label}",
+                  f"  {best.throughput_ips:.2f} img/s, {best.speedup_vs_fp32}x the fp32 serial run ({best.why})",
+                  f"  run it again: pictl run --profile {save_as}"]
     else:
         lines.append("no candidate was kept: see the table's verdicts")
     for line in lines:
