@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -138,17 +138,17 @@ async def tune_async(cluster: Cluster | None = None, options: RunOptions | None 
     fastest first; `winner(rows)` (from
     `pictl.jobs.tune_verdicts`) is the one `pictl tune` would save. `tune.json` is in `out`. Threads and chunk
     are searched unless `options`, the profile or `fields` set them."""
-    from pictl.jobs.tune import TuneSettings, run_tune
-    from pictl.planning.presets import preset_keys
+    from pictl.jobs.tune import plan_tune, run_tune
 
     chosen_cluster = cluster or load_cluster()
-    base = _options(options, profile, fields)
-    free = set() if options is not None else {"threads", "chunk"} - preset_keys(profile) - set(fields)
     target = Path(out) if out else default_runs_root().parent / "tunes" / time.strftime("%Y%m%d-%H%M%S")
     if target.exists():
         raise E.ConfigError(f"out: {target} already exists")
-    settings = TuneSettings(measure=measure, budget_s=budget_s, allow_loss=allow_loss, min_agreement=min_agreement,
-                            wait=wait, search_threads="threads" in free, search_chunk="chunk" in free)
+    base, settings = plan_tune(profile, fields, allow_loss=allow_loss, min_agreement=min_agreement, measure=measure,
+                               budget_s=budget_s, wait=wait)
+    if options is not None:  # given whole: nothing in it is searched but the shapes (and numerics)
+        base = _options(options, profile, fields)
+        settings = replace(settings, search_threads=False, search_chunk=False)
     return await run_tune(chosen_cluster, base, settings, target, on_event=on_event)
 
 

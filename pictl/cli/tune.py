@@ -72,10 +72,9 @@ def tune(
 ) -> None:
     """Find the fastest configuration the cluster allows: exact (bit-identical outputs) unless --allow-loss."""
     from pictl.headless import HeadlessRenderer
-    from pictl.jobs.tune import TuneSettings, run_tune
-    from pictl.jobs.tune_report import legend, plot, preset_text, save_preset, table
-    from pictl.jobs.tune_verdicts import winner
-    from pictl.planning.presets import PRESET_NAME, preset_keys, resolve_options
+    from pictl.jobs.tune import plan_tune, run_tune
+    from pictl.jobs.tune_report import finish, legend, table
+    from pictl.planning.presets import PRESET_NAME
     from pictl.records.runs import writable_dir
     from pictl.run.baselines import BaselineCache
 
@@ -86,20 +85,17 @@ def tune(
         if not PRESET_NAME.fullmatch(save_as):
             raise E.ConfigError(f"--save-as: {save_as!r} is not a profile name (letters, digits, '-' and '_')")
         cluster = read_cluster(hosts, cold=cold)
-        base = resolve_options(profile, {"images": images, "chunk": chunk, "warmup": warmup, "repeats": repeats,
-                                         "model": model, "num_classes": num_classes, "checkpoint": checkpoint,
-                                         "data": data, "data_path": data_path, "threads": threads})
-        fixed = preset_keys(profile)
+        base, settings = plan_tune(profile, {"images": images, "chunk": chunk, "warmup": warmup, "repeats": repeats,
+                                             "model": model, "num_classes": num_classes, "checkpoint": checkpoint,
+                                             "data": data, "data_path": data_path, "threads": threads},
+                                   allow_loss=allow_loss, min_agreement=min_agreement, measure=measure,
+                                   budget_s=budget, wait=wait)
         note_profile(profile)
         root = checked_runs_root(runs_dir)
         target = out or root.parent / "tunes" / time.strftime("%Y%m%d-%H%M%S")
         if os.path.lexists(target):
             raise E.ConfigError(f"--out: {target} already exists")
         writable_dir(target, "--out")
-        settings = TuneSettings(measure=measure or (5 if allow_loss else 3), budget_s=budget, allow_loss=allow_loss,
-                                min_agreement=min_agreement, wait=wait,
-                                search_threads=threads is None and "threads" not in fixed,
-                                search_chunk=chunk is None and "chunk" not in fixed)
         rows = asyncio.run(run_cancellable(run_tune(cluster, base, settings, target, on_event=renderer,
                                                     cache=BaselineCache())))
     except E.Interrupted as exc:
@@ -112,15 +108,8 @@ def tune(
         fail(exc)
     renderer.close()
     assert target is not None
-    best = winner(rows)
-    plot(target, rows)
-    (target / "table.md").write_text(table(rows, best, base) + "\n\n" + legend(base) + "\n")
+    best, preset = finish(target, rows, base, cluster.source, Path.cwd() / "profiles", save_as)
     shown = table(rows, best, base, unmeasured=8) + "\n" + legend(base)
-    preset = None
-    if best is not None:
-        options = best.candidate.options(base)
-        preset = save_preset(Path.cwd() / "profiles", save_as,
-                             preset_text(options, best, cluster.source))
     console = stderr() if as_json else wide_console()
     console.print(shown, markup=False)
     lines = [f"tune directory: {target}"]

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from pictl import errors as E
 from pictl.events import EventSink, Phase
@@ -28,7 +29,8 @@ from pictl.jobs.tune_model import Calibration, by_machine, cached_profiles, pred
 from pictl.jobs.tune_space import Axes, Candidate, candidates
 from pictl.jobs.tune_verdicts import Measured, Versus, judge, ranked, winner
 from pictl.planning.costs import Profiles
-from pictl.planning.options import RunOptions
+from pictl.planning.options import RunOptions, as_flag
+from pictl.planning.presets import preset_keys, resolve_options
 from pictl.records.runs import write_json_atomic
 from pictl.run.baselines import BaselineCache
 from pictl.run.session import RunSession
@@ -50,6 +52,19 @@ class TuneSettings:
     """Try 1, 2, 4 ... threads per rank up to the hosts' cores (False: the base's threads only)."""
     search_chunk: bool = False
     """Try chunks 1, 2, 4, 8 that divide the images (False: the base's chunk only)."""
+
+
+def plan_tune(profile: str | None, overrides: dict[str, Any], *, allow_loss: bool = False,
+              min_agreement: float = 0.99, measure: int | None = None, budget_s: float = 1800.0,
+              wait: bool = False, name_of: Callable[[str], str] = as_flag) -> tuple[RunOptions, TuneSettings]:
+    """A tune's base options (defaults < profile < `overrides`, as `pictl run` resolves them; ConfigError names
+    the flag or file) and its settings: threads and chunk are searched unless the profile or `overrides`
+    set them. `pictl tune`, the dashboard's form and the Python API all start here."""
+    base = resolve_options(profile, overrides, name_of=name_of)
+    fixed = preset_keys(profile) | {k for k, v in overrides.items() if v is not None}
+    return base, TuneSettings(measure=measure or (5 if allow_loss else 3), budget_s=budget_s, allow_loss=allow_loss,
+                              min_agreement=min_agreement, wait=wait, search_threads="threads" not in fixed,
+                              search_chunk="chunk" not in fixed)
 
 
 @dataclass
@@ -78,8 +93,11 @@ def _logits(record_dir: Path | None) -> bytes | None:
 
 async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, out: Path, *,
                    on_event: EventSink | None = None, cache: BaselineCache | None = None,
-                   on_rows: Callable[[list[Measured]], object] | None = None) -> list[Measured]:
+                   on_rows: Callable[[list[Measured]], object] | None = None,
+                   on_session: Callable[[RunSession, Measured], object] | None = None) -> list[Measured]:
     """Measure, predict, measure the best; `tune.json` in `out` after every run (E.Interrupted keeps it).
+    `on_session(session, row)` before each run (the dashboard follows it), `on_rows(rows)` after: every
+    candidate so far.
     Returns every candidate, `ranked`: those measured have a `status`."""
     say = on_event or (lambda _e: None)
     started = time.monotonic()
@@ -102,7 +120,7 @@ async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, o
             "best_pipeline": pipeline.row() if pipeline else None,
             "rows": [m.row() for m in ranked(list(rows.values()))]})
         if on_rows:
-            on_rows(list(measured))
+            on_rows(list(rows.values()))
 
     first: list[RunSession] = []  # its tree's digest and its model file key the profiles it measured
 
@@ -114,6 +132,8 @@ async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, o
         session = RunSession(hosts, m.candidate.options(base), on_event=on_event, runs_root=out / "runs",
                              baseline_cache=cache, wait=settings.wait)
         first[:] = first or [session]
+        if on_session:
+            on_session(session, m)
         summary: RunSummary | None
         try:
             summary = await session.run()

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pictl.jobs.tune_verdicts import Measured, ranked
+from pictl.jobs.tune_verdicts import Measured, ranked, winner
 from pictl.planning.options import RunOptions
 from pictl.planning.presets import PRESET_NAME
 from pictl.records.runs import write_bytes_atomic
@@ -108,3 +108,15 @@ def save_preset(directory: Path, name: str, text: str) -> Path:
     path = directory / f"{name}.toml"
     write_bytes_atomic(path, text.encode())
     return path
+
+
+def finish(target: Path, rows: list[Measured], base: RunOptions, source: str, profiles: Path,
+           save_as: str) -> tuple[Measured | None, Path | None]:
+    """What a finished tune leaves: `tune.png`, `table.md` and, when a candidate was kept, the winner saved as
+    `profiles/SAVE_AS.toml`. Returns the winner and the preset's path (None, None: nothing was kept)."""
+    best = winner(rows)
+    plot(target, rows)
+    write_bytes_atomic(target / "table.md", (table(rows, best, base) + "\n\n" + legend(base) + "\n").encode())
+    if best is None:
+        return None, None
+    return best, save_preset(profiles, save_as, preset_text(best.candidate.options(base), best, source))

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from pictl.cluster.artifacts import Artifact
-from pictl.cluster.monitor import HostSample
 from pictl.cluster.push import local_tree, manifest_digest
 from pictl.events import EventSink, Phase
 from pictl.inventory import Cluster
@@ -45,8 +44,6 @@ class RunContext:
     telemetry: RunTelemetry = field(default_factory=RunTelemetry)
     """The pipeline's ranks, folded (the serial run has its own)."""
     record: RunRecord | None = None
-    samples: list[HostSample] = field(default_factory=list)
-    """The run's hosts, sampled while it runs (for its flags)."""
     windows: dict[str, list[float]] = field(default_factory=dict)
     """"baseline" / "pipeline" -> [start, end] on the controller's clock."""
     _early: list[tuple[str, str, str]] = field(default_factory=list)

@@ -176,7 +176,7 @@ class RunSession:
         if record is None or not kinds:
             return
         try:
-            write_samples(record.path, self.ctx.samples)
+            write_samples(record.path, self.reached.samples)
         except OSError as exc:  # the trackers go without the host samples; the record stands
             self.ctx.phase("track", f"host samples not written ({exc.strerror or exc})")
         await track_record(kinds, record.path, lambda: run_series(record.path, summary),
@@ -184,7 +184,7 @@ class RunSession:
 
     async def _watch_hosts(self, job: HostJob, placement: Placement) -> None:
         """Sample the run's hosts while it runs (load, heat, throttling), over its own connections."""
-        monitor = HostMonitor(self.ctx.cluster, self.ctx.samples.append, interval_s=SAMPLE_INTERVAL_S,
+        monitor = HostMonitor(self.ctx.cluster, self.reached.samples.append, interval_s=SAMPLE_INTERVAL_S,
                               transports=[job.transport(n.host) for n in placement.nodes])
         await monitor.run()
 

@@ -13,6 +13,7 @@ from typing import Any
 from pictl import errors as E
 from pictl.cluster.artifacts import artifact_summary
 from pictl.cluster.hoststate import host_records
+from pictl.cluster.monitor import HostSample
 from pictl.planning.options import RunOptions
 from pictl.run.baselines import Baseline
 from pictl.run.compare import Comparison
@@ -43,6 +44,8 @@ class Reached:
     pipeline: PipelineDone | None = None
     comparison: Comparison | None = None
     traces: list[dict[str, Any]] = field(default_factory=list)
+    samples: list[HostSample] = field(default_factory=list)
+    """The run's hosts, sampled while it runs (the session's monitor): their records and flags."""
 
 
 def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
@@ -248,7 +251,7 @@ def _host_records(ctx: RunContext, reached: Reached) -> dict[str, Any]:
     ready = ctx.timeline.marks.get("stages_ready")  # the pipeline's samples count from its last stage ready
     p = reached.placement
     return host_records([(n.host.name, list(n.ranks), p.threads.get(n.host.name)) for n in p.nodes],
-                        reached.staged.facts, ctx.samples, ctx.windows,
+                        reached.staged.facts, reached.samples, ctx.windows,
                         pipeline_ready_at=time.time() - (time.monotonic() - ready) if ready else None)
 
 

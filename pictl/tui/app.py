@@ -66,6 +66,7 @@ class PictlApp(JobsApp):
         Binding("w", "sweep", "sweep"),
         Binding("p", "prune", "prune"),
         Binding("n", "train", "train", show=False),  # in the palette and help: the footer keeps to 80 columns
+        Binding("u", "tune", "tune", show=False),
         Binding("s", "stop", "stop"),
         Binding("t", "traces", "traces"),
         Binding("/", "filter", "filter"),
@@ -226,7 +227,7 @@ class PictlApp(JobsApp):
             self.notify("a run is already in progress", severity="warning")
             return
         self.state.start_run(options, self.clock())
-        self.state.sweep = None
+        self.state.sweep = self.state.tune = None
         self.session = RunSession(self.cluster, options, on_event=self.bridge, runs_root=self.runs_root,
                                   baseline_cache=self.baseline_cache, profile=profile)
         self.state.run_dir = str(self.runs_root / self.session.run_id)
@@ -333,6 +334,8 @@ class PictlApp(JobsApp):
         yield from super().get_system_commands(screen)
         yield SystemCommand("Run", "Start a run (r)", self.action_run)
         yield SystemCommand("Sweep", "Run every combination of stages, chunks and policies (w)", self.action_sweep)
+        yield SystemCommand("Tune", "Find the fastest configuration: replicas, stages, threads, chunk, numerics (u)",
+                            self.action_tune)
         yield SystemCommand("Prune", "Prune, fine-tune and evaluate a model (p)", self.action_prune)
         yield SystemCommand("Train", "Train across the hosts: single, pipeline or ddp (n)", self.action_train)
         yield SystemCommand("Stop", "Stop the run (s)", self.action_stop)

@@ -14,16 +14,27 @@ from pictl import errors as E
 from pictl.inventory import Cluster
 from pictl.jobs.prune import PruneOptions
 from pictl.jobs.training.options import TrainOptions
+from pictl.jobs.tune import TuneSettings
 from pictl.planning.options import RunOptions
 from pictl.run.baselines import BaselineCache
 from pictl.run.session import RunSession
 from pictl.tui.bridge import SessionBridge
-from pictl.tui.messages import PruneFinished, RunFinished, SweepRows, SweepRunStarted, TrainFinished
+from pictl.tui.messages import (
+    PruneFinished,
+    RunFinished,
+    SweepRows,
+    SweepRunStarted,
+    TrainFinished,
+    TuneRows,
+    TuneRunStarted,
+)
 from pictl.tui.state import DashboardState, Ending
+from pictl.tui.tune_state import TuneView
 from pictl.tui.widgets.prune_form import PruneForm
 from pictl.tui.widgets.stage_list import StageList
 from pictl.tui.widgets.sweep_form import SweepForm
 from pictl.tui.widgets.train_form import TrainForm
+from pictl.tui.widgets.tune_form import TuneForm
 
 
 class JobsApp(App):
@@ -52,6 +63,7 @@ class JobsApp(App):
 
         out = self.runs_root.parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S")
         self.state.sweep = {"index": 0, "total": len(points), "rows": [], "directory": str(out)}
+        self.state.tune = None
         started = iter(range(len(points)))
 
         def on_session(session: RunSession) -> None:
@@ -73,11 +85,61 @@ class JobsApp(App):
 
         self.run_worker(sweep(), name="sweep", group="run", exclusive=True, exit_on_error=False)
 
+    profiles_dir: Path | None = None
+    """Where a tune's winner is saved as a preset (None: ./profiles, as `pictl tune` saves it)."""
+
+    def start_tune(self, base: RunOptions, settings: TuneSettings, profile: str | None = None) -> None:
+        """A tune: each candidate's run followed on the panel, the ranked table above it; the winner saved as
+        the `tuned` preset, which the run form then offers."""
+        from pictl.jobs.tune import run_tune
+        from pictl.jobs.tune_report import finish
+
+        out = self.runs_root.parent / "tunes" / time.strftime("%Y%m%d-%H%M%S")
+        self.state.sweep = None
+        self.state.tune = TuneView(str(out), base)
+
+        async def tune() -> None:
+            self.state.running = True  # until the first candidate's session takes over
+            try:
+                rows = await run_tune(self.cluster, base, settings, out, on_event=self.bridge,
+                                      cache=self.baseline_cache, on_rows=lambda rows: self.post_message(TuneRows(rows)),
+                                      on_session=lambda session, m: self.post_message(
+                                          TuneRunStarted(session, m.candidate.label)))
+                best, preset = finish(out, rows, base, self.cluster.source,
+                                      self.profiles_dir or Path.cwd() / "profiles", "tuned")
+            except (E.PictlError, OSError) as exc:
+                self.post_message(RunFinished(self.session.last_summary if self.session else None, Ending.of(exc)))
+                return
+            self.post_message(TuneRows(rows, best, preset))
+            self.post_message(RunFinished(self.session.last_summary if self.session else None, Ending.of(
+                failed=None if best else "the tune kept no candidate: see its table's verdicts")))
+
+        self.run_worker(tune(), name="tune", group="run", exclusive=True, exit_on_error=False)
+
+    def on_tune_run_started(self, msg: TuneRunStarted) -> None:
+        self.session = msg.session
+        self.state.start_run(msg.session.options, self.clock())
+        self.state.run_dir = str(msg.session.ctx.runs_root / msg.session.run_id)
+        if self.state.tune is not None:
+            self.state.tune.trying = msg.trying
+        self.call_later(self._reset_stages)
+        self.render_all()
+
+    def on_tune_rows(self, msg: TuneRows) -> None:
+        tune = self.state.tune
+        if tune is None:
+            return
+        tune.rows, tune.winner, tune.preset = msg.rows, msg.winner or tune.winner, msg.preset or tune.preset
+        if msg.preset is not None and msg.winner is not None:
+            self.notify(f"{msg.winner.candidate.label}: {msg.winner.speedup_vs_fp32}x the fp32 serial run; saved as "
+                        f"{msg.preset} (run it: r, profile tuned)", title="tune done", timeout=15)
+        self.render_all()
+
     def start_prune(self, options: PruneOptions, on: str | None) -> None:
         from pictl.jobs.prune import PruneSession
 
         self.state.start_prune(options, on or "the controller", self.clock())
-        self.state.sweep = None
+        self.state.sweep = self.state.tune = None
         session = PruneSession(options, cluster=self.cluster, on_host=on, root=self.runs_root.parent / "prunes",
                                on_event=self.bridge)
         self.call_later(self._reset_stages)
@@ -97,7 +159,7 @@ class JobsApp(App):
 
         session = TrainSession(self.cluster, options, on_event=self.bridge, root=self.runs_root.parent / "trains")
         self.state.start_train(options, self.clock())
-        self.state.sweep = None
+        self.state.sweep = self.state.tune = None
         self.call_later(self._reset_stages)
 
         async def train() -> None:
@@ -151,6 +213,9 @@ class JobsApp(App):
 
     def action_train(self) -> None:
         self._form_then(TrainForm(), self.start_train)
+
+    def action_tune(self) -> None:
+        self._form_then(TuneForm(), self.start_tune)
 
     def action_sweep(self) -> None:
         self._form_then(SweepForm(self.cluster), self.start_sweep)

@@ -14,6 +14,9 @@ from pictl.tui.state import Ending
 from remote.records import Record
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from pictl.jobs.tune_verdicts import Measured
     from pictl.run.session import RunSession
 
 Decision = Placed | SplitChosen | BaselineReady
@@ -93,6 +96,22 @@ class SweepRows(Message):
     def __init__(self, rows: list[dict[str, Any]], directory: str) -> None:
         super().__init__()
         self.rows, self.directory = rows, directory
+
+
+class TuneRunStarted(Message):
+    """A tune measures its next candidate (its session is about to run)."""
+
+    def __init__(self, session: RunSession, trying: str) -> None:
+        super().__init__()
+        self.session, self.trying = session, trying
+
+
+class TuneRows(Message):
+    """Every candidate of the tune so far, after each measurement (and the winner once it ended)."""
+
+    def __init__(self, rows: list[Measured], winner: Measured | None = None, preset: Path | None = None) -> None:
+        super().__init__()
+        self.rows, self.winner, self.preset = rows, winner, preset
 
 
 class PruneFinished(Message):

@@ -25,6 +25,7 @@ from pictl.planning.placement import place_stages
 from pictl.summary_models import RunError, RunSummary, TraceRecord
 from pictl.tui.prune_state import PruneView
 from pictl.tui.train_state import TrainView
+from pictl.tui.tune_state import TuneView
 from remote.records import Record
 from remote.run_records import Accuracy, Error, Progress, Refine, Refined, StageReady, Throughput, Trace
 
@@ -120,6 +121,7 @@ class DashboardState:
         self.pipeline_started_at: float | None = None
         self.traces: list[TraceRecord] = []
         self.trace_note: str | None = None
+        self.tune: TuneView | None = None  # the latest tune: its candidates so far, the one on the panel
         self.sweep: dict[str, Any] | None = None  # {"index", "total", "rows", "directory"} while/after a sweep
         self.prune: PruneView | None = None  # the latest pruning job: options, progress, accuracy, summary
         self.train: TrainView | None = None  # the latest training job

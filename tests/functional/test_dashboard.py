@@ -253,6 +253,42 @@ async def test_a_sweep_from_the_dashboard_shows_its_table(tmp_path: Path, baseli
 
 
 @pytest.mark.slow
+async def test_a_tune_from_the_dashboard_follows_each_candidate_and_saves_the_winner(tmp_path: Path,
+                                                                                    baselines) -> None:
+    """u: the tune's form (a bad field named as the form names it), then each candidate's run on the panel with
+    the ranked table above it, and the winner saved as the `tuned` preset the run form then offers."""
+    from pictl.tui.widgets.tune_form import TuneForm
+
+    app = _app(tmp_path, baselines=baselines)
+    app.profiles_dir = tmp_path / "profiles"
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("u")
+        await pilot.pause()
+        form = app.screen
+        assert isinstance(form, TuneForm)
+        images = form.query_one("#images", Input)
+        images.value = "0"
+        images.focus()
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.screen is form and "images per pass" in str(form.query_one("#form-error").render())
+        for field, value in (("#images", "4"), ("#threads", "1"), ("#chunk", "1"), ("#measure", "2")):
+            form.query_one(field, Input).value = value  # threads and chunk fixed: the shapes alone, kept short
+        await pilot.press("enter")
+        await _until(pilot, lambda: app.state.tune is not None and app.state.tune.trying != "")
+        assert app.state.tune.trying.startswith("1x2")  # the pipeline over both hosts comes first
+        await _until(pilot, lambda: app.state.tune.winner is not None and not app.state.running)
+        tune = app.state.tune
+        assert tune.measured == 2 and all(m.status == "ok" for m in tune.rows if m.status)
+        assert tune.preset == tmp_path / "profiles" / "tuned.toml" and tune.preset.is_file()
+        assert (Path(tune.directory) / "table.md").is_file() and (Path(tune.directory) / "tune.json").is_file()
+        await pilot.pause(0.6)
+        text = _screen_text(app)
+        assert "2 measured" in text and "WINNER" in text and tune.winner.candidate.short(tune.base) in text
+        assert "saved as" in text
+
+
+@pytest.mark.slow
 async def test_a_pruning_job_from_the_dashboard(tmp_path: Path) -> None:
     from support.digits import write_digits
 

@@ -51,9 +51,17 @@ def processes_under(root: Path) -> list[psutil.Process]:
 
 def host_processes(cluster: Any) -> dict[str, list[str]]:
     """What every test host runs for pictl (its login's processes; on loopback, those in its workdir)."""
-    found = {f"h{i}": [" ".join(p.info["cmdline"] or [])[:100] for p in cluster.processes(i)]
-             for i in range(cluster.n)}
+    # A process between exit and zombie has no command line: its pid, name and state say what it was.
+    found = {f"h{i}": [" ".join(p.info["cmdline"] or [])[:100] or f"[pid {p.pid} {_name(p)}, {p.info['status']}]"
+                       for p in cluster.processes(i)] for i in range(cluster.n)}
     return {host: procs for host, procs in found.items() if procs}
+
+
+def _name(p: Any) -> str:
+    try:
+        return f"{p.name()} of {p.ppid()}"
+    except Exception:  # gone meanwhile
+        return "gone"
 
 
 def assert_hosts_clean(cluster: Any, timeout: float = 15) -> None:

@@ -12,6 +12,7 @@ from textual.widgets import Static
 KEYS = (
     ("r", "start a run (a form: profile, stages, policy or split points, chunk, images)"),
     ("w", "start a sweep (every combination of stages, chunks and policies)"),
+    ("u", "tune: find the fastest configuration (replicas x stages x threads x chunk; int8 with a loss allowed)"),
     ("p", "prune, fine-tune and evaluate a model"),
     ("n", "train across the hosts (single, pipeline or ddp): loss, samples/s and each rank's time per step"),
     ("s", "stop the run: every rank on every host, after asking"),

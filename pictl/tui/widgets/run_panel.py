@@ -16,6 +16,7 @@ from pictl.summary import baseline_text
 from pictl.summary_models import RunSummary
 from pictl.tui.state import DashboardState
 from pictl.tui.widgets.train_panel import train_grid
+from pictl.tui.widgets.tune_table import tune_table
 from remote.run_records import Refine, Refined
 
 
@@ -125,7 +126,8 @@ class RunPanel(Static):
                id(state.summary), len(state.traces), state.trace_note, round(done, 3),
                None if eta is None else round(eta), state.shape[0], sweep.get("index"),
                len(sweep.get("rows", [])), len(state.refine), phase_line, int(now * 4) if waiting else None,
-               state.run_dir, tuple(state.split_points))
+               state.run_dir, tuple(state.split_points),
+               (tune.trying, id(tune.winner), id(tune.rows)) if (tune := state.tune) else None)
         if key == self._shown:
             return
         self._shown = key
@@ -224,6 +226,9 @@ class RunPanel(Static):
             grid.add_row("", Text(state.trace_note, style="yellow"))
         if gap:  # the waterfall's line, each term named in its colour as in the bar above; last: it is long
             grid.add_row("gap", line_text(gap))
+        if state.tune is not None:  # the tune's table above the candidate being measured, as a sweep's
+            self._show(Group(tune_table(state.tune), grid))
+            return
         if not state.sweep:
             self._show(grid)
             return
