@@ -20,20 +20,21 @@ def _f(value: float | None, fmt: str = ".2f", unit: str = "") -> str:
 
 def tune_table(view: TuneView) -> RenderableType:
     measured = ranked([m for m in view.rows if m.status])
-    waiting = ranked([m for m in view.rows if not m.status and not m.why])[:SHOWN_PREDICTED]
+    waiting = ranked([m for m in view.rows if not m.status and not m.why and m.predicted_ips])[:SHOWN_PREDICTED]
     head = Text.assemble(("tune", "bold"), f"  {view.measured} measured",
                          *((f"  now: {view.trying}",) if view.trying and view.winner is None else ()),
                          "  ", (view.directory, "dim"))
     table = Table(box=None, padding=(0, 1), header_style="bold")
-    for col in ("config", "pred/s", "img/s", "x fp32", "agree", "verdict"):
-        table.add_column(col, justify="left" if col in ("config", "verdict") else "right", no_wrap=True)
+    # Short headings: the run panel may be half of an 80-column terminal (x: the speedup over fp32 serial).
+    for col in ("config", "pred", "img/s", "x", "agree", ""):
+        table.add_column(col, justify="left" if col in ("config", "") else "right", no_wrap=True)
     for m in [*measured, *waiting]:
         if m is view.winner:
             verdict = Text("WINNER", style="bold green")
         elif m.status:
             verdict = Text("kept" if m.kept else f"no: {m.why}"[:40], style="green" if m.kept else "yellow")
         else:
-            verdict = Text("predicted", style="dim")
+            verdict = Text("-", style="dim")
         table.add_row(m.candidate.short(view.base), _f(m.predicted_ips, ".1f"), _f(m.throughput_ips, ".1f"),
                       _f(m.speedup_vs_fp32, unit="x"), _f(m.agreement_vs_fp32, ".3f"), verdict)
     saved = [Text(f"saved as {view.preset}: r, profile tuned, runs it again", style="green")] if view.preset else []
