@@ -105,6 +105,8 @@ def tune(
         fail(exc)
     except E.PictlError as exc:
         renderer.close()
+        if target is not None and target.is_dir() and not any(target.iterdir()):
+            target.rmdir()  # refused before it measured anything: the directory it made is empty, and goes
         fail(exc)
     renderer.close()
     assert target is not None

@@ -175,9 +175,10 @@ async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, o
     reference.serial_ips, reference.accuracy = lead.serial_ips, lead.fp32_accuracy
     profiles = cached_profiles(cluster, base, (cache or BaselineCache()).root.parent, first[0].ctx.code,
                                first[0].ctx.artifact)
-    if profiles is None:
-        raise E.RunFailed("tune: the hosts' cost profiles are not in the cache after the first run"
-                          + ("" if lead.status == "ok" else " (it failed: see its record)"))
+    if profiles is None:  # nothing to predict from: the first run failed (or did not profile)
+        raise E.RunFailed(f"tune: the first run ({lead.candidate.label}) failed, nothing to tune from: {lead.why}"
+                          if lead.status != "ok" else
+                          "tune: the hosts' cost profiles are not in the cache after the first run")
     calibration = calibrate(lead, cluster, base, profiles)
     axes = Axes.of(base, search_threads=settings.search_threads, search_chunk=settings.search_chunk,
                    cores=usable_cores(lead.machines))

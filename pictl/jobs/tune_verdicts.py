@@ -106,8 +106,10 @@ def judge(m: Measured, summary: RunSummary | None, min_agreement: float, versus:
 
 
 def _verdict(m: Measured, s: RunSummary, min_agreement: float, allow_loss: bool) -> tuple[bool, str]:
-    if m.status != "ok" or not s.outputs_match:
-        return False, "its run failed" if m.status != "ok" else "outputs differ from its serial run"
+    if m.status != "ok":
+        return False, "its run failed" + (f": {s.error.message}" if s.error and s.error.message else "")
+    if not s.outputs_match:
+        return False, "outputs differ from its serial run"
     if m.exact:
         return True, "bit-identical"
     if not m.candidate.lossy and not allow_loss:

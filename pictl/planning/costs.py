@@ -32,6 +32,7 @@ from pictl.events import command_outcome
 from pictl.inventory import Host
 from pictl.records.cache import JsonCache
 from pictl.text import ascii_count
+from remote import protocol as P
 from remote.balance import CostTable, Link
 from remote.run_records import Costs
 
@@ -118,6 +119,8 @@ async def measure_host(t: Transport, model: str, num_classes: int, chunk: int, t
         argv += ["--checkpoint", artifact.host_path(h)]
     result = await t.run(argv, env=worker_env(h, threads), timeout_s=600)
     costs, reason = command_outcome(result, Costs)
+    if costs is None and result.returncode == P.EXIT_BAD_INPUT:  # the model itself is wrong: bad input, exit 2
+        raise E.ConfigError(reason)
     if costs is None:
         raise E.RunFailed(f"host '{h.name}': cost profiling failed: {reason}")
     return {k: getattr(costs, k) for k in PROFILE_FIELDS}

@@ -83,3 +83,16 @@ def test_an_interrupted_tune_keeps_what_it_measured(tmp_path: Path, pictl_env) -
     done = [r for r in kept["rows"] if r["run_id"]]
     assert done and done[0]["replicas"] == 1 and done[0]["stages"] == 2 and done[0]["throughput_ips"] > 0
     assert not (tmp_path / "profiles").exists()  # nothing won: no preset
+
+
+def test_a_tune_of_a_model_timm_does_not_have_is_refused_as_bad_input(tmp_path: Path, pictl_env) -> None:
+    """Its first run's profiling finds the model missing: one line, exit 2, no preset, no run directory."""
+    env = {**pictl_env, "PICTL_CACHE_DIR": str(tmp_path / "cache")}
+    hosts = write_cluster(tmp_path / "cluster", 2)
+    proc = run_pictl(["tune", "--hosts", str(hosts), "--runs-dir", str(tmp_path / "runs"), *FAST, "--model",
+                      "nosuchnet", "--out", str(tmp_path / "tune")], env, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == "pictl: error: unknown model 'nosuchnet' (timm has no such " \
+                                                   "architecture)"
+    assert not (tmp_path / "profiles").exists() and not list((tmp_path / "cluster").glob("h*/runs/*"))
+    assert not (tmp_path / "tune").exists()  # the tune directory it had made, empty, is gone
