@@ -1,8 +1,11 @@
-"""What the phases of one run share: its options and identity, the record (once it exists), the caches,
-what its ranks and hosts reported, and the one sink every event goes to.
+"""What the phases of one run share: its options and identity, the caches, the one sink every event goes
+to, the record (once it exists; lines that come before it wait here) and the start-up timeline each phase
+marks.
 
 The phases (`hosts`, `placement`, `split`, `staging`, `serial`, `pipeline`, `compare`, `summarize`) each
 take this and the previous phases' results and return their own; the session (`session.py`) orders them.
+What the run measures as it goes (the ranks' folded telemetry, the measured windows, the host samples) is
+the session's `Reached`, handed to the phases that fill it.
 The hosts themselves (connections, leases, processes) are the job's (`pictl.cluster.jobs.HostJob`), which
 `open_hosts` returns.
 """
@@ -22,7 +25,6 @@ from pictl.planning.options import RunOptions
 from pictl.records.cache import JsonCache
 from pictl.records.runs import RunRecord
 from pictl.run.baselines import BaselineCache
-from pictl.run.telemetry import RunTelemetry
 from pictl.run.timeline import StartupTimeline
 
 
@@ -41,11 +43,7 @@ class RunContext:
     reuse_baseline: bool = True
     started: float = field(default_factory=time.time)
     timeline: StartupTimeline = field(default_factory=StartupTimeline)
-    telemetry: RunTelemetry = field(default_factory=RunTelemetry)
-    """The pipeline's ranks, folded (the serial run has its own)."""
     record: RunRecord | None = None
-    windows: dict[str, list[float]] = field(default_factory=dict)
-    """"baseline" / "pipeline" -> [start, end] on the controller's clock."""
     _early: list[tuple[str, str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:

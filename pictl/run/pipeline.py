@@ -24,6 +24,7 @@ from pictl.run.context import RunContext
 from pictl.run.placement import Placement
 from pictl.run.split import SplitChoice, keep_refined
 from pictl.run.staging import Staged
+from pictl.run.telemetry import RunTelemetry
 from remote.records import Record
 from remote.run_records import Refined
 
@@ -44,8 +45,10 @@ class Pipeline:
     """One launch of the pipeline; `live` while its ranks run (trace grabs look at it)."""
 
     def __init__(self, ctx: RunContext, job: HostJob, placement: Placement, choice: SplitChoice, staged: Staged,
-                 ) -> None:
+                 telemetry: RunTelemetry, windows: dict[str, list[float]]) -> None:
+        """`telemetry`: where the ranks' records are folded; `windows["pipeline"]`: the launch's [start, end]."""
         self.ctx, self.job, self.placement, self.choice, self.staged = ctx, job, placement, choice, staged
+        self.telemetry, self.windows = telemetry, windows
         self.launch: RankLaunch | None = None
         self.corrections: dict[str, float] | None = None
 
@@ -81,7 +84,7 @@ class Pipeline:
     def _check_figures(self) -> None:
         """Every rank ended well: still, a run whose figures did not all arrive (a host sent records that
         broke the protocol, or none) fails rather than end "OK" with a number missing."""
-        tel, spec = self.ctx.telemetry, self.choice.spec
+        tel, spec = self.telemetry, self.choice.spec
         ranks = spec.stages * spec.replicas
         missing = tel.missing_figures(ranks, spec.repeats)
         if missing is None:
@@ -94,7 +97,7 @@ class Pipeline:
 
     def _on_record(self, host: str, record: Record) -> bool:
         ctx = self.ctx
-        ctx.telemetry.apply(host, record)
+        self.telemetry.apply(host, record)
         if isinstance(record, Refined) and self.choice.prediction is not None:
             self.corrections = keep_refined(ctx, self.placement, self.choice, record)
         ctx.timeline.observe(record)
@@ -106,34 +109,33 @@ class Pipeline:
         copies = f"{spec.replicas} replicas x " if spec.replicas > 1 else ""
         ctx.phase("pipeline", f"launching {copies}{spec.stages} stage(s) on {len(nodes)} host(s), "
                               f"rendezvous {master.rendezvous_address}:{port}")
-        stages = ctx.telemetry.stages
+        stages = self.telemetry.stages
 
         def on_record(node: NodePlan, record: Record) -> bool:
             if record.rank not in node.ranks:  # a host speaks only for the ranks it runs
-                ctx.telemetry.reject(node.host.name, Rejected(record.EVENT, f"rank {record.rank} does not run on "
+                self.telemetry.reject(node.host.name, Rejected(record.EVENT, f"rank {record.rank} does not run on "
                                                                             "this host"))
                 return False
             return self._on_record(node.host.name, record)
 
         watch = RankWatch(on_record, finished=lambda r: bool(stages.get(r) and stages[r].ended),
                           errored=lambda r: bool(stages.get(r) and stages[r].error),
-                          on_rejected=ctx.telemetry.reject)
+                          on_rejected=self.telemetry.reject)
         ctx.timeline.launched("launch", {n.host: 1 + n.nproc for n in nodes})  # an agent and its ranks each
         self.launch = RankLaunch(self.job, nodes, port=port, threads=self.placement.threads, keep=ctx, sink=ctx.sink,
                                  watch=watch)
-        ctx.windows["pipeline"] = self.launch.window  # [start, end], filled as the ranks run
+        self.windows["pipeline"] = self.launch.window  # [start, end], filled as the ranks run
         launched = await self.launch.run()
         if launched.failed:
-            if not ctx.telemetry.stages and any(PORT_TAKEN in line for line in launched.tail):
+            if not self.telemetry.stages and any(PORT_TAKEN in line for line in launched.tail):
                 raise _PortTaken(port)  # no rank ever started: nothing of this attempt is in the figures
             raise self._blame(launched.culprit, launched.tail)
 
     def _blame(self, culprit: SilentDeath | None, tail: deque[str]) -> E.RunFailed:
         """A rank that died without a word first, then the earliest rank that reported an error."""
-        ctx = self.ctx
         if culprit is not None:
             return E.RunFailed.on(culprit.host, culprit.rank, "the pipeline", culprit.message, tail)
-        st = ctx.telemetry.first_error()
+        st = self.telemetry.first_error()
         if st is not None and st.error is not None:
             return E.RunFailed.on(self.placement.node_of(st.rank).host.name, st.rank, "the pipeline",
                               st.error.message, tail)

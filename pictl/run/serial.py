@@ -49,19 +49,28 @@ class Serial:
     measured against (a cached one when it may stand, as for any baseline)."""
 
 
+@dataclass(frozen=True)
+class Measuring:
+    """Where a serial measurement leaves what outlives a failure: its window on the controller's clock
+    (`windows["baseline"]`), and the lines that broke the protocol (`rejected`, counted in the run's summary)."""
+
+    windows: dict[str, list[float]]
+    rejected: Callable[[str, Rejected], None]
+
+
 async def plan_and_baseline(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSpec, staged: Staged,
-                            ) -> Serial:
-    own = await _plan_and_own_baseline(ctx, job, placement, spec, staged)
+                            measuring: Measuring) -> Serial:
+    own = await _plan_and_own_baseline(ctx, job, placement, spec, staged, measuring)
     base = own.baseline
     ctx.sink(BaselineReady(placement.first.host.name, base.ips, base.reused,
                            max(0.0, time.time() - base.measured_at) if base.reused else 0.0))
     if spec.stages > 1 and ctx.options.policy != "balanced":  # `balanced` announced its split as it chose it
         ctx.sink(SplitChosen(tuple(own.plan.get("split_points") or spec.split_points), ctx.options.policy))
-    return replace(own, fp32=await _fp32(ctx, job, placement, spec, staged))
+    return replace(own, fp32=await _fp32(ctx, job, placement, spec, staged, measuring))
 
 
 async def _plan_and_own_baseline(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSpec,
-                                 staged: Staged) -> Serial:
+                                 staged: Staged, measuring: Measuring) -> Serial:
     host = placement.first.host
     fields = baseline_fields(ctx, host, spec, staged.facts[host.name], placement.serial_threads)
     plans = plans_cache(ctx.cache_root)
@@ -77,7 +86,7 @@ async def _plan_and_own_baseline(ctx: RunContext, job: HostJob, placement: Place
             ctx.phase("baseline", f"serial baseline reused: {cached.ips:.2f} img/s on {host.name}, measured "
                                   f"{age_text(time.time() - cached.measured_at)} ago")
             return Serial(plan, reused is not None, cached, refused)
-        measured = await _measure(ctx, job, placement, spec, staged, fields, refused)
+        measured = await _measure(ctx, job, placement, spec, staged, measuring, fields, refused)
         return Serial(plan, reused is not None, measured, refused)
 
     found: dict[str, Any] = {}
@@ -89,12 +98,12 @@ async def _plan_and_own_baseline(ctx: RunContext, job: HostJob, placement: Place
         _open_record(ctx, placement, spec, plan)
 
     # Neither is known: one process plans, then measures (the record opens when the plan arrives).
-    baseline = await _measure(ctx, job, placement, spec, staged, fields, refused, on_plan=plan_arrived)
+    baseline = await _measure(ctx, job, placement, spec, staged, measuring, fields, refused, on_plan=plan_arrived)
     return Serial(found, False, baseline, refused)
 
 
 async def _fp32(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSpec, staged: Staged,
-                ) -> Baseline | None:
+                measuring: Measuring) -> Baseline | None:
     """The fp32 serial run a run under other numerics is set beside: cached (any fp32 run's baseline of
     the same key) or measured now, after the run's own baseline (whose window the waterfall reads)."""
     if spec.numerics == "fp32":
@@ -106,12 +115,9 @@ async def _fp32(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSp
     if cached is not None:
         ctx.phase("baseline", f"fp32 serial reference reused: {cached.ips:.2f} img/s on {host.name}")
         return cached
-    window = ctx.windows.get("baseline")
-    try:
-        return await _measure(ctx, job, placement, plain, staged, fields, refused, fp32_reference=True)
-    finally:
-        if window is not None:
-            ctx.windows["baseline"] = window
+    # Its own window: the run's baseline window stays the one the waterfall reads.
+    return await _measure(ctx, job, placement, plain, staged, replace(measuring, windows={}), fields, refused,
+                          fp32_reference=True)
 
 
 def baseline_fields(ctx: RunContext, host: Host, spec: RunSpec, facts: HostFacts, threads: int) -> dict[str, Any]:
@@ -183,7 +189,7 @@ def _open_record(ctx: RunContext, placement: Placement, spec: RunSpec, plan: dic
 
 
 async def _measure(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSpec, staged: Staged,
-                   fields: dict[str, Any], refused: str | None,
+                   measuring: Measuring, fields: dict[str, Any], refused: str | None,
                    on_plan: Callable[[dict[str, Any]], None] | None = None, fp32_reference: bool = False) -> Baseline:
     """The serial run on the first host. With `on_plan`, the same process plans first and `on_plan` gets
     the plan; bad input found by planning is a ConfigError, as from `_plan`. `fp32_reference`: the run's
@@ -193,7 +199,7 @@ async def _measure(ctx: RunContext, job: HostJob, placement: Placement, spec: Ru
     ctx.phase("baseline", (f"measuring {what} on {host.name}" if on_plan is None else
                            f"validating the spec, planning {spec.stages} stage(s) and measuring the serial "
                            f"baseline on {host.name}") + (f": {refused}" if refused else ""))
-    ctx.windows["baseline"] = [time.time(), time.time()]
+    window = measuring.windows["baseline"] = [time.time(), time.time()]
     telemetry = RunTelemetry()
     waiting = [on_plan] if on_plan is not None else []  # the plan's callback, until the plan has come
 
@@ -209,7 +215,7 @@ async def _measure(ctx: RunContext, job: HostJob, placement: Placement, spec: Ru
 
     def on_rejected(why: Rejected) -> None:  # named in the failure, and counted in the run's summary
         telemetry.reject(host.name, why)
-        ctx.telemetry.reject(host.name, why)
+        measuring.rejected(host.name, why)
 
     stream = ProcessStream(SERIAL_FP32 if fp32_reference else "serial", host.name, ctx, ctx.sink, on_record,
                            on_rejected=on_rejected)
@@ -221,7 +227,7 @@ async def _measure(ctx: RunContext, job: HostJob, placement: Placement, spec: Ru
     proc = await job.start(host, supervised(host, argv, "pgid-serial"), cwd=host.run_dir(spec.run_id),
                            env=worker_env(host, placement.serial_threads or 1))
     rc = await stream.consume(proc)
-    ctx.windows["baseline"][1] = time.time()
+    window[1] = time.time()
     job.ended(proc)
     st = telemetry.stages.get(0)
     if waiting:  # still waiting: the process ended before its plan

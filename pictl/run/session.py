@@ -40,7 +40,7 @@ from pictl.run.context import RunContext
 from pictl.run.hosts import open_hosts
 from pictl.run.pipeline import Pipeline
 from pictl.run.placement import Placement, candidates, place
-from pictl.run.serial import baseline_max_age, plan_and_baseline
+from pictl.run.serial import Measuring, baseline_max_age, plan_and_baseline
 from pictl.run.split import choose_split
 from pictl.run.staging import stage
 from pictl.run.summarize import Reached, bare_summary, summarize
@@ -114,7 +114,8 @@ class RunSession:
                 spec = choice.spec
                 reached.staged = staged = await stage(ctx, job, placement, spec)
                 self._monitor = asyncio.create_task(self._watch_hosts(job, placement))
-                reached.serial = serial = await plan_and_baseline(ctx, job, placement, spec, staged)
+                reached.serial = serial = await plan_and_baseline(
+                    ctx, job, placement, spec, staged, Measuring(reached.windows, reached.telemetry.reject))
             except E.ConfigError:
                 if ctx.record is None and self.job is not None:  # bad input: leave nothing behind, there or here
                     await asyncio.gather(*(t.remove_tree(t.host.run_dir(spec.run_id)) for t in self.job.fleet),
@@ -122,7 +123,7 @@ class RunSession:
                 raise
             ctx.timeline.mark("baselined")
             if o.ranks > 1:
-                self.pipeline = Pipeline(ctx, job, placement, choice, staged)
+                self.pipeline = Pipeline(ctx, job, placement, choice, staged, reached.telemetry, reached.windows)
                 reached.pipeline = await self.pipeline.run()
                 await self._settle_grabs(ok=True)
                 if spec.trace_steps:
@@ -207,7 +208,7 @@ class RunSession:
 
     def _trace_gave_up(self, trace_id: str, rank: int) -> str | None:
         """Why `rank` will never deliver trace `trace_id`, or None while it still may."""
-        tel = self.ctx.telemetry
+        tel = self.reached.telemetry
         for ev in tel.traces:
             if ev.get("id") == trace_id and ev.get("stage") == rank and not ev.get("file"):
                 return f"rank {rank}: {ev.get('message') or 'no trace written'}"

@@ -26,7 +26,7 @@ from pictl.run.recuts import recut_summary, settled
 from pictl.run.serial import Serial, baseline_max_age
 from pictl.run.split import SplitChoice, final_prediction
 from pictl.run.staging import Staged
-from pictl.run.telemetry import agreement
+from pictl.run.telemetry import RunTelemetry, agreement
 from pictl.run.waterfall import waterfall
 from pictl.summary import SUMMARY_SCHEMA, checked
 from pictl.summary_models import RunSummary
@@ -46,10 +46,16 @@ class Reached:
     traces: list[dict[str, Any]] = field(default_factory=list)
     samples: list[HostSample] = field(default_factory=list)
     """The run's hosts, sampled while it runs (the session's monitor): their records and flags."""
+    telemetry: RunTelemetry = field(default_factory=RunTelemetry)
+    """The pipeline's ranks, folded as they report (the serial run's own figures are its baseline's; its
+    rejected lines are counted here too)."""
+    windows: dict[str, list[float]] = field(default_factory=dict)
+    """"baseline" / "pipeline" -> [start, end] on the controller's clock, filled as each is measured (a phase
+    that fails part-way still leaves its window for the host records)."""
 
 
 def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
-    o, tel = ctx.options, ctx.telemetry
+    o, tel = ctx.options, reached.telemetry
     baseline = reached.serial.baseline if reached.serial else None
     plan = reached.serial.plan if reached.serial else {}
     serial_only = o.ranks == 1
@@ -80,7 +86,7 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
         "max_abs_diff": cmp.max_abs_diff if cmp else None,
         "compared_images": o.images if o.lossy_wire else min(o.check_images, o.images),
         "wire": wire_summary(o, per_stage[:o.stages]) if o.stages > 1 else None,  # (replica 0's links)
-        "numerics": numerics_summary(ctx, reached.serial, ips),
+        "numerics": numerics_summary(ctx, reached, ips),
         "recuts": recut_summary(tel),
         "pass_ips": list(tel.throughputs),
         "replica_ips": replica_ips(o, tel.replica_seconds),
@@ -112,15 +118,16 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
     return checked(summary)
 
 
-def numerics_summary(ctx: RunContext, serial: Serial | None, ips: float | None) -> dict[str, Any] | None:
+def numerics_summary(ctx: RunContext, reached: Reached, ips: float | None) -> dict[str, Any] | None:
     """Under other numerics: the run against the serial run in the same numerics (its `speedup`) and against
     the fp32 serial run, with the agreement of their top-1 classes over every image."""
     o = ctx.options
     if o.numerics == "fp32":
         return None
+    serial = reached.serial
     same, fp32 = (serial.baseline, serial.fp32) if serial else (None, None)
     agreed = agreement(same.logits, fp32.logits, o.num_classes) if same and fp32 else None
-    return {"kind": o.numerics, "engines": sorted({st.engine for st in ctx.telemetry.stages.values() if st.engine}),
+    return {"kind": o.numerics, "engines": sorted({st.engine for st in reached.telemetry.stages.values() if st.engine}),
             "serial_ips": round(same.ips, 4) if same else None,
             "fp32_serial_ips": round(fp32.ips, 4) if fp32 else None,
             "fp32_serial_reused": fp32.reused if fp32 else None,
@@ -175,7 +182,8 @@ def _per_stage(ctx: RunContext, reached: Reached, plan: dict[str, Any],
     planned = {s["stage"]: s for s in plan.get("stages", [])}
     out = []
     for rank in range(o.ranks):
-        st, stage = ctx.telemetry.stages.get(rank), rank % o.stages  # (with replicas, rank // stages is the replica)
+        # (with replicas, rank // stages is the replica)
+        st, stage = reached.telemetry.stages.get(rank), rank % o.stages
         totals = st.totals if st else {}
         n = totals.get("microbatches")
 
@@ -217,7 +225,7 @@ def _latency(ctx: RunContext, reached: Reached, baseline: Baseline | None) -> di
     serial = (baseline.timing or {}).get("latency") if baseline else None
     if ctx.options.ranks == 1:
         return {"pipeline": serial, "serial": serial, "clock_aligned": True} if serial else None
-    tel, clocks = ctx.telemetry, (reached.pipeline.clocks if reached.pipeline else {})
+    tel, clocks = reached.telemetry, (reached.pipeline.clocks if reached.pipeline else {})
     placement = reached.placement
     if placement is None:
         return None
@@ -251,7 +259,7 @@ def _host_records(ctx: RunContext, reached: Reached) -> dict[str, Any]:
     ready = ctx.timeline.marks.get("stages_ready")  # the pipeline's samples count from its last stage ready
     p = reached.placement
     return host_records([(n.host.name, list(n.ranks), p.threads.get(n.host.name)) for n in p.nodes],
-                        reached.staged.facts, reached.samples, ctx.windows,
+                        reached.staged.facts, reached.samples, reached.windows,
                         pipeline_ready_at=time.time() - (time.monotonic() - ready) if ready else None)
 
 
