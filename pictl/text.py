@@ -44,3 +44,8 @@ def ascii_count(text: str, *, most: int = 1 << 31) -> int | None:
         return None
     value = int(s)
     return value if value <= most else None
+
+
+def figure(value: float | None, spec: str = ".2f", unit: str = "") -> str:
+    """A figure for a table cell, or "-" when there is none (never "None", never 0 for missing)."""
+    return "-" if value is None else format(value, spec) + unit

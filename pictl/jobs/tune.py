@@ -128,9 +128,8 @@ async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, o
         """Run `m` (on the host `on` alone, when given) and judge it; a row of the table counts toward
         --measure, a further machine's serial run and a gain's do not."""
         say(Phase("tune", f"measuring {m.candidate.label} ({why})"))
-        hosts = cluster.model_copy(update={"hosts": tuple(h for h in cluster.hosts if h.name == on)}) if on else cluster
-        session = RunSession(hosts, m.candidate.options(base), on_event=on_event, runs_root=out / "runs",
-                             baseline_cache=cache, wait=settings.wait)
+        session = RunSession(_alone(cluster, on) if on else cluster, m.candidate.options(base), on_event=on_event,
+                             runs_root=out / "runs", baseline_cache=cache, wait=settings.wait)
         first[:] = first or [session]
         if on_session:
             on_session(session, m)
@@ -203,8 +202,8 @@ async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, o
 
     def over_base(m: Measured, host: str) -> float | None:
         """A serial run's img/s over the base serial run's on that host (calibrated prediction)."""
-        alone = cluster.model_copy(update={"hosts": tuple(h for h in cluster.hosts if h.name == host)})
-        plain = predict(Candidate(1, 1, threads=base.threads, chunk=base.chunk), alone, base, profiles, calibration)
+        plain = predict(Candidate(1, 1, threads=base.threads, chunk=base.chunk), _alone(cluster, host), base, profiles,
+                        calibration)
         return round(m.throughput_ips / plain, 4) if m.throughput_ips and plain else None
 
     int8_gains: dict[str, float] = {}
@@ -235,8 +234,7 @@ async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, o
     for m in rows.values():
         m.predicted_ips = predict(m.candidate, cluster, base, profiles, calibration)
     save("running")
-    done = set(map(id, measured)) | {id(m) for m in rows.values() if m.status}
-    todo = sorted((m for m in rows.values() if id(m) not in done and m.predicted_ips and not m.why),
+    todo = sorted((m for m in rows.values() if m.status is None and m.predicted_ips and not m.why),
                   key=lambda m: -(m.predicted_ips or 0.0))
     if settings.allow_loss:  # the best exact configuration is measured too, to stand beside the lossy winner
         exact = [m for m in todo if not m.candidate.lossy and not m.candidate.changes_arithmetic(base)][:1]
@@ -250,6 +248,11 @@ async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, o
         await measure(m, f"predicted {m.predicted_ips:.1f} img/s")
     save("done")
     return ranked(list(rows.values()))
+
+
+def _alone(cluster: Cluster, host: str) -> Cluster:
+    """The inventory with one host left: where a serial run measures what a lever gains on its machine."""
+    return cluster.model_copy(update={"hosts": tuple(h for h in cluster.hosts if h.name == host)})
 
 
 def _shares_lever(c: Candidate, lever: Candidate, base: RunOptions) -> bool:

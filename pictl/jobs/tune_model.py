@@ -16,7 +16,7 @@ from pathlib import Path
 from pictl.cluster.artifacts import Artifact
 from pictl.inventory import Cluster
 from pictl.jobs.tune_space import Candidate
-from pictl.planning.costs import Profiles, cost_table, profile_key
+from pictl.planning.costs import Profiles, cost_table, profile_key, usable_profile
 from pictl.planning.options import RunOptions
 from pictl.planning.placement import place_stages
 from pictl.records.cache import JsonCache
@@ -36,7 +36,7 @@ def cached_profiles(cluster: Cluster, base: RunOptions, cache_root: Path, code: 
     for host in cluster.hosts:
         found = costs.get(profile_key(host, base.model, base.num_classes, base.chunk, base.threads or 1, code=code,
                                       artifact=artifact))
-        if not isinstance(found, dict) or not found.get("compute_s"):
+        if not usable_profile(found):  # the rule `balanced` reads its cache by: a damaged profile is none
             return None
         by_host[host.name] = found
     return Profiles(by_host, [], [])

@@ -12,14 +12,11 @@ from pictl.jobs.tune_verdicts import Measured, ranked, winner
 from pictl.planning.options import RunOptions
 from pictl.planning.presets import PRESET_NAME
 from pictl.records.runs import write_bytes_atomic
+from pictl.text import figure
 
 PRESET_FIELDS = ("model", "num_classes", "stages", "replicas", "policy", "split", "numerics", "wire", "min_agreement",
                  "images", "chunk", "warmup", "repeats", "threads")
 """What a tuned preset fixes: the configuration and the measurement protocol it won under."""
-
-
-def _num(value: float | None, fmt: str = ".2f") -> str:
-    return "-" if value is None else format(value, fmt)
 
 
 def table(rows: list[Measured], best: Measured | None, base: RunOptions | None = None, *,
@@ -38,10 +35,10 @@ def table(rows: list[Measured], best: Measured | None, base: RunOptions | None =
     for m in shown:
         verdict = ("WINNER" if m is best else "kept" if m.kept else "no" if m.status else "inexact" if m.why
                    else "-")
-        lines.append(f"| {m.candidate.short(base):<13} | {_num(m.predicted_ips, '.1f'):>6} "
-                     f"| {_num(m.throughput_ips, '.1f'):>5} | {_num(m.speedup_vs_fp32):>6} "
-                     f"| {_num(m.agreement_vs_fp32, '.3f'):>5} | {_num(m.accuracy, '.3f'):>5} "
-                     f"| {_num(m.latency_p50_ms, '.0f'):>6} | {verdict:<7} |")
+        lines.append(f"| {m.candidate.short(base):<13} | {figure(m.predicted_ips, '.1f'):>6} "
+                     f"| {figure(m.throughput_ips, '.1f'):>5} | {figure(m.speedup_vs_fp32):>6} "
+                     f"| {figure(m.agreement_vs_fp32, '.3f'):>5} | {figure(m.accuracy, '.3f'):>5} "
+                     f"| {figure(m.latency_p50_ms, '.0f'):>6} | {verdict:<7} |")
     if left_out:
         lines.append(f"... and {left_out} more predicted, not measured (tune.json has every row)")
     return "\n".join(lines)

@@ -102,9 +102,9 @@ PROFILE_FIELDS = ("pieces", "compute_s", "cut_bytes", "piece_bytes", "chunk", "t
                   "passes", "pass_ms", "attempts", "comm_s_per_byte", "measured_from", "measured_until")
 
 
-def _usable(profile: dict[str, Any] | None) -> TypeGuard[dict[str, Any]]:
+def usable_profile(profile: object) -> TypeGuard[dict[str, Any]]:
     """A corrupt, truncated or old-format profile is measured again, never trusted."""
-    if not profile or not all(k in profile for k in PROFILE_FIELDS):
+    if not isinstance(profile, dict) or not all(k in profile for k in PROFILE_FIELDS):
         return False
     n = len(profile.get("pieces", []))
     return n > 0 and all(len(profile.get(k, [])) == n for k in ("compute_s", "cut_bytes", "piece_bytes"))
@@ -211,7 +211,7 @@ async def host_profiles(transports: list[Transport], cache: JsonCache, *, model:
     profiles: dict[str, dict[str, Any]] = {}
     missing: list[Transport] = []
     for t in transports:
-        if _usable(cached := cache.get(key(t))):
+        if usable_profile(cached := cache.get(key(t))):
             profiles[t.host.name] = cached
         else:
             missing.append(t)
@@ -229,7 +229,7 @@ def keep_corrections(cache: JsonCache, hosts: dict[str, Host], corrections: dict
     run on the cluster starts from the corrected model."""
     for name, factor in corrections.items():
         key = profile_key(hosts[name], model, num_classes, chunk, threads.get(name, 1), code=code, artifact=artifact)
-        if _usable(profile := cache.get(key)):
+        if usable_profile(profile := cache.get(key)):
             cache.put(key, {**profile, "correction": round(factor, 4), "corrected_at": round(time.time(), 1)})
 
 

@@ -204,9 +204,7 @@ class PictlApp(JobsApp):
         self._dirty.add("summary")
 
     async def on_sweep_run_started(self, msg: SweepRunStarted) -> None:
-        self.session = msg.session
-        self.state.start_run(msg.session.options, self.clock())
-        self.state.run_dir = str(msg.session.ctx.runs_root / msg.session.run_id)
+        self.follow(msg.session)
         self.state.sweep = {**(self.state.sweep or {}), "index": msg.index, "total": msg.total}
         await self.query_one(StageList).reset(self.state)
         self._dirty.update({"hosts", "summary"})

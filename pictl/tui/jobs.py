@@ -116,13 +116,17 @@ class JobsApp(App):
 
         self.run_worker(tune(), name="tune", group="run", exclusive=True, exit_on_error=False)
 
-    def on_tune_run_started(self, msg: TuneRunStarted) -> None:
-        self.session = msg.session
-        self.state.start_run(msg.session.options, self.clock())
-        self.state.run_dir = str(msg.session.ctx.runs_root / msg.session.run_id)
+    def follow(self, session: RunSession) -> None:
+        """A sweep's or a tune's next run takes the panels (the job's own table stays above them)."""
+        self.session = session
+        self.state.start_run(session.options, self.clock())
+        self.state.run_dir = str(session.ctx.runs_root / session.run_id)
+
+    async def on_tune_run_started(self, msg: TuneRunStarted) -> None:
+        self.follow(msg.session)
         if self.state.tune is not None:
             self.state.tune.trying = msg.trying
-        self.call_later(self._reset_stages)
+        await self._reset_stages()
         self.render_all()
 
     def on_tune_rows(self, msg: TuneRows) -> None:

@@ -66,6 +66,10 @@ class HostRow:
     error: str | None = None
 
 
+NO_RUN = RunOptions()
+"""What a pass count reads while a training or pruning job has the panel: the run defaults (made once)."""
+
+
 @dataclass
 class StageView:
     rank: int
@@ -316,7 +320,7 @@ class DashboardState:
         last = self.stages[max(self.stages)]
         if not last.microbatches_total:
             return 0.0, None
-        o = self.options or RunOptions()
+        o = self.options or NO_RUN
         warmup, repeats = o.warmup, o.repeats
         passes = warmup + repeats + (1 if o.trace_steps else 0)
         index = {"warmup": last.repeat, "calibrate": warmup, "timed": warmup + last.repeat,
@@ -334,7 +338,7 @@ class DashboardState:
         line follows its passes instead of the launch message."""
         last = self.stages[max(self.stages)] if self.stages else None
         if self.running and self.phase == "pipeline" and last is not None and last.microbatches_total:
-            o = self.options or RunOptions()
+            o = self.options or NO_RUN
             warmup, repeats = o.warmup, o.repeats
             label = {"warmup": f"warm-up pass {last.repeat + 1}/{warmup}", "calibrate": "calibrating the split",
                      "timed": f"timed pass {last.repeat + 1}/{repeats}", "trace": "traced pass"}.get(last.phase,

@@ -190,7 +190,7 @@ def test_the_profiles_of_a_model_file_are_found_under_its_digest(tmp_path: Path)
     tune's look-up must ask for the same key (it asked without the digest and found nothing)."""
     from pictl.cluster.artifacts import Artifact
     from pictl.jobs.tune_model import cached_profiles
-    from pictl.planning.costs import profile_key
+    from pictl.planning.costs import PROFILE_FIELDS, profile_key
     from pictl.records.cache import JsonCache
 
     cluster = _cluster(tmp_path)
@@ -199,7 +199,8 @@ def test_the_profiles_of_a_model_file_are_found_under_its_digest(tmp_path: Path)
     costs = JsonCache(tmp_path / "cache" / "costs")
     for h in cluster.hosts:
         costs.put(profile_key(h, base.model, base.num_classes, 1, 1, code="c0de", artifact=artifact),
-                  {"pieces": ["p0"], "compute_s": [0.1], "cut_bytes": [0.0], "piece_bytes": [1.0]})
+                  {**dict.fromkeys(PROFILE_FIELDS, 0), "pieces": ["p0"], "compute_s": [0.1], "cut_bytes": [0.0],
+                   "piece_bytes": [1.0]})
     assert cached_profiles(cluster, base, tmp_path / "cache", "c0de") is None
     found = cached_profiles(cluster, base, tmp_path / "cache", "c0de", artifact)
     assert found is not None and set(found.by_host) == {h.name for h in cluster.hosts}

@@ -14,14 +14,11 @@ from textual.widgets import Static
 from pictl.records.waterfall_view import TERM_COLORS, gap_bar, latency_of, line_text, waterfall_of
 from pictl.summary import baseline_text
 from pictl.summary_models import RunSummary
+from pictl.text import figure
 from pictl.tui.state import DashboardState
 from pictl.tui.widgets.train_panel import train_grid
 from pictl.tui.widgets.tune_table import tune_table
 from remote.run_records import Refine, Refined
-
-
-def _f(value: float | None, spec: str = ".2f", unit: str = "") -> str:
-    return "-" if value is None else f"{format(value, spec)}{unit}"
 
 
 def _share(part: float | None, whole: float | None) -> str:
@@ -44,8 +41,8 @@ def sweep_table(rows: list[dict]) -> Table:
             table.add_row(str(r["stages"]), str(r["chunk"]), r["policy"], Text(r.get("status", "?"), style="red"),
                           "", "", Text(str(r.get("error") or "")[:40], style="red"))
             continue
-        table.add_row(str(r["stages"]), str(r["chunk"]), r["policy"], _f(r.get("throughput_ips")),
-                      _f(r.get("speedup"), unit="x"), _f(r.get("efficiency")), str(r.get("bottleneck") or "-"))
+        table.add_row(str(r["stages"]), str(r["chunk"]), r["policy"], figure(r.get("throughput_ips")),
+                      figure(r.get("speedup"), unit="x"), figure(r.get("efficiency")), str(r.get("bottleneck") or "-"))
     return table
 
 
@@ -95,7 +92,7 @@ def prune_grid(state: DashboardState) -> Table:
         grid.add_row("fine-tune", f"epoch {prog.epoch}/{prog.epochs} {'█' * filled}{'░' * (20 - filled)} "
                                   f"loss {prog.loss:.4f}  {prog.ips:.0f} img/s")
     if done and done.status == "ok":
-        grid.add_row("result", f"top-1 {_f(done.top1, '.2%')} (epoch {done.best_epoch}), "
+        grid.add_row("result", f"top-1 {figure(done.top1, '.2%')} (epoch {done.best_epoch}), "
                                f"{_share(done.params, done.params_base)} of the parameters, "
                                f"{_share(done.macs, done.macs_base)} of the MACs")
     return grid
@@ -162,11 +159,11 @@ class RunPanel(Static):
         grid.add_column()
         phase_style = {"failed": "bold red", "stopped": "yellow", "done": "green"}.get(state.phase, "cyan")
         grid.add_row("run", Text(phase_line, style=phase_style))
-        grid.add_row("speedup", f"{_f(speedup, unit='x')}" + (f"  of {stages}x ideal" if stages else "")
+        grid.add_row("speedup", f"{figure(speedup, unit='x')}" + (f"  of {stages}x ideal" if stages else "")
                      + (f"  efficiency {speedup / stages:.2f}" if speedup and stages else ""))
         if s and (n := s.numerics):  # the speedup above is the parallelism alone; beside it, numerics and both
-            grid.add_row(n.kind, f"{_f(n.speedup_vs_fp32, unit='x')} over fp32 serial  (alone "
-                                 f"{_f(n.numerics_gain, unit='x')}, top-1 agreement "
+            grid.add_row(n.kind, f"{figure(n.speedup_vs_fp32, unit='x')} over fp32 serial  (alone "
+                                 f"{figure(n.numerics_gain, unit='x')}, top-1 agreement "
                                  + ("-" if n.agreement_vs_fp32 is None else f"{n.agreement_vs_fp32:.1%}") + ")")
         gap = waterfall_of(s) if s else None
         if gap:  # each term's share of the gap in its colour (a gain shaded); the `gap` line names them all
@@ -187,14 +184,14 @@ class RunPanel(Static):
         bar_width = 12
         filled = round(done * bar_width)
         grid.add_row("progress", f"{'█' * filled}{'░' * (bar_width - filled)} {done:.0%}  ETA {_eta(eta)}")
-        grid.add_row("pipeline", _f(ips, unit=" img/s"))
-        grid.add_row("serial", _f(serial, unit=" img/s") + (baseline_text(s) if s else
+        grid.add_row("pipeline", figure(ips, unit=" img/s"))
+        grid.add_row("serial", figure(serial, unit=" img/s") + (baseline_text(s) if s else
                                                              ("  reused" if state.serial_reused else "")))
         latency = latency_of(s) if s else None
         if latency and latency.pipeline:
             p = latency.pipeline
-            grid.add_row("latency", f"p50 {_f(p.p50_ms, '.0f')}  p95 {_f(p.p95_ms, '.0f')} ms"
-                         + (f"  serial p50 {_f(latency.serial.p50_ms, '.0f')}" if latency.serial else ""))
+            grid.add_row("latency", f"p50 {figure(p.p50_ms, '.0f')}  p95 {figure(p.p95_ms, '.0f')} ms"
+                         + (f"  serial p50 {figure(latency.serial.p50_ms, '.0f')}" if latency.serial else ""))
         accuracy = s.accuracy if s else state.accuracy
         grid.add_row("accuracy", "n/a" if accuracy is None else f"{accuracy:.2%}")
         if stages:
@@ -217,9 +214,9 @@ class RunPanel(Static):
         for grab in state.traces[-1:]:
             grid.add_row("traces", str(grab.directory))
             for rank, share in sorted(grab.per_rank.items(), key=lambda kv: int(kv[0])):
-                grid.add_row("", f"rank {rank}: compute {_f(share.compute_pct, '.0f')}%  send "
-                                 f"{_f(share.send_pct, '.0f')}%  recv-wait {_f(share.recv_wait_pct, '.0f')}%  "
-                                 f"idle {_f(share.idle_pct, '.0f')}%")
+                grid.add_row("", f"rank {rank}: compute {figure(share.compute_pct, '.0f')}%  send "
+                                 f"{figure(share.send_pct, '.0f')}%  recv-wait {figure(share.recv_wait_pct, '.0f')}%  "
+                                 f"idle {figure(share.idle_pct, '.0f')}%")
             for rank, why in grab.missing.items():
                 grid.add_row("", Text(f"rank {rank}: missing ({why})", style="yellow"))
         if state.trace_note:

@@ -8,14 +8,11 @@ from rich.table import Table
 from rich.text import Text
 
 from pictl.jobs.tune_verdicts import ranked
+from pictl.text import figure
 from pictl.tui.tune_state import TuneView
 
 SHOWN_PREDICTED = 4
 """Unmeasured candidates shown under the measured ones (the best predicted: what the tune may try next)."""
-
-
-def _f(value: float | None, fmt: str = ".2f", unit: str = "") -> str:
-    return "-" if value is None else format(value, fmt) + unit
 
 
 def tune_table(view: TuneView) -> RenderableType:
@@ -35,7 +32,7 @@ def tune_table(view: TuneView) -> RenderableType:
             verdict = Text("kept" if m.kept else f"no: {m.why}"[:40], style="green" if m.kept else "yellow")
         else:
             verdict = Text("-", style="dim")
-        table.add_row(m.candidate.short(view.base), _f(m.predicted_ips, ".1f"), _f(m.throughput_ips, ".1f"),
-                      _f(m.speedup_vs_fp32, unit="x"), _f(m.agreement_vs_fp32, ".3f"), verdict)
+        table.add_row(m.candidate.short(view.base), figure(m.predicted_ips, ".1f"), figure(m.throughput_ips, ".1f"),
+                      figure(m.speedup_vs_fp32, unit="x"), figure(m.agreement_vs_fp32, ".3f"), verdict)
     saved = [Text(f"saved as {view.preset}: r, profile tuned, runs it again", style="green")] if view.preset else []
     return Group(head, table, *saved)
