@@ -12,7 +12,7 @@ clean-up that follows on every path (success, failure, Ctrl-C).
     finally:
         await to_the_end(job.close())                     # stopped, confirmed, tidied, released, closed
 
-Launching ranks over it (torchrun argv, streams, the culprit of a failure) is `pictl.run.launch`.
+Launching ranks over it (torchrun argv, streams, the culprit of a failure) is `pictl.cluster.ranks`.
 """
 
 from __future__ import annotations

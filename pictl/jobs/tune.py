@@ -161,18 +161,18 @@ async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, o
     def _versus(m: Measured, session: RunSession) -> Versus | None:
         if not m.candidate.changes_arithmetic(base):
             return None
-        return reference.versus(session.ctx.record.path if session.ctx.record else None, base.num_classes)
+        return reference.versus(session.record.path if session.record else None, base.num_classes)
 
     # One stage per host (a single host: one per slot): `balanced` profiles every host it runs on.
     pipeline = Candidate(1, len(cluster.hosts) if len(cluster.hosts) > 1 else cluster.slots, threads=base.threads,
                          chunk=base.chunk)
     lead = rows.setdefault(pipeline, Measured(pipeline))
     await measure(lead, "the pipeline over every host; it profiles them and its serial run is the reference")
-    record = first[0].ctx.record
+    record = first[0].record
     if record and (record.path / P.LOGITS_FILE_SERIAL).is_file():
         reference.logits = (record.path / P.LOGITS_FILE_SERIAL).read_bytes()
     reference.serial_ips, reference.accuracy = lead.serial_ips, lead.fp32_accuracy
-    profiles = cached_profiles(cluster, base, (cache or BaselineCache()).root.parent, first[0].ctx.code,
+    profiles = cached_profiles(cluster, base, first[0].ctx.caches.root, first[0].ctx.code,
                                first[0].ctx.artifact)
     if profiles is None:  # nothing to predict from: the first run failed (or did not profile)
         raise E.RunFailed(f"tune: the first run ({lead.candidate.label}) failed, nothing to tune from: {lead.why}"

@@ -217,3 +217,42 @@ class RunRecord:
         if self._live is not None:
             os.close(self._live)  # the lock goes with it: the run is over
             self._live = None
+
+
+class PendingRecord:
+    """A run's record before and after it exists: the run's lines are kept from its first one, but its
+    directory is made only once its spec has passed the plan (bad input leaves no directory behind).
+    Until then, the lines wait here; `open` writes them through in order."""
+
+    def __init__(self, root: Path, run_id: str) -> None:
+        self.root, self.run_id = root, run_id
+        self.record: RunRecord | None = None
+        self._early: list[tuple[str, str, str]] = []
+
+    @property
+    def path(self) -> Path | None:
+        """The run directory, once it exists."""
+        return self.record.path if self.record is not None else None
+
+    def open(self, config: dict[str, Any]) -> RunRecord:
+        """The spec passed its plan: from here on the run exists, and ends with a summary."""
+        self.record = RunRecord(self.root, self.run_id)
+        self.record.write_config(config)
+        early, self._early = self._early, []
+        for kind, source, line in early:
+            self._keep(kind, source, line)
+        return self.record
+
+    def event(self, source: str, line: str) -> None:
+        self._keep("event", source, line)
+
+    def log(self, source: str, line: str) -> None:
+        self._keep("log", source, line)
+
+    def _keep(self, kind: str, source: str, line: str) -> None:
+        if self.record is None:
+            self._early.append((kind, source, line))
+        elif kind == "event":
+            self.record.event(source, line)
+        else:
+            self.record.log(source, line)

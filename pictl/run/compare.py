@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pictl.cluster.jobs import HostJob
-from pictl.run.baselines import Baseline
 from pictl.run.context import RunContext
 from pictl.run.placement import Placement
+from pictl.run.serial import Serial
 from pictl.run.telemetry import agreement, max_abs_diff
 from remote import protocol as P
 from remote.spec import RunSpec
@@ -27,18 +27,19 @@ class Comparison:
 
 
 async def collect_and_compare(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSpec,
-                              baseline: Baseline, fp32: Baseline | None = None) -> Comparison:
-    """`fp32`: the fp32 serial reference of a run under other numerics; its logits are kept beside."""
-    assert ctx.record is not None
+                              serial: Serial) -> Comparison:
+    """The outputs set against the serial run's, each kept in the run's record (and the fp32 serial
+    reference's, under other numerics)."""
+    record, baseline = serial.record, serial.baseline
     if spec.stages * spec.replicas > 1:  # the last rank of all gathers every replica's outputs
         last = placement.node_of(spec.stages * spec.replicas - 1).host
         logits = await job.transport(last).get_bytes(f"{last.run_dir(spec.run_id)}/{P.LOGITS_FILE_PIPELINE}")
-        ctx.record.save_bytes(P.LOGITS_FILE_PIPELINE, logits)
+        record.save_bytes(P.LOGITS_FILE_PIPELINE, logits)
     else:
         logits = baseline.logits
-    ctx.record.save_bytes(P.LOGITS_FILE_SERIAL, baseline.logits)
-    if fp32 is not None:
-        ctx.record.save_bytes(P.LOGITS_FILE_SERIAL_FP32, fp32.logits)
+    record.save_bytes(P.LOGITS_FILE_SERIAL, baseline.logits)
+    if serial.fp32 is not None:
+        record.save_bytes(P.LOGITS_FILE_SERIAL_FP32, serial.fp32.logits)
     diff = max_abs_diff(logits, baseline.logits)
     if not ctx.options.lossy_wire:
         return Comparison(diff, diff is not None and diff <= ctx.options.atol)

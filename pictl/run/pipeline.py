@@ -18,13 +18,13 @@ from pictl.cluster.commands import PORT_ATTEMPTS, PORT_TAKEN, master_port
 from pictl.cluster.culprit import SilentDeath
 from pictl.cluster.jobs import HostJob
 from pictl.cluster.ranks import RankLaunch, RankWatch
-from pictl.events import Rejected
+from pictl.events import Phase, Rejected
 from pictl.planning.placement import NodePlan
 from pictl.run.context import RunContext
+from pictl.run.logbook import Logbook
 from pictl.run.placement import Placement
 from pictl.run.split import SplitChoice, keep_refined
 from pictl.run.staging import Staged
-from pictl.run.telemetry import RunTelemetry
 from remote.records import Record
 from remote.run_records import Refined
 
@@ -45,10 +45,11 @@ class Pipeline:
     """One launch of the pipeline; `live` while its ranks run (trace grabs look at it)."""
 
     def __init__(self, ctx: RunContext, job: HostJob, placement: Placement, choice: SplitChoice, staged: Staged,
-                 telemetry: RunTelemetry, windows: dict[str, list[float]]) -> None:
-        """`telemetry`: where the ranks' records are folded; `windows["pipeline"]`: the launch's [start, end]."""
+                 book: Logbook) -> None:
+        """In `book`: the ranks' records folded (`telemetry`) and kept (`record`), the launch's [start, end]
+        (`windows["pipeline"]`) and its start-up marks."""
         self.ctx, self.job, self.placement, self.choice, self.staged = ctx, job, placement, choice, staged
-        self.telemetry, self.windows = telemetry, windows
+        self.book, self.telemetry = book, book.telemetry
         self.launch: RankLaunch | None = None
         self.corrections: dict[str, float] | None = None
 
@@ -68,8 +69,8 @@ class Pipeline:
                 if self.staged.master_port or attempt == PORT_ATTEMPTS:
                     raise E.RunFailed.on(master.name, 0, "the pipeline", f"the rendezvous port {port} was taken on "
                                      f"{master.name} before torchrun could bind it", deque()) from None
-                ctx.phase("pipeline", f"port {port} was taken on {master.name} before torchrun bound it; "
-                                      "launching again on another port")
+                ctx.sink(Phase("pipeline", f"port {port} was taken on {master.name} before torchrun bound it; "
+                                      "launching again on another port"))
         raise AssertionError("unreachable")
 
     async def _clocks(self) -> dict[str, dict[str, Any]]:
@@ -100,15 +101,15 @@ class Pipeline:
         self.telemetry.apply(host, record)
         if isinstance(record, Refined) and self.choice.prediction is not None:
             self.corrections = keep_refined(ctx, self.placement, self.choice, record)
-        ctx.timeline.observe(record)
+        self.book.timeline.observe(record)
         return True
 
     async def _launch(self, port: int) -> None:
         ctx, spec, nodes = self.ctx, self.choice.spec, self.placement.nodes
         master = nodes[0].host
         copies = f"{spec.replicas} replicas x " if spec.replicas > 1 else ""
-        ctx.phase("pipeline", f"launching {copies}{spec.stages} stage(s) on {len(nodes)} host(s), "
-                              f"rendezvous {master.rendezvous_address}:{port}")
+        ctx.sink(Phase("pipeline", f"launching {copies}{spec.stages} stage(s) on {len(nodes)} host(s), "
+                              f"rendezvous {master.rendezvous_address}:{port}"))
         stages = self.telemetry.stages
 
         def on_record(node: NodePlan, record: Record) -> bool:
@@ -121,10 +122,11 @@ class Pipeline:
         watch = RankWatch(on_record, finished=lambda r: bool(stages.get(r) and stages[r].ended),
                           errored=lambda r: bool(stages.get(r) and stages[r].error),
                           on_rejected=self.telemetry.reject)
-        ctx.timeline.launched("launch", {n.host: 1 + n.nproc for n in nodes})  # an agent and its ranks each
-        self.launch = RankLaunch(self.job, nodes, port=port, threads=self.placement.threads, keep=ctx, sink=ctx.sink,
+        self.book.timeline.launched("launch", {n.host: 1 + n.nproc for n in nodes})  # an agent and its ranks each
+        self.launch = RankLaunch(self.job, nodes, port=port, threads=self.placement.threads, keep=self.book.record,
+                                 sink=ctx.sink,
                                  watch=watch)
-        self.windows["pipeline"] = self.launch.window  # [start, end], filled as the ranks run
+        self.book.windows["pipeline"] = self.launch.window  # [start, end], filled as the ranks run
         launched = await self.launch.run()
         if launched.failed:
             if not self.telemetry.stages and any(PORT_TAKEN in line for line in launched.tail):

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from pictl.cluster.jobs import HostJob
 from pictl.cluster.leases import Lease
 from pictl.errors import ConfigError
-from pictl.events import Placed, StagePlacement
+from pictl.events import Phase, Placed, StagePlacement
 from pictl.inventory import Cluster
 from pictl.planning.costs import host_profiles
 from pictl.planning.placement import NodePlan, place_stages
 from pictl.run.context import RunContext
+from pictl.run.timeline import StartupTimeline
 from pictl.text import ascii_count
 
 
@@ -72,11 +73,11 @@ def candidates(cluster: Cluster, stages: int, policy: str, replicas: int = 1) ->
     return Candidates(cluster.model_copy(update={"hosts": tuple(h for h in cluster.hosts if h.name in used)}), nodes)
 
 
-async def place(ctx: RunContext, job: HostJob, usable: Candidates) -> Placement:
+async def place(ctx: RunContext, job: HostJob, usable: Candidates, timeline: StartupTimeline) -> Placement:
     """Where each stage runs, with how many threads; announced (`Placed`)."""
     nodes = usable.nodes
     if nodes is None:
-        chosen = await _fastest(ctx, job, usable.cluster, ctx.options.ranks)
+        chosen = await _fastest(ctx, job, usable.cluster, ctx.options.ranks, timeline)
         nodes = tuple(place_stages(chosen, ctx.options.ranks))
     kept = await job.keep_only(n.host.name for n in nodes)
     threads, serial_threads = await _divide_threads(ctx, job, nodes)
@@ -85,25 +86,25 @@ async def place(ctx: RunContext, job: HostJob, usable: Candidates) -> Placement:
     return placement
 
 
-async def _fastest(ctx: RunContext, job: HostJob, cluster: Cluster, stages: int) -> Cluster:
+async def _fastest(ctx: RunContext, job: HostJob, cluster: Cluster, stages: int, timeline: StartupTimeline) -> Cluster:
     """The `stages` hosts whose measured (and corrected) pieces add up to the least time; inventory order
     kept among the chosen. The hosts left out are given back to other runs."""
     o = ctx.options
-    ctx.phase("balance", f"{stages} stage(s) on {len(cluster.hosts)} hosts: choosing the fastest")
-    profiles = await host_profiles(list(job.fleet), ctx.cache("costs"), model=o.model, num_classes=o.num_classes,
+    ctx.sink(Phase("balance", f"{stages} stage(s) on {len(cluster.hosts)} hosts: choosing the fastest"))
+    profiles = await host_profiles(list(job.fleet), ctx.caches.costs, model=o.model, num_classes=o.num_classes,
                                    chunk=o.chunk, threads=o.threads or 1, code=ctx.code, artifact=ctx.artifact,
                                    use_corrections=o.refine)
     if profiles.measured:
-        ctx.timeline.launched("profile", {job.transport(h).host: 1 for h in profiles.measured})
+        timeline.launched("profile", {job.transport(h).host: 1 for h in profiles.measured})
     for group in profiles.shared:
-        ctx.phase("balance", f"{', '.join(group)} share one machine: profiled one at a time")
+        ctx.sink(Phase("balance", f"{', '.join(group)} share one machine: profiled one at a time"))
     hosts = list(cluster.hosts)
     total = {h.name: sum(profiles.by_host[h.name]["compute_s"]) * profiles.correction(h.name) for h in hosts}
     chosen = set(sorted(total, key=total.__getitem__)[:stages])
-    ctx.phase("balance", "fastest hosts: " + ", ".join(
+    ctx.sink(Phase("balance", "fastest hosts: " + ", ".join(
         f"{h.name} ({total[h.name] * 1000:.0f} ms)" for h in hosts if h.name in chosen)
         + "; left out: " + ", ".join(f"{h.name} ({total[h.name] * 1000:.0f} ms)" for h in hosts
-                                     if h.name not in chosen))
+                                     if h.name not in chosen)))
     return cluster.model_copy(update={"hosts": tuple(h for h in hosts if h.name in chosen)})
 
 
@@ -118,6 +119,6 @@ async def _divide_threads(ctx: RunContext, job: HostJob, nodes: tuple[NodePlan, 
 
     counts = await asyncio.gather(*(cores(n) for n in nodes))
     threads = {n.host.name: max(1, c // len(n.ranks)) for n, c in zip(nodes, counts, strict=True)}
-    ctx.phase("threads", ", ".join(f"{n.host.name}: {len(n.ranks)} stage(s) x {threads[n.host.name]} "
-                                   f"thread(s) of {c} core(s)" for n, c in zip(nodes, counts, strict=True)))
+    ctx.sink(Phase("threads", ", ".join(f"{n.host.name}: {len(n.ranks)} stage(s) x {threads[n.host.name]} "
+                                   f"thread(s) of {c} core(s)" for n, c in zip(nodes, counts, strict=True))))
     return threads, counts[0]

@@ -20,13 +20,15 @@ from pictl.cluster.commands import module_argv, supervised, worker_env
 from pictl.cluster.hoststate import HostFacts
 from pictl.cluster.jobs import HostJob
 from pictl.cluster.stream import ProcessStream
-from pictl.events import SERIAL_FP32, BaselineReady, Rejected, SplitChosen, command_outcome
+from pictl.events import SERIAL_FP32, BaselineReady, Phase, Rejected, SplitChosen, command_outcome
 from pictl.inventory import Host
-from pictl.planning.specs import plan_key, plans_cache
+from pictl.planning.specs import plan_key
 from pictl.records.cache import JsonCache
+from pictl.records.runs import RunRecord
 from pictl.run.baselines import Baseline, reuse_refusal
 from pictl.run.context import RunContext
 from pictl.run.latency import serial_latencies, summary_ms
+from pictl.run.logbook import Logbook
 from pictl.run.placement import Placement
 from pictl.run.staging import Staged
 from pictl.run.telemetry import RunTelemetry
@@ -44,50 +46,45 @@ class Serial:
     baseline: Baseline
     refused: str | None
     """Why a cached baseline was not reused (None: reused, or none was cached)."""
+    record: RunRecord
+    """The run's record, opened once the plan existed."""
     fp32: Baseline | None = None
     """Under other numerics (`--numerics`): the same serial run in fp32, what their gain and loss are
     measured against (a cached one when it may stand, as for any baseline)."""
 
 
-@dataclass(frozen=True)
-class Measuring:
-    """Where a serial measurement leaves what outlives a failure: its window on the controller's clock
-    (`windows["baseline"]`), and the lines that broke the protocol (`rejected`, counted in the run's summary)."""
-
-    windows: dict[str, list[float]]
-    rejected: Callable[[str, Rejected], None]
-
-
 async def plan_and_baseline(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSpec, staged: Staged,
-                            measuring: Measuring) -> Serial:
-    own = await _plan_and_own_baseline(ctx, job, placement, spec, staged, measuring)
+                            book: Logbook) -> Serial:
+    """The plan and the serial baseline; the record opens as the plan arrives, and the baseline's window
+    (`book.windows["baseline"]`), marks and rejected lines are in the logbook even if this fails."""
+    own = await _plan_and_own_baseline(ctx, job, placement, spec, staged, book)
     base = own.baseline
     ctx.sink(BaselineReady(placement.first.host.name, base.ips, base.reused,
                            max(0.0, time.time() - base.measured_at) if base.reused else 0.0))
     if spec.stages > 1 and ctx.options.policy != "balanced":  # `balanced` announced its split as it chose it
         ctx.sink(SplitChosen(tuple(own.plan.get("split_points") or spec.split_points), ctx.options.policy))
-    return replace(own, fp32=await _fp32(ctx, job, placement, spec, staged, measuring))
+    return replace(own, fp32=await _fp32(ctx, job, placement, spec, staged, book))
 
 
 async def _plan_and_own_baseline(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSpec,
-                                 staged: Staged, measuring: Measuring) -> Serial:
+                                 staged: Staged, book: Logbook) -> Serial:
     host = placement.first.host
     fields = baseline_fields(ctx, host, spec, staged.facts[host.name], placement.serial_threads)
-    plans = plans_cache(ctx.cache_root)
+    plans = ctx.caches.plans
     key = plan_key(host, spec, code=ctx.code)
     reused = plans.get(key) if key else None
     if reused:
-        ctx.phase("plan", f"plan for {spec.stages} stage(s) reused (same model, split and code)")
+        ctx.sink(Phase("plan", f"plan for {spec.stages} stage(s) reused (same model, split and code)"))
     cached, refused = _reusable(ctx, fields, staged.facts[host.name].state)
     if reused or cached:
-        plan = reused or await _plan(ctx, job, host, spec, key)
-        _open_record(ctx, placement, spec, plan)
+        plan = reused or await _plan(ctx, job, host, spec, key, book)
+        record = _open_record(ctx, book, placement, spec, plan)
         if cached:
-            ctx.phase("baseline", f"serial baseline reused: {cached.ips:.2f} img/s on {host.name}, measured "
-                                  f"{age_text(time.time() - cached.measured_at)} ago")
-            return Serial(plan, reused is not None, cached, refused)
-        measured = await _measure(ctx, job, placement, spec, staged, measuring, fields, refused)
-        return Serial(plan, reused is not None, measured, refused)
+            ctx.sink(Phase("baseline", f"serial baseline reused: {cached.ips:.2f} img/s on {host.name}, measured "
+                                  f"{age_text(time.time() - cached.measured_at)} ago"))
+            return Serial(plan, reused is not None, cached, refused, record)
+        measured = await _measure(ctx, job, placement, spec, staged, book, _window(book), fields, refused)
+        return Serial(plan, reused is not None, measured, refused, record)
 
     found: dict[str, Any] = {}
 
@@ -95,15 +92,24 @@ async def _plan_and_own_baseline(ctx: RunContext, job: HostJob, placement: Place
         if key:
             plans.put(key, plan)
         found.update(plan)
-        _open_record(ctx, placement, spec, plan)
+        _open_record(ctx, book, placement, spec, plan)
 
     # Neither is known: one process plans, then measures (the record opens when the plan arrives).
-    baseline = await _measure(ctx, job, placement, spec, staged, measuring, fields, refused, on_plan=plan_arrived)
-    return Serial(found, False, baseline, refused)
+    baseline = await _measure(ctx, job, placement, spec, staged, book, _window(book), fields, refused,
+                              on_plan=plan_arrived)
+    assert book.record.record is not None  # the plan arrived: it opened the record
+    return Serial(found, False, baseline, refused, book.record.record)
+
+
+def _window(book: Logbook) -> list[float]:
+    """The baseline's window on the controller's clock, in the logbook from its start (the waterfall and the
+    host records read it, of a failed run too)."""
+    window = book.windows["baseline"] = [time.time(), time.time()]
+    return window
 
 
 async def _fp32(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSpec, staged: Staged,
-                measuring: Measuring) -> Baseline | None:
+                book: Logbook) -> Baseline | None:
     """The fp32 serial run a run under other numerics is set beside: cached (any fp32 run's baseline of
     the same key) or measured now, after the run's own baseline (whose window the waterfall reads)."""
     if spec.numerics == "fp32":
@@ -113,10 +119,10 @@ async def _fp32(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSp
     fields = baseline_fields(ctx, host, plain, staged.facts[host.name], placement.serial_threads)
     cached, refused = _reusable(ctx, fields, staged.facts[host.name].state)
     if cached is not None:
-        ctx.phase("baseline", f"fp32 serial reference reused: {cached.ips:.2f} img/s on {host.name}")
+        ctx.sink(Phase("baseline", f"fp32 serial reference reused: {cached.ips:.2f} img/s on {host.name}"))
         return cached
-    # Its own window: the run's baseline window stays the one the waterfall reads.
-    return await _measure(ctx, job, placement, plain, staged, replace(measuring, windows={}), fields, refused,
+    # A window of its own: the run's baseline window stays the one the waterfall reads.
+    return await _measure(ctx, job, placement, plain, staged, book, [time.time(), time.time()], fields, refused,
                           fp32_reference=True)
 
 
@@ -144,23 +150,24 @@ def _reusable(ctx: RunContext, fields: dict[str, Any], state_now: dict[str, Any]
     enough); else None, and why when there was one."""
     if not ctx.reuse_baseline:
         return None, "--fresh-baseline asks for a new measurement"
-    cached = ctx.baselines.get(JsonCache.key(fields))
+    cached = ctx.caches.baselines.get(JsonCache.key(fields))
     if cached is None:
         return None, None
     refused = reuse_refusal(cached, state_now, max_age_s=baseline_max_age(ctx), now=time.time())
     return (None, refused) if refused else (cached, None)
 
 
-async def _plan(ctx: RunContext, job: HostJob, host: Host, spec: RunSpec, key: str | None) -> dict[str, Any]:
-    ctx.phase("plan", f"validating the spec and planning {spec.stages} stage(s) on {host.name}")
-    ctx.timeline.launched("plan", {host: 1})
+async def _plan(ctx: RunContext, job: HostJob, host: Host, spec: RunSpec, key: str | None,
+                book: Logbook) -> dict[str, Any]:
+    ctx.sink(Phase("plan", f"validating the spec and planning {spec.stages} stage(s) on {host.name}"))
+    book.timeline.launched("plan", {host: 1})
     result = await job.transport(host).run(module_argv(host, "remote.runtime.plan", P.SPEC_FILE),
                                            cwd=host.run_dir(spec.run_id), env=worker_env(host, 1), timeout_s=300)
     found, message = command_outcome(result, Plan)
     if found is not None:
         plan = to_wire(found)
         if key:
-            plans_cache(ctx.cache_root).put(key, plan)
+            ctx.caches.plans.put(key, plan)
         return plan
     if result.returncode == P.EXIT_BAD_INPUT:
         raise E.ConfigError(message)
@@ -178,28 +185,30 @@ def serial_timing(telemetry: RunTelemetry, images: int, threads: int) -> dict[st
             "threads": threads, "latency": summary_ms(serial_latencies(telemetry.pass_times("serial")))}
 
 
-def _open_record(ctx: RunContext, placement: Placement, spec: RunSpec, plan: dict[str, Any]) -> None:
+def _open_record(ctx: RunContext, book: Logbook, placement: Placement, spec: RunSpec,
+                 plan: dict[str, Any]) -> RunRecord:
     # The inventory as an absolute path: `pictl traces` may run from another directory.
     source = ctx.cluster.source
-    ctx.open_record({"options": ctx.options.model_dump(), "profile": ctx.profile,
+    record = book.record.open({"options": ctx.options.model_dump(), "profile": ctx.profile,
                      "cluster": str(Path(source).resolve()) if source else "", "spec": spec.to_json(),
                      "placement": [{"host": n.host.name, "ranks": list(n.ranks)} for n in placement.nodes],
                      "plan": plan})
-    ctx.timeline.mark("planned")
+    book.timeline.mark("planned")
+    return record
 
 
 async def _measure(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSpec, staged: Staged,
-                   measuring: Measuring, fields: dict[str, Any], refused: str | None,
+                   book: Logbook, window: list[float], fields: dict[str, Any], refused: str | None,
                    on_plan: Callable[[dict[str, Any]], None] | None = None, fp32_reference: bool = False) -> Baseline:
     """The serial run on the first host. With `on_plan`, the same process plans first and `on_plan` gets
     the plan; bad input found by planning is a ConfigError, as from `_plan`. `fp32_reference`: the run's
-    spec in fp32 (its own logits file), for a run under other numerics."""
+    spec in fp32 (its own logits file), for a run under other numerics. `window`: its [start, end] on the
+    controller's clock, filled here."""
     host = placement.first.host
     what = "the fp32 serial reference" if fp32_reference else "the serial baseline"
-    ctx.phase("baseline", (f"measuring {what} on {host.name}" if on_plan is None else
+    ctx.sink(Phase("baseline", (f"measuring {what} on {host.name}" if on_plan is None else
                            f"validating the spec, planning {spec.stages} stage(s) and measuring the serial "
-                           f"baseline on {host.name}") + (f": {refused}" if refused else ""))
-    window = measuring.windows["baseline"] = [time.time(), time.time()]
+                           f"baseline on {host.name}") + (f": {refused}" if refused else "")))
     telemetry = RunTelemetry()
     waiting = [on_plan] if on_plan is not None else []  # the plan's callback, until the plan has come
 
@@ -215,15 +224,15 @@ async def _measure(ctx: RunContext, job: HostJob, placement: Placement, spec: Ru
 
     def on_rejected(why: Rejected) -> None:  # named in the failure, and counted in the run's summary
         telemetry.reject(host.name, why)
-        measuring.rejected(host.name, why)
+        book.telemetry.reject(host.name, why)
 
-    stream = ProcessStream(SERIAL_FP32 if fp32_reference else "serial", host.name, ctx, ctx.sink, on_record,
+    stream = ProcessStream(SERIAL_FP32 if fp32_reference else "serial", host.name, book.record, ctx.sink, on_record,
                            on_rejected=on_rejected)
     argv = module_argv(host, "remote.runtime.serial", P.SPEC_FILE) + (["--plan"] if on_plan else []) \
         + (["--fp32-reference"] if fp32_reference else [])
-    ctx.timeline.launched("baseline", {host: 1})
+    book.timeline.launched("baseline", {host: 1})
     if on_plan is not None:
-        ctx.timeline.launched("plan", {host: 0})  # (the same process)
+        book.timeline.launched("plan", {host: 0})  # (the same process)
     proc = await job.start(host, supervised(host, argv, "pgid-serial"), cwd=host.run_dir(spec.run_id),
                            env=worker_env(host, placement.serial_threads or 1))
     rc = await stream.consume(proc)
@@ -249,5 +258,5 @@ async def _measure(ctx: RunContext, job: HostJob, placement: Placement, spec: Ru
     baseline = Baseline(ips, telemetry.ips_spread or [], telemetry.top1, logits, time.time(),
                         st.peak_rss_mb, st.import_rss_mb, host_state=staged.facts[host.name].state,
                         timing=serial_timing(telemetry, spec.images * spec.repeats, placement.serial_threads or 1))
-    ctx.baselines.put(JsonCache.key(fields), baseline, fields)
+    ctx.caches.baselines.put(JsonCache.key(fields), baseline, fields)
     return baseline

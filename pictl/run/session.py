@@ -9,7 +9,8 @@
     collect_and_compare -> Comparison                                       (run/compare.py)
     summarize -> summary                                                    (run/summarize.py)
 
-The session orders them, owns the sink and the record, takes trace windows while the pipeline runs,
+The session orders them, owns the sink and the logbook (the record, the start-up timeline, the telemetry:
+`logbook.py`), hands each phase the part of it that phase writes in, takes trace windows while the pipeline runs,
 and handles stop and failure in one place: whatever happens (bad input, a failing host, Ctrl-C),
 every process it started is stopped, each host confirms, and once a run directory exists a summary
 saying how the run ended is written.
@@ -27,20 +28,21 @@ from pictl.cluster.jobs import HostJob, to_the_end
 from pictl.cluster.monitor import HostMonitor
 from pictl.cluster.transport import preload
 from pictl.cluster.warm import started_since
-from pictl.events import EventSink
+from pictl.events import EventSink, Phase
 from pictl.inventory import Cluster
 from pictl.planning.options import RunOptions
 from pictl.planning.specs import spec_from
-from pictl.records.runs import RunRecord, default_runs_root
+from pictl.records.runs import PendingRecord, RunRecord, default_runs_root
 from pictl.records.tracker_writers import check_trackers, track_record
 from pictl.records.trackers import run_series, write_samples
 from pictl.run.baselines import BaselineCache
 from pictl.run.compare import collect_and_compare
-from pictl.run.context import RunContext
+from pictl.run.context import Caches, RunContext
 from pictl.run.hosts import open_hosts
+from pictl.run.logbook import Logbook
 from pictl.run.pipeline import Pipeline
 from pictl.run.placement import Placement, candidates, place
-from pictl.run.serial import Measuring, baseline_max_age, plan_and_baseline
+from pictl.run.serial import baseline_max_age, plan_and_baseline
 from pictl.run.split import choose_split
 from pictl.run.staging import stage
 from pictl.run.summarize import Reached, bare_summary, summarize
@@ -57,11 +59,13 @@ class RunSession:
                  runs_root: Path | None = None, baseline_cache: BaselineCache | None = None,
                  reuse_baseline: bool = True, profile: str | None = None, wait: bool = False) -> None:
         preload(cluster)  # before the start-up clock: importing is not connecting
+        runs_root = runs_root or default_runs_root()
         self.ctx = RunContext(cluster, options, RunRecord.new_id(options.stages), on_event or (lambda _e: None),
-                              runs_root or default_runs_root(), baseline_cache or BaselineCache(),
+                              runs_root, Caches.beside(baseline_cache or BaselineCache()),
                               artifact=open_artifact(options.artifact) if options.artifact else None,
                               profile=profile, wait_for_hosts=wait, reuse_baseline=reuse_baseline)
-        self.reached = Reached()
+        self.book = Logbook(PendingRecord(runs_root, self.ctx.run_id))
+        self.reached = Reached(self.book)
         self.pipeline: Pipeline | None = None
         self.last_summary: RunSummary | None = None
         """The summary of the finished run, failed or not (None when nothing started), as written."""
@@ -84,9 +88,14 @@ class RunSession:
         return baseline_max_age(self.ctx)
 
     @property
+    def record(self) -> RunRecord | None:
+        """The run's record, once it exists (its spec passed the plan)."""
+        return self.book.record.record
+
+    @property
     def write_error(self) -> E.RecordWriteFailed | None:
         """The record could not be written whole (a full disk): the result stands, the record is incomplete."""
-        return self.ctx.record.write_error if self.ctx.record is not None else None
+        return self.record.write_error if self.record is not None else None
 
     @property
     def pipeline_live(self) -> bool:
@@ -100,7 +109,7 @@ class RunSession:
         return self.last_summary
 
     async def _run(self) -> None:
-        ctx, reached = self.ctx, self.reached
+        ctx, reached, book = self.ctx, self.reached, self.book
         o = ctx.options
         usable = candidates(ctx.cluster, o.ranks, o.policy, o.replicas)  # ConfigError: nothing started yet
         check_trackers(self.trackers)
@@ -108,30 +117,28 @@ class RunSession:
         summary: dict[str, Any] = {}
         try:
             try:
-                self.job = job = (await open_hosts(ctx, list(usable.cluster.hosts))).job
-                reached.placement = placement = await place(ctx, job, usable)
-                reached.choice = choice = await choose_split(ctx, job, placement, spec)
+                self.job = job = (await open_hosts(ctx, list(usable.cluster.hosts), book.timeline)).job
+                reached.placement = placement = await place(ctx, job, usable, book.timeline)
+                reached.choice = choice = await choose_split(ctx, job, placement, spec, book.timeline)
                 spec = choice.spec
-                reached.staged = staged = await stage(ctx, job, placement, spec)
+                reached.staged = staged = await stage(ctx, job, placement, spec, book.timeline)
                 self._monitor = asyncio.create_task(self._watch_hosts(job, placement))
-                reached.serial = serial = await plan_and_baseline(
-                    ctx, job, placement, spec, staged, Measuring(reached.windows, reached.telemetry.reject))
+                reached.serial = serial = await plan_and_baseline(ctx, job, placement, spec, staged, book)
             except E.ConfigError:
-                if ctx.record is None and self.job is not None:  # bad input: leave nothing behind, there or here
+                if self.record is None and self.job is not None:  # bad input: leave nothing behind, there or here
                     await asyncio.gather(*(t.remove_tree(t.host.run_dir(spec.run_id)) for t in self.job.fleet),
                                          return_exceptions=True)
                 raise
-            ctx.timeline.mark("baselined")
+            book.timeline.mark("baselined")
             if o.ranks > 1:
-                self.pipeline = Pipeline(ctx, job, placement, choice, staged, reached.telemetry, reached.windows)
+                self.pipeline = Pipeline(ctx, job, placement, choice, staged, book)
                 reached.pipeline = await self.pipeline.run()
                 await self._settle_grabs(ok=True)
                 if spec.trace_steps:
                     await self.grab_traces(spec.trace_steps, trace_id="run", request=False, timeout_s=30)
-            ctx.timeline.warm_started = await started_since([job.transport(n.host) for n in placement.nodes],
-                                                            ctx.timeline.started_at)
-            reached.comparison = cmp = await collect_and_compare(ctx, job, placement, spec, serial.baseline,
-                                                                 serial.fp32)
+            book.timeline.warm_started = await started_since([job.transport(n.host) for n in placement.nodes],
+                                                             book.timeline.started_at)
+            reached.comparison = cmp = await collect_and_compare(ctx, job, placement, spec, serial)
             summary = summarize(ctx, reached, "ok")
             if not cmp.outputs_match:
                 summary["status"] = "failed"
@@ -145,7 +152,7 @@ class RunSession:
             summary = summarize(ctx, reached, "interrupted")
             raise E.Interrupted("interrupted: every rank was stopped") from None
         except Exception as exc:  # pictl's own errors, and any other (a bug): the record says which
-            if ctx.record is None:
+            if self.record is None:
                 raise  # failed before the run existed: nothing to summarise
             if not summary:
                 summary = summarize(ctx, reached, "failed")
@@ -160,9 +167,9 @@ class RunSession:
                 finally:
                     await to_the_end(self._cleanup())
             finally:  # however the run ended, and whatever the clean-up met, the record closes
-                if ctx.record is not None:
-                    summary = summary or bare_summary(ctx)
-                    ctx.record.finish(summary)
+                if self.record is not None:
+                    summary = summary or bare_summary(ctx, book)
+                    self.record.finish(summary)
                     self.last_summary = RunSummary.model_validate(summary)
                     if self.last_summary.status != "interrupted":  # a second Ctrl-C must not wait on a tracker
                         await self._track(self.last_summary)
@@ -173,19 +180,19 @@ class RunSession:
         return list(self.options.track or self.ctx.cluster.track)
 
     async def _track(self, summary: RunSummary) -> None:
-        record, kinds = self.ctx.record, self.trackers
+        record, kinds = self.record, self.trackers
         if record is None or not kinds:
             return
         try:
-            write_samples(record.path, self.reached.samples)
+            write_samples(record.path, self.book.samples)
         except OSError as exc:  # the trackers go without the host samples; the record stands
-            self.ctx.phase("track", f"host samples not written ({exc.strerror or exc})")
+            self.ctx.sink(Phase("track", f"host samples not written ({exc.strerror or exc})"))
         await track_record(kinds, record.path, lambda: run_series(record.path, summary),
-                           lambda message: self.ctx.phase("track", message))
+                           lambda message: self.ctx.sink(Phase("track", message)))
 
     async def _watch_hosts(self, job: HostJob, placement: Placement) -> None:
         """Sample the run's hosts while it runs (load, heat, throttling), over its own connections."""
-        monitor = HostMonitor(self.ctx.cluster, self.reached.samples.append, interval_s=SAMPLE_INTERVAL_S,
+        monitor = HostMonitor(self.ctx.cluster, self.book.samples.append, interval_s=SAMPLE_INTERVAL_S,
                               transports=[job.transport(n.host) for n in placement.nodes])
         await monitor.run()
 
@@ -208,7 +215,7 @@ class RunSession:
 
     def _trace_gave_up(self, trace_id: str, rank: int) -> str | None:
         """Why `rank` will never deliver trace `trace_id`, or None while it still may."""
-        tel = self.reached.telemetry
+        tel = self.book.telemetry
         for ev in tel.traces:
             if ev.get("id") == trace_id and ev.get("stage") == rank and not ev.get("file"):
                 return f"rank {rank}: {ev.get('message') or 'no trace written'}"
@@ -225,23 +232,23 @@ class RunSession:
 
         The run goes on meanwhile; passes the window touches are kept out of its throughput.
         """
-        ctx = self.ctx
-        if request and (not self.pipeline_live or ctx.record is None):
+        ctx, record = self.ctx, self.record
+        if request and (not self.pipeline_live or record is None):
             raise E.ConfigError("no pipeline is running: traces are taken from a live run (or run --trace-steps)")
-        assert ctx.record is not None
+        assert record is not None
         task = asyncio.current_task()
         if task is not None:
             self._grab_tasks.add(task)
         ranks = self._rank_traces()
-        ctx.phase("traces", f"profiling {steps} step(s) on {len(ranks)} rank(s)")
+        ctx.sink(Phase("traces", f"profiling {steps} step(s) on {len(ranks)} rank(s)"))
         try:
-            grab = await grab_traces(ranks, ctx.record.path, steps=steps, timeout_s=timeout_s,
+            grab = await grab_traces(ranks, record.path, steps=steps, timeout_s=timeout_s,
                                      gave_up=self._trace_gave_up, trace_id=trace_id, request=request)
         finally:
             self._grab_tasks.discard(task)
-        self.reached.traces.append(grab.to_json())
+        self.book.traces.append(grab.to_json())
         got = f"{len(grab.files)} of {len(grab.files) + len(grab.missing)} rank trace(s) in {grab.directory}"
-        ctx.phase("traces", got + "".join(f"; {why}" for why in grab.missing.values()))
+        ctx.sink(Phase("traces", got + "".join(f"; {why}" for why in grab.missing.values())))
         return grab
 
     async def _settle_grabs(self, ok: bool) -> None:

@@ -12,10 +12,11 @@ from typing import Any
 
 from pictl import errors as E
 from pictl.cluster.jobs import HostJob
-from pictl.events import SplitChosen
+from pictl.events import Phase, SplitChosen
 from pictl.planning.costs import cost_table, host_profiles, keep_corrections, link_profiles
 from pictl.run.context import RunContext
 from pictl.run.placement import Placement
+from pictl.run.timeline import StartupTimeline
 from remote.balance import NoFeasibleSplit, balanced_split
 from remote.run_records import Refined
 from remote.spec import RefineSpec, RunSpec
@@ -30,23 +31,24 @@ class SplitChoice:
     prediction: dict[str, Any] | None = None
 
 
-async def choose_split(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSpec) -> SplitChoice:
+async def choose_split(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSpec,
+                       timeline: StartupTimeline) -> SplitChoice:
     if ctx.options.policy != "balanced" or spec.stages == 1:
         return SplitChoice(spec)
     o = ctx.options
     stage_hosts = placement.stage_hosts
     used = job.fleet.only(dict.fromkeys(stage_hosts))
-    ctx.phase("balance", f"cost profiles of {len(used)} host(s)")
-    profiles = await host_profiles(used, ctx.cache("costs"), model=spec.model, num_classes=spec.num_classes,
+    ctx.sink(Phase("balance", f"cost profiles of {len(used)} host(s)"))
+    profiles = await host_profiles(used, ctx.caches.costs, model=spec.model, num_classes=spec.num_classes,
                                    chunk=spec.chunk, threads=placement.threads, code=ctx.code,
                                    artifact=ctx.artifact, use_corrections=o.refine)
     if profiles.measured:
-        ctx.timeline.launched("profile", {job.transport(h).host: 1 for h in profiles.measured})
+        timeline.launched("profile", {job.transport(h).host: 1 for h in profiles.measured})
     # With replicas, each runs the same split on its own hosts: the split is chosen for the slowest of them.
     replicas = [stage_hosts[r * spec.stages:(r + 1) * spec.stages] for r in range(spec.replicas)]
     hops = [(job.transport(a), job.transport(b)) for a, b in dict.fromkeys(
         (a, b) for hosts in replicas for a, b in itertools.pairwise(hosts) if a != b)]
-    links, measured_links = await link_profiles(hops, ctx.cache("links"))
+    links, measured_links = await link_profiles(hops, ctx.caches.links)
     ratio = byte_ratio(parse_wire(o.wire).default)
     tables = [cost_table(hosts, profiles, links, wire_ratio=ratio) for hosts in replicas]
     table = tables[0]
@@ -72,15 +74,15 @@ async def choose_split(ctx: RunContext, job: HostJob, placement: Placement, spec
                                           "MB_per_s": round(k.bytes_per_s / 1e6, 1)} for (a, b), k in links.items()},
                   "links_measured": measured_links, "first_split": list(chosen.split_points), "refine": o.refine}
     for group in profiles.shared:
-        ctx.phase("balance", f"{', '.join(group)} share one machine: profiled one at a time")
+        ctx.sink(Phase("balance", f"{', '.join(group)} share one machine: profiled one at a time"))
     source = f"measured {', '.join(profiles.measured)}" if profiles.measured else cached_age(profiles.by_host)
     ages = prediction["corrections_age_s"]
     corrected = [f"{h} x{f:.2f}" + (f" {ages[h]:.0f} s ago" if h in ages else "")
                  for h, f in prediction["corrections"].items() if f != 1.0]
-    ctx.phase("balance", f"split {', '.join(chosen.split_points)}: predicted "
+    ctx.sink(Phase("balance", f"split {', '.join(chosen.split_points)}: predicted "
               + " / ".join(f"{ms:.1f}" for ms in prediction["stage_ms"]) + " ms per microbatch"
               + f" ({source}" + (f"; corrected by earlier runs: {', '.join(corrected)}" if corrected else "")
-              + ")" + ("; refined during the run" if o.refine else ""))
+              + ")" + ("; refined during the run" if o.refine else "")))
     ctx.sink(SplitChosen(tuple(chosen.split_points), "balanced", tuple(prediction["stage_ms"])))
     return SplitChoice(chosen, prediction)
 
@@ -116,7 +118,7 @@ def keep_refined(ctx: RunContext, placement: Placement, choice: SplitChoice, ref
         per_host.setdefault(host, []).append(factor)
     corrections = {h: earlier.get(h, 1.0) * sum(fs) / len(fs) for h, fs in per_host.items()}
     o = ctx.options
-    keep_corrections(ctx.cache("costs"), {n.host.name: n.host for n in placement.nodes}, corrections,
+    keep_corrections(ctx.caches.costs, {n.host.name: n.host for n in placement.nodes}, corrections,
                      model=o.model, num_classes=o.num_classes, chunk=o.chunk, threads=placement.threads,
                      code=ctx.code, artifact=ctx.artifact)
     return {h: round(f, 4) for h, f in corrections.items()}

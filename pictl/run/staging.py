@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from pictl.cluster.commands import master_port
 from pictl.cluster.hoststate import HostFacts, read_run_facts
 from pictl.cluster.jobs import HostJob
+from pictl.events import Phase
 from pictl.run.context import RunContext
 from pictl.run.placement import Placement
+from pictl.run.timeline import StartupTimeline
 from remote import protocol as P
 from remote.spec import RunSpec
 
@@ -24,7 +26,8 @@ class Staged:
     """The port asked for (`--master-port`), checked free; None: chosen at launch."""
 
 
-async def stage(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSpec) -> Staged:
+async def stage(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSpec,
+                timeline: StartupTimeline) -> Staged:
     names = [n.host.name for n in placement.nodes]
     swept = await job.stage({P.SPEC_FILE: spec.to_json().encode()}, "cannot prepare the run", names)
     port = None
@@ -33,13 +36,13 @@ async def stage(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSp
     first = placement.first.host
     facts = await read_run_facts(job.transport(first), job.fleet.only(names[1:]), base_dir=first.run_dir(spec.run_id),
                                  checkpoint=spec.checkpoint if spec.checkpoint and not ctx.artifact else None)
-    ctx.timeline.mark("prepared")
+    timeline.mark("prepared")
     stopped = sum(len(c.get("stopped", [])) for c in swept.values())
     if stopped:
-        ctx.phase("cleanup", f"stopped {stopped} process group(s) an earlier run left behind")
+        ctx.sink(Phase("cleanup", f"stopped {stopped} process group(s) an earlier run left behind"))
     for name, c in swept.items():
         live = {k["run"] for k in c.get("kept", []) if k.get("pgid")}
         if live:  # (a run without a lease: an older pictl) it shares this host's CPUs with ours
-            ctx.phase("cleanup", f"{name}: {len(live)} other run(s) still running in this workdir "
-                      f"({', '.join(sorted(live))}); their processes are left alone")
+            ctx.sink(Phase("cleanup", f"{name}: {len(live)} other run(s) still running in this workdir "
+                      f"({', '.join(sorted(live))}); their processes are left alone"))
     return Staged(facts, port)

@@ -7,26 +7,26 @@ import asyncio
 import itertools
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pictl import errors as E
 from pictl.cluster.artifacts import artifact_summary
 from pictl.cluster.hoststate import host_records
-from pictl.cluster.monitor import HostSample
 from pictl.planning.options import RunOptions
 from pictl.run.baselines import Baseline
 from pictl.run.compare import Comparison
 from pictl.run.context import RunContext
 from pictl.run.flags import compute_flags
 from pictl.run.latency import pipeline_latencies, summary_ms
+from pictl.run.logbook import Logbook
 from pictl.run.pipeline import PipelineDone
 from pictl.run.placement import Placement
 from pictl.run.recuts import recut_summary, settled
 from pictl.run.serial import Serial, baseline_max_age
 from pictl.run.split import SplitChoice, final_prediction
 from pictl.run.staging import Staged
-from pictl.run.telemetry import RunTelemetry, agreement
+from pictl.run.telemetry import agreement
 from pictl.run.waterfall import waterfall
 from pictl.summary import SUMMARY_SCHEMA, checked
 from pictl.summary_models import RunSummary
@@ -35,27 +35,20 @@ from remote.wire import parse_wire
 
 @dataclass
 class Reached:
-    """The phase results a run got to: a failed or interrupted run stops anywhere."""
+    """The phase results a run got to (a failed or interrupted run stops anywhere), and what it wrote down
+    on the way there."""
 
+    book: Logbook
     placement: Placement | None = None
     choice: SplitChoice | None = None
     staged: Staged | None = None
     serial: Serial | None = None
     pipeline: PipelineDone | None = None
     comparison: Comparison | None = None
-    traces: list[dict[str, Any]] = field(default_factory=list)
-    samples: list[HostSample] = field(default_factory=list)
-    """The run's hosts, sampled while it runs (the session's monitor): their records and flags."""
-    telemetry: RunTelemetry = field(default_factory=RunTelemetry)
-    """The pipeline's ranks, folded as they report (the serial run's own figures are its baseline's; its
-    rejected lines are counted here too)."""
-    windows: dict[str, list[float]] = field(default_factory=dict)
-    """"baseline" / "pipeline" -> [start, end] on the controller's clock, filled as each is measured (a phase
-    that fails part-way still leaves its window for the host records)."""
 
 
 def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
-    o, tel = ctx.options, reached.telemetry
+    o, tel = ctx.options, reached.book.telemetry
     baseline = reached.serial.baseline if reached.serial else None
     plan = reached.serial.plan if reached.serial else {}
     serial_only = o.ranks == 1
@@ -68,7 +61,7 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
     per_stage = _per_stage(ctx, reached, plan, prediction)
     summary: dict[str, Any] = {
         "schema": SUMMARY_SCHEMA, "status": status, "run_id": ctx.run_id,
-        "run_dir": str(ctx.record.path) if ctx.record else None,
+        "run_dir": _run_dir(reached.book),
         "model": o.model, "stages": o.stages, "replicas": o.replicas, "policy": o.policy,
         "artifact": artifact_summary(ctx.artifact) if ctx.artifact else None,
         "split_points": (tel.refined or plan).get("split_points", list(o.split)),
@@ -95,13 +88,13 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
         "serial_accuracy": baseline.top1 if baseline else None,
         "per_stage": per_stage,
         "plan_reused": reached.serial.plan_reused if reached.serial else False,
-        "traces": reached.traces,
+        "traces": reached.book.traces,
         "traced_passes": len(tel.traced_throughputs),
         "prediction": prediction,
         "refine": {"rounds": [{k: r.get(k) for k in ("round", "split_points", "predicted_ms", "measured_ms",
                                                       "link_ms", "factors", "next_split")}
                               for r in tel.refine_rounds]} if tel.refine_rounds else None,
-        "startup": ctx.timeline.summary(),
+        "startup": reached.book.timeline.summary(),
         "started_at": ctx.started, "duration_s": round(time.time() - ctx.started, 2),
         "serial_spread_ips": baseline.ips_spread if baseline else None,
         "baseline": _baseline_record(ctx, reached, baseline),
@@ -127,7 +120,8 @@ def numerics_summary(ctx: RunContext, reached: Reached, ips: float | None) -> di
     serial = reached.serial
     same, fp32 = (serial.baseline, serial.fp32) if serial else (None, None)
     agreed = agreement(same.logits, fp32.logits, o.num_classes) if same and fp32 else None
-    return {"kind": o.numerics, "engines": sorted({st.engine for st in reached.telemetry.stages.values() if st.engine}),
+    engines = sorted({st.engine for st in reached.book.telemetry.stages.values() if st.engine})
+    return {"kind": o.numerics, "engines": engines,
             "serial_ips": round(same.ips, 4) if same else None,
             "fp32_serial_ips": round(fp32.ips, 4) if fp32 else None,
             "fp32_serial_reused": fp32.reused if fp32 else None,
@@ -183,7 +177,7 @@ def _per_stage(ctx: RunContext, reached: Reached, plan: dict[str, Any],
     out = []
     for rank in range(o.ranks):
         # (with replicas, rank // stages is the replica)
-        st, stage = reached.telemetry.stages.get(rank), rank % o.stages
+        st, stage = reached.book.telemetry.stages.get(rank), rank % o.stages
         totals = st.totals if st else {}
         n = totals.get("microbatches")
 
@@ -225,7 +219,7 @@ def _latency(ctx: RunContext, reached: Reached, baseline: Baseline | None) -> di
     serial = (baseline.timing or {}).get("latency") if baseline else None
     if ctx.options.ranks == 1:
         return {"pipeline": serial, "serial": serial, "clock_aligned": True} if serial else None
-    tel, clocks = reached.telemetry, (reached.pipeline.clocks if reached.pipeline else {})
+    tel, clocks = reached.book.telemetry, (reached.pipeline.clocks if reached.pipeline else {})
     placement = reached.placement
     if placement is None:
         return None
@@ -256,19 +250,23 @@ def _baseline_record(ctx: RunContext, reached: Reached, baseline: Baseline | Non
 def _host_records(ctx: RunContext, reached: Reached) -> dict[str, Any]:
     if reached.placement is None or reached.staged is None:
         return {}
-    ready = ctx.timeline.marks.get("stages_ready")  # the pipeline's samples count from its last stage ready
+    ready = reached.book.timeline.marks.get("stages_ready")  # the pipeline's samples count from its last stage ready
     p = reached.placement
     return host_records([(n.host.name, list(n.ranks), p.threads.get(n.host.name)) for n in p.nodes],
-                        reached.staged.facts, reached.samples, reached.windows,
+                        reached.staged.facts, reached.book.samples, reached.book.windows,
                         pipeline_ready_at=time.time() - (time.monotonic() - ready) if ready else None)
 
 
-def bare_summary(ctx: RunContext) -> dict[str, Any]:
+def _run_dir(book: Logbook) -> str | None:
+    return str(book.record.path) if book.record.path else None
+
+
+def bare_summary(ctx: RunContext, book: Logbook) -> dict[str, Any]:
     """What the record says when even the summary could not be made: how it ended, never `{}`."""
     exc = sys.exc_info()[1]
     status = "interrupted" if isinstance(exc, asyncio.CancelledError | E.Interrupted) else "failed"
     return checked({"schema": SUMMARY_SCHEMA, "status": status, "run_id": ctx.run_id, "stages": ctx.options.stages,
                     "replicas": ctx.options.replicas,
-                    "run_dir": str(ctx.record.path) if ctx.record else None, "per_stage": [],
+                    "run_dir": _run_dir(book), "per_stage": [],
                     "error": {"type": type(exc).__name__, "message": str(exc)} if exc else None,
                     "started_at": ctx.started, "duration_s": round(time.time() - ctx.started, 2)})
