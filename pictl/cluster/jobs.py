@@ -7,7 +7,8 @@ clean-up that follows on every path (success, failure, Ctrl-C).
         leases = await job.hold(wait=..., on_wait=...)    # connected and leased, or one error naming each host
         sent = await job.push(tree)                       # the code, once
         swept = await job.stage({SPEC_FILE: spec, ...})   # orphans swept, files in each host's run directory
-        proc = await job.start(host, argv, cwd=..., env=...)
+        rc = await job.run_module(host, module, args, stream, threads=...)   # one process, read to its end
+        proc = await job.start(host, argv, cwd=..., env=...)                  # or one that runs on (ranks)
         ...
     finally:
         await to_the_end(job.close())                     # stopped, confirmed, tidied, released, closed
@@ -18,13 +19,14 @@ Launching ranks over it (torchrun argv, streams, the culprit of a failure) is `p
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from pictl.cluster.commands import cleanup_host
+from pictl.cluster.commands import cleanup_host, python_module, supervised, worker_env
 from pictl.cluster.fleet import Fleet
 from pictl.cluster.leases import Lease, controller_name, release_all, take_leases
 from pictl.cluster.push import push_to
+from pictl.cluster.stream import ProcessStream
 from pictl.cluster.transport import RemoteProcess, Transport
 from pictl.inventory import Host
 from remote import protocol as P
@@ -114,10 +116,18 @@ class HostJob:
         self.live.append(proc)
         return proc
 
-    def ended(self, proc: RemoteProcess) -> None:
-        """`proc` was read to its end: nothing left to stop."""
-        if proc in self.live:
-            self.live.remove(proc)
+    async def run_module(self, host: Host, module: str, args: Sequence[str], stream: ProcessStream, *, threads: int,
+                         pgid_file: str, cwd: str | None = None) -> int:
+        """`python -m module args` on `host` under the supervisor (it dies with our connection; `pgid_file`
+        names its process group for `pictl stop`), with `threads` torch threads, in the job's run directory
+        (or `cwd`); its lines read to the end through `stream`. Its exit status; the job stops it whatever
+        happens meanwhile."""
+        argv, env = supervised(host, python_module(host, module, *args), pgid_file), worker_env(host, threads)
+        proc = await self.fleet[host.name].start(argv, cwd=cwd or host.run_dir(self.job_id), env=env)
+        self.live.append(proc)
+        rc = await stream.consume(proc)
+        self.live.remove(proc)  # read to its end: nothing left to stop
+        return rc
 
     async def stop_all(self) -> None:
         live, self.live = self.live, []

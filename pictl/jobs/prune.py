@@ -21,13 +21,14 @@ import json
 import os
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pictl import errors as E
-from pictl.cluster.commands import python_module, supervised, worker_env
+from pictl.cluster.commands import worker_env
 from pictl.cluster.jobs import HostJob, to_the_end
 from pictl.cluster.stream import ProcessStream
 from pictl.cluster.transport import Transport, transport_for
@@ -43,6 +44,7 @@ from remote.run_records import Error
 from remote.spec import DataSpec, PruneSpec
 
 ARTIFACT_NAME = "model.safetensors"
+PRUNE_MODULE, PRUNE_ARGS = "remote.pruning.prune", ("--spec", "spec.json")
 
 
 class PruneOptions(BaseModel):
@@ -225,7 +227,7 @@ class PruneSession:
                     f"{o.epochs} fine-tuning epoch(s)")
         env = {k: v for k, v in worker_env(controller, o.threads or (os.cpu_count() or 1)).items()
                if k != "PYTHONPATH"}  # the controller runs its own installed `remote`, not pushed code
-        await self._execute(transport_for(controller), controller, env)
+        await self._execute(controller, lambda stream: self._locally(transport_for(controller), env, stream))
         return self.dir / ARTIFACT_NAME
 
     async def _on_host(self) -> Path:
@@ -248,7 +250,8 @@ class PruneSession:
             await t.put_bytes(spec.to_json().encode(), f"{remote_dir}/spec.json")
             self._phase(f"pruning {o.model} on {h.name}: {o.importance} importance, ratio {o.ratio}, "
                         f"{o.epochs} fine-tuning epoch(s)")
-            await self._execute(t, h, worker_env(h, o.threads or 1), cwd=remote_dir, job=job)
+            await self._execute(h, lambda stream: job.run_module(h, PRUNE_MODULE, PRUNE_ARGS, stream,
+                                                                  threads=o.threads or 1, pgid_file="pgid-prune"))
             data = await t.get_bytes(f"{remote_dir}/{ARTIFACT_NAME}")
             target = self.dir / ARTIFACT_NAME
             try:
@@ -261,14 +264,18 @@ class PruneSession:
         finally:
             await to_the_end(job.close())
 
-    async def _execute(self, t: Transport, host: Host, env: dict[str, str], cwd: str | None = None,
-                       job: HostJob | None = None) -> None:
-        argv = [host.python_path(), "-m", "remote.pruning.prune", "--spec", "spec.json"]
-        if job is not None:  # on a host: dies with our connection, and the job stops it whatever happens
-            argv = supervised(host, python_module(host, "remote.pruning.prune", "--spec", "spec.json"), "pgid-prune")
-            proc = await job.start(host, argv, cwd=cwd or str(self.dir), env=env)
-        else:
-            proc = await t.start(argv, cwd=cwd or str(self.dir), env=env)
+    async def _locally(self, t: Transport, env: dict[str, str], stream: ProcessStream) -> int:
+        """On the controller, in the job's directory (no job: nothing to lease; stopped if we are)."""
+        proc = await t.start([t.host.python_path(), "-m", PRUNE_MODULE, *PRUNE_ARGS], cwd=str(self.dir), env=env)
+        try:
+            return await stream.consume(proc)
+        except asyncio.CancelledError:
+            await asyncio.shield(proc.stop())
+            raise
+
+    async def _execute(self, host: Host, run: Callable[[ProcessStream], Awaitable[int]]) -> None:
+        """The pruning process, run by `run` (on the controller or as the host job's), its lines read
+        through one stream; its result, or the error that names why it failed."""
 
         def on_record(record: Record) -> bool:
             match record:
@@ -281,11 +288,7 @@ class PruneSession:
             return True
 
         stream = ProcessStream("prune", host.name, self.record, self._sink, on_record)
-        try:
-            rc = await stream.consume(proc)
-        except asyncio.CancelledError:
-            await asyncio.shield(proc.stop())
-            raise
+        rc = await run(stream)
         self._tail = [line.removeprefix("prune: ") for line in stream.tail]
         if rc == 0 and self.done is not None:
             return

@@ -33,8 +33,8 @@ from pictl.planning.options import RunOptions, as_flag
 from pictl.planning.presets import preset_keys, resolve_options
 from pictl.records.runs import write_json_atomic
 from pictl.run.baselines import BaselineCache
+from pictl.run.compare import agreement, max_abs_diff
 from pictl.run.session import RunSession
-from pictl.run.telemetry import agreement, max_abs_diff
 from pictl.summary_models import RunSummary
 from remote import protocol as P
 

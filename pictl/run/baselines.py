@@ -1,6 +1,6 @@
 """Cache of serial baselines, and when a cached one may stand for a new run's.
 
-Keyed (`RunSession._baseline_fields`) by everything that changes the serial figure
+Keyed (`pictl.run.serial.baseline_fields`) by everything that changes the serial figure
 or its logits: the model or artifact, the checkpoint's content hash (taken on the
 host), the host's torch/timm versions and interpreter, threads, chunk, data,
 protocol, the host and the remote code. A baseline also records when it was
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pictl.cluster.hoststate import state_change
-from pictl.records.cache import cache_root
+from pictl.records.cache import JsonCache, cache_root
 from pictl.records.runs import write_bytes_atomic, write_json_atomic
 from pictl.summary import age_text
 
@@ -68,6 +68,19 @@ class BaselineCache:
             return None  # a cut-short or foreign entry is no baseline: the run measures one
         ok = baseline.ips > 0 and all(isinstance(v, dict | None) for v in (baseline.host_state, baseline.timing))
         return baseline if ok else None
+
+    def reusable(self, fields: dict[str, Any], state_now: dict[str, Any], *, max_age_s: float | None, now: float,
+                 fresh: bool = False) -> tuple[Baseline | None, str | None]:
+        """The baseline cached for `fields` if it may stand for a serial run now (a host state that compares,
+        young enough; `fresh`: a run that asked for a new measurement reuses none); else None, and why
+        when one was cached or a fresh one was asked for."""
+        if fresh:
+            return None, "--fresh-baseline asks for a new measurement"
+        cached = self.get(JsonCache.key(fields))
+        if cached is None:
+            return None, None
+        refused = reuse_refusal(cached, state_now, max_age_s=max_age_s, now=now)
+        return (None, refused) if refused else (cached, None)
 
     def put(self, key: str, baseline: Baseline, fields: dict[str, Any]) -> None:
         entry = self.root / key

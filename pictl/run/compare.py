@@ -4,13 +4,13 @@ and how far apart they are: bit-identical (unless `--atol` allows more) with an 
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 
 from pictl.cluster.jobs import HostJob
 from pictl.run.context import RunContext
 from pictl.run.placement import Placement
 from pictl.run.serial import Serial
-from pictl.run.telemetry import agreement, max_abs_diff
 from remote import protocol as P
 from remote.spec import RunSpec
 
@@ -31,8 +31,8 @@ async def collect_and_compare(ctx: RunContext, job: HostJob, placement: Placemen
     """The outputs set against the serial run's, each kept in the run's record (and the fp32 serial
     reference's, under other numerics)."""
     record, baseline = serial.record, serial.baseline
-    if spec.stages * spec.replicas > 1:  # the last rank of all gathers every replica's outputs
-        last = placement.node_of(spec.stages * spec.replicas - 1).host
+    if spec.stages * spec.replicas > 1:  # the last rank of all gathers every replica's outputs: the last node's
+        last = placement.nodes[-1].host
         logits = await job.transport(last).get_bytes(f"{last.run_dir(spec.run_id)}/{P.LOGITS_FILE_PIPELINE}")
         record.save_bytes(P.LOGITS_FILE_PIPELINE, logits)
     else:
@@ -48,3 +48,29 @@ async def collect_and_compare(ctx: RunContext, job: HostJob, placement: Placemen
         return Comparison(None, False, lossy=True)
     share, mean = agreed
     return Comparison(diff, share >= ctx.options.min_agreement, lossy=True, agreement=share, mean_abs_diff=mean)
+
+
+def agreement(a: bytes, b: bytes, classes: int) -> tuple[float, float] | None:
+    """Over two float32 logit files of `classes` columns: the share of rows with the same argmax, and the mean
+    |a - b|; None when their sizes differ or are not whole rows."""
+    if len(a) != len(b) or not a or len(a) % (4 * classes):
+        return None
+    xa, xb = array("f"), array("f")
+    xa.frombytes(a)
+    xb.frombytes(b)
+    rows = len(xa) // classes
+    same = 0
+    for r in range(rows):
+        ra, rb = xa[r * classes:(r + 1) * classes], xb[r * classes:(r + 1) * classes]
+        same += ra.index(max(ra)) == rb.index(max(rb))
+    return same / rows, sum(abs(x - y) for x, y in zip(xa, xb, strict=True)) / len(xa)
+
+
+def max_abs_diff(a: bytes, b: bytes) -> float | None:
+    """Largest |a - b| over two float32 logit files, or None when their sizes differ."""
+    if len(a) != len(b) or len(a) % 4:
+        return None
+    xa, xb = array("f"), array("f")
+    xa.frombytes(a)
+    xb.frombytes(b)
+    return max((abs(x - y) for x, y in zip(xa, xb, strict=True)), default=0.0)

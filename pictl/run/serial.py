@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pictl import errors as E
-from pictl.cluster.commands import module_argv, supervised, worker_env
+from pictl.cluster.commands import module_argv, worker_env
 from pictl.cluster.hoststate import HostFacts
 from pictl.cluster.jobs import HostJob
 from pictl.cluster.stream import ProcessStream
@@ -25,7 +25,7 @@ from pictl.inventory import Host
 from pictl.planning.specs import plan_key
 from pictl.records.cache import JsonCache
 from pictl.records.runs import RunRecord
-from pictl.run.baselines import Baseline, reuse_refusal
+from pictl.run.baselines import Baseline
 from pictl.run.context import RunContext
 from pictl.run.latency import serial_latencies, summary_ms
 from pictl.run.logbook import Logbook
@@ -75,7 +75,8 @@ async def _plan_and_own_baseline(ctx: RunContext, job: HostJob, placement: Place
     reused = plans.get(key) if key else None
     if reused:
         ctx.sink(Phase("plan", f"plan for {spec.stages} stage(s) reused (same model, split and code)"))
-    cached, refused = _reusable(ctx, fields, staged.facts[host.name].state)
+    cached, refused = ctx.caches.baselines.reusable(fields, staged.facts[host.name].state, now=time.time(),
+                                                    max_age_s=baseline_max_age(ctx), fresh=not ctx.reuse_baseline)
     if reused or cached:
         plan = reused or await _plan(ctx, job, host, spec, key, book)
         record = _open_record(ctx, book, placement, spec, plan)
@@ -117,7 +118,8 @@ async def _fp32(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSp
     host = placement.first.host
     plain = replace(spec, numerics="fp32")
     fields = baseline_fields(ctx, host, plain, staged.facts[host.name], placement.serial_threads)
-    cached, refused = _reusable(ctx, fields, staged.facts[host.name].state)
+    cached, refused = ctx.caches.baselines.reusable(fields, staged.facts[host.name].state, now=time.time(),
+                                                    max_age_s=baseline_max_age(ctx), fresh=not ctx.reuse_baseline)
     if cached is not None:
         ctx.sink(Phase("baseline", f"fp32 serial reference reused: {cached.ips:.2f} img/s on {host.name}"))
         return cached
@@ -143,18 +145,6 @@ def baseline_fields(ctx: RunContext, host: Host, spec: RunSpec, facts: HostFacts
 
 def baseline_max_age(ctx: RunContext) -> float | None:
     return ctx.options.baseline_max_age or ctx.cluster.baseline_max_age
-
-
-def _reusable(ctx: RunContext, fields: dict[str, Any], state_now: dict[str, Any]) -> tuple[Baseline | None, str | None]:
-    """The cached baseline if it may stand for this run's (same key, a host state that compares, young
-    enough); else None, and why when there was one."""
-    if not ctx.reuse_baseline:
-        return None, "--fresh-baseline asks for a new measurement"
-    cached = ctx.caches.baselines.get(JsonCache.key(fields))
-    if cached is None:
-        return None, None
-    refused = reuse_refusal(cached, state_now, max_age_s=baseline_max_age(ctx), now=time.time())
-    return (None, refused) if refused else (cached, None)
 
 
 async def _plan(ctx: RunContext, job: HostJob, host: Host, spec: RunSpec, key: str | None,
@@ -228,16 +218,13 @@ async def _measure(ctx: RunContext, job: HostJob, placement: Placement, spec: Ru
 
     stream = ProcessStream(SERIAL_FP32 if fp32_reference else "serial", host.name, book.record, ctx.sink, on_record,
                            on_rejected=on_rejected)
-    argv = module_argv(host, "remote.runtime.serial", P.SPEC_FILE) + (["--plan"] if on_plan else []) \
-        + (["--fp32-reference"] if fp32_reference else [])
+    args = ["--spec", P.SPEC_FILE, *(["--plan"] if on_plan else []), *(["--fp32-reference"] if fp32_reference else [])]
     book.timeline.launched("baseline", {host: 1})
     if on_plan is not None:
         book.timeline.launched("plan", {host: 0})  # (the same process)
-    proc = await job.start(host, supervised(host, argv, "pgid-serial"), cwd=host.run_dir(spec.run_id),
-                           env=worker_env(host, placement.serial_threads or 1))
-    rc = await stream.consume(proc)
+    rc = await job.run_module(host, "remote.runtime.serial", args, stream, threads=placement.serial_threads or 1,
+                              pgid_file="pgid-serial")
     window[1] = time.time()
-    job.ended(proc)
     st = telemetry.stages.get(0)
     if waiting:  # still waiting: the process ended before its plan
         message = st.error.message if st and st.error else (list(stream.tail) or ["no output"])[-1]

@@ -41,7 +41,7 @@ from pictl.run.context import Caches, RunContext
 from pictl.run.hosts import open_hosts
 from pictl.run.logbook import Logbook
 from pictl.run.pipeline import Pipeline
-from pictl.run.placement import Placement, candidates, place
+from pictl.run.placement import candidates, place
 from pictl.run.serial import baseline_max_age, plan_and_baseline
 from pictl.run.split import choose_split
 from pictl.run.staging import stage
@@ -122,7 +122,10 @@ class RunSession:
                 reached.choice = choice = await choose_split(ctx, job, placement, spec, book.timeline)
                 spec = choice.spec
                 reached.staged = staged = await stage(ctx, job, placement, spec, book.timeline)
-                self._monitor = asyncio.create_task(self._watch_hosts(job, placement))
+                # The run's hosts sampled while it runs (load, heat, throttling), over its own connections.
+                self._monitor = asyncio.create_task(HostMonitor(
+                    ctx.cluster, book.samples.append, interval_s=SAMPLE_INTERVAL_S,
+                    transports=[job.transport(n.host) for n in placement.nodes]).run())
                 reached.serial = serial = await plan_and_baseline(ctx, job, placement, spec, staged, book)
             except E.ConfigError:
                 if self.record is None and self.job is not None:  # bad input: leave nothing behind, there or here
@@ -189,12 +192,6 @@ class RunSession:
             self.ctx.sink(Phase("track", f"host samples not written ({exc.strerror or exc})"))
         await track_record(kinds, record.path, lambda: run_series(record.path, summary),
                            lambda message: self.ctx.sink(Phase("track", message)))
-
-    async def _watch_hosts(self, job: HostJob, placement: Placement) -> None:
-        """Sample the run's hosts while it runs (load, heat, throttling), over its own connections."""
-        monitor = HostMonitor(self.ctx.cluster, self.book.samples.append, interval_s=SAMPLE_INTERVAL_S,
-                              transports=[job.transport(n.host) for n in placement.nodes])
-        await monitor.run()
 
     async def _cleanup(self) -> None:
         """Stop every process, wait for each host to confirm, leave no run directory there, free the hosts."""

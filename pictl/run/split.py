@@ -36,21 +36,21 @@ async def choose_split(ctx: RunContext, job: HostJob, placement: Placement, spec
     if ctx.options.policy != "balanced" or spec.stages == 1:
         return SplitChoice(spec)
     o = ctx.options
+    ratio = byte_ratio(parse_wire(o.wire).default)  # what crosses a link per byte of fp32 activations
     stage_hosts = placement.stage_hosts
     used = job.fleet.only(dict.fromkeys(stage_hosts))
     ctx.sink(Phase("balance", f"cost profiles of {len(used)} host(s)"))
     profiles = await host_profiles(used, ctx.caches.costs, model=spec.model, num_classes=spec.num_classes,
                                    chunk=spec.chunk, threads=placement.threads, code=ctx.code,
                                    artifact=ctx.artifact, use_corrections=o.refine)
-    if profiles.measured:
-        timeline.launched("profile", {job.transport(h).host: 1 for h in profiles.measured})
     # With replicas, each runs the same split on its own hosts: the split is chosen for the slowest of them.
     replicas = [stage_hosts[r * spec.stages:(r + 1) * spec.stages] for r in range(spec.replicas)]
     hops = [(job.transport(a), job.transport(b)) for a, b in dict.fromkeys(
         (a, b) for hosts in replicas for a, b in itertools.pairwise(hosts) if a != b)]
     links, measured_links = await link_profiles(hops, ctx.caches.links)
-    ratio = byte_ratio(parse_wire(o.wire).default)
     tables = [cost_table(hosts, profiles, links, wire_ratio=ratio) for hosts in replicas]
+    if profiles.measured:  # (the profiling processes, counted in the start-up's)
+        timeline.launched("profile", {job.transport(h).host: 1 for h in profiles.measured})
     table = tables[0]
     try:
         split = balanced_split(*tables)  # replicas share the split: the one whose slowest replica is fastest

@@ -15,7 +15,7 @@ from pictl.cluster.artifacts import artifact_summary
 from pictl.cluster.hoststate import host_records
 from pictl.planning.options import RunOptions
 from pictl.run.baselines import Baseline
-from pictl.run.compare import Comparison
+from pictl.run.compare import Comparison, agreement
 from pictl.run.context import RunContext
 from pictl.run.flags import compute_flags
 from pictl.run.latency import pipeline_latencies, summary_ms
@@ -26,7 +26,6 @@ from pictl.run.recuts import recut_summary, settled
 from pictl.run.serial import Serial, baseline_max_age
 from pictl.run.split import SplitChoice, final_prediction
 from pictl.run.staging import Staged
-from pictl.run.telemetry import agreement
 from pictl.run.waterfall import waterfall
 from pictl.summary import SUMMARY_SCHEMA, checked
 from pictl.summary_models import RunSummary

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import statistics
-from array import array
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -178,29 +177,3 @@ class RunTelemetry:
     @property
     def top1(self) -> float | None:
         return self.accuracy.top1 if self.accuracy and self.accuracy.applicable else None
-
-
-def agreement(a: bytes, b: bytes, classes: int) -> tuple[float, float] | None:
-    """Over two float32 logit files of `classes` columns: the share of rows with the same argmax, and the mean
-    |a - b|; None when their sizes differ or are not whole rows."""
-    if len(a) != len(b) or not a or len(a) % (4 * classes):
-        return None
-    xa, xb = array("f"), array("f")
-    xa.frombytes(a)
-    xb.frombytes(b)
-    rows = len(xa) // classes
-    same = 0
-    for r in range(rows):
-        ra, rb = xa[r * classes:(r + 1) * classes], xb[r * classes:(r + 1) * classes]
-        same += ra.index(max(ra)) == rb.index(max(rb))
-    return same / rows, sum(abs(x - y) for x, y in zip(xa, xb, strict=True)) / len(xa)
-
-
-def max_abs_diff(a: bytes, b: bytes) -> float | None:
-    """Largest |a - b| over two float32 logit files, or None when their sizes differ."""
-    if len(a) != len(b) or len(a) % 4:
-        return None
-    xa, xb = array("f"), array("f")
-    xa.frombytes(a)
-    xb.frombytes(b)
-    return max((abs(x - y) for x, y in zip(xa, xb, strict=True)), default=0.0)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 
 from pictl import errors as E
-from pictl.cluster.commands import master_port, python_module, supervised, worker_env
+from pictl.cluster.commands import master_port
 from pictl.cluster.jobs import HostJob
 from pictl.cluster.ranks import NodePlan, RankLaunch, RankWatch
 from pictl.cluster.stream import LineKeeper, ProcessStream
@@ -48,11 +48,9 @@ async def run_reference(job: HostJob, node: NodePlan, keep: LineKeeper, sink: Ev
                 errors.append(record)
         return isinstance(record, TrainStep | Error)
 
-    argv = supervised(host, python_module(host, MODULE, "--spec", REFERENCE_SPEC), "pgid-reference")
-    proc = await job.start(host, argv, cwd=job.run_dir(host), env=worker_env(host, threads))
     stream = ProcessStream("reference", host.name, keep, sink, on_record)
-    rc = await stream.consume(proc)
-    job.ended(proc)
+    rc = await job.run_module(host, MODULE, ["--spec", REFERENCE_SPEC], stream, threads=threads,
+                              pgid_file="pgid-reference")
     if rc != 0 or errors:
         raise _failure(stream.tail, errors[0] if errors else None, host.name, None, "the single-mode reference")
     return losses
