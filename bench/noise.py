@@ -1,6 +1,6 @@
 """How much this machine's own speed wanders: the noise every throughput figure here carries.
 
-    .venv/bin/python bench/noise.py [--seconds 60] [--runs 6] [--run-seconds 20]
+    .venv/bin/python -m bench.noise [--seconds 60] [--runs 6] [--run-seconds 20]
 
 Two parts, each a serial loop like `bench/reference.py serial` (the whole model,
 one image per forward, one thread) but written here, since it must pin itself to

@@ -1,7 +1,7 @@
 """equal vs balanced vs a plain torch.distributed.pipelining run, side by side in one invocation.
 
-    .venv/bin/python bench/policies.py --cluster local [--stages 2] [--images 48]           # no root
-    sudo .venv/bin/python bench/policies.py --cluster ssh [--cpu 0.4] [--period-ms 10] [--stages 2,3,4]
+    .venv/bin/python -m bench.policies --cluster local [--stages 2] [--images 48]           # no root
+    sudo .venv/bin/python -m bench.policies --cluster ssh [--cpu 0.4] [--period-ms 10] [--stages 2,3,4]
                                             [--images 96] [--slow-host 2] [--rounds 1]
 
 For each stage count, against one serial baseline (pictl's, measured once and reused by every run),
@@ -33,12 +33,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
-
-from check_speedup import equal_blocks, place_reference, reference_pipeline, reference_serial  # noqa: E402
-
-from pictl.inventory import load_cluster  # noqa: E402
+from bench.check_speedup import equal_blocks, place_reference, reference_pipeline, reference_serial
+from pictl.inventory import load_cluster
 
 
 def start_cluster(kind: str, tmp: Path, hosts: int, args: argparse.Namespace) -> tuple[Path, Callable[[], None]]:
@@ -47,7 +43,7 @@ def start_cluster(kind: str, tmp: Path, hosts: int, args: argparse.Namespace) ->
         from conftest import write_cluster
 
         return write_cluster(tmp / "cluster", hosts), lambda: None
-    from support.sshcluster import SshCluster
+    from tests.support.sshcluster import SshCluster
 
     cluster = SshCluster(4)
     cluster.cfs_period_us = int(args.period_ms * 1000)

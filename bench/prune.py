@@ -1,6 +1,6 @@
 """Serial throughput of DeiT-S unpruned and pruned at several ratios, measured side by side.
 
-    .venv/bin/python bench/prune.py [--ratios 0.1,0.15,0.3] [--threads 1] [--chunk 1] [--images 16] [--rounds 5]
+    .venv/bin/python -m bench.prune [--ratios 0.1,0.15,0.3] [--threads 1] [--chunk 1] [--images 16] [--rounds 5]
 
 Each ratio is pruned once (`remote.prune.prune_model`, L2 importance, uniform: every
 importance gives the same shapes at a uniform ratio, and speed depends only on shapes).
@@ -15,16 +15,12 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-from remote.pruning.prune import count_macs, prune_model  # noqa: E402
-from remote.runtime.model import create_meta_model, materialize  # noqa: E402
-from remote.spec import PruneSpec  # noqa: E402
+from remote.pruning.prune import count_macs, prune_model
+from remote.runtime.model import create_meta_model, materialize
+from remote.spec import PruneSpec
 
 MODEL = "deit_small_patch16_224"
 

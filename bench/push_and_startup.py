@@ -1,6 +1,6 @@
 """Push and start-up on the real SSH test cluster (4 sshd hosts in network namespaces; needs root).
 
-    sudo .venv/bin/python bench/push_and_startup.py [--rounds 5] [--cpu 0.5] [--runs 2]
+    sudo .venv/bin/python -m bench.push_and_startup [--rounds 5] [--cpu 0.5] [--runs 2]
 
 In one run, side by side:
 1. Sending the tree pictl pushes (`remote/`, `profiles/`) to 4 hosts: `pictl push`
@@ -27,13 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from support.sshcluster import SshCluster, down  # noqa: E402
-
-from pictl.cluster.push import local_tree  # noqa: E402
+from pictl.cluster.push import local_tree
+from tests.support.sshcluster import SshCluster, down
 
 PICTL = [sys.executable, "-m", "pictl"]
 

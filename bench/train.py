@@ -1,8 +1,8 @@
 """Training across hosts, every mode side by side in one invocation: `pictl sweep --train`.
 
-    sudo .venv/bin/python bench/train.py [--cpu 0.4] [--period-ms 10] [--model deit_small_patch16_224]
+    sudo .venv/bin/python -m bench.train [--cpu 0.4] [--period-ms 10] [--model deit_small_patch16_224]
                                          [--batch-size 8] [--chunks 1,4,8] [--steps 4]
-    .venv/bin/python bench/train.py --cluster local ...          (no root: this machine's local hosts)
+    .venv/bin/python -m bench.train --cluster local ...          (no root: this machine's local hosts)
 
 On the 4-host SSH test cluster with every host capped at --cpu cores (a CFS quota enforced per
 --period-ms: four slow devices on this machine), one job each of: single (per chunk count), pipeline
@@ -23,10 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
-
-from policies import start_cluster  # noqa: E402
+from bench.policies import start_cluster
 
 CATEGORIES = ("data", "forward", "backward", "optimizer", "comm", "idle")
 

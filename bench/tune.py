@@ -45,8 +45,7 @@ def _table(err: str) -> str:
 
 def trained_deit(env: dict, epochs: int, lr: float) -> tuple[str, Path, int]:
     """A DeiT-S trained on upscaled digits (cached), its held-out images' directory, their count."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from support.digits import write_digits
+    from tests.support.digits import write_digits
 
     data = CACHE / "digits"
     if not (data / "test").is_dir():

@@ -1,8 +1,8 @@
 """The speedup waterfall of real runs, side by side: `equal` and `balanced` (or any policies), one table of
 terms per run with the residual, and the latency per image beside the throughput.
 
-    sudo .venv/bin/python bench/waterfall.py --ssh [--cpu 0.4] --stages 4 --images 96     # the SSH test cluster
-    .venv/bin/python bench/waterfall.py --stages 2 --images 48                           # the shipped local cluster
+    sudo .venv/bin/python -m bench.waterfall --ssh [--cpu 0.4] --stages 4 --images 96     # the SSH test cluster
+    .venv/bin/python -m bench.waterfall --stages 2 --images 48                           # the shipped local cluster
 
 `--ssh` starts the SSH test cluster (root; `tests/support/sshcluster.py`) with every host capped at `--cpu` cores (a
 CFS quota, 10 ms period), runs, and stops it. Each policy runs `--rounds` times in alternating order (the
@@ -20,12 +20,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pictl.run.waterfall import TERMS, waterfall_line
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from pictl.run.waterfall import TERMS, waterfall_line  # noqa: E402
-
 
 def pictl_run(inventory: Path, policy: str, args: argparse.Namespace, env: dict[str, str]) -> dict:
     cmd = [sys.executable, "-m", "pictl", "run", "--hosts", str(inventory), "--stages", str(args.stages),
@@ -84,7 +81,7 @@ def main() -> int:
     if not args.ssh:
         runs = run_all(args.hosts, args)
     else:
-        from support.sshcluster import SshCluster, down
+        from tests.support.sshcluster import SshCluster, down
 
         cluster = SshCluster(max(4, args.stages))
         cluster.cfs_period_us = 10_000

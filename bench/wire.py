@@ -1,6 +1,6 @@
 """What activation compression buys on slow links: throughput per `--wire` format against link rate.
 
-    sudo .venv/bin/python bench/wire.py [--rates 1000,100,50,20] [--formats fp32,fp16,int8,lowrank:8]
+    sudo .venv/bin/python -m bench.wire [--rates 1000,100,50,20] [--formats fp32,fp16,int8,lowrank:8]
                                         [--cpu 0.4] [--images 48] [--repeats 2] [--out bench-wire]
 
 Starts the 4-host SSH test cluster (root: network namespaces, sshd, cgroups; each host capped at --cpu
@@ -22,9 +22,6 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 SPLIT = "blocks.3,blocks.6,blocks.9"
 
@@ -80,7 +77,7 @@ def main() -> int:
     args = parser.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
     formats = args.formats.split(",")
-    from support.sshcluster import SshCluster
+    from tests.support.sshcluster import SshCluster
 
     tmp = Path(tempfile.mkdtemp(prefix="pictl-bench-wire-"))
     env = {**os.environ, "PICTL_RUNS_DIR": str(tmp / "runs"), "PICTL_CACHE_DIR": str(tmp / "cache")}

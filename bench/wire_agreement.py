@@ -1,6 +1,6 @@
 """What each `--wire` format does to a trained model's answers: top-1 agreement and accuracy per format.
 
-    .venv/bin/python bench/wire_agreement.py [--hosts hosts.toml] [--formats fp16,bf16,int8,lowrank:8]
+    .venv/bin/python -m bench.wire_agreement [--hosts hosts.toml] [--formats fp16,bf16,int8,lowrank:8]
                                              [--epochs 30] [--out bench-wire-agreement]
 
 `bench/wire.py` measures throughput on DeiT-S with seeded random weights, whose
@@ -28,10 +28,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+from tests.support.digits import write_digits  # scikit-learn's digits as an ImageFolder
 
-from support.digits import write_digits  # noqa: E402  (scikit-learn's digits as an ImageFolder)
+ROOT = Path(__file__).resolve().parent.parent
 
 SPLIT = "blocks.3,blocks.6,blocks.9"
 VIT = ["img_size=32", "patch_size=8", "depth=12", "embed_dim=96", "num_heads=4"]

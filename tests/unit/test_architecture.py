@@ -136,3 +136,10 @@ def test_event_names_are_shared_constants() -> None:
     from remote import protocol
 
     assert len(set(protocol.EVENTS)) == len(protocol.EVENTS)
+
+
+def test_benchmarks_are_a_package_that_edits_no_import_path() -> None:
+    """bench/ runs as modules from the repository root (`python -m bench.NAME`): the project and its test
+    support import by their names, so no script puts a directory of its own on `sys.path`."""
+    editing = [p.name for p in sorted((ROOT / "bench").glob("*.py")) if "sys.path" in p.read_text()]
+    assert not editing, f"bench scripts that edit sys.path: {editing}"
