@@ -52,25 +52,6 @@ class Record:
     role: Str | None = None
     host: Str | None = None
 
-    # Transitional: dict-style reads by wire key for code not yet converted to attributes. A None field reads
-    # as missing, as it is on the wire.
-    def __getitem__(self, key: str) -> Any:
-        value = self.get(key)
-        if value is None:
-            raise KeyError(key)
-        return value
-
-    def get(self, key: str, default: Any = None) -> Any:
-        if key == P.KEY_EVENT:
-            return self.EVENT
-        if key == P.KEY_SCHEMA:
-            return P.SCHEMA_VERSION
-        value = getattr(self, key, None) if key in _names(type(self)) else None
-        return default if value is None else value
-
-    def __contains__(self, key: str) -> bool:
-        return self.get(key) is not None
-
 
 @dataclass(frozen=True, kw_only=True)
 class Counters:

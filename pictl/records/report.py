@@ -18,7 +18,6 @@ RecordWriteFailed's code). What a record holds reaches the Markdown as text with
 
 from __future__ import annotations
 
-import json
 import math
 import stat
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from pictl import errors as E
+from pictl.events import parse_event
 from pictl.job_summaries import PruneSummary, TrainSummary, parse_job_summary
 from pictl.records.report_sections import numerics_lines, recut_lines, refine_lines
 from pictl.records.report_waterfall import gap_lines, sweep_latency_lines
@@ -33,6 +33,8 @@ from pictl.records.runs import SUMMARY_FILE, path_exists, path_is_file, writable
 from pictl.records.train_report import ReportFiles, chart_label, job_section, jobs_table, md_text, quiet_charts
 from pictl.summary import RecordInvalid, RunSummary, age_text, parse_summary, read_json_object, terminal_text
 from pictl.text import printable
+from remote.records import Record
+from remote.run_records import Progress, Throughput
 
 MAX_TEXT_BYTES = 4 * 2**20
 """A sweep's table.md is a few kilobytes; more is not one."""
@@ -51,8 +53,9 @@ def _read_text(path: Path) -> str:
         raise E.ConfigError(f"{terminal_text(path)}: cannot read it ({exc.strerror or exc})") from None
 
 
-def _events(run_dir: Path) -> list[dict[str, Any]]:
-    """The pipeline's telemetry lines (not the serial run's); lines that are not JSON objects are skipped."""
+def _records(run_dir: Path) -> list[Record]:
+    """The pipeline's telemetry records (not the serial run's), checked as the run checked them; a line that
+    is not one (cut by a crash, or of another schema) is skipped."""
     out = []
     try:
         paths = sorted((run_dir / "events").glob("*.jsonl"))
@@ -64,12 +67,9 @@ def _events(run_dir: Path) -> list[dict[str, Any]]:
                 continue
             with path.open(encoding="utf-8", errors="replace") as fh:
                 for line in fh:
-                    try:
-                        event = json.loads(line)
-                    except (ValueError, RecursionError):
-                        continue  # a line cut by a crash: the rest still counts
-                    if isinstance(event, dict):
-                        out.append(event)
+                    record = parse_event(line.rstrip("\n"))
+                    if record is not None:
+                        out.append(record)
         except OSError:
             continue  # an events file we cannot read: the links' peak is then unknown, not wrong
     return out
@@ -86,22 +86,14 @@ def _number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def link_rates(summary: RunSummary, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def link_rates(summary: RunSummary, records: list[Record]) -> list[dict[str, Any]]:
     """Bytes/s from each stage to the next: average over the timed passes, and the fastest pass."""
-    seconds: dict[int, float] = {}
-    for e in events:
-        repeat, secs = e.get("repeat"), _number(e.get("seconds"))
-        if e.get("event") == "throughput" and isinstance(repeat, int) and secs is not None:
-            seconds[repeat] = secs
+    seconds = {r.repeat: r.seconds for r in records if isinstance(r, Throughput) and r.seconds is not None}
     total_s = sum(seconds.values())
     links = []
     for st in summary.per_stage[:-1]:
-        per_pass: dict[int, float] = {}
-        for e in events:
-            repeat, sent = e.get("repeat"), _number(e.get("bytes_sent"))
-            if (e.get("event") == "progress" and e.get("rank") == st.rank and e.get("phase") == "timed"
-                    and isinstance(repeat, int) and sent is not None):
-                per_pass[repeat] = sent
+        per_pass = {r.repeat: r.bytes_sent for r in records
+                    if isinstance(r, Progress) and r.rank == st.rank and r.phase == "timed"}
         rates = [per_pass[r] / s for r, s in seconds.items() if r in per_pass and s > 0]
         average = (st.bytes_sent or 0) / total_s / 1e6 if total_s > 0 else None
         links.append({"from": f"{md_text(st.host)} (rank {st.rank})", "to_rank": st.rank + 1,
@@ -212,7 +204,7 @@ def _run_section(run_dir: Path, s: RunSummary, files: ReportFiles) -> list[str]:
         chart = files.chart(s.run_id, "stages", lambda fh: stage_chart(s, fh))
         lines += ["", f"![per-stage time]({chart})", "", "| link | average MB/s | fastest pass MB/s |",
                   "|---|---|---|"]
-        for link in link_rates(s, _events(run_dir)):
+        for link in link_rates(s, _records(run_dir)):
             lines.append(f"| {link['from']} -> rank {link['to_rank']} | {link['average_MBps']} | "
                          f"{link['peak_MBps']} |")
     return [*lines, ""]

@@ -214,11 +214,11 @@ class RunSession:
         """Why `rank` will never deliver trace `trace_id`, or None while it still may."""
         tel = self.book.telemetry
         for ev in tel.traces:
-            if ev.get("id") == trace_id and ev.get("stage") == rank and not ev.get("file"):
-                return f"rank {rank}: {ev.get('message') or 'no trace written'}"
+            if ev.id == trace_id and ev.stage == rank and not ev.file:
+                return f"rank {rank}: {ev.message or 'no trace written'}"
         st = tel.stages.get(rank)
         if st is not None and st.error:
-            return f"rank {rank} failed: {st.error.get('message')}"
+            return f"rank {rank} failed: {st.error.message}"
         if not self.pipeline_live:
             return f"rank {rank}: the run ended before its trace arrived"
         return None

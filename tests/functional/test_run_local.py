@@ -131,6 +131,11 @@ def test_int8_dynamic_numerics_beside_fp32(shared, pictl_env, tmp_path: Path) ->
     assert report.returncode == 0, report.stderr
     text = (tmp_path / "report" / "report.md").read_text()
     assert "**numerics** `int8-dynamic`" in text and f"**{n['speedup_vs_fp32']}x**" in text
+    # The link from stage 0: its average over the timed passes, and its fastest pass read back from the
+    # record's typed telemetry (a weighted mean of the passes' rates is never above the fastest).
+    link = next(line for line in text.splitlines() if "(rank 0) -> rank 1 |" in line)
+    average, fastest = (float(cell) for cell in link.strip("|").split("|")[1:3])
+    assert 0 < average <= fastest
     # Serial only, nothing reused: the fp32 reference is measured too, after the run's own serial run.
     one = _run(shared, env, "--stages", "1", "--numerics", "int8-dynamic", "--fresh-baseline")
     n1 = one["numerics"]
