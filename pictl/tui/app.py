@@ -205,12 +205,14 @@ class PictlApp(JobsApp):
 
     async def on_sweep_run_started(self, msg: SweepRunStarted) -> None:
         self.follow(msg.session)
-        self.state.sweep = {**(self.state.sweep or {}), "index": msg.index, "total": msg.total}
+        if self.state.sweep is not None:
+            self.state.sweep.index, self.state.sweep.total = msg.index, msg.total
         await self.query_one(StageList).reset(self.state)
         self._dirty.update({"hosts", "summary"})
 
     def on_sweep_rows(self, msg: SweepRows) -> None:
-        self.state.sweep = {**(self.state.sweep or {}), "rows": msg.rows, "directory": msg.directory}
+        if self.state.sweep is not None:
+            self.state.sweep.rows, self.state.sweep.directory = msg.rows, msg.directory
         self._dirty.add("summary")
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:

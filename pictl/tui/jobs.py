@@ -29,6 +29,7 @@ from pictl.tui.messages import (
     TuneRunStarted,
 )
 from pictl.tui.state import DashboardState, Ending
+from pictl.tui.sweep_state import SweepView
 from pictl.tui.tune_state import TuneView
 from pictl.tui.widgets.prune_form import PruneForm
 from pictl.tui.widgets.stage_list import StageList
@@ -62,7 +63,7 @@ class JobsApp(App):
         from pictl.jobs.sweep import run_sweep
 
         out = self.runs_root.parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S")
-        self.state.sweep = {"index": 0, "total": len(points), "rows": [], "directory": str(out)}
+        self.state.sweep = SweepView(str(out), len(points))
         self.state.tune = None
         started = iter(range(len(points)))
 

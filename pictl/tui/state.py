@@ -11,7 +11,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from pictl import errors as E
 from pictl.cluster.monitor import HostSample
@@ -24,6 +24,7 @@ from pictl.planning.options import RunOptions
 from pictl.planning.placement import place_stages
 from pictl.summary_models import RunError, RunSummary, TraceRecord
 from pictl.tui.prune_state import PruneView
+from pictl.tui.sweep_state import SweepView
 from pictl.tui.train_state import TrainView
 from pictl.tui.tune_state import TuneView
 from remote.records import Record
@@ -126,7 +127,7 @@ class DashboardState:
         self.traces: list[TraceRecord] = []
         self.trace_note: str | None = None
         self.tune: TuneView | None = None  # the latest tune: its candidates so far, the one on the panel
-        self.sweep: dict[str, Any] | None = None  # {"index", "total", "rows", "directory"} while/after a sweep
+        self.sweep: SweepView | None = None  # while and after a sweep
         self.prune: PruneView | None = None  # the latest pruning job: options, progress, accuracy, summary
         self.train: TrainView | None = None  # the latest training job
         self.refine: list[Refine | Refined] = []  # `balanced` correcting its split: each round, then the result

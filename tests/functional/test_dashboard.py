@@ -241,15 +241,15 @@ async def test_a_sweep_from_the_dashboard_shows_its_table(tmp_path: Path, baseli
         stages.value = "2"  # one run is enough to follow (the CLI's sweep test runs several)
         form.query_one("#images", Input).value = "4"
         await pilot.press("enter")
-        await _until(pilot, lambda: app.state.sweep and len(app.state.sweep.get("rows", [])) == 1
+        await _until(pilot, lambda: app.state.sweep and len(app.state.sweep.rows) == 1
                      and not app.state.running)
-        rows = app.state.sweep["rows"]
+        rows = app.state.sweep.rows
         assert [(r["stages"], r["status"]) for r in rows] == [(2, "ok")]
         await pilot.pause(0.6)
         text = _screen_text(app)
         assert "run 1 of 1" in text and "slowest" in text
         assert f"{rows[0]['speedup']:.2f}x {rows[0]['efficiency']:.2f}" in text
-        assert (Path(app.state.sweep["directory"]) / "table.md").exists()
+        assert (Path(app.state.sweep.directory) / "table.md").exists()
 
 
 @pytest.mark.slow

@@ -113,7 +113,6 @@ class RunPanel(Static):
         now = now or time.time()
         done, eta = state.progress(now)
         phase_line, waiting = state.phase_line(now)
-        sweep = state.sweep or {}
         prune = state.prune
         pruned = (id(prune.progress), len(prune.accuracy), id(prune.summary)) if prune else None
         train = state.train
@@ -121,8 +120,9 @@ class RunPanel(Static):
         key = (state.phase, state.phase_message, trained, state.live_ips, state.serial_ips, state.accuracy,
                pruned,
                id(state.summary), len(state.traces), state.trace_note, round(done, 3),
-               None if eta is None else round(eta), state.shape[0], sweep.get("index"),
-               len(sweep.get("rows", [])), len(state.refine), phase_line, int(now * 4) if waiting else None,
+               None if eta is None else round(eta), state.shape[0],
+               (sweep.index, len(sweep.rows)) if (sweep := state.sweep) else None, len(state.refine), phase_line,
+               int(now * 4) if waiting else None,
                state.run_dir, tuple(state.split_points),
                (tune.trying, id(tune.winner), id(tune.rows)) if (tune := state.tune) else None)
         if key == self._shown:
@@ -232,6 +232,6 @@ class RunPanel(Static):
         # The sweep's table gets the panel's full width, above the run it is on: the run's rows (flags, the gap)
         # may be many, and the table is what a sweep is followed by.
         sweep = state.sweep
-        self._show(Group(Text.assemble(("sweep", "bold"), f"  run {sweep['index'] + 1} of {sweep['total']}  ",
-                                        (sweep.get("directory") or "", "dim")),
-                          sweep_table(sweep.get("rows", [])), grid))
+        self._show(Group(Text.assemble(("sweep", "bold"), f"  run {sweep.index + 1} of {sweep.total}  ",
+                                        (sweep.directory, "dim")),
+                          sweep_table(sweep.rows), grid))
