@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any
 
 from rich.console import Console
 from rich.live import Live
@@ -19,8 +18,8 @@ from rich.text import Text
 
 from pictl.console import result_console
 from pictl.events import SERIAL_FP32, HostOutput, Phase, RankEvent, SessionEvent
+from pictl.headless_prune import macs_text
 from pictl.headless_train import TrainProgress
-from pictl.job_summaries import PruneSummary
 from pictl.records.waterfall_view import latency_of, percentiles_text, waterfall_line, waterfall_of
 from pictl.summary import baseline_text
 from pictl.summary_models import RunSummary
@@ -29,12 +28,6 @@ from remote.job_records import PruneAccuracy, PruneDone, PruneProgress, PruneSta
 from remote.run_records import Error, Progress, Recut, Refine, Refined, Throughput
 
 PRUNE_RECORDS = (PruneStart, PruneProgress, PruneAccuracy, PruneDone)
-
-
-def macs_text(macs: float | None) -> str:
-    if macs is None:
-        return "-"
-    return f"{macs / 1e9:.2f} GMACs" if macs >= 1e8 else f"{macs / 1e6:.1f} MMACs"
 
 
 def _fmt(value: float | None, spec: str = ".2f") -> str:
@@ -286,66 +279,3 @@ def print_summary(summary: RunSummary, *, as_json: bool) -> None:
         if summary.run_dir:
             out.print(f"run directory: {printable(summary.run_dir)}", markup=False, highlight=False,
                       soft_wrap=True)
-
-
-def prune_table(s: PruneSummary) -> Table:
-    """The course's Part 3 comparison, as far as pruning decides it (throughput: `pictl report`)."""
-    table = Table(title=f"{s.status.upper()}  {s.base_model} pruned by {s.importance} at ratio {s.ratio}",
-                  title_justify="left")
-    for col in ("model", "parameters", "MACs", "top-1 before", "top-1 after pruning", "top-1 fine-tuned"):
-        table.add_column(col, justify="left" if col == "model" else "right")
-
-    def pct(v: float | None) -> str:
-        return "-" if v is None else f"{v:.2%}"
-
-    def count(v: float | None) -> str:
-        return "-" if v is None else f"{v:,.0f}"
-
-    share = f"{s.params / s.params_base:.0%}" if s.params and s.params_base else "-"
-    table.add_row("base", count(s.params_base), macs_text(s.macs_base), pct(s.top1_before), "-", "-")
-    table.add_row(f"pruned ({share} of the parameters)", count(s.params), macs_text(s.macs), "-",
-                  pct(s.top1_pruned), f"{pct(s.top1)} (epoch {s.best_epoch})")
-    return table
-
-
-def print_prune_summary(summary: PruneSummary, *, as_json: bool) -> None:
-    if summary.status == "ok":
-        result_console(stderr=as_json).print(prune_table(summary))
-    if as_json:
-        sys.stdout.write(json.dumps(summary.written()) + "\n")
-        sys.stdout.flush()
-    elif summary.artifact:
-        print(f"artifact: {summary.artifact}  (pictl run --model {summary.artifact})")
-
-
-def _warm_cell(warm: dict[str, Any] | None) -> str:
-    if not warm or "error" in warm:
-        return "-"
-    if not warm.get("enabled"):
-        return "cold"
-    if not warm.get("running"):
-        return "none"
-    return markup_safe(f"pid {warm.get('pid')} {warm.get('age_s', 0):.0f}s {warm.get('rss_mb')}MB")
-
-
-def check_table(checks: list) -> Table:  # list[HostCheck]
-    table = Table(title="pictl check", title_justify="left")
-    for col in ("host", "ready", "ssh", "python", "venv", "torch", "timm", "cpus", "free MB", "temp C",
-                "throttled", "clock ms", "+/- ms", "interface", "rendezvous", "warm"):
-        table.add_column(col)
-    for c in checks:
-        p = c.probe
-        venv = p.get("venv", {})
-        pkgs = venv.get("packages", {})
-        iface = p.get("interface") or {}
-        reach = p.get("rendezvous") or {}
-        table.add_row(
-            c.host, "[green]yes[/]" if c.ready else "[red]no[/]",
-            "ok" if c.authenticated else ("no auth" if c.reachable else "[red]down[/]"),
-            p.get("python", "-"), venv.get("python", "missing") if venv else "-",
-            pkgs.get("torch") or "-", pkgs.get("timm") or "-", str(p.get("cpus", "-")),
-            str(p.get("mem_available_mb", "-")), _fmt(p.get("temperature_c"), ".1f"), p.get("throttled") or "-",
-            _fmt(c.clock_offset_ms, ".3f"), _fmt(c.clock_uncertainty_ms, ".3f"),
-            f"{iface.get('name')} {iface.get('address') or ''}".strip() if iface else "-",
-            ("ok" if reach.get("ok") else "[red]fail[/]") if reach else "-", _warm_cell(c.warm))
-    return table

@@ -59,7 +59,7 @@ def check(
     import json
 
     from pictl.cluster.check import check_cluster
-    from pictl.headless import check_table
+    from pictl.headless_check import check_table
 
     try:
         checks = asyncio.run(check_cluster(read_cluster(hosts)))

@@ -234,7 +234,8 @@ def prune(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show the job's own output.")] = False,
 ) -> None:
     """Prune a ViT/DeiT (torch-pruning), fine-tune it, and write an artifact `pictl run --model` takes."""
-    from pictl.headless import HeadlessRenderer, print_prune_summary
+    from pictl.headless import HeadlessRenderer
+    from pictl.headless_prune import print_prune_summary
     from pictl.jobs.prune import PruneSession, parse_model_args, prune_options
 
     renderer = HeadlessRenderer(verbose=verbose)

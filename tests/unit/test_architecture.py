@@ -30,7 +30,8 @@ PICTL_LAYERS = [
     ("planning", ["pictl.planning"]),
     ("run", ["pictl.run"]),
     ("jobs", ["pictl.jobs"]),
-    ("frontends", ["pictl.headless", "pictl.headless_train", "pictl.tui", "pictl.api"]),
+    ("frontends", ["pictl.headless", "pictl.headless_train", "pictl.headless_prune", "pictl.headless_check",
+                   "pictl.tui", "pictl.api"]),
     ("cli", ["pictl.cli", "pictl.__main__"]),
 ]
 REMOTE_LAYERS = [

@@ -1,0 +1,46 @@
+"""`pictl check` on a terminal: one row per host, what it has and whether it is ready."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from pictl.text import markup_safe
+
+
+def _fmt(value: float | None, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _warm_cell(warm: dict[str, Any] | None) -> str:
+    if not warm or "error" in warm:
+        return "-"
+    if not warm.get("enabled"):
+        return "cold"
+    if not warm.get("running"):
+        return "none"
+    return markup_safe(f"pid {warm.get('pid')} {warm.get('age_s', 0):.0f}s {warm.get('rss_mb')}MB")
+
+
+def check_table(checks: list) -> Table:  # list[HostCheck]
+    table = Table(title="pictl check", title_justify="left")
+    for col in ("host", "ready", "ssh", "python", "venv", "torch", "timm", "cpus", "free MB", "temp C",
+                "throttled", "clock ms", "+/- ms", "interface", "rendezvous", "warm"):
+        table.add_column(col)
+    for c in checks:
+        p = c.probe
+        venv = p.get("venv", {})
+        pkgs = venv.get("packages", {})
+        iface = p.get("interface") or {}
+        reach = p.get("rendezvous") or {}
+        table.add_row(
+            c.host, "[green]yes[/]" if c.ready else "[red]no[/]",
+            "ok" if c.authenticated else ("no auth" if c.reachable else "[red]down[/]"),
+            p.get("python", "-"), venv.get("python", "missing") if venv else "-",
+            pkgs.get("torch") or "-", pkgs.get("timm") or "-", str(p.get("cpus", "-")),
+            str(p.get("mem_available_mb", "-")), _fmt(p.get("temperature_c"), ".1f"), p.get("throttled") or "-",
+            _fmt(c.clock_offset_ms, ".3f"), _fmt(c.clock_uncertainty_ms, ".3f"),
+            f"{iface.get('name')} {iface.get('address') or ''}".strip() if iface else "-",
+            ("ok" if reach.get("ok") else "[red]fail[/]") if reach else "-", _warm_cell(c.warm))
+    return table
