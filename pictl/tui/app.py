@@ -40,7 +40,8 @@ from pictl.tui.messages import (
     SweepRunStarted,
     TracesGrabbed,
 )
-from pictl.tui.state import DashboardState, Ending
+from pictl.tui.rows import Ending
+from pictl.tui.state import DashboardState
 from pictl.tui.widgets.confirm import Confirm
 from pictl.tui.widgets.help_screen import HelpScreen
 from pictl.tui.widgets.history import HistoryScreen

@@ -28,7 +28,8 @@ from pictl.tui.messages import (
     TuneRows,
     TuneRunStarted,
 )
-from pictl.tui.state import DashboardState, Ending
+from pictl.tui.rows import Ending
+from pictl.tui.state import DashboardState
 from pictl.tui.sweep_state import SweepView
 from pictl.tui.tune_state import TuneView
 from pictl.tui.widgets.prune_form import PruneForm

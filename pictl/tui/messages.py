@@ -10,7 +10,7 @@ from pictl.cluster.monitor import HostSample
 from pictl.events import BaselineReady, Placed, SplitChosen
 from pictl.job_summaries import PruneSummary, TrainSummary
 from pictl.summary_models import RunSummary, TraceRecord
-from pictl.tui.state import Ending
+from pictl.tui.rows import Ending
 from remote.records import Record
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from pictl.planning.options import RunOptions
 from pictl.summary_models import RunSummary
 from pictl.tui.app import PROGRESS_EVERY, PictlApp
 from pictl.tui.messages import HostHealth, LogLine, PhaseChanged, RankRecord, RunFinished
-from pictl.tui.state import Ending
+from pictl.tui.rows import Ending
 from pictl.tui.widgets.stage_list import StageList
 from remote.records import Record
 

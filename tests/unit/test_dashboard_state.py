@@ -9,7 +9,8 @@ from pictl.events import BaselineReady, SplitChosen
 from pictl.inventory import load_cluster
 from pictl.planning.options import RunOptions
 from pictl.summary_models import RunSummary
-from pictl.tui.state import DashboardState, Ending
+from pictl.tui.rows import Ending
+from pictl.tui.state import DashboardState
 
 
 def _state() -> DashboardState:

@@ -10,7 +10,8 @@ from rich.console import Console
 from pictl.inventory import load_cluster
 from pictl.job_summaries import TrainSummary
 from pictl.jobs.training.options import TrainOptions
-from pictl.tui.state import DashboardState, Ending
+from pictl.tui.rows import Ending
+from pictl.tui.state import DashboardState
 from pictl.tui.widgets.train_panel import train_grid
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,8 @@ import time
 from rich.text import Text
 from textual.widgets import DataTable
 
-from pictl.tui.state import DashboardState, HostRow
+from pictl.tui.rows import HostRow
+from pictl.tui.state import DashboardState
 
 COLUMNS = ("host", "link", "activity", "ranks", "CPU%", "mem MB", "temp C", "throttled", "last event")
 

@@ -8,7 +8,7 @@ from textual.containers import Vertical
 from textual.widgets import Label, Sparkline, Static
 
 from pictl.text import printable
-from pictl.tui.state import StageView
+from pictl.tui.rows import StageView
 
 BAR_WIDTH = 24
 
