@@ -26,7 +26,7 @@ from pictl.cli.common import (
     tracked,
     wide_console,
 )
-from pictl.records import catalog
+from pictl.records import catalog, catalog_rows
 from pictl.records import waterfall_view as wv
 from pictl.records.run_details import run_details
 
@@ -38,10 +38,10 @@ SinceOpt = Annotated[Optional[str], typer.Option(help="Runs started on or after 
 StagesOpt = Annotated[Optional[int], typer.Option(help="Only runs with this many stages.")]
 PolicyOpt = Annotated[Optional[str], typer.Option(help="Only runs with this policy (balanced, equal, explicit).")]
 StatusOpt = Annotated[Optional[str], typer.Option(help="Only runs with this status (ok, failed, interrupted).")]
-SortOpt = Annotated[str, typer.Option(help=f"Sort by one of: {', '.join(catalog.SORT_KEYS)} (largest first).")]
+SortOpt = Annotated[str, typer.Option(help=f"Sort by one of: {', '.join(catalog_rows.SORT_KEYS)} (largest first).")]
 SHORT = ("run_id", "status", "stages", "policy", "chunk", "throughput_ips", "serial_ips", "speedup", "latency_p50_ms",
          "latency_p95_ms", "dominant", "outputs_match", "flags")
-"""The list's columns on a terminal (`--json` and the CSV have all of `catalog.COLUMNS`)."""
+"""The list's columns on a terminal (`--json` and the CSV have all of `catalog_rows.COLUMNS`)."""
 HEADINGS = {"run_id": "run", "throughput_ips": "img/s", "serial_ips": "serial", "outputs_match": "match",
             **{key: key.removesuffix("_ms").replace("_", " ") + " ms" for key in wv.LATENCY_KEYS},
             **{f"{term}_points": ("fill/drain" if term == "fill_drain" else term.replace("_", " ")) + " points"
@@ -68,13 +68,13 @@ def list_runs(
     skipped: list[catalog.Skipped] = []
     try:
         root = runs_root(runs_dir)
-        rows = catalog.table_rows(root, catalog.RunFilter(since, stages, policy, status), sort,
+        rows = catalog_rows.table_rows(root, catalog_rows.RunFilter(since, stages, policy, status), sort,
                                   skipped=skipped)[:limit]
     except E.PictlError as exc:
         fail(exc)
     _notes(skipped)
     if as_json:
-        typer.echo(catalog.json_text(rows))
+        typer.echo(catalog_rows.json_text(rows))
         return
     if not rows:
         typer.echo(f"no runs in {catalog.terminal_text(root)} match", err=True)
@@ -98,7 +98,7 @@ def show(
         fail(exc)
     _notes(skipped)
     if as_json:
-        typer.echo(catalog.json_text(catalog.as_written(found)))
+        typer.echo(catalog_rows.json_text(catalog.as_written(found)))
         return
     wide_console().print(run_details(found))
 
@@ -114,17 +114,17 @@ def compare(
         if len(runs) < 2:
             raise E.ConfigError("compare: name two runs or more")
         root = runs_root(runs_dir)
-        rows = catalog.compare_rows([catalog.resolve_run(root, r) for r in runs])
+        rows = catalog_rows.compare_rows([catalog.resolve_run(root, r) for r in runs])
     except E.PictlError as exc:
         fail(exc)
     if as_json:
-        typer.echo(catalog.json_text(rows))
+        typer.echo(catalog_rows.json_text(rows))
         return
     table = Table(show_header=True, header_style="bold")
     table.add_column("")
     for r in rows:
         table.add_column(_cell(r["run_id"]), overflow="fold")
-    for key in catalog.COMPARE_COLUMNS[1:]:
+    for key in catalog_rows.COMPARE_COLUMNS[1:]:
         table.add_row(HEADINGS.get(key, key), *(_cell(r[key]) for r in rows))
     wide_console().print(table)
 
@@ -142,9 +142,9 @@ def export(
     """Every matching run as one CSV row (all columns)."""
     skipped: list[catalog.Skipped] = []
     try:
-        rows = catalog.table_rows(runs_root(runs_dir), catalog.RunFilter(since, stages, policy, status), sort,
+        rows = catalog_rows.table_rows(runs_root(runs_dir), catalog_rows.RunFilter(since, stages, policy, status), sort,
                                   skipped=skipped)
-        text = catalog.to_csv(rows)
+        text = catalog_rows.to_csv(rows)
         if csv_path is not None:
             try:
                 csv_path.write_text(text)

@@ -11,7 +11,8 @@ from pathlib import Path
 from support.cli import ROOT
 from support.typed import keys_written, untyped
 
-from pictl.records.catalog import NO_SUMMARY, PendingRun, as_written, read_run, row
+from pictl.records.catalog import NO_SUMMARY, PendingRun, as_written, read_run
+from pictl.records.catalog_rows import row
 from pictl.summary_models import RunSummary
 
 REAL = json.loads((ROOT / "tests" / "support" / "data" / "run_summary_two_stages.json").read_text())

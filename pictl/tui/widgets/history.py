@@ -17,7 +17,8 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 
 from pictl import errors as E
-from pictl.records.catalog import SORT_KEYS, FoundRun, RunFilter, load_runs, row, to_csv
+from pictl.records.catalog import FoundRun, load_runs
+from pictl.records.catalog_rows import SORT_KEYS, RunFilter, row, to_csv
 from pictl.records.run_details import run_details
 from pictl.text import markup_safe, printable
 
