@@ -15,6 +15,7 @@ import json
 import os
 import secrets
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -219,15 +220,16 @@ class RunRecord:
             self._live = None
 
 
+@dataclass
 class PendingRecord:
     """A run's record before and after it exists: the run's lines are kept from its first one, but its
     directory is made only once its spec has passed the plan (bad input leaves no directory behind).
     Until then, the lines wait here; `open` writes them through in order."""
 
-    def __init__(self, root: Path, run_id: str) -> None:
-        self.root, self.run_id = root, run_id
-        self.record: RunRecord | None = None
-        self._early: list[tuple[str, str, str]] = []
+    root: Path
+    run_id: str
+    record: RunRecord | None = None
+    _early: list[tuple[str, str, str]] = field(default_factory=list, repr=False)
 
     @property
     def path(self) -> Path | None:

@@ -49,8 +49,6 @@ async def choose_split(ctx: RunContext, job: HostJob, placement: Placement, spec
         (a, b) for hosts in replicas for a, b in itertools.pairwise(hosts) if a != b)]
     links, measured_links = await link_profiles(hops, ctx.caches.links)
     tables = [cost_table(hosts, profiles, links, wire_ratio=ratio) for hosts in replicas]
-    if profiles.measured:  # (the profiling processes, counted in the start-up's)
-        timeline.launched("profile", {job.transport(h).host: 1 for h in profiles.measured})
     table = tables[0]
     try:
         split = balanced_split(*tables)  # replicas share the split: the one whose slowest replica is fastest
@@ -73,6 +71,8 @@ async def choose_split(ctx: RunContext, job: HostJob, placement: Placement, spec
                   "links": {f"{a}->{b}": {"latency_ms": round(k.latency_s * 1000, 3),
                                           "MB_per_s": round(k.bytes_per_s / 1e6, 1)} for (a, b), k in links.items()},
                   "links_measured": measured_links, "first_split": list(chosen.split_points), "refine": o.refine}
+    if profiles.measured:  # (the profiling processes, counted in the start-up's)
+        timeline.launched("profile", {job.transport(h).host: 1 for h in profiles.measured})
     for group in profiles.shared:
         ctx.sink(Phase("balance", f"{', '.join(group)} share one machine: profiled one at a time"))
     source = f"measured {', '.join(profiles.measured)}" if profiles.measured else cached_age(profiles.by_host)
