@@ -14,7 +14,8 @@ import typer
 from rich.console import Console
 
 from pictl import errors as E
-from pictl.cluster.fleet import Fleet, connected
+from pictl.cluster.fleet import Fleet
+from pictl.cluster.transport import Transport
 from pictl.inventory import Cluster, load_cluster
 from pictl.planning.options import RunOptions
 from pictl.records.trackers import TRACKERS
@@ -204,22 +205,26 @@ async def run_cancellable(coro: Awaitable[T]) -> T:
 
 async def on_fleet(hosts: Cluster, work: Callable[[Fleet], Awaitable[T]], *, lease: str | None = None,
                    wait: bool = False, check_python: bool = False) -> T:
-    """Connect to every host in parallel, run `work(fleet)`, always close. With `lease` (what is
-    done, e.g. "push"), hold every host's lease meanwhile: the code or venv a live run uses is not
-    replaced under it (a busy host: HostBusy, exit 8, or wait)."""
+    """Connect to every host in parallel, run `work(fleet)`, always close (a job on the hosts like any
+    other: `HostJob`). With `lease` (what is done, e.g. "push"), hold every host's lease meanwhile: the code
+    or venv a live run uses is not replaced under it (a busy host: HostBusy, exit 8, or wait)."""
     import time
 
-    from pictl.cluster.leases import release_all, take_leases
+    from pictl.cluster.jobs import HostJob, to_the_end
 
-    async with connected(hosts.hosts) as fleet:
-        leases = []
-        try:
-            if lease:
-                leases = await take_leases(list(fleet), f"{lease}-{time.strftime('%Y%m%d-%H%M%S')}", wait=wait,
-                                           check_python=check_python)
-            return await work(fleet)
-        finally:
-            await release_all(leases)
+    job = HostJob(hosts.hosts, f"{lease or 'hosts'}-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        if lease:
+            await job.hold(wait=wait, check_python=check_python)
+        else:
+            await job.connect()
+        return await work(job.fleet)
+    finally:
+        await to_the_end(job.close(tidy=_nothing_to_tidy))
+
+
+async def _nothing_to_tidy(_t: Transport) -> None:
+    """Host commands leave no run directory and start no process of their own to sweep."""
 
 
 def confirm(question: str) -> bool:

@@ -1,16 +1,18 @@
 """Several hosts at once: their connections, opened once and shared, and "do this on every host" with a
 result per host, so one dead Pi never hides the others.
 
-    async with connected(hosts) as fleet:          # every host connected, or one error naming each failure
-        pushed = await fleet.each(push_to, "push failed")             # {host: result}, or an error
-        answers = await fleet.results(probe)                          # {host: result or the exception}
+    fleet = Fleet(hosts); await fleet.connect()      # every host connected, or one error naming each failure
+    pushed = await fleet.each(push_to, "push failed")             # {host: result}, or an error
+    answers = await fleet.results(probe)                          # {host: result or the exception}
+
+A job opens its fleet through `pictl.cluster.jobs.HostJob`, which closes it on every path; `pictl check`
+opens one alone (it reports an unreachable host instead of failing).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import TypeVar
 
 from pictl.cluster.transport import Transport, raise_for_failures, transport_for
@@ -61,14 +63,3 @@ class Fleet:
         transports = self.only(found)
         raise_for_failures(list(found.values()), transports, what)
         return {name: r for name, r in found.items() if not isinstance(r, BaseException)}  # all of them
-
-
-@asynccontextmanager
-async def connected(hosts: Iterable[Host]) -> AsyncIterator[Fleet]:
-    """Every host connected for the block's length, then closed, however the block ends."""
-    fleet = Fleet(hosts)
-    try:
-        await fleet.connect()
-        yield fleet
-    finally:
-        await fleet.close()

@@ -70,10 +70,12 @@ class HostJob:
         await self.fleet.connect()
 
     async def hold(self, *, wait: bool = False, on_wait: Callable[[str], None] = lambda _message: None,
-                   ) -> list[Lease]:
-        """Connected, and every host's workdir held (shared Pis) before anything is pushed or measured there."""
+                   check_python: bool = True) -> list[Lease]:
+        """Connected, and every host's workdir held (shared Pis) before anything is pushed or measured there
+        (`check_python`: a host without its run interpreter is refused; provisioning makes that interpreter)."""
         await self.connect()
-        self.leases = await take_leases(list(self.fleet), self.job_id, wait=wait, on_wait=on_wait)
+        self.leases = await take_leases(list(self.fleet), self.job_id, wait=wait, on_wait=on_wait,
+                                        check_python=check_python)
         return list(self.leases)
 
     async def push(self, tree: dict[str, bytes] | None = None) -> int:

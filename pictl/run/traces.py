@@ -314,7 +314,7 @@ def _open(path: Path) -> bool:
 
 async def grab_from_outside(run_path: Path, steps: int, timeout_s: float) -> TraceGrab:
     """`pictl traces`: grab from a run another pictl process drives, through the hosts alone."""
-    from pictl.cluster.fleet import connected
+    from pictl.cluster.jobs import HostJob, to_the_end
     from pictl.inventory import load_cluster
 
     path = run_path / CONFIG_FILE
@@ -328,11 +328,16 @@ async def grab_from_outside(run_path: Path, steps: int, timeout_s: float) -> Tra
         raise E.ConfigError(f"{path}: not a run record this pictl can use ({type(exc).__name__}: {exc})") from None
     if sum(len(r) for _, r in placement) < 2:
         raise E.ConfigError(f"run '{run_path.name}' is a serial run: traces are for pipeline runs")
-    async with connected(h for h, _ in placement) as fleet:  # every host, or one error naming each failure
-        ranks = [RankTrace(h.name, r, fleet[h.name], h.run_dir(run_id)) for h, rs in placement for r in rs]
+    # A job on the run's hosts without a lease of its own (the run holds them): it only asks and fetches.
+    job = HostJob([h for h, _ in placement], f"traces-{run_id}")
+    try:
+        await job.connect()  # every host, or one error naming each failure
+        ranks = [RankTrace(h.name, r, job.transport(h), h.run_dir(run_id)) for h, rs in placement for r in rs]
 
         def gave_up(_trace_id: str, rank: int) -> str | None:
             ended = not _open(run_path)
             return f"rank {rank}: the run ended before its trace arrived" if ended else None
 
         return await grab_traces(ranks, run_path, steps=steps, timeout_s=timeout_s, gave_up=gave_up)
+    finally:
+        await to_the_end(job.close())

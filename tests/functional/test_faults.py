@@ -27,7 +27,7 @@ def _start(tmp_path: Path, env: dict[str, str]) -> tuple[subprocess.Popen, Path]
     # A relative --hosts from another directory: the record must still find the inventory (`pictl traces`).
     proc = subprocess.Popen(
         [sys.executable, "-m", "pictl", "run", "--hosts", "cluster/hosts.toml", "--stages", "2", "--images", "20",
-         "--warmup", "0", "--repeats", "4", "--policy", "equal", "--headless", "--json"],
+         "--warmup", "0", "--repeats", "12", "--policy", "equal", "--headless", "--json"],  # stopped long before
         env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return proc, cluster
 
@@ -53,10 +53,16 @@ def _assert_nothing_left(cluster: Path) -> None:
 
 
 def test_a_killed_controller_leaves_nothing_running(tmp_path: Path, pictl_env) -> None:
-    """SIGKILL gives pictl no chance to clean up: the supervisors see their pipe close and stop the ranks."""
+    """SIGKILL gives pictl no chance to clean up: the supervisors see their pipe close and stop the ranks.
+    Before that, `pictl traces` from another process grabs a trace of every rank of the live run, through the
+    hosts alone (a job of its own on them, which leaves the run's processes alone)."""
     proc, cluster = _start(tmp_path, pictl_env)
-    _wait_for_pipeline_progress(pictl_env, proc)
-    assert processes_under(cluster)
+    run_dir = _wait_for_pipeline_progress(pictl_env, proc)
+    grab = subprocess.run([sys.executable, "-m", "pictl", "traces", "--steps", "1"], env=pictl_env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=180)
+    assert grab.returncode == 0, grab.stderr
+    assert sorted(p.name for p in (run_dir / "traces").glob("*.json.gz")) == ["h0-rank0.json.gz", "h1-rank1.json.gz"]
+    assert proc.poll() is None and processes_under(cluster)  # the run goes on
     proc.kill()
     proc.communicate(timeout=30)
     _assert_nothing_left(cluster)
