@@ -127,7 +127,7 @@ class RunError(Open):
 
 
 class RankShare(Open):
-    """One rank's traced window, in percent of it (`pictl.run.traces.rank_breakdown`)."""
+    """One rank's traced window, in percent of it (`pictl.run.trace_files.rank_breakdown`)."""
 
     compute_pct: float | None = None
     send_pct: float | None = None

@@ -304,16 +304,16 @@ def test_a_trace_that_decompresses_past_its_cap_is_refused(tmp_path: Path, monke
     import gzip
 
     from pictl.errors import ConfigError
-    from pictl.run import traces
+    from pictl.run import trace_files
 
-    monkeypatch.setattr(traces, "TRACE_LIMIT", 1 << 20)
+    monkeypatch.setattr(trace_files, "TRACE_LIMIT", 1 << 20)
     bomb = tmp_path / "h0-rank0.json.gz"
     bomb.write_bytes(gzip.compress(b'{"traceEvents": [' + b" " * (4 << 20) + b"]}"))
     assert bomb.stat().st_size < 20_000  # a few kB on the wire, 4 MB once decompressed
     with pytest.raises(ConfigError, match="more than 1 MB once decompressed"):
-        traces.load_trace(bomb)
+        trace_files.load_trace(bomb)
     odd = tmp_path / "odd.json"
     odd.write_text(json.dumps({"traceEvents": [{"ph": "X", "ts": "soon", "dur": 1}, 5, {"ph": "X", "ts": 1.0,
                                                                                         "dur": float("inf")},
                                                {"ph": "X", "name": "ok", "ts": 2.0, "dur": 1.0}]}))
-    assert traces.load_trace(odd)["traceEvents"] == [{"ph": "X", "name": "ok", "ts": 2.0, "dur": 1.0}]
+    assert trace_files.load_trace(odd)["traceEvents"] == [{"ph": "X", "name": "ok", "ts": 2.0, "dur": 1.0}]

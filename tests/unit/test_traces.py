@@ -16,7 +16,7 @@ from pictl.inventory import load_cluster
 from pictl.planning.options import RunOptions
 from pictl.run.baselines import BaselineCache
 from pictl.run.session import RunSession
-from pictl.run.traces import merge, rank_breakdown
+from pictl.run.trace_files import merge, rank_breakdown
 from pictl.summary_models import RunSummary
 from remote import protocol as P
 
