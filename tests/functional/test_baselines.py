@@ -138,7 +138,7 @@ async def test_a_baseline_measured_under_load_is_not_reused_when_the_host_is_idl
         if isinstance(event, Phase) and event.name == "baseline":
             pause(resume=False)
         elif isinstance(event, RankEvent):
-            kind, serial = event.record[P.KEY_EVENT], event.source == "serial"
+            kind, serial = event.record.EVENT, event.source == "serial"
             if serial and kind in (P.RUN_START, P.RUN_END):
                 pause(resume=kind == P.RUN_START)
             elif not serial and kind == P.STAGE_READY:

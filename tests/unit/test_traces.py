@@ -68,7 +68,7 @@ async def test_traces_from_a_live_two_rank_run(tmp_path: Path) -> None:
 
     def on_event(event: object) -> None:
         # Ask as soon as the pipeline reports progress: the run is live and has passes to go.
-        if isinstance(event, RankEvent) and event.record[P.KEY_EVENT] == P.PROGRESS and not grabs \
+        if isinstance(event, RankEvent) and event.record.EVENT == P.PROGRESS and not grabs \
                 and event.source != "serial":
             grabs.append(asyncio.get_running_loop().create_task(session.grab_traces(3, timeout_s=60)))
 
