@@ -1,327 +1,202 @@
-"""Experiments and their records: the dashboard, `run`, `traces` from a live run, `report`, `profiles`."""
+"""`pictl runs`: past runs as data. List them (filtered, sorted), show one, compare several side by side,
+export them as CSV. Runs are named by id, a unique id prefix, or their directory.
+
+A record that does not keep the summary's contract is left out of a list with one `pictl: note:` line on
+stderr naming it; named alone (`show`, `compare`), it is refused with one error line (exit 2). What a record
+holds reaches the terminal as text (never Rich markup, no control characters); `--json` is strict JSON."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import Annotated, Any, Optional
 
 import typer
+from rich.table import Table
+from rich.text import Text
 
 from pictl import errors as E
 from pictl.cli.common import (
-    HOSTS_PANEL,
-    MEASURE_PANEL,
-    ColdOpt,
-    HostsOpt,
-    ImagesOpt,
     JsonOpt,
-    RepeatsOpt,
     RunsDirOpt,
-    ThreadsOpt,
-    TrackOpt,
-    VerboseOpt,
-    WarmupOpt,
+    TrackerChoice,
     app,
-    before_command,
-    checked_runs_root,
-    choices,
-    default_of,
     fail,
-    note,
-    note_profile,
-    read_cluster,
-    run_cancellable,
     runs_root,
+    stderr,
     tracked,
     wide_console,
 )
-from pictl.planning.options import DATASETS, POLICIES, given_options
-from pictl.planning.presets import available_presets, resolve_options
+from pictl.records import catalog, catalog_rows
+from pictl.records import waterfall_view as wv
+from pictl.records.run_details import run_details
+
+runs_app = typer.Typer(help="Past runs: list (filter, sort), show one, compare several, export as CSV.",
+                       context_settings={"help_option_names": ["-h", "--help"]})
+app.add_typer(runs_app, name="runs")
+
+SinceOpt = Annotated[Optional[str], typer.Option(help="Runs started on or after this date (2026-11-23) or time.")]
+StagesOpt = Annotated[Optional[int], typer.Option(help="Only runs with this many stages.")]
+PolicyOpt = Annotated[Optional[str], typer.Option(help="Only runs with this policy (balanced, equal, explicit).")]
+StatusOpt = Annotated[Optional[str], typer.Option(help="Only runs with this status (ok, failed, interrupted).")]
+SortOpt = Annotated[str, typer.Option(help=f"Sort by one of: {', '.join(catalog_rows.SORT_KEYS)} (largest first).")]
+SHORT = ("run_id", "status", "stages", "policy", "chunk", "throughput_ips", "serial_ips", "speedup", "latency_p50_ms",
+         "latency_p95_ms", "dominant", "outputs_match", "flags")
+"""The list's columns on a terminal (`--json` and the CSV have all of `catalog_rows.COLUMNS`)."""
+HEADINGS = {"run_id": "run", "throughput_ips": "img/s", "serial_ips": "serial", "outputs_match": "match",
+            **{key: key.removesuffix("_ms").replace("_", " ") + " ms" for key in wv.LATENCY_KEYS},
+            **{f"{term}_points": ("fill/drain" if term == "fill_drain" else term.replace("_", " ")) + " points"
+               for term in wv.KNOWN_TERMS}}
+SHORT_HEADINGS = {**HEADINGS, "latency_p50_ms": "p50 ms", "latency_p95_ms": "p95 ms"}
+"""The list's headings: latency is the pipeline's per image (`runs compare` says so in full)."""
 
 
-def _version(value: bool) -> None:
-    if value:
-        from pictl import __version__
-
-        typer.echo(f"pictl {__version__}")
-        raise typer.Exit()
-
-
-@app.callback(invoke_without_command=True)
-def main(
+@runs_app.callback(invoke_without_command=True)
+def list_runs(
     ctx: typer.Context,
-    hosts: HostsOpt = None,
+    since: SinceOpt = None,
+    stages: StagesOpt = None,
+    policy: PolicyOpt = None,
+    status: StatusOpt = None,
+    sort: SortOpt = "started",
+    limit: Annotated[int, typer.Option(help="Show at most N runs.", min=1)] = 50,
+    as_json: JsonOpt = False,
     runs_dir: RunsDirOpt = None,
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                          help="Print pictl's version and exit.")] = False,
 ) -> None:
-    """Without a command: the interactive dashboard (r run, s stop, t traces, / filter, h history, ? help, q quit).
-    --hosts and --runs-dir given here hold for the command after them."""
-    before_command.hosts, before_command.runs_dir = hosts, runs_dir
+    """List past runs, newest first (or sorted by --sort), filtered by date, stages, policy and status."""
     if ctx.invoked_subcommand is not None:
         return
-    try:
-        _need_a_terminal()
-        cluster = read_cluster(hosts)
-        root = checked_runs_root(runs_dir)
-    except E.PictlError as exc:
-        fail(exc)
-    from pictl.tui.app import PictlApp
-
-    PictlApp(cluster, runs_root=root).run()
-
-
-def _need_a_terminal() -> None:
-    """The dashboard draws a full screen and reads keys: into a pipe it would write escape codes and wait
-    forever for a `q` that never comes."""
-    import sys
-
-    missing = [name for name, stream in (("stdin", sys.stdin), ("stdout", sys.stdout))
-               if stream is None or not stream.isatty()]
-    if missing:
-        raise E.ConfigError(f"the dashboard needs a terminal ({' and '.join(missing)} "
-                            f"{'is' if len(missing) == 1 else 'are'} not one); use `pictl run --headless` "
-                            f"in scripts")
-
-
-EXPERIMENT, MODEL = "Experiment", "Model and data"
-if TYPE_CHECKING:  # to mypy, str Enums; built from the options' Literals so the two cannot drift apart
-    class PolicyChoice(StrEnum): ...
-
-    class DataChoice(StrEnum): ...
-else:
-    PolicyChoice = choices("PolicyChoice", POLICIES)
-    DataChoice = choices("DataChoice", DATASETS)
-
-
-@app.command()
-def run(
-    stages: Annotated[Optional[int], typer.Option(help="Pipeline stages (1 = serial only)." + default_of("stages"),
-                                                  rich_help_panel=EXPERIMENT)] = None,
-    replicas: Annotated[Optional[int], typer.Option(
-        help="Copies of the pipeline (replicas x stages ranks over the hosts); images are dealt among them, every "
-             "replica's outputs checked." + default_of("replicas"), rich_help_panel=EXPERIMENT)] = None,
-    split: Annotated[Optional[str], typer.Option(help="Split points: blocks.3,blocks.6 (stage starts); implies "
-                                                      "--policy explicit.", rich_help_panel=EXPERIMENT)] = None,
-    policy: Annotated[Optional[PolicyChoice], typer.Option(
-        rich_help_panel=EXPERIMENT,
-        help="balanced: measured costs, corrected by the run; equal: parameter counts; explicit: --split."
-             + default_of("policy"))] = None,
-    profile: Annotated[Optional[str], typer.Option(help="Named preset (see `pictl profiles`).",
-                                                   rich_help_panel=EXPERIMENT)] = None,
-    chunk: Annotated[Optional[int], typer.Option(help="Microbatch size." + default_of("chunk"),
-                                                 rich_help_panel=EXPERIMENT)] = None,
-    refine: Annotated[Optional[bool], typer.Option("--refine/--no-refine", rich_help_panel=EXPERIMENT,
-                                                   help="balanced: correct the split from the stages' measured "
-                                                        "compute before the timed passes (default) or keep the "
-                                                        "profiles' one-shot split.")] = None,
-    recut: Annotated[Optional[bool], typer.Option(
-        "--recut/--no-recut", rich_help_panel=EXPERIMENT,
-        help="balanced: re-cut between timed passes when a host slows down or recovers (default), or keep the "
-             "refined split.")] = None,
-    max_recuts: Annotated[Optional[int], typer.Option(help="balanced: re-cuts per run at most."
-                                                      + default_of("max_recuts"), rich_help_panel=EXPERIMENT)] = None,
-    slowdown: Annotated[Optional[str], typer.Option(hidden=True, help="Tests: RANK:PASS:FACTOR slows a rank from a "
-                                                                      "timed pass on.")] = None,
-    wire: Annotated[Optional[str], typer.Option(
-        help="What travels between stages: fp32 (exact), fp16, bf16, int8, lowrank:R; for every cut, or per cut "
-             "(blocks.4=fp16,blocks.8=int8)." + default_of("wire"), rich_help_panel=EXPERIMENT)] = None,
-    numerics: Annotated[Optional[str], typer.Option(
-        help="Every stage's numerics: fp32, or int8-dynamic (int8 Linear layers). The pipeline is checked "
-             "against a serial run in the same numerics; an fp32 serial run measures their gain and loss."
-             + default_of("numerics"), rich_help_panel=EXPERIMENT)] = None,
-    min_agreement: Annotated[Optional[float], typer.Option(
-        help="A lossy --wire passes when this share of images gets the serial run's top-1 class."
-             + default_of("min_agreement"), rich_help_panel=EXPERIMENT)] = None,
-    images: ImagesOpt = None,
-    warmup: WarmupOpt = None,
-    repeats: RepeatsOpt = None,
-    threads: ThreadsOpt = None,
-    trace_steps: Annotated[Optional[int], typer.Option(help="Profile K steps on every rank (extra untimed pass); "
-                                                            "traces land in the run directory.",
-                                                       rich_help_panel=MEASURE_PANEL)] = None,
-    fresh_baseline: Annotated[bool, typer.Option("--fresh-baseline", help="Measure the serial run again.",
-                                                 rich_help_panel=MEASURE_PANEL)] = False,
-    baseline_max_age: Annotated[Optional[float], typer.Option(help="Reuse a cached serial baseline only if it is "
-                                                                   "younger than this many seconds.",
-                                                              rich_help_panel=MEASURE_PANEL)] = None,
-    atol: Annotated[Optional[float], typer.Option(help="Largest logit difference that still matches."
-                                                       + default_of("atol"), rich_help_panel=MEASURE_PANEL)] = None,
-    model: Annotated[Optional[str], typer.Option(help="timm model name, or an artifact from `pictl prune`."
-                                                      + default_of("model"), rich_help_panel=MODEL)] = None,
-    num_classes: Annotated[Optional[int], typer.Option(help="Classifier outputs." + default_of("num_classes"),
-                                                       rich_help_panel=MODEL)] = None,
-    checkpoint: Annotated[Optional[str], typer.Option(help="State dict (.safetensors / .pth).",
-                                                      rich_help_panel=MODEL)] = None,
-    allow_pickle: Annotated[Optional[bool], typer.Option("--allow-pickle", help="Trust a pickled checkpoint.",
-                                                         rich_help_panel=MODEL)] = None,
-    data: Annotated[Optional[DataChoice], typer.Option(rich_help_panel=MODEL,
-                                                help="Images to run." + default_of("data"))] = None,
-    data_path: Annotated[Optional[str], typer.Option(help="Data set directory on the hosts.",
-                                                     rich_help_panel=MODEL)] = None,
-    headless: Annotated[bool, typer.Option("--headless", help="No console: progress on stderr, the result on stdout "
-                                                              "(also when stdout is not a terminal, and with --json).",
-                                           rich_help_panel=HOSTS_PANEL)] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object on stdout.",
-                                          rich_help_panel=HOSTS_PANEL)] = False,
-    strict: Annotated[bool, typer.Option("--strict", help="Exit 7 if the result raises any sanity flag.",
-                                         rich_help_panel=HOSTS_PANEL)] = False,
-    verbose: VerboseOpt = False,
-    hosts: HostsOpt = None,
-    runs_dir: RunsDirOpt = None,
-    master_port: Annotated[Optional[int], typer.Option(help="Rendezvous port on host 0 (default: a free one).",
-                                                       rich_help_panel=HOSTS_PANEL)] = None,
-    wait: Annotated[bool, typer.Option("--wait", help="If another run holds a host, wait for it (else exit 8).",
-                                       rich_help_panel=HOSTS_PANEL)] = False,
-    cold: ColdOpt = False,
-    track: TrackOpt = None,
-) -> None:
-    """Run one experiment: serial baseline, N-stage pipeline, speedup and output check."""
-    from pictl.headless import HeadlessRenderer, print_summary
-    from pictl.run.session import RunSession
-
-    flags = {"stages": stages, "replicas": replicas, "split": split, "policy": policy, "chunk": chunk, "images": images,
-             "warmup": warmup,
-             "repeats": repeats, "threads": threads, "model": model, "num_classes": num_classes,
-             "checkpoint": checkpoint, "allow_pickle": allow_pickle, "data": data, "data_path": data_path,
-             "atol": atol, "master_port": master_port, "trace_steps": trace_steps, "refine": refine,
-             "baseline_max_age": baseline_max_age, "wire": wire, "min_agreement": min_agreement,
-             "numerics": numerics, "recut": recut, "max_recuts": max_recuts}
-    renderer = HeadlessRenderer(verbose=verbose)
-    session = None
-    try:
-        # The one mapping from flags to options, the run form's too (choices, split points, the flag to blame).
-        overrides = {**given_options(flags), "track": tracked(track)}
-        if slowdown is not None:  # fault injection (tests): RANK:PASS:FACTOR
-            try:
-                overrides["slowdown"] = [float(x) for x in slowdown.split(":")]
-            except ValueError:
-                raise E.ConfigError(f"--slowdown: '{slowdown}' is not RANK:PASS:FACTOR") from None
-        options = resolve_options(profile, overrides)
-        note_profile(profile)
-        if not (headless or as_json) and _on_a_terminal():
-            raise typer.Exit(_in_the_console(read_cluster(hosts, cold=cold), options, profile,
-                                             checked_runs_root(runs_dir)))
-        session = RunSession(read_cluster(hosts, cold=cold), options, on_event=renderer,
-                             runs_root=checked_runs_root(runs_dir), reuse_baseline=not fresh_baseline,
-                             profile=profile, wait=wait)
-        summary = asyncio.run(run_cancellable(session.run()))
-    except E.PictlError as exc:
-        renderer.close()
-        if session is not None and session.last_summary:
-            print_summary(session.last_summary, as_json=as_json)
-        if session is not None and session.write_error is not None:
-            note(str(session.write_error))  # the run's own failure is the exit code; the record's is said too
-        fail(exc)
-    renderer.close()
-    print_summary(summary, as_json=as_json)  # first: a measured result is never lost to a full disk
-    if session.write_error is not None:
-        fail(session.write_error)
-    if strict and summary.flags:
-        fail(E.Flagged(f"--strict: the result raised {len(summary.flags)} sanity flag(s): "
-                        + ", ".join(dict.fromkeys(f.code for f in summary.flags))))
-
-
-def _on_a_terminal() -> bool:
-    import sys
-
-    return all(stream is not None and stream.isatty() for stream in (sys.stdin, sys.stdout))
-
-
-def _in_the_console(cluster: Any, options: Any, profile: str | None, root: Path) -> int:
-    """`pictl run` on a terminal: the dashboard, following this run from its start; the run's exit code once
-    the console is closed (q)."""
-    from pictl.tui.app import PictlApp
-
-    app = PictlApp(cluster, runs_root=root, start=(options, profile))
-    app.run()
-    return app.run_exit_code if app.run_exit_code is not None else E.EXIT_INTERRUPTED
-
-
-@app.command()
-def traces(
-    run: Annotated[Optional[str], typer.Argument(help="Run id or directory (default: the run in progress).")] = None,
-    steps: Annotated[int, typer.Option(help="Pipeline steps to profile on every rank.", min=1, max=10_000)] = 8,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for each rank's trace.", min=1, max=3600)] = 120.0,
-    runs_dir: RunsDirOpt = None,
-) -> None:
-    """Profile K steps on every rank of a running pipeline, download the traces and merge them."""
-    from pictl.run.traces import grab_from_outside, live_run
-
-    try:
-        path = live_run(runs_root(runs_dir), run)
-        grab = asyncio.run(run_cancellable(grab_from_outside(path, steps, timeout)))
-    except E.PictlError as exc:
-        fail(exc)
-    for rank, file in sorted(grab.files.items()):
-        share = grab.per_rank.get(rank, {})
-        typer.echo(f"rank {rank}: {file}  compute {share.get('compute_pct')}%  send {share.get('send_pct')}%  "
-                   f"recv-wait {share.get('recv_wait_pct')}%  idle {share.get('idle_pct')}%")
-    for rank, why in sorted(grab.missing.items()):
-        typer.echo(f"rank {rank}: missing: {why}", err=True)
-    if grab.timeline:
-        typer.echo(f"timeline: {grab.timeline}")
-    if not grab.files:
-        raise typer.Exit(E.EXIT_RUN_FAILED)
-
-
-@app.command()
-def report(
-    sources: Annotated[list[str], typer.Argument(help="Runs and training jobs (ids, unique id prefixes or "
-                                                      "directories), sweep and pruning job directories.")],
-    out: Annotated[Path, typer.Option(help="Where report.md and its charts go.")] = Path("pictl-report"),
-    runs_dir: RunsDirOpt = None,
-) -> None:
-    """A Markdown report: headline figures, per-stage breakdown chart, link bytes/s, sweep tables and plots."""
-    from pictl.records.report import write_report
-    from pictl.summary import terminal_text
-
+    skipped: list[catalog.Skipped] = []
     try:
         root = runs_root(runs_dir)
-        path = write_report([_resolve_source(root, s) for s in sources], out)
-    except E.PictlError as exc:  # a source it cannot read: 2; a file --out refused (a full disk): 9
+        rows = catalog_rows.table_rows(root, catalog_rows.RunFilter(since, stages, policy, status), sort,
+                                  skipped=skipped)[:limit]
+    except E.PictlError as exc:
         fail(exc)
-    typer.echo(f"report: {terminal_text(path)}")
+    _notes(skipped)
+    if as_json:
+        typer.echo(catalog_rows.json_text(rows))
+        return
+    if not rows:
+        typer.echo(f"no runs in {catalog.terminal_text(root)} match", err=True)
+        return
+    wide_console().print(_table(rows, SHORT, title=f"runs in {catalog.terminal_text(root)}"))
 
 
-def _resolve_source(root: Path, ref: str) -> Path:
-    """A run (or a directory) under the runs root, else a training job beside it (`pictl train`)."""
-    from pictl.records.catalog import resolve_run
-    from pictl.summary import terminal_text
-
+@runs_app.command()
+def show(
+    run: Annotated[str, typer.Argument(help="Run id, unique id prefix, or directory.")],
+    as_json: JsonOpt = False,
+    runs_dir: RunsDirOpt = None,
+) -> None:
+    """One run's summary: figures, latency, why the speedup is not N (term by term), baseline, flags, stages
+    and traces."""
+    skipped: list[catalog.Skipped] = []
     try:
-        return resolve_run(root, ref)
-    except E.ConfigError:
-        trains = root.parent / "trains"
-        if "/" in ref or not ref.strip() or not trains.is_dir():
-            raise
-        try:
-            return resolve_run(trains, ref)
-        except E.ConfigError:
-            raise E.ConfigError(f"run '{terminal_text(ref, 120)}': no such run or training job "
-                                "(see `pictl runs`)") from None
+        path = catalog.resolve_run(runs_root(runs_dir), run)
+        found = catalog.read_run(path, skipped)
+    except E.PictlError as exc:
+        fail(exc)
+    _notes(skipped)
+    if as_json:
+        typer.echo(catalog_rows.json_text(catalog.as_written(found)))
+        return
+    wide_console().print(run_details(found))
 
 
-@app.command("profiles")
-def list_profiles(as_json: JsonOpt = False) -> None:
-    """List the run presets: name, what each is for, and its file (./profiles/ shadows the shipped ones)."""
-    from rich.table import Table
-
-    from pictl.planning.presets import describe_preset
-
+@runs_app.command()
+def compare(
+    runs: Annotated[list[str], typer.Argument(help="Two or more runs: ids, unique id prefixes, or directories.")],
+    as_json: JsonOpt = False,
+    runs_dir: RunsDirOpt = None,
+) -> None:
+    """Runs side by side: one column per run, one line per figure (latency and each waterfall term among them)."""
     try:
-        found = [(name, *describe_preset(name)) for name in available_presets()]
+        if len(runs) < 2:
+            raise E.ConfigError("compare: name two runs or more")
+        root = runs_root(runs_dir)
+        rows = catalog_rows.compare_rows([catalog.resolve_run(root, r) for r in runs])
     except E.PictlError as exc:
         fail(exc)
     if as_json:
-        typer.echo(json.dumps([{"name": n, "description": d, "path": str(p)} for n, d, p in found]))
+        typer.echo(catalog_rows.json_text(rows))
         return
-    table = Table(show_header=True, header_style="bold", box=None)
-    for heading in ("profile", "description", "file"):
-        table.add_column(heading, overflow="fold")
-    for name, description, path in found:
-        table.add_row(name, description or "-", str(path))
+    table = Table(show_header=True, header_style="bold")
+    table.add_column("")
+    for r in rows:
+        table.add_column(_cell(r["run_id"]), overflow="fold")
+    for key in catalog_rows.COMPARE_COLUMNS[1:]:
+        table.add_row(HEADINGS.get(key, key), *(_cell(r[key]) for r in rows))
     wide_console().print(table)
+
+
+@runs_app.command()
+def export(
+    csv_path: Annotated[Optional[Path], typer.Option("--csv", help="Write CSV here (default: stdout).")] = None,
+    since: SinceOpt = None,
+    stages: StagesOpt = None,
+    policy: PolicyOpt = None,
+    status: StatusOpt = None,
+    sort: SortOpt = "started",
+    runs_dir: RunsDirOpt = None,
+) -> None:
+    """Every matching run as one CSV row (all columns)."""
+    skipped: list[catalog.Skipped] = []
+    try:
+        rows = catalog_rows.table_rows(runs_root(runs_dir), catalog_rows.RunFilter(since, stages, policy, status), sort,
+                                  skipped=skipped)
+        text = catalog_rows.to_csv(rows)
+        if csv_path is not None:
+            try:
+                csv_path.write_text(text)
+            except OSError as exc:
+                raise E.ConfigError(f"--csv: {catalog.terminal_text(csv_path)}: {exc.strerror or exc}") from None
+    except E.PictlError as exc:
+        fail(exc)
+    _notes(skipped)
+    if csv_path is None:
+        typer.echo(text, nl=False)
+    else:
+        typer.echo(f"{len(rows)} runs: {catalog.terminal_text(csv_path)}", err=True)
+
+
+def _notes(skipped: list[catalog.Skipped]) -> None:
+    """One line on stderr per record left out (emoji off: a `:name:` in a directory's name stays text)."""
+    err = stderr()
+    for item in skipped:
+        err.print(f"pictl: note: {item}", markup=False, emoji=False)
+
+
+def _cell(value: Any) -> Text:
+    """A value from a record as a table cell: plain text (never Rich markup), printable, not megabytes long."""
+    return Text("-" if value is None else catalog.terminal_text(value, catalog.CELL_LIMIT))
+
+
+def _table(rows: list[dict[str, Any]], columns: tuple[str, ...], title: str) -> Table:
+    table = Table(title=Text(title), show_header=True, header_style="bold", title_justify="left")
+    for key in columns:
+        table.add_column(SHORT_HEADINGS.get(key, key), no_wrap=key == "run_id")
+    for r in rows:
+        table.add_row(*(_cell(r[k]) for k in columns))
+    return table
+
+
+@app.command("track")
+def track(
+    record: Annotated[str, typer.Argument(help="A run (id, unique id prefix, or directory), a training job's or "
+                                               "a sweep's directory.")],
+    to: Annotated[list[TrackerChoice], typer.Option("--to", help="Tracker to write it to (repeat for both).")],
+    runs_dir: RunsDirOpt = None,
+) -> None:
+    """Write a past run, training job or sweep to TensorBoard or W&B (offline), beside its record."""
+    from pictl.records.tracker_writers import check_trackers, write_series
+    from pictl.records.trackers import record_series
+
+    kinds = tracked(to) or []
+    try:
+        check_trackers(kinds, "--to")
+        path = catalog.resolve_run(runs_root(runs_dir), record)  # a directory is taken as it is
+        written = write_series(kinds, path, record_series(path))
+    except E.PictlError as exc:
+        fail(exc)
+    for kind, where in written.items():
+        typer.echo(f"{kind}: {where}")

@@ -1,0 +1,262 @@
+"""Experiments: the dashboard (`pictl` alone), `pictl run`, and the run presets it takes (`pictl profiles`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+from pictl import errors as E
+from pictl.cli.common import (
+    HOSTS_PANEL,
+    MEASURE_PANEL,
+    ColdOpt,
+    HostsOpt,
+    ImagesOpt,
+    JsonOpt,
+    RepeatsOpt,
+    RunsDirOpt,
+    ThreadsOpt,
+    TrackOpt,
+    VerboseOpt,
+    WarmupOpt,
+    app,
+    before_command,
+    checked_runs_root,
+    choices,
+    default_of,
+    fail,
+    note,
+    note_profile,
+    read_cluster,
+    run_cancellable,
+    tracked,
+    wide_console,
+)
+from pictl.planning.options import DATASETS, POLICIES, given_options
+from pictl.planning.presets import available_presets, resolve_options
+
+
+def _version(value: bool) -> None:
+    if value:
+        from pictl import __version__
+
+        typer.echo(f"pictl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback(invoke_without_command=True)
+def main(
+    ctx: typer.Context,
+    hosts: HostsOpt = None,
+    runs_dir: RunsDirOpt = None,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print pictl's version and exit.")] = False,
+) -> None:
+    """Without a command: the interactive dashboard (r run, s stop, t traces, / filter, h history, ? help, q quit).
+    --hosts and --runs-dir given here hold for the command after them."""
+    before_command.hosts, before_command.runs_dir = hosts, runs_dir
+    if ctx.invoked_subcommand is not None:
+        return
+    try:
+        _need_a_terminal()
+        cluster = read_cluster(hosts)
+        root = checked_runs_root(runs_dir)
+    except E.PictlError as exc:
+        fail(exc)
+    from pictl.tui.app import PictlApp
+
+    PictlApp(cluster, runs_root=root).run()
+
+
+def _need_a_terminal() -> None:
+    """The dashboard draws a full screen and reads keys: into a pipe it would write escape codes and wait
+    forever for a `q` that never comes."""
+    import sys
+
+    missing = [name for name, stream in (("stdin", sys.stdin), ("stdout", sys.stdout))
+               if stream is None or not stream.isatty()]
+    if missing:
+        raise E.ConfigError(f"the dashboard needs a terminal ({' and '.join(missing)} "
+                            f"{'is' if len(missing) == 1 else 'are'} not one); use `pictl run --headless` "
+                            f"in scripts")
+
+
+EXPERIMENT, MODEL = "Experiment", "Model and data"
+if TYPE_CHECKING:  # to mypy, str Enums; built from the options' Literals so the two cannot drift apart
+    class PolicyChoice(StrEnum): ...
+
+    class DataChoice(StrEnum): ...
+else:
+    PolicyChoice = choices("PolicyChoice", POLICIES)
+    DataChoice = choices("DataChoice", DATASETS)
+
+
+@app.command()
+def run(
+    stages: Annotated[Optional[int], typer.Option(help="Pipeline stages (1 = serial only)." + default_of("stages"),
+                                                  rich_help_panel=EXPERIMENT)] = None,
+    replicas: Annotated[Optional[int], typer.Option(
+        help="Copies of the pipeline (replicas x stages ranks over the hosts); images are dealt among them, every "
+             "replica's outputs checked." + default_of("replicas"), rich_help_panel=EXPERIMENT)] = None,
+    split: Annotated[Optional[str], typer.Option(help="Split points: blocks.3,blocks.6 (stage starts); implies "
+                                                      "--policy explicit.", rich_help_panel=EXPERIMENT)] = None,
+    policy: Annotated[Optional[PolicyChoice], typer.Option(
+        rich_help_panel=EXPERIMENT,
+        help="balanced: measured costs, corrected by the run; equal: parameter counts; explicit: --split."
+             + default_of("policy"))] = None,
+    profile: Annotated[Optional[str], typer.Option(help="Named preset (see `pictl profiles`).",
+                                                   rich_help_panel=EXPERIMENT)] = None,
+    chunk: Annotated[Optional[int], typer.Option(help="Microbatch size." + default_of("chunk"),
+                                                 rich_help_panel=EXPERIMENT)] = None,
+    refine: Annotated[Optional[bool], typer.Option("--refine/--no-refine", rich_help_panel=EXPERIMENT,
+                                                   help="balanced: correct the split from the stages' measured "
+                                                        "compute before the timed passes (default) or keep the "
+                                                        "profiles' one-shot split.")] = None,
+    recut: Annotated[Optional[bool], typer.Option(
+        "--recut/--no-recut", rich_help_panel=EXPERIMENT,
+        help="balanced: re-cut between timed passes when a host slows down or recovers (default), or keep the "
+             "refined split.")] = None,
+    max_recuts: Annotated[Optional[int], typer.Option(help="balanced: re-cuts per run at most."
+                                                      + default_of("max_recuts"), rich_help_panel=EXPERIMENT)] = None,
+    slowdown: Annotated[Optional[str], typer.Option(hidden=True, help="Tests: RANK:PASS:FACTOR slows a rank from a "
+                                                                      "timed pass on.")] = None,
+    wire: Annotated[Optional[str], typer.Option(
+        help="What travels between stages: fp32 (exact), fp16, bf16, int8, lowrank:R; for every cut, or per cut "
+             "(blocks.4=fp16,blocks.8=int8)." + default_of("wire"), rich_help_panel=EXPERIMENT)] = None,
+    numerics: Annotated[Optional[str], typer.Option(
+        help="Every stage's numerics: fp32, or int8-dynamic (int8 Linear layers). The pipeline is checked "
+             "against a serial run in the same numerics; an fp32 serial run measures their gain and loss."
+             + default_of("numerics"), rich_help_panel=EXPERIMENT)] = None,
+    min_agreement: Annotated[Optional[float], typer.Option(
+        help="A lossy --wire passes when this share of images gets the serial run's top-1 class."
+             + default_of("min_agreement"), rich_help_panel=EXPERIMENT)] = None,
+    images: ImagesOpt = None,
+    warmup: WarmupOpt = None,
+    repeats: RepeatsOpt = None,
+    threads: ThreadsOpt = None,
+    trace_steps: Annotated[Optional[int], typer.Option(help="Profile K steps on every rank (extra untimed pass); "
+                                                            "traces land in the run directory.",
+                                                       rich_help_panel=MEASURE_PANEL)] = None,
+    fresh_baseline: Annotated[bool, typer.Option("--fresh-baseline", help="Measure the serial run again.",
+                                                 rich_help_panel=MEASURE_PANEL)] = False,
+    baseline_max_age: Annotated[Optional[float], typer.Option(help="Reuse a cached serial baseline only if it is "
+                                                                   "younger than this many seconds.",
+                                                              rich_help_panel=MEASURE_PANEL)] = None,
+    atol: Annotated[Optional[float], typer.Option(help="Largest logit difference that still matches."
+                                                       + default_of("atol"), rich_help_panel=MEASURE_PANEL)] = None,
+    model: Annotated[Optional[str], typer.Option(help="timm model name, or an artifact from `pictl prune`."
+                                                      + default_of("model"), rich_help_panel=MODEL)] = None,
+    num_classes: Annotated[Optional[int], typer.Option(help="Classifier outputs." + default_of("num_classes"),
+                                                       rich_help_panel=MODEL)] = None,
+    checkpoint: Annotated[Optional[str], typer.Option(help="State dict (.safetensors / .pth).",
+                                                      rich_help_panel=MODEL)] = None,
+    allow_pickle: Annotated[Optional[bool], typer.Option("--allow-pickle", help="Trust a pickled checkpoint.",
+                                                         rich_help_panel=MODEL)] = None,
+    data: Annotated[Optional[DataChoice], typer.Option(rich_help_panel=MODEL,
+                                                help="Images to run." + default_of("data"))] = None,
+    data_path: Annotated[Optional[str], typer.Option(help="Data set directory on the hosts.",
+                                                     rich_help_panel=MODEL)] = None,
+    headless: Annotated[bool, typer.Option("--headless", help="No console: progress on stderr, the result on stdout "
+                                                              "(also when stdout is not a terminal, and with --json).",
+                                           rich_help_panel=HOSTS_PANEL)] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object on stdout.",
+                                          rich_help_panel=HOSTS_PANEL)] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 7 if the result raises any sanity flag.",
+                                         rich_help_panel=HOSTS_PANEL)] = False,
+    verbose: VerboseOpt = False,
+    hosts: HostsOpt = None,
+    runs_dir: RunsDirOpt = None,
+    master_port: Annotated[Optional[int], typer.Option(help="Rendezvous port on host 0 (default: a free one).",
+                                                       rich_help_panel=HOSTS_PANEL)] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="If another run holds a host, wait for it (else exit 8).",
+                                       rich_help_panel=HOSTS_PANEL)] = False,
+    cold: ColdOpt = False,
+    track: TrackOpt = None,
+) -> None:
+    """Run one experiment: serial baseline, N-stage pipeline, speedup and output check."""
+    from pictl.headless import HeadlessRenderer, print_summary
+    from pictl.run.session import RunSession
+
+    flags = {"stages": stages, "replicas": replicas, "split": split, "policy": policy, "chunk": chunk, "images": images,
+             "warmup": warmup,
+             "repeats": repeats, "threads": threads, "model": model, "num_classes": num_classes,
+             "checkpoint": checkpoint, "allow_pickle": allow_pickle, "data": data, "data_path": data_path,
+             "atol": atol, "master_port": master_port, "trace_steps": trace_steps, "refine": refine,
+             "baseline_max_age": baseline_max_age, "wire": wire, "min_agreement": min_agreement,
+             "numerics": numerics, "recut": recut, "max_recuts": max_recuts}
+    renderer = HeadlessRenderer(verbose=verbose)
+    session = None
+    try:
+        # The one mapping from flags to options, the run form's too (choices, split points, the flag to blame).
+        overrides = {**given_options(flags), "track": tracked(track)}
+        if slowdown is not None:  # fault injection (tests): RANK:PASS:FACTOR
+            try:
+                overrides["slowdown"] = [float(x) for x in slowdown.split(":")]
+            except ValueError:
+                raise E.ConfigError(f"--slowdown: '{slowdown}' is not RANK:PASS:FACTOR") from None
+        options = resolve_options(profile, overrides)
+        note_profile(profile)
+        if not (headless or as_json) and _on_a_terminal():
+            raise typer.Exit(_in_the_console(read_cluster(hosts, cold=cold), options, profile,
+                                             checked_runs_root(runs_dir)))
+        session = RunSession(read_cluster(hosts, cold=cold), options, on_event=renderer,
+                             runs_root=checked_runs_root(runs_dir), reuse_baseline=not fresh_baseline,
+                             profile=profile, wait=wait)
+        summary = asyncio.run(run_cancellable(session.run()))
+    except E.PictlError as exc:
+        renderer.close()
+        if session is not None and session.last_summary:
+            print_summary(session.last_summary, as_json=as_json)
+        if session is not None and session.write_error is not None:
+            note(str(session.write_error))  # the run's own failure is the exit code; the record's is said too
+        fail(exc)
+    renderer.close()
+    print_summary(summary, as_json=as_json)  # first: a measured result is never lost to a full disk
+    if session.write_error is not None:
+        fail(session.write_error)
+    if strict and summary.flags:
+        fail(E.Flagged(f"--strict: the result raised {len(summary.flags)} sanity flag(s): "
+                        + ", ".join(dict.fromkeys(f.code for f in summary.flags))))
+
+
+def _on_a_terminal() -> bool:
+    import sys
+
+    return all(stream is not None and stream.isatty() for stream in (sys.stdin, sys.stdout))
+
+
+def _in_the_console(cluster: Any, options: Any, profile: str | None, root: Path) -> int:
+    """`pictl run` on a terminal: the dashboard, following this run from its start; the run's exit code once
+    the console is closed (q)."""
+    from pictl.tui.app import PictlApp
+
+    app = PictlApp(cluster, runs_root=root, start=(options, profile))
+    app.run()
+    return app.run_exit_code if app.run_exit_code is not None else E.EXIT_INTERRUPTED
+
+
+@app.command("profiles")
+def list_profiles(as_json: JsonOpt = False) -> None:
+    """List the run presets: name, what each is for, and its file (./profiles/ shadows the shipped ones)."""
+    from rich.table import Table
+
+    from pictl.planning.presets import describe_preset
+
+    try:
+        found = [(name, *describe_preset(name)) for name in available_presets()]
+    except E.PictlError as exc:
+        fail(exc)
+    if as_json:
+        typer.echo(json.dumps([{"name": n, "description": d, "path": str(p)} for n, d, p in found]))
+        return
+    table = Table(show_header=True, header_style="bold", box=None)
+    for heading in ("profile", "description", "file"):
+        table.add_column(heading, overflow="fold")
+    for name, description, path in found:
+        table.add_row(name, description or "-", str(path))
+    wide_console().print(table)
