@@ -31,7 +31,8 @@ from pictl.events import SessionEvent
 from pictl.inventory import Cluster
 from pictl.inventory import load_cluster as _load_cluster
 from pictl.job_summaries import PruneSummary, TrainSummary
-from pictl.jobs.prune import PruneOptions, PruneSession
+from pictl.jobs.prune import PruneSession
+from pictl.jobs.prune_options import PruneOptions
 from pictl.jobs.training.options import TrainOptions
 from pictl.jobs.training.session import TrainSession
 from pictl.jobs.tune_verdicts import Measured

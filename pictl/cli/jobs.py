@@ -158,7 +158,7 @@ def _train_sweep(renderer: Any, settings: dict[str, Any], *, modes: str | None, 
     """`pictl sweep --train`: training jobs over modes, schedules, rank counts, chunk counts and loader workers."""
     import time
 
-    from pictl.jobs.prune import parse_model_args
+    from pictl.jobs.prune_options import parse_model_args
     from pictl.jobs.sweep import parse_ints, parse_wires
     from pictl.jobs.training.options import train_options
     from pictl.jobs.training.sweep import run_train_sweep, train_points
@@ -236,7 +236,8 @@ def prune(
     """Prune a ViT/DeiT (torch-pruning), fine-tune it, and write an artifact `pictl run --model` takes."""
     from pictl.headless import HeadlessRenderer
     from pictl.headless_prune import print_prune_summary
-    from pictl.jobs.prune import PruneSession, parse_model_args, prune_options
+    from pictl.jobs.prune import PruneSession
+    from pictl.jobs.prune_options import parse_model_args, prune_options
 
     renderer = HeadlessRenderer(verbose=verbose)
     session = None

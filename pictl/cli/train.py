@@ -146,7 +146,7 @@ def train(
     """Train across the hosts: the loss of every mode checked against a single run's, time per category per rank."""
     from pictl.headless import HeadlessRenderer
     from pictl.headless_train import print_train_summary
-    from pictl.jobs.prune import parse_model_args
+    from pictl.jobs.prune_options import parse_model_args
     from pictl.jobs.training.options import train_options
     from pictl.jobs.training.session import TrainSession
     from pictl.planning.options import parse_split

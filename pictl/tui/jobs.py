@@ -12,7 +12,7 @@ from textual.screen import Screen
 
 from pictl import errors as E
 from pictl.inventory import Cluster
-from pictl.jobs.prune import PruneOptions
+from pictl.jobs.prune_options import PruneOptions
 from pictl.jobs.training.options import TrainOptions
 from pictl.jobs.tune import TuneSettings
 from pictl.planning.options import RunOptions

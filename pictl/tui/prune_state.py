@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pictl.job_summaries import PruneSummary
-from pictl.jobs.prune import PruneOptions
+from pictl.jobs.prune_options import PruneOptions
 from remote.job_records import PruneAccuracy, PruneProgress, PruneStart
 from remote.records import Record
 

@@ -14,7 +14,7 @@ from pictl.cluster.monitor import HostSample
 from pictl.events import SERIAL_FP32, BaselineReady, Placed, SplitChosen
 from pictl.inventory import Cluster
 from pictl.job_summaries import PruneSummary, TrainSummary
-from pictl.jobs.prune import PruneOptions
+from pictl.jobs.prune_options import PruneOptions
 from pictl.jobs.training.options import TrainOptions
 from pictl.planning.options import RunOptions
 from pictl.planning.placement import place_stages

@@ -8,7 +8,7 @@ from textual.widgets import Button, Checkbox, Input, Label, Select
 
 from pictl import errors as E
 from pictl.inventory import Cluster
-from pictl.jobs.prune import PruneOptions, parse_model_args, prune_options
+from pictl.jobs.prune_options import PruneOptions, parse_model_args, prune_options
 from pictl.tui.widgets.form_screen import FormScreen
 
 CONTROLLER = "here (the controller)"

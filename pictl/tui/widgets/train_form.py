@@ -7,7 +7,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.widgets import Button, Checkbox, Input, Label, Select
 
 from pictl import errors as E
-from pictl.jobs.prune import parse_model_args
+from pictl.jobs.prune_options import parse_model_args
 from pictl.jobs.training.options import TrainOptions, train_options
 from pictl.tui.widgets.form_screen import FormScreen
 
