@@ -2,8 +2,8 @@
 
 Each command lives with its kind (`run`: the dashboard, `pictl run` and its presets; `results`: `pictl traces`
 and `pictl report`; `runs`: `pictl runs`, past runs as data; `jobs`: sweeps and pruning; `tune`; `train`;
-`costs`: what `balanced` measures; `hosts`: the inventory, readiness, code, venvs, keys; `init`: a new
-inventory); `common` holds what they share (the app, one-line errors, signals, connections).
+`costs`: what `balanced` measures; `hosts`: the inventory, readiness, code, keys; `provision`: venvs; `init`:
+a new inventory); `common` holds what they share (the app, one-line errors, signals, connections).
 
 Exit codes: 0 ok, 1 internal error, 2 bad input or config (nothing started),
 3 a run failed on a host, 4 a host could not be reached, 5 pipeline output differs
@@ -25,10 +25,10 @@ from pictl.text import printable
 
 # isort: off
 # Each command module registers its commands on `app` when imported: `pictl --help` lists them in this order.
-from pictl.cli import run, results, runs, jobs, tune, train, costs, hosts, init  # noqa: E402
+from pictl.cli import run, results, runs, jobs, tune, train, costs, hosts, provision, init  # noqa: E402
 
 # isort: on
-COMMAND_MODULES = (run, results, runs, jobs, tune, train, costs, hosts, init)
+COMMAND_MODULES = (run, results, runs, jobs, tune, train, costs, hosts, provision, init)
 
 __all__ = ["app", "entrypoint"]
 
