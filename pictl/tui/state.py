@@ -17,7 +17,6 @@ from pictl.job_summaries import PruneSummary, TrainSummary
 from pictl.jobs.prune_options import PruneOptions
 from pictl.jobs.training.options import TrainOptions
 from pictl.planning.options import RunOptions
-from pictl.planning.placement import place_stages
 from pictl.summary_models import RunError, RunSummary, TraceRecord
 from pictl.tui.prune_state import PruneView
 from pictl.tui.rows import Ending, HostRow, StageView
@@ -113,17 +112,21 @@ class DashboardState:
         self.stages = {}
         for row in self.hosts.values():
             row.ranks, row.activity = [], "idle"
-        # A first guess from the inventory's order, so the panels appear at once; `on_placed` has the word.
-        for node in place_stages(self.cluster, self.shape[0] * self.shape[1]):
-            self._put(node.host.name, node.ranks, "connecting")
+        # A panel per rank at once; where each runs is the session's word alone (`on_placed`), never guessed
+        # here (under `balanced` it may not be the inventory's first hosts).
+        for rank in range(self.shape[0] * self.shape[1]):
+            self.stages[rank] = self._view(rank, "")
+
+    def _view(self, rank: int, host: str) -> StageView:
+        stages, copies = max(1, self.shape[0]), self.shape[1]
+        label = f"replica {rank // stages} stage {rank % stages}" if copies > 1 else f"stage {rank}"
+        return StageView(rank, host, label)
 
     def _put(self, host: str, ranks: Iterable[int], activity: str) -> None:
         row = self.hosts[host]
         row.ranks, row.activity = list(ranks), activity
-        stages, copies = max(1, self.shape[0]), self.shape[1]
         for r in ranks:
-            label = f"replica {r // stages} stage {r % stages}" if copies > 1 else f"stage {r}"
-            self.stages[r] = StageView(r, host, label)
+            self.stages[r] = self._view(r, host)
 
     def on_placed(self, placed: Placed) -> None:
         """Where the session put the stages (under `balanced`, maybe not the first hosts)."""

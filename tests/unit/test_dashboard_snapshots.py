@@ -12,12 +12,12 @@ from pathlib import Path
 from support.clusters import write_cluster
 
 from pictl.cluster.monitor import HostSample
-from pictl.events import RECORD_TYPES, RankEvent
+from pictl.events import RECORD_TYPES, Placed, RankEvent, StagePlacement
 from pictl.inventory import load_cluster
 from pictl.planning.options import RunOptions
 from pictl.summary_models import RunSummary
 from pictl.tui.app import PROGRESS_EVERY, PictlApp
-from pictl.tui.messages import HostHealth, LogLine, PhaseChanged, RankRecord, RunFinished
+from pictl.tui.messages import Decided, HostHealth, LogLine, PhaseChanged, RankRecord, RunFinished
 from pictl.tui.rows import Ending
 from pictl.tui.widgets.stage_list import StageList
 from remote.records import Record
@@ -58,6 +58,9 @@ async def _during(pilot) -> None:  # noqa: ANN001
     for i in range(4):
         app.post_message(HostHealth(HostSample(f"h{i}", True, NOW, 97.0 - i, 610 + i, 3796, 55.5 + i,
                                                "0x0" if i else "0x50000")))
+    # Where the session put the stages (`balanced` on 4 hosts chose the first three here).
+    app.post_message(Decided(Placed(tuple(StagePlacement(f"h{r}", (r,), 1) for r in range(3)), "h0", 1)))
+    await pilot.pause()  # (a session announces it before anything runs on the ranks)
     app.post_message(PhaseChanged("baseline", "serial baseline reused: 3.45 img/s on h0"))
     app.post_message(PhaseChanged("pipeline", "launching 3 stage(s) on 3 host(s), rendezvous 10.0.0.1:29500"))
     app.post_message(RankRecord("serial", "h0", _rec("throughput", 0, NOW - 40, role="serial", ips=3.45, repeat=0)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from support.cli import ROOT
 
 from pictl import errors as E
-from pictl.events import BaselineReady, SplitChosen
+from pictl.events import BaselineReady, Placed, SplitChosen, StagePlacement
 from pictl.inventory import load_cluster
 from pictl.planning.options import RunOptions
 from pictl.summary_models import RunSummary
@@ -15,8 +15,22 @@ from pictl.tui.state import DashboardState
 
 def _state() -> DashboardState:
     state = DashboardState(load_cluster(ROOT / "hosts.toml"))
-    state.start_run(RunOptions(stages=2, policy="equal"), now=0.0)  # ranks on the first two hosts until placed
+    state.start_run(RunOptions(stages=2, policy="equal"), now=0.0)
+    state.on_decided(Placed((StagePlacement("local0", (0,), 1), StagePlacement("local1", (1,), 1)), "local0", 2))
     return state
+
+
+def test_stages_are_placed_where_the_session_says_never_guessed() -> None:
+    """Before `Placed` every rank has a panel and no host; `balanced` may then choose the last hosts."""
+    state = DashboardState(load_cluster(ROOT / "hosts.toml"))
+    state.start_run(RunOptions(stages=2, policy="balanced"), now=0.0)
+    assert sorted(state.stages) == [0, 1] and all(st.host == "" for st in state.stages.values())
+    assert not any(r.ranks for r in state.hosts.values())
+    state.on_phase("balance", "choosing the fastest hosts")
+    state.on_decided(Placed((StagePlacement("local2", (0,), 2), StagePlacement("local3", (1,), 2)), "local2", 2))
+    assert [(st.host, st.label) for _, st in sorted(state.stages.items())] == [("local2", "stage 0"),
+                                                                                ("local3", "stage 1")]
+    assert {r.name: r.ranks for r in state.hosts.values() if r.ranks} == {"local2": [0], "local3": [1]}
 
 
 def test_an_ending_is_decided_by_the_exceptions_type_not_its_text() -> None:

@@ -58,8 +58,8 @@ class StagePanel(Vertical):
         self._shown = key
         # A changed title or a changed number of lines is a new layout; the figures of every frame are not (a
         # layout pass per progress frame was most of the dashboard's cost while 4 hosts stream).
-        title = Text.assemble((st.label or f"stage {st.rank}", "bold"), f" on {st.host}  ",
-                              (printable(_span(st.modules)), "dim"))
+        where = f" on {st.host}  " if st.host else " (not placed yet)  "
+        title = Text.assemble((st.label or f"stage {st.rank}", "bold"), where, (printable(_span(st.modules)), "dim"))
         if title.plain != self._title:
             self._title = title.plain
             self.query_one(".stage-title", Label).update(title)
