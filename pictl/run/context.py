@@ -60,8 +60,10 @@ class RunContext:
     reuse_baseline: bool = True
     started: float = field(default_factory=time.time)
     # Read and hashed once per run: what is pushed and what keys the caches are the same tree.
-    tree: dict[str, bytes] = field(default_factory=local_tree)
+    tree: dict[str, bytes] = field(init=False)
     code: str = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "code", manifest_digest(self.tree))  # (frozen: set once, here)
+        tree = local_tree()
+        object.__setattr__(self, "tree", tree)  # (frozen: set once, here)
+        object.__setattr__(self, "code", manifest_digest(tree))

@@ -185,7 +185,7 @@ async def test_fewer_stages_than_hosts_take_the_fastest_connecting_and_pushing_o
 
     options = RunOptions(stages=2, policy="balanced", images=4, warmup=0, repeats=1)
     dashboard.start_run(options)
-    assert {r: v.host for r, v in dashboard.stages.items()} == {0: "h0", 1: "h1"}  # the inventory's guess
+    assert {r: v.host for r, v in dashboard.stages.items()} == {0: "", 1: ""}  # not placed yet: no guess
     s = await RunSession(cluster, options, on_event=on_event, runs_root=tmp_path / "runs").run()
     assert [st.host for st in s.per_stage] == ["h0", "h2"] and s.outputs_match is True
     assert s.prediction is not None and s.prediction.profiled == [] and s.prediction.links_measured == ["h0->h2"]
@@ -231,7 +231,11 @@ def test_a_host_slowed_mid_run_moves_the_cut_and_noise_alone_never_does(deit_cos
     assert "pictl recut: after timed pass 3" in proc.stderr and "re-cut after timed pass 3" in proc.stderr
     # The waterfall takes the settled passes (5 and 6) apart; the passes before the re-cut are a term of their own.
     w = s["waterfall"]
-    assert w["settled_from_pass"] == 4 and w["terms"][-1]["term"] == "recut" and w["terms"][-1]["points"] < 0
+    # The `recut` term is the whole run's speedup less the settled passes' (its sign is what was measured: the
+    # first pass, before the slowdown, may outrun the settled ones).
+    settled_speedup = sum(s["pass_ips"][4:]) / 2 / s["serial_ips"]
+    assert w["settled_from_pass"] == 4 and w["terms"][-1]["term"] == "recut"
+    assert w["terms"][-1]["points"] == pytest.approx(s["speedup"] - settled_speedup, abs=2e-3)
     assert sum(t["points"] for t in w["terms"]) == pytest.approx(-w["gap"], abs=1e-3)
     report = run_pictl(["report", s["run_id"], "--out", str(tmp_path / "report")], env)
     assert report.returncode == 0, report.stderr
