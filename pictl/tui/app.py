@@ -36,8 +36,6 @@ from pictl.tui.messages import (
     PhaseChanged,
     RankRecord,
     RunFinished,
-    SweepRows,
-    SweepRunStarted,
     TracesGrabbed,
 )
 from pictl.tui.rows import Ending
@@ -202,18 +200,6 @@ class PictlApp(JobsApp):
         self.notify(f"{got} rank trace(s) in {msg.grab.directory}"
                     + "".join(f"\nrank {r}: {why}" for r, why in missing.items()),
                     title="traces", severity="warning" if missing else "information", timeout=10)
-        self._dirty.add("summary")
-
-    async def on_sweep_run_started(self, msg: SweepRunStarted) -> None:
-        self.follow(msg.session)
-        if self.state.sweep is not None:
-            self.state.sweep.index, self.state.sweep.total = msg.index, msg.total
-        await self.query_one(StageList).reset(self.state)
-        self._dirty.update({"hosts", "summary"})
-
-    def on_sweep_rows(self, msg: SweepRows) -> None:
-        if self.state.sweep is not None:
-            self.state.sweep.rows, self.state.sweep.directory = msg.rows, msg.directory
         self._dirty.add("summary")
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:

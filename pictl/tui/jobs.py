@@ -49,6 +49,8 @@ class JobsApp(App):
     baseline_cache: BaselineCache | None
     session: RunSession | None
     clock: Callable[[], float]
+    _dirty: set[str]
+    """What the next frame redraws (PictlApp renders it)."""
 
     def render_all(self) -> None:
         raise NotImplementedError
@@ -59,6 +61,18 @@ class JobsApp(App):
     @property
     def run_active(self) -> bool:
         return self.state.running
+
+    async def on_sweep_run_started(self, msg: SweepRunStarted) -> None:
+        self.follow(msg.session)
+        if self.state.sweep is not None:
+            self.state.sweep.index, self.state.sweep.total = msg.index, msg.total
+        await self.query_one(StageList).reset(self.state)
+        self._dirty.update({"hosts", "summary"})
+
+    def on_sweep_rows(self, msg: SweepRows) -> None:
+        if self.state.sweep is not None:
+            self.state.sweep.rows, self.state.sweep.directory = msg.rows, msg.directory
+        self._dirty.add("summary")
 
     def start_sweep(self, base: RunOptions, points: list, profile: str | None = None) -> None:
         from pictl.jobs.sweep import run_sweep
