@@ -23,15 +23,11 @@ from pictl.headless_train import TrainProgress
 from pictl.records.waterfall_view import latency_of, percentiles_text, waterfall_line, waterfall_of
 from pictl.summary import baseline_text
 from pictl.summary_models import RunSummary
-from pictl.text import markup_safe, printable
+from pictl.text import figure, markup_safe, printable
 from remote.job_records import PruneAccuracy, PruneDone, PruneProgress, PruneStart, TrainEval, TrainStart, TrainStep
 from remote.run_records import Error, Progress, Recut, Refine, Refined, Throughput
 
 PRUNE_RECORDS = (PruneStart, PruneProgress, PruneAccuracy, PruneDone)
-
-
-def _fmt(value: float | None, spec: str = ".2f") -> str:
-    return "-" if value is None else format(value, spec)
 
 
 class HeadlessRenderer:
@@ -112,8 +108,8 @@ class HeadlessRenderer:
         for rank in sorted(self._progress):
             host, r = self._progress[rank]
             table.add_row(str(rank), host, markup_safe(f"{r.phase} {r.repeat}"),
-                          f"{r.microbatches}/{r.microbatches_total}", _fmt(r.compute_s),
-                          _fmt(r.wait_s), _fmt(r.send_s), _fmt(r.bytes_sent / 1e6, ".1f"))
+                          f"{r.microbatches}/{r.microbatches_total}", figure(r.compute_s),
+                          figure(r.wait_s), figure(r.send_s), figure(r.bytes_sent / 1e6, ".1f"))
         return table
 
     def _stop_live(self) -> None:
@@ -152,8 +148,8 @@ def recut_line(rec: Recut) -> str:
 def recut_lines(s: RunSummary) -> list[str]:
     """The run's re-cuts, each with the img/s of the passes before and after it."""
     return [printable(f"re-cut after timed pass {r.after_pass + 1}: {', '.join(r.split_points)} -> "
-                      f"{', '.join(r.next_split)} ({r.reason}); {_fmt(r.ips_before)} img/s before, "
-                      f"{_fmt(r.ips_after)} after") for r in s.recuts if r.moved]
+                      f"{', '.join(r.next_split)} ({r.reason}); {figure(r.ips_before)} img/s before, "
+                      f"{figure(r.ips_after)} after") for r in s.recuts if r.moved]
 
 
 def explain_lines(s: RunSummary) -> list[str]:
@@ -185,7 +181,7 @@ def outputs_text(s: RunSummary) -> str:
     agreed = "-" if s.agreement is None else f"{s.agreement:.2%}"
     bound = "-" if wire.min_agreement is None else f"{wire.min_agreement:.0%}"
     return (f"lossy wire {wire.format}: top-1 agreement {agreed} (at least {bound} passes), max |diff| "
-            f"{_fmt(s.max_abs_diff, '.4f')}, mean |diff| {_fmt(s.mean_abs_diff, '.4f')}, accuracy "
+            f"{figure(s.max_abs_diff, '.4f')}, mean |diff| {figure(s.mean_abs_diff, '.4f')}, accuracy "
             f"{_pct(s.accuracy)} against serial {_pct(s.serial_accuracy)}")
 
 
@@ -193,10 +189,11 @@ def wire_lines(s: RunSummary) -> list[str]:
     """One line per link when anything but fp32 travelled."""
     if s.wire is None or s.wire.format == "fp32":
         return []
-    return [printable(f"link {k.link} at {k.cut}: {k.format}, {_fmt((k.wire_bytes or 0) / 1e6, '.2f')} MB on the "
-                      f"wire of {_fmt((k.raw_bytes or 0) / 1e6, '.2f')} MB ({_fmt(k.ratio, '.3f')}), compress "
-                      f"{_fmt(k.compress_s, '.3f')} s, decompress {_fmt(k.decompress_s, '.3f')} s, average "
-                      f"{_fmt((k.avg_Bps or 0) / 1e6, '.2f')} MB/s, peak {_fmt((k.peak_Bps or 0) / 1e6, '.2f')} MB/s")
+    return [printable(f"link {k.link} at {k.cut}: {k.format}, {figure((k.wire_bytes or 0) / 1e6, '.2f')} MB on the "
+                      f"wire of {figure((k.raw_bytes or 0) / 1e6, '.2f')} MB ({figure(k.ratio, '.3f')}), compress "
+                      f"{figure(k.compress_s, '.3f')} s, decompress {figure(k.decompress_s, '.3f')} s, average "
+                      f"{figure((k.avg_Bps or 0) / 1e6, '.2f')} MB/s, "
+                      f"peak {figure((k.peak_Bps or 0) / 1e6, '.2f')} MB/s")
             for k in s.wire.links]
 
 
@@ -208,9 +205,9 @@ def numerics_lines(s: RunSummary) -> list[str]:
     agreed = "-" if n.agreement_vs_fp32 is None else f"{n.agreement_vs_fp32:.2%}"
     return [printable(
         f"numerics {n.kind} ({', '.join(n.engines) or 'serial only'}): speedup "
-        f"{_fmt(n.speedup_vs_fp32)}x over the fp32 serial run ({_fmt(n.fp32_serial_ips)} img/s), "
-        f"{_fmt(s.speedup)}x over the {n.kind} serial run; {n.kind} alone "
-        f"{_fmt(n.numerics_gain)}x on one host; top-1 agreement with fp32 {agreed} over "
+        f"{figure(n.speedup_vs_fp32)}x over the fp32 serial run ({figure(n.fp32_serial_ips)} img/s), "
+        f"{figure(s.speedup)}x over the {n.kind} serial run; {n.kind} alone "
+        f"{figure(n.numerics_gain)}x on one host; top-1 agreement with fp32 {agreed} over "
         f"{n.compared_images or '-'} image(s)")]
 
 
@@ -218,8 +215,8 @@ def replica_lines(s: RunSummary) -> list[str]:
     """With replicas: each one's own img/s beside the aggregate (every image over the slowest one's time)."""
     if not s.replica_ips:
         return []
-    return [f"replicas: {' / '.join(_fmt(v) for v in s.replica_ips)} img/s each; together "
-            f"{_fmt(s.throughput_ips)} img/s (every image over the slowest replica's pass)"]
+    return [f"replicas: {' / '.join(figure(v) for v in s.replica_ips)} img/s each; together "
+            f"{figure(s.throughput_ips)} img/s (every image over the slowest replica's pass)"]
 
 
 def detail_lines(s: RunSummary) -> list[str]:
@@ -231,8 +228,8 @@ def summary_title(s: RunSummary) -> str:
     """The result in one line (printed above the stage table, never wrapped into it)."""
     copies = f"{s.replicas} replicas x " if s.replicas > 1 else ""
     return (f"{s.status.upper()}  {copies}{s.stages} stage(s)  split {', '.join(s.split_points) or '-'}  "
-            f"pipeline {_fmt(s.throughput_ips)} img/s  serial {_fmt(s.serial_ips)} img/s"
-            f"{baseline_text(s)}  speedup {_fmt(s.speedup)}x "
+            f"pipeline {figure(s.throughput_ips)} img/s  serial {figure(s.serial_ips)} img/s"
+            f"{baseline_text(s)}  speedup {figure(s.speedup)}x "
             f"(ideal {s.stages * s.replicas}x)  {outputs_text(s)}  accuracy {_pct(s.accuracy)}")
 
 
@@ -247,12 +244,13 @@ def summary_table(s: RunSummary) -> Table:
     for st in s.per_stage:
         mods = st.modules
         span = f"{mods[0]} .. {mods[-1]}" if len(mods) > 1 else (mods[0] if mods else "-")
-        cells = [str(st.rank), st.host or "-", span, f"{st.params:,}", _fmt(st.measured_ms, ".1f"),
-                 _fmt(st.wait_ms, ".1f"), _fmt(st.send_ms, ".1f"),
-                 _fmt(st.bytes_sent / 1e6 if st.bytes_sent is not None else None, ".1f"), _fmt(st.peak_rss_mb, ".0f")]
+        cells = [str(st.rank), st.host or "-", span, f"{st.params:,}", figure(st.measured_ms, ".1f"),
+                 figure(st.wait_ms, ".1f"), figure(st.send_ms, ".1f"),
+                 figure(st.bytes_sent / 1e6 if st.bytes_sent is not None else None, ".1f"),
+                 figure(st.peak_rss_mb, ".0f")]
         if predicted:  # where the cost model was right or wrong, stage by stage
             error = st.prediction_error
-            cells += [_fmt(st.predicted_ms, ".1f"), "-" if error is None else f"{error:+.0%}"]
+            cells += [figure(st.predicted_ms, ".1f"), "-" if error is None else f"{error:+.0%}"]
         table.add_row(*map(markup_safe, cells))  # module names come from the hosts
     return table
 

@@ -6,11 +6,7 @@ from typing import Any
 
 from rich.table import Table
 
-from pictl.text import markup_safe
-
-
-def _fmt(value: float | None, spec: str = ".2f") -> str:
-    return "-" if value is None else format(value, spec)
+from pictl.text import figure, markup_safe
 
 
 def _warm_cell(warm: dict[str, Any] | None) -> str:
@@ -39,8 +35,8 @@ def check_table(checks: list) -> Table:  # list[HostCheck]
             "ok" if c.authenticated else ("no auth" if c.reachable else "[red]down[/]"),
             p.get("python", "-"), venv.get("python", "missing") if venv else "-",
             pkgs.get("torch") or "-", pkgs.get("timm") or "-", str(p.get("cpus", "-")),
-            str(p.get("mem_available_mb", "-")), _fmt(p.get("temperature_c"), ".1f"), p.get("throttled") or "-",
-            _fmt(c.clock_offset_ms, ".3f"), _fmt(c.clock_uncertainty_ms, ".3f"),
+            str(p.get("mem_available_mb", "-")), figure(p.get("temperature_c"), ".1f"), p.get("throttled") or "-",
+            figure(c.clock_offset_ms, ".3f"), figure(c.clock_uncertainty_ms, ".3f"),
             f"{iface.get('name')} {iface.get('address') or ''}".strip() if iface else "-",
             ("ok" if reach.get("ok") else "[red]fail[/]") if reach else "-", _warm_cell(c.warm))
     return table

@@ -43,11 +43,11 @@ async def open_hosts(ctx: RunContext, hosts: list[Host], timeline: StartupTimeli
             count = sum(1 for s in shipped.values() if s)
             size_mb = artifact.path.stat().st_size / 1e6
             ctx.sink(Phase("push", f"model artifact {artifact.path.name} ({size_mb:.0f} MB) sent to {count} host(s)"
-                      if count else f"model artifact {artifact.path.name} already on every host"))
+                           if count else f"model artifact {artifact.path.name} already on every host"))
     except BaseException:
         await to_the_end(job.close(used=[]))
         raise
     timeline.mark("pushed")
     ctx.sink(Phase("push", f"{sent} changed file(s) pushed to {len(hosts)} host(s)" if sent
-              else f"code up to date on {len(hosts)} host(s)"))
+                   else f"code up to date on {len(hosts)} host(s)"))
     return HostsReady(job, tuple(leases), sent)

@@ -70,7 +70,7 @@ class Pipeline:
                     raise E.RunFailed.on(master.name, 0, "the pipeline", f"the rendezvous port {port} was taken on "
                                      f"{master.name} before torchrun could bind it", deque()) from None
                 ctx.sink(Phase("pipeline", f"port {port} was taken on {master.name} before torchrun bound it; "
-                                      "launching again on another port"))
+                                           "launching again on another port"))
         raise AssertionError("unreachable")
 
     async def _clocks(self) -> dict[str, dict[str, Any]]:
@@ -109,7 +109,7 @@ class Pipeline:
         master = nodes[0].host
         copies = f"{spec.replicas} replicas x " if spec.replicas > 1 else ""
         ctx.sink(Phase("pipeline", f"launching {copies}{spec.stages} stage(s) on {len(nodes)} host(s), "
-                              f"rendezvous {master.rendezvous_address}:{port}"))
+                                   f"rendezvous {master.rendezvous_address}:{port}"))
         stages = self.telemetry.stages
 
         def on_record(node: NodePlan, record: Record) -> bool:
@@ -124,8 +124,7 @@ class Pipeline:
                           on_rejected=self.telemetry.reject)
         self.book.timeline.launched("launch", {n.host: 1 + n.nproc for n in nodes})  # an agent and its ranks each
         self.launch = RankLaunch(self.job, nodes, port=port, threads=self.placement.threads, keep=self.book.record,
-                                 sink=ctx.sink,
-                                 watch=watch)
+                                 sink=ctx.sink, watch=watch)
         self.book.windows["pipeline"] = self.launch.window  # [start, end], filled as the ranks run
         launched = await self.launch.run()
         if launched.failed:

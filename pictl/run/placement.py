@@ -104,7 +104,7 @@ async def _fastest(ctx: RunContext, job: HostJob, cluster: Cluster, stages: int,
     ctx.sink(Phase("balance", "fastest hosts: " + ", ".join(
         f"{h.name} ({total[h.name] * 1000:.0f} ms)" for h in hosts if h.name in chosen)
         + "; left out: " + ", ".join(f"{h.name} ({total[h.name] * 1000:.0f} ms)" for h in hosts
-                                     if h.name not in chosen)))
+                                          if h.name not in chosen)))
     return cluster.model_copy(update={"hosts": tuple(h for h in hosts if h.name in chosen)})
 
 
@@ -120,5 +120,5 @@ async def _divide_threads(ctx: RunContext, job: HostJob, nodes: tuple[NodePlan, 
     counts = await asyncio.gather(*(cores(n) for n in nodes))
     threads = {n.host.name: max(1, c // len(n.ranks)) for n, c in zip(nodes, counts, strict=True)}
     ctx.sink(Phase("threads", ", ".join(f"{n.host.name}: {len(n.ranks)} stage(s) x {threads[n.host.name]} "
-                                   f"thread(s) of {c} core(s)" for n, c in zip(nodes, counts, strict=True))))
+                                        f"thread(s) of {c} core(s)" for n, c in zip(nodes, counts, strict=True))))
     return threads, counts[0]

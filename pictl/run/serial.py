@@ -75,14 +75,13 @@ async def _plan_and_own_baseline(ctx: RunContext, job: HostJob, placement: Place
     reused = plans.get(key) if key else None
     if reused:
         ctx.sink(Phase("plan", f"plan for {spec.stages} stage(s) reused (same model, split and code)"))
-    cached, refused = ctx.caches.baselines.reusable(fields, staged.facts[host.name].state, now=time.time(),
-                                                    max_age_s=baseline_max_age(ctx), fresh=not ctx.reuse_baseline)
+    cached, refused = _reusable(ctx, fields, staged.facts[host.name])
     if reused or cached:
         plan = reused or await _plan(ctx, job, host, spec, key, book)
         record = _open_record(ctx, book, placement, spec, plan)
         if cached:
             ctx.sink(Phase("baseline", f"serial baseline reused: {cached.ips:.2f} img/s on {host.name}, measured "
-                                  f"{age_text(time.time() - cached.measured_at)} ago"))
+                                       f"{age_text(time.time() - cached.measured_at)} ago"))
             return Serial(plan, reused is not None, cached, refused, record)
         measured = await _measure(ctx, job, placement, spec, staged, book, _window(book), fields, refused)
         return Serial(plan, reused is not None, measured, refused, record)
@@ -118,8 +117,7 @@ async def _fp32(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSp
     host = placement.first.host
     plain = replace(spec, numerics="fp32")
     fields = baseline_fields(ctx, host, plain, staged.facts[host.name], placement.serial_threads)
-    cached, refused = ctx.caches.baselines.reusable(fields, staged.facts[host.name].state, now=time.time(),
-                                                    max_age_s=baseline_max_age(ctx), fresh=not ctx.reuse_baseline)
+    cached, refused = _reusable(ctx, fields, staged.facts[host.name])
     if cached is not None:
         ctx.sink(Phase("baseline", f"fp32 serial reference reused: {cached.ips:.2f} img/s on {host.name}"))
         return cached
@@ -145,6 +143,12 @@ def baseline_fields(ctx: RunContext, host: Host, spec: RunSpec, facts: HostFacts
 
 def baseline_max_age(ctx: RunContext) -> float | None:
     return ctx.options.baseline_max_age or ctx.cluster.baseline_max_age
+
+
+def _reusable(ctx: RunContext, fields: dict[str, Any], facts: HostFacts) -> tuple[Baseline | None, str | None]:
+    """The run's cached baseline for `fields` if it may stand now (`BaselineCache.reusable`), else why not."""
+    return ctx.caches.baselines.reusable(fields, facts.state, now=time.time(), max_age_s=baseline_max_age(ctx),
+                                         fresh=not ctx.reuse_baseline)
 
 
 async def _plan(ctx: RunContext, job: HostJob, host: Host, spec: RunSpec, key: str | None,
@@ -180,9 +184,9 @@ def _open_record(ctx: RunContext, book: Logbook, placement: Placement, spec: Run
     # The inventory as an absolute path: `pictl traces` may run from another directory.
     source = ctx.cluster.source
     record = book.record.open({"options": ctx.options.model_dump(), "profile": ctx.profile,
-                     "cluster": str(Path(source).resolve()) if source else "", "spec": spec.to_json(),
-                     "placement": [{"host": n.host.name, "ranks": list(n.ranks)} for n in placement.nodes],
-                     "plan": plan})
+                               "cluster": str(Path(source).resolve()) if source else "", "spec": spec.to_json(),
+                               "placement": [{"host": n.host.name, "ranks": list(n.ranks)} for n in placement.nodes],
+                               "plan": plan})
     book.timeline.mark("planned")
     return record
 
@@ -197,8 +201,8 @@ async def _measure(ctx: RunContext, job: HostJob, placement: Placement, spec: Ru
     host = placement.first.host
     what = "the fp32 serial reference" if fp32_reference else "the serial baseline"
     ctx.sink(Phase("baseline", (f"measuring {what} on {host.name}" if on_plan is None else
-                           f"validating the spec, planning {spec.stages} stage(s) and measuring the serial "
-                           f"baseline on {host.name}") + (f": {refused}" if refused else "")))
+                                f"validating the spec, planning {spec.stages} stage(s) and measuring the serial "
+                                f"baseline on {host.name}") + (f": {refused}" if refused else "")))
     telemetry = RunTelemetry()
     waiting = [on_plan] if on_plan is not None else []  # the plan's callback, until the plan has come
 

@@ -80,9 +80,9 @@ async def choose_split(ctx: RunContext, job: HostJob, placement: Placement, spec
     corrected = [f"{h} x{f:.2f}" + (f" {ages[h]:.0f} s ago" if h in ages else "")
                  for h, f in prediction["corrections"].items() if f != 1.0]
     ctx.sink(Phase("balance", f"split {', '.join(chosen.split_points)}: predicted "
-              + " / ".join(f"{ms:.1f}" for ms in prediction["stage_ms"]) + " ms per microbatch"
-              + f" ({source}" + (f"; corrected by earlier runs: {', '.join(corrected)}" if corrected else "")
-              + ")" + ("; refined during the run" if o.refine else "")))
+                   + " / ".join(f"{ms:.1f}" for ms in prediction["stage_ms"]) + " ms per microbatch"
+                   + f" ({source}" + (f"; corrected by earlier runs: {', '.join(corrected)}" if corrected else "")
+                   + ")" + ("; refined during the run" if o.refine else "")))
     ctx.sink(SplitChosen(tuple(chosen.split_points), "balanced", tuple(prediction["stage_ms"])))
     return SplitChoice(chosen, prediction)
 

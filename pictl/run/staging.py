@@ -44,5 +44,5 @@ async def stage(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSp
         live = {k["run"] for k in c.get("kept", []) if k.get("pgid")}
         if live:  # (a run without a lease: an older pictl) it shares this host's CPUs with ours
             ctx.sink(Phase("cleanup", f"{name}: {len(live)} other run(s) still running in this workdir "
-                      f"({', '.join(sorted(live))}); their processes are left alone"))
+                           f"({', '.join(sorted(live))}); their processes are left alone"))
     return Staged(facts, port)
