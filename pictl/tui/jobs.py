@@ -66,7 +66,7 @@ class JobsApp(App):
         self.follow(msg.session)
         if self.state.sweep is not None:
             self.state.sweep.index, self.state.sweep.total = msg.index, msg.total
-        await self.query_one(StageList).reset(self.state)
+        await self._reset_stages()
         self._dirty.update({"hosts", "summary"})
 
     def on_sweep_rows(self, msg: SweepRows) -> None:
