@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Optional, TypeVar
 
 import typer
 from rich.console import Console
+from typer import rich_utils as typer_help
 
 from pictl import errors as E
+from pictl.cli.help_layout import draw_option_tables_whole
 from pictl.cluster.fleet import Fleet
 from pictl.cluster.transport import Transport
 from pictl.inventory import Cluster, load_cluster
@@ -24,6 +26,7 @@ from pictl.text import printable
 
 T = TypeVar("T")
 
+draw_option_tables_whole(typer_help)  # `--help` at 80 columns cut `--checkpoint-activations` short
 app = typer.Typer(no_args_is_help=False, context_settings={"help_option_names": ["-h", "--help"]},
                   help="Pipeline-parallel inference on a small cluster. Plain `pictl` opens the dashboard; "
                        "`pictl COMMAND -h` explains a command.")
