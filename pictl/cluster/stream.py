@@ -3,27 +3,23 @@
 Every stdout line that is a telemetry record (`remote.protocol`) is kept in the record, handed to the
 caller's `on_record` and forwarded as a `RankEvent`; every other line is kept in the log, added to a
 short tail (what a failure shows) and forwarded as `HostOutput`. A line that claims to be telemetry but
-breaks the protocol goes to the log and to `on_rejected`, never to a reader.
+breaks the protocol goes to the log and to `on_rejected`, never to a reader. What torch prints while the
+processes shut down (`torch_noise`) goes to the log only.
 """
 
 from __future__ import annotations
 
-import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from pictl.cluster.torch_noise import TorchNoise, Verdict
 from pictl.cluster.transport import RemoteProcess
 from pictl.events import EventSink, HostOutput, RankEvent, Rejected, read_line
 from remote.records import Record
 
 TAIL_LINES = 20
-EXIT_BARRIER = "Error waiting on exit barrier"
-"""What torchrun's agent logs when a peer agent left its exit barrier first: every worker had finished, and
-the traceback that follows is noise (the field notes, section 9). It goes to the log file only."""
-TRACEBACK_END = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception)\b.*")
-"""The last line of a Python traceback: the exception's (qualified) name, unindented."""
 
 
 class LineKeeper(Protocol):
@@ -49,7 +45,8 @@ class ProcessStream:
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     on_rejected: Callable[[Rejected], None] | None = None
     """Sees every line that claimed to be telemetry but broke the protocol (it is kept in the log)."""
-    _benign: bool = False
+    noise: TorchNoise = field(default_factory=TorchNoise)
+    """Which lines are torch's teardown noise (to the log only), read in order: a dump spans many lines."""
 
     async def consume(self, proc: RemoteProcess) -> int:
         """Read `proc` to its end; its exit status."""
@@ -66,18 +63,9 @@ class ProcessStream:
                     self.sink(RankEvent(self.source, self.host, record))
             else:
                 self.keep.log(self.source, line)
-                if self._is_benign(line):
-                    continue
-                self.tail.append(f"{self.source}: {line}")
-                self.sink(HostOutput(self.source, self.host, channel, line))
+                verdict = self.noise.judge(line)
+                if verdict is not Verdict.QUIET:
+                    self.tail.append(f"{self.source}: {line}")
+                if verdict is Verdict.SHOWN:
+                    self.sink(HostOutput(self.source, self.host, channel, line))
         return await proc.wait()
-
-    def _is_benign(self, line: str) -> bool:
-        """Inside torchrun's exit-barrier traceback (from its first line to the exception's line)."""
-        if EXIT_BARRIER in line:
-            self._benign = True
-            return True
-        if self._benign and TRACEBACK_END.match(line):
-            self._benign = False
-            return True
-        return self._benign
