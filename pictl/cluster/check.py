@@ -16,6 +16,7 @@ from typing import Any
 from pictl import errors as E
 from pictl.cluster.clock import PROBE_SOURCE, ClockOffset, measure_clock
 from pictl.cluster.fleet import Fleet
+from pictl.cluster.hoststate import torch_problem
 from pictl.cluster.transport import RemoteProcess, Transport
 from pictl.cluster.warm import WarmState, warm_status
 from pictl.inventory import Cluster, Host
@@ -55,6 +56,9 @@ def _problems(host: Host, probe: dict[str, Any]) -> list[str]:
         missing = [p for p, v in venv.get("packages", {}).items() if v is None] or (["?"] if "error" in venv else [])
         if missing:
             out.append(f"venv lacks {', '.join(missing)} (run `pictl provision`)")
+        torch = (venv.get("packages") or {}).get("torch")
+        if torch is not None and (problem := torch_problem(host, {"torch": torch})):
+            out.append(problem)
     iface = probe.get("interface")
     if iface and not iface.get("exists"):
         out.append(f"interface {iface['name']} does not exist")

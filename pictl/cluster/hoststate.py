@@ -18,6 +18,8 @@ from pictl import errors as E
 from pictl.cluster.clock import PROBE_SOURCE
 from pictl.cluster.monitor import HostSample, summarize_samples
 from pictl.cluster.transport import Transport
+from pictl.inventory import Host
+from remote.torch_support import unsupported
 
 LOAD_TOLERANCE_CORES = 0.5
 """Other work on a host may differ by this many busy cores between a baseline and its reuse."""
@@ -76,6 +78,34 @@ async def read_run_facts(first: Transport, others: list[Transport], *, checkpoin
             raise f if isinstance(f, E.PictlError) else E.TransportError(f"host '{t.host.name}': {f}")
     facts[first.host.name] = await read_facts(first, sample_s=SAMPLE_S, checkpoint=checkpoint, base_dir=base_dir)
     return facts
+
+
+def torch_problem(host: Host, packages: dict[str, str | None]) -> str | None:
+    """Why `host`'s venv cannot run the host code for its torch (none, or outside `remote.torch_support`'s
+    range), in words that say what to do; None when it can."""
+    why = unsupported(packages.get("torch"))
+    return f"its venv {host.venv_path()} {why}: run `pictl provision`" if why else None
+
+
+def refuse_unsupported_torch(hosts: list[Host], facts: dict[str, HostFacts]) -> None:
+    """NotReady (exit 6) naming every host whose torch the host code does not run on, before anything runs there."""
+    why = [f"host '{h.name}': {problem}" for h in hosts
+           if h.name in facts and (problem := torch_problem(h, facts[h.name].packages))]
+    if why:
+        raise E.NotReady("; ".join(why))
+
+
+async def torch_refusal(t: Transport) -> E.NotReady | None:
+    """After a failure on a host: the refusal to report instead when its torch is the cause (None when it is
+    not, or cannot be read)."""
+    try:
+        facts = await read_facts(t)
+        refuse_unsupported_torch([t.host], {t.host.name: facts})
+    except E.NotReady as exc:
+        return exc
+    except E.PictlError:
+        pass
+    return None
 
 
 def throttling(value: str | None) -> list[str]:

@@ -27,6 +27,7 @@ import remote
 from pictl import errors as E
 from pictl.cluster.artifacts import Artifact
 from pictl.cluster.commands import python_module, worker_env
+from pictl.cluster.hoststate import torch_refusal
 from pictl.cluster.transport import Transport
 from pictl.events import command_outcome
 from pictl.inventory import Host
@@ -121,8 +122,8 @@ async def measure_host(t: Transport, model: str, num_classes: int, chunk: int, t
     costs, reason = command_outcome(result, Costs)
     if costs is None and result.returncode == P.EXIT_BAD_INPUT:  # the model itself is wrong: bad input, exit 2
         raise E.ConfigError(reason)
-    if costs is None:
-        raise E.RunFailed(f"host '{h.name}': cost profiling failed: {reason}")
+    if costs is None:  # (under balanced, the first thing to run torch on a host: a torch outside the range is exit 6)
+        raise await torch_refusal(t) or E.RunFailed(f"host '{h.name}': cost profiling failed: {reason}")
     return {k: getattr(costs, k) for k in PROFILE_FIELDS}
 
 

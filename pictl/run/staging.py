@@ -1,7 +1,7 @@
 """Phase 4, staging: every host of the run gets the spec and the owner file in its run directory, orphans
 a vanished controller left are stopped (never another run's), a chosen rendezvous port is checked, and
 each host's state and versions (and the checkpoint's hash, where it lives) are read for the baseline's
-key and the run's flags.
+key and the run's flags; a host whose torch the host code does not run on is refused (exit 6).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pictl.cluster.commands import master_port
-from pictl.cluster.hoststate import HostFacts, read_run_facts
+from pictl.cluster.hoststate import HostFacts, read_run_facts, refuse_unsupported_torch
 from pictl.cluster.jobs import HostJob
 from pictl.events import Phase
 from pictl.run.context import RunContext
@@ -36,6 +36,8 @@ async def stage(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSp
     first = placement.first.host
     facts = await read_run_facts(job.transport(first), job.fleet.only(names[1:]), base_dir=first.run_dir(spec.run_id),
                                  checkpoint=spec.checkpoint if spec.checkpoint and not ctx.artifact else None)
+    # A torch the host code does not run on fails every rank's first pass: refused here, before the baseline.
+    refuse_unsupported_torch([n.host for n in placement.nodes], facts)
     timeline.mark("prepared")
     stopped = sum(len(c.get("stopped", [])) for c in swept.values())
     if stopped:

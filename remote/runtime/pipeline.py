@@ -46,6 +46,7 @@ from remote.runtime.outputs import open_checkpoint, report_outputs
 from remote.runtime.partition import StagePlan
 from remote.runtime.refine import RefineLoop, measured_compute_s
 from remote.runtime.replicas import Replicas, replicas_of
+from remote.runtime.schedule_inputs import schedule_inputs
 from remote.runtime.stage import ModelLayout, build_stage, compact_pieces, layout_for, stage_codec, stage_io_shapes
 from remote.runtime.timing import TimedStage, count_p2p, emit_mb_times, timed_pass
 from remote.runtime.tracing import Tracer, planned_window, rendezvous_store
@@ -120,6 +121,7 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
     mbs = place.deal(microbatches(load_images(spec.data, spec.images, layout.meta_model.pretrained_cfg, spec.seed),
                                   spec.chunk)) if first else None
     labels = load_labels(spec.data, spec.images) if place.gathers else None
+    feed = schedule_inputs(mbs)  # (once: on a torch that takes the whole batch, it is put together here)
 
     def ready(kind: type[StageReady], **extra: Any) -> None:
         plan = built.plan
@@ -144,7 +146,7 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
         state["step_start"] = time.perf_counter()
         with torch.no_grad():
             seconds, out = timed_pass(
-                lambda: built.schedule.eval(arg_mbs=[(mb,) for mb in mbs]) if first else built.schedule.eval(),
+                lambda: feed.eval(built.schedule),
                 lambda: stage.counters)
         stage.counters.send_s = max(0.0, seconds - stage.counters.compute_s - stage.counters.wait_s)
         passes_run += 1

@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from remote.runtime.codec import payload_meta
 from remote.runtime.model import Checkpoint
+from remote.runtime.schedule_inputs import schedule_inputs
 from remote.runtime.stage import ModelLayout, StageModule, build_stage, stage_codec, stage_io_shapes
 from remote.spec import TrainSpec
 from remote.training.data import Labelled
@@ -192,14 +193,15 @@ class PipelineStageWorker(Worker, _Optimized):
     def step(self, micro: list[list[int]], data: Labelled) -> tuple[float | None, StepTimes]:
         times = StepTimes()
         start = time.perf_counter()
-        x = [(data.take(idx),) for idx in micro] if self.first else None
+        x = [data.take(idx) for idx in micro] if self.first else None
         y = [data.labels[idx] for idx in micro] if self.last else None
+        inputs = schedule_inputs(x, y)
         times.data_s = time.perf_counter() - start
         losses: list[torch.Tensor] | None = [] if self.last else None
         if self.module.codec is not None:
             self.module.codec.expect(micro)
         start = time.perf_counter()
-        self.schedule.step(arg_mbs=x, target_mbs=y, losses=losses, return_outputs=False)
+        inputs.step(self.schedule, losses=losses, return_outputs=False)
         spent = time.perf_counter() - start
         times.forward_s, times.backward_s = self.stage.take()
         times.comm_s = max(0.0, spent - times.forward_s - times.backward_s)
@@ -216,8 +218,7 @@ class PipelineStageWorker(Worker, _Optimized):
                     group = images[i:i + self.spec.chunks]
                     blank = torch.zeros(self.spec.microbatch, dtype=torch.long)
                     targets = [blank for _ in group] if self.last else None
-                    logits = self.schedule.eval(arg_mbs=[(g,) for g in group] if self.first else None,
-                                                target_mbs=targets)
+                    logits = schedule_inputs(group if self.first else None, targets).eval(self.schedule)
                     if self.last:
                         out.append(logits.float())
             self.stage.take()  # evaluation is not part of any step's figures
