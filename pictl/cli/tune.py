@@ -8,7 +8,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -26,12 +26,19 @@ from pictl.cli.common import (
     app,
     checked_runs_root,
     fail,
+    note,
     note_profile,
     read_cluster,
     run_cancellable,
     stderr,
     wide_console,
 )
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from pictl.jobs.tune_verdicts import Measured
+    from pictl.planning.options import RunOptions
 
 
 @app.command()
@@ -48,6 +55,8 @@ def tune(
     budget: Annotated[float, typer.Option(min=1.0, help="Wall-time budget in seconds: no new measurement starts "
                                                         "after it.")] = 1800.0,
     save_as: Annotated[str, typer.Option(help="Preset the winner is saved as (./profiles/NAME.toml).")] = "tuned",
+    force: Annotated[bool, typer.Option("--force", help="Save the winner even under the name of a shipped preset "
+                                                        "(it then shadows that preset here).")] = False,
     images: ImagesOpt = None,
     chunk: Annotated[Optional[int], typer.Option(help="Microbatch size, fixed [default: the preset's, else 1, 2, 4 "
                                                       "and 8 are searched]")] = None,
@@ -73,17 +82,22 @@ def tune(
     """Find the fastest configuration the cluster allows: exact (bit-identical outputs) unless --allow-loss."""
     from pictl.headless import HeadlessRenderer
     from pictl.jobs.tune import plan_tune, run_tune
-    from pictl.jobs.tune_report import finish, legend, table
-    from pictl.planning.presets import PRESET_NAME
+    from pictl.planning.presets import preset_target
     from pictl.records.runs import writable_dir
     from pictl.run.baselines import BaselineCache
 
     renderer = HeadlessRenderer(verbose=verbose)
-    rows = []
+    latest: list[Measured] = []  # every row so far: printed if the tune's files cannot be written
+
+    def keep(now: list[Measured]) -> None:
+        latest[:] = now
+
+    write_failed: list[E.RecordWriteFailed] = []
     target: Path | None = None
+    profiles = Path.cwd() / "profiles"
     try:
-        if not PRESET_NAME.fullmatch(save_as):
-            raise E.ConfigError(f"--save-as: {save_as!r} is not a profile name (letters, digits, '-' and '_')")
+        # Everything that can refuse the tune is asked before its first run: the preset's place and name too.
+        preset_target(save_as, profiles, force=force)
         cluster = read_cluster(hosts, cold=cold)
         base, settings = plan_tune(profile, {"images": images, "chunk": chunk, "warmup": warmup, "repeats": repeats,
                                              "model": model, "num_classes": num_classes, "checkpoint": checkpoint,
@@ -97,38 +111,79 @@ def tune(
             raise E.ConfigError(f"--out: {target} already exists")
         writable_dir(target, "--out")
         rows = asyncio.run(run_cancellable(run_tune(cluster, base, settings, target, on_event=renderer,
-                                                    cache=BaselineCache())))
+                                                    cache=BaselineCache(), on_rows=keep,
+                                                    write_failed=write_failed)))
     except E.Interrupted as exc:
         renderer.close()
         if target is not None:
             _print_kept(target)
         fail(exc)
+    except E.RecordWriteFailed as exc:  # measured, but its files could not be written: what it measured first
+        renderer.close()
+        if latest:
+            _print_table(latest, None, base, as_json)
+        fail(exc)
     except E.PictlError as exc:
         renderer.close()
-        if target is not None and target.is_dir() and not any(target.iterdir()):
-            target.rmdir()  # refused before it measured anything: the directory it made is empty, and goes
         fail(exc)
     renderer.close()
     assert target is not None
-    best, preset = finish(target, rows, base, cluster.source, Path.cwd() / "profiles", save_as)
-    shown = table(rows, best, base, unmeasured=8) + "\n" + legend(base)
-    console = stderr() if as_json else wide_console()
-    console.print(shown, markup=False)
+    _verdict_and_files(rows, base, target, cluster.source, profiles, save_as, force=force, as_json=as_json,
+                       write_failed=write_failed)
+
+
+def _verdict_and_files(rows: list[Measured], base: RunOptions, target: Path, source: str, profiles: Path,
+                       save_as: str, *, force: bool, as_json: bool, write_failed: list[E.RecordWriteFailed]) -> None:
+    """The table first (a measured result is never lost to a full disk), then the files and the preset, then the
+    verdict: exit 3 when nothing was saved (nothing kept, or nothing beat the serial run), 9 when a file could
+    not be written."""
+    from pictl.jobs.tune_report import finish
+    from pictl.jobs.tune_verdicts import best_kept, winner
+
+    found = winner(rows)
+    console = _print_table(rows, found, base, as_json)
+    try:
+        found, preset = finish(target, rows, base, source, profiles, save_as, force=force)
+    except E.RecordWriteFailed as exc:
+        console.print(f"tune directory: {target}", markup=False)
+        fail(exc)
     lines = [f"tune directory: {target}"]
-    if best is not None:
+    serial = next((m for m in rows if m.reference), None)
+    fastest = best_kept(rows)
+    if found is not None:
         # Short lines: the table is read on an 80-column terminal.
-        lines += [f"winner: {best.candidate.label}",
-                  f"  {best.throughput_ips:.2f} img/s, {best.speedup_vs_fp32}x the fp32 serial run ({best.why})",
+        lines += [f"winner: {found.candidate.label}",
+                  f"  {found.throughput_ips:.2f} img/s, {found.speedup_vs_fp32}x the fp32 serial run ({found.why})",
                   f"  run it again: pictl run --profile {save_as}"]
+    elif fastest is not None:
+        lines += ["no candidate beat the serial run"
+                  + (f" ({serial.throughput_ips:.2f} img/s)" if serial and serial.throughput_ips else "")
+                  + f": the best, {fastest.candidate.label}, ran at {fastest.speedup_vs_fp32}x it",
+                  f"  nothing saved as {save_as}"]
     else:
-        lines.append("no candidate was kept: see the table's verdicts")
+        lines += ["no candidate was kept: see the table's verdicts", f"  nothing saved as {save_as}"]
+    if found is None and (profiles / f"{save_as}.toml").is_file():
+        lines.append(f"  {profiles / f'{save_as}.toml'} (saved before) is left as it was")
     for line in lines:
         console.print(line, markup=False)
     if as_json:
         every = json.loads((target / "tune.json").read_text())
         typer.echo(json.dumps({"tune_dir": str(target), "preset": str(preset) if preset else None, **every}))
-    if best is None:
+    if found is None:  # nothing saved: that is the exit status; a file not written is said too
+        if write_failed:
+            note(str(write_failed[0]))
         raise typer.Exit(E.EXIT_RUN_FAILED)
+    if write_failed:
+        fail(write_failed[0])
+
+
+def _print_table(rows: list[Measured], found: Measured | None, base: RunOptions, as_json: bool) -> Console:
+    """The ranked table and its legend (on stderr under --json: stdout is the JSON)."""
+    from pictl.jobs.tune_report import legend, table
+
+    console = stderr() if as_json else wide_console()
+    console.print(table(rows, found, base, unmeasured=8) + "\n" + legend(base), markup=False)
+    return console
 
 
 def _print_kept(target: Path) -> None:

@@ -10,12 +10,16 @@ is the tune's reference (every speedup divides by it) and it calibrates the cost
 (`pictl.jobs.tune_model`). Then one serial run per machine measures what each lever gains there (int8 with
 `allow_loss`, each thread count, each chunk searched), every candidate is predicted, and the best predicted are
 measured, each a full `pictl run`, until `measure` of them are in or the budget is spent. The verdicts are
-`pictl.jobs.tune_verdicts`'; the winner is the kept candidate with the highest measured throughput.
-`tune.json` is rewritten after every measurement, so an interrupted tune keeps what it measured.
+`pictl.jobs.tune_verdicts`'; the first run's serial run is a row of its own (one copy on one host), and the
+winner is the kept candidate with the highest speedup over it, only if it beats it.
+`tune.json` is written before the first run (a directory that cannot take it refuses the tune before anything
+is measured) and after every measurement, so an interrupted or failed tune keeps what it measured and says
+how it ended.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -26,12 +30,12 @@ from pictl import errors as E
 from pictl.events import EventSink, Phase
 from pictl.inventory import Cluster
 from pictl.jobs.tune_model import Calibration, by_machine, cached_profiles, predict, usable_cores
+from pictl.jobs.tune_report import TUNE_FILE, TuneRecord
 from pictl.jobs.tune_space import Axes, Candidate, candidates
-from pictl.jobs.tune_verdicts import Measured, Versus, judge, ranked, winner
+from pictl.jobs.tune_verdicts import Measured, Versus, judge, judge_serial, ranked
 from pictl.planning.costs import Profiles
 from pictl.planning.options import RunOptions, as_flag
 from pictl.planning.presets import preset_keys, resolve_options
-from pictl.records.runs import write_json_atomic
 from pictl.run.baselines import BaselineCache
 from pictl.run.compare import agreement, max_abs_diff
 from pictl.run.session import RunSession
@@ -94,80 +98,149 @@ def _logits(record_dir: Path | None) -> bytes | None:
 async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, out: Path, *,
                    on_event: EventSink | None = None, cache: BaselineCache | None = None,
                    on_rows: Callable[[list[Measured]], object] | None = None,
-                   on_session: Callable[[RunSession, Measured], object] | None = None) -> list[Measured]:
-    """Measure, predict, measure the best; `tune.json` in `out` after every run (E.Interrupted keeps it).
-    `on_session(session, row)` before each run (the dashboard follows it), `on_rows(rows)` after: every
-    candidate so far.
+                   on_session: Callable[[RunSession, Measured], object] | None = None,
+                   write_failed: list[E.RecordWriteFailed] | None = None) -> list[Measured]:
+    """Measure, predict, measure the best; `tune.json` in `out` after every run. `on_session(session, row)`
+    before each run (the dashboard follows it), `on_rows(rows)` after: every candidate so far.
+    However the tune ends, `tune.json` says so: `done`, or `failed` / `interrupted` with the error, which is
+    raised again; a tune that measured nothing leaves nothing (the directory it made goes). A tune directory
+    that cannot be written is ConfigError before anything is measured (it is written first), RecordWriteFailed
+    once something is; a run whose own record is incomplete (a full disk) goes into `write_failed`, if given.
     Returns every candidate, `ranked`: those measured have a `status`."""
-    say = on_event or (lambda _e: None)
-    started = time.monotonic()
-    rows = {c: Measured(c) for c in candidates(cluster, base, allow_loss=settings.allow_loss)}
-    measured: list[Measured] = []
-    reference = _Reference()
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"started_at": time.time(), "cluster": cluster.source, "options": base.model_dump(),
-            "settings": asdict(settings)}
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise E.ConfigError(f"the tune directory {out} cannot be made ({exc.strerror or exc})") from None
+    tune = _Tune(cluster, base, settings, out, on_event=on_event, cache=cache, on_rows=on_rows,
+                 on_session=on_session, write_failed=write_failed)
+    try:
+        tune.save("running")  # before the first run: a tune directory that cannot be written refuses the tune here
+        await _search(tune)
+    except BaseException as exc:
+        stopped = isinstance(exc, E.Interrupted | asyncio.CancelledError | KeyboardInterrupt)
+        tune.save("interrupted" if stopped else "failed", exc)
+        if not tune.anything_measured():
+            _remove_if_empty(out)
+        raise
+    tune.save("done")
+    return ranked(list(tune.rows.values()))
 
-    def spent() -> bool:
-        return time.monotonic() - started > settings.budget_s
 
-    def save(status: str) -> None:
-        best, exact = winner(measured), winner([m for m in measured if m.exact])
-        pipeline = winner([m for m in measured if m.candidate.replicas == 1 and m.exact])
-        write_json_atomic(out / "tune.json", {
-            **meta, "status": status, "elapsed_s": round(time.monotonic() - started, 1),
-            "winner": best.row() if best else None, "best_exact": exact.row() if exact else None,
-            "best_pipeline": pipeline.row() if pipeline else None,
-            "rows": [m.row() for m in ranked(list(rows.values()))]})
-        if on_rows:
-            on_rows(list(rows.values()))
+class _Tune:
+    """One tune's state (every row, those that count toward --measure, the reference serial run, tune.json)
+    and how it measures a candidate."""
 
-    first: list[RunSession] = []  # its tree's digest and its model file key the profiles it measured
+    def __init__(self, cluster: Cluster, base: RunOptions, settings: TuneSettings, out: Path, *,
+                 on_event: EventSink | None, cache: BaselineCache | None,
+                 on_rows: Callable[[list[Measured]], object] | None,
+                 on_session: Callable[[RunSession, Measured], object] | None,
+                 write_failed: list[E.RecordWriteFailed] | None) -> None:
+        self.cluster, self.base, self.settings, self.out, self.cache = cluster, base, settings, out, cache
+        self.on_event, self.on_rows, self.on_session, self.write_failed = on_event, on_rows, on_session, write_failed
+        self.say: EventSink = on_event or (lambda _e: None)
+        self.started = time.monotonic()
+        self.rows = {c: Measured(c) for c in candidates(cluster, base, allow_loss=settings.allow_loss)}
+        self.measured: list[Measured] = []
+        """The rows that count toward --measure."""
+        self.reference = _Reference()
+        self.first: list[RunSession] = []
+        """The first run: its tree's digest and its model file key the profiles it measured."""
+        self.record = TuneRecord(out, {"started_at": time.time(), "cluster": cluster.source,
+                                       "options": base.model_dump(), "settings": asdict(settings)})
 
-    async def measure(m: Measured, why: str, on: str | None = None, *, counted: bool = True) -> None:
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.record.meta
+
+    def spent(self) -> bool:
+        return time.monotonic() - self.started > self.settings.budget_s
+
+    def anything_measured(self) -> bool:
+        return any(m.status for m in self.rows.values())
+
+    def save(self, status: str, error: BaseException | None = None) -> None:
+        """tune.json rewritten; what a write the disk refuses costs depends on what was measured."""
+        try:
+            self.record.write(status, list(self.rows.values()), error)
+        except OSError as exc:
+            if error is not None:
+                return  # the tune is ending on an error of its own: that one is said, not this one
+            if not self.anything_measured():
+                raise E.ConfigError(f"the tune directory {self.out}: cannot write {TUNE_FILE} "
+                                    f"({exc.strerror or exc}); nothing was measured") from None
+            raise E.RecordWriteFailed(f"the tune measured {sum(1 for m in self.rows.values() if m.status)} row(s), "
+                                      f"but writing {self.record.path} failed ({exc.strerror or exc})") from None
+        if self.on_rows:
+            self.on_rows(list(self.rows.values()))
+
+    async def measure(self, m: Measured, why: str, on: str | None = None, *, counted: bool = True) -> None:
         """Run `m` (on the host `on` alone, when given) and judge it; a row of the table counts toward
         --measure, a further machine's serial run and a gain's do not."""
-        say(Phase("tune", f"measuring {m.candidate.label} ({why})"))
-        session = RunSession(_alone(cluster, on) if on else cluster, m.candidate.options(base), on_event=on_event,
-                             runs_root=out / "runs", baseline_cache=cache, wait=settings.wait)
-        first[:] = first or [session]
-        if on_session:
-            on_session(session, m)
+        settings, label = self.settings, m.candidate.label
+        self.say(Phase("tune", f"measuring {label} ({why})"))
+        session = RunSession(_alone(self.cluster, on) if on else self.cluster, m.candidate.options(self.base),
+                             on_event=self.on_event, runs_root=self.out / "runs", baseline_cache=self.cache,
+                             wait=settings.wait)
+        self.first[:] = self.first or [session]
+        lead = not self.anything_measured()
+        if self.on_session:
+            self.on_session(session, m)
         summary: RunSummary | None
         try:
             summary = await session.run()
         except (E.RunFailed, E.OutputMismatch, E.TransportError) as exc:
             summary = session.last_summary
-            say(Phase("tune", f"{m.candidate.label}: {exc}"))
+            if lead and isinstance(exc, E.TransportError):  # the hosts cannot be reached: nothing to tune on
+                if summary is not None:
+                    judge(m, summary, settings.min_agreement, allow_loss=settings.allow_loss)
+                raise
+            self.say(Phase("tune", f"{label}: {exc}"))
+        except E.RecordWriteFailed as exc:  # raised, not kept: the run's record could not even be made
+            if lead:
+                raise E.ConfigError(f"{exc}; nothing was measured") from None
+            raise
         except E.ConfigError as exc:
-            if not measured:  # the first run: the tune's own options are at fault, nothing is measured
+            if lead:  # the first run: the tune's own options are at fault, nothing is measured
                 raise
             summary = None  # this shape cannot run here (no split fits, say): the rest can
-            say(Phase("tune", f"{m.candidate.label} refused: {exc}"))
+            self.say(Phase("tune", f"{label} refused: {exc}"))
         except E.Interrupted:
             if session.last_summary:
-                judge(m, session.last_summary, settings.min_agreement, _versus(m, session),
+                judge(m, session.last_summary, settings.min_agreement, self._versus(m, session),
                       allow_loss=settings.allow_loss)
-                measured.extend([m] if counted else [])
-            save("interrupted")
+                self.measured.extend([m] if counted else [])
             raise
-        judge(m, summary, settings.min_agreement, _versus(m, session) if summary else None,
+        if session.write_error is not None:  # measured, but its record is incomplete: the tune goes on
+            self.say(Phase("tune", f"{label}: {session.write_error}"))
+            if self.write_failed is not None and not self.write_failed:
+                self.write_failed.append(session.write_error)
+        judge(m, summary, settings.min_agreement, self._versus(m, session) if summary else None,
               allow_loss=settings.allow_loss)
-        measured.extend([m] if counted else [])
-        save("running")
-        say(Phase("tune", f"{m.candidate.label}: {m.throughput_ips} img/s, "
-                          + ("kept" if m.kept else f"not kept: {m.why}")))
+        self.measured.extend([m] if counted else [])
+        self.save("running")
+        self.say(Phase("tune", f"{label}: " + (f"{m.throughput_ips} img/s, " if m.throughput_ips else "")
+                       + ("kept" if m.kept else f"not kept: {m.why}")))
 
-    def _versus(m: Measured, session: RunSession) -> Versus | None:
-        if not m.candidate.changes_arithmetic(base):
+    def _versus(self, m: Measured, session: RunSession) -> Versus | None:
+        if not m.candidate.changes_arithmetic(self.base):
             return None
-        return reference.versus(session.record.path if session.record else None, base.num_classes)
+        return self.reference.versus(session.record.path if session.record else None, self.base.num_classes)
 
+
+async def _search(tune: _Tune) -> None:
+    """The pipeline over every host first, then what each lever gains per machine, then the best predicted."""
+    cluster, base, settings, rows, say, meta = tune.cluster, tune.base, tune.settings, tune.rows, tune.say, tune.meta
+    measure, spent, save, reference, first, measured = (tune.measure, tune.spent, tune.save, tune.reference,
+                                                        tune.first, tune.measured)
     # One stage per host (a single host: one per slot): `balanced` profiles every host it runs on.
     pipeline = Candidate(1, len(cluster.hosts) if len(cluster.hosts) > 1 else cluster.slots, threads=base.threads,
                          chunk=base.chunk)
     lead = rows.setdefault(pipeline, Measured(pipeline))
     await measure(lead, "the pipeline over every host; it profiles them and its serial run is the reference")
+    # The serial run is a row of its own: one copy on one host, what every candidate has to beat.
+    serial = Candidate(1, 1, threads=base.threads, chunk=base.chunk)
+    if first[0].last_summary is not None:
+        judge_serial(rows.setdefault(serial, Measured(serial)), first[0].last_summary)
     record = first[0].record
     if record and (record.path / P.LOGITS_FILE_SERIAL).is_file():
         reference.logits = (record.path / P.LOGITS_FILE_SERIAL).read_bytes()
@@ -246,8 +319,19 @@ async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, o
             say(Phase("tune", f"budget of {settings.budget_s:.0f} s spent: {len(measured)} candidate(s) measured"))
             break
         await measure(m, f"predicted {m.predicted_ips:.1f} img/s")
-    save("done")
-    return ranked(list(rows.values()))
+
+
+def _remove_if_empty(out: Path) -> None:
+    """A tune that measured nothing leaves nothing: its tune.json, and the folders it made if they are empty."""
+    runs = out / "runs"
+    try:
+        if runs.is_dir() and not runs.is_symlink() and not any(runs.iterdir()):
+            runs.rmdir()
+        if [p.name for p in out.iterdir()] == [TUNE_FILE]:
+            (out / TUNE_FILE).unlink()
+        out.rmdir()
+    except OSError:
+        pass  # something else is in it (a run's record): it stays, and its tune.json says how the tune ended
 
 
 def _alone(cluster: Cluster, host: str) -> Cluster:

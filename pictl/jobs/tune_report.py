@@ -1,18 +1,43 @@
-"""What `pictl tune` leaves behind: its ranked table (80 columns), the Pareto plots (throughput against
-agreement with the fp32 serial run, and against latency per image; each point exact or lossy), and the winner
-saved as a preset (`profiles/NAME.toml`), so `pictl run --profile NAME` runs the winning configuration."""
+"""What `pictl tune` leaves behind: `tune.json` (`TuneRecord`: rewritten after every measurement, and saying how
+the tune ended), its ranked table (80 columns), the Pareto plots (throughput against agreement with the fp32
+serial run, and against latency per image; each point exact or lossy), and the winner saved as a preset
+(`profiles/NAME.toml`), so `pictl run --profile NAME` runs the winning configuration."""
 
 from __future__ import annotations
 
+import io
 import json
+import time
 from pathlib import Path
 from typing import Any
 
-from pictl.jobs.tune_verdicts import Measured, ranked, winner
+from pictl import errors as E
+from pictl.jobs.tune_verdicts import Measured, best_kept, ranked, winner
 from pictl.planning.options import RunOptions
-from pictl.planning.presets import PRESET_NAME
-from pictl.records.runs import write_bytes_atomic
+from pictl.planning.presets import preset_target
+from pictl.records.runs import write_bytes_atomic, write_json_atomic
 from pictl.text import figure
+
+TUNE_FILE = "tune.json"
+
+
+class TuneRecord:
+    """`tune.json` in the tune's directory: its options, settings and every row so far, with `status` (running,
+    done, failed or interrupted) and, when it did not finish, the `error` that ended it."""
+
+    def __init__(self, out: Path, meta: dict[str, Any]) -> None:
+        self.path, self.meta, self.started = out / TUNE_FILE, meta, time.monotonic()
+
+    def write(self, status: str, rows: list[Measured], error: BaseException | None = None) -> None:
+        """Rewrite the file whole; OSError when the disk refuses it (the caller says what that costs)."""
+        found, exact = winner(rows), best_kept([m for m in rows if m.exact])
+        pipeline = best_kept([m for m in rows if m.candidate.replicas == 1 and m.candidate.stages > 1 and m.exact])
+        write_json_atomic(self.path, {
+            **self.meta, "status": status, "elapsed_s": round(time.monotonic() - self.started, 1),
+            **({"error": {"type": type(error).__name__, "message": str(error),
+                          "exit_code": getattr(error, "exit_code", E.EXIT_INTERNAL)}} if error else {}),
+            "winner": found.row() if found else None, "best_exact": exact.row() if exact else None,
+            "best_pipeline": pipeline.row() if pipeline else None, "rows": [m.row() for m in ranked(rows)]})
 
 PRESET_FIELDS = ("model", "num_classes", "stages", "replicas", "policy", "split", "numerics", "wire", "min_agreement",
                  "images", "chunk", "warmup", "repeats", "threads")
@@ -33,8 +58,8 @@ def table(rows: list[Measured], best: Measured | None, base: RunOptions | None =
     lines = ["| config        | pred/s | img/s | x fp32 | agree | acc   | p50 ms | verdict |",
              "|---------------|--------|-------|--------|-------|-------|--------|---------|"]
     for m in shown:
-        verdict = ("WINNER" if m is best else "kept" if m.kept else "no" if m.status else "inexact" if m.why
-                   else "-")
+        verdict = ("WINNER" if m is best else "serial" if m.reference else "kept" if m.kept else "no" if m.status
+                   else "inexact" if m.why else "-")
         lines.append(f"| {m.candidate.short(base):<13} | {figure(m.predicted_ips, '.1f'):>6} "
                      f"| {figure(m.throughput_ips, '.1f'):>5} | {figure(m.speedup_vs_fp32):>6} "
                      f"| {figure(m.agreement_vs_fp32, '.3f'):>5} | {figure(m.accuracy, '.3f'):>5} "
@@ -77,9 +102,10 @@ def plot(out: Path, rows: list[Measured]) -> Path | None:
         ax.legend(fontsize=8)
     fig.suptitle("pictl tune: every measured configuration")
     fig.tight_layout()
-    path = out / "tune.png"
-    fig.savefig(path, dpi=110)
+    path, image = out / "tune.png", io.BytesIO()
+    fig.savefig(image, format="png", dpi=110)
     plt.close(fig)
+    write_bytes_atomic(path, image.getvalue())  # whole or not at all: a full disk leaves no half a PNG
     return path
 
 
@@ -98,22 +124,34 @@ def preset_text(options: RunOptions, m: Measured, source: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def save_preset(directory: Path, name: str, text: str) -> Path:
-    if not PRESET_NAME.fullmatch(name):
-        raise ValueError(f"--save-as: {name!r} is not a profile name (letters, digits, '-' and '_')")
+def save_preset(directory: Path, name: str, text: str, *, force: bool = False) -> Path:
+    """`text` as DIRECTORY/NAME.toml where `preset_target` allows it (ConfigError otherwise, naming why); OSError
+    when the disk refuses it (no partial file is left)."""
+    path = preset_target(name, directory, force=force)
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{name}.toml"
     write_bytes_atomic(path, text.encode())
     return path
 
 
 def finish(target: Path, rows: list[Measured], base: RunOptions, source: str, profiles: Path,
-           save_as: str) -> tuple[Measured | None, Path | None]:
-    """What a finished tune leaves: `tune.png`, `table.md` and, when a candidate was kept, the winner saved as
-    `profiles/SAVE_AS.toml`. Returns the winner and the preset's path (None, None: nothing was kept)."""
-    best = winner(rows)
-    plot(target, rows)
-    write_bytes_atomic(target / "table.md", (table(rows, best, base) + "\n\n" + legend(base) + "\n").encode())
-    if best is None:
+           save_as: str, *, force: bool = False) -> tuple[Measured | None, Path | None]:
+    """What a finished tune leaves: `tune.png`, `table.md` and, when a candidate beat the serial run, the winner
+    saved as `profiles/SAVE_AS.toml`. Returns the winner and the preset's path (None, None: nothing won).
+    RecordWriteFailed (the tune measured, but what it leaves could not be written) names the file."""
+    found = winner(rows)
+    try:
+        plot(target, rows)
+        write_bytes_atomic(target / "table.md", (table(rows, found, base) + "\n\n" + legend(base) + "\n").encode())
+    except OSError as exc:
+        raise E.RecordWriteFailed(f"the tune measured its candidates, but writing its table or plot in {target} "
+                                  f"failed ({exc.strerror or exc})") from None
+    if found is None:
         return None, None
-    return best, save_preset(profiles, save_as, preset_text(best.candidate.options(base), best, source))
+    try:
+        return found, save_preset(profiles, save_as, preset_text(found.candidate.options(base), found, source),
+                                  force=force)
+    except E.ConfigError as exc:  # it was checked before the tune measured: the folder changed since
+        raise E.RecordWriteFailed(f"the tune measured its winner, but its preset was not saved: {exc}") from None
+    except OSError as exc:
+        raise E.RecordWriteFailed(f"the tune measured its winner, but {profiles / f'{save_as}.toml'} could not be "
+                                  f"written ({exc.strerror or exc})") from None

@@ -1,7 +1,9 @@
 """One candidate as `pictl tune` saw it (`Measured`: predicted, then measured) and the verdict on it: kept
 when its run is ok and its outputs are bit-identical to the serial run (exact), or, lossy, when its top-1
 agreement with the fp32 serial run (and its accuracy, where the images have labels) keeps the user's bound.
-Candidates rank by their speedup over the fp32 serial run their own run measured or reused.
+Candidates rank by their speedup over the fp32 serial run their own run measured or reused. The serial run
+itself (one copy on one host, the base's threads and chunk) is a measured row (`reference`, filled from the
+tune's first run by `judge_serial`): a winner must beat it, never merely be the fastest of slower ones.
 
 A candidate that changes the arithmetic (a chunk or thread count other than the base's) is also compared with
 the tune's reference serial run (`Versus`: the fp32 serial run of the base configuration): it is exact only
@@ -59,6 +61,8 @@ class Measured:
     split_points: list[str] = field(default_factory=list)
     kept: bool = False
     why: str = ""
+    reference: bool = False
+    """The tune's reference serial run (one copy on one host): shown among the rows, never the winner."""
 
     @property
     def exact(self) -> bool:
@@ -105,6 +109,20 @@ def judge(m: Measured, summary: RunSummary | None, min_agreement: float, versus:
     m.kept, m.why = _verdict(m, s, min_agreement, allow_loss)
 
 
+def judge_serial(m: Measured, summary: RunSummary) -> None:
+    """Fill `m`, the 1x1 row at the base's threads and chunk, from the tune's first run's serial run (the
+    reference every speedup divides by): measured there, so a row of its own, at 1x by definition."""
+    if not summary.serial_ips:
+        return
+    serial = summary.latency.serial if summary.latency else None
+    m.run_id, m.status, m.throughput_ips, m.serial_ips = summary.run_id, "ok", summary.serial_ips, summary.serial_ips
+    m.speedup_vs_fp32 = m.speedup_own = m.agreement_vs_fp32 = 1.0
+    m.accuracy = m.fp32_accuracy = summary.serial_accuracy
+    m.latency_p50_ms = serial.p50_ms if serial else None
+    m.kept, m.reference = True, True
+    m.why = f"the serial run (measured in {summary.run_id}): the reference every speedup is against"
+
+
 def _verdict(m: Measured, s: RunSummary, min_agreement: float, allow_loss: bool) -> tuple[bool, str]:
     if m.status != "ok":
         return False, "its run failed" + (f": {s.error.message}" if s.error and s.error.message else "")
@@ -138,7 +156,20 @@ def ranked(rows: list[Measured]) -> list[Measured]:
     return sorted(rows, key=lambda m: (m.throughput_ips is None, *(-x for x in _score(m)), -(m.predicted_ips or 0.0)))
 
 
-def winner(rows: list[Measured]) -> Measured | None:
-    """The kept candidate with the highest speedup over the fp32 serial run (an exact one wins a tie)."""
-    kept = [m for m in rows if m.kept and m.throughput_ips]
+def best_kept(rows: list[Measured]) -> Measured | None:
+    """The kept candidate with the highest speedup over the fp32 serial run (an exact one wins a tie), whether
+    or not it beats the serial run (the best pipeline is shown beside the winner even when it is slower)."""
+    kept = [m for m in rows if m.kept and m.throughput_ips and not m.reference]
     return max(kept, key=lambda m: (*_score(m), m.exact), default=None)
+
+
+def beats_serial(m: Measured) -> bool:
+    """Faster than the fp32 serial run it was measured against (the reference row's 1x)."""
+    return (m.speedup_vs_fp32 or 0.0) > 1.0
+
+
+def winner(rows: list[Measured]) -> Measured | None:
+    """The best kept candidate, if it beats the serial run; None when nothing was kept or nothing beat it
+    (a configuration slower than one copy on one host is never the answer, nor saved)."""
+    found = best_kept(rows)
+    return found if found is not None and beats_serial(found) else None

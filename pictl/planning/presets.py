@@ -4,7 +4,9 @@ A run's options come from, lowest to highest: `RunOptions`' defaults (`planning.
 (`--profile NAME`), then command-line flags. Profiles are found by name only
 (`./profiles/NAME.toml`, then the shipped one); a local file that shadows a
 shipped profile is announced (`shadowed_preset`), and no profile may turn on
-what only a flag should (`--allow-pickle`). Sizes are capped: a typo of 500000
+what only a flag should (`--allow-pickle`). A preset is saved (`pictl tune`) only
+where `preset_target` allows: never into the shipped folder, never over a shipped
+name without `force`. Sizes are capped: a typo of 500000
 images is refused, not allocated.
 """
 
@@ -18,12 +20,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pictl.errors import ConfigError
-from pictl.inventory import format_validation_error, read_toml
+from pictl.inventory import read_toml
 from pictl.planning.options import RunOptions, as_flag
 from pictl.shipped import shipped_path
+from pictl.validation import Namer, problem_line
 
 __all__ = ["RunOptions", "SweepSettings", "available_presets", "describe_preset", "preset_keys", "preset_path",
-           "resolve_options", "shadowed_preset", "sweep_settings"]
+           "preset_target", "resolve_options", "shadowed_preset", "sweep_settings"]
 
 SHIPPED_PRESETS = shipped_path("profiles")  # the folder keeps its name: users have theirs
 PRESET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -70,6 +73,35 @@ def shadowed_preset(name: str | None, extra: Path | None = None) -> str | None:
     return None
 
 
+def preset_target(name: str, directory: Path | None = None, *, force: bool = False,
+                  what: str = "--save-as") -> Path:
+    """Where a preset called `name` is saved (`directory`, default ./profiles), checked before anything is
+    measured; ConfigError (naming `what` and the path) for a name that is not a profile name, a folder pictl
+    cannot make or write in, the shipped presets' own folder (./profiles is a link to it in a checkout: a tune
+    writes nothing into pictl itself), something other than a file at NAME.toml, or, without `force`, the name
+    of a shipped preset (the saved one would shadow it for every `--profile NAME` run from here)."""
+    from pictl.records.runs import writable_dir
+
+    if not isinstance(name, str) or not PRESET_NAME.fullmatch(name):
+        raise ConfigError(f"{what}: {name!r} is not a profile name (letters, digits, '-' and '_')")
+    folder = directory or Path.cwd() / "profiles"
+    path = folder / f"{name}.toml"
+    writable_dir(folder, f"{what} {name} ({path})")
+    try:
+        shipped_folder = folder.exists() and folder.resolve() == SHIPPED_PRESETS.resolve()
+    except (OSError, RuntimeError):
+        shipped_folder = False  # (writable_dir has refused a loop or a name too long already)
+    if shipped_folder:
+        raise ConfigError(f"{what} {name}: {folder} is pictl's shipped presets folder ({SHIPPED_PRESETS}); a "
+                          f"tuned preset goes in a profiles folder of your own: run from another directory")
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise ConfigError(f"{what} {name}: {path} is not a regular file; move it away or choose another name")
+    if (SHIPPED_PRESETS / f"{name}.toml").is_file() and not force:
+        raise ConfigError(f"{what} {name}: '{name}' is a shipped preset, and {path} would shadow it for every "
+                          f"--profile {name} run here; give --force to save it anyway, or another name")
+    return path
+
+
 def _preset_document(name: str, extra: Path | None) -> tuple[dict[str, Any], Path]:
     path = preset_path(name, extra)
     raw = read_toml(path, "profile")
@@ -98,13 +130,15 @@ def preset_keys(name: str | None, extra: Path | None = None) -> set[str]:
 
 
 class SweepSettings(BaseModel):
-    """A profile's [sweep] table: the values `pictl sweep` combines."""
+    """The values a sweep combines: a profile's [sweep] table, `pictl sweep`'s lists and `pictl.sweep`'s
+    (`sweep_axes`). Each value's own bounds are the run's (`RunOptions`: every point is checked as a run)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    stages: list[int] = Field(default=[1, 2, 3, 4], max_length=64)
-    chunks: list[int] = Field(default=[1], max_length=64)
-    policy: list[Literal["equal", "balanced"]] = Field(default=["equal"], max_length=2)
+    # At least one of each: an empty list would be a sweep of nothing, "done" without a word.
+    stages: list[int] = Field(default=[1, 2, 3, 4], min_length=1, max_length=64)
+    chunks: list[int] = Field(default=[1], min_length=1, max_length=64)
+    policy: list[Literal["equal", "balanced"]] = Field(default=["equal"], min_length=1, max_length=2)
 
 
 def sweep_settings(profile: str | None, extra: Path | None = None) -> SweepSettings:
@@ -117,24 +151,32 @@ def sweep_settings(profile: str | None, extra: Path | None = None) -> SweepSetti
     try:
         return SweepSettings(**sweep)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(f"{path}: sweep", exc)) from exc
+        raise ConfigError(problem_line(exc, SweepSettings, source=f"{path}: sweep")) from exc
+
+
+def sweep_axes(stages: Any, chunks: Any, policy: Any, *, name_of: Namer = str) -> SweepSettings:
+    """What a sweep combines, given on the command line or in Python, checked by the model a profile's [sweep]
+    table is; ConfigError names the value as the caller calls it (`name_of`: `--policy`, `policies`)."""
+    try:
+        return SweepSettings.model_validate({"stages": stages, "chunks": chunks, "policy": policy})
+    except ValidationError as exc:
+        raise ConfigError(problem_line(exc, SweepSettings, name_of=name_of)) from None
 
 
 def resolve_options(profile: str | None, overrides: dict[str, Any], extra: Path | None = None, *,
                     source: str = "command line", name_of: Callable[[str], str] = as_flag) -> RunOptions:
     """Defaults < profile < flags; flags left at None do not override. Errors name the flag (`name_of`: the
-    dashboard's form names its fields instead) or the profile file, else `source`."""
+    dashboard's form names its fields instead, the Python API its keywords) or the profile file, else `source`.
+    Every front end's options are made here, and only here, so each is checked by the same model and bounds."""
     base: dict[str, Any] = {}
     if profile is not None:  # `--profile ''` is a mistake to name (preset_path does), not "no profile"
         base, path = load_preset(profile, extra)
         source = str(path)
     given = {k: v for k, v in overrides.items() if v is not None}
     try:
-        return RunOptions(**{**base, **given})
+        return RunOptions.model_validate({**base, **given})
     except ValidationError as exc:
         loc = exc.errors()[0]["loc"]
         if loc and loc[0] in given:  # the flag is to blame, not the profile
-            flag = name_of(str(loc[0]))
-            raise ConfigError(format_validation_error("", exc).removeprefix(": ").replace(str(loc[0]), flag, 1)) \
-                from None
-        raise ConfigError(format_validation_error(source, exc)) from None
+            raise ConfigError(problem_line(exc, RunOptions, name_of=name_of)) from None
+        raise ConfigError(problem_line(exc, RunOptions, source=source)) from None

@@ -23,4 +23,5 @@ class TuneView:
 
     @property
     def measured(self) -> int:
-        return sum(1 for m in self.rows if m.status)
+        """Candidates measured (the serial row, the first run's own serial run, is the reference, not one)."""
+        return sum(1 for m in self.rows if m.status and not m.reference)

@@ -11,15 +11,16 @@ from typing import Any
 import pytest
 from support.clusters import write_cluster
 
+from pictl.errors import ConfigError
 from pictl.inventory import load_cluster
 from pictl.jobs.tune import calibrate
 from pictl.jobs.tune_model import Calibration, by_machine, predict
-from pictl.jobs.tune_report import legend, preset_text, save_preset, table
+from pictl.jobs.tune_report import finish, legend, preset_text, save_preset, table
 from pictl.jobs.tune_space import Axes, Candidate, candidates
-from pictl.jobs.tune_verdicts import Measured, Versus, judge, ranked, winner
+from pictl.jobs.tune_verdicts import Measured, Versus, best_kept, judge, judge_serial, ranked, winner
 from pictl.planning.costs import Profiles
 from pictl.planning.options import RunOptions
-from pictl.planning.presets import resolve_options
+from pictl.planning.presets import SHIPPED_PRESETS, preset_target, resolve_options
 from pictl.summary_models import RunSummary
 
 
@@ -108,8 +109,53 @@ def test_the_saved_preset_is_read_back_as_the_winners_configuration(tmp_path: Pa
     again = resolve_options("tuned", {}, extra=path.parent)
     assert (again.stages, again.replicas, again.split, again.policy) == (2, 2, ["blocks.6"], "explicit")
     assert (again.images, again.chunk, again.repeats, again.numerics, again.wire) == (8, 1, 2, "fp32", "fp32")
-    with pytest.raises(ValueError, match="not a profile name"):
+    with pytest.raises(ConfigError, match="not a profile name"):
         save_preset(tmp_path, "../x", "")
+
+
+def test_a_winner_must_beat_the_serial_run_and_nothing_slower_is_saved(tmp_path: Path) -> None:
+    """The tune that saved a 0.908x "winner": the first run's serial run is a measured row of its own (one copy
+    on one host, 1x), and a kept candidate slower than it is shown beside it, never the winner, never saved."""
+    base = RunOptions(images=8, chunk=1, threads=1)
+    first = _summary(9.08, serial_ips=10.0, serial_accuracy=0.5, latency={"serial": {"p50_ms": 95.0}})
+    lead = Measured(Candidate(1, 2))
+    judge(lead, first, 0.99)
+    serial = Measured(Candidate(1, 1))
+    judge_serial(serial, first)
+    assert (serial.status, serial.run_id, serial.throughput_ips, serial.speedup_vs_fp32) == ("ok", "r9.08", 10.0, 1.0)
+    assert serial.kept and serial.exact and serial.reference and serial.latency_p50_ms == 95.0
+    assert serial.accuracy == serial.fp32_accuracy == 0.5
+    assert lead.kept and lead.speedup_vs_fp32 == pytest.approx(0.908)
+    assert winner([lead, serial]) is None and best_kept([lead, serial]) is lead
+    assert [m.candidate for m in ranked([lead, serial])] == [Candidate(1, 1), Candidate(1, 2)]
+    text = table([lead, serial], None, base)
+    assert "WINNER" not in text and "| 1x1           |" in text and "| serial  |" in text
+    (tmp_path / "tune").mkdir()
+    assert finish(tmp_path / "tune", [lead, serial], base, "hosts.toml", tmp_path / "profiles", "tuned") \
+        == (None, None)
+    assert (tmp_path / "tune" / "table.md").is_file() and not (tmp_path / "profiles").exists()
+    faster = Measured(Candidate(2, 1))
+    judge(faster, _summary(15.0, serial_ips=10.0), 0.99)
+    assert winner([lead, serial, faster]) is faster
+    won, preset = finish(tmp_path / "tune", [lead, serial, faster], base, "hosts.toml", tmp_path / "profiles",
+                         "tuned")
+    assert won is faster and preset == tmp_path / "profiles" / "tuned.toml" and preset.is_file()
+
+
+def test_a_preset_is_saved_only_where_it_shadows_nothing_shipped_unless_forced(tmp_path: Path) -> None:
+    folder = tmp_path / "profiles"
+    assert preset_target("tuned", folder) == folder / "tuned.toml"
+    with pytest.raises(ConfigError, match="'lab6' is a shipped preset.*give --force"):
+        preset_target("lab6", folder)
+    assert preset_target("lab6", folder, force=True) == folder / "lab6.toml"
+    with pytest.raises(ConfigError, match="pictl's shipped presets folder"):  # a checkout's ./profiles link
+        preset_target("mine", SHIPPED_PRESETS, force=True)
+    (folder / "tuned.toml").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="is not a regular file"):
+        preset_target("tuned", folder)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="is not a directory"):
+        preset_target("tuned", tmp_path / "file")
 
 
 def test_replicas_share_the_split_whose_slowest_replica_is_fastest() -> None:

@@ -28,6 +28,8 @@ def tune_table(view: TuneView) -> RenderableType:
     for m in [*measured, *waiting]:
         if m is view.winner:
             verdict = Text("WINNER", style="bold green")
+        elif m.reference:  # the serial run: what a winner has to beat
+            verdict = Text("serial", style="dim")
         elif m.status:
             verdict = Text("kept" if m.kept else f"no: {m.why}"[:40], style="green" if m.kept else "yellow")
         else:
