@@ -109,6 +109,7 @@ class JobsApp(App):
         the `tuned` preset, which the run form then offers."""
         from pictl.jobs.tune import run_tune
         from pictl.jobs.tune_report import finish
+        from pictl.planning.presets import preset_target
 
         out = self.runs_root.parent / "tunes" / time.strftime("%Y%m%d-%H%M%S")
         self.state.sweep = None
@@ -116,19 +117,21 @@ class JobsApp(App):
 
         async def tune() -> None:
             self.state.running = True  # until the first candidate's session takes over
+            profiles = self.profiles_dir or Path.cwd() / "profiles"
             try:
+                preset_target("tuned", profiles)  # where the winner goes, asked before the first run (as pictl tune)
                 rows = await run_tune(self.cluster, base, settings, out, on_event=self.bridge,
                                       cache=self.baseline_cache, on_rows=lambda rows: self.post_message(TuneRows(rows)),
                                       on_session=lambda session, m: self.post_message(
                                           TuneRunStarted(session, m.candidate.label)))
-                best, preset = finish(out, rows, base, self.cluster.source,
-                                      self.profiles_dir or Path.cwd() / "profiles", "tuned")
+                best, preset = finish(out, rows, base, self.cluster.source, profiles, "tuned")
             except (E.PictlError, OSError) as exc:
                 self.post_message(RunFinished(self.session.last_summary if self.session else None, Ending.of(exc)))
                 return
             self.post_message(TuneRows(rows, best, preset))
             self.post_message(RunFinished(self.session.last_summary if self.session else None, Ending.of(
-                failed=None if best else "the tune kept no candidate: see its table's verdicts")))
+                failed=None if best else "nothing saved: no candidate was kept, or none beat the serial run "
+                                         "(see its table)")))
 
         self.run_worker(tune(), name="tune", group="run", exclusive=True, exit_on_error=False)
 
