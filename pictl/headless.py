@@ -16,16 +16,17 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from pictl.console import result_console
+from pictl.console import Fields, Fitted, result_console
 from pictl.events import SERIAL_FP32, HostOutput, Phase, RankEvent, SessionEvent
 from pictl.headless_prune import macs_text
 from pictl.headless_train import TrainProgress
 from pictl.records.waterfall_view import latency_of, percentiles_text, waterfall_line, waterfall_of
+from pictl.run.traces import perfetto_hint
 from pictl.summary import baseline_text
 from pictl.summary_models import RunSummary
 from pictl.text import figure, markup_safe, printable
 from remote.job_records import PruneAccuracy, PruneDone, PruneProgress, PruneStart, TrainEval, TrainStart, TrainStep
-from remote.run_records import Error, Progress, Recut, Refine, Refined, Throughput
+from remote.run_records import Error, Progress, Recut, Refine, Refined, StageReady, Throughput
 
 PRUNE_RECORDS = (PruneStart, PruneProgress, PruneAccuracy, PruneDone)
 
@@ -68,9 +69,14 @@ class HeadlessRenderer:
                     self.err.print(f"pictl progress: rank {rank} ({event.host}) {markup_safe(rec.phase)} "
                                    f"{rec.repeat}: {rec.microbatches}/{rec.microbatches_total} microbatches, compute "
                                    f"{rec.compute_s:.2f}s wait {rec.wait_s:.2f}s send {rec.send_s:.2f}s")
+            case Progress() if rec.phase == "warmup":  # the serial run's pass, once over: a line, not silence
+                self.err.print(f"pictl {_who(event.source)}: warm-up pass {rec.repeat + 1}: {rec.compute_s:.1f} s "
+                               "(untimed)")
+            case StageReady() if event.source in ("serial", SERIAL_FP32):
+                self.err.print(f"pictl {_who(event.source)}: the whole model ({rec.params:,} parameters) built on "
+                               f"{markup_safe(event.host)} in {figure(rec.load_s, '.1f')} s")
             case Throughput():
-                who = {"serial": "serial", SERIAL_FP32: "fp32 serial reference"}.get(event.source, "pipeline")
-                self.err.print(f"pictl {who}: pass {rec.repeat + 1}: {rec.ips:.2f} img/s")
+                self.err.print(f"pictl {_who(event.source)}: pass {rec.repeat + 1}: {rec.ips:.2f} img/s")
             case Refine() | Refined():
                 self.err.print(printable(refine_line(rec)), markup=False, highlight=False)
             case Recut():
@@ -119,6 +125,10 @@ class HeadlessRenderer:
 
     def close(self) -> None:
         self._stop_live()
+
+
+def _who(source: str) -> str:
+    return {"serial": "serial", SERIAL_FP32: "fp32 serial reference"}.get(source, "pipeline")
 
 
 def _ms_list(values: list[float]) -> str:
@@ -224,16 +234,21 @@ def detail_lines(s: RunSummary) -> list[str]:
     return replica_lines(s) + wire_lines(s) + numerics_lines(s) + recut_lines(s) + explain_lines(s)
 
 
-def summary_title(s: RunSummary) -> str:
-    """The result in one line (printed above the stage table, never wrapped into it)."""
+def summary_fields(s: RunSummary) -> list[str]:
+    """The result line's fields (printed above the stage table; one line in a file)."""
     copies = f"{s.replicas} replicas x " if s.replicas > 1 else ""
-    return (f"{s.status.upper()}  {copies}{s.stages} stage(s)  split {', '.join(s.split_points) or '-'}  "
-            f"pipeline {figure(s.throughput_ips)} img/s  serial {figure(s.serial_ips)} img/s"
-            f"{baseline_text(s)}  speedup {figure(s.speedup)}x "
-            f"(ideal {s.stages * s.replicas}x)  {outputs_text(s)}  accuracy {_pct(s.accuracy)}")
+    return [printable(field) for field in (
+        s.status.upper(), f"{copies}{s.stages} stage(s)", f"split {', '.join(s.split_points) or '-'}",
+        f"pipeline {figure(s.throughput_ips)} img/s", f"serial {figure(s.serial_ips)} img/s{baseline_text(s)}",
+        f"speedup {figure(s.speedup)}x (ideal {s.stages * s.replicas}x)", outputs_text(s),
+        f"accuracy {_pct(s.accuracy)}")]
 
 
-def summary_table(s: RunSummary) -> Table:
+STAGE_COLUMNS_LEFT_OUT_FIRST = ("peak RSS MB", "params", "MB sent", "predicted ms", "send ms", "wait ms")
+"""Where the terminal is too narrow for the stage table, these go first (summary.json has every figure)."""
+
+
+def summary_table(s: RunSummary) -> Fitted:
     table = Table()
     predicted = s.prediction is not None
     # Per microbatch: the stage's compute, and apart from it the time it waited for input and was
@@ -252,28 +267,26 @@ def summary_table(s: RunSummary) -> Table:
             error = st.prediction_error
             cells += [figure(st.predicted_ms, ".1f"), "-" if error is None else f"{error:+.0%}"]
         table.add_row(*map(markup_safe, cells))  # module names come from the hosts
-    return table
+    return Fitted(table, STAGE_COLUMNS_LEFT_OUT_FIRST, whole="; summary.json has every figure")
 
 
 def print_summary(summary: RunSummary, *, as_json: bool) -> None:
+    """The result on stdout (with --json the JSON is there, and this on stderr). A file gets each line whole, however
+    long (scripts grep them); a terminal gets them broken between fields or words, never inside one."""
+    out = result_console(stderr=as_json)
+    out.print(Fields(summary_fields(summary)))
+    out.print(summary_table(summary))
+    for line in detail_lines(summary):
+        out.print(line, markup=False, highlight=False)
+    for line in flag_lines(summary):
+        out.print(line, style="yellow", markup=False, highlight=False)
+    # Paths soft-wrapped: one the terminal folds is still one line to copy.
+    if summary.run_dir and not as_json:
+        out.print(f"run directory: {printable(summary.run_dir)}", markup=False, highlight=False, soft_wrap=True)
+    for grab in summary.traces:
+        if grab.timeline:
+            out.print(printable(f"traces: {perfetto_hint(grab.timeline)}"), markup=False, highlight=False,
+                      soft_wrap=True)
     if as_json:
-        err = result_console(stderr=True)
-        err.print(printable(summary_title(summary)), markup=False, highlight=False, soft_wrap=True)
-        err.print(summary_table(summary))
-        for line in detail_lines(summary):
-            err.print(line, markup=False, highlight=False, soft_wrap=True)
-        for line in flag_lines(summary):
-            err.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
         sys.stdout.write(json.dumps(summary.written()) + "\n")
         sys.stdout.flush()
-    else:
-        out = result_console()
-        out.print(printable(summary_title(summary)), markup=False, highlight=False, soft_wrap=True)
-        out.print(summary_table(summary))
-        for line in detail_lines(summary):
-            out.print(line, markup=False, highlight=False, soft_wrap=True)
-        for line in flag_lines(summary):  # one line each, however long: scripts grep them
-            out.print(line, style="yellow", markup=False, highlight=False, soft_wrap=True)
-        if summary.run_dir:
-            out.print(f"run directory: {printable(summary.run_dir)}", markup=False, highlight=False,
-                      soft_wrap=True)

@@ -6,6 +6,7 @@ from typing import Any
 
 from rich.table import Table
 
+from pictl.console import Fitted
 from pictl.text import figure, markup_safe
 
 
@@ -19,7 +20,13 @@ def _warm_cell(warm: dict[str, Any] | None) -> str:
     return markup_safe(f"pid {warm.get('pid')} {warm.get('age_s', 0):.0f}s {warm.get('rss_mb')}MB")
 
 
-def check_table(checks: list) -> Table:  # list[HostCheck]
+LEFT_OUT_FIRST = ("warm", "rendezvous", "interface", "+/- ms", "clock ms", "throttled", "temp C", "cpus", "free MB",
+                  "timm", "python")
+"""Where the terminal is too narrow for every column, these go first (a host that is not ready says why on a
+line of its own, whatever the width)."""
+
+
+def check_table(checks: list) -> Fitted:  # list[HostCheck]
     table = Table(title="pictl check", title_justify="left")
     for col in ("host", "ready", "ssh", "python", "venv", "torch", "timm", "cpus", "free MB", "temp C",
                 "throttled", "clock ms", "+/- ms", "interface", "rendezvous", "warm"):
@@ -39,4 +46,4 @@ def check_table(checks: list) -> Table:  # list[HostCheck]
             figure(c.clock_offset_ms, ".3f"), figure(c.clock_uncertainty_ms, ".3f"),
             f"{iface.get('name')} {iface.get('address') or ''}".strip() if iface else "-",
             ("ok" if reach.get("ok") else "[red]fail[/]") if reach else "-", _warm_cell(c.warm))
-    return table
+    return Fitted(table, LEFT_OUT_FIRST, whole="; pictl check --json has every field")

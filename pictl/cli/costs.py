@@ -15,7 +15,17 @@ if TYPE_CHECKING:
     from pictl.planning.costs import Profiles
     from remote.balance import Link
 
-from pictl.cli.common import HostsOpt, WaitOpt, app, fail, on_fleet, read_cluster, run_cancellable, wide_console
+from pictl.cli.common import (
+    HostsOpt,
+    WaitOpt,
+    app,
+    fail,
+    on_fleet,
+    read_cluster,
+    run_cancellable,
+    stderr,
+    wide_console,
+)
 
 
 @app.command("profile")
@@ -45,7 +55,8 @@ def profile_costs(
         root = Path(tempfile.mkdtemp()) if fresh else cache_root()
         hosts = list(fleet)
         found = await host_profiles(hosts, JsonCache(root / "costs"), model=model, num_classes=num_classes,
-                                    chunk=chunk, threads=threads, code=manifest_digest(files))
+                                    chunk=chunk, threads=threads, code=manifest_digest(files),
+                                    announce=lambda line: stderr().print(f"pictl profile: {line}", markup=False))
         return found, await link_profiles(list(zip(hosts, hosts[1:], strict=False)), JsonCache(root / "links"))
 
     try:

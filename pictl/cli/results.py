@@ -21,7 +21,7 @@ def traces(
     runs_dir: RunsDirOpt = None,
 ) -> None:
     """Profile K steps on every rank of a running pipeline, download the traces and merge them."""
-    from pictl.run.traces import grab_from_outside, live_run
+    from pictl.run.traces import grab_from_outside, live_run, perfetto_hint
 
     try:
         path = live_run(runs_root(runs_dir), run)
@@ -35,7 +35,7 @@ def traces(
     for rank, why in sorted(grab.missing.items()):
         typer.echo(f"rank {rank}: missing: {why}", err=True)
     if grab.timeline:
-        typer.echo(f"timeline: {grab.timeline}")
+        typer.echo(f"traces: {perfetto_hint(grab.timeline)}")
     if not grab.files:
         raise typer.Exit(E.EXIT_RUN_FAILED)
 

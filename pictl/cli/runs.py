@@ -26,6 +26,7 @@ from pictl.cli.common import (
     tracked,
     wide_console,
 )
+from pictl.console import Fitted
 from pictl.records import catalog, catalog_rows
 from pictl.records import waterfall_view as wv
 from pictl.records.run_details import run_details
@@ -48,6 +49,9 @@ HEADINGS = {"run_id": "run", "throughput_ips": "img/s", "serial_ips": "serial", 
                for term in wv.KNOWN_TERMS}}
 SHORT_HEADINGS = {**HEADINGS, "latency_p50_ms": "p50 ms", "latency_p95_ms": "p95 ms"}
 """The list's headings: latency is the pipeline's per image (`runs compare` says so in full)."""
+LEFT_OUT_FIRST = ("latency_p95_ms", "chunk", "policy", "dominant", "latency_p50_ms", "serial_ips", "stages", "flags")
+"""Where the terminal is too narrow for the list, these columns go first: the run, its status, img/s, speedup and
+whether its outputs matched stay."""
 
 
 @runs_app.callback(invoke_without_command=True)
@@ -171,13 +175,13 @@ def _cell(value: Any) -> Text:
     return Text("-" if value is None else catalog.terminal_text(value, catalog.CELL_LIMIT))
 
 
-def _table(rows: list[dict[str, Any]], columns: tuple[str, ...], title: str) -> Table:
+def _table(rows: list[dict[str, Any]], columns: tuple[str, ...], title: str) -> Fitted:
     table = Table(title=Text(title), show_header=True, header_style="bold", title_justify="left")
     for key in columns:
         table.add_column(SHORT_HEADINGS.get(key, key), no_wrap=key == "run_id")
     for r in rows:
         table.add_row(*(_cell(r[k]) for k in columns))
-    return table
+    return Fitted(table, [SHORT_HEADINGS.get(k, k) for k in LEFT_OUT_FIRST], whole="; --json has every column")
 
 
 @app.command("track")

@@ -192,10 +192,12 @@ class Profiles:
 
 async def host_profiles(transports: list[Transport], cache: JsonCache, *, model: str, num_classes: int,
                         chunk: int, threads: int | dict[str, int], code: str, artifact: Artifact | None = None,
-                        use_corrections: bool = True) -> Profiles:
+                        use_corrections: bool = True, announce: Callable[[str], None] = lambda _line: None,
+                        ) -> Profiles:
     """Every host's profile: from the cache, or measured now (hosts sharing a machine one at a time).
 
     `threads` is one count for all hosts, or one per host (a host running two stages gives each half its cores).
+    `announce` hears a line as each host's profiling starts and ends (10-20 s each on a first run: never silent).
     """
     def count(t: Transport) -> int:
         return threads.get(t.host.name, 1) if isinstance(threads, dict) else threads
@@ -203,8 +205,13 @@ async def host_profiles(transports: list[Transport], cache: JsonCache, *, model:
     def key(t: Transport) -> str:
         return profile_key(t.host, model, num_classes, chunk, count(t), code=code, artifact=artifact)
 
-    def measure(t: Transport) -> Awaitable[dict[str, Any]]:
-        return measure_host(t, model, num_classes, chunk, count(t), artifact)
+    async def measure(t: Transport) -> dict[str, Any]:
+        announce(f"profiling {t.host.name}: each piece of {model} timed in whole passes (once per host, model, "
+                 "chunk and threads; cached after)")
+        began = time.monotonic()
+        profile = await measure_host(t, model, num_classes, chunk, count(t), artifact)
+        announce(f"{t.host.name} profiled in {time.monotonic() - began:.0f} s ({profile['pass_ms']:.0f} ms a pass)")
+        return profile
 
     def same(t: Transport) -> Hashable:
         return t.host.address, t.host.python_path(), count(t)

@@ -42,7 +42,8 @@ async def choose_split(ctx: RunContext, job: HostJob, placement: Placement, spec
     ctx.sink(Phase("balance", f"cost profiles of {len(used)} host(s)"))
     profiles = await host_profiles(used, ctx.caches.costs, model=spec.model, num_classes=spec.num_classes,
                                    chunk=spec.chunk, threads=placement.threads, code=ctx.code,
-                                   artifact=ctx.artifact, use_corrections=o.refine)
+                                   artifact=ctx.artifact, use_corrections=o.refine,
+                                   announce=lambda line: ctx.sink(Phase("balance", line)))
     # With replicas, each runs the same split on its own hosts: the split is chosen for the slowest of them.
     replicas = [stage_hosts[r * spec.stages:(r + 1) * spec.stages] for r in range(spec.replicas)]
     hops = [(job.transport(a), job.transport(b)) for a, b in dict.fromkeys(

@@ -30,6 +30,8 @@ from pictl.summary_models import TraceRecord
 from remote import protocol as P
 
 TIMELINE_FILE = "timeline.json"
+PERFETTO = "https://ui.perfetto.dev"
+"""Where a trace is looked at: Perfetto's UI opens a Chrome trace file in the browser (nothing is uploaded)."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,11 @@ class TraceGrab:
     def record(self) -> TraceRecord:
         """The grab as the summary records it."""
         return TraceRecord.model_validate(self.to_json())
+
+
+def perfetto_hint(timeline: Path | str) -> str:
+    """Where a grab's merged timeline is and how to open it: what is said once its traces are written."""
+    return f"open {timeline} at {PERFETTO} (\"Open trace file\"): every rank on one time axis"
 
 
 def new_trace_id() -> str:

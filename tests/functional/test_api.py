@@ -27,11 +27,38 @@ def test_a_run_from_python_returns_its_typed_summary_and_is_listed(tmp_path: Pat
     assert listed.run_id == summary.run_id and listed.speedup == summary.speedup
 
     options = pictl.RunOptions(stages=2, split=["blocks.6"], images=6, warmup=0, repeats=1, atol=0.0)
-    again = pictl.run_experiment(cluster, options, runs_dir=tmp_path / "runs")  # an options object
+    heard = _documented_progress_hook()
+    again = pictl.run_experiment(cluster, options, runs_dir=tmp_path / "runs", on_event=heard)  # an options object
+    # The progress hook docs/running.md shows heard every step and each pass, serial and pipeline, as it happened.
+    lines = heard.lines  # type: ignore[attr-defined]
+    steps = [line.split(":")[0] for line in lines]
+    assert "push" in steps and steps.index("push") < steps.index("pipeline"), lines
+    assert any(line.startswith("pipeline: launching 2 stage(s)") for line in lines), lines
+    assert any(line.startswith("pipeline pass 1: ") and line.endswith(" img/s") for line in lines), lines
+    assert again.serial_reused or any(line.startswith("serial pass 1: ") for line in lines), lines
     assert again.outputs_match is True and again.baseline is not None
     # the cached baseline is reused, unless the host's state changed meanwhile (a loaded machine): then it says why
     assert again.serial_reused is True or again.baseline.not_reused_because
     assert [s.run_id for s in pictl.runs(tmp_path / "runs")] == [again.run_id, summary.run_id]
+
+
+def _documented_progress_hook() -> object:
+    """The `on_event` example of docs/running.md, run as written, its prints kept (`.lines`)."""
+    import re
+
+    from support.cli import ROOT
+
+    doc = (ROOT / "docs" / "running.md").read_text()
+    section = doc[doc.index("### Progress as it happens: `on_event`"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None
+    example = code.group(1).replace("summary = pictl.run_experiment(", "call = dict(")  # the test runs its own
+    lines: list[str] = []
+    namespace: dict = {"print": lambda *a, **_k: lines.append(" ".join(map(str, a)))}
+    exec(compile(example, "docs/running.md", "exec"), namespace)  # noqa: S102 - the documented example itself
+    show = namespace["show"]
+    show.lines = lines
+    return show
 
 
 def test_bad_input_raises_before_anything_starts(tmp_path: Path) -> None:

@@ -100,6 +100,10 @@ def test_a_balanced_run_profiles_what_is_missing_and_corrects_a_wrong_profile(de
     assert s["prediction"]["profiled"] == ["h0"] and len(s["prediction"]["stage_ms"]) == 2
     assert all(st["predicted_ms"] > 0 and st["measured_ms"] > 0 for st in s["per_stage"])
     assert "predicted" in proc.stderr
+    # Never silent while it profiles: a line as h0's profiling starts, and one as it ends.
+    err = proc.stderr
+    assert err.index("pictl balance: profiling h0: ") < err.index("pictl balance: h0 profiled in ") < err.index(
+        "pictl balance: split ")
     assert json.loads(cached.read_text())["torch"] != "cached"  # measured on the host, cached again
 
     pieces = deit_costs["pieces"]

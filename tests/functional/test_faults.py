@@ -62,6 +62,9 @@ def test_a_killed_controller_leaves_nothing_running(tmp_path: Path, pictl_env) -
                           capture_output=True, text=True, timeout=180)
     assert grab.returncode == 0, grab.stderr
     assert sorted(p.name for p in (run_dir / "traces").glob("*.json.gz")) == ["h0-rank0.json.gz", "h1-rank1.json.gz"]
+    # One line says where the merged timeline is and how to open it.
+    assert f'traces: open {run_dir / "traces" / "timeline.json"} at https://ui.perfetto.dev ("Open trace file")' in (
+        grab.stdout), grab.stdout
     assert proc.poll() is None and processes_under(cluster)  # the run goes on
     proc.kill()
     proc.communicate(timeout=30)

@@ -1,10 +1,20 @@
-"""The one way tests run `pictl`: a real subprocess (`python -m pictl`), its output captured as text."""
+"""The one way tests run `pictl`: a real subprocess (`python -m pictl`), its output captured as text (or its stdout
+on a terminal of a given width: `run_pictl_on_terminal`)."""
 
 from __future__ import annotations
 
+import fcntl
+import os
+import pty
+import re
+import select
+import struct
 import subprocess
 import sys
+import tempfile
+import termios
 import textwrap
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,3 +30,40 @@ def run_pictl(args: list[str], env: dict[str, str] | None, timeout: float = 300,
 
 def dedent(text: str) -> str:
     return textwrap.dedent(text).lstrip()
+
+
+ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07\x1b]*(\x07|\x1b\\)")
+
+
+def run_pictl_on_terminal(args: list[str], env: dict[str, str], timeout: float = 300, *, columns: int = 80,
+                          cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """`pictl ARGS` with stdout on a terminal `columns` wide (a pseudo-terminal) and stderr a pipe: what a person
+    at such a terminal reads of the result. Its stdout comes back as text, escape codes taken out."""
+    main, side = pty.openpty()
+    fcntl.ioctl(side, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "pictl", *args], env={**env, "COLUMNS": str(columns)},
+                                cwd=cwd, stdin=subprocess.DEVNULL, stdout=side, stderr=err, text=True)
+        os.close(side)
+        out = bytearray()
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                if not select.select([main], [], [], 1.0)[0]:
+                    continue
+                try:
+                    chunk = os.read(main, 65536)
+                except OSError:  # EIO: the terminal's other side closed (the process is gone)
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        finally:
+            os.close(main)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        err.seek(0)
+        text = ESCAPES.sub("", out.decode("utf-8", "replace")).replace("\r\n", "\n")
+        return subprocess.CompletedProcess(proc.args, rc, text, err.read())
