@@ -27,6 +27,7 @@ from pictl.planning.options import RunOptions
 from pictl.records.runs import default_runs_root
 from pictl.run.baselines import BaselineCache
 from pictl.run.session import RunSession
+from pictl.run.traces import perfetto_hint
 from pictl.tui.bridge import SessionBridge
 from pictl.tui.jobs import JobsApp
 from pictl.tui.messages import (
@@ -196,9 +197,10 @@ class PictlApp(JobsApp):
 
     def on_traces_grabbed(self, msg: TracesGrabbed) -> None:
         self.state.on_traces(msg.grab)
-        got, missing = len(msg.grab.files), msg.grab.missing
+        got, missing, timeline = len(msg.grab.files), msg.grab.missing, msg.grab.timeline
         self.notify(f"{got} rank trace(s) in {msg.grab.directory}"
-                    + "".join(f"\nrank {r}: {why}" for r, why in missing.items()),
+                    + "".join(f"\nrank {r}: {why}" for r, why in missing.items())
+                    + (f"\n{perfetto_hint(timeline)}" if timeline else ""),
                     title="traces", severity="warning" if missing else "information", timeout=10)
         self._dirty.add("summary")
 

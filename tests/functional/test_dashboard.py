@@ -235,12 +235,12 @@ async def test_a_sweep_from_the_dashboard_shows_its_table(tmp_path: Path, baseli
         stages = form.query_one("#stages", Input)
         stages.value = "1,9"
         stages.focus()
-        await pilot.press("enter")
+        await pilot.press("ctrl+s")
         await pilot.pause()
         assert app.screen is form and "9 stages do not fit" in str(form.query_one("#form-error").render())
         stages.value = "2"  # one run is enough to follow (the CLI's sweep test runs several)
         form.query_one("#images", Input).value = "4"
-        await pilot.press("enter")
+        await pilot.press("ctrl+s")
         await _until(pilot, lambda: app.state.sweep and len(app.state.sweep.rows) == 1
                      and not app.state.running)
         rows = app.state.sweep.rows
@@ -269,12 +269,12 @@ async def test_a_tune_from_the_dashboard_follows_each_candidate_and_saves_the_wi
         images = form.query_one("#images", Input)
         images.value = "0"
         images.focus()
-        await pilot.press("enter")
+        await pilot.press("ctrl+s")
         await pilot.pause()
         assert app.screen is form and "images per pass" in str(form.query_one("#form-error").render())
         for field, value in (("#images", "4"), ("#threads", "1"), ("#chunk", "1"), ("#measure", "2")):
             form.query_one(field, Input).value = value  # threads and chunk fixed: the shapes alone, kept short
-        await pilot.press("enter")
+        await pilot.press("ctrl+s")
         await _until(pilot, lambda: app.state.tune is not None and app.state.tune.trying != "")
         assert app.state.tune.trying.startswith("1x2")  # the pipeline over both hosts comes first
         await _until(pilot, lambda: app.state.tune.winner is not None and not app.state.running)
@@ -314,7 +314,7 @@ async def test_a_pruning_job_from_the_dashboard(tmp_path: Path) -> None:
         form.query_one("#importance", Select).value = "l1"
         form.query_one("#epochs", Input).value = "1"
         form.query_one("#epochs", Input).focus()
-        await pilot.press("enter")  # Enter in any field submits, as in the run form
+        await pilot.press("ctrl+s")  # from any field, as in the run form (Enter goes to the next field)
         await pilot.pause()
         assert not isinstance(pilot.app.screen, PruneForm), form.query_one("#form-error").render()
         await _until(pilot, lambda: app.state.prune and app.state.prune.accuracy, timeout=120)

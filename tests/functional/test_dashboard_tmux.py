@@ -98,19 +98,21 @@ def test_real_terminal_at_80x24_runs_and_shows_the_result(terminal: Terminal, tm
     terminal.type("host:h1")
     terminal.wait_for("logs (filter: host:h1)", timeout=10)
     terminal.press("Escape")
-    # A real run from the form, by keys alone: stages 2, policy equal, 2 images (short), Enter starts it. The
-    # form opens on its first text field (stages) and says its keys.
+    # A real run from the form, by keys alone: stages 2, policy equal, 2 images (short), ctrl+s starts it. The
+    # form opens on its first text field (stages) and says its keys, in its title and pinned at the bottom; Enter
+    # in a field goes on to the next (the policy list), it never starts the run.
     terminal.press("r")
     terminal.wait_for("Start a run", timeout=10)
-    terminal.wait_for("Enter or ctrl+s: start", timeout=10)
+    terminal.wait_for("ctrl+s: start", timeout=10)
+    terminal.wait_for("^s start", timeout=10)
     terminal.type("2")
-    terminal.press("Tab", "Enter")  # the policy list opens (wait for it: keys sent meanwhile would go to the form)
+    terminal.press("Enter", "Enter")  # the policy list opens (wait for it: keys sent meanwhile would go to the form)
     terminal.wait_for("equal", timeout=10)
     terminal.press("Down", "Enter")
     terminal.wait_for(re.compile(r"equal\s+▼"), timeout=10)  # chosen, the list closed
     terminal.press("Tab", "Tab", "Tab")
     terminal.type("2")
-    terminal.press("Enter")
+    terminal.press("C-s")
     screen = terminal.wait_for(re.compile(r"outputs\s+match"), timeout=300)  # the label column's width varies
     found = re.search(r"speedup\s+(\d+\.\d+)x\s+of 2x ideal", screen)
     assert found and float(found.group(1)) > 0, screen

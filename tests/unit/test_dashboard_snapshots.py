@@ -169,3 +169,41 @@ async def test_a_finished_run_shows_why_not_n_and_its_latency(tmp_path: Path) ->
         for shown in ("why not 3", "0.21lost:fill/drain", "latency p50 812 p95 880 ms serial p50 290",
                       "gap 2.79x of 3: fill/drain 0.23"):
             assert shown.replace(" ", "") in packed, shown
+
+
+async def test_120x36_shows_the_flags_without_scrolling(tmp_path: Path) -> None:
+    """What makes the figures suspect sits right under them: at 120x36 the flags were below the panel's fold."""
+    import html
+    import re
+
+    app = _app(tmp_path)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await _after(pilot)
+        svg = app.export_screenshot()
+        text = " ".join(html.unescape(" ".join(re.findall(r">([^<]*)</text>", svg))).replace("\xa0", " ").split())
+        for shown in ("speedup 2.79x", "outputs match", "flags throughput_spread:", "fill_drain_bound:"):
+            assert shown in text, shown
+
+
+async def test_grabbed_traces_say_where_they_are_and_how_to_open_them(tmp_path: Path) -> None:
+    """The dashboard's `t`: once the traces are written, the notice and the run panel name the merged timeline and
+    Perfetto's UI (Open trace file); a path too long for the panel folds, never cut short."""
+    from pictl.summary_models import TraceRecord
+    from pictl.tui.messages import TracesGrabbed
+
+    app = _app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await _during(pilot)
+        timeline = "/runs/20270115-080000-s3-abcd/traces/timeline.json"
+        app.post_message(TracesGrabbed(TraceRecord(id="t1", directory="/runs/20270115-080000-s3-abcd/traces",
+                                                   files={"0": "a", "1": "b", "2": "c"}, timeline=timeline)))
+        await pilot.pause()
+        app.render_all()
+        await pilot.pause()
+        hint = f'open {timeline} at https://ui.perfetto.dev ("Open trace file")'
+        assert any(hint in n.message for n in app._notifications), [n.message for n in app._notifications]
+        panel = app.query_one("#summary")
+        lines = [line.text for line in panel.render_lines(panel.region.reset_offset)]
+        shown = "".join("".join(lines[next(i for i, line in enumerate(lines) if "traces    open" in line):]).replace(
+            "│", "").split())
+        assert f"open{timeline}athttps://ui.perfetto.dev" in shown, lines

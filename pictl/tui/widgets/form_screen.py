@@ -1,12 +1,15 @@
-"""What every form shares: Enter in a field, ctrl+s anywhere, or the first button submits; Escape or Cancel
-closes; the first text field has the focus (Enter on a list would open it), and the title says the keys."""
+"""What every form shares: ctrl+s anywhere or the first button submits; Enter in a field goes on to the next one,
+as Tab does (an Enter meant to finish the stages field started the run); Escape or Cancel closes. The first
+text field has the focus (Enter on a list would open it), and the keys are said in the title (pinned on top of a
+form that scrolls) and in a footer at the foot of the screen: neither is ever scrolled out of view."""
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
+from typing import ClassVar, Generic, TypeVar
 
+from textual.binding import Binding, BindingType
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label
+from textual.widgets import Button, Footer, Input, Label
 
 from pictl.text import markup_safe
 
@@ -16,8 +19,9 @@ Result = TypeVar("Result")
 class FormScreen(ModalScreen[Result], Generic[Result]):
     """Subclasses compose their fields (with a `#form-error` label and a `#start` button) and `_submit`."""
 
-    BINDINGS = [("escape", "cancel", "cancel"), ("ctrl+s", "submit", "start")]
-    KEYS = "Enter or ctrl+s: start, Esc: cancel"
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "cancel"),
+                                             Binding("ctrl+s", "submit", "start", priority=True)]
+    KEYS = "ctrl+s: start, Esc: cancel"
 
     def on_mount(self) -> None:
         field = self.query(Input).first() if self.query(Input) else None
@@ -27,6 +31,7 @@ class FormScreen(ModalScreen[Result], Generic[Result]):
         if titles:
             title = titles.first(Label)
             title.update(f"{title.content}  [dim]({self.KEYS})[/]")
+        self.mount(Footer(compact=True, show_command_palette=False))
 
     def action_submit(self) -> None:
         self._submit()
@@ -43,8 +48,9 @@ class FormScreen(ModalScreen[Result], Generic[Result]):
         else:
             self.dismiss(None)
 
-    def on_input_submitted(self, _event: Input.Submitted) -> None:
-        self._submit()
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.focus_next()
 
     def action_cancel(self) -> None:
         self.dismiss(None)

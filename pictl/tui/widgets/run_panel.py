@@ -12,6 +12,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from pictl.records.waterfall_view import TERM_COLORS, gap_bar, latency_of, line_text, waterfall_of
+from pictl.run.traces import perfetto_hint
 from pictl.summary import baseline_text
 from pictl.summary_models import RunSummary
 from pictl.text import figure
@@ -105,7 +106,8 @@ class RunPanel(Static):
     """Re-rendered from the state (a few times per second at most), and only when a figure changed.
 
     The rows a result is read by (speedup, outputs, progress) come first, so that a 24-line terminal shows
-    them; the split, the refinement, flags and traces follow."""
+    them, and the flags that make them suspect right under them (at 120x36 they were below the fold); the
+    figures, the split, the refinement and traces follow."""
 
     _shown: tuple = ()
 
@@ -184,6 +186,9 @@ class RunPanel(Static):
         bar_width = 12
         filled = round(done * bar_width)
         grid.add_row("progress", f"{'█' * filled}{'░' * (bar_width - filled)} {done:.0%}  ETA {_eta(eta)}")
+        for i, flag in enumerate(s.flags if s else []):  # what makes the figures suspect: beside them, in view
+            grid.add_row(Text("flags" if i == 0 else "", style="bold yellow"),
+                         Text(f"{flag.code}: {flag.message}", style="yellow", no_wrap=True, overflow="ellipsis"))
         grid.add_row("pipeline", figure(ips, unit=" img/s"))
         grid.add_row("serial", figure(serial, unit=" img/s") + (baseline_text(s) if s else
                                                              ("  reused" if state.serial_reused else "")))
@@ -202,9 +207,6 @@ class RunPanel(Static):
             grid.add_row("refine", refine_text(state.refine[-1]))
         if state.run_dir:
             grid.add_row("record", Text(state.run_dir, style="dim", overflow="fold"))
-        for i, flag in enumerate(s.flags if s else []):  # what makes these numbers suspect: one line each
-            grid.add_row(Text("flags" if i == 0 else "", style="bold yellow"),
-                         Text(f"{flag.code}: {flag.message}", style="yellow", no_wrap=True, overflow="ellipsis"))
         if state.failure:
             f = state.failure
             where = f"host {f.host}" + (f" rank {f.rank}" if f.rank is not None else "")
@@ -212,7 +214,8 @@ class RunPanel(Static):
             for line in f.last_lines[-4:]:
                 grid.add_row("", Text(line, style="dim"))
         for grab in state.traces[-1:]:
-            grid.add_row("traces", str(grab.directory))
+            grid.add_row("traces", Text(perfetto_hint(grab.timeline) if grab.timeline else str(grab.directory),
+                                        overflow="fold"))  # (a path folds, never cut short)
             for rank, share in sorted(grab.per_rank.items(), key=lambda kv: int(kv[0])):
                 grid.add_row("", f"rank {rank}: compute {figure(share.compute_pct, '.0f')}%  send "
                                  f"{figure(share.send_pct, '.0f')}%  recv-wait {figure(share.recv_wait_pct, '.0f')}%  "
