@@ -107,7 +107,7 @@ class HeadlessRenderer:
                 self.err.print(f"pictl prune: epoch {rec.epoch}/{rec.epochs} step {rec.step}/{rec.steps} "
                                f"loss {rec.loss:.4f} {rec.ips:.1f} img/s")
 
-    def _table(self) -> Table:
+    def _table(self) -> Fitted:
         table = Table(title="stages", expand=False)
         for col in ("rank", "host", "pass", "microbatches", "compute s", "wait s", "send s", "MB sent"):
             table.add_column(col, justify="right" if col not in ("host", "pass") else "left")
@@ -116,7 +116,7 @@ class HeadlessRenderer:
             table.add_row(str(rank), host, markup_safe(f"{r.phase} {r.repeat}"),
                           f"{r.microbatches}/{r.microbatches_total}", figure(r.compute_s),
                           figure(r.wait_s), figure(r.send_s), figure(r.bytes_sent / 1e6, ".1f"))
-        return table
+        return Fitted(table, ("MB sent", "send s", "wait s"))  # (at 80 columns every heading was cut short)
 
     def _stop_live(self) -> None:
         if self._live:

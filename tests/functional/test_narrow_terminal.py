@@ -86,3 +86,27 @@ def test_a_run_read_at_80_columns(tmp_path: Path, pictl_env) -> None:
     err = proc.stderr
     assert "pictl serial: the whole model (" in err and "pictl serial: warm-up pass 1: " in err, err
     assert err.index("pictl serial: warm-up pass 1") < err.index("pictl serial: pass 1: ")
+
+
+def test_the_live_stage_table_fits_80_columns() -> None:
+    """While the pipeline runs, a terminal's live table: every heading whole at 80 columns (one column left out)."""
+    import io
+
+    from rich.console import Console
+
+    from pictl.events import Phase, RankEvent
+    from pictl.headless import HeadlessRenderer
+    from remote.run_records import Progress
+
+    out = io.StringIO()
+    renderer = HeadlessRenderer(console=Console(file=out, width=80, force_terminal=True, soft_wrap=True))
+    renderer(Phase("pipeline", "launching 2 stage(s) on 2 host(s)"))
+    for rank in (0, 1):
+        renderer(RankEvent(f"h{rank}", f"h{rank}", Progress(
+            t=0.0, role="pipeline", rank=rank, stage=rank, phase="calibrate", repeat=0, microbatches=4,
+            microbatches_total=8, compute_s=0.3, wait_s=0.0, send_s=0.01, bytes_sent=1_200_000)))
+    renderer._live.refresh()  # type: ignore[union-attr]  (a frame now, not at the next tick)
+    renderer.close()
+    drawn = out.getvalue()
+    assert "microbatches" in drawn and "calibrate 0" in drawn and "…" not in drawn, drawn
+    assert "left out at 80 columns: MB sent" in drawn
