@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from pictl import errors as E
-from pictl.cli.common import RunsDirOpt, app, fail, run_cancellable, runs_root
+from pictl.cli.common import RunsDirOpt, app, fail, note, run_cancellable, runs_root
 
 
 @app.command()
@@ -53,7 +53,7 @@ def report(
 
     try:
         root = runs_root(runs_dir)
-        path = write_report([_resolve_source(root, s) for s in sources], out)
+        path = write_report([_resolve_source(root, s) for s in sources], out, note)
     except E.PictlError as exc:  # a source it cannot read: 2; a file --out refused (a full disk): 9
         fail(exc)
     typer.echo(f"report: {terminal_text(path)}")

@@ -21,6 +21,7 @@ from pictl.cli.common import (
     TrackerChoice,
     app,
     fail,
+    note,
     runs_root,
     stderr,
     tracked,
@@ -199,7 +200,10 @@ def track(
     try:
         check_trackers(kinds, "--to")
         path = catalog.resolve_run(runs_root(runs_dir), record)  # a directory is taken as it is
-        written = write_series(kinds, path, record_series(path))
+        series = record_series(path)
+        for line in series.notes:  # what of the record was left out (a file read only up to its cap)
+            note(line)
+        written = write_series(kinds, path, series)
     except E.PictlError as exc:
         fail(exc)
     for kind, where in written.items():

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 from pictl.cluster.transport import Transport
-from pictl.errors import ConfigError, TransportError
+from pictl.errors import ConfigError, NotReady, TransportError
 from pictl.inventory import Host
 from pictl.text import ascii_count
 from remote import protocol as P
@@ -92,6 +92,9 @@ async def cleanup_host(transport: Transport, *, orphans_only: bool, owner: str |
     result = await transport.run(cleanup_argv(host, orphans_only=orphans_only, owner=owner, keep=keep,
                                               finish=finish), env={"PYTHONPATH": host.code_dir}, timeout_s=60)
     try:
-        return json.loads(result.stdout.strip().splitlines()[-1])
+        swept = json.loads(result.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         raise TransportError(f"host '{host.name}': cleanup failed: {result.stderr.strip()[-300:]}") from None
+    if isinstance(swept, dict) and isinstance(swept.get("error"), str):  # its runs directory is a link
+        raise NotReady(f"host '{host.name}': {swept['error']}")
+    return swept

@@ -1,8 +1,9 @@
 """Shared hosts: a run holds a lease on every host's workdir, and knows which runs are its controller's.
 
 Several teams use the same Pis. Before anything is pushed, a run starts
-`remote/host/lease.py` on each host (as `python -c`, so it needs no pushed code); that
-process holds the workdir's lease while our connection lasts. All hosts or none:
+`remote/host/lease.py` on each host (its text sent on stdin to a one-line loader, `BOOT`,
+so it needs no pushed code and `ps` shows a short command); that process holds the
+workdir's lease while our connection lasts. All hosts or none:
 when one is busy the leases already taken are given back, so two runs that each
 got half the cluster never wait on each other. A busy host is refused with one
 line naming the run, user, controller and start time that hold it (`HostBusy`,
@@ -30,6 +31,10 @@ from pictl import errors as E
 from pictl.cluster.transport import RemoteProcess, Transport
 
 LEASE_SOURCE = remote.source("host/lease.py")
+BOOT = "import json,sys;exec(compile(json.loads(sys.stdin.buffer.raw.readline()),'remote.host.lease','exec'))"
+"""The lease holder's whole program on its command line: it runs the first line of its stdin, `LEASE_SOURCE` as
+one JSON string. The raw (unbuffered) read takes that line and nothing more: the rest of stdin is the lease's
+own channel, whose end is the release."""
 RETRY_S = (2.0, 5.0)
 """A waiting run looks again after a random pause in this range (two waiters do not retry in step)."""
 ANSWER_TIMEOUT_S = 60.0
@@ -93,7 +98,7 @@ async def _take(t: Transport, run_id: str, check_python: bool) -> _Answer:
     h = t.host
     record = {"run_id": run_id, "user": getpass.getuser(), "controller": socket.gethostname(),
               "owner": controller_name()}
-    argv = [h.base_python(), "-c", LEASE_SOURCE, "hold", "--workdir", h.workdir, "--record", json.dumps(record)]
+    argv = [h.base_python(), "-c", BOOT, "hold", "--workdir", h.workdir, "--record", json.dumps(record)]
     proc = await t.start([*argv, "--python", h.python_path()] if check_python else argv)
     answer: dict[str, Any] = {}
     errors: list[str] = []
@@ -109,6 +114,10 @@ async def _take(t: Transport, run_id: str, check_python: bool) -> _Answer:
             errors.append(line)
 
     try:
+        try:
+            await proc.send_line(json.dumps(LEASE_SOURCE))
+        except E.TransportError:
+            pass  # it did not start (no python there): its exit status says why, below
         await asyncio.wait_for(first_answer(), ANSWER_TIMEOUT_S)
     except TimeoutError:
         await proc.stop(grace_s=1.0)

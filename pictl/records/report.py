@@ -18,13 +18,14 @@ RecordWriteFailed's code). What a record holds reaches the Markdown as text with
 
 from __future__ import annotations
 
-import stat
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 from pictl import errors as E
 from pictl.job_summaries import PruneSummary, TrainSummary, parse_job_summary
+from pictl.records.files import LinkFound, read_regular, refused
 from pictl.records.report_charts import link_rates, records_of, stage_chart, wire_chart
 from pictl.records.report_sections import numerics_lines, recut_lines, refine_lines
 from pictl.records.report_waterfall import gap_lines, sweep_latency_lines
@@ -35,17 +36,25 @@ from pictl.text import printable
 
 MAX_TEXT_BYTES = 4 * 2**20
 """A sweep's table.md is a few kilobytes; more is not one."""
+MAX_PLOT_BYTES = 16 * 2**20
+"""A sweep's plot is tens of kilobytes; a larger `*.png` is no plot pictl drew: not copied, and said."""
 
 
-def _read_text(path: Path) -> str:
-    """A small text file from a source (a sweep's table), or ConfigError naming it."""
+def _read_file(sweep_dir: Path, name: str, limit: int) -> bytes | None:
+    """A file of a sweep directory (never through a link: ConfigError naming it), None if over `limit`."""
     try:
-        info = path.stat()
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_TEXT_BYTES:
-            raise E.ConfigError(f"{terminal_text(path)}: not a sweep table pictl wrote")
-        return path.read_bytes().decode("utf-8", "replace")
+        return read_regular(sweep_dir, name, limit)
     except OSError as exc:
-        raise E.ConfigError(f"{terminal_text(path)}: cannot read it ({exc.strerror or exc})") from None
+        raise E.ConfigError(f"{terminal_text(sweep_dir / name)}: cannot read it ({exc.strerror or exc})") from None
+
+
+def _read_text(sweep_dir: Path, name: str) -> str:
+    """A small text file from a sweep (its table), or ConfigError naming it."""
+    data = _read_file(sweep_dir, name, MAX_TEXT_BYTES)
+    if data is None:
+        raise E.ConfigError(f"{terminal_text(sweep_dir / name)}: not a sweep table pictl wrote (more than "
+                            f"{MAX_TEXT_BYTES >> 20} MiB)")
+    return data.decode("utf-8", "replace")
 
 
 def _wire_lines(s: RunSummary, files: ReportFiles) -> list[str]:
@@ -70,7 +79,7 @@ def _wire_lines(s: RunSummary, files: ReportFiles) -> list[str]:
     return [*lines, "", f"![wire bytes per link]({chart})", ""]
 
 
-def _run_section(run_dir: Path, s: RunSummary, files: ReportFiles) -> list[str]:
+def _run_section(run_dir: Path, s: RunSummary, files: ReportFiles, notes: list[str]) -> list[str]:
     lines = [f"## Run {md_text(s.run_id)}", "",
              (f"{s.replicas} replicas x " if s.replicas > 1 else "")
              + f"{s.stages} stage(s), policy {md_text(s.policy)}, "
@@ -97,9 +106,12 @@ def _run_section(run_dir: Path, s: RunSummary, files: ReportFiles) -> list[str]:
         chart = files.chart(s.run_id, "stages", lambda fh: stage_chart(s, fh))
         lines += ["", f"![per-stage time]({chart})", "", "| link | average MB/s | fastest pass MB/s |",
                   "|---|---|---|"]
-        for link in link_rates(s, records_of(run_dir)):
+        read: list[str] = []
+        for link in link_rates(s, records_of(run_dir, read)):
             lines.append(f"| {link['from']} -> rank {link['to_rank']} | {link['average_MBps']} | "
                          f"{link['peak_MBps']} |")
+        lines += ["", *(f"Note: {md_text(n)}" for n in read)] if read else []
+        notes += read
     return [*lines, ""]
 
 
@@ -121,18 +133,34 @@ def _baseline_and_flags(s: RunSummary) -> list[str]:
     return lines
 
 
-def _sweep_section(sweep_dir: Path, files: ReportFiles) -> list[str]:
-    lines = [f"## Sweep {md_text(sweep_dir.name)}", "", _read_text(sweep_dir / "table.md"), "",
+def _plots(sweep_dir: Path) -> list[str]:
+    """The names of the sweep's plots (regular `*.png` files: a FIFO or a device named like one is never read);
+    ConfigError naming a link among them, its table or its record (a folder from someone else: never
+    followed)."""
+    try:
+        with os.scandir(sweep_dir) as entries:
+            found = [(e.name, e.is_symlink(), e.is_file(follow_symlinks=False)) for e in entries
+                     if e.name.endswith(".png") or e.name in ("table.md", "sweep.json")]
+    except OSError as exc:
+        raise E.ConfigError(f"{terminal_text(sweep_dir)}: cannot read it ({exc.strerror or exc})") from None
+    for name, link, _ in sorted(found):
+        if link:
+            raise refused(LinkFound(sweep_dir / name))
+    return sorted(name for name, _, regular in found if regular and name.endswith(".png"))
+
+
+def _sweep_section(sweep_dir: Path, files: ReportFiles, notes: list[str]) -> list[str]:
+    lines = [f"## Sweep {md_text(sweep_dir.name)}", "", _read_text(sweep_dir, "table.md"), "",
              *sweep_latency_lines(sweep_dir)]
-    for png in sorted(sweep_dir.glob("*.png")):
-        try:
-            if not stat.S_ISREG(png.stat().st_mode):
-                continue  # a FIFO or a device named like a plot: never read
-            data = png.read_bytes()
-        except OSError as exc:
-            raise E.ConfigError(f"{terminal_text(png)}: cannot read it ({exc.strerror or exc})") from None
-        chart = files.chart(sweep_dir.name, png.stem, _copy_of(data))
-        lines += [f"![{md_text(png.stem)}]({chart})", ""]
+    for name in _plots(sweep_dir):
+        data = _read_file(sweep_dir, name, MAX_PLOT_BYTES)
+        if data is None:
+            notes.append(f"{terminal_text(sweep_dir / name)}: more than {MAX_PLOT_BYTES >> 20} MiB, no plot pictl "
+                         "drew: not copied")
+            continue
+        stem = name.removesuffix(".png")
+        chart = files.chart(sweep_dir.name, stem, _copy_of(data))
+        lines += [f"![{md_text(stem)}]({chart})", ""]
     return lines
 
 
@@ -209,16 +237,20 @@ _UNREADABLE = (KeyError, TypeError, AttributeError, ValueError, IndexError, Arit
 matplotlib cannot draw): named as that source's fault, never a traceback."""
 
 
-def write_report(sources: list[Path], out: Path) -> Path:
+def write_report(sources: list[Path], out: Path, note: Callable[[str], object] = lambda _line: None) -> Path:
     """report.md (and its charts) in `out`; every source is checked before anything is written.
 
-    ConfigError (exit 2) for a source this pictl cannot read, naming it; RecordWriteFailed (exit 9) when
-    `out` refuses a file (a full disk): nothing half-written is left."""
+    ConfigError (exit 2) for a source this pictl cannot read, naming it (a link in a sweep directory
+    included: never followed); RecordWriteFailed (exit 9) when `out` refuses a file (a full disk): nothing
+    half-written is left. What was left out (an events file read only up to its cap, a plot too large to
+    be one) is said through `note`, one line each."""
     writable_dir(out, "--out")
     for src in sources:
         if not (path_exists(src / SUMMARY_FILE) or path_is_file(src / "sweep.json")):
             raise E.ConfigError(f"{terminal_text(src)}: not a run directory (summary.json), a sweep directory "
                                 f"(sweep.json) or a pruning job")
+        if path_is_file(src / "sweep.json"):
+            _plots(src)  # a link in it is refused before anything is written
     # (a summary.json that is no regular file, a FIFO, is named by the reader, never opened)
     summaries = {src: _load(src) for src in sources if path_exists(src / SUMMARY_FILE)}
     trains = [s for s in summaries.values() if isinstance(s, TrainSummary)]
@@ -235,13 +267,14 @@ def write_report(sources: list[Path], out: Path) -> Path:
         raise E.ConfigError(f"the models and jobs tables: a pruning or training job's summary (or a run's "
                             f"artifact) this pictl cannot read ({type(exc).__name__}: {terminal_text(exc, 200)})") \
             from None
+    notes: list[str] = []
     for src in sources:
         try:
             summary = summaries.get(src)
             if path_is_file(src / "sweep.json"):
-                lines += _sweep_section(src, files)
+                lines += _sweep_section(src, files, notes)
             elif isinstance(summary, RunSummary):
-                lines += _run_section(src, summary, files)
+                lines += _run_section(src, summary, files, notes)
             elif isinstance(summary, TrainSummary):
                 lines += job_section(summary, files)
         except _UNREADABLE as exc:
@@ -253,4 +286,6 @@ def write_report(sources: list[Path], out: Path) -> Path:
     text = "\n".join(printable(line) for line in "\n".join(lines).split("\n"))
     report = files.path("report.md")
     files.write(report, _copy_of(text.encode("utf-8", "backslashreplace")))
+    for line in notes:
+        note(line)
     return report

@@ -4,11 +4,11 @@ typed telemetry), where each stage's time went, and what each link carried (PNG 
 from __future__ import annotations
 
 import math
-import stat
 from pathlib import Path
 from typing import IO, Any
 
 from pictl.events import parse_event
+from pictl.records.files import event_files, read_lines
 from pictl.records.train_report import chart_label, md_text, quiet_charts
 from pictl.summary import RunSummary
 from remote.records import Record
@@ -18,25 +18,18 @@ MAX_CHART_ITEMS = 64
 """Bars in one chart: more than a cluster has stages or links is not drawn (the tables still list them)."""
 
 
-def records_of(run_dir: Path) -> list[Record]:
+def records_of(run_dir: Path, notes: list[str]) -> list[Record]:
     """The pipeline's telemetry records (not the serial run's), checked as the run checked them; a line that
-    is not one (cut by a crash, or of another schema) is skipped."""
+    is not one (cut by a crash, or of another schema) is skipped. Each events file is read as a stream up to
+    its cap (`pictl.records.files.read_lines`); what was skipped, or not read (a link), is put in `notes`."""
     out = []
-    try:
-        paths = sorted((run_dir / "events").glob("*.jsonl"))
-    except OSError:
-        return []
-    for path in paths:
-        try:
-            if path.stem == "serial" or not stat.S_ISREG(path.stat().st_mode):
-                continue
-            with path.open(encoding="utf-8", errors="replace") as fh:
-                for line in fh:
-                    record = parse_event(line.rstrip("\n"))
-                    if record is not None:
-                        out.append(record)
-        except OSError:
-            continue  # an events file we cannot read: the links' peak is then unknown, not wrong
+    for name in event_files(run_dir / "events", notes):
+        if name == "serial.jsonl":
+            continue
+        for line in read_lines(run_dir, f"events/{name}", notes):
+            record = parse_event(line)
+            if record is not None:
+                out.append(record)
     return out
 
 

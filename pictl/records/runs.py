@@ -23,6 +23,7 @@ import platformdirs
 
 from pictl import errors as E
 from pictl.errors import ConfigError
+from pictl.records.files import write_bytes_atomic
 from pictl.summary import read_json_object
 from pictl.text import shown
 
@@ -96,16 +97,6 @@ def write_json_atomic(path: Path, data: Any) -> None:
     write_bytes_atomic(path, (json.dumps(data, indent=2, sort_keys=False) + "\n").encode())
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 LIVE_FILE = ".live"
 """Locked (flock) by the controller while the run is open: the lock dies with the process, so a run whose
 summary could not be written (a full disk) or whose controller was killed is never taken for a live one."""
@@ -141,14 +132,17 @@ class RunRecord:
         self.path = root / run_id
         self.write_error: E.RecordWriteFailed | None = None
         try:
-            (self.path / "events").mkdir(parents=True)
+            root.mkdir(parents=True, exist_ok=True)  # the runs root is the user's (a link there is theirs)
+            self.path.mkdir()  # a new name: anything by that name, a link included, is refused
+            (self.path / "events").mkdir()
             (self.path / "logs").mkdir()
         except OSError as exc:
             raise E.RecordWriteFailed(f"cannot create the run directory {self.path}: {exc.strerror or exc}") from None
         self._files: dict[str, Any] = {}
         self._live: int | None = None
         try:
-            self._live = os.open(self.path / LIVE_FILE, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self._live = os.open(self.path / LIVE_FILE, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                 0o600)
             fcntl.flock(self._live, fcntl.LOCK_EX)
         except OSError:
             self._live = None  # no inode left: the record has no summary either, and reads as not live
@@ -175,7 +169,9 @@ class RunRecord:
         try:
             fh = self._files.get(rel)
             if fh is None:
-                fh = self._files[rel] = (self.path / rel).open("a", buffering=1)
+                fd = os.open(self.path / rel, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             0o666)  # in the directories made above: never through a link put there since
+                fh = self._files[rel] = os.fdopen(fd, "a", buffering=1)
             fh.write(text + "\n")
         except OSError as exc:
             self._failed(rel, exc)

@@ -4,6 +4,8 @@ sessions make once a record is closed (`track_record`).
 `tensorboard` and `wandb` are imported only when asked for (the `[track]` extra); neither imports torch. A
 tracker that is not installed is refused before anything runs (`check_trackers`). A tracker that fails to
 write never costs the result: the record is already closed, and the failure is said as a phase line.
+Each tracker writes in a folder of its own beside the record (`tensorboard/`, `wandb/`), made or opened
+without following a link (`pictl.records.files.make_dir`): a link by that name is refused, naming it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pictl.errors import ConfigError
+from pictl.records.files import make_dir
 from pictl.records.trackers import TRACKERS, Series
 
 WANDB_DIR = "wandb"
@@ -46,6 +49,8 @@ async def track_record(kinds: Sequence[str], directory: Path, make: Callable[[],
 
     def write() -> dict[str, str]:
         series, written = make(), {}
+        for line in series.notes:
+            say(line)
         for kind in kinds:
             try:
                 written[kind] = str(write_series([kind], directory, series)[kind])
@@ -63,7 +68,7 @@ def _tensorboard(directory: Path, series: Series) -> Path:
     from tensorboard.plugins.hparams import summary_v2
     from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-    out = directory / TENSORBOARD_DIR
+    out = make_dir(directory, TENSORBOARD_DIR)
     writer = EventFileWriter(str(out))
     now = time.time()
 
@@ -88,6 +93,7 @@ def _wandb(directory: Path, series: Series) -> Path:
     os.environ.setdefault("WANDB_SILENT", "true")
     import wandb
 
+    make_dir(directory, WANDB_DIR)  # where wandb writes (`dir` is its parent): never through a link
     mode = os.environ.get("PICTL_WANDB_MODE", "offline")  # online only when asked: a cluster may have no internet
     run = wandb.init(project=os.environ.get("PICTL_WANDB_PROJECT", "pictl"), name=series.name,
                      dir=str(directory), mode=mode, config=dict(series.hparams),  # type: ignore[arg-type]

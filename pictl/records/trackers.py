@@ -24,6 +24,7 @@ from typing import Any, Literal, get_args
 
 from pictl.events import read_line
 from pictl.job_summaries import TrainSummary
+from pictl.records.files import event_files, read_lines, write_bytes_atomic
 from pictl.summary_models import RunSummary
 from remote.run_records import Progress, Throughput
 
@@ -44,6 +45,8 @@ class Series:
     final: dict[str, float] = field(default_factory=dict)
     over_time: list[tuple[str, int, float, float]] = field(default_factory=list)
     """(tag, step, value, wall time)."""
+    notes: list[str] = field(default_factory=list)
+    """What of the record was left out (a file read only up to its cap, a link not followed), one line each."""
 
     def put(self, tag: str, value: object) -> None:
         """A final figure, if it is a finite number (a run that failed early has holes)."""
@@ -65,15 +68,12 @@ def _hparams(values: dict[str, object]) -> dict[str, Scalar]:
     return {k: v for k, v in values.items() if isinstance(v, str | int | float | bool)}
 
 
-def _json_lines(path: Path) -> Iterator[dict[str, Any]]:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return
-    for line in text.splitlines():
+def _json_lines(run_dir: Path, name: str, notes: list[str]) -> Iterator[dict[str, Any]]:
+    """The JSON objects of a record's file, read as a stream within its cap (`read_lines`)."""
+    for line in read_lines(run_dir, name, notes):
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if isinstance(obj, dict):
             yield obj
@@ -83,7 +83,7 @@ def write_samples(run_dir: Path, samples: Iterable[object]) -> None:
     """The run's host samples beside its record (dataclasses; the run's monitor took them)."""
     lines = [json.dumps(dataclasses.asdict(s)) for s in samples if dataclasses.is_dataclass(s)
              and not isinstance(s, type)]
-    (run_dir / SAMPLES_FILE).write_text("".join(line + "\n" for line in lines))
+    write_bytes_atomic(run_dir / SAMPLES_FILE, "".join(line + "\n" for line in lines).encode())
 
 
 def run_series(run_dir: Path, summary: RunSummary) -> Series:
@@ -107,9 +107,9 @@ def run_series(run_dir: Path, summary: RunSummary) -> Series:
         for key in ("avg_Bps", "peak_Bps"):
             value = getattr(link, key)
             series.put(f"link/{link.link}/{key.removesuffix('_Bps')}_MBps", None if value is None else value / 1e6)
-    _events_over_time(series, run_dir / "events")
+    _events_over_time(series, run_dir)
     steps: dict[str, int] = {}
-    for rec in _json_lines(run_dir / SAMPLES_FILE):
+    for rec in _json_lines(run_dir, SAMPLES_FILE, series.notes):
         host, wall = str(rec.get("host")), _number(rec.get("at")) or 0.0
         step = steps[host] = steps.get(host, -1) + 1
         for key in ("cpu_pct", "mem_used_mb", "temp_c"):
@@ -120,16 +120,13 @@ def run_series(run_dir: Path, summary: RunSummary) -> Series:
     return series
 
 
-def _events_over_time(series: Series, events: Path) -> None:
-    """Each pass's img/s, and each rank's compute, wait and send per microbatch in each pass."""
+def _events_over_time(series: Series, run_dir: Path) -> None:
+    """Each pass's img/s, and each rank's compute, wait and send per microbatch in each pass (each events file
+    read as a stream, up to its cap)."""
     passes: dict[int, int] = {}
-    for path in sorted(events.glob("*.jsonl")) if events.is_dir() else []:
-        side = "serial" if path.stem == "serial" else "pipeline"
-        try:
-            lines = path.read_text(errors="replace").splitlines()
-        except OSError:
-            continue
-        for line in lines:
+    for name in event_files(run_dir / "events", series.notes):
+        side = "serial" if name == "serial.jsonl" else "pipeline"
+        for line in read_lines(run_dir, f"events/{name}", series.notes):
             record = read_line(line)
             if isinstance(record, Throughput):
                 series.add(f"{side}/pass_ips", record.repeat, record.ips, record.t)

@@ -24,7 +24,14 @@ from typing import Any
 from pictl import errors as E
 from pictl.cluster.clock import measure_clock
 from pictl.cluster.transport import Transport
-from pictl.records.runs import CONFIG_FILE, SUMMARY_FILE, read_record, run_is_live, write_json_atomic
+from pictl.records.runs import (
+    CONFIG_FILE,
+    SUMMARY_FILE,
+    read_record,
+    run_is_live,
+    write_bytes_atomic,
+    write_json_atomic,
+)
 from pictl.run.trace_files import TRACE_LIMIT, load_trace, merge, rank_breakdown
 from pictl.summary_models import TraceRecord
 from remote import protocol as P
@@ -79,7 +86,7 @@ def new_trace_id() -> str:
 def grab_directory(run_path: Path) -> Path:
     """`traces/` for a run's first grab, then `traces-2/`, `traces-3/`...: a later grab never overwrites."""
     target, n = run_path / P.TRACES_DIR, 1
-    while target.exists():
+    while os.path.lexists(target):  # a link by that name is passed over too: never written through
         n += 1
         target = run_path / f"{P.TRACES_DIR}-{n}"
     return target
@@ -117,9 +124,7 @@ async def download(ranks: list[RankTrace], trace_id: str, directory: Path, *, ti
                 await asyncio.sleep(poll_s)
                 continue
             final = directory / f"{rt.host}-rank{rt.rank}.json.gz"
-            tmp = directory / f".{final.name}.tmp"
-            tmp.write_bytes(data)
-            os.replace(tmp, final)
+            write_bytes_atomic(final, data)  # (a fresh temporary name: never written through a link)
             grab.files[rt.rank] = final
             return
 

@@ -22,6 +22,11 @@ others. Ours are stopped (SIGTERM, then SIGKILL) and their records removed.
 - `--finish RUN` (a run's end): remove that run's directory if none of its
   groups is alive.
 
+Nothing is reached through a symbolic link: DIR/runs being one is refused whole (one JSON line
+{"error": "..."} naming it, exit 2, nothing stopped or removed); a run directory, a record or an
+owner file that is one is never followed, read or removed (run directories are opened and removed
+through directory descriptors, `remote.nofollow`).
+
 Prints one JSON line: {"stopped": [...], "kept": [...], "stale": n, "removed": [...]}.
 """
 
@@ -32,10 +37,12 @@ import json
 import os
 import shutil
 import signal
+import stat
 import sys
 import time
 from pathlib import Path
 
+from remote import nofollow
 from remote.protocol import OWNER_FILE
 
 GRACE_S = 5.0
@@ -103,27 +110,56 @@ def stop_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def _owner_of(run_dir: Path) -> str | None:
+RECORD_LIMIT = 4096
+"""A pgid record is a number and an owner file a name: more than this is not ours, and is not read."""
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _read_small(dir_fd: int, name: str) -> str:
+    """A small regular file in the directory `dir_fd`, never through a link (OSError otherwise)."""
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     try:
-        return (run_dir / OWNER_FILE).read_text().strip()
-    except (OSError, UnicodeDecodeError):
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{name}: not a regular file")
+        data = os.read(fd, RECORD_LIMIT + 1)
+    finally:
+        os.close(fd)
+    if len(data) > RECORD_LIMIT:
+        raise OSError(f"{name}: larger than a record")
+    return data.decode(errors="replace")
+
+
+def _unlink(dir_fd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except OSError:
+        pass  # gone already, or not ours to remove (another user's directory): harmless
+
+
+def _owner_of(run_fd: int) -> str | None:
+    try:
+        return _read_small(run_fd, OWNER_FILE).strip()
+    except OSError:
         return None
 
 
-def _sweep_one(record: Path, runs: Path, *, orphans_only: bool, owner: str | None, out: dict) -> None:
-    run = record.parent.name
+def _records(run_fd: int) -> list[str]:
+    """The pgid records in a run directory (regular files only: a link named like one is never read)."""
+    with os.scandir(run_fd) as entries:
+        return sorted(e.name for e in entries if e.name.startswith("pgid-") and e.is_file(follow_symlinks=False))
+
+
+def _sweep_one(run_fd: int, run: str, name: str, runs: Path, *, orphans_only: bool, owner: str | None,
+               out: dict) -> None:
     try:
-        pgid = int(record.read_text().strip())
+        pgid = int(_read_small(run_fd, name).strip())
     except (OSError, ValueError):
-        out["kept"].append({"run": run, "record": record.name, "reason": "unreadable record"})
+        out["kept"].append({"run": run, "record": name, "reason": "unreadable record"})
         return
     state = leader_state(pgid, runs) if _group_alive(pgid) else "gone"
     if state == "gone":
         out["stale"] += 1
-        try:
-            record.unlink(missing_ok=True)
-        except OSError:
-            pass  # not ours to remove (another user's directory): harmless
+        _unlink(run_fd, name)
         return
     if state == "foreign":
         out["kept"].append({"run": run, "pgid": pgid, "reason": "not ours"})
@@ -135,7 +171,7 @@ def _sweep_one(record: Path, runs: Path, *, orphans_only: bool, owner: str | Non
     if orphans_only and attached:
         out["kept"].append({"run": run, "pgid": pgid, "reason": "live run"})
         return
-    if owner is not None and attached and _owner_of(record.parent) != owner:
+    if owner is not None and attached and _owner_of(run_fd) != owner:
         out["kept"].append({"run": run, "pgid": pgid, "reason": "another controller's run"})
         return
     try:
@@ -146,54 +182,92 @@ def _sweep_one(record: Path, runs: Path, *, orphans_only: bool, owner: str | Non
     except ProcessLookupError:
         pass
     out["stopped"].append({"run": run, "pgid": pgid})
-    try:
-        record.unlink(missing_ok=True)
-    except OSError:
-        pass
+    _unlink(run_fd, name)
 
 
-def _live_groups(run_dir: Path) -> bool:
-    for record in run_dir.glob("pgid-*"):
+def _live_groups(run_fd: int) -> bool:
+    for name in _records(run_fd):
         try:
-            if _group_alive(int(record.read_text().strip())):
+            if _group_alive(int(_read_small(run_fd, name).strip())):
                 return True
         except (OSError, ValueError):
             return True  # cannot tell: keep the directory
     return False
 
 
-def _remove_run_dir(run_dir: Path, out: dict, min_age_s: float = 0.0) -> None:
+def _remove_run_dir(runs_fd: int, name: str, out: dict, min_age_s: float = 0.0) -> None:
+    """Remove the run directory `name` (in the runs directory `runs_fd`): only a real directory of ours (a link
+    is never followed, nor removed), untouched for `min_age_s`, with no live group; removed through the
+    descriptors, so nothing outside it is reached."""
     try:
-        st = run_dir.lstat()
-        if run_dir.is_dir() and not run_dir.is_symlink() and st.st_uid == os.getuid() \
-                and time.time() - st.st_mtime >= min_age_s and not _live_groups(run_dir):
-            shutil.rmtree(run_dir)
-            out["removed"].append(run_dir.name)
+        st = os.lstat(name, dir_fd=runs_fd)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or time.time() - st.st_mtime < min_age_s:
+            return
+        run_fd = os.open(name, _DIR, dir_fd=runs_fd)
+        try:
+            live = _live_groups(run_fd)
+        finally:
+            os.close(run_fd)
+        if not live:
+            shutil.rmtree(name, dir_fd=runs_fd)
+            out["removed"].append(name)
     except OSError:
         pass  # best effort: a directory we cannot remove is left as it is
 
 
+def _run_dirs(runs_fd: int, out: dict) -> list[str]:
+    """The run directories (a link among them is said and left alone)."""
+    names = []
+    with os.scandir(runs_fd) as entries:
+        for e in entries:
+            if e.is_symlink():
+                out["kept"].append({"run": e.name, "reason": "a symbolic link: not followed"})
+            elif e.is_dir(follow_symlinks=False):
+                names.append(e.name)
+    return sorted(names)
+
+
 def cleanup(workdir: Path, *, orphans_only: bool, owner: str | None = None, keep: str | None = None,
             finish: str | None = None) -> dict:
+    """What was stopped, kept and removed; LinkFound (nothing touched) if `workdir/runs` is a link."""
     runs = workdir / "runs"
     out: dict = {"stopped": [], "kept": [], "stale": 0, "removed": []}
-    if finish:
-        _remove_run_dir(runs / finish, out)
-        return out
     try:
-        records = sorted(runs.glob("*/pgid-*"))
+        runs_fd = nofollow.open_dir(workdir, "runs")
+    except nofollow.LinkFound:
+        raise
     except OSError:
-        records = []
-    for record in records:
+        return out  # no runs directory (yet): nothing to sweep
+    try:
+        if finish:
+            _remove_run_dir(runs_fd, finish, out)
+            return out
         try:
-            _sweep_one(record, runs, orphans_only=orphans_only, owner=owner, out=out)
-        except OSError as exc:  # whatever one record does, the others are still swept
-            out["kept"].append({"run": record.parent.name, "record": record.name, "reason": str(exc)})
-    if orphans_only and keep:
-        for run_dir in sorted(runs.glob("*/")):
-            if run_dir.name != keep:
-                _remove_run_dir(run_dir, out, min_age_s=STALE_DIR_S)
-    return out
+            run_names = _run_dirs(runs_fd, out)
+        except OSError:
+            run_names = []
+        for run in run_names:
+            try:
+                run_fd = os.open(run, _DIR, dir_fd=runs_fd)
+            except OSError:
+                continue  # gone meanwhile, or another user's
+            try:
+                for name in _records(run_fd):
+                    try:
+                        _sweep_one(run_fd, run, name, runs, orphans_only=orphans_only, owner=owner, out=out)
+                    except OSError as exc:  # whatever one record does, the others are still swept
+                        out["kept"].append({"run": run, "record": name, "reason": str(exc)})
+            except OSError as exc:
+                out["kept"].append({"run": run, "reason": str(exc)})
+            finally:
+                os.close(run_fd)
+        if orphans_only and keep:
+            for run in run_names:
+                if run != keep:
+                    _remove_run_dir(runs_fd, run, out, min_age_s=STALE_DIR_S)
+        return out
+    finally:
+        os.close(runs_fd)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,8 +281,13 @@ def main(argv: list[str] | None = None) -> int:
     for name in (args.keep, args.finish):
         if name is not None and (not name or "/" in name or name in (".", "..")):
             parser.error(f"not a run id: {name!r}")
-    print(json.dumps(cleanup(Path(os.path.expanduser(args.workdir)), orphans_only=args.orphans_only,
-                             owner=args.owner, keep=args.keep, finish=args.finish)))
+    try:
+        swept = cleanup(Path(os.path.expanduser(args.workdir)), orphans_only=args.orphans_only, owner=args.owner,
+                        keep=args.keep, finish=args.finish)
+    except nofollow.LinkFound as link:  # nothing was stopped or removed
+        print(json.dumps({"error": f"{link}: remove it (pictl keeps its run directories there)"}))
+        return 2
+    print(json.dumps(swept))
     return 0
 
 

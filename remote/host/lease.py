@@ -1,14 +1,18 @@
 """Hold a run's lease on this host's workdir for as long as the controller is attached (stdlib only).
 
-    python -c SOURCE hold --workdir DIR --record JSON [--python PATH]
+    python -c BOOT hold --workdir DIR --record JSON [--python PATH]     (this file's text: stdin's first line)
 
-Sent as `python -c` (like the probe): the lease is taken before any code is pushed,
-so a second run never rewrites the code a first one is using. Prints one JSON line:
+Sent, not pushed: the lease is taken before any code is pushed, so a second run never
+rewrites the code a first one is using. The command line carries only a one-line loader
+(`pictl.cluster.leases.BOOT`) that reads this file's text, as one JSON string, from the
+first line of stdin: `ps` shows a short line, not the whole script. Prints one JSON line:
 
 - {"state": "held", "lease": {...}}: the lease is ours until our stdin closes (the
   controller released it, went away, or lost its connection) or we are signalled;
 - {"state": "busy", "lease": {...}}: another run holds it (exit 3);
-- {"state": "not_ready", "error": "..."}: the workdir cannot be made, or there is no
+- {"state": "not_ready", "error": "..."}: the workdir cannot be made, the lease file or
+  one of the directories pictl makes in it (`OWNED`) is a symbolic link (never followed:
+  it would lead pictl's writes and removals out of the workdir), or there is no
   interpreter at PATH (exit 2).
 
 The lease is `DIR/lease`, locked with flock(LOCK_EX | LOCK_NB) and holding the
@@ -23,16 +27,21 @@ unlinked file could be locked by two runs at once); releasing empties it.
 from __future__ import annotations
 
 import argparse
+import errno
 import fcntl
 import getpass
 import json
 import os
 import shutil
 import signal
+import stat
 import sys
 import time
 
 LEASE_FILE = "lease"
+OWNED = ("runs", "code", "models", "cache", "provision")
+"""What pictl makes in a workdir (run directories, the pushed code, artifacts, caches, wheels): taken only when
+none of them is a link."""
 EXIT_BUSY = 3
 EXIT_NOT_READY = 2
 
@@ -57,11 +66,40 @@ def _holder(fd: int) -> dict:
     return {}
 
 
+class _Link(Exception):
+    pass
+
+
+def _open_lease(workdir: str) -> int:
+    """The lease file, opened from the workdir's descriptor; _Link naming the first of the workdir's own
+    entries that is a symbolic link (the workdir itself is the inventory's: taken as it is)."""
+    os.makedirs(workdir, exist_ok=True)
+    dir_fd = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for name in (LEASE_FILE, *OWNED):
+            try:
+                if stat.S_ISLNK(os.lstat(name, dir_fd=dir_fd).st_mode):
+                    raise _Link(os.path.join(workdir, name))
+            except FileNotFoundError:
+                pass
+        try:  # O_NOFOLLOW: a link made since the look above is refused all the same
+            return os.open(LEASE_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise _Link(os.path.join(workdir, LEASE_FILE)) from None
+            raise
+    finally:
+        os.close(dir_fd)
+
+
 def hold(workdir: str, record: dict, python: str | None) -> int:
     workdir = os.path.expanduser(workdir)
     try:
-        os.makedirs(workdir, exist_ok=True)
-        fd = os.open(os.path.join(workdir, LEASE_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lease(workdir)
+    except _Link as link:
+        _say({"state": "not_ready", "error": f"{link} is a symbolic link: pictl never follows links in its "
+                                             "workdir (remove it)"})
+        return EXIT_NOT_READY
     except OSError as exc:
         _say({"state": "not_ready", "error": f"cannot use the workdir {workdir}: {exc.strerror or exc}"})
         return EXIT_NOT_READY

@@ -49,7 +49,13 @@ class Supervisor:
                                       stdin=subprocess.DEVNULL)
         self._stopping = threading.Lock()
         tmp = f"{pgid_file}.tmp"
-        with open(tmp, "w") as fh:
+        try:
+            os.unlink(tmp)  # one a crash left (a link by that name goes as a link: its target is not touched)
+        except FileNotFoundError:
+            pass
+        # O_EXCL: a name made meanwhile, a link included, is refused rather than written through.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "w") as fh:
             fh.write(f"{self.child.pid}\n")
         os.replace(tmp, pgid_file)
 
