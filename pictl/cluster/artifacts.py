@@ -72,7 +72,7 @@ async def ship(t: Transport, artifact: Artifact) -> bool:
     present = await t.run(["test", "-s", f"{MODELS_DIR}/{artifact.file_name}"], cwd=t.host.workdir, timeout_s=30)
     if present.returncode == 0:
         return False
-    await t.put_bytes(artifact.path.read_bytes(), artifact.host_path(t.host))
+    await t.put_file(artifact.path, artifact.host_path(t.host))  # streamed: never whole in memory (weights)
     return True
 
 
