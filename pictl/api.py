@@ -15,34 +15,41 @@ combination of stages, chunks, policies and wire formats against shared baseline
 (`run_experiment_async`, `sweep_async`, `train_async`, `prune_async`) for notebooks and event loops that are
 already running. A job that started returns its summary whatever its status (`summary.status`: ok, failed,
 interrupted; `summary.error` says why); bad input, an unreachable host or a busy one raise `PictlError` subclasses
-(`pictl.errors`: each has the CLI's exit code as `exit_code`) before anything starts."""
+(`pictl.errors`: each has the CLI's exit code as `exit_code`) before anything starts.
+
+Every argument is checked before a host is touched, by the same models and bounds the CLI's flags are (options
+are always made anew through `resolve_options`, `train_options`, `prune_options`, `sweep_axes` and `plan_tune`,
+never copied past their checks): a bad value raises `pictl.errors.ConfigError` naming the keyword as it is
+spelled here (`images: must be between 1 and 2000 (got 1000000000)`), as `pictl run` exits 2 naming the flag."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from pictl import errors as E
 from pictl.events import SessionEvent
 from pictl.inventory import Cluster
 from pictl.inventory import load_cluster as _load_cluster
 from pictl.job_summaries import PruneSummary, TrainSummary
-from pictl.jobs.prune import PruneSession
-from pictl.jobs.prune_options import PruneOptions
-from pictl.jobs.training.options import TrainOptions
-from pictl.jobs.training.session import TrainSession
+from pictl.jobs.prune import PruneSession, default_prunes_root
+from pictl.jobs.prune_options import PruneOptions, prune_options
+from pictl.jobs.training.options import TrainOptions, train_options
+from pictl.jobs.training.session import TrainSession, default_trains_root
 from pictl.jobs.tune_verdicts import Measured
 from pictl.planning.options import RunOptions
-from pictl.planning.presets import resolve_options
-from pictl.records.runs import default_runs_root
+from pictl.planning.presets import preset_path, resolve_options
+from pictl.records.runs import default_runs_root, writable_dir
 from pictl.run.session import RunSession
 from pictl.shipped import shipped_path
 from pictl.summary import read_summary
 from pictl.summary_models import RunSummary
+from pictl.validation import got
 
 __all__ = ["Cluster", "PruneOptions", "PruneSummary", "RunOptions", "RunSummary", "SweepResult", "TrainOptions",
            "TrainSummary", "load_cluster", "prune", "prune_async", "run_experiment", "run_experiment_async", "runs",
@@ -52,10 +59,81 @@ __all__ = ["Cluster", "PruneOptions", "PruneSummary", "RunOptions", "RunSummary"
 EventHandler = Callable[[SessionEvent], None]
 
 
+# -- the arguments that are not options: checked here, each named by its keyword --------------------------------
+
+def _refuse(name: str, expected: str, value: Any) -> NoReturn:
+    raise E.ConfigError(f"{name}: must be {expected} (got {got(value)})")
+
+
+def _flag(name: str, value: Any) -> bool:
+    """A yes/no argument: `cold="no"` is truthy, and would quietly mean yes."""
+    if not isinstance(value, bool):
+        _refuse(name, "True or False", value)
+    return value
+
+
+def _path(name: str, value: Any) -> Path | None:
+    """A path argument (None: not given): text or a path, never empty, a number or bytes."""
+    if value is None:
+        return None
+    text = os.fspath(value) if isinstance(value, str | os.PathLike) else None
+    if not isinstance(text, str) or not text.strip() or "\x00" in text:
+        _refuse(name, "a path (a str or a pathlib.Path)", value)
+    return Path(text)
+
+
+def _directory(name: str, value: Any, default: Callable[[], Path], what: str) -> Path:
+    """Where a job writes (`value`, else `default()`), checked as the CLI checks `--runs-dir` before anything
+    starts: a directory that cannot be made there is refused now, not after the code was pushed."""
+    given = _path(name, value)
+    return writable_dir(given or default(), name if given else what)
+
+
+def _new_directory(name: str, value: Any, default: Path) -> Path:
+    """A sweep's or a tune's own directory: new, and one that can be made."""
+    target = _path(name, value) or default
+    if os.path.lexists(target):
+        raise E.ConfigError(f"{name}: {target} already exists")
+    return writable_dir(target, name)
+
+
+def _handler(on_event: Any) -> EventHandler | None:
+    if on_event is not None and not callable(on_event):
+        _refuse("on_event", "a function that takes an event (or None)", on_event)
+    return on_event
+
+
+def _cluster(cluster: Any) -> Cluster:
+    if cluster is None:
+        return load_cluster()
+    if not isinstance(cluster, Cluster):
+        _refuse("cluster", "a pictl.Cluster, from pictl.load_cluster()", cluster)
+    return cluster
+
+
+def _listed(values: Any) -> Any:
+    """A tuple or a range as the list a sweep's axis is; anything else as given, for the model to check."""
+    return list(values) if isinstance(values, tuple | range) else values
+
+
+def _run_options(options: Any, profile: Any, fields: dict[str, Any]) -> RunOptions:
+    """`options` (or the preset `profile`) with `fields` over it, made anew by the one path every front end's
+    options take (`resolve_options`): an options object edited after it was made is checked again, whole."""
+    if options is None:
+        return resolve_options(profile, fields, source="", name_of=str)
+    if not isinstance(options, RunOptions):
+        _refuse("options", "a pictl.RunOptions (or its fields as keywords)", options)
+    if profile is not None:
+        preset_path(profile)  # given beside options it names the run: it must still be a profile
+    return resolve_options(None, {**options.model_dump(warnings=False), **fields}, source="", name_of=str)
+
+
 def load_cluster(hosts: str | Path | None = None, *, cold: bool = False) -> Cluster:
     """The inventory at `hosts`, else ./hosts.toml, else the shipped local cluster; `cold`: no warm processes."""
-    path = Path(hosts) if hosts is not None else Path("hosts.toml")
-    cluster = _load_cluster(path if hosts is not None or path.is_file() else shipped_path("hosts.toml"))
+    given = _path("hosts", hosts)
+    cold = _flag("cold", cold)
+    path = given or Path("hosts.toml")
+    cluster = _load_cluster(path if given is not None or path.is_file() else shipped_path("hosts.toml"))
     if cold:
         cluster = cluster.model_copy(update={"hosts": tuple(h.model_copy(update={"warm": False})
                                                             for h in cluster.hosts)})
@@ -74,20 +152,17 @@ async def _ended(session: RunSession | TrainSession | PruneSession, kept: str) -
         return summary
 
 
-def _options(options: RunOptions | None, profile: str | None, fields: dict[str, Any]) -> RunOptions:
-    if options is not None:
-        return options.model_copy(update=fields) if fields else options
-    return resolve_options(profile, fields)
-
-
 async def run_experiment_async(cluster: Cluster | None = None, options: RunOptions | None = None, *,
                                profile: str | None = None, runs_dir: str | Path | None = None,
                                on_event: EventHandler | None = None, fresh_baseline: bool = False, wait: bool = False,
                                **fields: Any) -> RunSummary:
     """One experiment (as `pictl run`): `options`, or a preset (`profile`) with `fields` over it (any
     `RunOptions` field: stages=3, split=["blocks.4", "blocks.8"], images=48, ...). Returns the typed summary."""
-    session = RunSession(cluster or load_cluster(), _options(options, profile, fields), on_event=on_event,
-                         runs_root=Path(runs_dir) if runs_dir else None, reuse_baseline=not fresh_baseline,
+    reuse, wait = not _flag("fresh_baseline", fresh_baseline), _flag("wait", wait)
+    handler = _handler(on_event)
+    chosen = _run_options(options, profile, fields)
+    root = _directory("runs_dir", runs_dir, default_runs_root, "the runs directory")
+    session = RunSession(_cluster(cluster), chosen, on_event=handler, runs_root=root, reuse_baseline=reuse,
                          profile=profile, wait=wait)
     summary: RunSummary = await _ended(session, "last_summary")
     return summary
@@ -114,15 +189,18 @@ async def sweep_async(cluster: Cluster | None = None, options: RunOptions | None
                       wait: bool = False, **fields: Any) -> SweepResult:
     """Every combination (as `pictl sweep`), each point's options from `options` or the preset with `fields` over
     it; a failed point is a row saying why, and the others still run. Bad input raises before anything starts."""
-    from pictl.jobs.sweep import run_sweep, sweep_points
+    from pictl.jobs.sweep import run_sweep, sweep_points, wire_formats
+    from pictl.planning.presets import sweep_axes
 
-    chosen_cluster = cluster or load_cluster()
-    base = _options(options, profile, fields)
-    points = sweep_points(chosen_cluster, base, list(stages), list(chunks), list(policies), wires)
-    target = Path(out) if out else default_runs_root().parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S")
-    if target.exists():
-        raise E.ConfigError(f"out: {target} already exists")
-    rows = await run_sweep(chosen_cluster, base, points, target, on_event=on_event, wait=wait)
+    wait, handler = _flag("wait", wait), _handler(on_event)
+    base = _run_options(options, profile, fields)
+    axes = sweep_axes(_listed(stages), _listed(chunks), _listed(policies),
+                      name_of=lambda field: "policies" if field == "policy" else field)
+    formats = wire_formats("wires", _listed(wires)) if wires is not None else None
+    target = _new_directory("out", out, default_runs_root().parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S"))
+    chosen_cluster = _cluster(cluster)
+    points = sweep_points(chosen_cluster, base, axes, formats)
+    rows = await run_sweep(chosen_cluster, base, points, target, on_event=handler, wait=wait)
     return SweepResult(target, rows)
 
 
@@ -132,25 +210,25 @@ def sweep(cluster: Cluster | None = None, options: RunOptions | None = None, **k
 
 
 async def tune_async(cluster: Cluster | None = None, options: RunOptions | None = None, *, allow_loss: bool = False,
-                     min_agreement: float = 0.99, measure: int = 3, budget_s: float = 1800.0,
+                     min_agreement: float = 0.99, measure: int | None = None, budget_s: float = 1800.0,
                      out: str | Path | None = None, profile: str | None = None, on_event: EventHandler | None = None,
                      wait: bool = False, **fields: Any) -> list[Measured]:
     """As `pictl tune` (without saving a preset): every candidate, the measured ones (with a `status`) first and
     fastest first; `winner(rows)` (from
     `pictl.jobs.tune_verdicts`) is the one `pictl tune` would save. `tune.json` is in `out`. Threads and chunk
-    are searched unless `options`, the profile or `fields` set them."""
+    are searched unless `options`, the profile or `fields` set them; `measure` is 3 by default, 5 with
+    `allow_loss`."""
     from pictl.jobs.tune import plan_tune, run_tune
 
-    chosen_cluster = cluster or load_cluster()
-    target = Path(out) if out else default_runs_root().parent / "tunes" / time.strftime("%Y%m%d-%H%M%S")
-    if target.exists():
-        raise E.ConfigError(f"out: {target} already exists")
-    base, settings = plan_tune(profile, fields, allow_loss=allow_loss, min_agreement=min_agreement, measure=measure,
-                               budget_s=budget_s, wait=wait)
+    handler = _handler(on_event)
+    base, settings = plan_tune(profile if options is None else None, fields, allow_loss=allow_loss,
+                               min_agreement=min_agreement, measure=measure, budget_s=budget_s, wait=wait,
+                               name_of=str)
     if options is not None:  # given whole: nothing in it is searched but the shapes (and numerics)
-        base = _options(options, profile, fields)
+        base = _run_options(options, profile, fields)
         settings = replace(settings, search_threads=False, search_chunk=False)
-    return await run_tune(chosen_cluster, base, settings, target, on_event=on_event)
+    target = _new_directory("out", out, default_runs_root().parent / "tunes" / time.strftime("%Y%m%d-%H%M%S"))
+    return await run_tune(_cluster(cluster), base, settings, target, on_event=handler)
 
 
 def tune(cluster: Cluster | None = None, options: RunOptions | None = None, **kwargs: Any) -> list[Measured]:
@@ -158,14 +236,24 @@ def tune(cluster: Cluster | None = None, options: RunOptions | None = None, **kw
     return asyncio.run(tune_async(cluster, options, **kwargs))
 
 
+def _job_options(options: Any, fields: dict[str, Any], kind: type[TrainOptions] | type[PruneOptions],
+                 check: Callable[..., Any]) -> Any:
+    """A training or pruning job's options, made anew by the path `pictl train` and `pictl prune` take."""
+    if options is not None and not isinstance(options, kind):
+        _refuse("options", f"a pictl.{kind.__name__} (or its fields as keywords)", options)
+    values = {**options.model_dump(warnings=False), **fields} if options is not None else fields
+    return check(values, name_of=str)
+
+
 async def train_async(cluster: Cluster | None = None, options: TrainOptions | None = None, *,
                       root: str | Path | None = None, on_event: EventHandler | None = None, wait: bool = False,
                       **fields: Any) -> TrainSummary:
     """One training job (as `pictl train`): `options`, or `TrainOptions` fields. Returns its typed summary,
     whatever its status."""
-    chosen = options.model_copy(update=fields) if options is not None else TrainOptions(**fields)
-    session = TrainSession(cluster or load_cluster(), chosen, on_event=on_event, root=Path(root) if root else None,
-                           wait=wait)
+    wait, handler = _flag("wait", wait), _handler(on_event)
+    chosen: TrainOptions = _job_options(options, fields, TrainOptions, train_options)
+    where = _directory("root", root, default_trains_root, "the training jobs' directory")
+    session = TrainSession(_cluster(cluster), chosen, on_event=handler, root=where, wait=wait)
     summary: TrainSummary = await _ended(session, "summary")
     return summary
 
@@ -180,9 +268,13 @@ async def prune_async(options: PruneOptions | None = None, *, cluster: Cluster |
                       on_event: EventHandler | None = None, wait: bool = False, **fields: Any) -> PruneSummary:
     """One pruning job (as `pictl prune`): on the controller, or on the inventory's host `on_host`. Returns its
     typed summary (the artifact it wrote, to run with `run_experiment(model=...)`), whatever its status."""
-    chosen = options.model_copy(update=fields) if options is not None else PruneOptions(**fields)
-    session = PruneSession(chosen, cluster=(cluster or load_cluster()) if on_host else None, on_host=on_host,
-                           root=Path(root) if root else None, on_event=on_event, wait=wait)
+    wait, handler = _flag("wait", wait), _handler(on_event)
+    if on_host is not None and (not isinstance(on_host, str) or not on_host):
+        _refuse("on_host", "the name of a host in the inventory", on_host)
+    chosen: PruneOptions = _job_options(options, fields, PruneOptions, prune_options)
+    where = _directory("root", root, default_prunes_root, "the pruning jobs' directory")
+    session = PruneSession(chosen, cluster=_cluster(cluster) if on_host else None, on_host=on_host, root=where,
+                           on_event=handler, wait=wait)
     summary: PruneSummary = await _ended(session, "summary")
     return summary
 
@@ -194,7 +286,7 @@ def prune(options: PruneOptions | None = None, **kwargs: Any) -> PruneSummary:
 
 def runs(runs_dir: str | Path | None = None) -> list[RunSummary]:
     """Past runs' summaries, newest first; a record that does not read as a summary is left out."""
-    root = Path(runs_dir) if runs_dir else default_runs_root()
+    root = _path("runs_dir", runs_dir) or default_runs_root()
     found = []
     for path in sorted(root.glob("*/summary.json"), reverse=True):
         try:

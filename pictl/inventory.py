@@ -18,12 +18,13 @@ import re
 import sys
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pictl.errors import ConfigError
 from pictl.text import shown
+from pictl.validation import Namer, problem_line
 
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 _INTERFACE_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.:@-]{0,14}$"
@@ -208,22 +209,11 @@ class Cluster(BaseModel):
         return sum(h.slots for h in self.hosts)
 
 
-def _field_path(loc: tuple) -> str:
-    parts: list[str] = []
-    for item in loc:
-        if isinstance(item, int):
-            parts[-1] = f"{parts[-1]}[{item}]" if parts else f"[{item}]"
-        else:  # a key the user wrote may hold anything (a newline): quote what is not a plain name
-            parts.append(str(item) if str(item).replace("_", "a").isalnum() else repr(str(item)))
-    return ".".join(parts).replace("hosts[", "host[")
-
-
-def format_validation_error(source: str, exc: ValidationError) -> str:
-    first = exc.errors()[0]
-    where = _field_path(tuple(first["loc"]))
-    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    msg = first["msg"].removeprefix("Value error, ")
-    return f"{source}: {where + ': ' if where else ''}{msg}{more}"
+def format_validation_error(source: str, exc: ValidationError, model: Any = None, *,
+                            name_of: Namer = str) -> str:
+    """The first problem pydantic found, in pictl's words (`pictl.validation`): `SOURCE: FIELD: PROBLEM`. `model`
+    (the model checked) lets a bound be said whole; `name_of` names a top-level field as the caller does."""
+    return problem_line(exc, model, name_of=name_of, source=source)
 
 
 def read_toml(path: Path, what: str) -> dict:
@@ -288,4 +278,5 @@ def load_cluster(path: str | Path) -> Cluster:
                                        "baseline_max_age": table.get("baseline_max_age"),
                                        "track": _tracked(path, table.get("track", ()))})
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(str(path), exc)) from exc
+        raise ConfigError(format_validation_error(str(path), exc, Cluster,
+                                                  name_of=lambda f: "host" if f == "hosts" else f)) from exc

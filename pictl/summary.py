@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from pictl.errors import ConfigError
 from pictl.summary_models import SUMMARY_SCHEMA, RunSummary
 from pictl.text import printable, shown
+from pictl.validation import problem
 
 
 def checked(summary: dict[str, Any]) -> dict[str, Any]:
@@ -116,7 +117,7 @@ def validation_problem(exc: ValidationError) -> str:
     """The first thing pydantic found wrong, as one line naming the field (and how many more there are)."""
     problems = exc.errors()
     first = problems[0]
-    what = "is missing" if first["type"] == "missing" else f"is wrong: {terminal_text(first['msg'].lower(), 200)}"
+    what = "is missing" if first["type"] == "missing" else f"is wrong: {terminal_text(problem(first), 200)}"
     more = f"; {len(problems) - 1} more problem(s)" if len(problems) > 1 else ""
     return f"'{_where(first['loc'])}' {what}{more}"
 

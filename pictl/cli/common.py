@@ -50,6 +50,14 @@ def default_of(name: str) -> str:
     return f" \\[default: {default if default is not None else 'none'}]"  # escaped: Rich markup would eat it
 
 
+def flag_names(**renamed: str) -> Callable[[str], str]:
+    """How a command's error names an option's field: its flag, `--field-name` unless it is spelled otherwise
+    (`model_args="--model-arg"`)."""
+    from pictl.planning.options import as_flag
+
+    return lambda field: renamed.get(field) or as_flag(field)
+
+
 def path_arg(value: str) -> Path:
     """A path flag's value: an empty one is refused (Path('') would quietly mean the current directory)."""
     if not value.strip():

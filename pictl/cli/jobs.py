@@ -28,6 +28,7 @@ from pictl.cli.common import (
     before_runs_dir,
     checked_runs_root,
     fail,
+    flag_names,
     note_profile,
     read_cluster,
     run_cancellable,
@@ -167,7 +168,7 @@ def _train_sweep(renderer: Any, settings: dict[str, Any], *, modes: str | None, 
     try:
         settings["model_args"] = parse_model_args(settings["model_args"])
         settings["split"] = parse_split(settings["split"], "--split")
-        base = train_options(settings)
+        base = train_options(settings, name_of=flag_names(model_args="--model-arg"))
         wanted = [m for m in (modes or "single,pipeline,ddp").replace(" ", "").split(",") if m]
         kinds = [k for k in (schedules or "gpipe,1f1b").replace(" ", "").split(",") if k]
         for name, values, allowed in (("--modes", wanted, ("single", "pipeline", "ddp")),
@@ -249,7 +250,7 @@ def prune(
             "batch_size": batch_size, "optimizer": optimizer, "calib_batches": calib_batches,
             "train_images": train_images, "eval_images": eval_images, "data": data, "data_path": data_path,
             "num_classes": num_classes, "model_args": parse_model_args(model_arg), "threads": threads,
-            "device": device, "seed": seed})
+            "device": device, "seed": seed}, name_of=flag_names(model_args="--model-arg", global_pruning="--global"))
         if out is not None:
             from pictl.records.runs import writable_dir
 

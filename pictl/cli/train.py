@@ -26,6 +26,7 @@ from pictl.cli.common import (
     choices,
     chosen,
     fail,
+    flag_names,
     read_cluster,
     run_cancellable,
     tracked,
@@ -164,7 +165,8 @@ def train(
             "model": model, "model_args": parse_model_args(model_arg), "num_classes": num_classes,
             "image_size": image_size, "checkpoint": checkpoint, "allow_pickle": allow_pickle or None,
             "data": chosen(data), "data_path": data_path, "train_images": train_images, "eval_images": eval_images,
-            "seed": seed, "save": save, "break_rank": break_rank, "track": tracked(track)})
+            "seed": seed, "save": save, "break_rank": break_rank, "track": tracked(track)},
+            name_of=flag_names(model_args="--model-arg"))
         if out is not None:
             from pictl.records.runs import writable_dir
 

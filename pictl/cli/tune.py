@@ -26,6 +26,7 @@ from pictl.cli.common import (
     app,
     checked_runs_root,
     fail,
+    flag_names,
     note,
     note_profile,
     read_cluster,
@@ -48,21 +49,21 @@ def tune(
     allow_loss: Annotated[bool, typer.Option("--allow-loss", help="Also try int8-dynamic numerics and compressing "
                                              "wire formats, kept when their top-1 agreement with the fp32 serial "
                                              "run is at least --min-agreement.")] = False,
-    min_agreement: Annotated[float, typer.Option(min=0.0, max=1.0, help="Lossy candidates' bound.")] = 0.99,
-    measure: Annotated[Optional[int], typer.Option(min=1, max=64, help="Candidates measured at most (the pipeline "
-                                                                       "over every host first) [default: 3; 5 with "
-                                                                       "--allow-loss]")] = None,
-    budget: Annotated[float, typer.Option(min=1.0, help="Wall-time budget in seconds: no new measurement starts "
-                                                        "after it.")] = 1800.0,
+    # (bounds: TuneSettings', checked in plan_tune as the Python API's are)
+    min_agreement: Annotated[float, typer.Option(help="Lossy candidates' bound, 0 to 1.")] = 0.99,
+    measure: Annotated[Optional[int], typer.Option(help="Candidates measured at most, 1 to 64 (the pipeline over "
+                                                        "every host first) [default: 3; 5 with --allow-loss]")] = None,
+    budget: Annotated[float, typer.Option(help="Wall-time budget in seconds (at least 1): no new measurement starts "
+                                               "after it.")] = 1800.0,
     save_as: Annotated[str, typer.Option(help="Preset the winner is saved as (./profiles/NAME.toml).")] = "tuned",
     force: Annotated[bool, typer.Option("--force", help="Save the winner even under the name of a shipped preset "
                                                         "(it then shadows that preset here).")] = False,
     images: ImagesOpt = None,
     chunk: Annotated[Optional[int], typer.Option(help="Microbatch size, fixed [default: the preset's, else 1, 2, 4 "
                                                       "and 8 are searched]")] = None,
-    threads: Annotated[Optional[int], typer.Option(min=0, max=256, help="torch threads per rank, fixed [default: "
-                                                   "the preset's, else 1, 2, 4 ... up to the hosts' cores are "
-                                                   "searched]")] = None,
+    threads: Annotated[Optional[int], typer.Option(help="torch threads per rank, fixed [default: the preset's, "
+                                                        "else 1, 2, 4 ... up to the hosts' cores are "
+                                                        "searched]")] = None,
     warmup: WarmupOpt = None,
     repeats: RepeatsOpt = None,
     model: Annotated[Optional[str], typer.Option(help="timm model name, or an artifact from `pictl prune`.")] = None,
@@ -103,7 +104,7 @@ def tune(
                                              "model": model, "num_classes": num_classes, "checkpoint": checkpoint,
                                              "data": data, "data_path": data_path, "threads": threads},
                                    allow_loss=allow_loss, min_agreement=min_agreement, measure=measure,
-                                   budget_s=budget, wait=wait)
+                                   budget_s=budget, wait=wait, name_of=flag_names(budget_s="--budget"))
         note_profile(profile)
         root = checked_runs_root(runs_dir)
         target = out or root.parent / "tunes" / time.strftime("%Y%m%d-%H%M%S")

@@ -10,8 +10,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pictl import errors as E
-from pictl.inventory import format_validation_error
 from pictl.text import shown
+from pictl.validation import Namer, problem_line
 from remote.spec import DataSpec, PruneSpec
 
 
@@ -108,8 +108,10 @@ def _depth(value: Any) -> int:
     return 0
 
 
-def prune_options(values: dict[str, Any]) -> PruneOptions:
+def prune_options(values: dict[str, Any], *, name_of: Namer = str) -> PruneOptions:
+    """`values` (None: not given) as checked options: `pictl prune`, its dashboard form and `pictl.prune` all make
+    theirs here; ConfigError names the field as the caller calls it (`name_of`: a flag, a keyword)."""
     try:
-        return PruneOptions(**{k: v for k, v in values.items() if v is not None})
+        return PruneOptions.model_validate({k: v for k, v in values.items() if v is not None})
     except ValidationError as exc:
-        raise E.ConfigError(format_validation_error("pictl prune", exc)) from None
+        raise E.ConfigError(problem_line(exc, PruneOptions, name_of=name_of)) from None

@@ -20,19 +20,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from pictl import errors as E
 from pictl.events import EventSink
 from pictl.inventory import Cluster
 from pictl.jobs.sweep_plots import plot
 from pictl.planning.options import RunOptions
 from pictl.planning.placement import place_stages
-from pictl.planning.presets import resolve_options, sweep_settings
+from pictl.planning.presets import SweepSettings, resolve_options, sweep_axes, sweep_settings
 from pictl.records import waterfall_view
 from pictl.records.runs import write_bytes_atomic, write_json_atomic
 from pictl.run.baselines import BaselineCache
 from pictl.run.session import RunSession
 from pictl.summary_models import RunSummary
 from pictl.text import ascii_count
+from pictl.validation import got, problem_line
 
 COLUMNS = ("stages", "chunk", "policy", "wire", "status", "throughput_ips", "serial_ips", "speedup", "efficiency",
            "latency_p50_ms", "bytes_per_image", "agreement", "bottleneck_rank", "latency_p95_ms", "dominant",
@@ -52,11 +55,12 @@ class SweepPoint:
     wire: str = "fp32"
 
 
-def sweep_points(cluster: Cluster, base: RunOptions, stages: list[int], chunks: list[int],
-                 policies: list[str], wires: list[str] | None = None) -> list[SweepPoint]:
-    """The combinations in run order; one serial point per chunk (a policy or a wire means nothing there)."""
+def sweep_points(cluster: Cluster, base: RunOptions, axes: SweepSettings,
+                 wires: list[str] | None = None) -> list[SweepPoint]:
+    """The combinations in run order, each checked as a run (`options_for`) and against the inventory; one serial
+    point per chunk (a policy or a wire means nothing there)."""
     points: list[SweepPoint] = []
-    for s, c, p, w in itertools.product(stages, chunks, policies, wires or [base.wire]):
+    for s, c, p, w in itertools.product(axes.stages, axes.chunks, axes.policy, wires or [base.wire]):
         point = SweepPoint(s, c, "serial", "fp32") if s == 1 else SweepPoint(s, c, p, w)
         if point in points:
             continue
@@ -75,10 +79,19 @@ def point_label(point: SweepPoint) -> str:
 
 def parse_wires(name: str, text: str) -> list[str]:
     """`fp32,int8,lowrank:8` -> one format per sweep value (per-cut formats belong to `pictl run --split`)."""
+    given = [w for w in text.replace(" ", "").split(",") if w]
+    return wire_formats(name, given) if given else ["fp32"]
+
+
+def wire_formats(name: str, values: Any) -> list[str]:
+    """A sweep's wire formats, one per value, each as `remote.wire` names it; ConfigError names `name`."""
     from remote.wire import parse_format
 
+    if not isinstance(values, list) or not values or not all(isinstance(w, str) for w in values):
+        raise E.ConfigError(f"{name}: must be a list of one wire format or more, such as ['fp32', 'int8'] "
+                            f"(got {got(values)})")
     try:
-        return [str(parse_format(w)) for w in text.replace(" ", "").split(",") if w] or ["fp32"]
+        return [str(parse_format(w)) for w in values]
     except ValueError as exc:
         raise E.ConfigError(f"{name}: {exc}") from None
 
@@ -104,21 +117,19 @@ def plan_sweep(cluster: Cluster, profile: str | None, overrides: dict[str, Any],
     base = resolve_options(profile, overrides)
     preset = sweep_settings(profile)  # given values win over the preset's [sweep] table
     chosen: list[str] = [p for p in (policies or "").replace(" ", "").split(",") if p] or list(preset.policy)
-    for p in chosen:
-        if p not in ("equal", "balanced"):
-            raise E.ConfigError(f"{names[2]}: '{p}' is not one of equal, balanced")
-    return base, sweep_points(cluster, base, parse_ints(names[0], stages) if stages else preset.stages,
-                              parse_ints(names[1], chunks) if chunks else preset.chunks, chosen,
-                              parse_wires("--wire", wires) if wires else None)
+    axes = sweep_axes(parse_ints(names[0], stages) if stages else preset.stages,
+                      parse_ints(names[1], chunks) if chunks else preset.chunks, chosen,
+                      name_of=dict(zip(("stages", "chunks", "policy"), names, strict=True)).__getitem__)
+    return base, sweep_points(cluster, base, axes, parse_wires("--wire", wires) if wires else None)
 
 
 def options_for(base: RunOptions, point: SweepPoint) -> RunOptions:
     values = {**base.model_dump(), "stages": point.stages, "chunk": point.chunk, "split": [], "wire": point.wire}
     values["policy"] = base.policy if point.policy == "serial" else point.policy
     try:
-        return RunOptions(**values)
-    except ValueError as exc:
-        raise E.ConfigError(str(exc).splitlines()[0]) from None
+        return RunOptions.model_validate(values)
+    except ValidationError as exc:  # (its first line, "1 validation error for RunOptions", names nothing)
+        raise E.ConfigError(problem_line(exc, RunOptions)) from None
 
 
 def row_of(point: SweepPoint, summary: RunSummary | None, error: str | None = None) -> dict[str, Any]:

@@ -26,6 +26,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ConfigDict, Field, ValidationError
+from pydantic.dataclasses import dataclass as checked_dataclass
+
 from pictl import errors as E
 from pictl.events import EventSink, Phase
 from pictl.inventory import Cluster
@@ -40,17 +43,20 @@ from pictl.run.baselines import BaselineCache
 from pictl.run.compare import agreement, max_abs_diff
 from pictl.run.session import RunSession
 from pictl.summary_models import RunSummary
+from pictl.validation import problem_line
 from remote import protocol as P
 
 
-@dataclass
+@checked_dataclass(config=ConfigDict(strict=True))
 class TuneSettings:
-    measure: int = 3
+    """What a tune may spend and what it keeps, with the bounds `pictl tune` and `pictl.tune` both check."""
+
+    measure: int = Field(default=3, ge=1, le=64)
     """Candidates measured at most (the pipeline-only one and the int8 serial run included; the serial runs
     that measure what threads and chunks gain are not)."""
-    budget_s: float = 1800.0
+    budget_s: float = Field(default=1800.0, ge=1.0, allow_inf_nan=False)
     allow_loss: bool = False
-    min_agreement: float = 0.99
+    min_agreement: float = Field(default=0.99, ge=0.0, le=1.0)
     wait: bool = False
     search_threads: bool = False
     """Try 1, 2, 4 ... threads per rank up to the hosts' cores (False: the base's threads only)."""
@@ -66,9 +72,13 @@ def plan_tune(profile: str | None, overrides: dict[str, Any], *, allow_loss: boo
     set them. `pictl tune`, the dashboard's form and the Python API all start here."""
     base = resolve_options(profile, overrides, name_of=name_of)
     fixed = preset_keys(profile) | {k for k, v in overrides.items() if v is not None}
-    return base, TuneSettings(measure=measure or (5 if allow_loss else 3), budget_s=budget_s, allow_loss=allow_loss,
-                              min_agreement=min_agreement, wait=wait, search_threads="threads" not in fixed,
-                              search_chunk="chunk" not in fixed)
+    try:
+        settings = TuneSettings(measure=(5 if allow_loss is True else 3) if measure is None else measure,
+                                budget_s=budget_s, allow_loss=allow_loss, min_agreement=min_agreement, wait=wait,
+                                search_threads="threads" not in fixed, search_chunk="chunk" not in fixed)
+    except ValidationError as exc:  # (in the caller's words: `--min-agreement` on the command line)
+        raise E.ConfigError(problem_line(exc, TuneSettings, name_of=name_of)) from None
+    return base, settings
 
 
 @dataclass

@@ -106,9 +106,10 @@ class RunOptions(BaseModel):
     """Profile this many pipeline steps on every rank in one extra untimed pass (0: no traces)."""
     pg_timeout_s: float = Field(default=300.0, gt=0, le=86_400)
     """Gloo process-group timeout: how long a rank waits for a silent peer."""
-    baseline_max_age: float | None = Field(default=None, gt=0)
+    baseline_max_age: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """Seconds a cached serial baseline may be reused for; None: the inventory's `[cluster] baseline_max_age`,
-    else any age (a baseline is still measured again whenever its host's state changed)."""
+    else any age (a baseline is still measured again whenever its host's state changed). Finite: infinity
+    would say "any age" in a record that strict JSON cannot hold."""
     track: list[Tracker] = []
     """Experiment trackers the finished run is written to (`pictl.records.trackers`); empty: the inventory's
     `[cluster] track`. Not part of the experiment: the hosts never see it."""

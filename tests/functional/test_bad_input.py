@@ -50,11 +50,11 @@ def test_bad_inventory(file: str, fragment: str, pictl_env, tmp_path: Path) -> N
 
 @pytest.mark.parametrize("args, fragment", [
     (["--profile", "nope"], "unknown profile 'nope'"),
-    (["--stages", "0"], "stages: Input should be greater than or equal to 1"),
+    (["--stages", "0"], "--stages: must be between 1 and 128 (got 0)"),
     (["--stages", "5"], "5 stages do not fit"),
     (["--data", "cifar10"], "needs data_path"),
     (["--model", "/nonexistent/pruned.safetensors"], "model artifact /nonexistent/pruned.safetensors: no such file"),
-    (["--numerics", "int4"], "numerics: Input should be 'fp32' or 'int8-dynamic'"),
+    (["--numerics", "int4"], "--numerics: must be 'fp32' or 'int8-dynamic' (got 'int4')"),
 ])
 def test_refused_before_anything_runs(args: list[str], fragment: str, hosts: Path, pictl_env,
                                       tmp_path: Path) -> None:

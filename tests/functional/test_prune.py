@@ -34,9 +34,9 @@ def _one_error(proc, fragment: str, code: int = 2) -> str:  # noqa: ANN001
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--ratio", "1.5"], "ratio: Input should be less than 1"),
-    (["--ratio", "0"], "ratio: Input should be greater than 0"),
-    (["--importance", "magic"], "importance: Input should be 'l1', 'l2', 'taylor' or 'hessian'"),
+    (["--ratio", "1.5"], "--ratio: must be more than 0 and less than 1 (got 1.5)"),
+    (["--ratio", "0"], "--ratio: must be more than 0 and less than 1 (got 0.0)"),
+    (["--importance", "magic"], "--importance: must be one of 'l1', 'l2', 'taylor' or 'hessian' (got 'magic')"),
     (["--data-path", ""], "needs data_path"),
     (["--model-arg", "depth"], "--model-arg 'depth': use KEY=VALUE"),
     (["--checkpoint", "/nonexistent/base.safetensors"], "checkpoint /nonexistent/base.safetensors: no such file"),

@@ -16,7 +16,7 @@ from support.clusters import write_cluster
     (["--wire", "fp32,int4"], "--wire: 'int4' is not a wire format"),
     (["--stages", "1,x"], "--stages: '1,x' is not a comma-separated list of whole numbers"),
     (["--stages", "1,\u0663"], "--stages: '1,\u0663' is not a comma-separated list of whole numbers"),
-    (["--policy", "equal,greedy"], "--policy: 'greedy' is not one of equal, balanced"),
+    (["--policy", "equal,greedy"], "--policy[1]: must be 'equal' or 'balanced' (got 'greedy')"),
     (["--split", "blocks.2"], "--split: split points are a training sweep's setting"),
     (["--train", "--split", ","], "--split: ',' names no split point"),
     (["--train", "--chunks", "2,3"], "sweep point single, 1 rank(s), 3 chunk(s): chunks 3 do not divide the batch "

@@ -141,5 +141,6 @@ def test_sweep_presets_reproduce_the_course_tables(tmp_path: Path, monkeypatch) 
     (tmp_path / "profiles").mkdir()
     (tmp_path / "profiles" / "mine.toml").write_text('[sweep]\nstages = [1, 2]\npolicy = ["greedy"]\n')
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ConfigError, match=r"mine.toml: sweep: policy\[0\]: Input should be 'equal' or 'balanced'"):
+    with pytest.raises(ConfigError,
+                       match=r"mine.toml: sweep: policy\[0\]: must be 'equal' or 'balanced' \(got 'greedy'\)"):
         sweep_settings("mine")

@@ -282,7 +282,7 @@ def test_baseline_max_age_comes_from_the_run_else_from_the_inventory(tmp_path) -
     assert RunSession(cluster, RunOptions(), runs_root=tmp_path).baseline_max_age == 600
     assert RunSession(cluster, RunOptions(baseline_max_age=60), runs_root=tmp_path).baseline_max_age == 60
     inventory.write_text(inventory.read_text().replace("baseline_max_age = 600", "baseline_max_age = -1"))
-    with pytest.raises(E.ConfigError, match="baseline_max_age: Input should be greater than 0"):
+    with pytest.raises(E.ConfigError, match=r"baseline_max_age: must be more than 0 \(got -1\)"):
         load_cluster(inventory)
 
 

@@ -12,9 +12,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pictl import errors as E
-from pictl.inventory import format_validation_error
 from pictl.planning.options import MAX_IMAGES
 from pictl.records.trackers import Tracker
+from pictl.validation import Namer, problem_line
 from remote.spec import DataSpec, TrainSpec
 from remote.wire import parse_wire
 
@@ -184,8 +184,10 @@ class TrainOptions(BaseModel):
                          data=DataSpec(kind=self.data, path=self.data_path, split="train"), run_id=run_id)
 
 
-def train_options(values: dict[str, Any]) -> TrainOptions:
+def train_options(values: dict[str, Any], *, name_of: Namer = str) -> TrainOptions:
+    """`values` (None: not given) as checked options: `pictl train`, its dashboard form and `pictl.train` all make
+    theirs here; ConfigError names the field as the caller calls it (`name_of`: a flag, a keyword)."""
     try:
-        return TrainOptions(**{k: v for k, v in values.items() if v is not None})
+        return TrainOptions.model_validate({k: v for k, v in values.items() if v is not None})
     except ValidationError as exc:
-        raise E.ConfigError(format_validation_error("pictl train", exc)) from None
+        raise E.ConfigError(problem_line(exc, TrainOptions, name_of=name_of)) from None
