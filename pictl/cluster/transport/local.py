@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import shutil
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 from pictl.cluster.transport.base import READ_LIMIT, CommandResult, RemoteProcess, Transport, too_large
 from pictl.errors import NotReady, TransportError
@@ -21,6 +23,21 @@ LINE_LIMIT = 1 << 20
 
 def _path(p: str) -> Path:
     return Path(os.path.expanduser(p))
+
+
+def _write_whole(path: Path, fill: Callable[[BinaryIO], object]) -> None:
+    """`path` written whole or not at all: a fresh temporary beside it (O_EXCL, O_NOFOLLOW: a link left or
+    planted under a temporary's name is never written through), renamed over it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.pictl-tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fill(fh)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _env(env: Mapping[str, str] | None) -> dict[str, str]:
@@ -170,18 +187,14 @@ class LocalTransport(Transport):
         return LocalProcess(proc, out_r, err_r)
 
     async def put_bytes(self, data: bytes, remote_path: str) -> None:
-        path = _path(remote_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.pictl-tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        _write_whole(_path(remote_path), lambda fh: fh.write(data))
 
     async def put_file(self, local_path: Path, remote_path: str) -> None:
-        path = _path(remote_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.pictl-tmp")
-        await asyncio.to_thread(shutil.copyfile, local_path, tmp)
-        os.replace(tmp, path)
+        def copy(fh: BinaryIO) -> None:
+            with local_path.open("rb") as src:
+                shutil.copyfileobj(src, fh, 1 << 20)
+
+        await asyncio.to_thread(_write_whole, _path(remote_path), copy)
 
     async def get_bytes(self, remote_path: str, limit: int = READ_LIMIT) -> bytes:
         try:

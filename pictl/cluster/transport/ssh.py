@@ -12,6 +12,8 @@ shlex: a user value never reaches a shell unquoted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import secrets
 import shlex
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -169,7 +171,9 @@ class SshTransport(Transport):
         sftp = await self._sftp_client()
         path = sftp_path(remote_path)
         parent, _, name = path.rpartition("/")
-        tmp = f"{parent + '/' if parent else ''}.{name}.pictl-tmp"
+        # A fresh name, opened exclusively (SFTP's CREAT|EXCL: the host's open fails on anything there, a link
+        # included): a link left or planted under a temporary's name is never written through.
+        tmp = f"{parent + '/' if parent else ''}.{name}.{secrets.token_hex(4)}.pictl-tmp"
         try:
             if parent and parent not in self._made_dirs:
                 await sftp.makedirs(parent, exist_ok=True)
@@ -177,18 +181,24 @@ class SshTransport(Transport):
             await fill(sftp, tmp)
             await sftp.posix_rename(tmp, path)
         except (asyncssh.Error, OSError) as exc:
+            with contextlib.suppress(asyncssh.Error, OSError):
+                await sftp.remove(tmp)
             raise TransportError(f"{self._where()}: cannot write {remote_path}: {exc}") from exc
 
     async def put_bytes(self, data: bytes, remote_path: str) -> None:
         async def fill(sftp: asyncssh.SFTPClient, tmp: str) -> None:
-            async with sftp.open(tmp, "wb") as fh:
+            async with sftp.open(tmp, "xb") as fh:
                 await fh.write(data)
 
         await self._write(remote_path, fill)
 
     async def put_file(self, local_path: Path, remote_path: str) -> None:
-        # sftp.put streams in blocks, several requests in flight
-        await self._write(remote_path, lambda sftp, tmp: sftp.put(str(local_path), tmp))
+        async def fill(sftp: asyncssh.SFTPClient, tmp: str) -> None:
+            async with sftp.open(tmp, "xb"):
+                pass  # made exclusively: the put below writes into our own file
+            await sftp.put(str(local_path), tmp)  # streams in blocks, several requests in flight
+
+        await self._write(remote_path, fill)
 
     async def get_bytes(self, remote_path: str, limit: int = READ_LIMIT) -> bytes:
         sftp = await self._sftp_client()
