@@ -64,7 +64,7 @@ class Fitted:
     """A table drawn at the width it gets: while its columns, each cell on one line, are wider than that, the
     next of `drop` (the least important first) is left out, and a caption says which went. Rich would instead
     squeeze every column alike, to `h…` in each cell at 80 columns. `whole` ends the caption: where every column
-    is to be had (`; pictl check --json has them all`)."""
+    is to be had (`; pictl check --json has every field`)."""
 
     def __init__(self, table: Table, drop: Sequence[str], *, whole: str = "") -> None:
         self.table, self.drop, self.whole = table, tuple(drop), whole
