@@ -215,6 +215,10 @@ def host_state(sample_s: float = 0.2, windows: int = 4) -> dict:
     }
 
 
+HASH_CACHE_LIMIT = 4 << 20
+"""The most of the checkpoint hash cache that is read: more is not one pictl wrote (it is measured again)."""
+
+
 def checkpoint_digest(path: str, base_dir: str | None, cache_file: str | None) -> dict:
     """sha256 of a checkpoint file, remembered in `cache_file` by resolved path, size and mtime."""
     target = Path(os.path.expanduser(base_dir or ".")) / os.path.expanduser(path)
@@ -225,9 +229,13 @@ def checkpoint_digest(path: str, base_dir: str | None, cache_file: str | None) -
         return {"path": str(target), "error": exc.strerror or str(exc)}
     stamp = [st.st_size, st.st_mtime_ns]
     cache_path = Path(os.path.expanduser(cache_file)) if cache_file else None
-    try:
-        cache = json.loads(cache_path.read_text()) if cache_path else {}
-    except (OSError, ValueError):
+    try:  # a cache of paths and digests is kilobytes: a larger file, or one behind a link, is not read
+        cache: object = {}
+        if cache_path:
+            with open(cache_path, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW | os.O_NONBLOCK)) as fh:
+                raw = fh.read(HASH_CACHE_LIMIT + 1)
+            cache = json.loads(raw) if len(raw) <= HASH_CACHE_LIMIT else {}
+    except (OSError, ValueError, RecursionError):
         cache = {}
     known = cache.get(str(target)) if isinstance(cache, dict) else None
     if isinstance(known, list) and known[:2] == stamp:
@@ -245,7 +253,10 @@ def checkpoint_digest(path: str, base_dir: str | None, cache_file: str | None) -
         try:  # best effort: a host we cannot write to only loses the shortcut
             cache_path.parent.mkdir(parents=True, exist_ok=True)
             tmp = cache_path.with_name(f".{cache_path.name}.{os.getpid()}")
-            tmp.write_text(json.dumps(cache))
+            tmp.unlink(missing_ok=True)  # (one a crash left; a link by that name goes as a link)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)  # never through a link
+            with os.fdopen(fd, "w") as fh:
+                fh.write(json.dumps(cache))
             os.replace(tmp, cache_path)
         except OSError:
             pass
