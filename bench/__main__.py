@@ -16,9 +16,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-QUICK = ("serial_vs_pipeline", "ceiling", "check_speedup", "numerics", "startup", "recut", "train_memory",
-         "train_wire", "tune")
-"""The scripts with a quick mode (`harness.add_quick`), cheapest first."""
+QUICK = ("check_verdict", "dashboard", "reference", "ceiling", "prune", "int8", "train_memory", "noise", "train",
+         "waterfall", "startup", "serial_vs_pipeline", "check_speedup", "policies", "wire_agreement", "numerics",
+         "tune", "recut", "train_wire", "wire", "push_and_startup")
+"""Every script, cheapest quick mode first (tests/functional/test_bench.py: none is left out)."""
 
 
 def run(name: str) -> tuple[str, float]:

@@ -91,10 +91,14 @@ def main() -> int:
         print(pooled(args.saved))
         return 0
     groups = ["local2"] if args.quick else ["local2", "ssh4"]
+    found = 0
     for group in groups:  # only like checks pool: one verdict per cluster and stage count
         saved = sorted(RESULTS.glob(f"check_speedup_{group}_*.json"))
         if saved:
             print(pooled(saved))
+            found += len(saved)
+    if not found:  # a verdict over nothing is no verdict
+        raise SystemExit(f"no saved checks of {' or '.join(groups)} in {RESULTS}")
     return 0
 
 

@@ -6,7 +6,8 @@
   share; stopped on the way out). The SSH cluster runs under its own tag (`BENCH_TAG`) so that a bench
   never tears down the cluster a test on the same machine is using.
 - pictl: `Pictl` runs `python -m pictl ... --json` with runs and cache directories of its own and returns
-  the JSON summary; any exit status it was not told to accept stops the bench with pictl's stderr.
+  the JSON summary; any exit status it was not told to accept stops the bench with pictl's stderr. `known`
+  takes a figure a finished run's typed summary must have (its fields are optional: a failed run has none).
 - Rounds: `alternate` (A/B order flipped every round, so a steady drift cancels) and `median_spread`.
 - Verdicts: `verdict` prints one PASS/FAIL line with the ratio and its spread.
 - Results: `save_result` writes bench/results/<name>.json (or a given path).
@@ -29,7 +30,7 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "hosts.toml"
@@ -39,6 +40,7 @@ REFERENCE = ROOT / "bench" / "reference.py"
 BENCH_TAG = "b"
 """The SSH test cluster's tag for benchmarks (`PICTL_SSHCLUSTER_TAG`): its own namespaces, logins and state."""
 CLUSTER_KINDS = ("shipped", "local", "ssh")
+T = TypeVar("T")
 
 
 # ---- quick mode and root -------------------------------------------------------------------------------
@@ -148,6 +150,13 @@ class Pictl:
     def run(self, inventory: Path, *args: str, ok: Sequence[int] = (0,), timeout: float = 3600) -> dict:
         """The summary of one headless `pictl run` on `inventory`."""
         return self("run", "--hosts", str(inventory), *args, "--headless", ok=ok, timeout=timeout)
+
+
+def known(value: T | None, what: str) -> T:
+    """A figure a finished run's summary must have (typed as optional: a failed run has none)."""
+    if value is None:
+        raise SystemExit(f"the run's summary has no {what}")
+    return value
 
 
 def flags(summary: dict) -> list[str]:

@@ -3,12 +3,13 @@ eager dynamic quantization (`torch.ao.quantization.quantize_dynamic`, which torc
 against torchao's int8 dynamic-activation / int8-weight (`Int8DynamicActivationInt8WeightConfig`), each
 beside the fp32 model, in interleaved rounds on this machine's CPU.
 
-    .venv/bin/python -m bench.int8 [--model deit_small_patch16_224] [--rounds 4] [--images 16] [--threads 1]
+    .venv/bin/python -m bench.int8 [--model deit_small_patch16_224] [--rounds 4] [--images 16] [--threads 1] [--quick]
 
 Prints per variant: img/s at batch 1 (median of the rounds, and the range), the ratio to fp32, the largest
 logit difference from fp32 and top-1 agreement with fp32 on --images synthetic images (random weights:
 nearly tied logits, so agreement here understates a trained model's). torchao is not a dependency of
 pictl: the script measures it when it is installed (`pip install torchao`) and says so when it is not.
+`--quick`: 2 images, 1 round.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import time
 
 import timm
 import torch
+
+from bench.harness import add_quick, quick_defaults
 
 
 def variants(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
@@ -44,7 +47,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--images", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
+    add_quick(ap)
+    args = quick_defaults(ap.parse_args(), images=2, rounds=1)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = timm.create_model(args.model, pretrained=False).eval()

@@ -1,6 +1,6 @@
 """How much this machine's own speed wanders: the noise every throughput figure here carries.
 
-    .venv/bin/python -m bench.noise [--seconds 60] [--runs 6] [--run-seconds 20]
+    .venv/bin/python -m bench.noise [--seconds 60] [--runs 6] [--run-seconds 20] [--quick]
 
 Two parts, each a serial loop like `bench/reference.py serial` (the whole model,
 one image per forward, one thread) but written here, since it must pin itself to
@@ -14,7 +14,7 @@ a CPU and timestamp every image, which reference.py does not:
    a whole run's mean moves from one process to the next, which is what a
    speedup (a ratio of two runs) inherits.
 
-Prints the figures; no pictl code runs.
+Prints the figures; no pictl code runs. `--quick`: 5 s at once, then 2 runs of 2 s.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+from bench.harness import add_quick, quick_defaults
 
 LOOP = """
 import json, os, sys, time, timm, torch
@@ -69,7 +71,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--runs", type=int, default=6)
     parser.add_argument("--run-seconds", type=float, default=20.0)
-    args = parser.parse_args()
+    add_quick(parser)
+    args = quick_defaults(parser.parse_args(), seconds=5.0, runs=2, run_seconds=2.0)
     cpus = sorted(os.sched_getaffinity(0))
     runs = _loops(cpus, args.seconds)
     start, end = max(r[0] for r in runs) + 1, min(r[-1] for r in runs)  # the span every copy was running

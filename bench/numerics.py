@@ -17,7 +17,18 @@ from __future__ import annotations
 
 import argparse
 
-from bench.harness import Pictl, add_quick, alternate, cluster, describe, median_spread, quick_defaults, save_result
+from bench.harness import (
+    Pictl,
+    add_quick,
+    alternate,
+    cluster,
+    describe,
+    is_root,
+    median_spread,
+    quick_defaults,
+    save_result,
+    skip_loudly,
+)
 
 SPLITS = {2: "blocks.6", 3: "blocks.4,blocks.8", 4: "blocks.3,blocks.6,blocks.9"}
 
@@ -33,6 +44,8 @@ def main() -> int:
     ap.add_argument("--save", default=None)
     add_quick(ap)
     args = quick_defaults(ap.parse_args(), images=16, repeats=1, rounds=1)
+    if args.cluster == "ssh" and not is_root():
+        return skip_loudly("numerics", "--cluster ssh needs root (the SSH test cluster; --cluster local does not)")
     pictl = Pictl()
     rows: list[dict] = []
     with cluster(args.cluster, args.stages, cpu=args.cpu) as inventory:

@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.policies --cluster local [--stages 2] [--images 48]           # no root
     sudo .venv/bin/python -m bench.policies --cluster ssh [--cpu 0.4] [--period-ms 10] [--stages 2,3,4]
                                             [--images 96] [--slow-host 2] [--rounds 1]
+    .venv/bin/python -m bench.policies --quick     (local, 2 stages, 4 images, 1 timed pass, no one-shot run)
 
 For each stage count, against one serial baseline (pictl's, measured once and reused by every run),
 in turn: the plain reference (`bench/reference.py pipeline`: ScheduleGPipe at the block-boundary
@@ -30,27 +31,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 from bench.check_speedup import equal_blocks, place_reference, reference_pipeline, reference_serial
+from bench.harness import add_quick, cluster, is_root, quick_defaults, skip_loudly
 from pictl.inventory import load_cluster
-
-
-def start_cluster(kind: str, tmp: Path, hosts: int, args: argparse.Namespace) -> tuple[Path, Callable[[], None]]:
-    """The inventory to run on, and what stops it."""
-    if kind == "local":
-        from conftest import write_cluster
-
-        return write_cluster(tmp / "cluster", hosts), lambda: None
-    from tests.support.sshcluster import SshCluster
-
-    cluster = SshCluster(4)
-    cluster.cfs_period_us = int(args.period_ms * 1000)
-    inventory = cluster.up(cpu=args.cpu)
-    if args.slow_host is not None:
-        cluster.set_cpu(args.slow_host, args.cpu / 2)
-    return inventory, cluster.down
 
 
 def pictl_run(inventory: Path, env: dict, stages: int, images: int, repeats: int, *extra: str) -> dict:
@@ -87,14 +72,18 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--slow-host", type=int, default=None)
     parser.add_argument("--no-one-shot", action="store_true", help="skip the --no-refine runs")
-    args = parser.parse_args()
+    add_quick(parser)
+    args = quick_defaults(parser.parse_args(), cluster="local", stages="2", images=4, repeats=1, rounds=1,
+                          no_one_shot=True)
+    if args.cluster == "ssh" and not is_root():
+        return skip_loudly("policies", "--cluster ssh needs root (the SSH test cluster)")
     stage_counts = [int(s) for s in args.stages.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="pictl-bench-"))
     env = {**os.environ, "PICTL_RUNS_DIR": str(tmp / "runs"), "PICTL_CACHE_DIR": str(tmp / "cache")}
-    inventory, stop = start_cluster(args.cluster, tmp, max(stage_counts), args)
     protocol = ["--images", str(args.images), "--warmup", "1", "--repeats", str(args.repeats), "--threads", "1"]
     results: dict[tuple[int, str], list[dict]] = {}
-    try:
+    with cluster(args.cluster, max(stage_counts), cpu=args.cpu, period_ms=args.period_ms,
+                 slow_host=args.slow_host) as inventory:
         hosts = list(load_cluster(inventory).hosts)
         scripts = [place_reference(h) for h in hosts]
         serial = pictl_run(inventory, env, 1, args.images, args.repeats)
@@ -109,8 +98,6 @@ def main() -> int:
                         continue
                     results.setdefault((stages, label), []).append(
                         pictl_run(inventory, env, stages, args.images, args.repeats, *extra))
-    finally:
-        stop()
     caps = f"{args.cpu} core(s) per host, CFS period {args.period_ms:g} ms" if args.cluster == "ssh" else "uncapped"
     slow = f", h{args.slow_host} at half" if args.slow_host is not None else ""
     print(f"{args.cluster} cluster ({caps}{slow}); {args.images} images, chunk 1, 1 thread per rank, 1 warm-up and "

@@ -1,12 +1,14 @@
 """Serial throughput of DeiT-S unpruned and pruned at several ratios, measured side by side.
 
     .venv/bin/python -m bench.prune [--ratios 0.1,0.15,0.3] [--threads 1] [--chunk 1] [--images 16] [--rounds 5]
+                                    [--quick]
 
 Each ratio is pruned once (`remote.prune.prune_model`, L2 importance, uniform: every
 importance gives the same shapes at a uniform ratio, and speed depends only on shapes).
 Then the models take turns, one timed pass of `--images` images each per round, so
 drift in the machine's speed (thermal, other load) hits every model alike. Prints
-img/s (median over rounds), parameters, MACs, and each figure over the unpruned one.
+img/s (median over rounds), parameters, MACs, and each figure over the unpruned one. `--quick`: the ratio
+0.15 only, 2 images, 1 round.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 
 import torch
 
+from bench.harness import add_quick, quick_defaults
 from remote.pruning.prune import count_macs, prune_model
 from remote.runtime.model import create_meta_model, materialize
 from remote.spec import PruneSpec
@@ -47,7 +50,8 @@ def main() -> int:
     parser.add_argument("--chunk", type=int, default=1)
     parser.add_argument("--images", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+    add_quick(parser)
+    args = quick_defaults(parser.parse_args(), ratios="0.15", images=2, rounds=1)
     torch.set_num_threads(args.threads)
     ratios = [float(r) for r in args.ratios.split(",")]
     example = torch.randn(1, 3, 224, 224)

@@ -1,6 +1,6 @@
 """Push and start-up on the real SSH test cluster (4 sshd hosts in network namespaces; needs root).
 
-    sudo .venv/bin/python -m bench.push_and_startup [--rounds 5] [--cpu 0.5] [--runs 2]
+    sudo .venv/bin/python -m bench.push_and_startup [--rounds 5] [--cpu 0.5] [--runs 2] [--quick]
 
 In one run, side by side:
 1. Sending the tree pictl pushes (`remote/`, `profiles/`) to 4 hosts: `pictl push`
@@ -11,7 +11,8 @@ In one run, side by side:
    connect, push, prepare, plan, baseline, launch, rendezvous, model load and
    first image (the run summary's `startup`): a first run (fresh baseline), then
    --runs - 1 more with the baseline reused.
---cpu caps every host with a CFS quota (e.g. 0.5 core) to look more like a Pi.
+--cpu caps every host with a CFS quota (e.g. 0.5 core) to look more like a Pi. `--quick`: 1 round, 1 run
+(without root: skipped with a loud line).
 """
 
 from __future__ import annotations
@@ -26,9 +27,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from bench.harness import add_quick, is_root, quick_defaults, skip_loudly, ssh_cluster
 from pictl.cluster.push import local_tree
-from tests.support.sshcluster import SshCluster, down
+
+if TYPE_CHECKING:  # (imported by `ssh_cluster`, under the benchmarks' own tag)
+    from tests.support.sshcluster import SshCluster
 
 PICTL = [sys.executable, "-m", "pictl"]
 
@@ -118,13 +123,14 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--cpu", type=float, default=None, help="CPU cores per host (default: no cap)")
-    args = parser.parse_args()
-    for tool in ("parallel-scp", "rsync", "ssh"):
-        if not shutil.which(tool):
-            return f"{tool} is not installed (apt install pssh rsync openssh-client)"  # type: ignore[return-value]
-    cluster = SshCluster(4)
-    cluster.inventory = cluster.up(cpu=args.cpu)
-    try:
+    add_quick(parser)
+    args = quick_defaults(parser.parse_args(), rounds=1, runs=1)
+    if not is_root():
+        return skip_loudly("push_and_startup", "needs root for the SSH test cluster (sudo)")
+    if missing := [tool for tool in ("parallel-scp", "rsync", "ssh") if not shutil.which(tool)]:
+        return skip_loudly("push_and_startup", f"{', '.join(missing)} not installed (apt install pssh rsync "
+                                               "openssh-client)")
+    with ssh_cluster(4, cpu=args.cpu) as cluster:
         with tempfile.TemporaryDirectory() as tmp:
             tree = Path(tmp) / "tree"
             for name, data in local_tree().items():
@@ -135,8 +141,6 @@ def main() -> int:
             size = sum(len(d) for d in local_tree().values())
             push = bench_push(cluster, tree, args.rounds)
         startup = bench_startup(cluster, args.runs)
-    finally:
-        down()
     cap = f"{args.cpu} core(s) per host" if args.cpu else "no CPU cap"
     print(f"push: {files} files, {size / 1024:.0f} KiB, to 4 hosts; median of {args.rounds} ({cap})")
     print(f"  {'tool':<18} {'first push s':>12} {'re-push s':>10} {'first vs pictl':>15} {'re-push vs pictl':>17}")

@@ -30,17 +30,18 @@ import os
 import statistics
 import sys
 import time
+from typing import Any
 
 import timm
 import torch
 
 
-def _model(args: argparse.Namespace) -> torch.nn.Module:
+def _model(args: argparse.Namespace) -> Any:  # a timm model: its parts are attributes torch's types cannot see
     torch.manual_seed(args.seed)
     return timm.create_model(args.model, pretrained=False, num_classes=args.num_classes).eval()
 
 
-def _images(args: argparse.Namespace, model: torch.nn.Module) -> torch.Tensor:
+def _images(args: argparse.Namespace, model: Any) -> torch.Tensor:
     size = model.pretrained_cfg.get("input_size", (3, 224, 224))
     return torch.randn(args.images, *size, generator=torch.Generator().manual_seed(args.seed))
 
@@ -69,7 +70,7 @@ class Part(torch.nn.Module):
     """Blocks [first, end) of a timm VisionTransformer, after its embedding on the first stage and before its
     norm and head on the last: `VisionTransformer.forward_features` and `forward_head`, cut at block boundaries."""
 
-    def __init__(self, model: torch.nn.Module, first: int, end: int) -> None:
+    def __init__(self, model: Any, first: int, end: int) -> None:
         super().__init__()
         self.model, self.first, self.end = model, first, end
 

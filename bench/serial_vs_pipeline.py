@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.harness import SHIPPED, add_quick, quick_defaults, verdict
+from bench.harness import SHIPPED, add_quick, known, quick_defaults, verdict
 from pictl.inventory import load_cluster
 from pictl.planning.presets import resolve_options
 from pictl.run.baselines import BaselineCache
@@ -43,22 +43,25 @@ def main() -> int:
     print(f"DeiT-S, {args.images} images x {args.repeats} timed passes, chunk 1, {args.threads} thread(s)/rank, "
           f"{args.stages} stages split at {', '.join(s.split_points)}")
     print(f"{'':14}{'img/s':>10}{'spread':>18}{'peak RSS MB':>14}{'import MB':>12}{'own MB':>10}")
-    spread = s.throughput_spread_ips
-    print(f"{'serial':14}{s.serial_ips:>10.2f}{'':>18}{s.serial_peak_rss_mb:>14.0f}"
-          f"{s.serial_import_rss_mb:>12.0f}{s.serial_peak_rss_mb - s.serial_import_rss_mb:>10.0f}")
-    print(f"{f'{args.stages}-stage':14}{s.throughput_ips:>10.2f}{f'{spread[0]:.2f}-{spread[1]:.2f}':>18}")
+    spread, ips = known(s.throughput_spread_ips, "throughput_spread_ips"), known(s.throughput_ips, "throughput_ips")
+    serial_peak, serial_import = known(s.serial_peak_rss_mb, "serial_peak_rss_mb"), \
+        known(s.serial_import_rss_mb, "serial_import_rss_mb")
+    serial_own = serial_peak - serial_import
+    print(f"{'serial':14}{known(s.serial_ips, 'serial_ips'):>10.2f}{'':>18}{serial_peak:>14.0f}"
+          f"{serial_import:>12.0f}{serial_own:>10.0f}")
+    print(f"{f'{args.stages}-stage':14}{ips:>10.2f}{f'{spread[0]:.2f}-{spread[1]:.2f}':>18}")
+    owns = {}
     for st in s.per_stage:
-        own = st.peak_rss_mb - st.import_rss_mb
-        print(f"{'  rank ' + str(st.rank):14}{'':>10}{'':>18}{st.peak_rss_mb:>14.0f}"
-              f"{st.import_rss_mb:>12.0f}{own:>10.0f}")
-    print(f"speedup (pipeline / serial): {s.speedup:.2f}x   efficiency: {s.efficiency:.2f}   "
+        peak, imported = known(st.peak_rss_mb, "peak_rss_mb"), known(st.import_rss_mb, "import_rss_mb")
+        owns[st.rank] = own = peak - imported
+        print(f"{'  rank ' + str(st.rank):14}{'':>10}{'':>18}{peak:>14.0f}{imported:>12.0f}{own:>10.0f}")
+    speedup = known(s.speedup, "speedup")
+    print(f"speedup (pipeline / serial): {speedup:.2f}x   efficiency: {s.efficiency:.2f}   "
           f"outputs match: {s.outputs_match} (max |diff| {s.max_abs_diff})")
-    serial_own = s.serial_peak_rss_mb - s.serial_import_rss_mb
-    for st in s.per_stage:
-        ratio = (st.peak_rss_mb - st.import_rss_mb) / serial_own
-        print(f"rank {st.rank} own memory / serial own memory: {ratio:.2f}")
-    ok = verdict(f"{args.stages}-stage pipeline / serial, outputs match", s.speedup,
-                 (max(spread) - min(spread)) / s.throughput_ips, bool(s.outputs_match))
+    for rank, own in owns.items():
+        print(f"rank {rank} own memory / serial own memory: {own / serial_own:.2f}")
+    ok = verdict(f"{args.stages}-stage pipeline / serial, outputs match", speedup,
+                 (max(spread) - min(spread)) / ips, bool(s.outputs_match))
     return 0 if ok else 1
 
 

@@ -44,8 +44,8 @@ def stop_warm(pictl: Pictl, inventory: Path) -> None:
 
 
 def first_image(pictl: Pictl, inventory: Path, run_args: list[str], rounds: int) -> dict[str, Any]:
-    for mode in ([], ["--cold"]):  # cache profile, plan and baseline (and the next warm process: stopped below)
-        pictl.run(inventory, *run_args, *mode, ok=(0, 7))
+    for extra in ([], ["--cold"]):  # cache profile, plan and baseline (and the next warm process: stopped below)
+        pictl.run(inventory, *run_args, *extra, ok=(0, 7))
     times: dict[str, list[float]] = {"warm": [], "cold": []}
     imports: dict[str, list[int]] = {"warm": [], "cold": []}
     for r in range(rounds):

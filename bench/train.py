@@ -3,6 +3,7 @@
     sudo .venv/bin/python -m bench.train [--cpu 0.4] [--period-ms 10] [--model deit_small_patch16_224]
                                          [--batch-size 8] [--chunks 1,4,8] [--steps 4]
     .venv/bin/python -m bench.train --cluster local ...          (no root: this machine's local hosts)
+    .venv/bin/python -m bench.train --quick       (local, ViT-Tiny, 2 stages, batch 4 in 2 chunks, 2 steps)
 
 On the 4-host SSH test cluster with every host capped at --cpu cores (a CFS quota enforced per
 --period-ms: four slow devices on this machine), one job each of: single (per chunk count), pipeline
@@ -23,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.policies import start_cluster
+from bench.harness import add_quick, cluster, is_root, quick_defaults, skip_loudly
 
 CATEGORIES = ("data", "forward", "backward", "optimizer", "comm", "idle")
 
@@ -39,12 +40,16 @@ def main() -> int:
     parser.add_argument("--chunks", default="1,4,8")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--stages", type=int, default=4)
-    args = parser.parse_args()
+    add_quick(parser)
+    args = quick_defaults(parser.parse_args(), cluster="local", model="vit_tiny_patch16_224", stages=2,
+                          batch_size=4, chunks="2", steps=2)
+    if args.cluster == "ssh" and not is_root():
+        return skip_loudly("train", "--cluster ssh needs root (the SSH test cluster)")
     tmp = Path(tempfile.mkdtemp(prefix="pictl-bench-train-"))
     env = {**os.environ, "PICTL_RUNS_DIR": str(tmp / "runs"), "PICTL_CACHE_DIR": str(tmp / "cache")}
-    inventory, stop = start_cluster(args.cluster, tmp, args.stages, args)
     out = tmp / "sweep"
-    try:
+    with cluster(args.cluster, args.stages, cpu=args.cpu, period_ms=args.period_ms,
+                 slow_host=args.slow_host) as inventory:
         proc = subprocess.run(
             [sys.executable, "-m", "pictl", "sweep", "--train", "--hosts", str(inventory), "--out", str(out),
              "--modes", "single,pipeline,ddp", "--schedules", "gpipe,1f1b", "--stages", str(args.stages),
@@ -52,8 +57,6 @@ def main() -> int:
              "--steps", str(args.steps), "--train-images", str(args.batch_size * args.steps), "--threads", "1",
              "--eval-images", str(args.batch_size),
              "--json"], env=env, capture_output=True, text=True, timeout=7200)
-    finally:
-        stop()
     if proc.returncode not in (0, 3):
         raise SystemExit(f"pictl sweep --train failed ({proc.returncode}): {proc.stderr[-3000:]}")
     result = json.loads(proc.stdout)

@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.harness import add_quick, cluster, describe, quick_defaults, save_result
+from bench.harness import add_quick, cluster, describe, is_root, quick_defaults, save_result, skip_loudly
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("PICTL_BENCH_CACHE", Path.home() / ".cache" / "pictl-bench"))
@@ -84,6 +84,8 @@ def main() -> int:
     ap.add_argument("--save", default=None)
     add_quick(ap)
     args = quick_defaults(ap.parse_args(), images=16, repeats=1, measure=2)
+    if args.cluster == "ssh" and not is_root():
+        return skip_loudly("tune", "--cluster ssh needs root (the SSH test cluster; --cluster local does not)")
     work = Path(tempfile.mkdtemp(prefix="pictl-bench-tune-"))
     env = {**os.environ, "PICTL_RUNS_DIR": str(work / "runs"), "PICTL_CACHE_DIR": str(work / "cache"),
            "PICTL_BENCH_CWD": str(work)}

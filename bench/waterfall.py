@@ -3,6 +3,7 @@ terms per run with the residual, and the latency per image beside the throughput
 
     sudo .venv/bin/python -m bench.waterfall --ssh [--cpu 0.4] --stages 4 --images 96     # the SSH test cluster
     .venv/bin/python -m bench.waterfall --stages 2 --images 48                           # the shipped local cluster
+    .venv/bin/python -m bench.waterfall --quick      # 2 stages, 4 images, 1 timed pass, a local cluster of its own
 
 `--ssh` starts the SSH test cluster (root; `tests/support/sshcluster.py`) with every host capped at `--cpu` cores (a
 CFS quota, 10 ms period), runs, and stops it. Each policy runs `--rounds` times in alternating order (the
@@ -20,7 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pictl.run.waterfall import TERMS, waterfall_line
+from bench.harness import add_quick, cluster, describe, is_root, quick_defaults, skip_loudly
+from pictl.run.waterfall import ALL_TERMS, waterfall_line
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,21 +79,15 @@ def main() -> int:
     parser.add_argument("--policies", nargs="+", default=["equal", "balanced"])
     parser.add_argument("--cache", help="a cache directory to keep (profiles, baselines) between invocations")
     parser.add_argument("--save", type=Path, help="write every run's summary to this JSON file")
-    args = parser.parse_args()
-    if not args.ssh:
-        runs = run_all(args.hosts, args)
-    else:
-        from tests.support.sshcluster import SshCluster, down
-
-        cluster = SshCluster(max(4, args.stages))
-        cluster.cfs_period_us = 10_000
-        try:
-            cluster.up(cpu=args.cpu)
-            print(f"SSH test cluster: {cluster.n} hosts at {args.cpu} core(s) each (CFS period 10 ms)", flush=True)
-            runs = run_all(cluster.inventory, args)
-        finally:
-            down()
-    assert all(t in TERMS for r in runs for t in (x["term"] for x in r["waterfall"]["terms"]))
+    add_quick(parser)
+    args = quick_defaults(parser.parse_args(), stages=2, images=4, repeats=1, rounds=1, ssh=False)
+    kind = "ssh" if args.ssh else "local" if args.quick else "shipped"
+    if kind == "ssh" and not is_root():
+        return skip_loudly("waterfall", "--ssh needs root (the SSH test cluster)")
+    with cluster(kind, args.stages, cpu=args.cpu, inventory=args.hosts) as inventory:
+        print(f"on {describe(kind, args.cpu)}", flush=True)
+        runs = run_all(inventory, args)
+    assert all(t in ALL_TERMS for r in runs for t in (x["term"] for x in r["waterfall"]["terms"]))
     if args.save:
         args.save.write_text(json.dumps(runs, indent=1))
     return 0

@@ -1,7 +1,7 @@
 """What activation compression buys on slow links: throughput per `--wire` format against link rate.
 
     sudo .venv/bin/python -m bench.wire [--rates 1000,100,50,20] [--formats fp32,fp16,int8,lowrank:8]
-                                        [--cpu 0.4] [--images 48] [--repeats 2] [--out bench-wire]
+                                        [--cpu 0.4] [--images 48] [--repeats 2] [--out bench-wire] [--quick]
 
 Starts the 4-host SSH test cluster (root: network namespaces, sshd, cgroups; each host capped at --cpu
 cores), then for each link rate caps what every host sends (`tc` token bucket on its eth0) and runs, in
@@ -10,7 +10,8 @@ all against one serial baseline. Lossy formats run with `--min-agreement 0` so t
 their top-1 agreement with the serial run over every image is printed beside them. Prints one row per
 (rate, format): img/s (spread of the timed passes), ratio to fp32 at that rate, agreement, KB per image
 on each link, compress and decompress ms per image; writes a plot of throughput against link rate per
-format with the rate below which fp32 is wire-bound marked.
+format with the rate below which fp32 is wire-bound marked. `--quick`: fp32 and int8 at 100 Mbit/s, 8 images,
+1 timed pass (root too; without it, skipped with a loud line).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from bench.harness import add_quick, is_root, quick_defaults, skip_loudly, ssh_cluster
 
 SPLIT = "blocks.3,blocks.6,blocks.9"
 
@@ -74,18 +77,20 @@ def main() -> int:
     parser.add_argument("--images", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("bench-wire"))
-    args = parser.parse_args()
+    add_quick(parser)
+    args = quick_defaults(parser.parse_args(), rates="100", formats="fp32,int8", images=8, repeats=1,
+                          out=None)  # (a quick run's files go to its temporary directory)
+    if not is_root():
+        return skip_loudly("wire", "needs root for the SSH test cluster and its shaped links (sudo)")
     rates = [float(r) for r in args.rates.split(",")]
     formats = args.formats.split(",")
-    from tests.support.sshcluster import SshCluster
-
     tmp = Path(tempfile.mkdtemp(prefix="pictl-bench-wire-"))
+    args.out = args.out or tmp / "out"
     env = {**os.environ, "PICTL_RUNS_DIR": str(tmp / "runs"), "PICTL_CACHE_DIR": str(tmp / "cache")}
     protocol = ["--images", str(args.images), "--warmup", "1", "--repeats", str(args.repeats)]
-    cluster = SshCluster(4)
-    inventory = cluster.up(cpu=args.cpu)
     results: dict[tuple[float, str], dict] = {}
-    try:
+    with ssh_cluster(4, cpu=args.cpu) as cluster:
+        inventory = cluster.inventory
         serial = pictl_run(inventory, env, "--stages", "1", *protocol)
         for rate in rates:
             cluster.shape_links(rate)
@@ -94,8 +99,6 @@ def main() -> int:
                               "0", *protocol)
                 results[(rate, fmt)] = row_of(s)
                 print(f"  {rate:g} Mbit/s {fmt}: {s['throughput_ips']:.2f} img/s", file=sys.stderr)
-    finally:
-        cluster.down()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "wire.json").write_text(json.dumps({f"{r:g} {f}": v for (r, f), v in results.items()}, indent=1))
     fp32_fast = results[(max(rates), "fp32")]["ips"]

@@ -1,7 +1,7 @@
 """What each `--wire` format does to a trained model's answers: top-1 agreement and accuracy per format.
 
     .venv/bin/python -m bench.wire_agreement [--hosts hosts.toml] [--formats fp16,bf16,int8,lowrank:8]
-                                             [--epochs 30] [--out bench-wire-agreement]
+                                             [--epochs 30] [--out bench-wire-agreement] [--quick]
 
 `bench/wire.py` measures throughput on DeiT-S with seeded random weights, whose
 logits are nearly tied (a random model barely prefers one class), so the top-1
@@ -15,7 +15,8 @@ boundaries bench/wire.py uses (blocks.3, blocks.6, blocks.9) once per format
 over every held-out image, against its serial run, on the given cluster (the
 shipped local cluster needs no root). Prints per format: agreement with the
 serial top-1 over all held-out images, pipeline and serial accuracy, max and
-mean |logit difference|, and KB per image on the wire.
+mean |logit difference|, and KB per image on the wire. `--quick`: 1 epoch, fp32 and int8 only, on a local
+cluster of its own.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench.harness import add_quick, cluster, quick_defaults
 from tests.support.digits import write_digits  # scikit-learn's digits as an ImageFolder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,13 +52,20 @@ def main() -> int:
     parser.add_argument("--formats", default="fp16,bf16,int8,lowrank:8")
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--out", type=Path, default=Path("bench-wire-agreement"))
-    args = parser.parse_args()
+    add_quick(parser)
+    args = quick_defaults(parser.parse_args(), epochs=1, formats="int8", out=None)
     tmp = Path(tempfile.mkdtemp(prefix="pictl-bench-agreement-"))
+    args.out = args.out or tmp / "out"  # (a quick run's files go to its temporary directory)
+    with cluster("local" if args.quick else "shipped", 4, inventory=args.hosts) as hosts:
+        return measure(args, hosts, tmp)
+
+
+def measure(args: argparse.Namespace, hosts: Path, tmp: Path) -> int:
     env = {**os.environ, "PICTL_RUNS_DIR": str(tmp / "runs"), "PICTL_CACHE_DIR": str(tmp / "cache")}
     data = write_digits(tmp / "digits")
     held_out = sum(1 for _ in (data / "test").rglob("*.png"))
     train_images = sum(1 for _ in (data / "train").rglob("*.png"))
-    job = pictl(env, "train", "--hosts", str(args.hosts), "--mode", "single", "--model", "vit_tiny_patch16_224",
+    job = pictl(env, "train", "--hosts", str(hosts), "--mode", "single", "--model", "vit_tiny_patch16_224",
                 *(w for a in VIT for w in ("--model-arg", a)), "--data", "imagefolder", "--data-path", str(data),
                 "--train-images", str(train_images), "--eval-images", str(held_out), "--epochs", str(args.epochs),
                 "--steps", "0", "--batch-size", "64", "--chunks", "1", "--optimizer", "adamw", "--lr", "0.003",
@@ -66,7 +75,7 @@ def main() -> int:
           f"{job['top1']:.3f} over {held_out} images ({model})", flush=True)
     rows = {}
     for fmt in ["fp32", *args.formats.split(",")]:
-        s = pictl(env, "run", "--hosts", str(args.hosts), "--model", model, "--stages", "4", "--split", SPLIT,
+        s = pictl(env, "run", "--hosts", str(hosts), "--model", model, "--stages", "4", "--split", SPLIT,
                   "--data", "imagefolder", "--data-path", str(data / "test"), "--images", str(held_out),
                   "--repeats", "1", "--wire", fmt, "--min-agreement", "0", "--headless")
         link = s["wire"]["links"][0]
@@ -77,7 +86,7 @@ def main() -> int:
         print(f"  {fmt}: agreement {rows[fmt]['agreement']}", file=sys.stderr, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "agreement.json").write_text(json.dumps(rows, indent=1))
-    print(f"4 stages at {SPLIT} on {args.hosts}, all {held_out} held-out images, against the serial run:")
+    print(f"4 stages at {SPLIT} on {hosts}, all {held_out} held-out images, against the serial run:")
     print(f"{'wire':>10} {'agreement':>10} {'accuracy':>9} {'serial acc':>10} {'max |diff|':>10} {'mean |diff|':>11} "
           f"{'KB/img':>7}")
     for fmt, r in rows.items():
