@@ -65,6 +65,7 @@ def hoisted(argv: list[str]) -> list[str]:
 def entrypoint() -> None:
     import typer
 
+    _escape_what_the_terminal_cannot_show()
     try:
         code = app(args=hoisted(sys.argv[1:]), standalone_mode=False)
     except typer.Abort:  # Ctrl-C at a prompt
@@ -89,6 +90,15 @@ def entrypoint() -> None:
             f"{_save_traceback(exc)}", markup=False)
         sys.exit(E.EXIT_INTERNAL)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _escape_what_the_terminal_cannot_show() -> None:
+    """A locale or terminal that is not UTF-8 (`LANG=C` on an old system, `PYTHONIOENCODING=ascii`) cannot take
+    every character a record or a table holds: what it cannot take is written escaped (`\\xe9`), not the end of
+    the command in UnicodeEncodeError; tables are drawn in ASCII there (Rich reads the stream's encoding)."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
 
 
 def _save_traceback(exc: BaseException) -> str:

@@ -14,6 +14,7 @@ import fcntl
 import json
 import os
 import secrets
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,8 +39,10 @@ def default_runs_root() -> Path:
 def writable_dir(path: Path, what: str) -> Path:
     """`path` as a directory pictl may create and write into, checked before anything starts.
 
-    Nothing is created here: a missing directory is fine if its nearest existing parent is a
-    writable directory. ConfigError names `what` (the flag or variable) and the path otherwise.
+    A missing directory is fine if its nearest existing parent is a writable directory; "writable" is tried
+    for real (a directory made there and removed at once: nothing is left), because root passes every
+    permission check while /proc, sysfs or an immutable directory still refuse a new entry, which would
+    otherwise surface after the code was pushed. ConfigError names `what` (the flag or variable) and the path.
     """
     path = Path(path).expanduser()
     if not str(path).strip():
@@ -60,6 +63,12 @@ def writable_dir(path: Path, what: str) -> Path:
                           else f"{what}: {path} cannot be made ({probe} is not a directory)")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise ConfigError(f"{what}: {probe} is not writable")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".pictl-check-", dir=probe))
+    except OSError as exc:
+        refused = f"{probe} refuses new entries ({exc.strerror or exc})"
+        raise ConfigError(f"{what}: {path} cannot be made: {refused}" if probe != path
+                          else f"{what}: {refused}") from None
     return path
 
 

@@ -142,6 +142,7 @@ def test_a_bad_record_is_skipped_in_lists_and_refused_alone(what: str, make: Cal
 
     table = _pictl(["runs"], runs, tmp_path)
     assert table.returncode == 0 and GOOD in table.stdout and BAD not in table.stdout, table.stderr
+    assert [line for line in table.stderr.splitlines() if line.startswith("pictl: note: ")] == notes  # said here too
     _clean(table)
 
     for args in (["runs", "show", BAD], ["runs", "show", str(bad), "--json"], ["runs", "compare", GOOD, BAD],
@@ -191,7 +192,7 @@ def test_a_bad_trace_grab_is_named_and_the_run_still_shown(tmp_path: Path) -> No
     shown = _pictl(["runs", "show", GOOD], runs, tmp_path)
     assert shown.returncode == 0, shown.stderr
     assert shown.stderr.strip() == (f"pictl: note: skipped {run}/traces/summary.json: trace grab left out: "
-                                    "'directory' is wrong: input should be a valid string")
+                                    "'directory' is wrong: must be text (got 5)")
     assert "rank 0: compute 61%  send 9%  recv-wait 20%  idle 10%" in shown.stdout
     listed = _pictl(["runs", "--json"], runs, tmp_path)  # the list shows no traces: it reads none
     assert listed.returncode == 0 and listed.stderr == "" and len(json.loads(listed.stdout)) == 1
@@ -222,6 +223,34 @@ def test_escapes_and_markup_in_a_record_are_shown_as_text(tmp_path: Path) -> Non
     text = (tmp_path / "out" / "report.md").read_text()
     assert not CONTROL.search(text.replace("\n", "")) and "## Run x\ufffd]0;pwned title\ufffd" in text
     assert [p.name for p in (tmp_path / "out").glob("*.png")] == ["x__0_pwned_title_-stages.png"]
+
+
+ASCII_ONLY = {"PYTHONIOENCODING": "ascii"}, {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+"""A terminal that takes ASCII only: forced, and an old system's C locale (no UTF-8 mode, no coercion to C.UTF-8)."""
+
+
+@pytest.mark.parametrize("locale", ASCII_ONLY, ids=["PYTHONIOENCODING=ascii", "LC_ALL=C"])
+def test_an_ascii_only_terminal_gets_escapes_not_a_crash(locale: dict[str, str], tmp_path: Path) -> None:
+    """`runs`, `runs show` and `hosts` ended in UnicodeEncodeError (exit 1) where the locale is not UTF-8: a table's
+    box-drawing characters and a record's non-ASCII text are now drawn in ASCII and written escaped."""
+    runs = tmp_path / "runs"
+    _record(runs, GOOD, {**BASE, "model": "d\u00e9it_small", "policy": "\u00e9quilibr\u00e9"})
+    _record(runs, BAD)
+    inventory = tmp_path / "h\u00f4tes.toml"
+    inventory.write_text(f'[cluster]\nname = "caf\u00e9"\n[defaults]\ntransport = "local"\n'
+                         f'[[host]]\nname = "h0"\nworkdir = "{tmp_path}/\u00e9t\u00e9/h0"\n', encoding="utf-8")
+    env = {**os.environ, "COLUMNS": "200", "PICTL_RUNS_DIR": str(runs), **locale}
+    env.pop("FORCE_COLOR", None)
+    for args, shown in ((["runs"], "\\xe9quilibr\\xe9"), (["runs", "show", GOOD], "d\\xe9it_small"),
+                        (["runs", "compare", GOOD, BAD], "d\\xe9it_small"),
+                        (["hosts", "--hosts", str(inventory)], "caf\\xe9")):
+        proc = run_pictl(args, env, 120, cwd=tmp_path, errors="surrogateescape")
+        assert proc.returncode == 0, (args, proc.stderr[-2000:])
+        assert "Error" not in proc.stderr and "internal error" not in proc.stderr, (args, proc.stderr)
+        assert proc.stdout.isascii(), (args, [c for c in proc.stdout if not c.isascii()][:5])
+        assert shown in proc.stdout, (args, proc.stdout[:2000])
+    table = run_pictl(["runs"], env, 120, cwd=tmp_path).stdout
+    assert "+---" in table and "| run " in table, table  # Rich's ASCII box, not escaped box-drawing characters
 
 
 def test_nan_and_infinity_in_a_record_give_strict_json(tmp_path: Path) -> None:
