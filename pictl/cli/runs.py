@@ -193,7 +193,7 @@ def track(
     runs_dir: RunsDirOpt = None,
 ) -> None:
     """Write a past run, training job or sweep to TensorBoard or W&B (offline), beside its record."""
-    from pictl.records.tracker_writers import check_trackers, write_series
+    from pictl.records.tracker_writers import check_trackers, said, write_series
     from pictl.records.trackers import record_series
 
     kinds = tracked(to) or []
@@ -207,4 +207,4 @@ def track(
     except E.PictlError as exc:
         fail(exc)
     for kind, where in written.items():
-        typer.echo(f"{kind}: {where}")
+        typer.echo(said(kind, where))

@@ -117,7 +117,7 @@ def tune(
     except E.Interrupted as exc:
         renderer.close()
         if target is not None:
-            _print_kept(target)
+            _print_kept(target, "interrupted")
         fail(exc)
     except E.RecordWriteFailed as exc:  # measured, but its files could not be written: what it measured first
         renderer.close()
@@ -126,6 +126,8 @@ def tune(
         fail(exc)
     except E.PictlError as exc:
         renderer.close()
+        if target is not None:
+            _print_kept(target, "failed")  # (a tune that measured nothing left no tune.json to point at)
         fail(exc)
     renderer.close()
     assert target is not None
@@ -187,7 +189,7 @@ def _print_table(rows: list[Measured], found: Measured | None, base: RunOptions,
     return console
 
 
-def _print_kept(target: Path) -> None:
+def _print_kept(target: Path, how: str) -> None:
     path = target / "tune.json"
     if path.is_file():
-        stderr().print(f"tune interrupted: what it measured is in {path}", markup=False)
+        stderr().print(f"tune {how}: what it measured is in {path}", markup=False)

@@ -109,15 +109,29 @@ def run_series(run_dir: Path, summary: RunSummary) -> Series:
             series.put(f"link/{link.link}/{key.removesuffix('_Bps')}_MBps", None if value is None else value / 1e6)
     _events_over_time(series, run_dir)
     steps: dict[str, int] = {}
+    malformed: list[str] = []  # a host's value that is no figure: left out, and said once for the file
     for rec in _json_lines(run_dir, SAMPLES_FILE, series.notes):
         host, wall = str(rec.get("host")), _number(rec.get("at")) or 0.0
         step = steps[host] = steps.get(host, -1) + 1
-        for key in ("cpu_pct", "mem_used_mb", "temp_c"):
-            series.add(f"host/{host}/{key}", step, rec.get(key), wall)
-        if isinstance(rec.get("throttled"), str):  # vcgencmd's bit mask: anything set is throttling, now or since
-            series.add(f"host/{host}/throttled", step, float(int(rec["throttled"], 16) != 0)
-                       if rec["throttled"].startswith("0x") else None, wall)
+        for key in ("cpu_pct", "mem_used_mb", "temp_c", "throttled"):
+            value = _throttling(rec[key]) if key == "throttled" and key in rec else rec.get(key)
+            if rec.get(key) is not None and _number(value) is None:
+                malformed.append(f"host {host!r} {key} {str(rec[key])[:40]!r}")
+            series.add(f"host/{host}/{key}", step, value, wall)
+    if malformed:
+        series.notes.append(f"{run_dir / SAMPLES_FILE}: {len(malformed)} malformed host value(s) left out "
+                            f"(the first: {malformed[0]})")
     return series
+
+
+def _throttling(value: object) -> float | None:
+    """vcgencmd's bit mask ("0x50005") as 1 (anything set: throttling, now or since) or 0; None if it is none."""
+    if not isinstance(value, str) or not value.startswith("0x"):
+        return None
+    try:
+        return float(int(value, 16) != 0)
+    except ValueError:
+        return None
 
 
 def _events_over_time(series: Series, run_dir: Path) -> None:

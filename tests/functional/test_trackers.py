@@ -1,17 +1,23 @@
 """`--track tensorboard` and `--track wandb`: a sweep, its run and a training job written to both trackers
 read back with the trackers' own readers hold the figures their summaries hold; `pictl track` writes a past
-run the same way; a tracker that is not one, in a flag or in the inventory, is refused before anything runs."""
+run the same way; a tracker that is not one, in a flag or in the inventory, is refused before anything runs.
+What a tracker cannot take is one line and a documented code, never a traceback: a host's malformed value is
+left out with a note, a `PICTL_WANDB_*` value W&B would refuse (or one pictl does not read) and a file where
+the tracker's folder goes are exit 2 with nothing written, a tracker that fails to write (a full disk) exit 9
+with nothing of it left, and W&B's `disabled` mode says it wrote nothing."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
+import subprocess
 from pathlib import Path
 
 import pytest
-from support.cli import run_pictl
-from support.clusters import write_cluster
+from support.cli import ROOT, run_pictl
+from support.clusters import skip_loudly, write_cluster
 from support.trackers import tensorboard_hparams, tensorboard_scalars, wandb_run
 
 TINY = ["--model", "vit_tiny_patch16_224", "--model-arg", "img_size=32", "--model-arg", "patch_size=8",
@@ -91,15 +97,107 @@ def test_a_training_job_reads_back_from_tensorboard_and_wandb(tmp_path: Path, en
                                                                               for p in s["losses"]]
 
 
-@pytest.mark.parametrize("args, inventory, says", [
-    (["--track", "mlflow"], "", "'mlflow' is not one of"),
-    ([], "track = 5\n", "cluster.track"),
-    ([], 'track = ["tensorboard", "neptune"]\n', "cluster.track"),
+@pytest.mark.parametrize("args, inventory, variables, says", [
+    (["--track", "mlflow"], "", {}, "'mlflow' is not one of"),
+    ([], "track = 5\n", {}, "cluster.track"),
+    ([], 'track = ["tensorboard", "neptune"]\n', {}, "cluster.track"),
+    (["--track", "wandb"], "", {"PICTL_WANDB_MODE": "onlin"}, "PICTL_WANDB_MODE: 'onlin' is not one of"),
 ])
 def test_a_tracker_that_is_not_one_is_refused_before_anything_runs(tmp_path: Path, pictl_env, args: list[str],
-                                                                   inventory: str, says: str) -> None:
+                                                                   inventory: str, variables: dict[str, str],
+                                                                   says: str) -> None:
     hosts = write_cluster(tmp_path / "cluster", 2)
     hosts.write_text(hosts.read_text().replace('name = "test"\n', f'name = "test"\n{inventory}', 1))
-    proc = run_pictl(["run", "--hosts", str(hosts), "--headless", *args], pictl_env)
+    proc = run_pictl(["run", "--hosts", str(hosts), "--headless", *args], {**pictl_env, **variables})
     assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def _past_run(tmp_path: Path, samples: list[dict[str, object]]) -> Path:
+    """A finished run's record (the shipped two-stage summary) with the host samples a run being tracked keeps."""
+    run = tmp_path / "runs" / "20261124-100000-s2-track"
+    run.mkdir(parents=True)
+    summary = json.loads((ROOT / "tests" / "support" / "data" / "run_summary_two_stages.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "run_id": run.name, "run_dir": str(run)}))
+    (run / "config.json").write_text("{}")
+    (run / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    return run
+
+
+def test_a_hosts_malformed_values_are_left_out_with_a_note(tmp_path: Path, env: dict[str, str]) -> None:
+    """A host's throttling value that is no bit mask (a Pi's vcgencmd answering garbage) ended `pictl track`
+    in an internal error: it is left out, said once for the file, and every other figure is written."""
+    run = _past_run(tmp_path, [{"host": "h0", "at": 1.0, "cpu_pct": 12.5, "throttled": "0xZZ"},
+                               {"host": "h0", "at": 2.0, "cpu_pct": "busy", "throttled": "0x50005"},
+                               {"host": "h1", "at": 1.0, "cpu_pct": 30.0, "throttled": "0x0"}])
+    proc = run_pictl(["track", str(run), "--to", "tensorboard"], env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip() == (f"pictl: note: {run}/samples.jsonl: 2 malformed host value(s) left out (the first: "
+                                   "host 'h0' throttled '0xZZ')")
+    tb = tensorboard_scalars(run / "tensorboard")
+    assert tb["host/h0/cpu_pct"] == [(0, 12.5)] and tb["host/h0/throttled"] == [(1, 1.0)]
+    assert tb["host/h1/cpu_pct"] == [(0, 30.0)] and tb["host/h1/throttled"] == [(0, 0.0)]
+    assert tb["speedup"] and proc.stdout.strip() == f"tensorboard: {run / 'tensorboard'}"
+
+
+@pytest.mark.parametrize("to, variables, blocker, says", [
+    ("tensorboard", {}, "tensorboard", "tensorboard: not written: {run}/tensorboard is not a directory"),
+    ("wandb", {}, "wandb", "wandb: not written: {run}/wandb is not a directory"),
+    ("wandb", {"PICTL_WANDB_MODE": "bogus"}, None, "PICTL_WANDB_MODE: 'bogus' is not one of offline, online, disabled"),
+    ("wandb", {"PICTL_WANDB_PROJECT": "lab/6"}, None, "PICTL_WANDB_PROJECT: 'lab/6' is not a W&B project name"),
+    ("wandb", {"PICTL_WANDB_MDOE": "online"}, None, "PICTL_WANDB_MDOE: not a variable pictl reads"),
+])
+def test_pictl_track_refuses_what_a_tracker_cannot_take_in_one_line(tmp_path: Path, env: dict[str, str], to: str,
+                                                                    variables: dict[str, str], blocker: str | None,
+                                                                    says: str) -> None:
+    """Each of these was an internal error (exit 1, a traceback in the log): now exit 2 and one line naming the
+    file or the variable, and nothing of either tracker written (both asked: neither is half there)."""
+    run = _past_run(tmp_path, [])
+    if blocker:
+        (run / blocker).write_text("")
+    other = "wandb" if to == "tensorboard" else "tensorboard"
+    proc = run_pictl(["track", str(run), "--to", other, "--to", to], {**env, **variables})
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"pictl: error: {says.format(run=run)}") and not proc.stdout, \
+        proc.stderr
+    assert sorted(p.name for p in run.iterdir()) == sorted(["config.json", "samples.jsonl", "summary.json",
+                                                            *([blocker] if blocker else [])])
+
+
+def test_wandb_disabled_says_it_wrote_nothing(tmp_path: Path, env: dict[str, str]) -> None:
+    run = _past_run(tmp_path, [])
+    proc = run_pictl(["track", str(run), "--to", "wandb"], {**env, "PICTL_WANDB_MODE": "disabled"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "wandb: nothing written (PICTL_WANDB_MODE=disabled)"
+    assert not (run / "wandb").exists()
+
+
+@pytest.mark.parametrize("to", ["tensorboard", "wandb"])
+def test_a_tracker_that_cannot_write_is_one_line_exit_9_and_leaves_nothing(tmp_path: Path, env: dict[str, str],
+                                                                          to: str) -> None:
+    """The record sits on a full disk: the tracker's own library fails (W&B's logging, TensorBoard's writer
+    thread); what it made is removed and the failure is one line, exit 9, no traceback."""
+    if os.geteuid() != 0:
+        skip_loudly("NEEDS ROOT: a full filesystem is a tmpfs mounted for the test")
+    disk = tmp_path / "small"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        skip_loudly(f"CANNOT MOUNT A TMPFS: {mounted.stderr.strip()}")
+    try:
+        run = _past_run(disk, [])
+        with (disk / "filler").open("wb", buffering=0) as fh:
+            try:
+                while True:
+                    fh.write(b"\0" * 4096)
+            except OSError:
+                pass
+        proc = run_pictl(["track", str(run), "--to", to], env, timeout=120)
+        assert proc.returncode == 9, proc.stderr[-3000:]
+        assert proc.stderr.strip() == f"pictl: error: {to}: not written to {run / to} (OSError: [Errno 28] No space " \
+                                      "left on device)"
+        assert sorted(p.name for p in run.iterdir()) == ["config.json", "samples.jsonl", "summary.json"]
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
