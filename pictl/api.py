@@ -116,6 +116,11 @@ def _listed(values: Any) -> Any:
     return list(values) if isinstance(values, tuple | range) else values
 
 
+def _given(fields: dict[str, Any]) -> dict[str, Any]:
+    """The fields given over an options object: None is "not given" (as a flag left out), never "erase it"."""
+    return {k: v for k, v in fields.items() if v is not None}
+
+
 def _run_options(options: Any, profile: Any, fields: dict[str, Any]) -> RunOptions:
     """`options` (or the preset `profile`) with `fields` over it, made anew by the one path every front end's
     options take (`resolve_options`): an options object edited after it was made is checked again, whole."""
@@ -125,7 +130,7 @@ def _run_options(options: Any, profile: Any, fields: dict[str, Any]) -> RunOptio
         _refuse("options", "a pictl.RunOptions (or its fields as keywords)", options)
     if profile is not None:
         preset_path(profile)  # given beside options it names the run: it must still be a profile
-    return resolve_options(None, {**options.model_dump(warnings=False), **fields}, source="", name_of=str)
+    return resolve_options(None, {**options.model_dump(warnings=False), **_given(fields)}, source="", name_of=str)
 
 
 def load_cluster(hosts: str | Path | None = None, *, cold: bool = False) -> Cluster:
@@ -241,7 +246,7 @@ def _job_options(options: Any, fields: dict[str, Any], kind: type[TrainOptions] 
     """A training or pruning job's options, made anew by the path `pictl train` and `pictl prune` take."""
     if options is not None and not isinstance(options, kind):
         _refuse("options", f"a pictl.{kind.__name__} (or its fields as keywords)", options)
-    values = {**options.model_dump(warnings=False), **fields} if options is not None else fields
+    values = {**options.model_dump(warnings=False), **_given(fields)} if options is not None else fields
     return check(values, name_of=str)
 
 
