@@ -192,6 +192,8 @@ def test_an_options_object_is_checked_again_whole(bad: dict[str, Any], extra: di
         edited = pictl.RunOptions()
         setattr(edited, name, value)  # (no check on assignment: the API checks it)
         _refused(lambda: pictl.run_experiment(TRIPWIRE, edited, runs_dir=WRITES["runs_dir"]))
+        # a keyword given as None is not given: it leaves the object's value (bad here) as it is, never erases it
+        _refused(lambda: pictl.run_experiment(TRIPWIRE, edited, runs_dir=WRITES["runs_dir"], **{name: None}))
 
 
 SWEEP_BASE = {"cluster": TRIPWIRE, "out": WRITES["out"], "stages": [1, 2], "chunks": [1], "policies": ["equal"]}
