@@ -28,7 +28,7 @@ def test_tune_measures_the_best_saves_a_preset_that_reproduces_it(tmp_path: Path
     hosts = write_cluster(tmp_path / "cluster", 2)
     proc = run_pictl(["tune", "--hosts", str(hosts), "--runs-dir", str(tmp_path / "runs"), *FAST, "--measure", "2",
                       "--out", str(tmp_path / "tune"), "--json"], env, timeout=600, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode in (0, 3), proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     rows = out["rows"]
     # Threads are free (no --threads, no profile): 1 and 2 on this 2-CPU machine, each gain measured by one
@@ -50,9 +50,15 @@ def test_tune_measures_the_best_saves_a_preset_that_reproduces_it(tmp_path: Path
     assert not any(r["numerics"] != "fp32" or r["wire"] != "fp32" for r in rows)
     assert all(r["predicted_ips"] and r["predicted_ips"] > 0 for r in rows if r["threads"] == 1)
     assert any(r["replicas"] == 1 and r["stages"] == 2 for r in measured)  # the pipeline over every host first
+    assert out["status"] == "done" and "error" not in out
+    fastest = max(r["speedup_vs_fp32"] for r in rows if r["kept"] and not r["reference"])
+    if fastest <= 1.0:  # a machine too busy (other tests) for any copy to beat the serial run: nothing is saved
+        assert proc.returncode == 3 and out["winner"] is None and out["preset"] is None
+        assert "no candidate beat the serial run" in proc.stderr and not (tmp_path / "profiles").exists()
+        return
+    assert proc.returncode == 0, proc.stderr[-3000:]
     win = out["winner"]
     assert win["kept"] and win["exact"] and win["speedup_vs_fp32"] > 1.0 and not win["reference"]  # beats serial
-    assert out["status"] == "done" and "error" not in out
     assert win["speedup_vs_fp32"] == max(r["speedup_vs_fp32"] for r in rows if r["kept"])
     assert out["best_pipeline"]["replicas"] == 1
     table = (tmp_path / "tune" / "table.md").read_text()
@@ -92,8 +98,9 @@ def test_an_interrupted_tune_keeps_what_it_measured(tmp_path: Path, pictl_env) -
     kept = json.loads((out / "tune.json").read_text())
     assert kept["status"] == "interrupted" and "tune interrupted" in err
     assert kept["error"]["type"] == "Interrupted" and kept["error"]["exit_code"] == 130
-    done = [r for r in kept["rows"] if r["run_id"]]
-    assert done and done[0]["replicas"] == 1 and done[0]["stages"] == 2 and done[0]["throughput_ips"] > 0
+    (first,) = [r for r in kept["rows"] if r["run_id"] and (r["replicas"], r["stages"]) == (1, 2)]
+    (serial,) = [r for r in kept["rows"] if r["reference"]]  # its serial run, a row of its own (ranked: either first)
+    assert first["throughput_ips"] > 0 and serial["run_id"] == first["run_id"] and serial["throughput_ips"] > 0
     assert not (tmp_path / "profiles").exists()  # nothing won: no preset
 
 
