@@ -26,6 +26,7 @@ from pictl.summary import baseline_text
 from pictl.summary_models import RunSummary
 from pictl.text import figure, markup_safe, printable
 from remote.job_records import PruneAccuracy, PruneDone, PruneProgress, PruneStart, TrainEval, TrainStart, TrainStep
+from remote.protocol import WARM_NOTE
 from remote.run_records import Error, Progress, Recut, Refine, Refined, StageReady, Throughput
 
 PRUNE_RECORDS = (PruneStart, PruneProgress, PruneAccuracy, PruneDone)
@@ -44,6 +45,7 @@ class HeadlessRenderer:
         """rank -> (its host, its latest progress)"""
         self._last_line: dict[int, float] = {}
         self._train = TrainProgress(self.err)
+        self._warm_noted: set[str] = set()
 
     def __call__(self, event: SessionEvent) -> None:
         if isinstance(event, Phase):
@@ -54,8 +56,16 @@ class HeadlessRenderer:
                 self._live.start()
         elif isinstance(event, RankEvent):
             self._on_record(event)
-        elif isinstance(event, HostOutput) and (self.verbose or event.stream == "stderr" and "Error" in event.line):
+        elif isinstance(event, HostOutput) and (self.verbose or event.stream == "stderr" and "Error" in event.line
+                                                or self._first_warm_note(event)):
             self.err.print(Text.assemble((event.source, "dim"), " ", printable(event.line)), highlight=False)
+
+    def _first_warm_note(self, event: HostOutput) -> bool:
+        """A host's jobs ran cold, and why (`remote.host.warmclient`): said once per host, not once per job."""
+        if not event.line.startswith(WARM_NOTE) or event.host in self._warm_noted:
+            return False
+        self._warm_noted.add(event.host)
+        return True
 
     def _on_record(self, event: RankEvent) -> None:
         rec, rank = event.record, event.record.rank

@@ -11,12 +11,14 @@ from pictl.text import figure, markup_safe
 
 
 def _warm_cell(warm: dict[str, Any] | None) -> str:
-    if not warm or "error" in warm:
+    if not warm or (warm.get("error") and warm.get("answering") is not False):
         return "-"
     if not warm.get("enabled"):
         return "cold"
     if not warm.get("running"):
         return "none"
+    if warm.get("answering") is False:
+        return "[red]no answer[/]"
     return markup_safe(f"pid {warm.get('pid')} {warm.get('age_s', 0):.0f}s {warm.get('rss_mb')}MB")
 
 

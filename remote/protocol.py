@@ -59,6 +59,10 @@ EVENTS = (RUN_START, STAGE_READY, PROGRESS, THROUGHPUT, ACCURACY, RUN_END, ERROR
 # Threads for this process, set per host by the controller (`--threads 0` divides a host's cores
 # among the stages it runs); it overrides the spec's single value.
 ENV_THREADS = "PICTL_THREADS"
+ENV_OWNER = "PICTL_OWNER"
+"""The controller a job on a host belongs to (`remote.host.warm`: what `pictl stop` matches in a warm process)."""
+WARM_NOTE = "pictl-warm:"
+"""How a warm client's note starts on a job's stderr (a job run cold, and why): shown once per host."""
 
 # Files a run leaves in its directory on each host (relative to the host run dir).
 SPEC_FILE = "spec.json"

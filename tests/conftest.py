@@ -65,7 +65,7 @@ def _warm_processes_end_with_the_session(tmp_path_factory):
 
     def ours(proc: psutil.Process) -> bool:
         cmd = " ".join(proc.info["cmdline"] or [])
-        if "remote.host.warmserve --socket" not in cmd:
+        if "remote.host.warmroot --socket" not in cmd:
             return False
         try:
             user = pwd.getpwuid(proc.info["uids"].real).pw_name

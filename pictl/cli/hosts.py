@@ -158,22 +158,22 @@ def stop(
     = False,
     hosts: HostsOpt = None,
 ) -> None:
-    """Stop the process groups this controller's runs left on the hosts (SIGTERM, then SIGKILL), and end the
-    hosts' warm processes."""
+    """Stop what this controller's runs left on the hosts (SIGTERM, then SIGKILL) and its jobs in each workdir's
+    warm process, which ends once nothing else runs in it; other controllers' runs are kept (and named)
+    unless --all."""
     from pictl.cluster.commands import cleanup_host
     from pictl.cluster.leases import controller_name
-    from pictl.cluster.warm import warm_stop
+    from pictl.cluster.warm import WarmState, warm_stop
 
-    async def stop_host(t: Any) -> dict[str, Any]:
-        found = await cleanup_host(t, orphans_only=False, owner=owner)
+    async def stop_host(t: Any) -> tuple[dict[str, Any], WarmState | None]:
+        # The warm server first: it knows whose each of its jobs is, and says so; the sweep then stops the rest.
         try:
-            warm = await warm_stop(t)
-            found["warm"] = warm.pid  # (None: none was running)
+            warm: WarmState | None = await warm_stop(t, owner)
         except E.PictlError:  # no pushed code to ask with: no warm process either
-            found["warm"] = None
-        return found
+            warm = None
+        return await cleanup_host(t, orphans_only=False, owner=owner), warm
 
-    async def work(fleet: Fleet) -> list[dict[str, Any] | BaseException]:
+    async def work(fleet: Fleet) -> list[tuple[dict[str, Any], WarmState | None] | BaseException]:
         return list((await fleet.results(stop_host)).values())
 
     try:
@@ -182,20 +182,47 @@ def stop(
         results = asyncio.run(on_fleet(cluster, work))
     except E.PictlError as exc:
         fail(exc)
-    failed = False
+    unreachable = silent = False
     for host, res in zip(cluster.hosts, results, strict=True):
         if isinstance(res, BaseException):
-            failed = True
+            unreachable = True
             typer.echo(f"{host.name}: {res}", err=True)
             continue
-        others = [k for k in res["kept"] if k.get("reason") == "another controller's run"]
-        foreign = [k for k in res["kept"] if k.get("reason") != "another controller's run"]
-        typer.echo(f"{host.name}: stopped {len(res['stopped'])} process group(s)"
-                   + (f", kept {len(others)} of other controllers' runs (--all stops them)" if others else "")
-                   + (f", {len(foreign)} not ours" if foreign else "")
-                   + (f"; ended its warm process (pid {res['warm']})" if res.get("warm") else ""))
-    if failed:
+        found, warm = res
+        others = [k for k in found["kept"] if k.get("reason") == "another controller's run"]
+        foreign = [k for k in found["kept"] if k.get("reason") != "another controller's run"]
+        line = (f"{host.name}: stopped {len(found['stopped'])} process group(s)"
+                + (f", kept {len(others)} of other controllers' runs (--all stops them)" if others else "")
+                + (f", {len(foreign)} not ours" if foreign else ""))
+        if warm is not None and warm.running and not warm.answering:
+            silent = True
+        typer.echo(line + _warm_stopped(warm, owner))
+    if unreachable:
         raise typer.Exit(E.EXIT_UNREACHABLE)
+    if silent:
+        raise typer.Exit(E.EXIT_NOT_READY)
+
+
+def _warm_stopped(warm: Any, owner: str | None) -> str:
+    """What `pictl stop` did to a host's warm processes, in words (`warm`: its WarmState, None if none)."""
+    if warm is None or not warm.enabled:
+        return ""
+    if warm.running and not warm.answering:
+        return f"; its warm process does not answer: {warm.error}; left as it is"
+    parts = []
+    if warm.stopped_jobs:
+        owners = sorted({str(j["owner"]) for j in warm.stopped_jobs if j["owner"] != owner})
+        parts.append(f"ended {len(warm.stopped_jobs)} warm job(s)"
+                     + (f", of {', '.join(owners)}" if owners else ""))
+    if warm.kept_jobs:
+        owners = sorted({str(j["owner"]) for j in warm.kept_jobs})
+        parts.append(f"kept its warm process (pid {warm.pid}): it runs {len(warm.kept_jobs)} job(s) of "
+                     f"{', '.join(owners)} (--all ends them)")
+    elif warm.pid is not None:
+        parts.append(f"ended its warm process (pid {warm.pid})")
+    if warm.root_ended:
+        parts.append("and the root it was forked from" if parts else "ended its warm root process")
+    return "; " + ", ".join(parts) if parts else ""
 
 
 @app.command()

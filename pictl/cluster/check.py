@@ -127,6 +127,9 @@ async def check_cluster(cluster: Cluster) -> list[HostCheck]:
         for name, state in (await fleet.results(warm_status, ready)).items():
             # (a host whose code was never pushed has no client to ask: it shows as unknown, not as a problem)
             checks[name].warm = state.as_dict() if isinstance(state, WarmState) else {"error": str(state)}
+            if isinstance(state, WarmState) and state.running and not state.answering:
+                # (every job there would wait for it, then run cold: the host is not ready as it stands)
+                checks[name].problems.append(f"its warm process does not answer: {state.error}")
     finally:
         if listener is not None:
             await listener.stop(grace_s=2)

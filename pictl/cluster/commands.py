@@ -27,8 +27,11 @@ WARM_CLIENT = "remote.host.warmclient"
 
 
 def worker_env(host: Host, threads: int) -> dict[str, str]:
+    from pictl.cluster.leases import controller_name
+
+    # (the owner: whose job a warm process runs, so that `pictl stop` ends this controller's jobs only)
     env = {"OMP_NUM_THREADS": str(threads), P.ENV_THREADS: str(threads), "PYTHONPATH": host.code_dir,
-           "PYTHONUNBUFFERED": "1", "PICTL_WARM_IDLE": f"{host.warm_idle_s:g}"}
+           "PYTHONUNBUFFERED": "1", "PICTL_WARM_IDLE": f"{host.warm_idle_s:g}", P.ENV_OWNER: controller_name()}
     if host.interface:
         # Gloo otherwise binds to whatever the hostname resolves to (127.0.1.1 on Pi OS).
         env["GLOO_SOCKET_IFNAME"] = host.interface

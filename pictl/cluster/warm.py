@@ -2,8 +2,11 @@
 a run's start-up record), end it (`pictl stop`). Each is one small stdlib process on the host
 (`remote.host.warmclient --ensure | --status | --stop`), over the pushed code.
 
-A warm process belongs to a login on a machine, not to a workdir: the four hosts of the shipped local cluster
-share one (one torch import, one copy in memory). What it is keyed by, and why, is `remote.host.warm`'s.
+Each workdir has a warm server of its own, never shared with another workdir (another team's); the servers
+of one login on one machine are forks of one root that imported torch once (the four hosts of the shipped
+local cluster: one torch import, one copy in memory). What they are keyed by, and why, is
+`remote.host.warm`'s. `pictl stop` ends this controller's jobs in this workdir's server, and the server and
+the root only when nothing else is left in them.
 """
 
 from __future__ import annotations
@@ -35,6 +38,16 @@ class WarmState:
     jobs_served: int = 0
     idle_s: float | None = None
     key: str | None = None
+    root_pid: int | None = None
+    """The root this workdir's server was forked from (one per login and code: it imported torch)."""
+    root_started_at: float | None = None
+    answering: bool = True
+    """False: the warm process is there but does not answer (stopped, or stuck): `error` says which."""
+    error: str | None = None
+    stopped_jobs: tuple[dict[str, Any], ...] = ()
+    kept_jobs: tuple[dict[str, Any], ...] = ()
+    """`pictl stop`: the jobs it ended, and other controllers' jobs it kept (pid, owner, module)."""
+    root_ended: bool = False
 
     @classmethod
     def of(cls, host: str, found: dict[str, Any]) -> WarmState:
@@ -42,35 +55,48 @@ class WarmState:
             value = found.get(name)
             return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
+        def jobs(name: str) -> tuple[dict[str, Any], ...]:
+            listed = found.get(name)
+            return tuple({"pid": j.get("pid"), "owner": str(j.get("owner")), "module": str(j.get("module"))}
+                         for j in listed if isinstance(j, dict)) if isinstance(listed, list) else ()
+
+        def text(name: str) -> str | None:
+            value = found.get(name)
+            return value[:300] if isinstance(value, str) else None
+
         preloaded = found.get("preloaded")
         return cls(host, True, found.get("running") is True, num("pid"), num("started_at"), num("age_s"),
                    num("rss_mb"), num("import_s"),
                    tuple(str(m) for m in preloaded) if isinstance(preloaded, list) else (),
-                   num("jobs_running") or 0, num("jobs_served") or 0, num("idle_s"),
-                   found.get("key") if isinstance(found.get("key"), str) else None)
+                   num("jobs_running") or 0, num("jobs_served") or 0, num("idle_s"), text("key"),
+                   num("root_pid"), num("root_started_at"), found.get("answering") is not False, text("error"),
+                   jobs("stopped_jobs"), jobs("kept_jobs"), found.get("root_ended") is True)
 
     def as_dict(self) -> dict[str, Any]:
         return {"enabled": self.enabled, "running": self.running, "pid": self.pid, "started_at": self.started_at,
                 "age_s": self.age_s, "rss_mb": self.rss_mb, "import_s": self.import_s,
                 "preloaded": list(self.preloaded), "jobs_running": self.jobs_running,
-                "jobs_served": self.jobs_served, "idle_s": self.idle_s, "key": self.key}
+                "jobs_served": self.jobs_served, "idle_s": self.idle_s, "key": self.key, "root_pid": self.root_pid,
+                "answering": self.answering, "error": self.error}
 
     def text(self) -> str:
         if not self.enabled:
             return "cold (warm = false)"
         if not self.running:
             return "none (the next job starts one)"
+        if not self.answering:
+            return f"not answering: {self.error}"
         return (f"pid {self.pid}, up {self.age_s:.0f} s, {self.rss_mb} MB, torch and {len(self.preloaded) - 1} "
                 f"more preloaded in {self.import_s:.1f} s, {self.jobs_served} job(s) served")
 
 
-async def _control(t: Transport, op: str, timeout_s: float) -> WarmState:
+async def _control(t: Transport, op: str, timeout_s: float, *args: str) -> WarmState:
     h = t.host
     if not h.warm:
         return WarmState(h.name, False, False)
     # (in the workdir: `python -m` puts its working directory first on the path, and the code is the pushed one)
-    result = await t.run([h.python_path(), "-m", WARM_CLIENT, f"--{op}"], cwd=h.workdir, env=worker_env(h, 1),
-                         timeout_s=timeout_s)
+    result = await t.run([h.python_path(), "-m", WARM_CLIENT, f"--{op}", *args], cwd=h.workdir,
+                         env=worker_env(h, 1), timeout_s=timeout_s)
     lines = result.stdout.strip().splitlines()
     try:
         found = json.loads(lines[-1]) if lines else None
@@ -83,11 +109,11 @@ async def _control(t: Transport, op: str, timeout_s: float) -> WarmState:
 
 
 async def started_since(transports: list[Transport], since: float) -> int:
-    """How many warm processes serving these hosts started at `since` or later (each imported torch once);
-    hosts sharing one count it once. A host that cannot say counts none."""
+    """How many roots serving these hosts started at `since` or later (each imported torch once); hosts sharing
+    one count it once. A host that cannot say counts none."""
     found = await asyncio.gather(*(warm_status(t) for t in transports if t.host.warm), return_exceptions=True)
-    return len({(s.key, s.pid) for s in found
-                if isinstance(s, WarmState) and s.running and s.started_at is not None and s.started_at >= since})
+    return len({s.root_pid for s in found if isinstance(s, WarmState) and s.running
+                and s.root_started_at is not None and s.root_started_at >= since})
 
 
 async def warm_status(t: Transport) -> WarmState:
@@ -99,5 +125,7 @@ async def warm_up(t: Transport) -> WarmState:
     return await _control(t, "ensure", 600)
 
 
-async def warm_stop(t: Transport) -> WarmState:
-    return await _control(t, "stop", 30)
+async def warm_stop(t: Transport, owner: str | None) -> WarmState:
+    """End `owner`'s jobs in this workdir's warm server (every job if None), then the server and the root if
+    nothing else is left in them."""
+    return await _control(t, "stop", 60, *(("--owner", owner) if owner is not None else ("--all",)))

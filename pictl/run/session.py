@@ -28,7 +28,7 @@ from pictl.cluster.jobs import HostJob, to_the_end
 from pictl.cluster.monitor import HostMonitor
 from pictl.cluster.transport import preload
 from pictl.cluster.warm import started_since
-from pictl.events import EventSink, Phase
+from pictl.events import EventSink, HostOutput, Phase, SessionEvent
 from pictl.inventory import Cluster
 from pictl.planning.options import RunOptions
 from pictl.planning.specs import spec_from
@@ -48,6 +48,7 @@ from pictl.run.staging import stage
 from pictl.run.summarize import Reached, bare_summary, summarize
 from pictl.run.traces import RankTrace, TraceGrab, grab_traces
 from pictl.summary_models import RunSummary
+from remote import protocol as P
 
 SAMPLE_INTERVAL_S = 2.0
 
@@ -60,7 +61,14 @@ class RunSession:
                  reuse_baseline: bool = True, profile: str | None = None, wait: bool = False) -> None:
         preload(cluster)  # before the start-up clock: importing is not connecting
         runs_root = runs_root or default_runs_root()
-        self.ctx = RunContext(cluster, options, RunRecord.new_id(options.stages), on_event or (lambda _e: None),
+        sink = on_event or (lambda _e: None)
+
+        def observed(event: SessionEvent) -> None:
+            if isinstance(event, HostOutput) and event.line.startswith(P.WARM_NOTE) and "cold" in event.line:
+                self.book.timeline.ran_cold(event.host)  # (the host is warm, but this job could not be)
+            sink(event)
+
+        self.ctx = RunContext(cluster, options, RunRecord.new_id(options.stages), observed,
                               runs_root, Caches.beside(baseline_cache or BaselineCache()),
                               artifact=open_artifact(options.artifact) if options.artifact else None,
                               profile=profile, wait_for_hosts=wait, reuse_baseline=reuse_baseline)

@@ -36,12 +36,21 @@ class StartupTimeline:
         self.cold_imports = 0
         self.warm_started: int | None = None
         """Warm processes started during the run (each imported torch once); None: not asked."""
+        self._phase: str | None = None
 
     def launched(self, phase: str, processes: dict[Host, int]) -> None:
         """`processes[host]` interpreters of `phase` started on each host, warm or cold as the host is."""
         warm = all(h.warm for h in processes)
         self.served_warm[phase] = self.served_warm.get(phase, True) and warm
         self.cold_imports += sum(n for h, n in processes.items() if not h.warm)
+        self._phase = phase
+
+    def ran_cold(self, host: str) -> None:
+        """A job of the latest phase on `host` ran cold although the host is warm (its warm process could not
+        serve it: the client said so on its stderr): that phase was not served warm, and torch was imported."""
+        if self._phase is not None:
+            self.served_warm[self._phase] = False
+        self.cold_imports += 1
 
     def imports(self) -> dict[str, Any]:
         """How the run's processes started: per phase warm or not, and how many interpreters imported torch."""

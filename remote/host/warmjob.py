@@ -1,4 +1,4 @@
-"""What a job forked from the warm process is (`remote.host.warmserve`): its own session and name, the
+"""What a job forked from the warm process is (`remote.host.warmworkdir`): its own session and name, the
 client's streams, environment and directory, its group recorded where the sweeps look, then `MODULE.main()` as
 `python -m MODULE ARGS` would run it, and the way it ends.
 
@@ -65,13 +65,19 @@ def _reset_stdio() -> None:
 
 
 
-
 def die_with_parent(name: str) -> None:
-    """PR_SET_PDEATHSIG; and PR_SET_NAME, so `top` and `ps -o comm` tell a job from the warm process it was
-    forked from (its command line stays the warm process's: a fork does not change it)."""
+    """PR_SET_PDEATHSIG, and the process's name (`name_process`)."""
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)
+    name_process(name)
+
+
+def name_process(name: str) -> None:
+    """PR_SET_NAME, so `top` and `ps -o comm` tell a job or a workdir server from the root it was forked from
+    (its command line stays the root's: a fork does not change it)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(15, ctypes.c_char_p(name.encode()[:15]))
 
 

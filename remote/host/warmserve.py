@@ -1,28 +1,28 @@
-"""The warm process's loop (`remote.host.warm`): preload, accept this login's clients, fork their jobs,
-supervise them, report their exit, and end when idle, replaced, stopped or signalled.
+"""The warm processes' loop (`remote.host.warm`), what the root (`remote.host.warmroot`: preloads, forks one
+workdir server per workdir) and a workdir server (`remote.host.warmworkdir`: forks that workdir's jobs) share:
+the socket, this login's clients and their requests, status, children and their ends, and ending when idle,
+replaced, stopped or signalled.
 
-One thread, one selector: the listening socket, every client's socket, and a self-pipe that SIGCHLD and
-SIGTERM write to. A fork happens from this one thread, with no other thread alive (the preloaded modules
-start none), which is what makes forking a process that imported torch safe.
+One thread, one selector per process: the listening socket, every client's socket, and a self-pipe that
+SIGCHLD and SIGTERM write to. A fork happens from this one thread, with no other thread alive (the preloaded
+modules start none), which is what makes forking a process that imported torch safe: the root forks its
+workdir servers, and they fork their jobs, the same way.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
-import pkgutil
 import selectors
 import signal
 import socket
 import struct
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from remote.host import warm as W
-from remote.host.warmjob import Job, die_with_parent, finish, record_group, signal_group
+from remote.host.warmjob import Job, signal_group
 
 CODE_CHECK_S = 2.0
 
@@ -36,81 +36,100 @@ class Client:
     kill_at: float | None = None
     record: str | None = None
     """The child's `pgid-warm-*` file, removed when it ends."""
+    owner: str | None = None
+    """The controller the job belongs to (`W.OWNER_ENV` in its environment): what `pictl stop` matches."""
+    module: str = ""
+
+
+@dataclass
+class Origin:
+    """What a workdir server keeps of the root it was forked from (what it preloaded, and when)."""
+
+    pid: int
+    started: float
+    preloaded: list[str]
+    import_s: float
 
 
 class Server:
-    def __init__(self, path: str) -> None:
+    """What the root (`remote.host.warmroot.Root`: `code_dir` None) and a workdir server (`WorkdirServer`:
+    the jobs of the workdir whose pushed code is at `code_dir`) share: the socket, the loop, this login's
+    clients, status, children and how they end."""
+
+    def __init__(self, path: str, code_dir: str | None = None, origin: Origin | None = None) -> None:
         self.path = path
+        self.code_dir = code_dir
         self.pid = os.getpid()
         self.started = time.time()
+        self.origin = origin
         self.idle_s = float(os.environ.get("PICTL_WARM_IDLE") or W.IDLE_S)
         self.clients: dict[int, Client] = {}  # by socket fd
-        self.children: dict[int, Client] = {}  # by child pid
-        self.preloaded: list[str] = []
-        self.import_s = 0.0
+        self.children: dict[int, Client] = {}  # a workdir server's jobs, by pid
+        self.servers: dict[int, str] = {}  # the root's workdir servers: pid -> socket path
+        self.preloaded: list[str] = list(origin.preloaded) if origin else []
+        self.import_s = origin.import_s if origin else 0.0
         self.served = 0
         self.last_busy = time.monotonic()
         self.stopping = False
-        self.manifest = W.code_manifest()
+        self.manifest = W.code_manifest(code_dir)
         self.packages = W.packages_stamp()
         self.inode = 0
         self.own_fds: list[int] = []
         """The listener and the wake pipe: closed in every child."""
+        self.listener: socket.socket | None = None
+        self.sel: selectors.BaseSelector | None = None
+
+    @property
+    def role(self) -> str:
+        return "root" if self.code_dir is None else "workdir"
+
+    @staticmethod
+    def _job_entry(pid: int, job: Client) -> dict[str, Any]:
+        return {"pid": pid, "owner": job.owner, "module": job.module}
 
     # -- start --------------------------------------------------------------------------------------
-
-    def _preload(self) -> None:
-        t0 = time.perf_counter()
-        for name in W.PRELOAD:
-            importlib.import_module(name)
-            self.preloaded.append(name)
-        import remote
-
-        for info in pkgutil.walk_packages(remote.__path__, "remote."):
-            if info.name in sys.modules or info.name.startswith("remote.pruning"):
-                continue
-            try:
-                importlib.import_module(info.name)
-            except Exception as exc:  # noqa: BLE001 - a module a job may not need; the job will say
-                print(f"warm: not preloaded: {info.name}: {type(exc).__name__}: {exc}", flush=True)
-        self.import_s = time.perf_counter() - t0
 
     def _listen(self) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         directory, name = os.path.split(self.path)
         os.chdir(directory)  # bind by a short relative name (a socket address holds 108 bytes)
         tmp = f".{name}.{os.getpid()}"
-        sock.bind(tmp)
-        os.chmod(tmp, 0o600)
-        sock.listen(64)
-        os.replace(tmp, name)  # clients see it only once it accepts
-        self.inode = os.stat(name).st_ino
-        os.chdir("/")
+        try:
+            sock.bind(tmp)
+            os.chmod(tmp, 0o600)
+            sock.listen(64)  # (here, in this process: a client's SO_PEERCRED names the process that listens)
+            os.replace(tmp, name)  # clients see it only once it accepts
+        except OSError:
+            sock.close()
+            try:
+                os.unlink(tmp)  # (a directory where the socket goes: nothing of ours left behind)
+            except OSError:
+                pass
+            raise
+        finally:
+            os.chdir("/")
+        self.inode = os.stat(self.path).st_ino
         return sock
 
     # -- the loop -------------------------------------------------------------------------------------
 
     def serve(self) -> Job | None:
-        available = W.available_mb()
-        if available is not None and available < W.MIN_AVAILABLE_MB:
-            print(f"warm: only {available:.0f} MB available (it needs {W.MIN_AVAILABLE_MB}): jobs run cold",
-                  flush=True)
+        if not self._prepare():
             return None
-        self._preload()
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w)
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
-        listener = self._listen()
+        listener = self.listener = self._listen()
         self.own_fds = [listener.fileno(), wake_r, wake_w]
-        print(f"warm: pid {self.pid} serving {self.path} (imports {self.import_s:.1f} s)", flush=True)
-        sel = selectors.DefaultSelector()
+        print(f"warm: pid {self.pid} serving {self._serving()} at {self.path}", flush=True)
+        sel = self.sel = selectors.DefaultSelector()
         sel.register(listener, selectors.EVENT_READ, "listen")
         sel.register(wake_r, selectors.EVENT_READ, "wake")
         next_check = time.monotonic() + CODE_CHECK_S
         try:
-            while not (self.stopping and not self.children):
+            while not (self.stopping and not self.children and not self.servers):
                 for key, _ in sel.select(timeout=0.5):
                     if key.data == "listen":
                         self._accept(listener, sel)
@@ -119,18 +138,19 @@ class Server:
                     else:
                         job = self._serve_client(key.data, sel)
                         if job is not None:
-                            return job  # in the child
+                            return job  # in a job's child (or a workdir server's, with its job)
                 self._reap()
                 self._enforce()
                 now = time.monotonic()
                 if now >= next_check:
                     next_check = now + CODE_CHECK_S
-                    replaced = ("code" if W.code_manifest() != self.manifest else
+                    replaced = ("code" if W.code_manifest(self.code_dir) != self.manifest else
                                 "packages" if W.packages_stamp() != self.packages else None)
                     if replaced and not self.stopping:
                         print(f"warm: the {replaced} were replaced: ending after the running jobs", flush=True)
                         self._stop_listening(listener, sel)
-                if not self.children and not self.clients and now - self.last_busy > self.idle_s:
+                if not self.children and not self.servers and not self.clients \
+                        and now - self.last_busy > self.idle_s:
                     print(f"warm: idle for {self.idle_s:.0f} s: ending", flush=True)
                     break
         except BaseException as exc:
@@ -147,7 +167,7 @@ class Server:
     def _on_signal(self, signum: int, _frame: object) -> None:
         if signum != signal.SIGCHLD:
             self.stopping = True
-            for pid in list(self.children):
+            for pid in [*self.children, *self.servers]:
                 signal_group(pid, signal.SIGTERM)
 
     def _stop_listening(self, listener: socket.socket, sel: selectors.BaseSelector) -> None:
@@ -215,71 +235,52 @@ class Server:
 
     def _handle(self, client: Client, message: dict[str, Any], sel: selectors.BaseSelector) -> Job | None:
         op = message.get("op")
-        if op == "run":
-            return self._fork(client, message, sel)
-        if op == "signal" and client.child is not None:
-            signal_group(client.child, int(message.get("signal", signal.SIGTERM)))
-        elif op in ("status", "ensure"):
+        if op in ("status", "ensure"):
             W.send_message(client.sock, self.status())
         elif op == "stop":
-            W.send_message(client.sock, self.status())
-            self.stopping = True
-            for pid in list(self.children):
-                signal_group(pid, signal.SIGTERM)
+            W.send_message(client.sock, self._stop(message))
+        else:
+            return self._request(client, str(op), message, sel)
         return None
+
+    # -- what the root and a workdir server each do ----------------------------------------------------
+
+    def _prepare(self) -> bool:
+        """Before listening; False: do not serve."""
+        return True
+
+    def _serving(self) -> str:
+        return "the workdir of " + str(self.code_dir)
+
+    def _request(self, client: Client, op: str, message: dict[str, Any], sel: selectors.BaseSelector) -> Job | None:
+        raise NotImplementedError
+
+    def _stop(self, message: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
 
     def status(self) -> dict[str, Any]:
         rss = 0
         for line in W._read("/proc/self/status").splitlines():
             if line.startswith("VmRSS:"):
                 rss = int(line.split()[1]) // 1024
-        return {"pid": self.pid, "started_at": round(self.started, 3), "age_s": round(time.time() - self.started, 1),
+        root = self.origin or Origin(self.pid, self.started, self.preloaded, self.import_s)
+        return {"pid": self.pid, "role": self.role, "root_pid": root.pid, "root_started_at": round(root.started, 3),
+                "started_at": round(self.started, 3), "age_s": round(time.time() - self.started, 1),
                 "rss_mb": rss, "import_s": round(self.import_s, 2), "preloaded": self.preloaded,
                 "jobs_running": len(self.children), "jobs_served": self.served, "idle_s": self.idle_s,
+                "workdirs": len(self.servers), "jobs": [self._job_entry(p, j) for p, j in self.children.items()],
                 "key": os.path.basename(self.path).removesuffix(".sock")}
 
-    def _fork(self, client: Client, message: dict[str, Any], sel: selectors.BaseSelector) -> Job | None:
-        argv = message.get("argv") or []
-        if not argv or argv[0] not in W.ENTRY_MODULES or len(client.fds) != 3:
-            W.send_message(client.sock, {"error": f"not a job this process runs: {argv[:1]}"})
-            return None
-        cpus, nice = message.get("cpus"), message.get("nice")
-        job = Job([str(a) for a in argv], {str(k): str(v) for k, v in (message.get("env") or {}).items()},
-                  str(message.get("cwd") or "/"), int(message.get("umask", 0o022)),
-                  [int(c) for c in cpus] if isinstance(cpus, list) else None,
-                  int(nice) if isinstance(nice, int) else None)
-        fds, client.fds = client.fds, []
-        for f in (sys.stdout, sys.stderr):
-            f.flush()
-        pid = os.fork()
-        if pid == 0:  # the child: the job's own session, the client's streams, and nothing of the server's
-            os.setsid()
-            die_with_parent("pictl-" + job.argv[0].rsplit(".", 1)[-1])
-            if os.getppid() != self.pid:
-                os._exit(W.EXIT_WARM_LOST)
-            for target, fd in enumerate(fds):
-                os.dup2(fd, target)
-            for fd in fds:
-                if fd > 2:
-                    os.close(fd)
-            signal.set_wakeup_fd(-1)
-            sel.close()
-            for c in self.clients.values():
-                c.sock.close()
-            for fd in self.own_fds:
-                os.close(fd)
-            for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                signal.signal(sig, signal.SIG_DFL)
-            record_group(job.cwd)
-            return job
-        for fd in fds:
+    def _forget_in_child(self, sel: selectors.BaseSelector) -> None:
+        """In a freshly forked child: nothing of this process's sockets, pipes or signal handling."""
+        signal.set_wakeup_fd(-1)
+        sel.close()
+        for c in self.clients.values():
+            c.sock.close()
+        for fd in self.own_fds:
             os.close(fd)
-        client.child = pid
-        client.record = os.path.join(job.cwd, f"pgid-warm-{pid}")
-        self.children[pid] = client
-        self.served += 1
-        W.send_message(client.sock, {"pid": pid, "server": self.pid})
-        return None
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
 
     def _gone(self, client: Client, sel: selectors.BaseSelector) -> None:
         """The client closed its socket: if its job still runs, nobody waits for it any more."""
@@ -299,13 +300,16 @@ class Server:
         self.last_busy = time.monotonic()
 
     def _reap(self) -> None:
-        while self.children:
+        while self.children or self.servers:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
+            if self.servers.pop(pid, None) is not None:
+                self.last_busy = time.monotonic()
+                continue
             client = self.children.pop(pid, None)
             if client is None:
                 continue
@@ -329,19 +333,3 @@ class Server:
             if client.kill_at is not None and now >= client.kill_at:
                 signal_group(pid, signal.SIGKILL)
 
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--socket", required=True)
-    args = parser.parse_args(argv)
-    job = Server(args.socket).serve()
-    if job is None:  # the warm process ended
-        return 0
-    finish(job.run())  # a forked child: the job, then its exit
-    return 0  # (not reached)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -63,7 +63,7 @@ def warm_server(p: psutil.Process) -> bool:
     """A warm process itself (`remote.host.warm`), not a job it forked (those share its command line)."""
     def warm(proc: psutil.Process | None) -> bool:
         try:
-            return proc is not None and "remote.host.warmserve --socket" in " ".join(proc.cmdline())
+            return proc is not None and "remote.host.warmroot --socket" in " ".join(proc.cmdline())
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             return False
 
