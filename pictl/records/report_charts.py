@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import IO, Any
 
-from pictl.events import parse_event
+from pictl.events import SERIAL_FP32, parse_event
 from pictl.records.files import event_files, read_lines
 from pictl.records.train_report import chart_label, md_text, quiet_charts
 from pictl.summary import RunSummary
@@ -24,7 +24,7 @@ def records_of(run_dir: Path, notes: list[str]) -> list[Record]:
     its cap (`pictl.records.files.read_lines`); what was skipped, or not read (a link), is put in `notes`."""
     out = []
     for name in event_files(run_dir / "events", notes):
-        if name == "serial.jsonl":
+        if name.removesuffix(".jsonl") in ("serial", SERIAL_FP32):  # (the serial runs' records are not links')
             continue
         for line in read_lines(run_dir, f"events/{name}", notes):
             record = parse_event(line)

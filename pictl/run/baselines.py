@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pictl.cluster.hoststate import state_change
+from pictl.cluster.hoststate import LOAD_TOLERANCE_CORES, state_change
 from pictl.records.cache import JsonCache, cache_root
 from pictl.records.runs import write_bytes_atomic, write_json_atomic
+from pictl.run.flags_measured import SERIAL_WAIT_LIMIT
 from pictl.summary import age_text
 
 
@@ -43,11 +44,30 @@ class Baseline:
     and its latency percentiles; None for a baseline cached before pictl measured them."""
 
 
+def suspect_when_measured(baseline: Baseline) -> str | None:
+    """Why a baseline was already suspect when it was measured (by the rules its run's flags use: other work
+    kept cores busy, or its threads waited for a CPU other work held), None if it was clean. A suspect
+    baseline is never reused: the load that slowed it may still be there, so the host's state alone would
+    compare equal and a slow baseline would go on inflating every later speedup."""
+    busy = (baseline.host_state or {}).get("busy_cores")
+    if isinstance(busy, int | float) and busy > LOAD_TOLERANCE_CORES:
+        return f"other work kept {busy:.1f} cores busy while it was measured"
+    timing = baseline.timing or {}
+    delay, compute = timing.get("run_delay_per_image_s"), timing.get("compute_per_image_s")
+    if isinstance(delay, int | float) and isinstance(compute, int | float) and compute > 0 \
+            and delay / compute > SERIAL_WAIT_LIMIT:
+        return (f"its threads waited {delay * 1000:.1f} ms per image for a CPU other work held "
+                f"({delay / compute:.0%} of its time)")
+    return None
+
+
 def reuse_refusal(cached: Baseline, state_now: dict[str, Any], *, max_age_s: float | None, now: float) -> str | None:
     """Why `cached` may not stand for a serial run now (None: it may)."""
     age = max(0.0, now - cached.measured_at)
     if max_age_s is not None and age > max_age_s:
         return f"the cached baseline is {age_text(age)} old, older than baseline_max_age ({age_text(max_age_s)})"
+    if (suspect := suspect_when_measured(cached)) is not None:
+        return f"the cached baseline was suspect when it was measured {age_text(age)} ago: {suspect}"
     change = state_change(cached.host_state, state_now)
     return f"the host changed since the cached baseline was measured {age_text(age)} ago: {change}" if change else None
 

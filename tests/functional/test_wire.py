@@ -154,7 +154,10 @@ def test_a_real_run_sends_half_with_fp16_and_a_quarter_with_int8(wire_runs, tmp_
 def test_a_lossy_run_below_the_agreement_threshold_fails_with_exit_5(wire_runs) -> None:
     proc, s = wire_runs["procs"][1], wire_runs["summaries"][1]
     assert proc.returncode == 5, proc.stderr[-3000:]
-    assert s["serial_reused"] is True
+    # The first run's baseline is reused unless it no longer stands (on a machine other work loads, a baseline
+    # measured under that load is measured again, and says why): either way the lossy run is judged against it.
+    why = s["baseline"]["not_reused_because"] or ""
+    assert s["serial_reused"] is True or why.startswith(("the cached baseline was suspect", "the host changed")), why
     assert s["status"] == "failed" and s["outputs_match"] is False and s["agreement"] < 0.99
     assert s["wire"]["links"][0]["ratio"] < 0.01
     assert proc.stderr.strip().splitlines()[-1].startswith("pictl: error: lossy wire (lowrank:1): top-1 agreement")
