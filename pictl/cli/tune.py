@@ -1,5 +1,6 @@
-"""`pictl tune`: search replicas x stages (and, with --allow-loss, int8 numerics and compressing wires), measure
-the best predicted, print the ranked table, save the winner as a preset (`pictl.jobs.tune`)."""
+"""`pictl tune`: search replicas x stages (and, with --allow-loss, int8 numerics and compressing wires), screen
+the best predicted, measure the finalists in rounds against one serial reference, print the ranked table and
+what the rounds decided, save the winner as a preset (`pictl.jobs.tune`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -51,10 +52,11 @@ def tune(
                                              "run is at least --min-agreement.")] = False,
     # (bounds: TuneSettings', checked in plan_tune as the Python API's are)
     min_agreement: Annotated[float, typer.Option(help="Lossy candidates' bound, 0 to 1.")] = 0.99,
-    measure: Annotated[Optional[int], typer.Option(help="Candidates measured at most, 1 to 64 (the pipeline over "
-                                                        "every host first) [default: 3; 5 with --allow-loss]")] = None,
-    budget: Annotated[float, typer.Option(help="Wall-time budget in seconds (at least 1): no new measurement starts "
-                                               "after it.")] = 1800.0,
+    measure: Annotated[Optional[int], typer.Option(help="Candidates screened at most, 1 to 64 (the pipeline over "
+                                                        "every host first; the best kept, at most 4, go on to "
+                                                        "the rounds) [default: 3; 5 with --allow-loss]")] = None,
+    budget: Annotated[float, typer.Option(help="Wall-time budget in seconds (at least 1): no screening run starts "
+                                               "after half of it, no round's run after it.")] = 1800.0,
     save_as: Annotated[str, typer.Option(help="Preset the winner is saved as (./profiles/NAME.toml).")] = "tuned",
     force: Annotated[bool, typer.Option("--force", help="Save the winner even under the name of a shipped preset "
                                                         "(it then shadows that preset here).")] = False,
@@ -80,7 +82,8 @@ def tune(
     verbose: VerboseOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Find the fastest configuration the cluster allows: exact (bit-identical outputs) unless --allow-loss."""
+    """Find the fastest configuration the cluster allows: exact (bit-identical outputs) unless --allow-loss,
+    decided in rounds against one serial reference, a winner only beyond the noise."""
     from pictl.headless import HeadlessRenderer
     from pictl.jobs.tune import plan_tune, run_tune
     from pictl.planning.presets import preset_target
@@ -113,7 +116,7 @@ def tune(
         writable_dir(target, "--out")
         rows = asyncio.run(run_cancellable(run_tune(cluster, base, settings, target, on_event=renderer,
                                                     cache=BaselineCache(), on_rows=keep,
-                                                    write_failed=write_failed)))
+                                                    write_failed=write_failed, runs_root=root)))
     except E.Interrupted as exc:
         renderer.close()
         if target is not None:
@@ -141,7 +144,7 @@ def _verdict_and_files(rows: list[Measured], base: RunOptions, target: Path, sou
     verdict: exit 3 when nothing was saved (nothing kept, or nothing beat the serial run), 9 when a file could
     not be written."""
     from pictl.jobs.tune_report import finish
-    from pictl.jobs.tune_verdicts import best_kept, winner
+    from pictl.jobs.tune_verdicts import winner
 
     found = winner(rows)
     console = _print_table(rows, found, base, as_json)
@@ -151,20 +154,22 @@ def _verdict_and_files(rows: list[Measured], base: RunOptions, target: Path, sou
         console.print(f"tune directory: {target}", markup=False)
         fail(exc)
     lines = [f"tune directory: {target}"]
+    decided = _decision(target)
     serial = next((m for m in rows if m.reference), None)
-    fastest = best_kept(rows)
+    if serial is not None and serial.rounds:
+        lines.append(f"reference: the serial run on {decided.get('host', '?')}, {serial.throughput_ips:.2f} img/s "
+                     f"(median of {len(serial.rounds)} rounds)")
+    # Short lines: the table is read on an 80-column terminal.
+    lines += [f"  {line}" for line in decided.get("lines", [])[:-1]]
     if found is not None:
-        # Short lines: the table is read on an 80-column terminal.
-        lines += [f"winner: {found.candidate.label}",
-                  f"  {found.throughput_ips:.2f} img/s, {found.speedup_vs_fp32}x the fp32 serial run ({found.why})",
+        spread = f", {found.interval[0]:.2f}-{found.interval[1]:.2f}" if found.interval else ""
+        lines += [(decided.get("lines") or [f"winner: {found.candidate.label}"])[-1],
+                  f"  {found.throughput_ips:.2f} img/s, {found.speedup_vs_fp32:.2f}x the serial run "
+                  f"({len(found.rounds)} rounds{spread}; {found.why})",
                   f"  run it again: pictl run --profile {save_as}"]
-    elif fastest is not None:
-        lines += ["no candidate beat the serial run"
-                  + (f" ({serial.throughput_ips:.2f} img/s)" if serial and serial.throughput_ips else "")
-                  + f": the best, {fastest.candidate.label}, ran at {fastest.speedup_vs_fp32}x it",
-                  f"  nothing saved as {save_as}"]
     else:
-        lines += ["no candidate was kept: see the table's verdicts", f"  nothing saved as {save_as}"]
+        lines += [decided.get("lines", ["no candidate was kept: see the table's verdicts"])[-1],
+                  f"  nothing saved as {save_as}"]
     if found is None and (profiles / f"{save_as}.toml").is_file():
         lines.append(f"  {profiles / f'{save_as}.toml'} (saved before) is left as it was")
     for line in lines:
@@ -178,6 +183,15 @@ def _verdict_and_files(rows: list[Measured], base: RunOptions, target: Path, sou
         raise typer.Exit(E.EXIT_RUN_FAILED)
     if write_failed:
         fail(write_failed[0])
+
+
+def _decision(target: Path) -> dict[str, Any]:
+    """What the tune decided and where its reference ran, as tune.json keeps them (empty if it cannot be read)."""
+    try:
+        every = json.loads((target / "tune.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {"lines": list(every.get("decision") or []), "host": (every.get("reference") or {}).get("host")}
 
 
 def _print_table(rows: list[Measured], found: Measured | None, base: RunOptions, as_json: bool) -> Console:

@@ -39,6 +39,7 @@ class TuneRecord:
             "winner": found.row() if found else None, "best_exact": exact.row() if exact else None,
             "best_pipeline": pipeline.row() if pipeline else None, "rows": [m.row() for m in ranked(rows)]})
 
+
 PRESET_FIELDS = ("model", "num_classes", "stages", "replicas", "policy", "split", "numerics", "wire", "min_agreement",
                  "images", "chunk", "warmup", "repeats", "threads")
 """What a tuned preset fixes: the configuration and the measurement protocol it won under."""
@@ -46,24 +47,24 @@ PRESET_FIELDS = ("model", "num_classes", "stages", "replicas", "policy", "split"
 
 def table(rows: list[Measured], best: Measured | None, base: RunOptions | None = None, *,
           unmeasured: int | None = None) -> str:
-    """Measured candidates first, fastest first, then the predicted rest (`ranked`; the best `unmeasured` of
-    them, when given); fits 80 columns. A config names its threads (t) and chunk (c) where they differ from
-    `base`'s; +i8 and +w are lossy."""
+    """The rows measured in rounds first, best first, then those screened once, then the predicted rest
+    (`ranked`; the best `unmeasured` of them, when given); fits 80 columns. A config names its threads (t) and
+    chunk (c) where they differ from `base`'s; +i8 and +w are lossy."""
     shown = ranked(rows)
     left_out = 0
     if unmeasured is not None:
         waiting = [m for m in shown if not m.status]
         left_out = max(0, len(waiting) - unmeasured)
         shown = [m for m in shown if m.status] + waiting[:unmeasured]
-    lines = ["| config        | pred/s | img/s | x fp32 | agree | acc   | p50 ms | verdict |",
-             "|---------------|--------|-------|--------|-------|-------|--------|---------|"]
+    lines = ["| config        | img/s | x ref | interval    | n | agree | acc   | verdict |",
+             "|---------------|-------|-------|-------------|---|-------|-------|---------|"]
     for m in shown:
         verdict = ("WINNER" if m is best else "serial" if m.reference else "kept" if m.kept else "no" if m.status
                    else "inexact" if m.why else "-")
-        lines.append(f"| {m.candidate.short(base):<13} | {figure(m.predicted_ips, '.1f'):>6} "
-                     f"| {figure(m.throughput_ips, '.1f'):>5} | {figure(m.speedup_vs_fp32):>6} "
-                     f"| {figure(m.agreement_vs_fp32, '.3f'):>5} | {figure(m.accuracy, '.3f'):>5} "
-                     f"| {figure(m.latency_p50_ms, '.0f'):>6} | {verdict:<7} |")
+        interval = f"{m.interval[0]:.2f}-{m.interval[1]:.2f}" if m.interval else "-"
+        lines.append(f"| {m.candidate.short(base):<13} | {figure(m.throughput_ips, '.1f'):>5} "
+                     f"| {figure(m.speedup_vs_fp32):>5} | {interval:<11} | {len(m.rounds) or '-':>1} "
+                     f"| {figure(m.agreement_vs_fp32, '.3f'):>5} | {figure(m.accuracy, '.3f'):>5} | {verdict:<7} |")
     if left_out:
         lines.append(f"... and {left_out} more predicted, not measured (tune.json has every row)")
     return "\n".join(lines)
@@ -71,9 +72,11 @@ def table(rows: list[Measured], best: Measured | None, base: RunOptions | None =
 
 def legend(base: RunOptions) -> str:
     """What the table's columns are measured against, under it."""
-    return (f"x fp32 (ranks the rows), agree: against the fp32 serial run ({base.threads} thread(s),\n"
-            f"chunk {base.chunk}) each run measured or reused; acc: top-1 on labelled images;\n"
-            "tN, cN: threads, chunk; +i8, +wX: lossy (int8, wire)")
+    return (f"x ref: img/s over the reference, the fp32 serial run on one host ({base.threads} thread(s),\n"
+            f"chunk {base.chunk}): over n rounds, the median of each round's img/s over that round's\n"
+            "reference, and its interval; n -: one screening run. A winner is faster than the\n"
+            "rest beyond the noise, or the simplest of a tie. agree: top-1 against the fp32\n"
+            "serial run; acc: on labelled images; tN, cN: threads, chunk; +i8, +wX: lossy")
 
 
 def plot(out: Path, rows: list[Measured]) -> Path | None:
@@ -117,7 +120,9 @@ def preset_text(options: RunOptions, m: Measured, source: str) -> str:
         values["split"], values["policy"] = list(m.split_points), "explicit"
     else:
         values["split"], values["policy"] = [], "equal"
-    about = f"pictl tune winner: {m.candidate.label}, {m.throughput_ips} img/s on {source}"
+    spread = f", interval {m.interval[0]}-{m.interval[1]}" if m.interval else ""
+    about = (f"pictl tune winner: {m.candidate.label}, {m.throughput_ips} img/s, {m.speedup_vs_fp32}x the serial "
+             f"run over {len(m.rounds)} round(s){spread}, on {source}")
     lines = [f"description = {json.dumps(about)}"]
     # JSON's strings, numbers, booleans and lists of strings are TOML's too.
     lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]

@@ -52,11 +52,13 @@ class Candidate:
                 + (f"c{self.chunk}" if self.chunk != chunk else "")
                 + ("+i8" if self.numerics != "fp32" else "") + (f"+w{self.wire}" if self.wire != "fp32" else ""))
 
-    def options(self, base: RunOptions) -> RunOptions:
-        """The run that measures this candidate: `balanced` cuts a pipeline; the base's images and passes."""
+    def options(self, base: RunOptions, split: list[str] | None = None) -> RunOptions:
+        """The run that measures this candidate: `balanced` cuts a pipeline (or, given, the `split` its screening
+        run measured: a round measures the same configuration again); the base's images and passes."""
+        split = list(split or []) if self.stages > 1 else []
         fields = {**base.model_dump(exclude={"artifact"}), "stages": self.stages, "replicas": self.replicas,
                   "numerics": self.numerics, "wire": self.wire, "threads": self.threads, "chunk": self.chunk,
-                  "split": [], "policy": "balanced" if self.stages > 1 else "equal"}
+                  "split": split, "policy": "explicit" if split else "balanced" if self.stages > 1 else "equal"}
         if base.artifact:
             fields["model"] = base.artifact
         return RunOptions(**fields)
@@ -65,6 +67,13 @@ class Candidate:
         """A chunk (or thread count) other than the base's: its outputs may differ from the reference serial
         run's by rounding even when they equal its own serial run's."""
         return self.chunk != base.chunk or self.threads != base.threads
+
+    def simplicity(self, base: RunOptions) -> tuple[int, ...]:
+        """What a tie within noise is settled by, smaller first (docs/tuning.md, "simpler"): exact before lossy,
+        then fewer ranks (the hosts and processes it takes), fewer stages (a pipeline adds links, fill and drain
+        that copies do not), fewer threads per rank, and the base's chunk before another."""
+        return (int(self.lossy), self.replicas * self.stages, self.stages, self.threads,
+                int(self.chunk != base.chunk))
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,14 @@
-"""One candidate as `pictl tune` saw it (`Measured`: predicted, then measured) and the verdict on it: kept
-when its run is ok and its outputs are bit-identical to the serial run (exact), or, lossy, when its top-1
-agreement with the fp32 serial run (and its accuracy, where the images have labels) keeps the user's bound.
-Candidates rank by their speedup over the fp32 serial run their own run measured or reused. The serial run
-itself (one copy on one host, the base's threads and chunk) is a measured row (`reference`, filled from the
-tune's first run by `judge_serial`): a winner must beat it, never merely be the fastest of slower ones.
+"""One candidate as `pictl tune` saw it (`Measured`: predicted, screened by one run, then measured in rounds)
+and the verdict on it: kept when its runs end ok and its outputs are bit-identical to the serial run (exact),
+or, lossy, when its top-1 agreement with the fp32 serial run (and its accuracy, where the images have labels)
+keeps the user's bound. Every speedup divides by the tune's one reference: the fp32 serial run on the named
+host at the base's threads and chunk, measured in the same tune (a screening run's by the first run's serial
+run, a round's by that round's reference). The serial run itself is a measured row (`reference`): a winner must
+beat it beyond the noise, never merely be the fastest of slower ones. Who wins is `pictl.jobs.tune_rounds`'s
+decision, made once and marked on the rows (`won`).
 
 A candidate that changes the arithmetic (a chunk or thread count other than the base's) is also compared with
-the tune's reference serial run (`Versus`: the fp32 serial run of the base configuration): it is exact only
-when bit-identical to it, and its speedup is against it, never against its own serial run alone.
+the tune's reference serial run (`Versus`: its logits): it is exact only when bit-identical to it.
 """
 
 from __future__ import annotations
@@ -33,9 +34,28 @@ class Versus:
     accuracy: float | None
 
 
+@dataclass(frozen=True)
+class RoundRun:
+    """One of a candidate's measurements in the tune's rounds, against that round's reference serial run."""
+
+    round: int
+    run_id: str | None
+    ips: float
+    reference_ips: float
+    """That round's reference serial run, img/s (the reference's own row: its own img/s)."""
+    speedup: float
+    """`ips` over `reference_ips`: what the rounds' median and interval are taken over."""
+
+    @classmethod
+    def of(cls, round_no: int, run_id: str | None, ips: float, reference_ips: float) -> RoundRun:
+        return cls(round_no, run_id, ips, reference_ips, round(ips / reference_ips, 4))
+
+
 @dataclass
 class Measured:
-    """One candidate as the tune saw it: predicted, then (if measured) its run's figures and verdict."""
+    """One candidate as the tune saw it: predicted, screened by one run, then (a finalist) measured in rounds
+    against the reference; its figures and verdict. `throughput_ips` and `speedup_vs_fp32` are the rounds'
+    medians once it has rounds, its screening run's before."""
 
     candidate: Candidate
     predicted_ips: float | None = None
@@ -43,7 +63,10 @@ class Measured:
     status: str | None = None
     throughput_ips: float | None = None
     speedup_vs_fp32: float | None = None
-    """Against the fp32 serial run of the base configuration: numerics, threads, chunk and parallelism together."""
+    """Against the tune's reference (the fp32 serial run of the base configuration on the named host): numerics,
+    threads, chunk and parallelism together; the median over its rounds once it has rounds."""
+    interval: list[float] | None = None
+    """[low, high]: the interval of that speedup over its rounds (None: not measured in rounds, or too few)."""
     speedup_own: float | None = None
     """Against its own serial run (same numerics, threads and chunk): what parallelism alone gained."""
     agreement_vs_fp32: float | None = None
@@ -57,12 +80,22 @@ class Measured:
     machines: Machines = field(default_factory=dict)
     """The run's hosts: [machine (boot id), its CPUs, the host's cap] (`Calibration.machines`)."""
     serial_ips: float | None = None
-    """The fp32 serial run's img/s the run was measured against."""
+    """The fp32 serial run's img/s its own run measured or reused (where it changes the arithmetic: the tune's
+    reference); never what `speedup_vs_fp32` divides by unless it is the reference."""
     split_points: list[str] = field(default_factory=list)
     kept: bool = False
     why: str = ""
     reference: bool = False
     """The tune's reference serial run (one copy on one host): shown among the rows, never the winner."""
+    screening_ips: float | None = None
+    """Its screening run's img/s (the one run that chose the finalists), kept once the rounds replace it."""
+    screening_speedup: float | None = None
+    rounds: list[RoundRun] = field(default_factory=list)
+    """Its measurements in the tune's rounds, each against its round's reference."""
+    compared: str = ""
+    """What the rounds said of it: against the row ranked under it, or why it leaves the rounds."""
+    won: bool = False
+    """The tune's decision (`pictl.jobs.tune_rounds.decide`): the configuration it saves."""
 
     @property
     def exact(self) -> bool:
@@ -76,9 +109,11 @@ class Measured:
 
 
 def judge(m: Measured, summary: RunSummary | None, min_agreement: float, versus: Versus | None = None,
-          *, allow_loss: bool = False) -> None:
-    """Fill `m` from its run's summary (None: it ended before it had one) and decide whether it may win;
-    `versus`: its outputs against the tune's reference, for a candidate that changes the arithmetic."""
+          *, allow_loss: bool = False, reference_ips: float | None = None) -> None:
+    """Fill `m` from its screening run's summary (None: it ended before it had one) and decide whether it may
+    win; `versus`: its outputs against the tune's reference, for a candidate that changes the arithmetic;
+    `reference_ips`: the tune's reference serial run, which its speedup divides by (None: the first run, whose
+    own serial run is the reference)."""
     c = m.candidate
     if summary is None:
         m.status, m.kept, m.why = "failed", False, "its run failed"
@@ -100,6 +135,9 @@ def judge(m: Measured, summary: RunSummary | None, min_agreement: float, versus:
         m.agreement_vs_fp32, m.serial_ips, m.fp32_accuracy = versus.agreement, versus.serial_ips, versus.accuracy
         m.speedup_vs_fp32 = (round(m.throughput_ips / versus.serial_ips, 3)
                              if m.throughput_ips and versus.serial_ips else None)
+    if reference_ips and m.throughput_ips:  # one reference for every row, never the run's own baseline
+        m.speedup_vs_fp32 = round(m.throughput_ips / reference_ips, 4)
+    m.screening_ips, m.screening_speedup = m.throughput_ips, m.speedup_vs_fp32
     pipeline = s.latency.pipeline if s.latency else None
     m.latency_p50_ms = pipeline.p50_ms if pipeline else None
     for name, record in s.hosts.items():
@@ -120,6 +158,7 @@ def judge_serial(m: Measured, summary: RunSummary) -> None:
     m.accuracy = m.fp32_accuracy = summary.serial_accuracy
     m.latency_p50_ms = serial.p50_ms if serial else None
     m.kept, m.reference = True, True
+    m.screening_ips, m.screening_speedup = m.throughput_ips, 1.0
     m.why = f"the serial run (measured in {summary.run_id}): the reference every speedup is against"
 
 
@@ -145,31 +184,27 @@ def _verdict(m: Measured, s: RunSummary, min_agreement: float, allow_loss: bool)
 
 
 def _score(m: Measured) -> tuple[float, float]:
-    """What ranks a measured candidate: its speedup over the fp32 serial run it was measured against (its own
-    run's, measured beside it or reused, so a machine that drifts between runs does not favour the run that
-    happened on a fast minute), then its img/s."""
+    """What ranks a measured candidate: its speedup over the tune's one reference (the rounds' median once it
+    has rounds: each round's img/s over that round's reference, so load that comes and goes hits every row
+    alike), then its img/s."""
     return m.speedup_vs_fp32 or 0.0, m.throughput_ips or 0.0
 
 
 def ranked(rows: list[Measured]) -> list[Measured]:
-    """Measured candidates first, best first (`_score`), then the predicted rest, best predicted first."""
-    return sorted(rows, key=lambda m: (m.throughput_ips is None, *(-x for x in _score(m)), -(m.predicted_ips or 0.0)))
+    """The rows measured in rounds first, best first (`_score`), then the rest measured once (screening), then
+    the predicted rest, best predicted first."""
+    return sorted(rows, key=lambda m: (m.throughput_ips is None, not m.rounds, *(-x for x in _score(m)),
+                                       -(m.predicted_ips or 0.0)))
 
 
 def best_kept(rows: list[Measured]) -> Measured | None:
-    """The kept candidate with the highest speedup over the fp32 serial run (an exact one wins a tie), whether
-    or not it beats the serial run (the best pipeline is shown beside the winner even when it is slower)."""
+    """The kept candidate ranked first (`ranked`; an exact one first in a tie), whether or not it beats the
+    serial run (the best pipeline is shown beside the winner even when it is slower)."""
     kept = [m for m in rows if m.kept and m.throughput_ips and not m.reference]
-    return max(kept, key=lambda m: (*_score(m), m.exact), default=None)
-
-
-def beats_serial(m: Measured) -> bool:
-    """Faster than the fp32 serial run it was measured against (the reference row's 1x)."""
-    return (m.speedup_vs_fp32 or 0.0) > 1.0
+    return min(kept, key=lambda m: (not m.rounds, *(-x for x in _score(m)), not m.exact), default=None)
 
 
 def winner(rows: list[Measured]) -> Measured | None:
-    """The best kept candidate, if it beats the serial run; None when nothing was kept or nothing beat it
-    (a configuration slower than one copy on one host is never the answer, nor saved)."""
-    found = best_kept(rows)
-    return found if found is not None and beats_serial(found) else None
+    """The configuration the tune decided on (`won`, set once by `pictl.jobs.tune_rounds.decide`): None while
+    it runs, and when no candidate beat the serial run beyond the noise (nothing is saved)."""
+    return next((m for m in rows if m.won), None)

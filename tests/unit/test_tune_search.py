@@ -16,8 +16,9 @@ from pictl.inventory import load_cluster
 from pictl.jobs.tune import calibrate
 from pictl.jobs.tune_model import Calibration, by_machine, predict
 from pictl.jobs.tune_report import finish, legend, preset_text, save_preset, table
+from pictl.jobs.tune_rounds import MAX_ROUNDS, decide, interleave, round_order, settle
 from pictl.jobs.tune_space import Axes, Candidate, candidates
-from pictl.jobs.tune_verdicts import Measured, Versus, best_kept, judge, judge_serial, ranked, winner
+from pictl.jobs.tune_verdicts import Measured, RoundRun, Versus, best_kept, judge, judge_serial, ranked, winner
 from pictl.planning.costs import Profiles
 from pictl.planning.options import RunOptions
 from pictl.planning.presets import SHIPPED_PRESETS, preset_target, resolve_options
@@ -80,23 +81,23 @@ def test_a_lossy_candidate_below_the_bound_never_wins() -> None:
     fast_lossy = Measured(Candidate(4, 1, numerics="int8-dynamic"))
     judge(fast_lossy, _summary(80.0, agreement=0.985, numerics=True), 0.99)
     assert exact.kept and not fast_lossy.kept and "below 0.99" in fast_lossy.why
-    assert winner([exact, fast_lossy]) is exact
+    assert _decided([exact, fast_lossy]) is exact
     good_lossy = Measured(Candidate(2, 2, wire="fp16"))
     judge(good_lossy, _summary(40.0, agreement=0.995), 0.99)
-    assert winner([exact, fast_lossy, good_lossy]) is good_lossy
+    assert _decided([exact, fast_lossy, good_lossy]) is good_lossy
     # With labels, a lossy candidate must also keep the bound's share of the fp32 serial run's accuracy.
     drops = Measured(Candidate(2, 2, wire="int8"))
     judge(drops, _summary(90.0, agreement=0.995, accuracy=0.60, serial_accuracy=0.63), 0.99)
     assert not drops.kept and "accuracy 0.6 keeps less than 0.99 of the fp32 serial run's 0.63" in drops.why
     holds = Measured(Candidate(2, 2, wire="int8"))
     judge(holds, _summary(45.0, agreement=0.995, accuracy=0.628, serial_accuracy=0.628), 0.99)
-    assert holds.kept and holds.row()["accuracy"] == 0.628 and winner([exact, drops, holds]) is holds
+    assert holds.kept and holds.row()["accuracy"] == 0.628 and _decided([exact, drops, holds]) is holds
     failed = Measured(Candidate(1, 4))
     judge(failed, _summary(99.0, status="failed"), 0.99)
     gone = Measured(Candidate(2, 2))
     judge(gone, None, 0.99)  # refused before its run had a summary
-    assert not gone.kept and gone.status == "failed" and winner([gone]) is None
-    assert not failed.kept and winner([failed]) is None
+    assert not gone.kept and gone.status == "failed" and _decided([gone]) is None
+    assert not failed.kept and _decided([failed]) is None
     text = table([exact, fast_lossy, good_lossy, failed], good_lossy)
     assert all(len(line) <= 80 for line in text.splitlines()) and "WINNER" in text
 
@@ -126,7 +127,7 @@ def test_a_winner_must_beat_the_serial_run_and_nothing_slower_is_saved(tmp_path:
     assert serial.kept and serial.exact and serial.reference and serial.latency_p50_ms == 95.0
     assert serial.accuracy == serial.fp32_accuracy == 0.5
     assert lead.kept and lead.speedup_vs_fp32 == pytest.approx(0.908)
-    assert winner([lead, serial]) is None and best_kept([lead, serial]) is lead
+    assert _decided([lead, serial]) is None and best_kept([lead, serial]) is lead
     assert [m.candidate for m in ranked([lead, serial])] == [Candidate(1, 1), Candidate(1, 2)]
     text = table([lead, serial], None, base)
     assert "WINNER" not in text and "| 1x1           |" in text and "| serial  |" in text
@@ -136,7 +137,7 @@ def test_a_winner_must_beat_the_serial_run_and_nothing_slower_is_saved(tmp_path:
     assert (tmp_path / "tune" / "table.md").is_file() and not (tmp_path / "profiles").exists()
     faster = Measured(Candidate(2, 1))
     judge(faster, _summary(15.0, serial_ips=10.0), 0.99)
-    assert winner([lead, serial, faster]) is faster
+    assert _decided([lead, serial, faster]) is faster
     won, preset = finish(tmp_path / "tune", [lead, serial, faster], base, "hosts.toml", tmp_path / "profiles",
                          "tuned")
     assert won is faster and preset == tmp_path / "profiles" / "tuned.toml" and preset.is_file()
@@ -314,10 +315,10 @@ def test_a_chunk_whose_outputs_differ_from_the_reference_serial_run_is_not_exact
     assert batched.speedup_vs_fp32 == pytest.approx(4.8) and batched.speedup_own == pytest.approx(4.8)
     plain = Measured(Candidate(4, 1))
     judge(plain, _summary(38.0), 0.99)
-    assert winner([plain, batched]) is plain
+    assert _decided([plain, batched]) is plain
     lossy_ok = Measured(Candidate(4, 1, chunk=4))
     judge(lossy_ok, _summary(48.0), 0.99, reference, allow_loss=True)
-    assert lossy_ok.kept and not lossy_ok.exact and winner([plain, lossy_ok]) is lossy_ok
+    assert lossy_ok.kept and not lossy_ok.exact and _decided([plain, lossy_ok]) is lossy_ok
     threads = Measured(Candidate(4, 1, threads=2))
     judge(threads, _summary(60.0), 0.99, Versus(0.0, 1.0, 10.0, None))
     assert threads.kept and threads.exact and threads.why == "bit-identical" and threads.row()["exact"]
@@ -337,12 +338,128 @@ def test_the_table_names_threads_and_chunk_and_fits_80_columns() -> None:
     assert "2x2t4c8+i8" in text and "1x4t2c2+wfp16" in text and "0.628" in text and "WINNER" in text
 
 
-def test_candidates_rank_by_their_speedup_over_the_serial_run_they_were_measured_against() -> None:
-    """The emulated cluster drifted 9 % between two runs' serial baselines (3.84 and 3.53 img/s): the copy
-    that ran 13.9 img/s against the faster minute's serial run is 3.61x, the one that ran 12.8 against the
-    slower one 3.63x; the table and the winner follow the speedups, not the raw rates of different minutes."""
-    fast_minute = Measured(Candidate(4, 1), status="ok", kept=True, throughput_ips=13.89, speedup_vs_fp32=3.612)
-    slow_minute = Measured(Candidate(2, 2), status="ok", kept=True, throughput_ips=12.80, speedup_vs_fp32=3.625)
-    assert winner([fast_minute, slow_minute]) is slow_minute
-    assert [m.candidate for m in ranked([fast_minute, slow_minute, Measured(Candidate(1, 1), predicted_ips=99.0)])] \
-        == [Candidate(2, 2), Candidate(4, 1), Candidate(1, 1)]
+BASE = RunOptions(images=8, chunk=1, threads=1)
+
+
+def _in_rounds(m: Measured, *speedups: float, ref: float | list[float] = 10.0) -> Measured:
+    """`m` measured in rounds at these speedups over a reference of `ref` img/s (one value, or one per round)."""
+    refs = ref if isinstance(ref, list) else [ref] * len(speedups)
+    m.rounds = [RoundRun.of(i + 1, f"{m.candidate.short()}-r{i + 1}", x * r, r)
+                for i, (x, r) in enumerate(zip(speedups, refs, strict=True))]
+    settle(m)
+    return m
+
+
+def _decided(rows: list[Measured], rounds: int = 3) -> Measured | None:
+    """What the rounds decide when every kept row runs at its screening speedup in every round (no noise) against
+    a serial run of 10 img/s (the rows' own reference row, if they have one)."""
+    reference = next((m for m in rows if m.reference), None) or Measured(Candidate(1, 1), status="ok", kept=True,
+                                                                         reference=True)
+    for m in [reference, *rows]:
+        if m.reference or (m.kept and m.speedup_vs_fp32):
+            _in_rounds(m, *[1.0 if m.reference else m.speedup_vs_fp32 or 0.0] * rounds)
+    return decide([reference, *[m for m in rows if m is not reference]], BASE).winner
+
+
+def _issue_rows() -> tuple[Measured, Measured, Measured]:
+    """Issue 43's tune, screened: 1x4 at 6.1 img/s against its own slow serial run of 3.03 (2.02x), 1x2 at 7.4 and
+    1x3 at 8.3 img/s; the tune's reference (the first run's serial run) ran 4.2 img/s."""
+    rows = []
+    for shape, ips, own in (((1, 4), 6.1, 3.03), ((1, 2), 7.4, 4.3), ((1, 3), 8.3, 4.5)):
+        m = Measured(Candidate(*shape))
+        judge(m, _summary(ips, speedup=round(ips / own, 4), serial_ips=own), 0.99, reference_ips=4.2)
+        rows.append(m)
+    return rows[0], rows[1], rows[2]
+
+
+def test_the_tune_of_the_issue_saves_the_fastest_under_interleaving_not_the_best_against_its_own_baseline() -> None:
+    """The tune saved 1x4 (2.02x its own baseline) over 1x2 and 1x3, which ran faster. Every speedup now divides
+    by one reference, and the winner is decided in rounds, each round's img/s over that round's reference: load
+    that comes and goes (the reference itself ran 4.2, 2.9 and 4.0 img/s) reaches every finalist alike."""
+    one_by_four, one_by_two, one_by_three = _issue_rows()
+    assert one_by_four.speedup_own == pytest.approx(2.0132, abs=1e-3)  # what ranked it first before
+    assert [m.candidate for m in ranked([one_by_four, one_by_two, one_by_three])] == \
+        [Candidate(1, 3), Candidate(1, 2), Candidate(1, 4)]  # screening, against the one reference
+    assert one_by_four.screening_speedup == pytest.approx(6.1 / 4.2, abs=1e-4)
+    loads = [4.2, 2.9, 4.0]  # the reference in each round: the busy loop on in round 2
+    reference = _in_rounds(Measured(Candidate(1, 1), status="ok", kept=True, reference=True), 1.0, 1.0, 1.0,
+                           ref=loads)
+    _in_rounds(one_by_four, 1.45, 1.40, 1.47, ref=loads)
+    _in_rounds(one_by_two, 1.76, 1.70, 1.79, ref=loads)
+    _in_rounds(one_by_three, 1.98, 1.93, 2.01, ref=loads)
+    decision = decide([reference, one_by_four, one_by_two, one_by_three], BASE)
+    assert decision.winner is one_by_three and winner([one_by_four, one_by_two, one_by_three]) is one_by_three
+    assert not decision.close and one_by_three.speedup_vs_fp32 == 1.98 and one_by_three.interval == [1.93, 2.01]
+    assert one_by_three.throughput_ips == pytest.approx(2.01 * 4.0)  # the median of its img/s, as measured
+    assert decision.lines[0].startswith("1x3 is faster than 1x2 by 12 % (+12 % to +14 %, 3 rounds)")
+    assert "faster than every other finalist beyond the noise" in decision.lines[-1]
+    assert one_by_two.compared.startswith("1x3 is faster than 1x2") and one_by_four.compared.startswith("1x2 is f")
+    text = table([reference, one_by_four, one_by_two, one_by_three], one_by_three, BASE)
+    assert text.splitlines()[2].startswith("| 1x3           |   8.0 |  1.98 | 1.93-2.01   | 3 |")
+
+
+def test_a_tie_within_noise_goes_to_the_simpler_configuration() -> None:
+    """Two configurations whose paired ratios straddle 1 are a tie: the one with fewer ranks wins it, then the one
+    with fewer stages; a candidate tied with the serial run (the simplest of all) wins nothing."""
+    reference = _in_rounds(Measured(Candidate(1, 1), status="ok", kept=True, reference=True), 1.0, 1.0, 1.0)
+    copies = _in_rounds(Measured(Candidate(2, 1), status="ok", kept=True), 1.62, 1.70, 1.66)
+    pipeline = _in_rounds(Measured(Candidate(1, 2), status="ok", kept=True), 1.69, 1.64, 1.67)
+    deeper = _in_rounds(Measured(Candidate(1, 4), status="ok", kept=True), 1.71, 1.61, 1.68)
+    decision = decide([reference, copies, pipeline, deeper], BASE)
+    assert pipeline.speedup_vs_fp32 == 1.67 and deeper.speedup_vs_fp32 == 1.68  # the top by median: 1x4
+    assert decision.winner is copies and [m.candidate for m in decision.close] == [Candidate(1, 4), Candidate(1, 2),
+                                                                                   Candidate(2, 1)]
+    assert "1x4 and 1x2: a tie within noise" in decision.lines[0]
+    assert decision.lines[-1] == "winner: 2x1, tied within noise with 1x4, 1x2, and the simpler"
+    assert Candidate(2, 1).simplicity(BASE) < Candidate(1, 2).simplicity(BASE) < Candidate(1, 4).simplicity(BASE)
+    assert Candidate(4, 1).simplicity(BASE) < Candidate(2, 2, wire="fp16").simplicity(BASE)  # exact first
+    assert Candidate(1, 2).simplicity(BASE) < Candidate(1, 2, threads=2).simplicity(BASE) \
+        < Candidate(1, 2, threads=2, chunk=4).simplicity(BASE)
+    barely = _in_rounds(Measured(Candidate(2, 1), status="ok", kept=True), 1.04, 0.97, 1.02)
+    decision = decide([reference, barely], BASE)
+    assert decision.winner is None and [m.candidate for m in decision.close] == [Candidate(2, 1), Candidate(1, 1)]
+    assert decision.lines[0] == "2x1 and the serial run: a tie within noise (-3 % to +4 %, 3 rounds)"
+    assert "nothing is saved" in decision.lines[-1] and winner([barely]) is None
+    single = _in_rounds(Measured(Candidate(2, 1), status="ok", kept=True), 1.9)  # one round: no interval at all
+    assert single.interval is None and decide([_in_rounds(reference, 1.0), single], BASE).winner is None
+
+
+def test_rounds_alternate_and_are_added_while_the_top_two_are_too_close_within_the_budget() -> None:
+    """reference, A, B; reference, B, A; ...: three rounds of every finalist, then rounds of the top and those
+    tied with it until they separate, MAX_ROUNDS, or the budget; a finalist whose run fails leaves the rounds."""
+    import asyncio
+
+    assert round_order(["a", "b", "c"], 1) == ["a", "b", "c"] and round_order(["a", "b", "c"], 2) == ["c", "b", "a"]
+
+    def tune(rates: dict[Candidate, list[float]], budget_runs: int = 99) -> tuple[list[str], Measured | None]:
+        order: list[str] = []
+        rows = {c: Measured(c, status="ok", kept=True) for c in rates}
+        reference = Measured(Candidate(1, 1), status="ok", kept=True, reference=True)
+
+        async def measure(m: Measured, round_no: int) -> tuple[str | None, float] | None:
+            order.append(f"{round_no}:{'ref' if m.reference else m.candidate.short()}")
+            if m.reference:
+                return f"ref{round_no}", 10.0
+            rate = rates[m.candidate][(round_no - 1) % len(rates[m.candidate])]
+            if rate <= 0:
+                m.kept = False
+                return None
+            return f"{m.candidate.short()}{round_no}", rate
+
+        decision = asyncio.run(interleave(list(rows.values()), reference, BASE, measure,
+                                          lambda: len(order) >= budget_runs, lambda _e: None))
+        return order, decision.winner
+
+    far = {Candidate(1, 2): [15.0, 15.5, 14.8], Candidate(2, 1): [19.0, 18.7, 19.4]}
+    order, won = tune(far)
+    assert order == ["1:ref", "1:1x2", "1:2x1", "2:ref", "2:2x1", "2:1x2", "3:ref", "3:1x2", "3:2x1"]
+    assert won is not None and won.candidate == Candidate(2, 1)
+    close = {Candidate(1, 2): [15.0, 16.0, 15.5], Candidate(2, 1): [15.5, 15.2, 15.9]}
+    order, won = tune(close)
+    assert len([o for o in order if o.endswith(":ref")]) == MAX_ROUNDS and won is not None
+    assert won.candidate == Candidate(2, 1)  # never separated: the simpler (fewer stages)
+    order, _ = tune(close, budget_runs=11)  # the budget ends the fourth round after its reference and one run
+    assert order[9:] == ["4:ref", "4:2x1"]
+    failing = {Candidate(1, 2): [15.0, 0.0, 15.0], Candidate(2, 1): [12.0, 12.1, 12.2]}
+    order, won = tune(failing)
+    assert "3:1x2" not in order and won is not None and won.candidate == Candidate(2, 1)

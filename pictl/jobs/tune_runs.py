@@ -1,0 +1,247 @@
+"""How `pictl tune` runs and records its measurements (`TuneJob`): every one a `pictl run` of its own under the
+runs root, a screening run judged once (`pictl.jobs.tune_verdicts.judge`), a round's run against that round's
+reference (`pictl.jobs.tune_rounds`), a `[k/n]` line for each as it ends, and `tune.json` rewritten after each.
+What the tune may spend and keep is `TuneSettings`; the search that orders the runs is `pictl.jobs.tune`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ConfigDict, Field
+from pydantic.dataclasses import dataclass as checked_dataclass
+
+from pictl import errors as E
+from pictl.events import EventSink, Phase
+from pictl.inventory import Cluster
+from pictl.jobs.tune_report import TUNE_FILE, TuneRecord
+from pictl.jobs.tune_rounds import FINALISTS, MIN_ROUNDS
+from pictl.jobs.tune_space import candidates
+from pictl.jobs.tune_verdicts import Measured, Versus, judge
+from pictl.planning.options import RunOptions
+from pictl.run.baselines import BaselineCache
+from pictl.run.compare import agreement, max_abs_diff
+from pictl.run.session import RunSession
+from pictl.summary_models import RunSummary
+from pictl.text import figure
+from remote import protocol as P
+
+
+@checked_dataclass(config=ConfigDict(strict=True))
+class TuneSettings:
+    """What a tune may spend and what it keeps, with the bounds `pictl tune` and `pictl.tune` both check."""
+
+    measure: int = Field(default=3, ge=1, le=64)
+    """Candidates measured at most (the pipeline-only one and the int8 serial run included; the serial runs
+    that measure what threads and chunks gain are not)."""
+    budget_s: float = Field(default=1800.0, ge=1.0, allow_inf_nan=False)
+    allow_loss: bool = False
+    min_agreement: float = Field(default=0.99, ge=0.0, le=1.0)
+    wait: bool = False
+    search_threads: bool = False
+    """Try 1, 2, 4 ... threads per rank up to the hosts' cores (False: the base's threads only)."""
+    search_chunk: bool = False
+    """Try chunks 1, 2, 4, 8 that divide the images (False: the base's chunk only)."""
+
+
+@dataclass
+class Reference:
+    """The tune's reference serial run: the first run's fp32 serial run, in the base configuration."""
+
+    logits: bytes | None = None
+    serial_ips: float | None = None
+    accuracy: float | None = None
+
+    def versus(self, record_dir: Path | None, num_classes: int) -> Versus:
+        mine = _logits(record_dir)
+        diff = max_abs_diff(mine, self.logits) if mine is not None and self.logits is not None else None
+        agreed = agreement(mine, self.logits, num_classes) if mine is not None and self.logits is not None else None
+        return Versus(diff, round(agreed[0], 6) if agreed else None, self.serial_ips, self.accuracy)
+
+
+def _logits(record_dir: Path | None) -> bytes | None:
+    """A run's outputs: its pipeline's, or (one rank) its serial run's."""
+    for name in (P.LOGITS_FILE_PIPELINE, P.LOGITS_FILE_SERIAL):
+        path = record_dir / name if record_dir else None
+        if path is not None and path.is_file():
+            return path.read_bytes()
+    return None
+
+
+class TuneJob:
+    """One tune's state (every row, those that count toward --measure, the reference serial run, tune.json)
+    and how it measures a candidate."""
+
+    def __init__(self, cluster: Cluster, base: RunOptions, settings: TuneSettings, out: Path, *,
+                 on_event: EventSink | None, cache: BaselineCache | None,
+                 on_rows: Callable[[list[Measured]], object] | None,
+                 on_session: Callable[[RunSession, Measured], object] | None,
+                 write_failed: list[E.RecordWriteFailed] | None, runs_root: Path) -> None:
+        self.cluster, self.base, self.settings, self.out, self.cache = cluster, base, settings, out, cache
+        self.on_event, self.on_rows, self.on_session, self.write_failed = on_event, on_rows, on_session, write_failed
+        self.runs_root = runs_root
+        self.say: EventSink = on_event or (lambda _e: None)
+        self.started = time.monotonic()
+        self.rows = {c: Measured(c) for c in candidates(cluster, base, allow_loss=settings.allow_loss)}
+        self.measured: list[Measured] = []
+        """The rows that count toward --measure."""
+        self.reference = Reference()
+        self.first: list[RunSession] = []
+        """The first run: its tree's digest and its model file key the profiles it measured."""
+        self.progress = Progress(planned=settings.measure + MIN_ROUNDS * (1 + min(FINALISTS, settings.measure)))
+        self.round_reference: dict[int, float] = {}
+        """Round -> its reference serial run's img/s."""
+        self.record = TuneRecord(out, {"started_at": time.time(), "cluster": cluster.source,
+                                       "options": base.model_dump(), "settings": asdict(settings),
+                                       "runs_root": str(runs_root)})
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.record.meta
+
+    def spent(self, share: float = 1.0) -> bool:
+        """The budget (or `share` of it: screening's half) is spent: no run starts after it."""
+        return time.monotonic() - self.started > self.settings.budget_s * share
+
+    def anything_measured(self) -> bool:
+        return any(m.status for m in self.rows.values())
+
+    def save(self, status: str, error: BaseException | None = None) -> None:
+        """tune.json rewritten; what a write the disk refuses costs depends on what was measured."""
+        try:
+            self.record.write(status, list(self.rows.values()), error)
+        except OSError as exc:
+            if error is not None:
+                return  # the tune is ending on an error of its own: that one is said, not this one
+            if not self.anything_measured():
+                raise E.ConfigError(f"the tune directory {self.out}: cannot write {TUNE_FILE} "
+                                    f"({exc.strerror or exc}); nothing was measured") from None
+            raise E.RecordWriteFailed(f"the tune measured {sum(1 for m in self.rows.values() if m.status)} row(s), "
+                                      f"but writing {self.record.path} failed ({exc.strerror or exc})") from None
+        if self.on_rows:
+            self.on_rows(list(self.rows.values()))
+
+    def session(self, cluster: Cluster, options: RunOptions, m: Measured, *, fresh: bool = False) -> RunSession:
+        """A run of the tune (its record under the runs root); `fresh`: a one-rank run measures its serial run
+        now (its img/s is that run's), never a cached baseline."""
+        session = RunSession(cluster, options, on_event=self.on_event, runs_root=self.runs_root,
+                             baseline_cache=self.cache, reuse_baseline=not fresh, wait=self.settings.wait)
+        if self.on_session:
+            self.on_session(session, m)
+        return session
+
+    async def measure(self, m: Measured, why: str, on: str | None = None, *, counted: bool = True) -> None:
+        """Screen `m` by one run (on the host `on` alone, when given) and judge it; a row of the table counts
+        toward --measure, a further machine's serial run and a gain's do not."""
+        settings, label = self.settings, m.candidate.label
+        self.say(Phase("tune", f"measuring {label} ({why})"))
+        session = self.session(alone(self.cluster, on) if on else self.cluster, m.candidate.options(self.base), m)
+        self.first[:] = self.first or [session]
+        lead = not self.anything_measured()
+        summary: RunSummary | None
+        try:
+            summary = await session.run()
+        except (E.RunFailed, E.OutputMismatch, E.TransportError) as exc:
+            summary = session.last_summary
+            if lead and isinstance(exc, E.TransportError):  # the hosts cannot be reached: nothing to tune on
+                if summary is not None:
+                    judge(m, summary, settings.min_agreement, allow_loss=settings.allow_loss)
+                raise
+            self.say(Phase("tune", f"{label}: {exc}"))
+        except E.RecordWriteFailed as exc:  # raised, not kept: the run's record could not even be made
+            if lead:
+                raise E.ConfigError(f"{exc}; nothing was measured") from None
+            raise
+        except E.ConfigError as exc:
+            if lead:  # the first run: the tune's own options are at fault, nothing is measured
+                raise
+            summary = None  # this shape cannot run here (no split fits, say): the rest can
+            self.say(Phase("tune", f"{label} refused: {exc}"))
+        except E.Interrupted:
+            if session.last_summary:
+                judge(m, session.last_summary, settings.min_agreement, self._versus(m, session),
+                      allow_loss=settings.allow_loss, reference_ips=self.reference.serial_ips)
+                self.measured.extend([m] if counted else [])
+            raise
+        self._kept_write_error(session, label)
+        judge(m, summary, settings.min_agreement, self._versus(m, session) if summary else None,
+              allow_loss=settings.allow_loss, reference_ips=self.reference.serial_ips)
+        self.measured.extend([m] if counted else [])
+        self.save("running")
+        self.say(Phase("tune", self.progress.line(label, m.throughput_ips, m.speedup_vs_fp32,
+                                                  _outputs(m.status, summary, m.kept, m.why))))
+
+    async def measure_round(self, m: Measured, round_no: int) -> tuple[str | None, float] | None:
+        """`m` (or the reference) once more, in round `round_no`: the same configuration and split its screening
+        run measured. Its run id and img/s, or None: its run failed or its outputs differed, and a finalist
+        that did is no longer kept (a winner must run every time)."""
+        c, label = m.candidate, "reference" if m.reference else m.candidate.label
+        cluster = alone(self.cluster, self.meta["reference"]["host"]) if m.reference else self.cluster
+        session = self.session(cluster, c.options(self.base, m.split_points), m, fresh=c.stages * c.replicas == 1)
+        summary: RunSummary | None
+        failure: str | None = None
+        try:
+            summary = await session.run()
+        except (E.RunFailed, E.OutputMismatch, E.TransportError, E.ConfigError) as exc:
+            summary, failure = session.last_summary, str(exc)
+        if failure is None and summary is not None and not (summary.status == "ok" and summary.outputs_match):
+            failure = "its outputs differed"
+        self._kept_write_error(session, label)
+        ips = summary.throughput_ips if summary is not None and failure is None else None
+        if m.reference and ips:
+            self.round_reference[round_no] = ips
+        ref = self.round_reference.get(round_no)
+        self.say(Phase("tune", self.progress.line(f"round {round_no}, {label}", ips, ips / ref if ips and ref else None,
+                                                  _outputs(summary.status if summary else "failed", summary,
+                                                           failure is None, failure or ""))))
+        if ips is None:
+            if not m.reference:
+                m.kept, m.compared = False, f"round {round_no}: {failure or 'its run failed'}"
+            self.save("running")
+            return None
+        self.save("running")
+        return (summary.run_id if summary else None), ips
+
+    def _kept_write_error(self, session: RunSession, label: str) -> None:
+        if session.write_error is not None:  # measured, but its record is incomplete: the tune goes on
+            self.say(Phase("tune", f"{label}: {session.write_error}"))
+            if self.write_failed is not None and not self.write_failed:
+                self.write_failed.append(session.write_error)
+
+    def _versus(self, m: Measured, session: RunSession) -> Versus | None:
+        if not m.candidate.changes_arithmetic(self.base):
+            return None
+        return self.reference.versus(session.record.path if session.record else None, self.base.num_classes)
+
+
+@dataclass
+class Progress:
+    """The `[k/n]` of a tune's lines: `n`, the runs planned so far, grows or shrinks as the tune learns how many
+    levers, finalists and rounds there are."""
+
+    planned: int
+    done: int = 0
+
+    def line(self, label: str, ips: float | None, speedup: float | None, outputs: str) -> str:
+        self.done += 1
+        self.planned = max(self.planned, self.done)
+        return (f"[{self.done}/{self.planned}] {label}: {figure(ips, '.2f')} img/s, "
+                f"{figure(speedup, '.2f', 'x')}, {outputs}")
+
+
+def _outputs(status: str | None, summary: RunSummary | None, kept: bool, why: str) -> str:
+    """What a run's outputs were against the serial run, in a few words for its progress line."""
+    if summary is None or status != "ok":
+        return "failed"
+    if summary.agreement is not None:
+        return f"agreement {summary.agreement:.3f}" + ("" if kept else f" ({why})")
+    return "outputs identical" if summary.outputs_match and kept else f"not kept ({why})"
+
+
+def alone(cluster: Cluster, host: str) -> Cluster:
+    """The inventory with one host left: where a serial run measures what a lever gains on its machine."""
+    return cluster.model_copy(update={"hosts": tuple(h for h in cluster.hosts if h.name == host)})
