@@ -18,6 +18,7 @@ EXIT_NOT_READY = 6
 EXIT_FLAGGED = 7
 EXIT_BUSY = 8
 EXIT_WRITE_FAILED = 9
+EXIT_SUSPECT = 10
 EXIT_INTERRUPTED = 130
 
 
@@ -91,6 +92,13 @@ class Flagged(PictlError):
     """The run finished, but its result raised sanity flags and `--strict` was given."""
 
     exit_code = EXIT_FLAGGED
+
+
+class Suspect(PictlError):
+    """The run finished, but its result cannot be true as measured (a speedup above what an exact pipeline
+    reaches, a serial baseline something else slowed): the result is printed, SUSPECT, with the cause."""
+
+    exit_code = EXIT_SUSPECT
 
 
 class RecordWriteFailed(PictlError):

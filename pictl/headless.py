@@ -18,6 +18,7 @@ from rich.text import Text
 
 from pictl.console import Fields, Fitted, result_console
 from pictl.events import SERIAL_FP32, HostOutput, Phase, RankEvent, SessionEvent
+from pictl.figure_text import ips_text, speedup_text
 from pictl.headless_prune import macs_text
 from pictl.headless_train import TrainProgress
 from pictl.records.waterfall_view import latency_of, percentiles_text, waterfall_line, waterfall_of
@@ -25,6 +26,7 @@ from pictl.run.traces import perfetto_hint
 from pictl.summary import baseline_text
 from pictl.summary_models import RunSummary
 from pictl.text import figure, markup_safe, printable
+from pictl.verdict import result_word
 from remote.job_records import PruneAccuracy, PruneDone, PruneProgress, PruneStart, TrainEval, TrainStart, TrainStep
 from remote.protocol import WARM_NOTE
 from remote.run_records import Error, Progress, Recut, Refine, Refined, StageReady, Throughput
@@ -225,9 +227,9 @@ def numerics_lines(s: RunSummary) -> list[str]:
     agreed = "-" if n.agreement_vs_fp32 is None else f"{n.agreement_vs_fp32:.2%}"
     return [printable(
         f"numerics {n.kind} ({', '.join(n.engines) or 'serial only'}): speedup "
-        f"{figure(n.speedup_vs_fp32)}x over the fp32 serial run ({figure(n.fp32_serial_ips)} img/s), "
-        f"{figure(s.speedup)}x over the {n.kind} serial run; {n.kind} alone "
-        f"{figure(n.numerics_gain)}x on one host; top-1 agreement with fp32 {agreed} over "
+        f"{speedup_text(n.speedup_vs_fp32)} over the fp32 serial run ({ips_text(n.fp32_serial_ips)} img/s), "
+        f"{speedup_text(s.speedup)} over the {n.kind} serial run; {n.kind} alone "
+        f"{speedup_text(n.numerics_gain)} on one host; top-1 agreement with fp32 {agreed} over "
         f"{n.compared_images or '-'} image(s)")]
 
 
@@ -248,9 +250,9 @@ def summary_fields(s: RunSummary) -> list[str]:
     """The result line's fields (printed above the stage table; one line in a file)."""
     copies = f"{s.replicas} replicas x " if s.replicas > 1 else ""
     return [printable(field) for field in (
-        s.status.upper(), f"{copies}{s.stages} stage(s)", f"split {', '.join(s.split_points) or '-'}",
-        f"pipeline {figure(s.throughput_ips)} img/s", f"serial {figure(s.serial_ips)} img/s{baseline_text(s)}",
-        f"speedup {figure(s.speedup)}x (ideal {s.stages * s.replicas}x)", outputs_text(s),
+        result_word(s), f"{copies}{s.stages} stage(s)", f"split {', '.join(s.split_points) or '-'}",
+        f"pipeline {ips_text(s.throughput_ips)} img/s", f"serial {ips_text(s.serial_ips)} img/s{baseline_text(s)}",
+        f"speedup {speedup_text(s.speedup)} (ideal {s.stages * s.replicas}x)", outputs_text(s),
         f"accuracy {_pct(s.accuracy)}")]
 
 

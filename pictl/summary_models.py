@@ -42,6 +42,8 @@ class SanityFlag(BaseModel):
     model_config = ConfigDict(extra="forbid")
     code: str
     message: str
+    invalidates: bool = False
+    """The flag makes the result untrue (it ends SUSPECT: `verdict`); the others warn (an older record: none)."""
 
 
 class StageFigures(Open):
@@ -289,4 +291,10 @@ class RunSummary(Open):
     latency: Latencies | None = None
     waterfall: WaterfallRecord | None = None
     flags: list[SanityFlag] = []
+    verdict: Literal["ok", "suspect"] | None = None
+    """A finished run's result: `suspect` when a flag invalidates it (a speedup no exact pipeline reaches, a
+    serial baseline something else slowed), `ok` otherwise; None for a run that did not finish, or an older
+    record (`pictl.verdict` reads it)."""
+    suspect_because: str | None = None
+    """Why the result is SUSPECT, in one line: the invalidating flags, the first one's message in full."""
     error: RunError | None = None

@@ -9,7 +9,8 @@ Exit codes: 0 ok, 1 internal error, 2 bad input or config (nothing started),
 3 a run failed on a host, 4 a host could not be reached, 5 pipeline output differs
 from the serial run, 6 a host is not ready (python, venv, packages: see `pictl check`
 and `pictl provision`), 7 the run raised sanity flags under `--strict`, 8 a host is busy (another run
-holds its lease), 9 a measured result's record could not be written whole (printed first), 130 interrupted
+holds its lease), 9 a measured result's record could not be written whole (printed first), 10 the result is
+SUSPECT (a speedup no exact pipeline reaches, a serial baseline something else slowed), 130 interrupted
 (Ctrl-C, SIGTERM, SIGHUP).
 """
 

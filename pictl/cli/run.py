@@ -166,7 +166,8 @@ def run(
                                            rich_help_panel=HOSTS_PANEL)] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object on stdout.",
                                           rich_help_panel=HOSTS_PANEL)] = False,
-    strict: Annotated[bool, typer.Option("--strict", help="Exit 7 if the result raises any sanity flag.",
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 7 if the result raises any sanity flag (a SUSPECT "
+                                                          "result exits 10 without it).",
                                          rich_help_panel=HOSTS_PANEL)] = False,
     verbose: VerboseOpt = False,
     hosts: HostsOpt = None,
@@ -181,6 +182,7 @@ def run(
     """Run one experiment: serial baseline, N-stage pipeline, speedup and output check."""
     from pictl.headless import HeadlessRenderer, print_summary
     from pictl.run.session import RunSession
+    from pictl.verdict import suspect_error
 
     flags = {"stages": stages, "replicas": replicas, "split": split, "policy": policy, "chunk": chunk, "images": images,
              "warmup": warmup,
@@ -219,9 +221,11 @@ def run(
     print_summary(summary, as_json=as_json)  # first: a measured result is never lost to a full disk
     if session.write_error is not None:
         fail(session.write_error)
-    if strict and summary.flags:
+    if strict and summary.flags:  # asked for: any flag, a SUSPECT result's included, is exit 7
         fail(E.Flagged(f"--strict: the result raised {len(summary.flags)} sanity flag(s): "
                         + ", ".join(dict.fromkeys(f.code for f in summary.flags))))
+    if (suspect := suspect_error(summary)) is not None:  # an untrue result is never a success, --strict or not
+        fail(suspect)
 
 
 def _on_a_terminal() -> bool:

@@ -39,7 +39,8 @@ app.add_typer(runs_app, name="runs")
 SinceOpt = Annotated[Optional[str], typer.Option(help="Runs started on or after this date (2026-11-23) or time.")]
 StagesOpt = Annotated[Optional[int], typer.Option(help="Only runs with this many stages.")]
 PolicyOpt = Annotated[Optional[str], typer.Option(help="Only runs with this policy (balanced, equal, explicit).")]
-StatusOpt = Annotated[Optional[str], typer.Option(help="Only runs with this status (ok, failed, interrupted).")]
+StatusOpt = Annotated[Optional[str], typer.Option(help="Only runs with this status (ok, suspect, failed, "
+                                                           "interrupted).")]
 SortOpt = Annotated[str, typer.Option(help=f"Sort by one of: {', '.join(catalog_rows.SORT_KEYS)} (largest first).")]
 SHORT = ("run_id", "status", "stages", "policy", "chunk", "throughput_ips", "serial_ips", "speedup", "latency_p50_ms",
          "latency_p95_ms", "dominant", "outputs_match", "flags")
@@ -130,7 +131,7 @@ def compare(
     for r in rows:
         table.add_column(_cell(r["run_id"]), overflow="fold")
     for key in catalog_rows.COMPARE_COLUMNS[1:]:
-        table.add_row(HEADINGS.get(key, key), *(_cell(r[key]) for r in rows))
+        table.add_row(HEADINGS.get(key, key), *(_cell(r[key], key) for r in rows))
     wide_console().print(table)
 
 
@@ -171,9 +172,10 @@ def _notes(skipped: list[catalog.Skipped]) -> None:
         err.print(f"pictl: note: {item}", markup=False, emoji=False)
 
 
-def _cell(value: Any) -> Text:
-    """A value from a record as a table cell: plain text (never Rich markup), printable, not megabytes long."""
-    return Text("-" if value is None else catalog.terminal_text(value, catalog.CELL_LIMIT))
+def _cell(value: Any, key: str = "") -> Text:
+    """A value from a record as a table cell: a figure as every view writes it, anything else plain text (never
+    Rich markup), printable, not megabytes long."""
+    return Text(catalog_rows.cell(key, value))
 
 
 def _table(rows: list[dict[str, Any]], columns: tuple[str, ...], title: str) -> Fitted:
@@ -181,7 +183,7 @@ def _table(rows: list[dict[str, Any]], columns: tuple[str, ...], title: str) -> 
     for key in columns:
         table.add_column(SHORT_HEADINGS.get(key, key), no_wrap=key == "run_id")
     for r in rows:
-        table.add_row(*(_cell(r[k]) for k in columns))
+        table.add_row(*(_cell(r[k], k) for k in columns))
     return Fitted(table, [SHORT_HEADINGS.get(k, k) for k in LEFT_OUT_FIRST], whole="; --json has every column")
 
 

@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from pictl.errors import ConfigError
+from pictl.figure_text import cell_text
 from pictl.records import waterfall_view as wv
-from pictl.records.catalog import FoundRun, PendingRun, Skipped, load_runs, read_run
+from pictl.records.catalog import CELL_LIMIT, FoundRun, PendingRun, Skipped, load_runs, read_run
 from pictl.summary import terminal_text
+from pictl.verdict import shown_status
 
 COLUMNS = ("run_id", "started", "status", "model", "stages", "policy", "chunk", "images", "split", "throughput_ips",
            "serial_ips", "speedup", "efficiency", "latency_p50_ms", "latency_p95_ms", "dominant", "outputs_match",
@@ -29,6 +31,14 @@ COMPARE_COLUMNS = (*COLUMNS[:_DOMINANT], *wv.LATENCY_KEYS[2:], "dominant", *wv.T
 """`runs compare`'s lines: a row's, with the rest of the latency (p99, the serial run's) beside its p50 and
 p95, and each waterfall term's points after the dominant term."""
 SORT_KEYS = ("started", "speedup", "throughput_ips", "stages", "status")
+
+def cell(key: str, value: Any) -> str:
+    """A row's value as every table of rows shows it (`pictl runs`, `runs compare`, the dashboard's history): a
+    figure through `pictl.figure_text` (a speedup `2.01x` in each), anything else as plain text (never Rich
+    markup, no control characters, not megabytes long)."""
+    shown = cell_text(key, value)
+    return shown if shown is not None else terminal_text(value, CELL_LIMIT)
+
 
 def _plain(value: Any) -> Any:
     """A row's value: strings without control characters (the dashboard and the CSV show them as they are)."""
@@ -53,19 +63,21 @@ def row(found: FoundRun) -> dict[str, Any]:
     values = {
         "run_id": s.run_id,
         "started": _started(s.started_at),
-        "status": s.status,
+        "status": shown_status(s),  # `suspect`: finished, but a flag makes the result untrue
         "model": s.model,
         "stages": s.stages,
         "policy": s.policy,
         "chunk": s.chunk,
         "images": s.images,
         "split": ",".join(s.split_points) or None,
-        "throughput_ips": _rounded(s.throughput_ips),
-        "serial_ips": _rounded(s.serial_ips),
-        "speedup": _rounded(s.speedup, 3),
-        "efficiency": _rounded(s.efficiency, 3),
-        "latency_p50_ms": _rounded(figures["latency_p50_ms"], 1),
-        "latency_p95_ms": _rounded(figures["latency_p95_ms"], 1),
+        # The figures as the summary holds them: every view rounds them once, the same way (`cell`); rounded
+        # here as well, 2.0049 -> 2.005 -> "2.00" where the result line said "2.01".
+        "throughput_ips": s.throughput_ips,
+        "serial_ips": s.serial_ips,
+        "speedup": s.speedup,
+        "efficiency": s.efficiency,
+        "latency_p50_ms": figures["latency_p50_ms"],
+        "latency_p95_ms": figures["latency_p95_ms"],
         "dominant": w.dominant if w else None,
         "outputs_match": s.outputs_match,
         # A lossy wire's runs pass by top-1 agreement, never by identity: the row says which wire it was.
@@ -77,10 +89,6 @@ def row(found: FoundRun) -> dict[str, Any]:
         "run_dir": s.run_dir,
     }
     return {k: _plain(v) for k, v in values.items()}
-
-
-def _rounded(value: Any, digits: int = 2) -> Any:
-    return round(value, digits) if isinstance(value, float) and math.isfinite(value) else value
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from pictl import errors as E
+from pictl.figure_text import efficiency_text, ips_text, speedup_text
 from pictl.job_summaries import PruneSummary, TrainSummary, parse_job_summary
 from pictl.records.files import LinkFound, read_regular, refused
 from pictl.records.report_charts import link_rates, records_of, stage_chart, wire_chart
@@ -33,6 +34,7 @@ from pictl.records.runs import SUMMARY_FILE, path_exists, path_is_file, writable
 from pictl.records.train_report import ReportFiles, job_section, jobs_table, md_text
 from pictl.summary import RecordInvalid, RunSummary, age_text, parse_summary, read_json_object, terminal_text
 from pictl.text import printable
+from pictl.verdict import shown_status
 
 MAX_TEXT_BYTES = 4 * 2**20
 """A sweep's table.md is a few kilobytes; more is not one."""
@@ -85,10 +87,12 @@ def _run_section(run_dir: Path, s: RunSummary, files: ReportFiles, notes: list[s
              + f"{s.stages} stage(s), policy {md_text(s.policy)}, "
              f"split {', '.join(map(md_text, s.split_points)) or '-'}; "
              f"{s.images} images, chunk {s.chunk}, {md_text(s.threads)} thread(s); "
-             f"status **{s.status}**.", "",
+             f"status **{shown_status(s)}**.", "",
+             *([f"**SUSPECT**: {md_text(s.suspect_because)}", ""] if shown_status(s) == "suspect" else []),
              "| throughput img/s | serial img/s | speedup | efficiency | outputs match |", "|---|---|---|---|---|",
-             f"| {s.throughput_ips} | {s.serial_ips} | {s.speedup} | {s.efficiency} | "
-             f"{s.outputs_match} |", "", *gap_lines(s.run_id, s, files), *_wire_lines(s, files),
+             f"| {ips_text(s.throughput_ips)} | {ips_text(s.serial_ips)} | {speedup_text(s.speedup)} | "
+             f"{efficiency_text(s.efficiency)} | {s.outputs_match} |", "", *gap_lines(s.run_id, s, files),
+             *_wire_lines(s, files),
              *numerics_lines(s), *recut_lines(s),
              *_baseline_and_flags(s)]
     if s.stages * s.replicas > 1:
@@ -211,10 +215,10 @@ def models_section(runs: list[RunSummary], prunes: list[PruneSummary]) -> list[s
             continue
         serial = r.get("serial_ips")
         # Speedup against the unpruned serial run when there is one, else against the run's own.
-        pipes = ", ".join(f"{n}: {ips / (base_serial or own):.2f}x"
+        pipes = ", ".join(f"{n}: {speedup_text(ips / (base_serial or own))}"
                           for n, ips, own in sorted(r.get("pipelines", [])) if ips and (base_serial or own))
         size = (f"{r['params']:,} | {r['macs'] / 1e9:.2f}" if r.get("params") else "- | -")
-        vs_base = f"{serial / base_serial:.2f}x" if serial and base_serial else "-"
+        vs_base = speedup_text(serial / base_serial) if serial and base_serial else "-"
         lines.append(f"| {md_text(r['name'])} | {size} | {_pct(r.get('top1_pruned'))} | {_pct(r.get('top1'))} | "
                      f"{serial or '-'} | {vs_base} | {pipes or '-'} |")
     return [*lines, ""]

@@ -3,6 +3,7 @@ run whose host drifted, and `balanced`'s refinement rounds; each is empty when t
 
 from __future__ import annotations
 
+from pictl.figure_text import ips_text, speedup_text
 from pictl.records.train_report import md_text
 from pictl.summary import RunSummary
 from pictl.summary_figures import Refinement
@@ -14,9 +15,10 @@ def numerics_lines(s: RunSummary) -> list[str]:
     if n is None:
         return []
     return [f"**numerics** `{md_text(n.kind)}` ({md_text(', '.join(n.engines) or 'serial only')}): the speedup "
-            f"above is against a serial run in the same numerics ({n.serial_ips} img/s). Against the fp32 serial "
-            f"run ({n.fp32_serial_ips} img/s): **{n.speedup_vs_fp32}x**; the numerics alone, on one host: "
-            f"{n.numerics_gain}x. Top-1 agreement with fp32: {n.agreement_vs_fp32} over {n.compared_images} "
+            f"above is against a serial run in the same numerics ({ips_text(n.serial_ips)} img/s). Against the fp32 "
+            f"serial run ({ips_text(n.fp32_serial_ips)} img/s): **{speedup_text(n.speedup_vs_fp32)}**; the numerics "
+            f"alone, on one host: {speedup_text(n.numerics_gain)}."
+            f" Top-1 agreement with fp32: {n.agreement_vs_fp32} over {n.compared_images} "
             f"image(s), mean |logit diff| {n.mean_abs_diff_vs_fp32}.", ""]
 
 

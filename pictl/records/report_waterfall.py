@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import IO, Any
 
+from pictl.figure_text import ips_text, points_text, speedup_text
 from pictl.records import waterfall_view as wv
 from pictl.records.train_report import ReportFiles, chart_label, md_text, quiet_charts
 from pictl.summary import RecordInvalid, read_json_object
@@ -41,15 +42,15 @@ def waterfall_chart(w: wv.Waterfall, fh: IO[bytes]) -> None:
             color = RESIDUAL if t.term == "residual" else (LOSS if t.points < 0 else GAIN)
             ax.bar(x, abs(t.points), bottom=min(level, after), color=color)
             ax.plot([x - 1.4, x + 0.4], [level, level], color="#444444", linewidth=0.6, linestyle=":")
-            ax.annotate(f"{t.points:+.2f}", (x, max(level, after)), ha="center", va="bottom", fontsize=8)
+            ax.annotate(points_text(t.points), (x, max(level, after)), ha="center", va="bottom", fontsize=8)
             level = after
         end = len(w.terms) + 1
         ax.bar(end, w.speedup, color=ENDS)
-        ax.annotate(f"{w.speedup:.2f}", (end, w.speedup), ha="center", va="bottom", fontsize=8)
+        ax.annotate(speedup_text(w.speedup), (end, w.speedup), ha="center", va="bottom", fontsize=8)
         ax.axhline(w.stages, color="#444444", linewidth=0.8, linestyle="--")
         ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
         ax.set_ylabel("speedup over serial (x)")
-        ax.set_title(f"why not {w.stages}x: {w.speedup:.2f}x measured, term by term")
+        ax.set_title(f"why not {w.stages}x: {speedup_text(w.speedup)} measured, term by term")
         ax.grid(alpha=0.3, axis="y")
         ax.margins(y=0.12)  # room for the labels above the tallest bar
         with quiet_charts():
@@ -93,9 +94,11 @@ def gap_lines(run_id: str, summary: RunSummary, files: ReportFiles) -> list[str]
               f"![speedup waterfall]({chart})", "", "| term | speedup points | share of the gap |", "|---|---|---|"]
     for t in w.terms:
         name = _cell(t.name)
-        lines.append(f"| {f'**{name}**' if t.term == w.dominant else name} | {t.points:+.2f} | "
-                     f"{wv.share_text(t.share)} |")
-    lines.append(f"| gap | {-w.gap:+.2f} | 100% |")
+        lines.append(f"| {f'**{name}**' if t.term == w.dominant else name} | {points_text(t.points)} | "
+                     f"{wv.shown_share(w, t)} |")
+    lines.append(f"| gap | {points_text(-w.gap)} | {'100%' if w.gap > wv.GAP_EPSILON else '-'} |")
+    if note := wv.share_note(w):
+        lines += ["", md_text(note[0].upper() + note[1:]) + "."]
     if w.dominant:
         lines += ["", f"Dominant term: **{_cell(w.dominant.replace('_', ' '))}**. What would reduce it: "
                       f"{md_text(w.advice or '-')}."]
@@ -118,7 +121,7 @@ def sweep_latency_lines(sweep_dir: Path) -> list[str]:
     for r in rows:
         ips = _number(r.get("throughput_ips"))
         lines.append(f"| {_cell(r.get('stages'))} | {_cell(r.get('chunk'))} | {_cell(r.get('policy'))} | "
-                     f"{_cell(r.get('wire', 'fp32'))} | {'-' if ips is None else f'{ips:.2f}'} | "
+                     f"{_cell(r.get('wire', 'fp32'))} | {ips_text(ips)} | "
                      f"{_ms(_number(r.get('latency_p50_ms')))} | {_ms(_number(r.get('latency_p95_ms')))} | "
                      f"{_cell(r.get('dominant') or '-')} |")
     return [*lines, ""]

@@ -11,10 +11,12 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from pictl.figure_text import ips_text, speedup_text
 from pictl.records import waterfall_view as wv
 from pictl.records.catalog import CELL_LIMIT, FoundRun, PendingRun
 from pictl.summary import baseline_text, terminal_text
 from pictl.summary_models import RunSummary
+from pictl.verdict import shown_status
 
 __all__ = ["fmt", "run_details"]
 
@@ -55,12 +57,15 @@ def run_details(found: FoundRun) -> Table:
         return grid
     s = found
     lines: tuple[tuple[str, object], ...] = (
-        ("run", s.run_id), ("status", s.status), ("directory", s.run_dir), ("model", s.model), ("stages", s.stages),
-        ("split", ", ".join(s.split_points) or "-"), ("policy", s.policy),
-        ("pipeline", f"{fmt(s.throughput_ips)} img/s"), ("serial", f"{fmt(s.serial_ips)} img/s{baseline_text(s)}"),
-        ("speedup", f"{fmt(s.speedup)}x"), ("outputs match", _outputs(s)), ("accuracy", s.accuracy))
+        ("run", s.run_id), ("status", shown_status(s)), ("directory", s.run_dir), ("model", s.model),
+        ("stages", s.stages), ("split", ", ".join(s.split_points) or "-"), ("policy", s.policy),
+        ("pipeline", f"{ips_text(s.throughput_ips)} img/s"),
+        ("serial", f"{ips_text(s.serial_ips)} img/s{baseline_text(s)}"), ("speedup", speedup_text(s.speedup)),
+        ("outputs match", _outputs(s)), ("accuracy", s.accuracy))
     for label, value in lines:
         grid.add_row(label, _cell(value))
+        if label == "status" and value == "suspect":
+            grid.add_row(Text("suspect", style="bold red"), _cell(s.suspect_because, style="red"))
     wv.add_latency_rows(grid, s)
     if s.error:
         grid.add_row(Text("error", style="red"), _cell(_one_line(s.error.message), style="red"))

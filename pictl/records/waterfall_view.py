@@ -16,14 +16,15 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from rich.table import Table
 from rich.text import Text
 
+from pictl.figure_text import points_text, share_text, speedup_text
 from pictl.summary_figures import WaterfallRecord
 from pictl.summary_models import RunSummary
 from pictl.text import shown
 
-__all__ = ["COMPARE_KEYS", "KNOWN_TERMS", "LATENCY_KEYS", "TERM_COLORS", "TERM_KEYS", "Latency", "Percentiles",
-           "Term", "Waterfall", "add_gap_rows", "add_latency_rows", "compare_figures", "gap_bar", "latency_of",
-           "line_parts", "line_text", "percentiles_text", "share_text", "terms_table", "unreadable", "waterfall_line",
-           "waterfall_of", "waterfall_view"]
+__all__ = ["COMPARE_KEYS", "GAP_EPSILON", "KNOWN_TERMS", "LATENCY_KEYS", "TERM_COLORS", "TERM_KEYS", "Latency",
+           "Percentiles", "Term", "Waterfall", "add_gap_rows", "add_latency_rows", "compare_figures", "gap_bar",
+           "latency_of", "line_parts", "line_text", "percentiles_text", "share_note", "share_text", "shown_share",
+           "terms_table", "unreadable", "waterfall_line", "waterfall_view"]
 
 LIMIT = 1e6
 """No speedup, point or millisecond figure a run records is this large; one that is reads as no figure."""
@@ -125,25 +126,50 @@ def unreadable(summary: RunSummary, key: Literal["waterfall", "latency"]) -> boo
 def line_parts(w: Waterfall) -> list[tuple[str, str | None]]:
     """`waterfall_line` in pieces, each with the term it names (None for the text between): the dashboard
     colours each term's name as its segment of the bar."""
-    parts: list[tuple[str, str | None]] = [(f"{w.speedup:.2f}x of {w.stages}", None)]
+    parts: list[tuple[str, str | None]] = [(f"{speedup_text(w.speedup)} of {w.stages}", None)]
     shown_terms = [t for t in sorted(w.terms, key=lambda t: t.points) if abs(t.points) >= 0.005]
     if not shown_terms:
         parts.append((": no measurable gap", None))
     for i, t in enumerate(shown_terms):
-        parts += [(": " if i == 0 else ", ", None), (t.name, t.term), (f" {-t.points:.2f}", None)]
+        parts += [(": " if i == 0 else ", ", None), (t.name, t.term), (f" {points_text(t.points)}", None)]
     if w.dominant:
         parts.append((f" (dominant: {w.dominant.replace('_', ' ')}; to reduce it: {w.advice})", None))
     return parts
 
 
 def waterfall_line(w: Waterfall) -> str:
-    """One line: the measured speedup of N, then every term that cost (or gave) a hundredth or more, largest
-    loss first, and the dominant term with what would reduce it."""
+    """One line: the measured speedup of N, then every term that cost (or gave) a hundredth or more, in signed
+    points (a loss negative, as in every view), largest loss first, and the dominant term with what would reduce
+    it."""
     return "".join(text for text, _ in line_parts(w))
 
 
-def share_text(share: float | None) -> str:
-    return "-" if share is None else f"{share:.0%}"
+GAP_EPSILON = 0.005
+"""A gap (or a term) smaller than this reads as none: it rounds to 0.00 points."""
+
+
+def shown_share(w: Waterfall, t: Term) -> str:
+    """A term's share of the gap as the views show it: none where there is no gap to share (the speedup at or
+    above N: `share_note` says so)."""
+    return share_text(t.share) if w.gap > GAP_EPSILON else "-"
+
+
+def share_note(w: Waterfall) -> str | None:
+    """Why the shares of the gap do not read as parts of a whole, or None when they do (every term a loss).
+
+    A share is the term's points over the gap N - speedup, so the shares always add up to 100 %; but a term
+    that gave points back (a serial baseline slowed by other work makes the speedup read high) lets the
+    losses add up to more than the gap: 150 % and -64 % are the same arithmetic, said here in words."""
+    if w.gap <= GAP_EPSILON:
+        return (f"the speedup {speedup_text(w.speedup)} is not below {w.stages}: there is no gap to share "
+                "(a result above N is suspect)")
+    gains = [t for t in w.terms if t.points >= GAP_EPSILON]
+    if not gains:
+        return None
+    lost = -sum(t.points for t in w.terms if t.points < 0)
+    return (f"shares are of the {w.gap:.2f}-point gap; the losses ({points_text(-lost)}) are {lost / w.gap:.0%} "
+            "of it because " + ", ".join(f"{t.name} gave {points_text(t.points)} back" for t in gains)
+            + " (a negative share)")
 
 
 KNOWN_TERMS = tuple(TERM_COLORS)
@@ -209,8 +235,8 @@ def terms_table(w: Waterfall) -> Table:
     for heading in ("term", "points", "share of gap"):
         table.add_column(heading, justify="left" if heading == "term" else "right", no_wrap=True)
     for t in sorted(w.terms, key=lambda t: t.points):
-        table.add_row(Text(t.name), Text(f"{t.points:+.2f}", style="red" if t.points < 0 else "green"),
-                      Text(share_text(t.share)))
+        table.add_row(Text(t.name), Text(points_text(t.points), style="red" if t.points < 0 else "green"),
+                      Text(shown_share(w, t)))
     return table
 
 
@@ -233,6 +259,8 @@ def add_gap_rows(grid: Table, s: RunSummary) -> None:
     if w:
         grid.add_row(f"why not {w.stages}", Text(waterfall_line(w)))
         grid.add_row("", terms_table(w))
+        if note := share_note(w):
+            grid.add_row("", Text(note))
         if w.advice:
             grid.add_row("", Text(f"to reduce {w.dominant or 'it'}: {w.advice}"))
     if unreadable(s, "waterfall"):

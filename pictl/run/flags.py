@@ -13,8 +13,18 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from pictl.cluster.hoststate import HOT_C, LOAD_TOLERANCE_CORES, capacity, state_change, throttling
-from pictl.run.flags_measured import Flag, own_wait, rejected, residual
+from pictl.cluster.hoststate import (
+    HOT_C,
+    LOAD_TOLERANCE_CORES,
+    capacity,
+    machine_cpus,
+    machines,
+    other_work_cores,
+    state_change,
+    throttling,
+)
+from pictl.figure_text import speedup_text
+from pictl.run.flags_measured import SERIAL_WAIT_LIMIT, Flag, own_wait, rejected, residual
 from pictl.summary import age_text
 from pictl.summary_models import HostState, RunSummary, SampleWindow
 
@@ -22,10 +32,12 @@ SPREAD_LIMIT = 0.10
 """Largest (max - min) / mean of the timed passes' throughput that is not flagged."""
 FILL_DRAIN_MIN = 0.95
 """Smallest GPipe fill/drain bound M / (M + S - 1) that is not flagged."""
+ABOVE_BOUND_TOLERANCE = 0.01
+"""How far above the fill/drain bound a speedup may read before it is impossible: the timing's own noise."""
 
-CODES = ("speedup_above_stages", "speedup_below_1", "throughput_spread", "host_overloaded", "host_throttled",
-         "host_hot", "baseline_stale", "stages_share_cores", "fill_drain_bound", "wire_no_saving", "telemetry_rejected",
-         "waterfall_residual")
+CODES = ("speedup_above_stages", "speedup_above_fill_drain", "speedup_below_1", "throughput_spread",
+         "host_overloaded", "host_throttled", "host_hot", "baseline_stale", "stages_share_cores", "fill_drain_bound",
+         "wire_no_saving", "telemetry_rejected", "waterfall_residual")
 HALF_PRECISION = ("fp16", "bf16")
 """Formats that send half of fp32's bytes by construction: a lossy format that sends more saves less."""
 
@@ -47,11 +59,22 @@ def _state(s: RunSummary, host: str | None) -> dict[str, Any]:
 # -- speedup -------------------------------------------------------------------------------------
 
 def _speedup(s: RunSummary) -> list[Flag]:
+    """A speedup no exact pipeline reaches (above its ranks, or above what filling and draining leave of them:
+    the result is SUSPECT, with the evidence of why), or one below 1."""
     speedup, stages = s.speedup, s.stages * s.replicas
     if speedup is None or stages < 2:
         return []
     if speedup > stages:
-        return [Flag("speedup_above_stages", f"speedup {speedup:.2f}x is above the {stages} ranks: {_above_why(s)}")]
+        return [Flag("speedup_above_stages", f"speedup {speedup_text(speedup)} is above the {stages} ranks: "
+                                             f"{_above_why(s)}", invalidates=True)]
+    bound = _fill_drain_bound(s)
+    if bound is not None and speedup > stages * bound[1] * (1 + ABOVE_BOUND_TOLERANCE):
+        microbatches, cap = bound
+        return [Flag("speedup_above_fill_drain", f"speedup {speedup_text(speedup)} is above the "
+                                                 f"{speedup_text(stages * cap)} that filling and draining allow "
+                                                 f"({microbatches} microbatches through {s.stages} stages: "
+                                                 f"efficiency at most {cap:.2f}, measured {speedup / stages:.2f}): "
+                                                 f"{_above_why(s)}", invalidates=True)]
     if speedup < 1:
         return [Flag("speedup_below_1", f"the {stages}-rank pipeline ({_ips(s.throughput_ips)} img/s) is slower "
                                         f"than the serial run ({_ips(s.serial_ips)} img/s)")]
@@ -81,9 +104,14 @@ def _above_why(s: RunSummary) -> str:
         return (f"the serial baseline is suspect: it was reused, measured {age_text(base.age_s if base else 0)} "
                 "earlier (--fresh-baseline measures it again)")
     measured = base.state if base and base.state else HostState()
-    if (measured.busy_cores or 0.0) > LOAD_TOLERANCE_CORES:
-        return (f"the serial baseline is suspect: other work kept {measured.busy_cores:.1f} cores busy on {host} "
+    if (other := other_work_cores(measured.model_dump(exclude_none=True)) or 0.0) > LOAD_TOLERANCE_CORES:
+        return (f"the serial baseline is suspect: other work kept {other:.1f} cores busy on {host} "
                 "when it was measured")
+    timing = s.serial_timing
+    delay, compute = (timing.run_delay_per_image_s, timing.compute_per_image_s) if timing else (None, None)
+    if delay is not None and compute and delay / compute > SERIAL_WAIT_LIMIT:
+        return (f"the serial baseline is suspect: on {host}, its threads waited {delay * 1000:.1f} ms per image "
+                f"for a CPU other work held ({delay / compute:.0%} of its time)")
     record = s.hosts.get(host or "")
     during = record.during_baseline if record and record.during_baseline else SampleWindow()
     if (overload := _overload(during, measured.cpus)) is not None:
@@ -148,8 +176,12 @@ def _who(group: list[str]) -> str:
 
 
 def _host_health(s: RunSummary) -> list[Flag]:
+    """Overload, throttling and heat while the pipeline ran (its figures read lower: a warning) or while the
+    serial baseline ran (the baseline is slow and every speedup divided by it reads high: the result is
+    SUSPECT)."""
     out = []
     for window, during in (("during_pipeline", "the pipeline"), ("during_baseline", "the serial baseline")):
+        baseline = window == "during_baseline"
         measured, own = own_wait(s, window)
         if own is not None:
             out.append(own)
@@ -163,15 +195,15 @@ def _host_health(s: RunSummary) -> list[Flag]:
             cpus = _state(s, group[0]).get("cpus")
             worst = max(aggs, key=lambda a: (a.cpu_wait_mean or 0.0, a.runnable_mean or 0.0))
             if not measured and (overload := _overload(worst, cpus)) is not None:
-                out.append(Flag("host_overloaded", f"{_who(group)}: during {during}, {overload}"))
+                out.append(Flag("host_overloaded", f"{_who(group)}: during {during}, {overload}", baseline))
             why = sorted({w for v in throttled for w in throttling(v)})
             if why:
                 out.append(Flag("host_throttled", f"{_who(group)} was throttled during {during} "
                                                   f"({', '.join(why)}; vcgencmd get_throttled "
-                                                  f"{', '.join(throttled)})"))
+                                                  f"{', '.join(throttled)})", baseline))
             if hottest >= HOT_C:
                 out.append(Flag("host_hot", f"{_who(group)} reached {hottest:.0f} C during {during} "
-                                            f"(throttling starts at {HOT_C:.0f} C)"))
+                                            f"(throttling starts at {HOT_C:.0f} C)", baseline))
     return out
 
 
@@ -187,7 +219,7 @@ def _stale_baseline(s: RunSummary) -> list[Flag]:
     if (change := state_change(then, _state(s, base.host))) is not None:
         why.append(f"its host changed since: {change}")
     return [Flag("baseline_stale", f"the serial baseline was reused ({age_text(age)} old) although "
-                                   + " and ".join(why))] if why else []
+                                   + " and ".join(why), invalidates=True)] if why else []
 
 
 def _sharing(s: RunSummary) -> list[Flag]:
@@ -207,10 +239,10 @@ def _sharing(s: RunSummary) -> list[Flag]:
         if cores is not None and count[host] > 1 and threads[host] > cores:
             out.append(Flag("stages_share_cores", f"{host} runs {count[host]} stages with {threads[host]} threads "
                                                   f"on {cores:g} cores"))
-    for group in _machines(s, list(count)):
+    for group in machines({h: _state(s, h) for h in count}):  # (hosts pinned to cores of their own share none)
         if len(group) < 2 or not all(_state(s, h) for h in group):
             continue
-        cpus = max(_state(s, h).get("cpus") or 1 for h in group)
+        cpus = machine_cpus([_state(s, h) for h in group])
         # A host's CPU quota caps what its threads can take from the machine.
         used = sum(min(threads[h], capacity(_state(s, h))) for h in group)
         if used > cpus:
@@ -220,13 +252,24 @@ def _sharing(s: RunSummary) -> list[Flag]:
     return out
 
 
-def _fill_drain(s: RunSummary) -> list[Flag]:
+def _fill_drain_bound(s: RunSummary) -> tuple[int, float] | None:
+    """Each replica's microbatches M, and GPipe's fill/drain bound M / (M + S - 1): the most of its ranks an
+    exact pipeline can keep busy (None for one stage, or without images)."""
     stages = s.stages
     if stages < 2 or not s.images:
+        return None
+    microbatches = -(-s.images // (s.chunk or 1)) // s.replicas  # each replica fills and drains with its share
+    if microbatches < 1:
+        return None
+    return microbatches, microbatches / (microbatches + stages - 1)
+
+
+def _fill_drain(s: RunSummary) -> list[Flag]:
+    found = _fill_drain_bound(s)
+    if found is None:
         return []
-    chunk = s.chunk or 1
-    microbatches = -(-s.images // chunk) // s.replicas  # each replica fills and drains with its share
-    bound = microbatches / (microbatches + stages - 1)
+    stages, chunk = s.stages, s.chunk or 1
+    microbatches, bound = found
     if bound >= FILL_DRAIN_MIN:
         return []
     need = math.ceil(round(FILL_DRAIN_MIN / (1 - FILL_DRAIN_MIN) * (stages - 1), 6)) * chunk

@@ -18,9 +18,14 @@ SERIAL_WAIT_LIMIT = 0.10
 class Flag:
     code: str
     message: str
+    invalidates: bool = False
+    """The flag makes the result itself untrue, not only worth a look: a speedup no exact pipeline can reach, a
+    serial baseline slowed by something else (the speedup reads high) or reused although its host changed. Such a
+    result ends SUSPECT (`pictl.verdict`); the other flags only warn: they say why a figure is lower than it
+    could be, or what to look at, and the figures stand."""
 
-    def to_json(self) -> dict[str, str]:
-        return {"code": self.code, "message": self.message}
+    def to_json(self) -> dict[str, str | bool]:
+        return {"code": self.code, "message": self.message, "invalidates": self.invalidates}
 
 
 def own_wait(s: RunSummary, window: str) -> tuple[bool, Flag | None]:
@@ -52,7 +57,7 @@ def own_wait(s: RunSummary, window: str) -> tuple[bool, Flag | None]:
     return True, Flag("host_overloaded", f"{host}: during the serial baseline, its threads waited "
                                          f"{delay * 1000:.1f} ms per image for a CPU other work held "
                                          f"({delay / compute_s:.0%} of its time): the baseline is slow, and the "
-                                         "speedup reads high")
+                                         "speedup reads high", invalidates=True)
 
 
 def residual(s: RunSummary) -> list[Flag]:

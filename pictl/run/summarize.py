@@ -28,7 +28,8 @@ from pictl.run.split import SplitChoice, final_prediction
 from pictl.run.staging import Staged
 from pictl.run.waterfall import waterfall
 from pictl.summary import SUMMARY_SCHEMA, checked
-from pictl.summary_models import RunSummary
+from pictl.summary_models import RunSummary, SanityFlag
+from pictl.verdict import verdict_of
 from remote.wire import parse_wire
 
 
@@ -107,6 +108,9 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
     summary["waterfall"] = waterfall(summary, settled(tel, o.stages, o.repeats, baseline.ips if baseline else None)) \
         if status == "ok" else None
     summary["flags"] = [f.to_json() for f in compute_flags(RunSummary.model_validate(summary))]
+    if status == "ok":  # a finished run's result: OK, or SUSPECT where a flag makes it untrue
+        summary["verdict"], summary["suspect_because"] = verdict_of(
+            [SanityFlag.model_validate(f) for f in summary["flags"]])
     return checked(summary)
 
 

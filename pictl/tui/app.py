@@ -49,6 +49,7 @@ from pictl.tui.widgets.log_view import LogView
 from pictl.tui.widgets.run_form import RunForm
 from pictl.tui.widgets.run_panel import RunPanel, result_line
 from pictl.tui.widgets.stage_list import StageList
+from pictl.verdict import suspect_error
 
 TRACE_STEPS = 8
 RENDER_HZ = 2
@@ -230,7 +231,9 @@ class PictlApp(JobsApp):
             self.run_exit_code = exc.exit_code
             self.post_message(RunFinished(session.last_summary, Ending.of(exc)))
             return
-        self.run_exit_code = E.EXIT_WRITE_FAILED if session.write_error is not None else 0
+        suspect = suspect_error(summary)
+        self.run_exit_code = (E.EXIT_WRITE_FAILED if session.write_error is not None
+                              else suspect.exit_code if suspect is not None else E.EXIT_OK)
         self.post_message(RunFinished(summary, Ending.of()))
 
     async def _grab(self, session: RunSession) -> None:

@@ -53,8 +53,8 @@ def test_runs_keeps_the_run_its_status_speedup_and_match_at_80(tmp_path: Path, p
     headings = _rows(proc.stdout, "┃")[0]
     assert {"run", "status", "img/s", "speedup", "match"} <= set(headings) and "p95 ms" not in headings
     rows = [dict(zip(headings, r, strict=True)) for r in _rows(proc.stdout)]
-    assert [(r["run"], r["speedup"]) for r in rows] == [("20261124-110000-s2-bbbb", "1.71"),
-                                                        ("20261124-100000-s2-aaaa", "1.62")]
+    assert [(r["run"], r["speedup"]) for r in rows] == [("20261124-110000-s2-bbbb", "1.71x"),
+                                                        ("20261124-100000-s2-aaaa", "1.62x")]
     assert "left out at 80 columns: p95 ms" in _words(proc.stdout) and "--json has every column" in _words(proc.stdout)
 
 

@@ -38,7 +38,7 @@ def test_the_terms_add_up_to_the_gap_and_each_follows_its_formula() -> None:
     assert by["fill_drain"] == pytest.approx(-(2 - 2 * 12 / 13), abs=1e-4)  # N - N M / (M + N - 1), exactly
     assert by["imbalance"] == pytest.approx(2 * 12 / 13 * (0.75 / 1.2 - 1), abs=1e-3)  # stage mean 0.75, max 1.2
     assert w["bottleneck_rank"] == 0 and w["dominant"] == "imbalance"
-    assert waterfall_line(w).startswith("1.10x of 2: imbalance 0.69, fill/drain 0.15")
+    assert waterfall_line(w).startswith("1.10x of 2: imbalance -0.69, fill/drain -0.15")  # losses negative
 
 
 def test_wait_for_a_cpu_is_interference_and_a_slow_serial_is_baseline() -> None:

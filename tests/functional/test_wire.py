@@ -197,7 +197,7 @@ def test_runs_lists_shows_compares_and_exports_real_runs(wire_runs, tmp_path: Pa
                                          for line in compare.stdout.splitlines()) if row}
     assert cells["stages"] == ["3", "2"] and cells["status"] == ["ok", "failed"]
     rows = json.loads(run_pictl(["runs", "compare", first["run_dir"], second["run_id"], "--json"], env).stdout)
-    assert [r["speedup"] for r in rows] == [round(first["speedup"], 3), round(second["speedup"], 3)]
+    assert [r["speedup"] for r in rows] == [first["speedup"], second["speedup"]]  # as the summary holds it
     one = run_pictl(["runs", "compare", first["run_id"]], env)
     assert one.returncode == 2 and "two runs or more" in one.stderr
 

@@ -166,8 +166,8 @@ async def test_a_finished_run_shows_why_not_n_and_its_latency(tmp_path: Path) ->
         svg = app.export_screenshot()
         text = " ".join(html.unescape(" ".join(re.findall(r">([^<]*)</text>", svg))).replace("\xa0", " ").split())
         packed = text.replace(" ", "")  # the SVG splits a line where its colour changes
-        for shown in ("why not 3", "0.21lost:fill/drain", "latency p50 812 p95 880 ms serial p50 290",
-                      "gap 2.79x of 3: fill/drain 0.23"):
+        for shown in ("why not 3", "-0.21points:fill/drain", "latency p50 812 p95 880 ms serial p50 290",
+                      "gap 2.79x of 3: fill/drain -0.23"):  # losses negative, as in every view
             assert shown.replace(" ", "") in packed, shown
 
 

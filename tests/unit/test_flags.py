@@ -22,7 +22,8 @@ from pictl.run.baselines import Baseline, reuse_refusal
 from pictl.run.flags import CODES, compute_flags
 from pictl.run.flags_measured import Flag
 from pictl.summary import age_text
-from pictl.summary_models import RunSummary
+from pictl.summary_models import RunSummary, SanityFlag
+from pictl.verdict import verdict_of
 
 REAL = json.loads((ROOT / "tests" / "support" / "data" / "run_summary_two_stages.json").read_text())
 
@@ -56,7 +57,8 @@ def messages(s: dict) -> str:
 
 def test_the_real_run_is_flagged_for_the_load_it_ran_under() -> None:
     # Recomputed from the figures alone, the flags are the ones the run itself stored.
-    assert [f.to_json() for f in flags_of(REAL)] == REAL["flags"]
+    assert [SanityFlag.model_validate(f.to_json()) for f in flags_of(REAL)] == \
+        [SanityFlag.model_validate(f) for f in REAL["flags"]]  # (an older record: no flag invalidated a result)
     # The loop and two stages on 2 CPUs contended during the pipeline; the loop and the 1-thread serial run did
     # not (the instant's runnable counts said 3.9 and 4.5-4.8 threads for both: samplers and the VM's own).
     assert codes(REAL) == ["host_overloaded"]
@@ -99,6 +101,10 @@ CASES = {
         "speedup_above_stages", "other work kept 1.8 cores busy on local0 when it was measured"),
     "speedup above the stages, a cheaper model": (
         [_cheaper], "speedup_above_stages", "the model got cheaper when split"),
+    "speedup above what filling and draining allow": (
+        [_speedup(1.99), _set("serial_timing", {"compute_per_image_s": 0.1, "run_delay_per_image_s": 0.004})],
+        "speedup_above_fill_drain", "speedup 1.99x is above the 1.96x that filling and draining allow (48 "
+                                    "microbatches through 2 stages: efficiency at most 0.98, measured 0.99)"),
     "speedup below 1": ([_speedup(0.8)], "speedup_below_1", "is slower than the serial run"),
     "pipeline spread": ([_set("throughput_spread_ips", [7.5, 8.9])], "throughput_spread",
                         "pipeline throughput varied from 7.50 to 8.90 img/s"),
@@ -195,6 +201,41 @@ def test_each_flag_is_raised_by_the_figures_that_make_it(case: str) -> None:
 
 def test_every_code_has_a_case() -> None:
     assert {code for _, code, _ in CASES.values()} == set(CODES)
+
+
+SUSPECT_CASES = {"speedup above the stages, the baseline reused", "speedup above the stages, the baseline measured "
+                 "under load", "speedup above the stages, a cheaper model", "speedup above what filling and draining "
+                 "allow", "overloaded, on a kernel without PSI", "hot", "baseline older than the limit",
+                 "baseline reused across a change", "other work on the serial run's CPU"}
+"""The flags that make a result untrue: a speedup no exact pipeline reaches, and a serial baseline that something
+else slowed (overloaded, hot or throttled while it was measured: every speedup divided by it reads high) or that
+was reused although its host changed. The rest warn: the pipeline ran slower than it could, or look closer."""
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_flag_that_makes_the_result_untrue_makes_it_suspect_with_its_cause(case: str) -> None:
+    changes, code, text = CASES[case]
+    s = calm(REAL)
+    for change in changes:
+        change(s)
+    flags = [SanityFlag.model_validate(f.to_json()) for f in flags_of(s)]
+    verdict, because = verdict_of(flags)
+    assert verdict == ("suspect" if case in SUSPECT_CASES else "ok"), (case, flags)
+    if verdict == "suspect":  # one line: the code, and the flag's own reason
+        assert because is not None and because.startswith(f"{code}: ") and text in because
+        assert "\n" not in because
+    else:
+        assert because is None
+
+
+def test_the_serial_runs_own_wait_is_the_reason_a_speedup_above_the_stages_gives() -> None:
+    """The issue's 4-stage run: 3.97x, its serial run waited for a CPU others held: the cause is named."""
+    s = calm(REAL)
+    _speedup(2.3)(s)
+    s["serial_timing"] = {"compute_per_image_s": 0.4, "run_delay_per_image_s": 0.2466}
+    above = next(f for f in flags_of(s) if f.code == "speedup_above_stages")
+    assert above.invalidates and "the serial baseline is suspect: on local0, its threads waited 246.6 ms per " \
+        "image for a CPU other work held (62% of its time)" in above.message
 
 
 def test_stages_on_one_host_beyond_its_quota_share_cores_but_quotas_that_partition_a_machine_do_not() -> None:

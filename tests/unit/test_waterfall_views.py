@@ -160,11 +160,11 @@ def test_runs_list_and_export_carry_latency_and_the_dominant_term(tmp_path: Path
     assert "p50 ms" in listed and "p95 ms" in listed and "dominant" in listed
     assert "247.8" in listed and "345.1" in listed and "split_overhead" in listed
     rows = {r["run_id"]: r for r in json.loads(_invoke(["runs", "--json"], runs).stdout)}
-    assert rows[NEW]["latency_p50_ms"] == 247.8 and rows[NEW]["dominant"] == "split_overhead"
+    assert rows[NEW]["latency_p50_ms"] == 247.838 and rows[NEW]["dominant"] == "split_overhead"
     assert rows[OLD]["latency_p50_ms"] is None and rows[OLD]["dominant"] is None
     exported = list(csv.DictReader(io.StringIO(_invoke(["runs", "export"], runs).stdout)))
     by_id = {r["run_id"]: r for r in exported}
-    assert by_id[NEW]["latency_p95_ms"] == "345.1" and by_id[NEW]["dominant"] == "split_overhead"
+    assert by_id[NEW]["latency_p95_ms"] == "345.094" and by_id[NEW]["dominant"] == "split_overhead"
     assert by_id[OLD]["latency_p50_ms"] == "" and by_id[OLD]["dominant"] == ""
 
 
@@ -182,11 +182,11 @@ def test_runs_compare_has_a_line_per_term_and_per_latency_percentile(tmp_path: P
     for term in ("fill/drain", "imbalance", "split overhead", "interference", "communication", "runtime",
                  "baseline", "residual"):
         assert f"{term} points" in lines, term
-    assert lines["split overhead points"] == ["-0.6845", "-0.6845", "-"]
+    assert lines["split overhead points"] == ["-0.68", "-0.68", "-"]  # signed, as in every view
     assert lines["dominant"] == ["split_overhead", "imbalance", "-"]
     for percentile in ("p50", "p95", "p99"):
         assert f"latency {percentile} ms" in lines and f"serial latency {percentile} ms" in lines, percentile
-    assert lines["latency p99 ms"] == ["360.756", "360.756", "-"] and lines["serial latency p50 ms"][2] == "-"
+    assert lines["latency p99 ms"] == ["360.8", "360.8", "-"] and lines["serial latency p50 ms"][2] == "-"
     assert labels.index("speedup") < labels.index("latency p50 ms") < labels.index("serial latency p99 ms")
     rows = json.loads(_invoke(["runs", "compare", NEW, OLD, "--json"], runs).stdout)
     assert rows[0]["fill_drain_points"] == -0.0408 and rows[1]["fill_drain_points"] is None

@@ -18,7 +18,7 @@ from textual.widgets import DataTable, Footer, Input, Static
 
 from pictl import errors as E
 from pictl.records.catalog import FoundRun, load_runs
-from pictl.records.catalog_rows import SORT_KEYS, RunFilter, row, to_csv
+from pictl.records.catalog_rows import SORT_KEYS, RunFilter, cell, row, to_csv
 from pictl.records.run_details import run_details
 from pictl.text import markup_safe, printable
 
@@ -43,6 +43,12 @@ def parse_query(query: str) -> tuple[RunFilter, list[str]]:
         else:
             raise E.ConfigError(f"filter: {part!r} (use stages=N policy=NAME status=ok since=DATE, or words)")
     return RunFilter(**given), words
+
+
+def history_cells(r: dict[str, Any], mark: str = "") -> list[Text]:
+    """A run's row in the history table: each figure as every view writes it (`catalog_rows.cell`), as Text
+    (a record's strings are shown as written, never parsed as markup)."""
+    return [Text(printable((mark if k == "run_id" else "") + cell(k, r[k]))) for _, k in COLUMNS]
 
 
 class HistoryScreen(Screen):
@@ -105,8 +111,7 @@ class HistoryScreen(Screen):
             r = self.rows[i]
             mark = "* " if r["run_id"] in self.marked else ""
             # Text cells: a record's strings are shown as written, never parsed as markup.
-            table.add_row(*(Text(printable((mark if k == "run_id" else "") + ("-" if r[k] is None else str(r[k]))))
-                            for _, k in COLUMNS), key=str(i))
+            table.add_row(*history_cells(r, mark), key=str(i))
         table.border_title = (f"{len(self.shown)} of {len(self.rows)} runs in {self.runs_root}, by {key}"
                               + (f", filter: {self.query_text}" if self.query_text else ""))
 

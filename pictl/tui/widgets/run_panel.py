@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
+from pictl.figure_text import efficiency_text, points_text, speedup_text
 from pictl.records.waterfall_view import TERM_COLORS, gap_bar, latency_of, line_text, waterfall_of
 from pictl.run.traces import perfetto_hint
 from pictl.summary import baseline_text
@@ -19,6 +20,7 @@ from pictl.text import figure
 from pictl.tui.state import DashboardState
 from pictl.tui.widgets.train_panel import train_grid
 from pictl.tui.widgets.tune_table import tune_table
+from pictl.verdict import shown_status
 from remote.run_records import Refine, Refined
 
 
@@ -43,17 +45,19 @@ def sweep_table(rows: list[dict]) -> Table:
                           "", "", Text(str(r.get("error") or "")[:40], style="red"))
             continue
         table.add_row(str(r["stages"]), str(r["chunk"]), r["policy"], figure(r.get("throughput_ips")),
-                      figure(r.get("speedup"), unit="x"), figure(r.get("efficiency")), str(r.get("bottleneck") or "-"))
+                      speedup_text(r.get("speedup")), efficiency_text(r.get("efficiency")),
+                      str(r.get("bottleneck") or "-"))
     return table
 
 
 def result_line(s: RunSummary) -> str:
     """A finished run in one line (the toast): speedup, whether the outputs matched, how many flags."""
-    speedup = "-" if s.speedup is None else f"{s.speedup:.2f}x"
+    speedup = speedup_text(s.speedup)
     matched = s.outputs_match
     match = "outputs not compared" if matched is None else ("outputs match" if matched else "outputs DIFFER")
     flags = f", {len(s.flags)} flag(s)" if s.flags else ""
-    return f"speedup {speedup}, {match}{flags}"
+    suspect = "SUSPECT: " if shown_status(s) == "suspect" else ""
+    return f"{suspect}speedup {speedup}, {match}{flags}"
 
 
 def refine_text(rec: Refine | Refined) -> str:
@@ -161,18 +165,21 @@ class RunPanel(Static):
         grid.add_column()
         phase_style = {"failed": "bold red", "stopped": "yellow", "done": "green"}.get(state.phase, "cyan")
         grid.add_row("run", Text(phase_line, style=phase_style))
-        grid.add_row("speedup", f"{figure(speedup, unit='x')}" + (f"  of {stages}x ideal" if stages else "")
-                     + (f"  efficiency {speedup / stages:.2f}" if speedup and stages else ""))
+        if s and shown_status(s) == "suspect":  # an untrue result is never shown as a plain success
+            grid.add_row(Text("SUSPECT", style="bold red"), Text(s.suspect_because or "a flag invalidates the result",
+                                                                 style="red", no_wrap=True, overflow="ellipsis"))
+        grid.add_row("speedup", speedup_text(speedup) + (f"  of {stages}x ideal" if stages else "")
+                     + (f"  efficiency {efficiency_text(speedup / stages)}" if speedup and stages else ""))
         if s and (n := s.numerics):  # the speedup above is the parallelism alone; beside it, numerics and both
-            grid.add_row(n.kind, f"{figure(n.speedup_vs_fp32, unit='x')} over fp32 serial  (alone "
-                                 f"{figure(n.numerics_gain, unit='x')}, top-1 agreement "
+            grid.add_row(n.kind, f"{speedup_text(n.speedup_vs_fp32)} over fp32 serial  (alone "
+                                 f"{speedup_text(n.numerics_gain)}, top-1 agreement "
                                  + ("-" if n.agreement_vs_fp32 is None else f"{n.agreement_vs_fp32:.1%}") + ")")
         gap = waterfall_of(s) if s else None
         if gap:  # each term's share of the gap in its colour (a gain shaded); the `gap` line names them all
             most = [(f": {t.name}", f"bold {TERM_COLORS.get(t.term, 'white')}") for t in gap.terms
                     if t.term == gap.dominant][:1]
             grid.add_row(f"why not {gap.stages}", Text.assemble(
-                gap_bar(gap, 14), f" {abs(gap.gap):.2f} {'lost' if gap.gap >= 0 else 'gained'}", *most,
+                gap_bar(gap, 14), f" {points_text(-gap.gap)} points", *most,
                 no_wrap=True, overflow="ellipsis"))
         match = s.outputs_match if s else None
         lossy = bool(s and s.wire and s.wire.lossy) or bool(state.options and state.options.wire != "fp32")
