@@ -40,7 +40,7 @@ def points_text(value: Any) -> str:
 def share_text(value: Any) -> str:
     """A share of the gap as a whole percentage (`36%`), or `-`."""
     v = _number(value)
-    return "-" if v is None else f"{v:.0%}"
+    return "-" if v is None else f"{round(v, 2) + 0.0:.0%}"  # (never -0%)
 
 
 def ips_text(value: Any) -> str:

@@ -344,3 +344,59 @@ def test_a_replicated_run_is_taken_apart_against_every_rank() -> None:
     # The same counters over half the images per rank: each rank's compute per image is twice the pipeline's.
     assert w["per_image_ms"]["bottleneck_compute"] == pytest.approx(2 * pipeline["per_image_ms"]["bottleneck_compute"],
                                                                     rel=1e-3)
+
+
+# -- one convention in every view -------------------------------------------------------------------------------
+
+
+def test_every_view_writes_the_same_speedup_and_the_same_signed_terms(tmp_path: Path) -> None:
+    """One summary through every view: the result line, `pictl runs`, `runs show`, `runs compare`, the report and
+    the dashboard's history row (its cells, from the same row its state holds). The speedup 1.1749 reads 1.17x in
+    each (rounded once: `pictl runs` rounded it to 1.175 first, and 1.175 reads 1.18x); every term is the same
+    signed points (a loss negative), and the term that gave points back says why the losses pass 100 %."""
+    from pictl.headless import explain_lines, summary_fields
+    from pictl.records.catalog import read_run
+    from pictl.records.catalog_rows import row
+    from pictl.tui.widgets.history import COLUMNS as HISTORY
+    from pictl.tui.widgets.history import history_cells
+
+    s = copy.deepcopy(BASE)
+    s["latency"] = copy.deepcopy(LATENCY)
+    s["speedup"] = 1.1749
+    s["waterfall"] = waterfall(s)
+    runs = tmp_path / "runs"
+    run = _record(runs, NEW, s)
+    _record(runs, OLD, BASE)
+    typed = _typed({**s, "run_id": NEW, "run_dir": str(run)})
+    out = tmp_path / "report"
+    _invoke(["report", NEW, "--out", str(out)], runs)
+    history = dict(zip((key for _, key in HISTORY), (c.plain for c in history_cells(row(read_run(run, traces=False)))),
+                       strict=True))
+    views = {
+        "result line": " ".join([*summary_fields(typed), *explain_lines(typed)]),
+        "runs": _invoke(["runs"], runs).stdout,
+        "runs show": _invoke(["runs", "show", NEW], runs).stdout,
+        "runs compare": _invoke(["runs", "compare", NEW, OLD], runs).stdout,
+        "report": (out / "report.md").read_text().split(f"## Run {OLD}")[0],
+        "dashboard history": " ".join(history.values()),
+    }
+    assert history["speedup"] == "1.17x"
+    for name, text in views.items():
+        assert "1.17x" in text, name
+        for wrong in ("1.175", "1.18x", "1.1749"):
+            assert wrong not in text, (name, wrong)
+    terms = [t for t in s["waterfall"]["terms"] if abs(t["points"]) >= 0.005]
+    assert {t["term"] for t in terms if t["points"] < 0} == {"fill_drain", "imbalance", "split_overhead", "runtime"}
+    assert [t["term"] for t in terms if t["points"] > 0] == ["residual"]
+    for name in ("result line", "runs show", "runs compare", "report"):
+        for t in terms:
+            signed = f"{t['points']:+.2f}"  # -0.68, +0.02: never 0.68 for a loss
+            assert re.search(rf"(?<![\d.+-]){re.escape(signed)}(?!\d)", views[name]), (name, t["term"], signed)
+        assert not re.search(r"split overhead\s+0\.68", views[name]), name  # a loss is never written positive
+    # The shares: they add up to the gap, and where a term gave points back the views say why.
+    view = wv.waterfall_view(s["waterfall"])
+    assert view is not None
+    note = wv.share_note(view)
+    assert note is not None, view
+    assert re.search(r"the losses \(-0\.\d\d\) are 10\d% of it because residual gave \+0\.0\d back", note), note
+    assert note in " ".join(views["runs show"].split()) and note[1:] in " ".join(views["report"].split())
