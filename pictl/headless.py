@@ -148,14 +148,33 @@ def _ms_list(values: list[float]) -> str:
 
 
 def refine_line(rec: Refine | Refined) -> str:
-    """One line per refinement step of `balanced` (a `refine` or `refined` record)."""
+    """One line per refinement step of `balanced` (a `refine` or `refined` record): what the split measured,
+    with its noise, and the decision; at the end, which round's split the timed passes run."""
     if isinstance(rec, Refined):
-        return (f"pictl refine: the timed passes run {', '.join(rec.split_points)} (predicted "
-                f"{_ms_list(rec.predicted_ms)} ms per microbatch, {rec.rounds} split(s) measured)")
-    then = f"next: {', '.join(rec.next_split)}" if rec.next_split else "keep it"
-    return (f"pictl refine: round {rec.round}: {', '.join(rec.split_points)}: predicted "
-            f"{_ms_list(rec.predicted_ms)}, measured {_ms_list(rec.measured_ms)} ms compute per "
-            f"microbatch; {then}")
+        if rec.chosen_round is None:  # (a re-cut's: `recut_line` says why)
+            return (f"pictl refine: the timed passes run {', '.join(rec.split_points)} (predicted "
+                    f"{_ms_list(rec.predicted_ms)} ms per microbatch, {rec.rounds} split(s) measured)")
+        added = (f"; refinement added {rec.calibration_passes} untimed pass(es), {rec.calibration_s:.1f} s, to "
+                 "start-up" if rec.calibration_passes is not None and rec.calibration_s is not None else "")
+        return (f"pictl refine: the timed passes run round {rec.chosen_round}'s split {', '.join(rec.split_points)}: "
+                f"{_measured(rec.measured_ms, rec.low_ms, rec.high_ms, rec.passes)}, predicted "
+                f"{_ms_list(rec.predicted_ms)} ms per microbatch{added}")
+    then = rec.reason or (f"next: {', '.join(rec.next_split)}" if rec.next_split else "refinement is over")
+    which = f"round {rec.first_round}'s split, again" if rec.first_round not in (None, rec.round) else ""
+    return (f"pictl refine: round {rec.round}: {', '.join(rec.split_points)}{f' ({which})' if which else ''}: "
+            f"{_measured(rec.measured_ms, rec.low_ms, rec.high_ms, rec.passes)}, predicted "
+            f"{_ms_list(rec.predicted_ms)} ms compute per microbatch; {then}")
+
+
+def _measured(median: list[float] | None, low: list[float] | None, high: list[float] | None,
+              passes: int | None) -> str:
+    """ "measured 14.3 / 12.1 ms (slowest 14.3, 13.6-15.0 over 1 pass)": each stage's median microbatch, and
+    the slowest stage's interval: the noise a decision had to clear."""
+    if not median:
+        return "not measured"
+    spread = (f" (slowest {max(median):.1f}, {max(low):.1f}-{max(high):.1f}"
+              + (f" over {passes} pass(es)" if passes else "") + ")") if low and high else ""
+    return f"measured {_ms_list(median)} ms{spread}"
 
 
 def recut_line(rec: Recut) -> str:

@@ -111,17 +111,41 @@ class Prediction(Open):
 
 
 class RefineRound(Open):
+    """One calibration pass of `balanced`'s refinement (`remote.refinement`)."""
+
     round: int | None = None
     split_points: list[str] | None = None
     predicted_ms: list[float] | None = None
     measured_ms: list[float] | None = None
+    """Per stage: the median microbatch over every pass of this split so far."""
+    low_ms: list[float] | None = None
+    high_ms: list[float] | None = None
+    """Per stage: the interval the noise leaves around the median."""
+    first_round: int | None = None
+    """The round in which this split was first measured."""
+    passes: int | None = None
     link_ms: list[float] | None = None
     factors: list[float] | None = None
     next_split: list[str] | None = None
+    adopted_round: int | None = None
+    """The round whose split was adopted after this pass's decision."""
+    reason: str | None = None
 
 
 class Refinement(Open):
     rounds: list[RefineRound] = []
+    chosen_round: int | None = None
+    """The round whose split the timed passes began on (a re-cut may move it later: `recuts`)."""
+    chosen_split: list[str] | None = None
+    measured_ms: list[float] | None = None
+    low_ms: list[float] | None = None
+    high_ms: list[float] | None = None
+    passes: int | None = None
+    calibration_passes: int | None = None
+    """Untimed passes refinement added to start-up (the warm-up's not counted)."""
+    calibration_s: float | None = None
+    """Seconds refinement added to start-up (its passes and stage rebuilds)."""
+    reason: str | None = None
 
 
 class LatencyFigures(Open):

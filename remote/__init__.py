@@ -1,9 +1,9 @@
 """Code that runs on the cluster hosts.
 
     protocol.py, spec.py, errors.py, emit.py, balance.py   the shared floor: torch-free, imported by
-    nofollow.py                                             `pictl/` too (names, the run spec, the
-                                                            split solver and its refinement, paths
-                                                            opened without following links)
+    refinement.py, recut.py, nofollow.py                    `pictl/` too (names, the run spec, the
+                                                            split solver, its refinement and re-cuts,
+                                                            paths opened without following links)
     data/        images and labelled sets (synthetic, CIFAR, ImageFolder)
     runtime/     the model as pieces, stage-local building, the pipeline, serial and plan runners
     profiling/   what `balanced` measures: per-piece costs, links

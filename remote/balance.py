@@ -1,5 +1,5 @@
-"""The `balanced` policy's core: exact minimum-bottleneck split points over a cost table, and the loop
-that corrects the table from what a run measures.
+"""The `balanced` policy's core: exact minimum-bottleneck split points over a cost table (the loop that
+corrects the table from what a run measures is `remote.refinement`).
 
 Pure Python over numbers, no torch: the controller solves the first split, and the
 pipeline's ranks solve again during the run (every rank the same way), from the
@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -148,72 +148,3 @@ def brute_force_split(table: CostTable) -> Split:
     if found is None or found.bottleneck_s == math.inf:
         raise NoFeasibleSplit("no split fits every stage's memory limit")
     return found
-
-
-@dataclass(frozen=True)
-class Round:
-    """One split the run tried: what the model predicted for it, and what the stages measured."""
-
-    starts: tuple[int, ...]
-    predicted_s: tuple[float, ...]
-    """Per stage, under the correction factors in force when the split was chosen."""
-    measured_s: tuple[float, ...]
-    """Per stage: compute per microbatch as the run measured it."""
-    link_s: tuple[float, ...]
-    factors: tuple[float, ...]
-    """The correction factors this measurement led to (measured / profiled, per stage)."""
-
-    @property
-    def measured_bottleneck_s(self) -> float:
-        return max((*self.measured_s, *self.link_s))
-
-
-@dataclass
-class Refiner:
-    """A prediction is a hypothesis, the run is the measurement: corrects the table from each measured
-    split and solves again while that promises a real gain.
-
-    Each stage's host gets a factor (measured / profiled time of the pieces it ran), the corrected
-    table is solved, and the new split is tried when its predicted bottleneck beats the current
-    split's (under the same corrected table) by more than `min_gain`; at most `max_rounds` splits
-    are measured. `chosen` is the split with the smallest measured bottleneck, so refining never
-    ends on a split that measured worse than the first.
-    """
-
-    table: CostTable
-    starts: tuple[int, ...]
-    factors: list[float] = field(default_factory=list)
-    max_rounds: int = 3
-    min_gain: float = 0.03
-    rounds: list[Round] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.starts = tuple(self.starts)
-        self.factors = list(self.factors) or [1.0] * self.table.stages
-
-    def predicted(self, starts: Sequence[int] | None = None) -> Split:
-        return evaluate(self.table.corrected(self.factors), self.starts if starts is None else starts)
-
-    def observe(self, measured_s: Sequence[float]) -> tuple[int, ...] | None:
-        """The current split measured `measured_s` per stage: the next split to try, or None when done."""
-        before = self.predicted()
-        self.factors = [f * (m / p if p > 0 and m > 0 else 1.0)
-                        for f, m, p in zip(self.factors, measured_s, before.stage_s, strict=True)]
-        corrected = self.table.corrected(self.factors)
-        self.rounds.append(Round(self.starts, before.stage_s, tuple(measured_s),
-                                 evaluate(corrected, self.starts).link_s, tuple(self.factors)))
-        if len(self.rounds) >= self.max_rounds:
-            return None
-        now = evaluate(corrected, self.starts).bottleneck_s
-        candidate = balanced_split(corrected)
-        if candidate.starts == self.starts or candidate.bottleneck_s > now * (1.0 - self.min_gain):
-            return None
-        self.starts = candidate.starts
-        return self.starts
-
-    @property
-    def chosen(self) -> tuple[int, ...]:
-        """The measured split with the smallest measured bottleneck (the first one on ties)."""
-        if not self.rounds:
-            return self.starts
-        return min(self.rounds, key=lambda r: r.measured_bottleneck_s).starts

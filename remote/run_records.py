@@ -157,24 +157,53 @@ class Trace(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class Refine(Record):
+    """One calibration pass of `balanced`'s refinement (`remote.refinement`): the split it measured, that
+    split's stages over all its passes so far (median and interval), and the decision."""
+
     EVENT: ClassVar[str] = P.REFINE
     round: Count
     split_points: Strs
     predicted_ms: Nums
     measured_ms: Nums
+    """Per stage: the median microbatch over every pass of this split so far."""
+    low_ms: Nums | None = None
+    high_ms: Nums | None = None
+    """Per stage: the interval the noise leaves around the median."""
+    first_round: Count | None = None
+    """The round in which this split was first measured (this pass repeats it when it is smaller)."""
+    passes: Count | None = None
     link_ms: Nums | None = None
     factors: Nums
     next_split: Strs | None = None
+    """The split the next calibration pass measures (a new one, or one measured again); None: refinement
+    is over."""
+    adopted_round: Count | None = None
+    """The round whose split is adopted after this decision."""
+    reason: Str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
 class Refined(Record):
+    """The split the timed passes run: after refinement (`chosen_round` set), or after a re-cut (None)."""
+
     EVENT: ClassVar[str] = P.REFINED
     rounds: Count
     split_points: Strs
     predicted_ms: Nums
     link_ms: Nums | None = None
     factors: Nums
+    chosen_round: Count | None = None
+    """The round in which the split the timed passes run was first measured."""
+    measured_ms: Nums | None = None
+    low_ms: Nums | None = None
+    high_ms: Nums | None = None
+    passes: Count | None = None
+    """Calibration passes of the chosen split."""
+    calibration_passes: Count | None = None
+    """Untimed passes refinement added (the warm-up's not counted)."""
+    calibration_s: Num | None = None
+    """Seconds from the end of the warm-up to the first timed pass: what refinement added to start-up."""
+    reason: Str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -39,7 +39,11 @@ class RefineSpec:
     max_rounds: int = 3
     """Splits measured at most (the first included); each after the first costs one calibration pass."""
     min_gain: float = 0.03
-    """Try a new split only when its predicted bottleneck is at least this much better."""
+    """Try or adopt a new split only when its bottleneck is at least this much better (`remote.refinement`)."""
+    max_repeats: int = 2
+    """Calibration passes that measure a split again when two splits' intervals overlap."""
+    pass_noise: float = 0.10
+    """How far one pass's median may sit from the next on an unchanged host (relative), until passes show it."""
     recut: bool = True
     """Watch the timed passes and re-cut between them when a host drifts (`remote.recut`)."""
     max_recuts: int = 2

@@ -40,11 +40,21 @@ def recut_lines(s: RunSummary) -> list[str]:
 
 
 def refine_lines(refine: Refinement | None) -> list[str]:
-    """`balanced`'s refinement rounds."""
+    """`balanced`'s refinement rounds (each with the slowest stage's interval and the decision), and which
+    round's split the timed passes ran."""
     lines = []
     for r in refine.rounds if refine else []:
-        then = f"next {', '.join(map(md_text, r.next_split))}" if r.next_split else "kept"
+        then = r.reason or (f"next {', '.join(r.next_split)}" if r.next_split else "refinement over")
+        noise = (f" (slowest {md_text(max(r.measured_ms))}, {md_text(max(r.low_ms))}-{md_text(max(r.high_ms))} "
+                 f"over {md_text(r.passes)} pass(es))" if r.measured_ms and r.low_ms and r.high_ms else "")
         lines.append(f"\nrefinement round {md_text(r.round)}: split "
                      f"{', '.join(map(md_text, r.split_points)) if r.split_points is not None else '-'}, predicted "
-                     f"{md_text(r.predicted_ms)} ms, measured {md_text(r.measured_ms)} ms per stage; {then}.")
+                     f"{md_text(r.predicted_ms)} ms, measured {md_text(r.measured_ms)} ms per stage{noise}; "
+                     f"{md_text(then)}.")
+    if refine and refine.chosen_round is not None:
+        added = (f" Refinement added {md_text(refine.calibration_passes)} untimed pass(es), "
+                 f"{md_text(refine.calibration_s)} s, to start-up." if refine.calibration_passes is not None else "")
+        lines.append(f"\nThe timed passes ran round {md_text(refine.chosen_round)}'s split "
+                     f"{', '.join(map(md_text, refine.chosen_split or []))}, measured {md_text(refine.measured_ms)} "
+                     f"ms per stage over {md_text(refine.passes)} pass(es).{added}")
     return lines

@@ -18,7 +18,7 @@ from pictl.run.context import RunContext
 from pictl.run.placement import Placement
 from pictl.run.timeline import StartupTimeline
 from remote.balance import NoFeasibleSplit, balanced_split
-from remote.run_records import Refined
+from remote.run_records import Refine, Refined
 from remote.spec import RefineSpec, RunSpec
 from remote.wire import byte_ratio, parse_wire
 
@@ -123,3 +123,19 @@ def keep_refined(ctx: RunContext, placement: Placement, choice: SplitChoice, ref
                      model=o.model, num_classes=o.num_classes, chunk=o.chunk, threads=placement.threads,
                      code=ctx.code, artifact=ctx.artifact)
     return {h: round(f, 4) for h, f in corrections.items()}
+
+
+REFINE_ROUND_FIELDS = ("round", "split_points", "predicted_ms", "measured_ms", "low_ms", "high_ms", "first_round",
+                       "passes", "link_ms", "factors", "next_split", "adopted_round", "reason")
+
+
+def refine_summary(rounds: list[Refine], chosen: Refined | None) -> dict[str, Any]:
+    """`balanced`'s rounds (each split measured, with its noise, and the decision), and which round's split the
+    timed passes began on, as measured, with what refinement added to start-up (`summary.json`'s `refine`)."""
+    out: dict[str, Any] = {"rounds": [{k: getattr(r, k) for k in REFINE_ROUND_FIELDS} for r in rounds]}
+    if chosen is not None:
+        out |= {"chosen_round": chosen.chosen_round, "chosen_split": chosen.split_points,
+                "measured_ms": chosen.measured_ms, "low_ms": chosen.low_ms, "high_ms": chosen.high_ms,
+                "passes": chosen.passes, "calibration_passes": chosen.calibration_passes,
+                "calibration_s": chosen.calibration_s, "reason": chosen.reason}
+    return out

@@ -24,7 +24,7 @@ from pictl.run.pipeline import PipelineDone
 from pictl.run.placement import Placement
 from pictl.run.recuts import recut_summary, settled
 from pictl.run.serial import Serial, baseline_max_age
-from pictl.run.split import SplitChoice, final_prediction
+from pictl.run.split import SplitChoice, final_prediction, refine_summary
 from pictl.run.staging import Staged
 from pictl.run.waterfall import waterfall
 from pictl.summary import SUMMARY_SCHEMA, checked
@@ -91,9 +91,7 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
         "traces": reached.book.traces,
         "traced_passes": len(tel.traced_throughputs),
         "prediction": prediction,
-        "refine": {"rounds": [{"round": r.round, "split_points": r.split_points, "predicted_ms": r.predicted_ms,
-                               "measured_ms": r.measured_ms, "link_ms": r.link_ms, "factors": r.factors,
-                               "next_split": r.next_split} for r in tel.refine_rounds]} if tel.refine_rounds else None,
+        "refine": refine_summary(tel.refine_rounds, tel.refinement) if tel.refine_rounds else None,
         "startup": reached.book.timeline.summary(),
         "started_at": ctx.started, "duration_s": round(time.time() - ctx.started, 2),
         "serial_spread_ips": baseline.ips_spread if baseline else None,

@@ -64,7 +64,8 @@ class RunTelemetry:
         self.accuracy: Accuracy | None = None
         self.outputs: Outputs | None = None
         self.refine_rounds: list[Refine] = []  # `balanced` correcting its split during the run
-        self.refined: Refined | None = None
+        self.refined: Refined | None = None  # the split the timed passes run now (refinement's, or a re-cut's)
+        self.refinement: Refined | None = None  # refinement's own: which round's split the timed passes began on
         self.recuts: list[Recut] = []  # the watch over the timed passes: each correction, and where the cut moved
         self.pass_counters: dict[tuple[int, int], Progress] = {}
         """(rank, timed pass) -> the rank's counters over that pass (its last `progress` of it)."""
@@ -126,6 +127,8 @@ class RunTelemetry:
                 self.refine_rounds.append(ev)
             case Refined():
                 self.refined = ev
+                if ev.chosen_round is not None:
+                    self.refinement = ev
             case Recut():
                 self.recuts.append(ev)
             case Accuracy():

@@ -167,16 +167,20 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
     if spec.refine is not None and spec.stages > 1 and place.count == 1:
         names = [p.name for p in layout.pieces]
         loop = RefineLoop(spec.refine, built.starts, rank, world, names, emitter)
+        calibrations = 0
         if spec.warmup == 0:  # refinement needs one measured pass
             one_pass("calibrate", 0)
-        calibrations = 0
-        while (nxt := loop.step(measured_compute_s(built.stage.compute_times))) is not None:
-            rebuild(nxt)
-            calibrations += 1
+            calibrations = 1
+        # Each step hands rank 0 every microbatch's compute time, so it can tell a gain from the noise.
+        while (nxt := loop.step(built.stage.compute_times)) is not None:
+            if nxt != built.starts:  # (a split measured again right after itself needs no rebuild)
+                rebuild(nxt)
             one_pass("calibrate", calibrations)
+            calibrations += 1
             report()
         if (chosen := loop.final()) != built.starts:
             rebuild(chosen)
+        loop.announce(calibrations)
         ready(StageMoved)
 
     totals = StageCounters()

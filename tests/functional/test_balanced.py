@@ -107,14 +107,27 @@ def test_a_balanced_run_profiles_what_is_missing_and_corrects_a_wrong_profile(de
     assert json.loads(cached.read_text())["torch"] != "cached"  # measured on the host, cached again
 
     pieces = deit_costs["pieces"]
-    rounds = s["refine"]["rounds"]
+    refine = s["refine"]
+    rounds = refine["rounds"]
     first, final = s["prediction"]["first_split"], s["split_points"]
+    # The starved host got about a quarter of the model at first; a split that gives it more is tried.
     assert len(rounds) >= 2 and rounds[0]["split_points"] == first and rounds[0]["next_split"]
-    # The starved host got about a quarter of the model at first, about half at the end.
     assert pieces.index(first[0]) > 0.6 * len(pieces)
-    assert 0.3 * len(pieces) < pieces.index(final[0]) < 0.7 * len(pieces)
     assert rounds[0]["factors"][1] < 0.6  # measured much faster than the profile said
     assert "pictl refine: round 1" in proc.stderr
+    # The timed passes run the split the last round names, and the line says which round's split that is.
+    chosen = refine["chosen_round"]
+    assert rounds[-1]["adopted_round"] == chosen and rounds[-1]["next_split"] is None
+    assert final == refine["chosen_split"] == rounds[chosen - 1]["split_points"]
+    assert f"pictl refine: the timed passes run round {chosen}'s split {', '.join(final)}: measured" in proc.stderr
+    assert refine["calibration_passes"] == len(rounds) - 1 and refine["calibration_s"] > 0  # (round 1: the warm-up)
+    # The split moved only beyond the noise, towards the starved host; on a machine loaded enough that the
+    # intervals never separated, the first split runs and the last round says it was a tie.
+    if chosen != 1:
+        assert pieces.index(final[0]) < pieces.index(first[0])
+        assert any(r["adopted_round"] == chosen and "beyond the noise, adopted" in r["reason"] for r in rounds)
+    else:
+        assert "a tie within the noise" in rounds[-1]["reason"] or "dropped" in rounds[-1]["reason"], rounds
     assert [st["modules"][-1] for st in s["per_stage"]][-1] == "head"
     corrected = JsonCache(tmp_path / "cache" / "costs").get(
         profile_key(h1, "deit_small_patch16_224", 1000, 1, 1, code=tree_digest()))
@@ -230,8 +243,9 @@ def test_a_host_slowed_mid_run_moves_the_cut_and_noise_alone_never_does(deit_cos
     # Measured after, per stage: the slowed host's stage no longer the far slower one.
     after_ms = recut["measured_after_ms"]
     assert after_ms is not None and after_ms[1] < 0.7 * recut["measured_ms"][1]
+    # Other work only ever slows a pass, so the fastest pass of each group is the one least touched by it.
     slowed, after = s["pass_ips"][1:3], s["pass_ips"][4:]
-    assert min(after) > 1.3 * max(slowed), s["pass_ips"]
+    assert max(after) > 1.3 * max(slowed), s["pass_ips"]
     assert "pictl recut: after timed pass 3" in proc.stderr and "re-cut after timed pass 3" in proc.stderr
     # The waterfall takes the settled passes (5 and 6) apart; the passes before the re-cut are a term of their own.
     w = s["waterfall"]

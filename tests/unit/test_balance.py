@@ -1,4 +1,5 @@
-"""The balanced policy's dynamic programme against brute force, and its refinement, on synthetic cost tables."""
+"""The balanced policy's dynamic programme against brute force, on synthetic cost tables (its refinement during
+a run: test_refinement.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import random
 
 import pytest
 
-from remote.balance import CostTable, Link, NoFeasibleSplit, Refiner, balanced_split, brute_force_split, evaluate
+from remote.balance import CostTable, Link, NoFeasibleSplit, balanced_split, brute_force_split, evaluate
 
 
 def _table(rng: random.Random, stages: int, pieces: int, *, speeds: list[float] | None = None,
@@ -61,59 +62,6 @@ def test_impossible_inputs_are_refused() -> None:
     with pytest.raises(NoFeasibleSplit, match="memory limit"):
         balanced_split(tight)
     assert math.isinf(evaluate(tight, [2]).bottleneck_s)
-
-
-# -- refinement: the run corrects the table it was split from -------------------------------------------
-
-
-def _measure(truth: CostTable, starts: tuple[int, ...], rng: random.Random, noise: float) -> list[float]:
-    """What the stages of a run would measure for a split: the true stage times, with some noise."""
-    return [t * rng.uniform(1 - noise, 1 + noise) for t in evaluate(truth, starts).stage_s]
-
-
-@pytest.mark.parametrize("stages", [2, 3, 4, 6])
-def test_refinement_converges_and_never_ends_worse_than_the_first_split(stages: int) -> None:
-    for seed in range(40):
-        rng = random.Random(seed * 7 + stages)
-        profiled = _table(rng, stages, 24)
-        # The truth: every host some unknown factor slower or faster than profiled, and each piece off by up
-        # to 15 % (what a per-host correction cannot know), measured with 3 % noise.
-        hidden = [rng.uniform(0.4, 2.5) for _ in range(stages)]
-        truth = CostTable(compute_s=[[t * h * rng.uniform(0.85, 1.15) for t in row]
-                                     for row, h in zip(profiled.compute_s, hidden, strict=True)],
-                          cut_bytes=profiled.cut_bytes, links=profiled.links)
-        first = balanced_split(profiled).starts
-        refiner = Refiner(profiled, first)
-        nxt: tuple[int, ...] | None = first
-        while nxt is not None:
-            nxt = refiner.observe(_measure(truth, refiner.starts, rng, 0.03))
-        assert 1 <= len(refiner.rounds) <= refiner.max_rounds
-        chosen = refiner.chosen
-        by_split = {r.starts: r.measured_bottleneck_s for r in refiner.rounds}
-        assert by_split[chosen] <= by_split[first]  # as measured, the chosen split is never worse than the first
-        best = balanced_split(truth).bottleneck_s
-        assert evaluate(truth, chosen).bottleneck_s <= max(1.35 * best, evaluate(truth, first).bottleneck_s)
-
-
-def test_refinement_finds_the_true_optimum_when_each_host_is_uniformly_off() -> None:
-    rng = random.Random(5)
-    profiled = _table(rng, 4, 30)
-    hidden = [1.0, 2.0, 0.5, 1.3]
-    truth = profiled.corrected(hidden)
-    refiner = Refiner(profiled, balanced_split(profiled).starts)
-    assert refiner.observe(_measure(truth, refiner.starts, rng, 0.0)) == balanced_split(truth).starts
-    assert refiner.factors == pytest.approx(hidden)
-    assert refiner.observe(_measure(truth, refiner.starts, rng, 0.0)) is None  # nothing left to gain
-    assert refiner.chosen == balanced_split(truth).starts
-    assert refiner.predicted(refiner.chosen).stage_s == pytest.approx(evaluate(truth, refiner.chosen).stage_s)
-
-
-def test_refinement_keeps_a_split_whose_gain_is_small() -> None:
-    table = CostTable(compute_s=[[1.0] * 20] * 2, cut_bytes=[0.0] * 20, links=[Link()])
-    refiner = Refiner(table, (10,), min_gain=0.03)
-    # Stage 1 measured 2 % slower than predicted: moving a piece would gain less than 3 %.
-    assert refiner.observe([10.0, 10.2]) is None
-    assert refiner.chosen == (10,)
 
 
 def test_links_bound_the_pipeline_apart_from_the_stages() -> None:

@@ -67,8 +67,12 @@ def refine_text(rec: Refine | Refined) -> str:
 
     split = ",".join(rec.split_points)
     if isinstance(rec, Refined):
+        if rec.chosen_round is not None and rec.measured_ms:  # refinement's: which round's split runs
+            return (f"round {rec.chosen_round}'s split {split}, measured {ms(rec.measured_ms)} ms, predicted "
+                    f"{ms(rec.predicted_ms)} ms")
         return f"{split} after {rec.rounds} measured split(s), predicted {ms(rec.predicted_ms)} ms"
-    then = f" -> {','.join(rec.next_split)}" if rec.next_split else ", kept"
+    then = (f" -> {','.join(rec.next_split)}" if rec.next_split else
+            f", then round {rec.adopted_round}'s split" if rec.adopted_round is not None else ", kept")
     return f"{split}: predicted {ms(rec.predicted_ms)}, measured {ms(rec.measured_ms)} ms{then}"
 
 
