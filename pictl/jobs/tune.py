@@ -34,7 +34,7 @@ from pictl.events import EventSink, Phase
 from pictl.inventory import Cluster
 from pictl.jobs.tune_model import Calibration, by_machine, cached_profiles, predict, usable_cores
 from pictl.jobs.tune_report import TUNE_FILE
-from pictl.jobs.tune_rounds import FINALISTS, MIN_ROUNDS, interleave
+from pictl.jobs.tune_rounds import FINALISTS, MIN_ROUNDS, Budget, interleave
 from pictl.jobs.tune_runs import TuneJob, TuneSettings, alone
 from pictl.jobs.tune_space import Axes, Candidate, candidates
 from pictl.jobs.tune_verdicts import Measured, judge_serial, ranked
@@ -223,8 +223,8 @@ async def _decide(tune: TuneJob) -> None:
     def plan_round(runs: int) -> None:
         tune.progress.planned = tune.progress.done + runs
 
-    decision = await interleave(finalists, reference, tune.base, tune.measure_round, tune.spent, tune.say,
-                                plan_round=plan_round)
+    decision = await interleave(finalists, reference, tune.base, tune.measure_round,
+                                Budget(tune.elapsed, tune.settings.budget_s), tune.say, plan_round=plan_round)
     tune.meta["decision"] = decision.lines
     tune.meta["rounds"] = len(reference.rounds)
     for line in decision.lines:

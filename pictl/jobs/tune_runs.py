@@ -103,9 +103,12 @@ class TuneJob:
     def meta(self) -> dict[str, Any]:
         return self.record.meta
 
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
     def spent(self, share: float = 1.0) -> bool:
         """The budget (or `share` of it: screening's half) is spent: no run starts after it."""
-        return time.monotonic() - self.started > self.settings.budget_s * share
+        return self.elapsed() > self.settings.budget_s * share
 
     def anything_measured(self) -> bool:
         return any(m.status for m in self.rows.values())

@@ -16,7 +16,7 @@ from pictl.inventory import load_cluster
 from pictl.jobs.tune import calibrate
 from pictl.jobs.tune_model import Calibration, by_machine, predict
 from pictl.jobs.tune_report import finish, legend, preset_text, save_preset, table
-from pictl.jobs.tune_rounds import MAX_ROUNDS, decide, interleave, round_order, settle
+from pictl.jobs.tune_rounds import MAX_ROUNDS, Budget, decide, interleave, round_order
 from pictl.jobs.tune_space import Axes, Candidate, candidates
 from pictl.jobs.tune_verdicts import Measured, RoundRun, Versus, best_kept, judge, judge_serial, ranked, winner
 from pictl.planning.costs import Profiles
@@ -346,8 +346,13 @@ def _in_rounds(m: Measured, *speedups: float, ref: float | list[float] = 10.0) -
     refs = ref if isinstance(ref, list) else [ref] * len(speedups)
     m.rounds = [RoundRun.of(i + 1, f"{m.candidate.short()}-r{i + 1}", x * r, r)
                 for i, (x, r) in enumerate(zip(speedups, refs, strict=True))]
-    settle(m)
     return m
+
+
+def _serial(*ips: float) -> Measured:
+    """The reference's row, measured in rounds at these img/s."""
+    return _in_rounds(Measured(Candidate(1, 1), status="ok", kept=True, reference=True), *[1.0] * len(ips),
+                      ref=list(ips))
 
 
 def _decided(rows: list[Measured], rounds: int = 3) -> Measured | None:
@@ -358,7 +363,7 @@ def _decided(rows: list[Measured], rounds: int = 3) -> Measured | None:
     for m in [reference, *rows]:
         if m.reference or (m.kept and m.speedup_vs_fp32):
             _in_rounds(m, *[1.0 if m.reference else m.speedup_vs_fp32 or 0.0] * rounds)
-    return decide([reference, *[m for m in rows if m is not reference]], BASE).winner
+    return decide(reference, [m for m in rows if m is not reference], BASE).winner
 
 
 def _issue_rows() -> tuple[Measured, Measured, Measured]:
@@ -381,47 +386,48 @@ def test_the_tune_of_the_issue_saves_the_fastest_under_interleaving_not_the_best
     assert [m.candidate for m in ranked([one_by_four, one_by_two, one_by_three])] == \
         [Candidate(1, 3), Candidate(1, 2), Candidate(1, 4)]  # screening, against the one reference
     assert one_by_four.screening_speedup == pytest.approx(6.1 / 4.2, abs=1e-4)
-    loads = [4.2, 2.9, 4.0]  # the reference in each round: the busy loop on in round 2
-    reference = _in_rounds(Measured(Candidate(1, 1), status="ok", kept=True, reference=True), 1.0, 1.0, 1.0,
-                           ref=loads)
-    _in_rounds(one_by_four, 1.45, 1.40, 1.47, ref=loads)
-    _in_rounds(one_by_two, 1.76, 1.70, 1.79, ref=loads)
-    _in_rounds(one_by_three, 1.98, 1.93, 2.01, ref=loads)
-    decision = decide([reference, one_by_four, one_by_two, one_by_three], BASE)
+    loads = [4.2, 2.9, 4.0]  # the reference in each round: other work in round 2
+    reference = _serial(*loads)
+    _in_rounds(one_by_four, 1.45, 1.44, 1.46, ref=loads)
+    _in_rounds(one_by_two, 1.76, 1.75, 1.77, ref=loads)
+    _in_rounds(one_by_three, 1.98, 1.97, 2.00, ref=loads)
+    decision = decide(reference, [one_by_four, one_by_two, one_by_three], BASE)
     assert decision.winner is one_by_three and winner([one_by_four, one_by_two, one_by_three]) is one_by_three
-    assert not decision.close and one_by_three.speedup_vs_fp32 == 1.98 and one_by_three.interval == [1.93, 2.01]
-    assert one_by_three.throughput_ips == pytest.approx(2.01 * 4.0)  # the median of its img/s, as measured
-    assert decision.lines[0].startswith("1x3 is faster than 1x2 by 12 % (+12 % to +14 %, 3 rounds)")
-    assert "faster than every other finalist beyond the noise" in decision.lines[-1]
+    assert not decision.close and one_by_three.speedup_vs_fp32 == 1.98
+    assert one_by_three.interval is not None and one_by_three.interval[0] < 1.98 < one_by_three.interval[1]
+    assert one_by_three.throughput_ips == pytest.approx(2.0 * 4.0)  # the median of its img/s, as measured
+    assert decision.lines[0].startswith("1x3 is faster than 1x2 by 12.") and "3 rounds" in decision.lines[0]
+    assert decision.lines[-1] == "winner: 1x3, faster than every other finalist beyond the noise"
     assert one_by_two.compared.startswith("1x3 is faster than 1x2") and one_by_four.compared.startswith("1x2 is f")
     text = table([reference, one_by_four, one_by_two, one_by_three], one_by_three, BASE)
-    assert text.splitlines()[2].startswith("| 1x3           |   8.0 |  1.98 | 1.93-2.01   | 3 |")
+    assert text.splitlines()[2].startswith("| 1x3           |   8.0 |  1.98 | 1.9") and "| 3 |" in text
 
 
 def test_a_tie_within_noise_goes_to_the_simpler_configuration() -> None:
-    """Two configurations whose paired ratios straddle 1 are a tie: the one with fewer ranks wins it, then the one
+    """Configurations whose paired ratios straddle 1 are a tie: the one with fewer ranks wins it, then the one
     with fewer stages; a candidate tied with the serial run (the simplest of all) wins nothing."""
-    reference = _in_rounds(Measured(Candidate(1, 1), status="ok", kept=True, reference=True), 1.0, 1.0, 1.0)
-    copies = _in_rounds(Measured(Candidate(2, 1), status="ok", kept=True), 1.62, 1.70, 1.66)
-    pipeline = _in_rounds(Measured(Candidate(1, 2), status="ok", kept=True), 1.69, 1.64, 1.67)
-    deeper = _in_rounds(Measured(Candidate(1, 4), status="ok", kept=True), 1.71, 1.61, 1.68)
-    decision = decide([reference, copies, pipeline, deeper], BASE)
+    reference = _serial(10.0, 9.0, 10.5)
+    copies = _in_rounds(Measured(Candidate(2, 1), status="ok", kept=True), 1.62, 1.70, 1.66, ref=[10.0, 9.0, 10.5])
+    pipeline = _in_rounds(Measured(Candidate(1, 2), status="ok", kept=True), 1.69, 1.64, 1.67, ref=[10.0, 9.0, 10.5])
+    deeper = _in_rounds(Measured(Candidate(1, 4), status="ok", kept=True), 1.71, 1.61, 1.68, ref=[10.0, 9.0, 10.5])
+    decision = decide(reference, [copies, pipeline, deeper], BASE)
     assert pipeline.speedup_vs_fp32 == 1.67 and deeper.speedup_vs_fp32 == 1.68  # the top by median: 1x4
-    assert decision.winner is copies and [m.candidate for m in decision.close] == [Candidate(1, 4), Candidate(1, 2),
-                                                                                   Candidate(2, 1)]
+    assert decision.winner is copies and {m.candidate for m in decision.close} == {Candidate(1, 4), Candidate(1, 2),
+                                                                                   Candidate(2, 1)}
     assert "1x4 and 1x2: a tie within noise" in decision.lines[0]
-    assert decision.lines[-1] == "winner: 2x1, tied within noise with 1x4, 1x2, and the simpler"
+    assert decision.lines[-1] == "winner: 2x1, a tie within noise with 1x4, 1x2, and the simpler"
     assert Candidate(2, 1).simplicity(BASE) < Candidate(1, 2).simplicity(BASE) < Candidate(1, 4).simplicity(BASE)
     assert Candidate(4, 1).simplicity(BASE) < Candidate(2, 2, wire="fp16").simplicity(BASE)  # exact first
     assert Candidate(1, 2).simplicity(BASE) < Candidate(1, 2, threads=2).simplicity(BASE) \
         < Candidate(1, 2, threads=2, chunk=4).simplicity(BASE)
-    barely = _in_rounds(Measured(Candidate(2, 1), status="ok", kept=True), 1.04, 0.97, 1.02)
-    decision = decide([reference, barely], BASE)
-    assert decision.winner is None and [m.candidate for m in decision.close] == [Candidate(2, 1), Candidate(1, 1)]
-    assert decision.lines[0] == "2x1 and the serial run: a tie within noise (-3 % to +4 %, 3 rounds)"
+    barely = _in_rounds(Measured(Candidate(2, 1), status="ok", kept=True), 1.04, 0.97, 1.02, ref=[10.0, 9.0, 10.5])
+    decision = decide(reference, [barely], BASE)
+    assert decision.winner is None and {m.candidate for m in decision.close} == {Candidate(2, 1), Candidate(1, 1)}
+    assert decision.lines[0].startswith("2x1 and the serial run: a tie within noise")
     assert "nothing is saved" in decision.lines[-1] and winner([barely]) is None
     single = _in_rounds(Measured(Candidate(2, 1), status="ok", kept=True), 1.9)  # one round: no interval at all
-    assert single.interval is None and decide([_in_rounds(reference, 1.0), single], BASE).winner is None
+    decision = decide(_serial(10.0), [single], BASE)
+    assert single.interval is None and decision.winner is None and "too close to call" in decision.lines[0]
 
 
 def test_rounds_alternate_and_are_added_while_the_top_two_are_too_close_within_the_budget() -> None:
@@ -446,11 +452,12 @@ def test_rounds_alternate_and_are_added_while_the_top_two_are_too_close_within_t
                 return None
             return f"{m.candidate.short()}{round_no}", rate
 
+        # One "second" per run: the budget is counted in runs.
         decision = asyncio.run(interleave(list(rows.values()), reference, BASE, measure,
-                                          lambda: len(order) >= budget_runs, lambda _e: None))
+                                          Budget(lambda: float(len(order)), budget_runs), lambda _e: None))
         return order, decision.winner
 
-    far = {Candidate(1, 2): [15.0, 15.5, 14.8], Candidate(2, 1): [19.0, 18.7, 19.4]}
+    far = {Candidate(1, 2): [15.0, 15.1, 14.9], Candidate(2, 1): [19.0, 19.1, 19.0]}
     order, won = tune(far)
     assert order == ["1:ref", "1:1x2", "1:2x1", "2:ref", "2:2x1", "2:1x2", "3:ref", "3:1x2", "3:2x1"]
     assert won is not None and won.candidate == Candidate(2, 1)
@@ -458,8 +465,8 @@ def test_rounds_alternate_and_are_added_while_the_top_two_are_too_close_within_t
     order, won = tune(close)
     assert len([o for o in order if o.endswith(":ref")]) == MAX_ROUNDS and won is not None
     assert won.candidate == Candidate(2, 1)  # never separated: the simpler (fewer stages)
-    order, _ = tune(close, budget_runs=11)  # the budget ends the fourth round after its reference and one run
-    assert order[9:] == ["4:ref", "4:2x1"]
-    failing = {Candidate(1, 2): [15.0, 0.0, 15.0], Candidate(2, 1): [12.0, 12.1, 12.2]}
+    assert len(tune(close, budget_runs=12)[0]) == 12  # room for one more round as long as the longest so far
+    assert len(tune(close, budget_runs=11)[0]) == 9  # no room for a fourth
+    failing = {Candidate(1, 2): [15.0, 0.0, 15.0], Candidate(2, 1): [19.0, 19.1, 19.2]}
     order, won = tune(failing)
     assert "3:1x2" not in order and won is not None and won.candidate == Candidate(2, 1)
