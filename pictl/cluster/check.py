@@ -17,6 +17,7 @@ from pictl import errors as E
 from pictl.cluster.clock import PROBE_SOURCE, ClockOffset, measure_clock
 from pictl.cluster.fleet import Fleet
 from pictl.cluster.hoststate import torch_problem
+from pictl.cluster.monitor import HostSample, load_now
 from pictl.cluster.transport import RemoteProcess, Transport
 from pictl.cluster.warm import WarmState, warm_status
 from pictl.inventory import Cluster, Host
@@ -36,6 +37,9 @@ class HostCheck:
     problems: list[str] = field(default_factory=list)
     warm: dict[str, Any] | None = None
     """The host's warm process (`pictl.cluster.warm.WarmState`): pid, age, memory, what it preloaded."""
+    load: dict[str, Any] | None = None
+    """What keeps the host busy now, over half a second: `busy_cores` (of `cpus` online), `runnable` (the run
+    queue), `cpu_wait` (the share of the time some thread waited for a CPU) and `load1`: other work, seen."""
 
     @property
     def ready(self) -> bool:
@@ -123,6 +127,10 @@ async def check_cluster(cluster: Cluster) -> list[HostCheck]:
             check.clock_offset_ms = round(clock.offset_ns / 1e6, 3)
             check.clock_uncertainty_ms = round(clock.uncertainty_ns / 1e6, 3)
             check.problems += _problems(fleet[name].host, probe)
+        for name, sample in (await fleet.results(load_now, live)).items():
+            if isinstance(sample, HostSample) and sample.up:  # (a host that cannot be sampled shows no load)
+                checks[name].load = {"busy_cores": sample.busy_cores, "cpus": sample.cpus,
+                                     "runnable": sample.runnable, "cpu_wait": sample.cpu_wait, "load1": sample.load1}
         ready = [name for name in live if checks[name].probe and not checks[name].problems]
         for name, state in (await fleet.results(warm_status, ready)).items():
             # (a host whose code was never pushed has no client to ask: it shows as unknown, not as a problem)

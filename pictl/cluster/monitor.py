@@ -73,6 +73,11 @@ class HostSample:
     the kernel does (3 busy threads on 2 CPUs: 0.5; 4: 1.0). None without PSI or a previous sample."""
     since: float | None = None
     """When the previous sample was taken (controller clock): `cpu_wait` and `cpu_pct` cover since..at."""
+    busy_cores: float | None = None
+    """`cpu_pct` in cores (of the CPUs online): how much of the host something keeps busy; with `runnable`, the
+    load `pictl check` and the dashboard's hosts table show, so that other work can be seen."""
+    cpus: int | None = None
+    """The CPUs online the sample read (what `busy_cores` is out of)."""
 
 
 USER_HZ = 100
@@ -130,8 +135,26 @@ def parse_sample(host: str, text: str, previous: Counters | None, at: float
             span_us = (counters.total - previous.total) / counters.cpus / USER_HZ * 1e6
             cpu_wait = round(min(1.0, max(0.0, (counters.stall_us - previous.stall_us) / span_us)), 3)
     used = mem_total - mem_avail if mem_total is not None and mem_avail is not None else None
+    busy = round(cpu_pct / 100.0 * counters.cpus, 2) if cpu_pct is not None and counters else None
     return HostSample(host, True, at, cpu_pct, used, mem_total, temp, throttled, runnable=runnable,
-                      load1=load1, cpu_wait=cpu_wait, since=previous.at if previous else None), counters
+                      load1=load1, cpu_wait=cpu_wait, since=previous.at if previous else None,
+                      busy_cores=busy, cpus=counters.cpus if counters else None), counters
+
+
+async def read_sample(t: Transport, previous: Counters | None, timeout_s: float
+                      ) -> tuple[HostSample, Counters | None]:
+    """One sample of a connected host (this machine's files, read here, for a local host off a Pi)."""
+    text = (local_sample_text() if t.host.transport == "local" and not HAS_VCGENCMD else
+            (await t.run(["sh", "-c", SAMPLE_SCRIPT], timeout_s=timeout_s)).stdout)
+    return parse_sample(t.host.name, text, previous, time.time())
+
+
+async def load_now(t: Transport, span_s: float = 0.5, timeout_s: float = 4.0) -> HostSample:
+    """A connected host's load over `span_s` (two samples): busy cores, run queue and CPU wait, as `pictl check`
+    shows them."""
+    _, first = await read_sample(t, None, timeout_s)
+    await asyncio.sleep(span_s)
+    return (await read_sample(t, first, timeout_s))[0]
 
 
 def summarize_samples(samples: list[HostSample], start: float, end: float) -> dict | None:
@@ -177,9 +200,7 @@ class HostMonitor:
                 if not connected:
                     await asyncio.wait_for(t.connect(), self.timeout_s)
                     connected = True
-                text = (local_sample_text() if t.host.transport == "local" and not HAS_VCGENCMD else
-                        (await t.run(["sh", "-c", SAMPLE_SCRIPT], timeout_s=self.timeout_s)).stdout)
-                sample, previous = parse_sample(t.host.name, text, previous, time.time())
+                sample, previous = await read_sample(t, previous, self.timeout_s)
             except (E.PictlError, OSError, TimeoutError) as exc:
                 if owned:
                     connected = False

@@ -40,28 +40,13 @@ from typing import Any
 
 from pictl.records.waterfall_view import waterfall_line as view_line
 from pictl.records.waterfall_view import waterfall_view
+from pictl.run.advice import Bottleneck, advice
 
 TERMS = ("fill_drain", "imbalance", "split_overhead", "interference", "communication", "runtime", "baseline",
          "residual")
 """Every run's terms, in the chain's order."""
 ALL_TERMS = (*TERMS, "recut")
 """With a re-cut run's own last term."""
-ADVICE = {
-    "fill_drain": "more images per pass (or a smaller --chunk): M microbatches keep M / (M + N - 1) of N",
-    "imbalance": "--policy balanced, or move a cut toward the lighter stage",
-    "split_overhead": "cuts at block boundaries, and the serial run's thread count for every stage",
-    "interference": "free the bottleneck host's cores of other work (see `pictl check`)",
-    "communication": "a compressing --wire (fp16, int8), a larger --chunk, or a faster link",
-    "runtime": "a larger --chunk: fewer, larger microbatches spread the schedule's per-microbatch cost",
-    "baseline": "--fresh-baseline on an idle host (the serial run waited for a CPU, or ran slower than its compute)",
-    "residual": "more timed passes (--repeats): the pass-to-pass spread is not modelled",
-    "recut": "a host drifted during the run: the passes before the re-cut ran a worse split (see `recuts`)",
-}
-REPLICA_ADVICE = {
-    "split_overhead": "the copies computed slower than the serial run alone: copies on one machine share its memory "
-                      "bandwidth and caches (see `pictl check`), or their hosts are slower than the serial run's",
-}
-"""Where a replicated run's term means something else: with one stage per copy there is no cut to move."""
 RESIDUAL_LIMIT = 0.05
 """A residual above this share of N raises the `waterfall_residual` flag: the model missed something."""
 
@@ -132,12 +117,16 @@ def waterfall(s: dict[str, Any], settled: Settled | None = None) -> dict[str, An
                       "share": round(-points / gap, 4) if abs(gap) > 1e-9 else None})
     losses = [t for t in terms if t["points"] < 0]
     dominant = min(losses, key=lambda t: t["points"])["term"] if losses else None
-    advice = ((REPLICA_ADVICE.get(dominant) if r > 1 else None) or ADVICE[dominant]) if dominant else None
+    # What would reduce the dominant term, worded from this run's options (never its own policy, never a
+    # smaller chunk than 1).
+    shape = Bottleneck(stages=n, replicas=r, microbatches=m, rank=b, compute_s=c[b], mean_compute_s=sum(c) / len(c),
+                       wait_for_cpu_s=d[b])
+    told = advice(dominant, s, shape) if dominant else None
     return {"stages": n * r, "replicas": r, "speedup": round(float(speedup), 4), "gap": round(gap, 4),
             "bottleneck_rank": b,
             "microbatches": m, "terms": terms, "dominant": dominant,
             "settled_from_pass": settled.first if settled else None,
-            "advice": advice,
+            "advice": told,
             "per_image_ms": {"serial": round(t_s * 1000, 3), "serial_compute": round(t_sc * 1000, 3),
                              "bottleneck_compute": round(c[b] * 1000, 3), "bottleneck_wait_for_cpu":
                              round(d[b] * 1000, 3), "bottleneck_communication": round(k_b * 1000, 3),

@@ -38,6 +38,11 @@ class HostRow:
     activity: str = "idle"
     ranks: list[int] = field(default_factory=list)
     cpu_pct: float | None = None
+    busy_cores: float | None = None
+    """Cores something keeps busy (of `cpus`) and the run queue: the load that `interference` advice names."""
+    cpus: int | None = None
+    runnable: int | None = None
+    cpu_wait: float | None = None
     mem_used_mb: int | None = None
     mem_total_mb: int | None = None
     temp_c: float | None = None

@@ -227,6 +227,8 @@ class DashboardState:
         if sample.up:
             row.cpu_pct, row.mem_used_mb, row.mem_total_mb = sample.cpu_pct, sample.mem_used_mb, sample.mem_total_mb
             row.temp_c, row.throttled = sample.temp_c, sample.throttled
+            row.busy_cores, row.cpus, row.runnable, row.cpu_wait = (sample.busy_cores, sample.cpus, sample.runnable,
+                                                                    sample.cpu_wait)
 
     def down_hosts(self) -> str:
         """The hosts the monitor found not answering, each with why ("" when none)."""

@@ -32,11 +32,13 @@ GAP_POINTS = {"fill_drain": -0.2308, "imbalance": -0.05, "split_overhead": 0.03,
 
 
 def _waterfall() -> dict:
-    from pictl.run.waterfall import ADVICE
+    from pictl.run.advice import Bottleneck, advice
 
+    shape = Bottleneck(stages=3, replicas=1, microbatches=24, rank=2, compute_s=0.3, mean_compute_s=0.28,
+                       wait_for_cpu_s=0.0)
     return {"stages": 3, "speedup": 2.786, "gap": 0.214, "bottleneck_rank": 2, "microbatches": 24,
             "terms": [{"term": k, "points": v, "share": round(-v / 0.214, 4)} for k, v in GAP_POINTS.items()],
-            "dominant": "fill_drain", "advice": ADVICE["fill_drain"], "per_image_ms": {}}
+            "dominant": "fill_drain", "advice": advice("fill_drain", {"chunk": 1}, shape), "per_image_ms": {}}
 
 
 def _rec(kind: str, rank: int, t: float, role: str = "pipeline", **fields) -> Record:  # noqa: ANN003
@@ -57,7 +59,8 @@ async def _during(pilot) -> None:  # noqa: ANN001
     await app.query_one(StageList).reset(app.state)
     for i in range(4):
         app.post_message(HostHealth(HostSample(f"h{i}", True, NOW, 97.0 - i, 610 + i, 3796, 55.5 + i,
-                                               "0x0" if i else "0x50000")))
+                                               "0x0" if i else "0x50000", runnable=4 + i, cpu_wait=0.02 * i,
+                                               busy_cores=round(4 * (97.0 - i) / 100, 2), cpus=4)))
     # Where the session put the stages (`balanced` on 4 hosts chose the first three here).
     app.post_message(Decided(Placed(tuple(StagePlacement(f"h{r}", (r,), 1) for r in range(3)), "h0", 1)))
     await pilot.pause()  # (a session announces it before anything runs on the ranks)

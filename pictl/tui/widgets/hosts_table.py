@@ -1,4 +1,5 @@
-"""One row per host: up or down, what pictl does there, its ranks, CPU, memory, temperature, last event."""
+"""One row per host: up or down, what pictl does there, its ranks, CPU and its load (busy cores, run queue: other
+work shows here), memory, temperature, last event."""
 
 from __future__ import annotations
 
@@ -10,7 +11,17 @@ from textual.widgets import DataTable
 from pictl.tui.rows import HostRow
 from pictl.tui.state import DashboardState
 
-COLUMNS = ("host", "link", "activity", "ranks", "CPU%", "mem MB", "temp C", "throttled", "last event")
+COLUMNS = ("host", "link", "activity", "ranks", "CPU%", "busy cores", "run queue", "mem MB", "temp C", "throttled",
+           "last event")
+
+
+def load_cells(row: HostRow) -> list[str]:
+    """`1.6/2` busy cores of the CPUs, and the run queue with the share of time a thread waited for a CPU: what
+    `pictl check` shows, so the dashboard's `interference` advice can be followed here."""
+    busy = "-" if row.busy_cores is None else f"{row.busy_cores:.1f}/{row.cpus or '?'}"
+    queue = "-" if row.runnable is None else (f"{row.runnable}" + ("" if row.cpu_wait is None
+                                                                   else f", {row.cpu_wait:.0%} wait"))
+    return [busy, queue]
 
 
 def _link(row: HostRow) -> Text:
@@ -39,7 +50,7 @@ class HostsTable(DataTable):
             activity = Text(f"{row.error or 'not answering'}" if down else row.activity,
                             style="bold red" if row.activity == "failed" or down else "")
             cells = [row.name, _link(row), activity, ",".join(map(str, row.ranks)) or "-",
-                     "-" if row.cpu_pct is None else f"{row.cpu_pct:.0f}",
+                     "-" if row.cpu_pct is None else f"{row.cpu_pct:.0f}", *load_cells(row),
                      "-" if row.mem_used_mb is None else f"{row.mem_used_mb}/{row.mem_total_mb}",
                      "-" if row.temp_c is None else f"{row.temp_c:.1f}", row.throttled or "-", _age(row, now)]
             if row.name not in self.rows:
@@ -60,7 +71,8 @@ class HostsTable(DataTable):
                  status, f"ranks {','.join(map(str, row.ranks)) or '-'}, {row.activity}"]
         if row.up:
             temp = "-" if row.temp_c is None else f"{row.temp_c:.1f} C"
-            lines.append(f"CPU {row.cpu_pct:.0f}%, memory {row.mem_used_mb}/{row.mem_total_mb} MB, temp {temp}, "
-                         f"throttled {row.throttled or '-'}")
+            busy, queue = load_cells(row)
+            lines.append(f"CPU {row.cpu_pct:.0f}%, busy cores {busy}, run queue {queue}, memory "
+                         f"{row.mem_used_mb}/{row.mem_total_mb} MB, temp {temp}, throttled {row.throttled or '-'}")
         self.app.notify("\n".join(lines), title=f"host {name}", timeout=12, markup=False,
                         severity="error" if row.up is False else "information")
