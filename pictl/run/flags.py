@@ -181,7 +181,8 @@ def _host_health(s: RunSummary) -> list[Flag]:
     SUSPECT)."""
     out = []
     for window, during in (("during_pipeline", "the pipeline"), ("during_baseline", "the serial baseline")):
-        baseline = window == "during_baseline"
+        # A slowed baseline makes every speedup divided by it read high; a one-rank run divides nothing by it.
+        baseline = window == "during_baseline" and s.stages * s.replicas > 1
         measured, own = own_wait(s, window)
         if own is not None:
             out.append(own)
@@ -219,7 +220,7 @@ def _stale_baseline(s: RunSummary) -> list[Flag]:
     if (change := state_change(then, _state(s, base.host))) is not None:
         why.append(f"its host changed since: {change}")
     return [Flag("baseline_stale", f"the serial baseline was reused ({age_text(age)} old) although "
-                                   + " and ".join(why), invalidates=True)] if why else []
+                                   + " and ".join(why), invalidates=s.stages * s.replicas > 1)] if why else []
 
 
 def _sharing(s: RunSummary) -> list[Flag]:

@@ -337,3 +337,15 @@ def test_the_report_lists_the_flags_and_the_baseline(tmp_path) -> None:
     assert "Serial baseline: measured on local0 for this run" in text
     assert "**Sanity flags** (these numbers are suspect):" in text
     assert "- `host_overloaded`: local0, local1 (one machine): during the pipeline, threads waited" in text
+
+
+def test_a_one_rank_run_divides_nothing_by_its_baseline_and_is_never_suspect_for_it() -> None:
+    """The serial run waited for a CPU: on a 2-stage run the speedup reads high (SUSPECT); a 1-stage run is the
+    serial run itself, so the flag only warns."""
+    s = calm(REAL)
+    s["serial_timing"] = {"compute_per_image_s": 0.1, "run_delay_per_image_s": 0.03}
+    flags = [SanityFlag.model_validate(f.to_json()) for f in flags_of(s)]
+    assert verdict_of(flags)[0] == "suspect"
+    s.update(stages=1, per_stage=s["per_stage"][:1], speedup=1.0, throughput_ips=s["serial_ips"])
+    flags = [SanityFlag.model_validate(f.to_json()) for f in flags_of(s)]
+    assert [f.code for f in flags] == ["host_overloaded"] and verdict_of(flags) == ("ok", None)
