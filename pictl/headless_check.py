@@ -22,6 +22,17 @@ def _warm_cell(warm: dict[str, Any] | None) -> str:
     return markup_safe(f"pid {warm.get('pid')} {warm.get('age_s', 0):.0f}s {warm.get('rss_mb')}MB")
 
 
+def _cpus_cell(probe: dict[str, Any]) -> str:
+    """The CPUs the host's processes may use: their count, the cores they are pinned to (`cpus` in hosts.toml,
+    or a taskset), and a CFS quota that caps them below that."""
+    cell = str(probe.get("cpus", "-"))
+    if probe.get("cpu_list"):
+        cell += f" ({probe['cpu_list']})"
+    if probe.get("cpu_quota") is not None:
+        cell += f" quota {probe['cpu_quota']:g}"
+    return markup_safe(cell)
+
+
 LEFT_OUT_FIRST = ("warm", "rendezvous", "interface", "+/- ms", "clock ms", "throttled", "temp C", "cpus", "free MB",
                   "timm", "python")
 """Where the terminal is too narrow for every column, these go first (a host that is not ready says why on a
@@ -43,7 +54,7 @@ def check_table(checks: list) -> Fitted:  # list[HostCheck]
             c.host, "[green]yes[/]" if c.ready else "[red]no[/]",
             "ok" if c.authenticated else ("no auth" if c.reachable else "[red]down[/]"),
             p.get("python", "-"), venv.get("python", "missing") if venv else "-",
-            pkgs.get("torch") or "-", pkgs.get("timm") or "-", str(p.get("cpus", "-")),
+            pkgs.get("torch") or "-", pkgs.get("timm") or "-", _cpus_cell(p),
             str(p.get("mem_available_mb", "-")), figure(p.get("temperature_c"), ".1f"), p.get("throttled") or "-",
             figure(c.clock_offset_ms, ".3f"), figure(c.clock_uncertainty_ms, ".3f"),
             f"{iface.get('name')} {iface.get('address') or ''}".strip() if iface else "-",

@@ -14,13 +14,14 @@ Errors name the file and the field (`hosts.toml: host[2].port: ...`).
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import sys
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from pictl.errors import ConfigError
 from pictl.text import shown
@@ -34,6 +35,33 @@ RESERVED_NAMES = frozenset({"serial"})
 _LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 """One label of a host name: ASCII letters, digits and inner '-' (and '_', which ~/.ssh/config aliases such
 as `lab_h1` use), at most 63 characters. Nothing else: `a,*` is a known_hosts pattern, `-o...` an option."""
+
+
+_CPU_LIST = re.compile(r"\d{1,4}(-\d{1,4})?(,\d{1,4}(-\d{1,4})?)*")
+
+
+def parse_cpu_list(text: str) -> frozenset[int]:
+    """A cpuset list as taskset and /sys write it ("0-3", "4,5", "0-1,6") -> its cores; ValueError naming it."""
+    if not isinstance(text, str) or not _CPU_LIST.fullmatch(text.replace(" ", "")):
+        raise ValueError(f"{shown(repr(text), 40)} is not a list of cores such as \"0-3\", \"4,5\" or \"0-1,6\"")
+    cores: set[int] = set()
+    for part in text.replace(" ", "").split(","):
+        first, _, last = part.partition("-")
+        if last and int(last) < int(first):
+            raise ValueError(f"{part!r} counts down (write \"{last}-{first}\")")
+        cores.update(range(int(first), int(last or first) + 1))
+    return frozenset(cores)
+
+
+def cpu_list_text(cores: frozenset[int] | set[int]) -> str:
+    """Cores as a cpuset list: {0, 1, 2, 3, 6} -> "0-3,6"."""
+    runs: list[list[int]] = []
+    for core in sorted(cores):
+        if runs and core == runs[-1][1] + 1:
+            runs[-1][1] = core
+        else:
+            runs.append([core, core])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def address_problem(address: str) -> str | None:
@@ -103,6 +131,9 @@ class Host(BaseModel):
     starts a fresh interpreter (a host with too little memory, or to compare). `pictl run --cold` for one run."""
     warm_idle_s: float = Field(default=600.0, gt=0, le=7 * 86400)
     """The warm process ends after this many seconds without a job."""
+    cpus: str | None = None
+    """A local host's cores, as taskset takes them ("0-3", "4,5", "0-1,6"): every process pictl starts for the
+    host is pinned to them, so hosts on one workstation each have cores of their own. Default: not pinned."""
 
     @field_validator("address", "lan_address")
     @classmethod
@@ -118,6 +149,26 @@ class Host(BaseModel):
         if name.lower() in RESERVED_NAMES:
             raise ValueError(f"'{name}' is reserved (the serial baseline's records use it); choose another name")
         return name
+
+    @field_validator("cpus")
+    @classmethod
+    def _cores_here(cls, cpus: str | None, info: ValidationInfo) -> str | None:
+        """Cores this machine has and pictl may use: a local host runs here (an SSH host's cores are its own)."""
+        if cpus is None:
+            return None
+        who = f"host '{info.data['name']}'" if "name" in info.data else "this host"
+        if info.data.get("transport") != "local":
+            raise ValueError(f"{who} is not local (transport = \"local\"): only this machine's cores can be pinned")
+        wanted, usable = parse_cpu_list(cpus), os.sched_getaffinity(0)
+        if missing := sorted(wanted - usable):
+            core = f"cores {cpu_list_text(set(missing))} are" if len(missing) > 1 else f"core {missing[0]} is"
+            raise ValueError(f"{who}: {core} not on this machine (pictl may use cores {cpu_list_text(usable)})")
+        return cpus
+
+    @property
+    def cpu_set(self) -> frozenset[int] | None:
+        """The cores this host's processes are pinned to (None: not pinned)."""
+        return parse_cpu_list(self.cpus) if self.cpus else None
 
     @property
     def rendezvous_address(self) -> str:

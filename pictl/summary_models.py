@@ -92,6 +92,9 @@ class HostState(Open):
     cpus: int | None = None
     cpus_online: int | None = None
     cpu_quota: float | None = None
+    cpu_list: str | None = None
+    """The cores the host's processes are pinned to, as a cpuset list (`cpus` in hosts.toml, or a taskset); None
+    when they may run on every CPU."""
     busy_cores: float | None = None
     busy_peak_cores: float | None = None
     runnable: float | None = None

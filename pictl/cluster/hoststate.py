@@ -18,7 +18,7 @@ from pictl import errors as E
 from pictl.cluster.clock import PROBE_SOURCE
 from pictl.cluster.monitor import HostSample, summarize_samples
 from pictl.cluster.transport import Transport
-from pictl.inventory import Host
+from pictl.inventory import Host, parse_cpu_list
 from remote.torch_support import unsupported
 
 LOAD_TOLERANCE_CORES = 0.5
@@ -118,10 +118,61 @@ def throttling(value: str | None) -> list[str]:
 
 
 def capacity(state: dict[str, Any]) -> float:
-    """Cores the host's processes may use: its CPUs, or fewer under a CPU quota."""
+    """Cores the host's processes may use: its CPUs (the ones it is pinned to), or fewer under a CPU quota."""
     cpus = float(state.get("cpus") or 1)
     quota = state.get("cpu_quota")
     return min(cpus, float(quota)) if quota else cpus
+
+
+def other_work_cores(state: dict[str, Any]) -> float | None:
+    """Cores of the host's own that other work took when the probe looked: its busy cores, less what they
+    leave free beyond its quota. A host capped at 0.4 core on 2 CPUs loses nothing to 1.5 busy cores (0.5 are
+    free, more than it may use), and its throttling is no busy core at all; an uncapped host loses them all."""
+    busy = state.get("busy_cores")
+    if not isinstance(busy, int | float):
+        return None
+    cpus = float(state.get("cpus") or 1)
+    return round(max(0.0, float(busy) - (cpus - capacity(state))), 2)
+
+
+def machines(states: dict[str, dict[str, Any]]) -> list[list[str]]:
+    """Hosts grouped by the cores they share: one kernel (the same boot id) and cores that overlap. Hosts
+    pinned to cores of their own (`cpus`) on one workstation are machines apart; an unpinned host overlaps
+    every other on its kernel. Inventory order is kept."""
+    def cores(state: dict[str, Any]) -> frozenset[int] | None:
+        text = state.get("cpu_list")
+        try:
+            return parse_cpu_list(text) if isinstance(text, str) else None
+        except ValueError:
+            return None
+
+    def share(a: str, b: str) -> bool:
+        if (states[a].get("boot_id") or f"host:{a}") != (states[b].get("boot_id") or f"host:{b}"):
+            return False
+        mine, theirs = cores(states[a]), cores(states[b])
+        return mine is None or theirs is None or bool(mine & theirs)
+
+    groups: list[list[str]] = []
+    for name in states:
+        joined = [g for g in groups if any(share(name, h) for h in g)]
+        groups = [g for g in groups if g not in joined] + [[h for g in joined for h in g] + [name]]
+    order = list(states)
+    return sorted((sorted(g, key=order.index) for g in groups), key=lambda g: order.index(g[0]))
+
+
+def machine_cpus(states: list[dict[str, Any]]) -> int:
+    """CPUs of hosts that share cores (`machines`): the union of their pinned cores, or the machine's CPUs when
+    any of them is unpinned."""
+    union: set[int] = set()
+    for state in states:
+        text = state.get("cpu_list")
+        if not isinstance(text, str):
+            return max(int(s.get("cpus_online") or s.get("cpus") or 1) for s in states)
+        try:
+            union |= parse_cpu_list(text)
+        except ValueError:
+            return max(int(s.get("cpus") or 1) for s in states)
+    return len(union) or 1
 
 
 def _hot(state: dict[str, Any]) -> bool:
@@ -135,12 +186,15 @@ def state_change(then: dict[str, Any] | None, now: dict[str, Any]) -> str | None
     if not then:
         return "the cached baseline recorded no host state"
     changes = []
-    for key, what in (("cpus", "CPUs"), ("cpu_quota", "CPU quota"), ("governor", "governor"),
+    for key, what in (("cpus", "CPUs"), ("cpu_list", "cores"), ("cpu_quota", "CPU quota"), ("governor", "governor"),
                       ("max_freq_mhz", "top frequency (MHz)")):
         if then.get(key) != now.get(key):
             changes.append(f"{what} {then.get(key)} -> {now.get(key)}")
-    before, after = then.get("busy_cores"), now.get("busy_cores")
-    if before is not None and after is not None and abs(before - after) > LOAD_TOLERANCE_CORES:
+    # Other work as the host feels it: under a quota, busy cores it could not have used change nothing (and
+    # where the CPUs or the quota changed, that is the change to name).
+    before, after = other_work_cores(then), other_work_cores(now)
+    resized = any(then.get(key) != now.get(key) for key in ("cpus", "cpu_list", "cpu_quota"))
+    if not resized and before is not None and after is not None and abs(before - after) > LOAD_TOLERANCE_CORES:
         changes.append(f"other work {before:.1f} -> {after:.1f} busy cores")
     if throttling(then.get("throttled")) != throttling(now.get("throttled")):
         changes.append(f"throttling {', '.join(throttling(then.get('throttled'))) or 'none'} -> "

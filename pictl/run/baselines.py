@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pictl.cluster.hoststate import LOAD_TOLERANCE_CORES, state_change
+from pictl.cluster.hoststate import LOAD_TOLERANCE_CORES, other_work_cores, state_change
 from pictl.records.cache import JsonCache, cache_root
 from pictl.records.runs import write_bytes_atomic, write_json_atomic
 from pictl.run.flags_measured import SERIAL_WAIT_LIMIT
@@ -49,8 +49,8 @@ def suspect_when_measured(baseline: Baseline) -> str | None:
     kept cores busy, or its threads waited for a CPU other work held), None if it was clean. A suspect
     baseline is never reused: the load that slowed it may still be there, so the host's state alone would
     compare equal and a slow baseline would go on inflating every later speedup."""
-    busy = (baseline.host_state or {}).get("busy_cores")
-    if isinstance(busy, int | float) and busy > LOAD_TOLERANCE_CORES:
+    busy = other_work_cores(baseline.host_state or {})  # (under a CPU quota: only cores it could have used)
+    if busy is not None and busy > LOAD_TOLERANCE_CORES:
         return f"other work kept {busy:.1f} cores busy while it was measured"
     timing = baseline.timing or {}
     delay, compute = timing.get("run_delay_per_image_s"), timing.get("compute_per_image_s")

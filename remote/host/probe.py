@@ -28,6 +28,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 PACKAGES = ("torch", "torchvision", "timm")
@@ -109,21 +110,29 @@ def report(args: argparse.Namespace) -> dict:
 def _report(args: argparse.Namespace) -> dict:
     return {
         "python": platform.python_version(), "python_ok": sys.version_info >= (3, 11),
-        "machine": platform.machine(), "cpus": os.cpu_count(), "mem_available_mb": _mem_available_mb(),
+        "machine": platform.machine(), "cpus": len(os.sched_getaffinity(0)), "cpus_online": os.cpu_count(),
+        "cpu_list": pinned(), "cpu_quota": _cpu_quota(), "mem_available_mb": _mem_available_mb(),
         "temperature_c": _temperature_c(), "throttled": _throttled(), "venv": _venv(args.venv),
         "interface": _interface(args.interface), "rendezvous": _reach(args.connect),
     }
 
 
-def _cpu_line() -> tuple[int, int] | None:
-    """(busy, total) jiffies over all CPUs, from /proc/stat."""
+def _cpu_line(cores: set[int]) -> tuple[int, int] | None:
+    """(busy, total) jiffies over `cores`, from /proc/stat's per-CPU lines."""
+    busy = total = 0
     try:
         with open("/proc/stat") as fh:
-            values = [int(v) for v in fh.readline().split()[1:]]
+            for line in fh:
+                if line[:3] != "cpu" or not line[3:4].isdigit():
+                    continue
+                name, *fields = line.split()
+                if int(name[3:]) in cores:
+                    values = [int(v) for v in fields]
+                    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+                    busy, total = busy + sum(values) - idle, total + sum(values)
     except (OSError, ValueError):
         return None
-    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
-    return sum(values) - idle, sum(values)
+    return (busy, total) if total else None
 
 
 def _procs_running() -> int | None:
@@ -148,17 +157,19 @@ def _mhz(path: str) -> float | None:
     return round(int(khz) / 1000.0, 1) if khz and khz.isdigit() else None
 
 
-def _cpu_quota() -> float | None:
-    """Cores this process may use under its cgroup's CFS quota (the tightest along its path); None: no quota
-    or none readable (cgroup v1 `cpu.cfs_quota_us` / `cpu.cfs_period_us`, or v2 `cpu.max`)."""
+def cpu_limit() -> tuple[float, str] | None:
+    """The tightest CFS quota over this process: (cores, the cgroup directory that sets it), or None when no
+    cgroup along its path has one or none is readable. The cgroup is the one /proc/self/cgroup names, walked
+    up to its hierarchy's root (a quota on a parent caps its children): cgroup v1 `cpu.cfs_quota_us` /
+    `cpu.cfs_period_us`, v2 `cpu.max`. Its `cpu.stat` counts the host's throttling (`remote.host.cpuwait`)."""
     try:
-        return _tightest_quota()
+        limits = list(_quotas())
     except (OSError, ValueError):  # an unusual cgroup layout: say nothing rather than something wrong
         return None
+    return min(limits) if limits else None
 
 
-def _tightest_quota() -> float | None:
-    limits = []
+def _quotas() -> Iterator[tuple[float, str]]:
     for line in (_read("/proc/self/cgroup") or "").splitlines():
         _, controllers, path = line.split(":", 2)
         if controllers == "":
@@ -172,39 +183,70 @@ def _tightest_quota() -> float | None:
             while node.is_relative_to(root):
                 if v2 and (raw := _read(str(node / "cpu.max"))) and not raw.startswith("max"):
                     quota, period = raw.split()
-                    limits.append(int(quota) / int(period))
+                    yield round(int(quota) / int(period), 3), str(node)
                 elif not v2 and (raw := _read(str(node / "cpu.cfs_quota_us"))) and raw != "-1":
-                    limits.append(int(raw) / int(_read(str(node / "cpu.cfs_period_us")) or 100000))
+                    yield round(int(raw) / int(_read(str(node / "cpu.cfs_period_us")) or 100000), 3), str(node)
                 if node == root:
                     break
                 node = node.parent
-    return round(min(limits), 3) if limits else None
+
+
+def _cpu_quota() -> float | None:
+    """Cores this process may use under its cgroups' CFS quotas (the tightest); None: no quota."""
+    limit = cpu_limit()
+    return limit[0] if limit else None
+
+
+def _online() -> list[int]:
+    """The CPUs online (/proc/stat's cpuN lines)."""
+    return [int(line[3:].split()[0]) for line in (_read("/proc/stat") or "").splitlines()
+            if line[:3] == "cpu" and line[3:4].isdigit()]
+
+
+def cpu_list(cores: set[int] | list[int]) -> str:
+    """Cores as a cpuset list: {0, 1, 2, 3, 6} -> "0-3,6" (as taskset and hosts.toml's `cpus` write them)."""
+    runs: list[list[int]] = []
+    for core in sorted(cores):
+        if runs and core == runs[-1][1] + 1:
+            runs[-1][1] = core
+        else:
+            runs.append([core, core])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def pinned() -> str | None:
+    """The cores this process is pinned to (its affinity), when that is not every CPU online: a host with
+    `cpus`, or one run under taskset; None when it may run on any."""
+    mine = os.sched_getaffinity(0)
+    return None if mine >= set(_online()) else cpu_list(mine)
 
 
 def host_state(sample_s: float = 0.2, windows: int = 4) -> dict:
     """This host as a serial run would find it. `busy_cores` and `runnable` are the other work on it over
-    `sample_s` (this probe sleeps meanwhile): CPU time others used, in cores, and their runnable threads.
+    `sample_s` (this probe sleeps meanwhile): CPU time others used on the CPUs this host may use (its
+    `cpus` when it is pinned, else all), in cores, and the machine's runnable threads. A CPU quota's
+    throttling is no CPU time: it is never counted as busy (`cpu_quota` says what the host may use).
 
     The span is cut into `windows` and `busy_cores` is the least busy one: work that goes on (another
     team's run, a busy loop) is in every window, while a process that starts or exits in the middle (a
     shell, an import) is not what a baseline is measured against (`busy_peak_cores`: the busiest one)."""
-    online = sum(1 for line in (_read("/proc/stat") or "").splitlines() if line[:3] == "cpu" and line[3:4].isdigit())
+    online, mine = _online(), os.sched_getaffinity(0)
     runnable: list[int] = []
     busy_per_window: list[float] = []
     for _ in range(windows if sample_s > 0 else 0):
-        before, started = _cpu_line(), time.monotonic()
+        before, started = _cpu_line(mine), time.monotonic()
         while time.monotonic() - started < sample_s / windows:
             if (n := _procs_running()) is not None:
                 runnable.append(n - 1)  # this probe was running when it read the count
             time.sleep(sample_s / windows / 4)
-        after = _cpu_line()
+        after = _cpu_line(mine)
         if before and after and after[1] > before[1]:
-            busy_per_window.append((after[0] - before[0]) / (after[1] - before[1]) * (online or 1))
+            busy_per_window.append((after[0] - before[0]) / (after[1] - before[1]) * len(mine))
     busy = round(min(busy_per_window), 2) if busy_per_window else None
     load = (_read("/proc/loadavg") or "").split()
     cpufreq = "/sys/devices/system/cpu/cpu0/cpufreq/"
     return {
-        "time": time.time(), "cpus": len(os.sched_getaffinity(0)), "cpus_online": online or os.cpu_count(),
+        "time": time.time(), "cpus": len(mine), "cpus_online": len(online) or os.cpu_count(), "cpu_list": pinned(),
         "cpu_quota": _cpu_quota(), "busy_cores": busy,
         "busy_peak_cores": round(max(busy_per_window), 2) if busy_per_window else None,
         "runnable": round(sum(runnable) / len(runnable), 2) if runnable else None,

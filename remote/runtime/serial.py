@@ -21,6 +21,7 @@ import torch
 from remote import protocol as P
 from remote.data.images import load_images, load_labels, microbatches
 from remote.emit import Emitter
+from remote.host.cpuwait import Span
 from remote.run_records import Progress, RunEnd, RunStart, StageReady, Throughput
 from remote.runtime.artifact import meta_model_for
 from remote.runtime.kept_pair import whole_forward
@@ -30,7 +31,7 @@ from remote.runtime.numerics import apply_numerics
 from remote.runtime.outputs import open_checkpoint, report_outputs
 from remote.runtime.pieces import check_supported
 from remote.runtime.plan import emit_plan
-from remote.runtime.timing import Span, emit_mb_times
+from remote.runtime.timing import emit_mb_times
 from remote.spec import RunSpec
 
 

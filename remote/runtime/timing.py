@@ -10,7 +10,6 @@ operations and waiting on them is counted as it happens, each against the stage 
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +21,7 @@ from torch.profiler import record_function
 
 from remote import protocol as P
 from remote.emit import Emitter
+from remote.host.cpuwait import Span
 from remote.run_records import MbTimes
 from remote.runtime.measure import StageCounters
 from remote.runtime.tracing import Tracer
@@ -38,117 +38,6 @@ class Clock:
 
     def wall(self, perf: float) -> float:
         return self.wall0 + (perf - self.perf0)
-
-
-def run_delay_s() -> float | None:
-    """Seconds this process's main thread (where the stage computes; torch's intra-op workers run beside it
-    in step) has spent runnable but waiting for a CPU (the kernel's schedstat: time on a run queue), or None
-    where the kernel does not say. Another process's load shows here, and so does a CPU quota's throttling
-    (a throttled task stays queued): `throttled_s` is what to take away. The gloo and helper threads are left
-    out: they sleep on sockets, and their waits are not the stage's."""
-    try:
-        with open("/proc/self/schedstat") as fh:
-            return int(fh.read().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _cpu_stat() -> str | None:
-    """The cpu.stat of the nearest cgroup above this process that has a CPU quota (v1 or v2), or None."""
-    try:
-        with open("/proc/self/cgroup") as fh:
-            lines = fh.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if controllers == "":
-            roots = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
-        elif "cpu" in controllers.split(","):
-            roots = [f"/sys/fs/cgroup/{controllers}", "/sys/fs/cgroup/cpu"]
-        else:
-            continue
-        for root in roots:
-            node = os.path.normpath(f"{root}/{path.lstrip('/')}")
-            while node.startswith(root):
-                stat = f"{node}/cpu.stat"
-                try:
-                    with open(stat) as fh:
-                        fields = dict(ln.split() for ln in fh if len(ln.split()) == 2)
-                except (OSError, ValueError):
-                    fields = {}
-                if int(fields.get("nr_periods", 0)) > 0:
-                    return stat
-                if node == root:
-                    break
-                node = os.path.dirname(node)
-    return None
-
-
-_STAT = _cpu_stat()
-
-
-def _quota_cores() -> float | None:
-    """The CPU quota of the cgroup whose cpu.stat `_STAT` is, in cores (v1 cfs_quota_us / cfs_period_us, v2
-    cpu.max), or None."""
-    if _STAT is None:
-        return None
-    node = os.path.dirname(_STAT)
-    try:
-        if os.path.exists(f"{node}/cpu.max"):
-            with open(f"{node}/cpu.max") as fh:
-                quota, period = fh.read().split()
-            return None if quota == "max" else int(quota) / int(period)
-        with open(f"{node}/cpu.cfs_quota_us") as fh:
-            quota_us = int(fh.read())
-        with open(f"{node}/cpu.cfs_period_us") as fh:
-            period_us = int(fh.read())
-        return None if quota_us < 0 else quota_us / period_us
-    except (OSError, ValueError):
-        return None
-
-
-_QUOTA = _quota_cores()
-
-
-def throttled_s() -> float | None:
-    """Seconds this process's CPU-capped cgroup (the host's CFS quota) has spent throttled; None: no quota."""
-    if _STAT is None:
-        return None
-    try:
-        with open(_STAT) as fh:
-            fields = dict(ln.split() for ln in fh if len(ln.split()) == 2)
-        if "throttled_usec" in fields:
-            return int(fields["throttled_usec"]) / 1e6
-        return int(fields["throttled_time"]) / 1e9
-    except (OSError, ValueError, KeyError):
-        return None
-
-
-class Span:
-    """Readings at the start of a span (a pass): run delay, throttled time, CPU time, wall time."""
-
-    def __init__(self) -> None:
-        self.delay, self.throttled = run_delay_s(), throttled_s()
-        self.cpu, self.wall = time.process_time(), time.perf_counter()
-
-    def interference(self) -> float:
-        """The time this process waited for a CPU that other work held, over the span so far.
-
-        Its run delay, less its host's quota throttling (a throttled task stays queued). Under a quota, a wait
-        only costs when the host got less than its quota: several capped hosts on one machine queue at each
-        period's start (measured here: four 0.4-core hosts on two CPUs each waited 0.6-1.1 s in 3 s beyond
-        their throttling, yet each got its full 1.2 s of CPU), so the wait is capped at the CPU time the
-        process fell short of its quota."""
-        end = Span()
-        if self.delay is None or end.delay is None:
-            return 0.0
-        delay = end.delay - self.delay
-        if self.throttled is not None and end.throttled is not None:
-            delay -= end.throttled - self.throttled
-        if _QUOTA is not None:
-            delay = min(delay, _QUOTA * (end.wall - self.wall) - (end.cpu - self.cpu))
-        return max(0.0, delay)
 
 
 class TimedStage(PipelineStage):

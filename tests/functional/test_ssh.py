@@ -254,20 +254,26 @@ def test_cpu_quota_emulates_a_slow_host(ssh_cluster) -> None:
     busy = "import time\nend = time.time() + 1.5\nwhile time.time() < end:\n    pass\nprint(time.process_time())\n"
     hosts = load_cluster(ssh_cluster.inventory).hosts
 
-    async def cpu_seconds(host) -> float:
+    async def cpu_seconds(host) -> tuple[float, float | None]:
+        """CPU seconds a 1.5 s busy loop got on `host`, and the CPU quota its state records (over SSH, as a
+        run reads it: the cgroup the host's processes run in)."""
+        from pictl.cluster.hoststate import read_facts
+
         t = SshTransport(host)
         await t.connect()
         try:
-            return float((await t.run(["/usr/bin/python3", "-c", busy])).stdout)
+            return float((await t.run(["/usr/bin/python3", "-c", busy])).stdout), \
+                (await read_facts(t)).state["cpu_quota"]
         finally:
             await t.close()
 
     ssh_cluster.set_cpu(1, 0.25)
     try:
-        capped = asyncio.run(cpu_seconds(hosts[1]))
+        capped, quota = asyncio.run(cpu_seconds(hosts[1]))
     finally:
         ssh_cluster.set_cpu(1, None)
-    free = asyncio.run(cpu_seconds(hosts[2]))
+    free, no_quota = asyncio.run(cpu_seconds(hosts[2]))
+    assert (quota, no_quota) == (0.25, None)  # the run's host state says so (the issue's read null)
     assert capped < 0.6, capped  # about 0.25 x 1.5 s
     assert free > 2 * capped, (free, capped)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import secrets
 import shutil
@@ -164,11 +165,17 @@ class LocalTransport(Transport):
                     env: Mapping[str, str] | None = None) -> LocalProcess:
         out_r, out_w = os.pipe()  # output pipes of our own: read when we choose (`LocalProcess._pump`)
         err_r, err_w = os.pipe()
+        cores = self.host.cpu_set
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv, cwd=str(_path(cwd)) if cwd else None, env=_env(env),
                 # A pipe we hold open: supervised commands stop when it reaches EOF (we are gone).
-                stdin=asyncio.subprocess.PIPE, stdout=out_w, stderr=err_w, start_new_session=True)
+                stdin=asyncio.subprocess.PIPE, stdout=out_w, stderr=err_w, start_new_session=True,
+                # A host with `cpus` of its own: the child is pinned between fork and exec, so nothing it runs
+                # (torch's threads, torchrun's ranks, a warm job, which takes its client's cores) starts
+                # anywhere else. One C call, no Python frame (gc is off in the child while it runs): none of
+                # the locks that make preexec_fn unsafe beside threads is taken.
+                preexec_fn=functools.partial(os.sched_setaffinity, 0, cores) if cores else None)
         except BaseException as exc:
             for fd in (out_r, err_r):
                 os.close(fd)
