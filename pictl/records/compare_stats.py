@@ -293,10 +293,11 @@ class Ranking:
         return [e.name for e in self.entries if e.place == 1]
 
     def undecided(self) -> list[Verdict]:
-        """Neighbours in the ranking that are too close to call (what more rounds might decide)."""
+        """Neighbours in the ranking that are too close to call (what more rounds might decide); a pair never
+        measured in one round together (one of them failed every time) is not: more rounds would not help."""
         names = [e.name for e in self.entries]
         return [v for a, b in zip(names, names[1:], strict=False)
-                if (v := self.verdict(a, b)).outcome == "too close to call"]
+                if (v := self.verdict(a, b)).outcome == "too close to call" and v.ratio is not None]
 
 
 def rank(rounds: Rounds, *, confidence: float = DECISION_CONFIDENCE, looks: int = 1,
@@ -318,12 +319,18 @@ def rank(rounds: Rounds, *, confidence: float = DECISION_CONFIDENCE, looks: int 
     def beaten_by(name: str) -> list[str]:
         return [o for o in order if o != name and _outcome(verdicts, o, name) == "faster"]
 
-    entries = [Ranked(n, 1 + len(beaten_by(n)), figures[n][0], figures[n][1],
-                      tuple(o for o in order if o != n and _outcome(verdicts, o, n) in ("equivalent",
-                                                                                      "too close to call")))
-               for n in order]
+    def tied_with(name: str) -> tuple[str, ...]:  # (a pair never measured together is no tie: nothing compared)
+        return tuple(o for o in order if o != name and _paired(verdicts, o, name)
+                     and _outcome(verdicts, o, name) in ("equivalent", "too close to call"))
+
+    entries = [Ranked(n, 1 + len(beaten_by(n)), figures[n][0], figures[n][1], tied_with(n)) for n in order]
     present = [v for v in rounds.reference if v is not None]
     return Ranking(entries, verdicts, spread(present) if present else None)
+
+
+def _paired(verdicts: dict[tuple[str, str], Verdict], a: str, b: str) -> bool:
+    """Whether A and B were measured in one round together at least once."""
+    return (verdicts.get((a, b)) or verdicts[(b, a)]).ratio is not None
 
 
 def _outcome(verdicts: dict[tuple[str, str], Verdict], a: str, b: str) -> Outcome:
