@@ -13,7 +13,7 @@ from support.clusters import skip_loudly, write_cluster
 def pictl_env(tmp_path: Path) -> dict[str, str]:
     env = dict(os.environ)
     env.update(PICTL_RUNS_DIR=str(tmp_path / "runs"), PICTL_CACHE_DIR=str(tmp_path / "cache"),
-               COLUMNS="200")
+               PICTL_PROFILES_DIR=str(tmp_path / "profiles"), COLUMNS="200")  # (never the user's own presets)
     return env
 
 
@@ -45,6 +45,12 @@ def ssh_cluster():
         skip_loudly(f"SSH TEST CLUSTER UNAVAILABLE ({exc})")
     yield cluster
     cluster.down()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_user_presets(tmp_path_factory) -> None:
+    """Presets looked up in-process (unit tests) never come from the user's own presets directory."""
+    os.environ["PICTL_PROFILES_DIR"] = str(tmp_path_factory.mktemp("user-presets"))
 
 
 @pytest.fixture(scope="session", autouse=True)

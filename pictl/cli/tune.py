@@ -57,9 +57,10 @@ def tune(
                                                         "the rounds) [default: 3; 5 with --allow-loss]")] = None,
     budget: Annotated[float, typer.Option(help="Wall-time budget in seconds (at least 1): no screening run starts "
                                                "after half of it, no round's run after it.")] = 1800.0,
-    save_as: Annotated[str, typer.Option(help="Preset the winner is saved as (./profiles/NAME.toml).")] = "tuned",
+    save_as: Annotated[str, typer.Option(help="Preset the winner is saved as, in your presets directory "
+                                              "($PICTL_PROFILES_DIR, else ~/.config/pictl/profiles).")] = "tuned",
     force: Annotated[bool, typer.Option("--force", help="Save the winner even under the name of a shipped preset "
-                                                        "(it then shadows that preset here).")] = False,
+                                                        "(it then shadows that preset).")] = False,
     images: ImagesOpt = None,
     chunk: Annotated[Optional[int], typer.Option(help="Microbatch size, fixed [default: the preset's, else 1, 2, 4 "
                                                       "and 8 are searched]")] = None,
@@ -86,7 +87,7 @@ def tune(
     decided in rounds against one serial reference, a winner only beyond the noise."""
     from pictl.headless import HeadlessRenderer
     from pictl.jobs.tune import plan_tune, run_tune
-    from pictl.planning.presets import preset_target
+    from pictl.planning.presets import preset_target, protocol_of, user_presets_dir
     from pictl.records.runs import writable_dir
     from pictl.run.baselines import BaselineCache
 
@@ -98,7 +99,7 @@ def tune(
 
     write_failed: list[E.RecordWriteFailed] = []
     target: Path | None = None
-    profiles = Path.cwd() / "profiles"
+    profiles = user_presets_dir()
     try:
         # Everything that can refuse the tune is asked before its first run: the preset's place and name too.
         preset_target(save_as, profiles, force=force)
@@ -109,6 +110,7 @@ def tune(
                                    allow_loss=allow_loss, min_agreement=min_agreement, measure=measure,
                                    budget_s=budget, wait=wait, name_of=flag_names(budget_s="--budget"))
         note_profile(profile)
+        protocol = protocol_of(profile)  # what the saved preset measures with: the user's, not the tune's own
         root = checked_runs_root(runs_dir)
         target = out or root.parent / "tunes" / time.strftime("%Y%m%d-%H%M%S")
         if os.path.lexists(target):
@@ -135,11 +137,12 @@ def tune(
     renderer.close()
     assert target is not None
     _verdict_and_files(rows, base, target, cluster.source, profiles, save_as, force=force, as_json=as_json,
-                       write_failed=write_failed)
+                       write_failed=write_failed, protocol=protocol)
 
 
 def _verdict_and_files(rows: list[Measured], base: RunOptions, target: Path, source: str, profiles: Path,
-                       save_as: str, *, force: bool, as_json: bool, write_failed: list[E.RecordWriteFailed]) -> None:
+                       save_as: str, *, force: bool, as_json: bool, write_failed: list[E.RecordWriteFailed],
+                       protocol: dict[str, int] | None = None) -> None:
     """The table first (a measured result is never lost to a full disk), then the files and the preset, then the
     verdict: exit 3 when nothing was saved (nothing kept, or nothing beat the serial run), 9 when a file could
     not be written."""
@@ -149,7 +152,7 @@ def _verdict_and_files(rows: list[Measured], base: RunOptions, target: Path, sou
     found = winner(rows)
     console = _print_table(rows, found, base, as_json)
     try:
-        found, preset = finish(target, rows, base, source, profiles, save_as, force=force)
+        found, preset = finish(target, rows, base, source, profiles, save_as, force=force, protocol=protocol)
     except E.RecordWriteFailed as exc:
         console.print(f"tune directory: {target}", markup=False)
         fail(exc)
@@ -166,7 +169,7 @@ def _verdict_and_files(rows: list[Measured], base: RunOptions, target: Path, sou
         lines += [(decided.get("lines") or [f"winner: {found.candidate.label}"])[-1],
                   f"  {found.throughput_ips:.2f} img/s, {found.speedup_vs_fp32:.2f}x the serial run "
                   f"({len(found.rounds)} rounds{spread}; {found.why})",
-                  f"  run it again: pictl run --profile {save_as}"]
+                  f"  saved: {preset}", f"  run it again: pictl run --profile {save_as}"]
     else:
         lines += [decided.get("lines", ["no candidate was kept: see the table's verdicts"])[-1],
                   f"  nothing saved as {save_as}"]

@@ -27,7 +27,7 @@ from pictl.events import EventSink
 from pictl.inventory import Cluster
 from pictl.jobs.sweep_plots import plot
 from pictl.planning.options import RunOptions
-from pictl.planning.placement import place_stages
+from pictl.planning.placement import place_stages, sharing_hosts
 from pictl.planning.presets import SweepSettings, resolve_options, sweep_axes, sweep_settings
 from pictl.records import waterfall_view
 from pictl.records.runs import write_bytes_atomic, write_json_atomic
@@ -53,6 +53,8 @@ class SweepPoint:
     chunk: int
     policy: str
     wire: str = "fp32"
+    slots: int | None = None
+    """Where the stages do not fit the inventory's slots: the most a host runs (the preset's `[sweep] slots`)."""
 
 
 def sweep_points(cluster: Cluster, base: RunOptions, axes: SweepSettings,
@@ -61,12 +63,13 @@ def sweep_points(cluster: Cluster, base: RunOptions, axes: SweepSettings,
     point per chunk (a policy or a wire means nothing there)."""
     points: list[SweepPoint] = []
     for s, c, p, w in itertools.product(axes.stages, axes.chunks, axes.policy, wires or [base.wire]):
-        point = SweepPoint(s, c, "serial", "fp32") if s == 1 else SweepPoint(s, c, p, w)
+        shared = axes.slots if s > cluster.slots else None
+        point = SweepPoint(s, c, "serial", "fp32") if s == 1 else SweepPoint(s, c, p, w, shared)
         if point in points:
             continue
         try:
             options_for(base, point)
-            place_stages(cluster, s)
+            place_stages(sharing_hosts(cluster, s, shared), s)
         except E.ConfigError as exc:
             raise E.ConfigError(f"{point_label(SweepPoint(s, c, p))}: {exc}") from None
         points.append(point)
@@ -119,7 +122,8 @@ def plan_sweep(cluster: Cluster, profile: str | None, overrides: dict[str, Any],
     chosen: list[str] = [p for p in (policies or "").replace(" ", "").split(",") if p] or list(preset.policy)
     axes = sweep_axes(parse_ints(names[0], stages) if stages else preset.stages,
                       parse_ints(names[1], chunks) if chunks else preset.chunks, chosen,
-                      name_of=dict(zip(("stages", "chunks", "policy"), names, strict=True)).__getitem__)
+                      name_of=dict(zip(("stages", "chunks", "policy"), names, strict=True)).__getitem__,
+                      slots=preset.slots)
     return base, sweep_points(cluster, base, axes, parse_wires("--wire", wires) if wires else None)
 
 
@@ -209,7 +213,9 @@ async def run_sweep(cluster: Cluster, base: RunOptions, points: list[SweepPoint]
     # is refused before the first run starts. A serial point plans inside its own baseline run.
     kinds = list(base.track or cluster.track)
     check_trackers(kinds)  # before anything starts
-    planned = await plan_ahead(cluster, [(point_label(p), options_for(base, p)) for p in points if p.stages > 1],
+    widest = max(points, key=lambda p: p.stages, default=None)  # (only the first host plans: it is any point's)
+    planned = await plan_ahead(sharing_hosts(cluster, widest.stages, widest.slots) if widest else cluster,
+                               [(point_label(p), options_for(base, p)) for p in points if p.stages > 1],
                                cache_root=cache.root.parent if cache else None)
     if planned and on_event:
         on_event(Phase("plan", f"{planned} sweep run(s) planned in one process"))
@@ -218,7 +224,11 @@ async def run_sweep(cluster: Cluster, base: RunOptions, points: list[SweepPoint]
             "points": [p.__dict__ for p in points]}
     rows: list[dict[str, Any]] = []
     for point in points:
-        session = RunSession(cluster, options_for(base, point), on_event=on_event, runs_root=out / "runs",
+        hosts = sharing_hosts(cluster, point.stages, point.slots)
+        if hosts is not cluster and on_event:
+            on_event(Phase("sweep", f"{point.stages} stages on {len(cluster.hosts)} hosts: up to {point.slots} a host "
+                                    f"([sweep] slots; the inventory has {cluster.slots} slot(s))"))
+        session = RunSession(hosts, options_for(base, point), on_event=on_event, runs_root=out / "runs",
                              baseline_cache=cache, wait=wait)
         if on_session:
             on_session(session)

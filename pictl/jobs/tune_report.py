@@ -1,7 +1,7 @@
 """What `pictl tune` leaves behind: `tune.json` (`TuneRecord`: rewritten after every measurement, and saying how
 the tune ended), its ranked table (80 columns), the Pareto plots (throughput against agreement with the fp32
 serial run, and against latency per image; each point exact or lossy), and the winner saved as a preset
-(`profiles/NAME.toml`), so `pictl run --profile NAME` runs the winning configuration."""
+(NAME.toml in the user's presets directory), so `pictl run --profile NAME` runs the winning configuration."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import json
 import time
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 from pictl import errors as E
 from pictl.jobs.tune_verdicts import Measured, best_kept, ranked, winner
@@ -112,9 +114,10 @@ def plot(out: Path, rows: list[Measured]) -> Path | None:
     return path
 
 
-def preset_text(options: RunOptions, m: Measured, source: str) -> str:
+def preset_text(options: RunOptions, m: Measured, source: str, protocol: dict[str, int] | None = None) -> str:
     """A profile for `m`'s configuration: the split it was measured with fixed (`explicit`), so the preset runs
-    what won, not what a later `balanced` would choose."""
+    what won, not what a later `balanced` would choose; measured by `protocol` (the user's images, warm-up and
+    passes: `presets.protocol_of`), not by the tune's shorter one, unless the configuration cannot take it."""
     values: dict[str, Any] = {k: getattr(options, k) for k in PRESET_FIELDS}
     if m.candidate.stages > 1 and m.split_points:
         values["split"], values["policy"] = list(m.split_points), "explicit"
@@ -124,9 +127,25 @@ def preset_text(options: RunOptions, m: Measured, source: str) -> str:
     about = (f"pictl tune winner: {m.candidate.label}, {m.throughput_ips} img/s, {m.speedup_vs_fp32}x the serial "
              f"run over {len(m.rounds)} round(s){spread}, on {source}")
     lines = [f"description = {json.dumps(about)}"]
+    kept = _protocol_kept(options, protocol)
+    values.update(kept or {})
+    if protocol and not kept:
+        lines.append(f"# {protocol['images']} images do not deal evenly over {options.replicas} replicas at chunk "
+                     f"{options.chunk}: the tune's protocol ({options.images} images) is kept")
     # JSON's strings, numbers, booleans and lists of strings are TOML's too.
     lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
     return "\n".join(lines) + "\n"
+
+
+def _protocol_kept(options: RunOptions, protocol: dict[str, int] | None) -> dict[str, int] | None:
+    """`protocol` when the winning configuration runs under it (replicas deal its microbatches evenly), else None."""
+    if not protocol:
+        return None
+    try:
+        RunOptions.model_validate({**options.model_dump(), **protocol})
+    except ValidationError:
+        return None
+    return protocol
 
 
 def save_preset(directory: Path, name: str, text: str, *, force: bool = False) -> Path:
@@ -139,9 +158,11 @@ def save_preset(directory: Path, name: str, text: str, *, force: bool = False) -
 
 
 def finish(target: Path, rows: list[Measured], base: RunOptions, source: str, profiles: Path,
-           save_as: str, *, force: bool = False) -> tuple[Measured | None, Path | None]:
+           save_as: str, *, force: bool = False, protocol: dict[str, int] | None = None
+           ) -> tuple[Measured | None, Path | None]:
     """What a finished tune leaves: `tune.png`, `table.md` and, when a candidate beat the serial run, the winner
-    saved as `profiles/SAVE_AS.toml`. Returns the winner and the preset's path (None, None: nothing won).
+    saved as `SAVE_AS.toml` in `profiles` (the user's presets directory) with the user's `protocol`. Returns the
+    winner and the preset's path (None, None: nothing won).
     RecordWriteFailed (the tune measured, but what it leaves could not be written) names the file."""
     found = winner(rows)
     try:
@@ -153,8 +174,8 @@ def finish(target: Path, rows: list[Measured], base: RunOptions, source: str, pr
     if found is None:
         return None, None
     try:
-        return found, save_preset(profiles, save_as, preset_text(found.candidate.options(base), found, source),
-                                  force=force)
+        text = preset_text(found.candidate.options(base), found, source, protocol)
+        return found, save_preset(profiles, save_as, text, force=force)
     except E.ConfigError as exc:  # it was checked before the tune measured: the folder changed since
         raise E.RecordWriteFailed(f"the tune measured its winner, but its preset was not saved: {exc}") from None
     except OSError as exc:

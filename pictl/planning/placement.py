@@ -6,7 +6,7 @@ from pictl.cluster.ranks import NodePlan
 from pictl.errors import ConfigError
 from pictl.inventory import Cluster
 
-__all__ = ["NodePlan", "place_stages"]
+__all__ = ["NodePlan", "place_stages", "sharing_hosts"]
 
 
 def place_stages(cluster: Cluster, stages: int) -> list[NodePlan]:
@@ -31,3 +31,13 @@ def place_stages(cluster: Cluster, stages: int) -> list[NodePlan]:
             nodes.append(NodePlan(host, len(nodes), rank, n))
             rank += n
     return nodes
+
+
+def sharing_hosts(cluster: Cluster, stages: int, slots: int | None) -> Cluster:
+    """`cluster` itself when `stages` fit its slots; else, given `slots` (a sweep's `[sweep] slots`), the same
+    hosts each taking up to that many stages: the course's 6 stages on 4 Pis put 2 on some. What fits the
+    inventory is placed as the inventory says (a larger slot count would move stages between hosts)."""
+    if stages <= cluster.slots or slots is None:
+        return cluster
+    hosts = tuple(h.model_copy(update={"slots": max(h.slots, slots)}) for h in cluster.hosts)
+    return cluster.model_copy(update={"hosts": hosts})

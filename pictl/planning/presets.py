@@ -1,22 +1,24 @@
 """Named run presets (`profiles/*.toml`, `--profile NAME`, `pictl profiles`) and how a run's options are resolved.
 
 A run's options come from, lowest to highest: `RunOptions`' defaults (`planning.options`), the preset
-(`--profile NAME`), then command-line flags. Profiles are found by name only
-(`./profiles/NAME.toml`, then the shipped one); a local file that shadows a
-shipped profile is announced (`shadowed_preset`), and no profile may turn on
-what only a flag should (`--allow-pickle`). A preset is saved (`pictl tune`) only
-where `preset_target` allows: never into the shipped folder, never over a shipped
-name without `force`. Sizes are capped: a typo of 500000
-images is refused, not allocated.
+(`--profile NAME`), then command-line flags. Profiles are found by name only, first in the user's presets
+directory (`user_presets_dir`: $PICTL_PROFILES_DIR, else ~/.config/pictl/profiles on Linux), then in
+`./profiles`, then among the shipped ones; a file that hides another of its name is announced
+(`shadowed_preset`), and no profile may turn on what only a flag should (`--allow-pickle`). A preset is saved
+(`pictl tune`) into the user's presets directory, only where `preset_target` allows: never into the shipped
+folder, never over a shipped name without `force`; it keeps the user's protocol (`protocol_of`). Sizes are
+capped: a typo of 500000 images is refused, not allocated.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+import platformdirs
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pictl.errors import ConfigError
@@ -26,7 +28,7 @@ from pictl.shipped import shipped_path
 from pictl.validation import Namer, problem_line
 
 __all__ = ["RunOptions", "SweepSettings", "available_presets", "describe_preset", "preset_keys", "preset_path",
-           "preset_target", "resolve_options", "shadowed_preset", "sweep_settings"]
+           "preset_target", "protocol_of", "resolve_options", "shadowed_preset", "sweep_settings", "user_presets_dir"]
 
 SHIPPED_PRESETS = shipped_path("profiles")  # the folder keeps its name: users have theirs
 PRESET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -36,9 +38,31 @@ FLAG_ONLY = {"allow_pickle": "--allow-pickle", "artifact": "--model FILE.safeten
 running code from a pickle, or name an artifact behind `model`'s back."""
 
 
+PROFILES_DIR_ENV = "PICTL_PROFILES_DIR"
+PROTOCOL = ("images", "warmup", "repeats")
+"""How a configuration is measured, apart from what it is: a tune measures briefly, its preset keeps the user's."""
+
+
+def user_presets_dir() -> Path:
+    """The user's own presets, where a tune saves its winner: $PICTL_PROFILES_DIR, else `profiles` in the user's
+    config directory (platformdirs: ~/.config/pictl/profiles on Linux), found from any working directory."""
+    return Path(os.environ.get(PROFILES_DIR_ENV) or platformdirs.user_config_path("pictl") / "profiles")
+
+
+def _is_shipped(folder: Path) -> bool:
+    try:
+        return folder.exists() and folder.resolve() == SHIPPED_PRESETS.resolve()
+    except (OSError, RuntimeError):  # a loop or a name too long: no folder of ours
+        return False
+
+
 def preset_dirs(extra: Path | None = None) -> list[Path]:
+    """Where `--profile NAME` looks, in order: `extra`, the user's presets directory, ./profiles (a project's
+    own; left out where it is the shipped folder, as a checkout's link is, so the user's still come first),
+    then the shipped presets."""
     dirs = [extra] if extra else []
-    return [*dirs, Path.cwd() / "profiles", SHIPPED_PRESETS]
+    local = Path.cwd() / "profiles"
+    return [*dirs, user_presets_dir(), *([] if _is_shipped(local) else [local]), SHIPPED_PRESETS]
 
 
 def available_presets(extra: Path | None = None) -> list[str]:
@@ -63,42 +87,48 @@ def preset_path(name: str, extra: Path | None = None) -> Path:
 
 
 def shadowed_preset(name: str | None, extra: Path | None = None) -> str | None:
-    """A note when `name` resolves to a local file that hides the shipped profile of that name."""
+    """A note when `name` resolves to a file that hides another profile of that name further down the lookup
+    (the shipped one, or one in ./profiles)."""
     if name is None:
         return None
     path = preset_path(name, extra)
-    shipped = SHIPPED_PRESETS / f"{name}.toml"
-    if shipped.is_file() and path.resolve() != shipped.resolve():
-        return f"profile '{name}' is {path}, which shadows the shipped one ({shipped})"
-    return None
+    hidden = [d / f"{name}.toml" for d in preset_dirs(extra)[preset_dirs(extra).index(path.parent) + 1:]]
+    hidden = [p for p in hidden if p.is_file() and p.resolve() != path.resolve()]
+    if not hidden:
+        return None
+    which = "the shipped one" if hidden[0].parent == SHIPPED_PRESETS else "another"
+    return f"profile '{name}' is {path}, which shadows {which} ({hidden[0]})"
+
+
+def protocol_of(profile: str | None, extra: Path | None = None) -> dict[str, int]:
+    """The protocol a run of `profile` measures with (its images, warm-up and timed passes; `pictl run`'s
+    defaults without one): what a preset a tune saves keeps, not the tune's own shorter measuring protocol."""
+    options = resolve_options(profile, {}, extra)
+    return {key: getattr(options, key) for key in PROTOCOL}
 
 
 def preset_target(name: str, directory: Path | None = None, *, force: bool = False,
                   what: str = "--save-as") -> Path:
-    """Where a preset called `name` is saved (`directory`, default ./profiles), checked before anything is
-    measured; ConfigError (naming `what` and the path) for a name that is not a profile name, a folder pictl
-    cannot make or write in, the shipped presets' own folder (./profiles is a link to it in a checkout: a tune
-    writes nothing into pictl itself), something other than a file at NAME.toml, or, without `force`, the name
-    of a shipped preset (the saved one would shadow it for every `--profile NAME` run from here)."""
+    """Where a preset called `name` is saved (`directory`, default the user's presets directory), checked before
+    anything is measured; ConfigError (naming `what` and the path) for a name that is not a profile name, a
+    folder pictl cannot make or write in, the shipped presets' own folder ($PICTL_PROFILES_DIR pointing there: a
+    tune writes nothing into pictl itself), something other than a file at NAME.toml, or, without `force`, the
+    name of a shipped preset (the saved one would shadow it for every `--profile NAME` run)."""
     from pictl.records.runs import writable_dir
 
     if not isinstance(name, str) or not PRESET_NAME.fullmatch(name):
         raise ConfigError(f"{what}: {name!r} is not a profile name (letters, digits, '-' and '_')")
-    folder = directory or Path.cwd() / "profiles"
+    folder = directory or user_presets_dir()
     path = folder / f"{name}.toml"
     writable_dir(folder, f"{what} {name} ({path})")
-    try:
-        shipped_folder = folder.exists() and folder.resolve() == SHIPPED_PRESETS.resolve()
-    except (OSError, RuntimeError):
-        shipped_folder = False  # (writable_dir has refused a loop or a name too long already)
-    if shipped_folder:
+    if _is_shipped(folder):
         raise ConfigError(f"{what} {name}: {folder} is pictl's shipped presets folder ({SHIPPED_PRESETS}); a "
-                          f"tuned preset goes in a profiles folder of your own: run from another directory")
+                          f"tuned preset goes in a profiles folder of your own: set {PROFILES_DIR_ENV} to another")
     if path.is_symlink() or (path.exists() and not path.is_file()):
         raise ConfigError(f"{what} {name}: {path} is not a regular file; move it away or choose another name")
     if (SHIPPED_PRESETS / f"{name}.toml").is_file() and not force:
         raise ConfigError(f"{what} {name}: '{name}' is a shipped preset, and {path} would shadow it for every "
-                          f"--profile {name} run here; give --force to save it anyway, or another name")
+                          f"--profile {name} run; give --force to save it anyway, or another name")
     return path
 
 
@@ -139,6 +169,9 @@ class SweepSettings(BaseModel):
     stages: list[int] = Field(default=[1, 2, 3, 4], min_length=1, max_length=64)
     chunks: list[int] = Field(default=[1], min_length=1, max_length=64)
     policy: list[Literal["equal", "balanced"]] = Field(default=["equal"], min_length=1, max_length=2)
+    slots: int | None = Field(default=None, ge=1, le=64)
+    """Stages a host may run in this sweep where the inventory's `slots` are too few for a stage count: the
+    course's 6 stages on 4 Pis put 2 on some (`lab6-stages` sets 2). None: the inventory's slots only."""
 
 
 def sweep_settings(profile: str | None, extra: Path | None = None) -> SweepSettings:
@@ -154,11 +187,11 @@ def sweep_settings(profile: str | None, extra: Path | None = None) -> SweepSetti
         raise ConfigError(problem_line(exc, SweepSettings, source=f"{path}: sweep")) from exc
 
 
-def sweep_axes(stages: Any, chunks: Any, policy: Any, *, name_of: Namer = str) -> SweepSettings:
+def sweep_axes(stages: Any, chunks: Any, policy: Any, *, name_of: Namer = str, slots: Any = None) -> SweepSettings:
     """What a sweep combines, given on the command line or in Python, checked by the model a profile's [sweep]
     table is; ConfigError names the value as the caller calls it (`name_of`: `--policy`, `policies`)."""
     try:
-        return SweepSettings.model_validate({"stages": stages, "chunks": chunks, "policy": policy})
+        return SweepSettings.model_validate({"stages": stages, "chunks": chunks, "policy": policy, "slots": slots})
     except ValidationError as exc:
         raise ConfigError(problem_line(exc, SweepSettings, name_of=name_of)) from None
 

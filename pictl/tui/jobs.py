@@ -102,14 +102,14 @@ class JobsApp(App):
         self.run_worker(sweep(), name="sweep", group="run", exclusive=True, exit_on_error=False)
 
     profiles_dir: Path | None = None
-    """Where a tune's winner is saved as a preset (None: ./profiles, as `pictl tune` saves it)."""
+    """Where a tune's winner is saved as a preset (None: the user's presets directory, as `pictl tune` saves it)."""
 
     def start_tune(self, base: RunOptions, settings: TuneSettings, profile: str | None = None) -> None:
         """A tune: each candidate's run followed on the panel, the ranked table above it; the winner saved as
         the `tuned` preset, which the run form then offers."""
         from pictl.jobs.tune import run_tune
         from pictl.jobs.tune_report import finish
-        from pictl.planning.presets import preset_target
+        from pictl.planning.presets import preset_target, protocol_of, user_presets_dir
 
         out = self.runs_root.parent / "tunes" / time.strftime("%Y%m%d-%H%M%S")
         self.state.sweep = None
@@ -117,14 +117,15 @@ class JobsApp(App):
 
         async def tune() -> None:
             self.state.running = True  # until the first candidate's session takes over
-            profiles = self.profiles_dir or Path.cwd() / "profiles"
+            profiles = self.profiles_dir or user_presets_dir()
             try:
                 preset_target("tuned", profiles)  # where the winner goes, asked before the first run (as pictl tune)
+                protocol = protocol_of(profile)  # the saved preset measures as the user does, not as the tune
                 rows = await run_tune(self.cluster, base, settings, out, on_event=self.bridge,
                                       cache=self.baseline_cache, on_rows=lambda rows: self.post_message(TuneRows(rows)),
                                       on_session=lambda session, m: self.post_message(
                                           TuneRunStarted(session, m.candidate.label)))
-                best, preset = finish(out, rows, base, self.cluster.source, profiles, "tuned")
+                best, preset = finish(out, rows, base, self.cluster.source, profiles, "tuned", protocol=protocol)
             except (E.PictlError, OSError) as exc:
                 self.post_message(RunFinished(self.session.last_summary if self.session else None, Ending.of(exc)))
                 return
