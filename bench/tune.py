@@ -2,7 +2,7 @@
 --allow-loss the best within a top-1 agreement bound, each against the fp32 serial run measured in the same tune.
 
     sudo .venv/bin/python -m bench.tune [--cluster ssh] [--cpu 0.4] [--images 96] [--repeats 2] [--measure 4]
-                                        [--allow-loss] [--trained] [--epochs 8] [--quick]
+                                        [--max-rounds 9] [--allow-loss] [--trained] [--epochs 8] [--quick]
 
 DeiT-S, chunk 1 (the lab's protocol). The exact tune runs seeded random weights on `--images` synthetic
 images (outputs are checked bit for bit, so the weights do not matter there). `--trained` first trains a
@@ -75,6 +75,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--measure", type=int, default=4)
     ap.add_argument("--budget", type=float, default=3600)
+    ap.add_argument("--max-rounds", type=int, default=9, help="the tune's rounds at most (3: a fixed count)")
     ap.add_argument("--allow-loss", action="store_true")
     ap.add_argument("--exact", action=argparse.BooleanOptionalAction, default=True, help="run the exact tune")
     ap.add_argument("--trained", action="store_true", help="tune a DeiT-S trained on digits (lossy tune)")
@@ -83,7 +84,7 @@ def main() -> int:
     ap.add_argument("--lossy-repeats", type=int, default=1)
     ap.add_argument("--save", default=None)
     add_quick(ap)
-    args = quick_defaults(ap.parse_args(), images=16, repeats=1, measure=2)
+    args = quick_defaults(ap.parse_args(), images=16, repeats=1, measure=2, max_rounds=3)
     if args.cluster == "ssh" and not is_root():
         return skip_loudly("tune", "--cluster ssh needs root (the SSH test cluster; --cluster local does not)")
     work = Path(tempfile.mkdtemp(prefix="pictl-bench-tune-"))
@@ -91,7 +92,7 @@ def main() -> int:
            "PICTL_BENCH_CWD": str(work)}
     found: dict = {}
     common = ["--chunk", "1", "--warmup", "1", "--repeats", str(args.repeats), "--measure", str(args.measure),
-              "--budget", str(args.budget)]
+              "--budget", str(args.budget), "--max-rounds", str(args.max_rounds)]
     lossy = ["--images", str(args.images)]
     if args.trained:
         model, cached, held_out = trained_deit({**env, "PICTL_BENCH_CWD": str(ROOT)}, args.epochs, args.lr)

@@ -57,6 +57,9 @@ def tune(
                                                         "the rounds) [default: 3; 5 with --allow-loss]")] = None,
     budget: Annotated[float, typer.Option(help="Wall-time budget in seconds (at least 1): no screening run starts "
                                                "after half of it, no round's run after it.")] = 1800.0,
+    max_rounds: Annotated[int, typer.Option(help="Rounds at most, 3 to 30: the finalists and the serial run are "
+                                                 "measured 3 times, then again while the top is too close to "
+                                                 "call.")] = 9,
     save_as: Annotated[str, typer.Option(help="Preset the winner is saved as, in your presets directory "
                                               "($PICTL_PROFILES_DIR, else ~/.config/pictl/profiles).")] = "tuned",
     force: Annotated[bool, typer.Option("--force", help="Save the winner even under the name of a shipped preset "
@@ -108,7 +111,8 @@ def tune(
                                              "model": model, "num_classes": num_classes, "checkpoint": checkpoint,
                                              "data": data, "data_path": data_path, "threads": threads},
                                    allow_loss=allow_loss, min_agreement=min_agreement, measure=measure,
-                                   budget_s=budget, wait=wait, name_of=flag_names(budget_s="--budget"))
+                                   budget_s=budget, wait=wait, max_rounds=max_rounds,
+                                   name_of=flag_names(budget_s="--budget"))
         note_profile(profile)
         protocol = protocol_of(profile)  # what the saved preset measures with: the user's, not the tune's own
         root = checked_runs_root(runs_dir)

@@ -34,7 +34,7 @@ from pictl.events import EventSink, Phase
 from pictl.inventory import Cluster
 from pictl.jobs.tune_model import Calibration, by_machine, cached_profiles, predict, usable_cores
 from pictl.jobs.tune_report import TUNE_FILE
-from pictl.jobs.tune_rounds import FINALISTS, MIN_ROUNDS, Budget, interleave
+from pictl.jobs.tune_rounds import FINALISTS, MAX_ROUNDS, MIN_ROUNDS, Budget, interleave
 from pictl.jobs.tune_runs import TuneJob, TuneSettings, alone
 from pictl.jobs.tune_space import Axes, Candidate, candidates
 from pictl.jobs.tune_verdicts import Measured, judge_serial, ranked
@@ -55,7 +55,8 @@ SCREENING_SHARE = 0.5
 
 def plan_tune(profile: str | None, overrides: dict[str, Any], *, allow_loss: bool = False,
               min_agreement: float = 0.99, measure: int | None = None, budget_s: float = 1800.0,
-              wait: bool = False, name_of: Callable[[str], str] = as_flag) -> tuple[RunOptions, TuneSettings]:
+              wait: bool = False, name_of: Callable[[str], str] = as_flag,
+              max_rounds: int = MAX_ROUNDS) -> tuple[RunOptions, TuneSettings]:
     """A tune's base options (defaults < profile < `overrides`, as `pictl run` resolves them; ConfigError names
     the flag or file) and its settings: threads and chunk are searched unless the profile or `overrides`
     set them. `pictl tune`, the dashboard's form and the Python API all start here."""
@@ -64,7 +65,8 @@ def plan_tune(profile: str | None, overrides: dict[str, Any], *, allow_loss: boo
     try:
         settings = TuneSettings(measure=(5 if allow_loss is True else 3) if measure is None else measure,
                                 budget_s=budget_s, allow_loss=allow_loss, min_agreement=min_agreement, wait=wait,
-                                search_threads="threads" not in fixed, search_chunk="chunk" not in fixed)
+                                search_threads="threads" not in fixed, search_chunk="chunk" not in fixed,
+                                max_rounds=max_rounds)
     except ValidationError as exc:  # (in the caller's words: `--min-agreement` on the command line)
         raise E.ConfigError(problem_line(exc, TuneSettings, name_of=name_of)) from None
     return base, settings
@@ -224,7 +226,8 @@ async def _decide(tune: TuneJob) -> None:
         tune.progress.planned = tune.progress.done + runs
 
     decision = await interleave(finalists, reference, tune.base, tune.measure_round,
-                                Budget(tune.elapsed, tune.settings.budget_s), tune.say, plan_round=plan_round)
+                                Budget(tune.elapsed, tune.settings.budget_s), tune.say,
+                                max_rounds=tune.settings.max_rounds, plan_round=plan_round)
     tune.meta["decision"] = decision.lines
     tune.meta["rounds"] = len(reference.rounds)
     for line in decision.lines:

@@ -14,7 +14,8 @@ is compared with the serial run the same way. `decide`: the top by median speedu
 every other finalist and the serial run; in a tie, the simplest of those tied with it that are faster than the
 serial run (`Candidate.simplicity`); none when the serial run itself is among them (it is the simplest of all).
 While the top is too close to call with anything, rounds of the reference, the top and those tied with it are
-added, up to `MAX_ROUNDS` and while the budget leaves room for a round as long as the longest so far.
+added, up to `max_rounds` (`MAX_ROUNDS` unless the tune says) and while the budget leaves room for a round as long
+as the longest so far.
 """
 
 from __future__ import annotations
@@ -31,12 +32,9 @@ from pictl.records.compare_stats import Ranking, Rounds, looks_for, more_rounds,
 MIN_ROUNDS = 3
 """Rounds every finalist is measured in before anything is decided."""
 MAX_ROUNDS = 9
-"""Rounds at most, where the top stays too close to call (the budget may stop them sooner)."""
+"""Rounds at most by default, where the top stays too close to call (the budget may stop them sooner)."""
 FINALISTS = 4
 """Candidates measured in rounds at most, besides the reference."""
-LOOKS = looks_for(MIN_ROUNDS, MAX_ROUNDS)
-"""How many times a tune may decide (after round 3, and after each round added): the statistics split their
-confidence over them, so looking again does not raise the chance of calling a tie a win."""
 SERIAL = "the serial run"
 """The reference's name among the configurations compared."""
 
@@ -90,9 +88,10 @@ class Decision:
 
 
 def decide(reference: Measured, finalists: Sequence[Measured], base: RunOptions, *,
-           looks: int | None = None) -> Decision:
-    """Who wins among the finalists still kept after their rounds (`looks`: how many times the tune may decide,
-    which the statistics split their confidence over). Marks `won` on the winner and each row's `compared`
+           max_rounds: int = MAX_ROUNDS) -> Decision:
+    """Who wins among the finalists still kept after their rounds. The statistics split their confidence over
+    the times the tune may decide (after round 3, and after each round added up to `max_rounds`), so looking
+    again does not raise the chance of calling a tie a win. Marks `won` on the winner and each row's `compared`
     (against the row ranked above it; the top's, against the one under it)."""
     for m in [reference, *finalists]:
         m.won = False
@@ -100,7 +99,8 @@ def decide(reference: Measured, finalists: Sequence[Measured], base: RunOptions,
     pool = {name(m): m for m in [reference, *finalists] if m.rounds and (m.kept or m.reference)}
     if SERIAL not in pool or len(pool) < 2:
         return Decision(None, [], ["no candidate was measured in rounds against the serial run: nothing is saved"])
-    ranking = rank(rounds_of(reference, [m for m in pool.values() if not m.reference]), looks=looks or LOOKS)
+    ranking = rank(rounds_of(reference, [m for m in pool.values() if not m.reference]),
+                   looks=looks_for(MIN_ROUNDS, max_rounds))
     order = [e.name for e in ranking.entries]
     for above, below in zip(order, order[1:], strict=False):
         pool[below].compared = ranking.verdict(above, below).text()
@@ -149,15 +149,15 @@ class Budget:
 
 
 async def interleave(finalists: list[Measured], reference: Measured, base: RunOptions, measure: Measure,
-                     budget: Budget, say: EventSink,
+                     budget: Budget, say: EventSink, *, max_rounds: int = MAX_ROUNDS,
                      plan_round: Callable[[int], object] | None = None) -> Decision:
     """The rounds: the reference, then every member in alternating order; `MIN_ROUNDS` of every finalist, then
-    rounds of those still too close to call with the top, until `MAX_ROUNDS` or the budget has no room for a
+    rounds of those still too close to call with the top, until `max_rounds` or the budget has no room for a
     round as long as the longest so far. A finalist whose run fails leaves the rounds (and is not kept); a
     reference that fails ends them. `plan_round(runs)`: the runs the next added round will make."""
     members, round_no, longest = list(finalists), 0, 0.0
-    decision = decide(reference, finalists, base)
-    while members and round_no < MAX_ROUNDS:
+    decision = decide(reference, finalists, base, max_rounds=max_rounds)
+    while members and round_no < max_rounds:
         round_no += 1
         if budget.spent():
             say(Phase("tune", f"budget spent: round {round_no} not started"))
@@ -176,12 +176,13 @@ async def interleave(finalists: list[Measured], reference: Measured, base: RunOp
             if got is not None:  # (else `measure` said why and took it out of the kept)
                 m.rounds.append(RoundRun.of(round_no, got[0], got[1], ref[1]))
         longest = max(longest, budget.elapsed() - began)
-        decision = decide(reference, finalists, base)
+        decision = decide(reference, finalists, base, max_rounds=max_rounds)
         members = [m for m in members if m.kept]
         if round_no < MIN_ROUNDS:
             continue
         contenders = [m for m in decision.close if not m.reference]
-        why = more_rounds(rank(rounds_of(reference, contenders), looks=LOOKS), round_no, max_rounds=MAX_ROUNDS,
+        why = more_rounds(rank(rounds_of(reference, contenders), looks=looks_for(MIN_ROUNDS, max_rounds)), round_no,
+                          max_rounds=max_rounds,
                           elapsed_s=budget.elapsed(), longest_round_s=longest, budget_s=budget.seconds) \
             if decision.close else None
         if why is None:

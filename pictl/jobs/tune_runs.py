@@ -19,7 +19,7 @@ from pictl import errors as E
 from pictl.events import EventSink, Phase
 from pictl.inventory import Cluster
 from pictl.jobs.tune_report import TUNE_FILE, TuneRecord
-from pictl.jobs.tune_rounds import FINALISTS, MIN_ROUNDS
+from pictl.jobs.tune_rounds import FINALISTS, MAX_ROUNDS, MIN_ROUNDS
 from pictl.jobs.tune_space import candidates
 from pictl.jobs.tune_verdicts import Measured, Versus, judge
 from pictl.planning.options import RunOptions
@@ -36,9 +36,12 @@ class TuneSettings:
     """What a tune may spend and what it keeps, with the bounds `pictl tune` and `pictl.tune` both check."""
 
     measure: int = Field(default=3, ge=1, le=64)
-    """Candidates measured at most (the pipeline-only one and the int8 serial run included; the serial runs
+    """Candidates screened at most (the pipeline-only one and the int8 serial run included; the serial runs
     that measure what threads and chunks gain are not)."""
     budget_s: float = Field(default=1800.0, ge=1.0, allow_inf_nan=False)
+    """Seconds: no screening run starts after half of them, no round's run after them."""
+    max_rounds: int = Field(default=MAX_ROUNDS, ge=MIN_ROUNDS, le=30)
+    """Rounds at most (3 always; more while the top is too close to call): 3 gives a fixed count."""
     allow_loss: bool = False
     min_agreement: float = Field(default=0.99, ge=0.0, le=1.0)
     wait: bool = False
