@@ -246,7 +246,7 @@ def _in_the_console(cluster: Any, options: Any, profile: str | None, root: Path)
 
 @app.command("profiles")
 def list_profiles(as_json: JsonOpt = False) -> None:
-    """List the run presets: name, what each is for, and its file (./profiles/ shadows the shipped ones)."""
+    """List the run presets: name, what each is for, and its file (yours first, then ./profiles/, then the shipped)."""
     from rich.table import Table
 
     from pictl.planning.presets import describe_preset
