@@ -26,22 +26,13 @@ def run_delay_s() -> float | None:
         return None
 
 
-_LIMIT = cpu_limit()
-"""(cores, cgroup directory) of this process's tightest CPU quota, read once: a host's quota is set before
-pictl starts anything on it."""
-
-
-def quota_cores() -> float | None:
-    return _LIMIT[0] if _LIMIT else None
-
-
-def throttled_s() -> float | None:
-    """Seconds the quota's cgroup has spent throttled (v2 `throttled_usec`, v1 `throttled_time`); None: no quota,
-    or a cpu.stat that does not say."""
-    if _LIMIT is None:
+def throttled_s(limit: tuple[float, str] | None) -> float | None:
+    """Seconds the quota's cgroup (`limit`: `cpu_limit()`) has spent throttled (v2 `throttled_usec`, v1
+    `throttled_time`); None: no quota, or a cpu.stat that does not say."""
+    if limit is None:
         return None
     try:
-        with open(os.path.join(_LIMIT[1], "cpu.stat")) as fh:
+        with open(os.path.join(limit[1], "cpu.stat")) as fh:
             fields = dict(ln.split() for ln in fh if len(ln.split()) == 2)
         if "throttled_usec" in fields:
             return int(fields["throttled_usec"]) / 1e6
@@ -54,7 +45,10 @@ class Span:
     """Readings at the start of a span (a pass): run delay, throttled time, CPU time, wall time."""
 
     def __init__(self) -> None:
-        self.delay, self.throttled = run_delay_s(), throttled_s()
+        # The quota is read now, not when this module was imported: a warm process imports it once and forks
+        # jobs for hours, and a host's quota may be set (or lifted) meanwhile.
+        self.limit = cpu_limit()
+        self.delay, self.throttled = run_delay_s(), throttled_s(self.limit)
         self.cpu, self.wall = time.process_time(), time.perf_counter()
 
     def raw_delay(self) -> float:
@@ -76,7 +70,6 @@ class Span:
         delay = end.delay - self.delay
         if self.throttled is not None and end.throttled is not None:
             delay -= end.throttled - self.throttled
-        quota = quota_cores()
-        if quota is not None:
-            delay = min(delay, quota * (end.wall - self.wall) - (end.cpu - self.cpu))
+        if self.limit is not None:
+            delay = min(delay, self.limit[0] * (end.wall - self.wall) - (end.cpu - self.cpu))
         return max(0.0, delay)

@@ -129,10 +129,13 @@ def test_every_process_of_a_pinned_host_runs_on_its_cores(tmp_path: Path, pictl_
 # -- a CFS quota -----------------------------------------------------------------------------------------------
 
 QUOTA_CHILD = """
-import json, sys, time
+import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
 from remote.host import probe
 from remote.host.cpuwait import Span
+# Imported first, capped after: as a warm process that imported pictl's modules before its host got a quota.
+with open(sys.argv[2], "w") as fh:
+    fh.write(str(os.getpid()))
 state = probe.host_state(0.4)
 span, started = Span(), time.perf_counter()
 while time.perf_counter() - started < 1.5:
@@ -161,8 +164,8 @@ def _in_a_quota(cores: float) -> dict:
     try:
         for name, value in limit.items():
             (group / name).write_text(value)
-        child = subprocess.run([sys.executable, "-c", QUOTA_CHILD, str(ROOT)], capture_output=True, text=True,
-                               timeout=60, preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
+        child = subprocess.run([sys.executable, "-c", QUOTA_CHILD, str(ROOT), str(group / "cgroup.procs")],
+                               capture_output=True, text=True, timeout=60)
         assert child.returncode == 0, child.stderr
         return json.loads(child.stdout)
     finally:
