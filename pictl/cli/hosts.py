@@ -43,11 +43,12 @@ def list_hosts(hosts: Annotated[Optional[Path], typer.Option(help="Inventory fil
                                "hosts": [h.model_dump() for h in cluster.hosts]}))
         return
     table = Table(title=f"{cluster.name}: {cluster.source}", title_justify="left", header_style="bold", box=None)
-    for heading in ("host", "transport", "address", "user", "slots", "workdir", "venv"):
+    for heading in ("host", "transport", "address", "user", "slots", "cpus", "workdir", "venv"):
         table.add_column(heading, overflow="fold")
     for h in cluster.hosts:
         address = f"{h.address}:{h.port}" if h.port else h.address
-        table.add_row(h.name, h.transport, address, h.user or "-", str(h.slots), h.workdir, h.venv or "-")
+        table.add_row(h.name, h.transport, address, h.user or "-", str(h.slots), h.cpus or "-", h.workdir,
+                      h.venv or "-")
     wide_console().print(table)
 
 
