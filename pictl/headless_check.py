@@ -1,4 +1,4 @@
-"""`pictl check` on a terminal: one row per host, what it has and whether it is ready."""
+"""`pictl check` on a terminal: one row per host, what it has, what keeps it busy now, and whether it is ready."""
 
 from __future__ import annotations
 
@@ -33,16 +33,31 @@ def _cpus_cell(probe: dict[str, Any]) -> str:
     return markup_safe(cell)
 
 
+def _busy_cell(load: dict[str, Any] | None) -> str:
+    """`1.6/2`: cores something keeps busy, of the CPUs online (what the waterfall's `interference` points at)."""
+    if not load or load.get("busy_cores") is None:
+        return "-"
+    return f"{load['busy_cores']:.1f}/{load.get('cpus') or '?'}"
+
+
+def _queue_cell(load: dict[str, Any] | None) -> str:
+    """Threads running or waiting for a CPU, and the share of the time one waited (`3, 48% wait`)."""
+    if not load or load.get("runnable") is None:
+        return "-"
+    wait = load.get("cpu_wait")
+    return f"{load['runnable']}" + ("" if wait is None else f", {wait:.0%} wait")
+
+
 LEFT_OUT_FIRST = ("warm", "rendezvous", "interface", "+/- ms", "clock ms", "throttled", "temp C", "cpus", "free MB",
-                  "timm", "python")
+                  "timm", "python", "run queue")
 """Where the terminal is too narrow for every column, these go first (a host that is not ready says why on a
-line of its own, whatever the width)."""
+line of its own, whatever the width); the busy cores stay: other work on a host is what a slow run asks about."""
 
 
 def check_table(checks: list) -> Fitted:  # list[HostCheck]
     table = Table(title="pictl check", title_justify="left")
-    for col in ("host", "ready", "ssh", "python", "venv", "torch", "timm", "cpus", "free MB", "temp C",
-                "throttled", "clock ms", "+/- ms", "interface", "rendezvous", "warm"):
+    for col in ("host", "ready", "ssh", "python", "venv", "torch", "timm", "cpus", "busy cores", "run queue",
+                "free MB", "temp C", "throttled", "clock ms", "+/- ms", "interface", "rendezvous", "warm"):
         table.add_column(col)
     for c in checks:
         p = c.probe
@@ -54,7 +69,8 @@ def check_table(checks: list) -> Fitted:  # list[HostCheck]
             c.host, "[green]yes[/]" if c.ready else "[red]no[/]",
             "ok" if c.authenticated else ("no auth" if c.reachable else "[red]down[/]"),
             p.get("python", "-"), venv.get("python", "missing") if venv else "-",
-            pkgs.get("torch") or "-", pkgs.get("timm") or "-", _cpus_cell(p),
+            pkgs.get("torch") or "-", pkgs.get("timm") or "-", _cpus_cell(p), _busy_cell(c.load),
+            _queue_cell(c.load),
             str(p.get("mem_available_mb", "-")), figure(p.get("temperature_c"), ".1f"), p.get("throttled") or "-",
             figure(c.clock_offset_ms, ".3f"), figure(c.clock_uncertainty_ms, ".3f"),
             f"{iface.get('name')} {iface.get('address') or ''}".strip() if iface else "-",

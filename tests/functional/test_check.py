@@ -43,3 +43,28 @@ def test_check_ssh_hosts_and_name_the_unready(ssh_cluster, pictl_env, tmp_path: 
     assert "interface eth9 does not exist" in by_name["h1"]["problems"][0]
     assert by_name["h3"]["reachable"] is False
     assert "host 'h1' is not ready: interface eth9" in proc.stderr and "host 'h3' is not ready" in proc.stderr
+
+
+def test_check_shows_the_load_other_work_puts_on_a_host(pictl_env) -> None:
+    """Three busy loops, each in a session of its own (as another user's work competes on this machine), on its 2
+    CPUs: `pictl check` shows the local hosts' busy cores and run queue, the load the waterfall's interference
+    advice points at; the table shows them beside the CPUs."""
+    import subprocess
+    import sys
+
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True) for _ in range(3)]
+    try:
+        proc = run_pictl(["check", "--json", "--hosts", str(ROOT / "hosts.toml")], pictl_env)
+        table = run_pictl(["check", "--hosts", str(ROOT / "hosts.toml")], {**pictl_env, "COLUMNS": "200"})
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+    assert proc.returncode == 0, proc.stderr
+    for h in json.loads(proc.stdout)["hosts"]:
+        load = h["load"]
+        cpus = load["cpus"]
+        assert cpus >= 1 and load["busy_cores"] >= min(cpus, 3) - 0.5, load  # the loops keep every CPU busy
+        assert load["runnable"] >= 2 and load["load1"] is not None, load
+    assert table.returncode == 0 and "busy cores" in table.stdout and "run queue" in table.stdout, table.stdout
+    assert f"{load['cpus']} " in table.stdout and f"/{load['cpus']}" in table.stdout  # busy cores of the CPUs
