@@ -17,6 +17,7 @@ import pytest
 from support.cli import ROOT, run_pictl
 from support.clusters import skip_loudly
 
+from pictl import errors as E
 from pictl.run.baselines import Baseline, suspect_when_measured
 from pictl.run.flags import compute_flags
 from pictl.summary_models import RunSummary
@@ -114,7 +115,8 @@ def test_every_process_of_a_pinned_host_runs_on_its_cores(tmp_path: Path, pictl_
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read(), err.read()
-    assert proc.returncode in (0, 7), stderr[-3000:]  # (7: SUSPECT on a loaded machine; the cores are the point)
+    # (SUSPECT when other work loads this shared machine: the cores are the point here, and the run still ends.)
+    assert proc.returncode in (E.EXIT_OK, E.EXIT_SUSPECT), stderr[-3000:]
     for i in (0, 1):
         mine = {pid: v for pid, v in seen.items() if v[1].startswith(str(cluster / f"h{i}"))}
         assert len(mine) >= 2, (i, seen)  # torchrun's agent and its rank at least

@@ -19,6 +19,9 @@ import pytest
 from support.cli import run_pictl
 from support.clusters import processes_under, skip_loudly, write_cluster
 
+from pictl.planning.options import RunOptions
+from pictl.planning.presets import resolve_options
+
 FAST = ["--images", "4", "--chunk", "1", "--warmup", "0", "--repeats", "1"]
 
 
@@ -66,7 +69,12 @@ def test_tune_measures_the_best_saves_a_preset_that_reproduces_it(tmp_path: Path
     assert "| 1x1           |" in table and "| serial  |" in table
     assert (tmp_path / "tune" / "tune.png").stat().st_size > 10_000
     assert "pictl run --profile tuned" in proc.stderr
-    again = run_pictl(["run", "--hosts", str(hosts), "--runs-dir", str(tmp_path / "runs"), "--profile", "tuned",
+    # Saved in the user's presets directory with the user's protocol (no --profile: pictl run's defaults), not
+    # the tune's FAST one; the run below measures briefly again, the configuration the preset's.
+    saved = resolve_options("tuned", {}, extra=Path(env["PICTL_PROFILES_DIR"]))
+    assert (saved.images, saved.warmup, saved.repeats) == (RunOptions().images, RunOptions().warmup,
+                                                           RunOptions().repeats)
+    again = run_pictl(["run", "--hosts", str(hosts), "--runs-dir", str(tmp_path / "runs"), "--profile", "tuned", *FAST,
                        "--headless", "--json"], env, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     s = json.loads(again.stdout)
