@@ -21,6 +21,7 @@ from pictl.events import SERIAL_FP32, HostOutput, Phase, RankEvent, SessionEvent
 from pictl.figure_text import ips_text, speedup_text
 from pictl.headless_prune import macs_text
 from pictl.headless_train import TrainProgress
+from pictl.records.run_details import trace_rank_text
 from pictl.records.waterfall_view import latency_of, percentiles_text, waterfall_line, waterfall_of
 from pictl.run.traces import perfetto_hint
 from pictl.summary import baseline_text
@@ -315,6 +316,8 @@ def print_summary(summary: RunSummary, *, as_json: bool) -> None:
     if summary.run_dir and not as_json:
         out.print(f"run directory: {printable(summary.run_dir)}", markup=False, highlight=False, soft_wrap=True)
     for grab in summary.traces:
+        for rank, share in sorted(grab.per_rank.items(), key=lambda kv: kv[0]):  # beside the counters, as runs show
+            out.print(printable(f"traced {trace_rank_text(rank, share)}"), markup=False, highlight=False)
         if grab.timeline:
             out.print(printable(f"traces: {perfetto_hint(grab.timeline)}"), markup=False, highlight=False,
                       soft_wrap=True)

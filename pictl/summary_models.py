@@ -132,12 +132,28 @@ class RunError(Open):
 
 
 class RankShare(Open):
-    """One rank's traced window, in percent of it (`pictl.run.trace_files.rank_breakdown`)."""
+    """One rank's traced window, in percent of it and per microbatch (`pictl.run.trace_files.rank_breakdown`),
+    beside the run's own counters (`against_counters`)."""
 
     compute_pct: float | None = None
     send_pct: float | None = None
     recv_wait_pct: float | None = None
     idle_pct: float | None = None
+    window_ms: float | None = None
+    microbatches: int | None = None
+    compute_ms: float | None = None
+    recv_wait_ms: float | None = None
+    send_ms: float | None = None
+    """Per traced microbatch: the units of the stage table's compute, wait and send ms."""
+    drain_ms: float | None = None
+    """What the profiler's stop waited for the window's sends after it (the tracing's own wait: left out)."""
+    counters_ms: list[float] | None = None
+    """The run's counters for the rank: compute, wait and send ms per microbatch (the stage table's)."""
+    differs_points: float | None = None
+    """The largest difference between the trace's and the counters' shares of a microbatch, in points."""
+    agrees: bool | None = None
+    """Within `pictl.run.trace_files.AGREE_POINTS`; where not, `why` says why (the profiler, the window)."""
+    why: str | None = None
 
 
 class TraceRecord(Open):

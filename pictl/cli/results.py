@@ -21,7 +21,9 @@ def traces(
     runs_dir: RunsDirOpt = None,
 ) -> None:
     """Profile K steps on every rank of a running pipeline, download the traces and merge them."""
+    from pictl.records.run_details import trace_rank_text
     from pictl.run.traces import grab_from_outside, live_run, perfetto_hint
+    from pictl.summary_models import RankShare
 
     try:
         path = live_run(runs_root(runs_dir), run)
@@ -29,9 +31,7 @@ def traces(
     except E.PictlError as exc:
         fail(exc)
     for rank, file in sorted(grab.files.items()):
-        share = grab.per_rank.get(rank, {})
-        typer.echo(f"rank {rank}: {file}  compute {share.get('compute_pct')}%  send {share.get('send_pct')}%  "
-                   f"recv-wait {share.get('recv_wait_pct')}%  idle {share.get('idle_pct')}%")
+        typer.echo(f"{trace_rank_text(rank, RankShare.model_validate(grab.per_rank.get(rank, {})))}  ({file})")
     for rank, why in sorted(grab.missing.items()):
         typer.echo(f"rank {rank}: missing: {why}", err=True)
     if grab.timeline:

@@ -15,10 +15,10 @@ from pictl.figure_text import ips_text, speedup_text
 from pictl.records import waterfall_view as wv
 from pictl.records.catalog import CELL_LIMIT, FoundRun, PendingRun
 from pictl.summary import baseline_text, terminal_text
-from pictl.summary_models import RunSummary
+from pictl.summary_models import RankShare, RunSummary
 from pictl.verdict import shown_status
 
-__all__ = ["fmt", "run_details"]
+__all__ = ["fmt", "run_details", "trace_rank_text"]
 
 
 def fmt(value: Any, spec: str = ".2f") -> str:
@@ -28,6 +28,21 @@ def fmt(value: Any, spec: str = ".2f") -> str:
         return format(value, spec)
     except (TypeError, ValueError):
         return terminal_text(value, 60)
+
+
+def trace_rank_text(rank: object, share: RankShare) -> str:
+    """One rank's traced window as every view says it (`runs show`, the dashboard, `pictl traces`): its shares,
+    and, once the run's counters are beside it, its microbatch in the stage table's units and whether the two
+    agree (or why not)."""
+    text = (f"rank {rank}: compute {fmt(share.compute_pct, '.0f')}%  send {fmt(share.send_pct, '.0f')}%  "
+            f"recv-wait {fmt(share.recv_wait_pct, '.0f')}%  idle {fmt(share.idle_pct, '.0f')}%")
+    if share.agrees is None or not share.counters_ms or len(share.counters_ms) != 3:
+        return text
+    counted = " / ".join(fmt(v, ".1f") for v in share.counters_ms)
+    verdict = ("agree" if share.agrees else f"differ by {fmt(share.differs_points, '.0f')} points: "
+               f"{share.why or '-'}")
+    return (f"{text}; per microbatch compute / wait / send {fmt(share.compute_ms, '.1f')} / "
+            f"{fmt(share.recv_wait_ms, '.1f')} / {fmt(share.send_ms, '.1f')} ms, the counters {counted}: {verdict}")
 
 
 def _cell(value: Any, style: str = "") -> Text:
@@ -78,8 +93,6 @@ def run_details(found: FoundRun) -> Table:
     for grab in s.traces:
         grid.add_row("traces", _cell(grab.timeline or grab.directory))
         for rank, share in sorted(grab.per_rank.items()):
-            grid.add_row("", _cell(f"rank {rank}: compute {fmt(share.compute_pct, '.0f')}%  "
-                                   f"send {fmt(share.send_pct, '.0f')}%  recv-wait {fmt(share.recv_wait_pct, '.0f')}%  "
-                                   f"idle {fmt(share.idle_pct, '.0f')}%"))
+            grid.add_row("", _cell(trace_rank_text(rank, share)))
     wv.add_gap_rows(grid, s)  # last: the longest part, and the history pane shows the rows above it first
     return grid

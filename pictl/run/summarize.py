@@ -26,6 +26,7 @@ from pictl.run.recuts import recut_summary, settled
 from pictl.run.serial import Serial, baseline_max_age
 from pictl.run.split import SplitChoice, final_prediction, refine_summary
 from pictl.run.staging import Staged
+from pictl.run.trace_files import with_counters
 from pictl.run.waterfall import waterfall
 from pictl.summary import SUMMARY_SCHEMA, checked
 from pictl.summary_models import RunSummary, SanityFlag
@@ -88,7 +89,7 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
         "serial_accuracy": baseline.top1 if baseline else None,
         "per_stage": per_stage,
         "plan_reused": reached.serial.plan_reused if reached.serial else False,
-        "traces": reached.book.traces,
+        "traces": [with_counters(grab, per_stage) for grab in reached.book.traces],
         "traced_passes": len(tel.traced_throughputs),
         "prediction": prediction,
         "refine": refine_summary(tel.refine_rounds, tel.refinement) if tel.refine_rounds else None,

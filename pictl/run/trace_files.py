@@ -81,8 +81,14 @@ def merge(traces: dict[int, tuple[str, dict[str, Any]]], offsets_ns: dict[str, i
 
 # -- what each rank did in its window ------------------------------------------------------------
 
-_SEND = ("gloo:send", "c10d::send")
+_SEND = ("c10d::send",)
+"""The rank's own thread posting a send. `gloo:send` is not counted: it lasts until the peer has received the
+data (the send is asynchronous, and the wire's time runs in gloo's threads while this rank computes on); counted,
+it read rank 0 as 32 % sending where its counters said 2.7 ms of send against 149 ms of compute."""
 _RECV = ("gloo:recv", "c10d::recv_")
+AGREE_POINTS = 10.0
+"""A trace's compute, wait and send shares of a microbatch agree with the run's counters when none differs by
+more than this many percentage points."""
 
 
 def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -109,33 +115,99 @@ def _minus(spans: list[tuple[float, float]], cut: list[tuple[float, float]]) -> 
     return out
 
 
-def rank_breakdown(data: dict[str, Any]) -> dict[str, Any]:
-    """Compute, send, receive-wait and idle shares of one rank's traced window, in percent.
+def _within(spans: list[tuple[float, float]], start: float, end: float) -> list[tuple[float, float]]:
+    return [(max(s, start), min(e, end)) for s, e in spans if min(e, end) > max(s, start)]
 
-    Each microbatch runs inside the schedule's `Forward i` range: post the receive,
-    wait for it, compute (`pictl:compute <step>`, recorded by the stage), post the
-    send. So compute is the stage's forward; send is the time in send calls;
-    receive-wait is the rest of the Forward ranges plus receive calls; idle is what
-    lies outside them (the barrier between passes, waiting for sends to drain).
+
+def rank_breakdown(data: dict[str, Any]) -> dict[str, Any]:
+    """Compute, send, receive-wait and idle shares of one rank's traced window, in percent, and per microbatch
+    in ms (the units of the run's stage table).
+
+    Each microbatch runs inside the schedule's `Forward i` range: post the receive, wait for it, compute
+    (`pictl:compute <step>`, recorded by the stage), post the send. Only the thread that computes is read (the
+    rank's own time; gloo's threads carry the wire). Compute is the stage's forward; send is the time in send
+    calls; receive-wait is the rest of the Forward ranges plus receive calls; idle is what lies between them.
+    The window runs from the profiler's start to the end of the last traced microbatch (its compute and its
+    sends posted): the next step's Forward range, where the profiler's stop waits for the window's sends to land
+    (`remote.runtime.tracing`), is a wait of the tracing's own making, reported apart as `drain_ms` (in an
+    untraced pass the next microbatches' compute overlaps those sends; counted, it read rank 0 as waiting 6 %
+    for input where its counters said 0).
     """
     complete = [ev for ev in data["traceEvents"] if ev.get("ph") == "X" and "ts" in ev and "dur" in ev
                 and not str(ev.get("name", "")).startswith("PyTorch Profiler")]
-    if not complete:
+    computing = [ev for ev in complete if str(ev.get("name", "")).startswith(P.TRACE_COMPUTE_RANGE)]
+    if not computing:
         return {"window_ms": 0.0, "compute_pct": 0.0, "send_pct": 0.0, "recv_wait_pct": 0.0, "idle_pct": 100.0,
                 "microbatches": 0}
-    start = min(ev["ts"] for ev in complete)
-    end = max(ev["ts"] + ev["dur"] for ev in complete)
-    window = max(end - start, 1e-9)
+    main = {ev.get("tid") for ev in computing}
+    mine = [ev for ev in complete if ev.get("tid") in main]
 
     def spans(*prefixes: str) -> list[tuple[float, float]]:
-        return _union([(ev["ts"], ev["ts"] + ev["dur"]) for ev in complete
-                       if str(ev.get("name", "")).startswith(prefixes)])
+        return _union([(ev["ts"], ev["ts"] + ev["dur"]) for ev in mine if str(ev.get("name", "")).startswith(prefixes)])
 
-    compute = spans(P.TRACE_COMPUTE_RANGE)
-    send = _minus(spans(*_SEND), compute)
-    recv = _minus(_minus(_union(spans("Forward ") + spans(*_RECV)), compute), send)
+    # From the profiler's start (the first traced step posting its receive) to where the step after the last
+    # traced one begins: the profiler stops inside that step's Forward range, after waiting for the window's sends.
+    start, last = min(ev["ts"] for ev in mine), max(ev["ts"] + ev["dur"] for ev in mine)
+    done = max(ev["ts"] + ev["dur"] for ev in computing)
+    end = min((s for s, _ in spans("Forward ") if s >= done), default=None)
+    if end is None:  # the window ended with its pass: its last microbatch's sends posted, then the drain
+        end = max([done, *(e for s, e in spans(*_SEND) if s >= done)])
+    window = max(end - start, 1e-9)
+    compute = _within(spans(P.TRACE_COMPUTE_RANGE), start, end)
+    send = _minus(_within(spans(*_SEND), start, end), compute)
+    recv = _minus(_minus(_within(_union(spans("Forward ") + spans(*_RECV)), start, end), compute), send)
     shares = {k: round(100.0 * _length(v) / window, 1) for k, v in
               (("compute_pct", compute), ("send_pct", send), ("recv_wait_pct", recv))}
     shares["idle_pct"] = round(max(0.0, 100.0 - sum(shares.values())), 1)
-    return {"window_ms": round(window / 1000.0, 3), **shares,
-            "microbatches": sum(1 for ev in complete if str(ev.get("name", "")).startswith(P.TRACE_COMPUTE_RANGE))}
+    microbatches = len(computing)
+    per = {f"{k}_ms": round(_length(v) / 1000.0 / microbatches, 3) for k, v in
+           (("compute", compute), ("send", send), ("recv_wait", recv))}
+    return {"window_ms": round(window / 1000.0, 3), **shares, "microbatches": microbatches, **per,
+            "drain_ms": round(max(0.0, last - end) / 1000.0, 3)}
+
+
+def against_counters(share: dict[str, Any], measured_ms: float | None, wait_ms: float | None,
+                     send_ms: float | None) -> dict[str, Any]:
+    """A rank's traced microbatch (compute, waiting for input, blocked on sends) beside the run's own counters
+    for it (the stage table's compute, wait and send ms): each as a share of the three, the largest difference
+    in percentage points, whether they agree within AGREE_POINTS and, where they do not, why. Empty when either
+    side lacks a figure (a grab taken before the run's counters, a trace of an older pictl)."""
+    raw = [share.get(k) for k in ("compute_ms", "recv_wait_ms", "send_ms")] + [measured_ms, wait_ms, send_ms]
+    if not all(_finite(v) for v in raw):
+        return {}
+    traced, counted = [float(v) for v in raw[:3]], [float(v) for v in raw[3:]]  # type: ignore[arg-type]
+    t_total, c_total = sum(traced), sum(counted)
+    if t_total <= 0 or c_total <= 0:
+        return {}
+    t_pct = [100.0 * v / t_total for v in traced]
+    c_pct = [100.0 * v / c_total for v in counted]
+    differs = max(abs(a - b) for a, b in zip(t_pct, c_pct, strict=True))
+    out: dict[str, Any] = {"counters_ms": [round(v, 3) for v in counted], "differs_points": round(differs, 1),
+                           "agrees": differs <= AGREE_POINTS}
+    if differs > AGREE_POINTS:
+        out["why"] = _why(share, traced, counted, t_pct, c_pct)
+    return out
+
+
+def _why(share: dict[str, Any], traced: list[float], counted: list[float], t_pct: list[float],
+         c_pct: list[float]) -> str:
+    """Why a trace's shares differ from the counters', from the figures that say so."""
+    if counted[0] > 0 and traced[0] > 1.1 * counted[0]:
+        return (f"the profiler slowed the traced compute to {traced[0]:.1f} ms per microbatch against the counters' "
+                f"{counted[0]:.1f} ms ({traced[0] / counted[0] - 1:.0%} more)")
+    worst = max(range(3), key=lambda i: abs(t_pct[i] - c_pct[i]))
+    what = ("compute", "waiting for input", "sending")[worst]
+    return (f"a different window: the trace holds {share.get('microbatches')} microbatch(es) of one pass, the "
+            f"counters every timed pass with its fill and the drain at its end ({what}: {t_pct[worst]:.0f} % "
+            f"traced, {c_pct[worst]:.0f} % counted)")
+
+
+def with_counters(grab: dict[str, Any], per_stage: list[dict[str, Any]]) -> dict[str, Any]:
+    """A grab (its `to_json`) with each rank's trace set beside the run's counters for that rank."""
+    stages = {str(st.get("rank")): st for st in per_stage}
+    per_rank = {}
+    for rank, share in (grab.get("per_rank") or {}).items():
+        st = stages.get(str(rank))
+        found = against_counters(share, st.get("measured_ms"), st.get("wait_ms"), st.get("send_ms")) if st else {}
+        per_rank[rank] = {**share, **found}
+    return {**grab, "per_rank": per_rank}

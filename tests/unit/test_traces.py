@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from support.cli import ROOT
 from support.clusters import write_cluster
 
 from pictl import errors as E
@@ -16,7 +17,7 @@ from pictl.inventory import load_cluster
 from pictl.planning.options import RunOptions
 from pictl.run.baselines import BaselineCache
 from pictl.run.session import RunSession
-from pictl.run.trace_files import merge, rank_breakdown
+from pictl.run.trace_files import AGREE_POINTS, against_counters, load_trace, merge, rank_breakdown
 from pictl.summary_models import RunSummary
 from remote import protocol as P
 
@@ -56,6 +57,61 @@ def test_breakdown_splits_forward_ranges_into_compute_wait_and_send() -> None:
     b = rank_breakdown(data)
     assert b["window_ms"] == 0.2 and b["microbatches"] == 2
     assert (b["compute_pct"], b["recv_wait_pct"], b["send_pct"], b["idle_pct"]) == (55.0, 15.0, 5.0, 25.0)
+
+
+def test_the_breakdown_reads_the_ranks_own_thread_and_leaves_the_profilers_drain_out() -> None:
+    """Rank 0 computes two microbatches and posts each send (c10d::send, 1 us); gloo's send of each lasts until rank 1
+    has it (gloo:send, 400 us: the wire, while rank 0 computes on), and after the window the profiler's stop waits
+    for the last one (300 us). Counted as sending, that read 32 % of the window against the counters' 2 %."""
+    data = {"traceEvents": [
+        _x("Forward 0", 0.0, 101.0), _x("pictl:compute 0", 0.0, 100.0), _x("c10d::send", 100.0, 1.0),
+        _x("gloo:send", 100.0, 400.0), _x("gloo:send", 100.0, 400.0, tid=7),
+        _x("Forward 1", 101.0, 101.0), _x("pictl:compute 1", 101.0, 100.0), _x("c10d::send", 201.0, 1.0),
+        _x("gloo:send", 201.0, 400.0), _x("aten::empty", 202.0, 300.0, tid=7)]}
+    b = rank_breakdown(data)
+    assert b["microbatches"] == 2 and b["window_ms"] == 0.202 and b["drain_ms"] == 0.399
+    assert (b["compute_pct"], b["send_pct"], b["recv_wait_pct"], b["idle_pct"]) == (99.0, 1.0, 0.0, 0.0)
+    assert (b["compute_ms"], b["send_ms"], b["recv_wait_ms"]) == (0.1, 0.001, 0.0)
+
+
+REAL_TRACES = ROOT / "tests" / "support" / "data" / "traces_two_ranks"
+"""A real `--trace-steps 8` run's two traces (2 stages of DeiT-S on the local cluster, 24 images, 2026-11-26; the
+`aten::` events, which lie inside the compute ranges, left out to keep them small) and its stage table."""
+
+
+def test_a_real_trace_agrees_with_its_runs_counters() -> None:
+    """Rank 0's gloo sends each lasted until rank 1 had the data (up to 2 s, while rank 0 computed on), and the
+    profiler's stop waited 155 ms for the last ones inside the next step's Forward range: read as sending and
+    waiting, they made rank 0 8 % sending and 6 % waiting for input, against its counters' 3 % and 0. Read from
+    the rank's own thread, within the traced microbatches, each rank agrees with its counters."""
+    run = json.loads((REAL_TRACES / "run.json").read_text())
+    for stage in run["per_stage"]:
+        rank = stage["rank"]
+        data = load_trace(REAL_TRACES / f"{stage['host']}-rank{rank}.json.gz")
+        sends = [e["dur"] for e in data["traceEvents"] if e.get("name") == "gloo:send"]
+        assert rank != 0 or max(sends) > 1e6  # a send open for over a second: the wire, not this rank's time
+        share = rank_breakdown(data)
+        assert share["microbatches"] == 8
+        found = against_counters(share, stage["measured_ms"], stage["wait_ms"], stage["send_ms"])
+        assert found["agrees"] is True and found["differs_points"] <= AGREE_POINTS, (rank, share, found)
+        assert share["compute_ms"] == pytest.approx(stage["measured_ms"], rel=0.05)  # the same compute, traced
+        if rank == 0:
+            assert share["drain_ms"] > 100 and share["recv_wait_pct"] < 1 and share["send_pct"] < 5, share
+
+
+def test_a_trace_agrees_with_the_counters_within_the_stated_points_or_says_why() -> None:
+    share = {"compute_ms": 146.0, "recv_wait_ms": 0.0, "send_ms": 0.5, "microbatches": 8}
+    agreed = against_counters(share, 149.0, 0.0, 2.7)
+    assert agreed["agrees"] is True and agreed["counters_ms"] == [149.0, 0.0, 2.7] and "why" not in agreed
+    assert agreed["differs_points"] == pytest.approx(100 * 2.7 / 151.7 - 100 * 0.5 / 146.5, abs=0.1)
+    slowed = against_counters({**share, "compute_ms": 190.0}, 149.0, 0.0, 40.0)
+    assert slowed["agrees"] is False and slowed["differs_points"] > AGREE_POINTS
+    assert slowed["why"].startswith("the profiler slowed the traced compute to 190.0 ms per microbatch")
+    waited = against_counters({**share, "recv_wait_ms": 60.0}, 149.0, 2.0, 2.7)
+    assert waited["agrees"] is False and waited["why"].startswith("a different window: the trace holds 8 ")
+    assert "waiting for input: 29 % traced, 1 % counted" in waited["why"]
+    assert against_counters({"compute_pct": 50.0}, 149.0, 0.0, 2.7) == {}  # an older trace: nothing to compare
+    assert against_counters(share, None, 0.0, 2.7) == {}
 
 
 @pytest.mark.slow
@@ -116,6 +172,14 @@ async def test_traces_from_a_live_two_rank_run(tmp_path: Path) -> None:
             assert share["microbatches"] == steps and share["compute_pct"] > 20
             assert sum(share[k] for k in ("compute_pct", "send_pct", "recv_wait_pct", "idle_pct")) \
                 == pytest.approx(100, abs=0.5)
+    # Beside the run's own counters, each rank's traced microbatch agrees with its row of the stage table
+    # within AGREE_POINTS, or says why (the profiler slowed it, or a window of a few microbatches of one pass).
+    for grab in summary.traces:
+        for rank, share in grab.per_rank.items():
+            stage = summary.per_stage[int(rank)]
+            assert share.counters_ms == [stage.measured_ms, stage.wait_ms, stage.send_ms], (rank, share)
+            assert share.agrees is not None and (share.agrees or share.why), (rank, share)
+            assert share.agrees == ((share.differs_points or 0) <= AGREE_POINTS), (rank, share)
     assert live.directory.name == "traces-2" or Path(planned.directory or "").name == "traces-2"
 
 

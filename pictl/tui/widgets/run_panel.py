@@ -12,6 +12,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from pictl.figure_text import efficiency_text, points_text, speedup_text
+from pictl.records.run_details import trace_rank_text
 from pictl.records.waterfall_view import TERM_COLORS, gap_bar, latency_of, line_text, waterfall_of
 from pictl.run.traces import perfetto_hint
 from pictl.summary import baseline_text
@@ -228,9 +229,7 @@ class RunPanel(Static):
             grid.add_row("traces", Text(perfetto_hint(grab.timeline) if grab.timeline else str(grab.directory),
                                         overflow="fold"))  # (a path folds, never cut short)
             for rank, share in sorted(grab.per_rank.items(), key=lambda kv: int(kv[0])):
-                grid.add_row("", f"rank {rank}: compute {figure(share.compute_pct, '.0f')}%  send "
-                                 f"{figure(share.send_pct, '.0f')}%  recv-wait {figure(share.recv_wait_pct, '.0f')}%  "
-                                 f"idle {figure(share.idle_pct, '.0f')}%")
+                grid.add_row("", trace_rank_text(rank, share))
             for rank, why in grab.missing.items():
                 grid.add_row("", Text(f"rank {rank}: missing ({why})", style="yellow"))
         if state.trace_note:
