@@ -13,6 +13,7 @@ import pytest
 from support.cli import ROOT, run_pictl
 from support.clusters import require_netns, write_cluster
 
+from pictl import errors as E
 from pictl.run.latency import percentile
 from pictl.run.waterfall import TERMS, waterfall, waterfall_line
 
@@ -117,8 +118,11 @@ def test_as_many_images_as_stages_is_fill_and_drain(tmp_path: Path, shared_cache
 
 
 @pytest.mark.slow
-def test_a_busy_host_during_the_baseline_is_the_baseline_term(tmp_path: Path, pictl_env) -> None:
-    """Busy loops share the machine's CPUs with the serial run only, then stop before the pipeline."""
+def test_a_busy_host_during_the_baseline_is_the_baseline_term_and_the_result_is_suspect(tmp_path: Path,
+                                                                                        pictl_env) -> None:
+    """Busy loops share the machine's CPUs with the serial run only, then stop before the pipeline. Five loops on
+    this machine kind's 2 CPUs leave the serial run about a third of a CPU: the pipeline, measured idle, reads
+    well above its 2 stages. The run ends SUSPECT (exit 10, without --strict), naming the cause in one line."""
     inv = write_cluster(tmp_path / "cluster", 2)
     proc = subprocess.Popen([sys.executable, "-m", "pictl", "run", "--hosts", str(inv), "--headless", "--json",
                              "--threads", "1", "--stages", "2", "--policy", "equal", "--images", "12", "--warmup",
@@ -133,20 +137,30 @@ def test_a_busy_host_during_the_baseline_is_the_baseline_term(tmp_path: Path, pi
                 # Each in a session of its own: with the kernel's autogroups a session shares the CPUs as one
                 # task, and the serial run's supervisor starts its own session.
                 loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
-                         for _ in range(3)]
+                         for _ in range(5)]
             if "pictl pipeline: launching" in line:
                 break
     finally:
         for loop in loops:
             loop.kill()
     out, rest = proc.communicate(timeout=300)
-    assert proc.returncode == 0 and loops, "".join(err) + rest
+    assert proc.returncode == E.EXIT_SUSPECT and loops, "".join(err) + rest
     s = json.loads(out)
     _exact(s)
     terms = _terms(s)
     assert s["serial_timing"]["run_delay_per_image_s"] > 0.2 * s["serial_timing"]["compute_per_image_s"]
     assert terms["baseline"]["points"] == max(t["points"] for t in terms.values()) > 0, s["waterfall"]
-    assert "host_overloaded" in [f["code"] for f in s["flags"]]
+    flags = {f["code"]: f for f in s["flags"]}
+    assert flags["host_overloaded"]["invalidates"] is True  # the serial baseline's own wait: the speedup reads high
+    # An exact pipeline cannot beat its stages: the speedup over the slowed baseline is impossible, and says why.
+    assert s["speedup"] > 2 and flags["speedup_above_stages"]["invalidates"] is True, (s["speedup"], s["flags"])
+    assert s["status"] == "ok" and s["verdict"] == "suspect"  # it ran to the end; its result is not true
+    because = s["suspect_because"]
+    assert because.startswith("speedup_above_stages: speedup ") and "the serial baseline is suspect" in because
+    lines = rest.strip().splitlines()
+    assert lines[-1] == f"pictl: error: SUSPECT: {because}", lines[-3:]  # the cause, on one line, last
+    assert any(line.startswith("SUSPECT ") for line in lines), rest[-3000:]  # the result line's first word
+    assert not any(line.startswith("OK ") for line in lines)
 
 
 @pytest.mark.slow
