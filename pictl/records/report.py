@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from pictl import errors as E
-from pictl.figure_text import efficiency_text, ips_text, speedup_text
+from pictl.figure_text import efficiency_text, ips_text, ms_text, speedup_text
 from pictl.job_summaries import PruneSummary, TrainSummary, parse_job_summary
 from pictl.records.files import LinkFound, read_regular, refused
 from pictl.records.report_charts import link_rates, records_of, stage_chart, wire_chart
@@ -103,8 +103,9 @@ def _run_section(run_dir: Path, s: RunSummary, files: ReportFiles, notes: list[s
         for st in s.per_stage:
             mb = None if st.bytes_sent is None else round(st.bytes_sent / 1e6, 1)
             error = st.prediction_error
-            lines.append(f"| {st.rank} | {md_text(st.host)} | {md_text((st.modules or ['-'])[0])} | {st.measured_ms} | "
-                         f"{st.wait_ms} | {st.send_ms} | {mb} | {st.predicted_ms} | "
+            lines.append(f"| {st.rank} | {md_text(st.host)} | {md_text((st.modules or ['-'])[0])} | "
+                         f"{ms_text(st.measured_ms)} | {ms_text(st.wait_ms)} | {ms_text(st.send_ms)} | "
+                         f"{'-' if mb is None else mb} | {ms_text(st.predicted_ms)} | "
                          f"{'-' if error is None else format(error, '+.1%')} |")
         lines += refine_lines(s.refine)
         chart = files.chart(s.run_id, "stages", lambda fh: stage_chart(s, fh))

@@ -13,6 +13,7 @@ from support.cli import run_pictl
 from support.clusters import write_cluster
 from support.typed import untyped
 
+from pictl.figure_text import speedup_text
 from pictl.summary_models import RunSummary
 
 pytestmark = pytest.mark.slow
@@ -145,7 +146,7 @@ def test_int8_dynamic_numerics_beside_fp32(shared, pictl_env, tmp_path: Path) ->
     report = run_pictl(["report", s["run_id"], "--out", str(tmp_path / "report")], env)
     assert report.returncode == 0, report.stderr
     text = (tmp_path / "report" / "report.md").read_text()
-    assert "**numerics** `int8-dynamic`" in text and f"**{n['speedup_vs_fp32']}x**" in text
+    assert "**numerics** `int8-dynamic`" in text and f"**{speedup_text(n['speedup_vs_fp32'])}**" in text
     # The link from stage 0: its average over the timed passes, and its fastest pass read back from the
     # record's typed telemetry (a weighted mean of the passes' rates is never above the fastest).
     link = next(line for line in text.splitlines() if "(rank 0) -> rank 1 |" in line)
