@@ -171,8 +171,9 @@ class RunPanel(Static):
         phase_style = {"failed": "bold red", "stopped": "yellow", "done": "green"}.get(state.phase, "cyan")
         grid.add_row("run", Text(phase_line, style=phase_style))
         if s and shown_status(s) == "suspect":  # an untrue result is never shown as a plain success
+            # Whole, folded: the cause is what the user must read (the flags below may be cut short).
             grid.add_row(Text("SUSPECT", style="bold red"), Text(s.suspect_because or "a flag invalidates the result",
-                                                                 style="red", no_wrap=True, overflow="ellipsis"))
+                                                                 style="red", overflow="fold"))
         grid.add_row("speedup", speedup_text(speedup) + (f"  of {stages}x ideal" if stages else "")
                      + (f"  efficiency {efficiency_text(speedup / stages)}" if speedup and stages else ""))
         if s and (n := s.numerics):  # the speedup above is the parallelism alone; beside it, numerics and both
