@@ -70,13 +70,15 @@ def sweep_share(pictl: Pictl, inventory: Path, cold: bool, images: int, repeats:
     t0 = time.perf_counter()
     result = pictl("sweep", "--hosts", str(inventory), "--stages", "1,2,3,4", "--policy", "equal,balanced",
                    "--images", str(images), "--repeats", str(repeats), "--out", str(out), *(["--cold"] if cold else []),
-                   ok=(0, 7))
+                   "--rounds", "1", "--max-rounds", "1", ok=(0, 7))  # one run a point: start-up, not a ranking
     wall = time.perf_counter() - t0
     measuring = 0.0
-    for row in result["rows"]:
-        if not row.get("run_id"):
+    sweep = json.loads((Path(result["sweep_dir"]) / "sweep.json").read_text())
+    for run_id in [r["reference"]["run_id"] for r in sweep["rounds"]] + [
+            run["run_id"] for r in sweep["rounds"] for run in r["runs"].values()]:  # (every run: under the runs root)
+        if not run_id:
             continue
-        summary = json.loads((Path(result["sweep_dir"]) / "runs" / row["run_id"] / "summary.json").read_text())
+        summary = json.loads((pictl.workdir / "runs" / run_id / "summary.json").read_text())
         passes = (summary.get("warmup") or 0) + (summary.get("repeats") or 0)
         if summary.get("throughput_ips"):
             measuring += passes * summary["images"] / summary["throughput_ips"]

@@ -10,12 +10,12 @@ runs. The CLI and the dashboard are built on the same sessions; this is their pr
         print(past.run_id, past.speedup)
 
 Also `tune` (as `pictl tune`: every configuration, the measured ones first, fastest first), `sweep` (every
-combination of stages, chunks, policies and wire formats against shared baselines, as `pictl sweep`), `train` and
-`prune` (as `pictl train` and `pictl prune`), each returning its typed summary. Every function has an `async` twin
-(`run_experiment_async`, `sweep_async`, `train_async`, `prune_async`) for notebooks and event loops that are
-already running. A job that started returns its summary whatever its status (`summary.status`: ok, failed,
-interrupted; `summary.error` says why); bad input, an unreachable host or a busy one raise `PictlError` subclasses
-(`pictl.errors`: each has the CLI's exit code as `exit_code`) before anything starts.
+combination of stages, chunks, policies and wire formats against one serial reference in interleaved rounds, as
+`pictl sweep`), `train` and `prune` (as `pictl train` and `pictl prune`), each returning its typed summary. Every
+function has an `async` twin (`run_experiment_async`, `sweep_async`, `train_async`, `prune_async`) for notebooks
+and event loops that are already running. A job that started returns its summary whatever its status
+(`summary.status`: ok, failed, interrupted; `summary.error` says why); bad input, an unreachable host or a busy one
+raise `PictlError` subclasses (`pictl.errors`: each has the CLI's exit code as `exit_code`) before anything starts.
 
 Every argument is checked before a host is touched, by the same models and bounds the CLI's flags are (options
 are always made anew through `resolve_options`, `train_options`, `prune_options`, `sweep_axes` and `plan_tune`,
@@ -180,8 +180,8 @@ def run_experiment(cluster: Cluster | None = None, options: RunOptions | None = 
 
 @dataclass(frozen=True)
 class SweepResult:
-    """A sweep's directory (sweep.json, table.csv, table.md, plots, each point's run under runs/) and its rows,
-    one per point in the order run (the columns of `pictl sweep --json`)."""
+    """A sweep's directory (sweep.json, table.csv, table.md, plots; its runs are under the runs root, each naming
+    the sweep) and its rows, one per point, fastest first (the columns of `pictl sweep --json`)."""
 
     directory: Path
     rows: list[dict[str, Any]]
@@ -191,21 +191,28 @@ async def sweep_async(cluster: Cluster | None = None, options: RunOptions | None
                       stages: list[int] = [1, 2, 3, 4], chunks: list[int] = [1],  # noqa: B006 - never mutated
                       policies: list[str] = ["balanced"], wires: list[str] | None = None,  # noqa: B006
                       out: str | Path | None = None, profile: str | None = None, on_event: EventHandler | None = None,
-                      wait: bool = False, **fields: Any) -> SweepResult:
-    """Every combination (as `pictl sweep`), each point's options from `options` or the preset with `fields` over
-    it; a failed point is a row saying why, and the others still run. Bad input raises before anything starts."""
+                      wait: bool = False, rounds: int | None = None, max_rounds: int | None = None,
+                      budget_s: float | None = None, runs_dir: str | Path | None = None, **fields: Any) -> SweepResult:
+    """Every combination (as `pictl sweep`: against one serial reference in `rounds` interleaved rounds, more up
+    to `max_rounds` while two are too close to call, none added after `budget_s`; its runs under `runs_dir`, the
+    runs root by default), each point's options from `options` or the preset with `fields` over it; a failed point
+    is a row saying why, and the others still run. Bad input raises before anything starts."""
     from pictl.jobs.sweep import run_sweep, sweep_points, wire_formats
+    from pictl.jobs.sweep_rounds import rounds_plan
     from pictl.planning.presets import sweep_axes
 
+    plan = rounds_plan(rounds, max_rounds, budget_s, names=("rounds", "max_rounds", "budget_s"))
     wait, handler = _flag("wait", wait), _handler(on_event)
     base = _run_options(options, profile, fields)
     axes = sweep_axes(_listed(stages), _listed(chunks), _listed(policies),
                       name_of=lambda field: "policies" if field == "policy" else field)
     formats = wire_formats("wires", _listed(wires)) if wires is not None else None
-    target = _new_directory("out", out, default_runs_root().parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S"))
+    root = _directory("runs_dir", runs_dir, default_runs_root, "the runs directory")
+    target = _new_directory("out", out, root.parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S"))
     chosen_cluster = _cluster(cluster)
     points = sweep_points(chosen_cluster, base, axes, formats)
-    rows = await run_sweep(chosen_cluster, base, points, target, on_event=handler, wait=wait)
+    rows = await run_sweep(chosen_cluster, base, points, target, on_event=handler, wait=wait, rounds=plan,
+                           runs_root=root)
     return SweepResult(target, rows)
 
 

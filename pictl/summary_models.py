@@ -119,6 +119,22 @@ class BaselineRecord(Open):
     max_age_s: float | None = None
     state: HostState | None = None
     not_reused_because: str | None = None
+    reference_run: str | None = None
+    """A comparison's reference handed to the run (`pictl sweep`): the run that measured it."""
+
+
+class PartOf(Open):
+    """The comparison a run was one of (a sweep): its directory, the round and the run's role in it."""
+
+    kind: str
+    """`sweep` (or `tune`)."""
+    name: str
+    """The comparison's directory name, as `pictl runs` shows it."""
+    dir: str
+    round: int | None = None
+    role: Literal["reference", "candidate"] | None = None
+    configuration: str | None = None
+    """The configuration it measured, as the comparison's table names it."""
 
 
 class RunError(Open):
@@ -316,4 +332,6 @@ class RunSummary(Open):
     record (`pictl.verdict` reads it)."""
     suspect_because: str | None = None
     """Why the result is SUSPECT, in one line: the invalidating flags, the first one's message in full."""
+    part_of: PartOf | None = None
+    """The comparison (a sweep) the run was measured in, interleaved with the others against one reference."""
     error: RunError | None = None

@@ -1,4 +1,5 @@
-"""Work made of many runs or of its own kind: `sweep` (every combination, shared baselines) and `prune`."""
+"""Work made of many runs or of its own kind: `sweep` (every combination against one reference, in rounds) and
+`prune`."""
 
 from __future__ import annotations
 
@@ -55,6 +56,11 @@ def sweep(
     threads: ThreadsOpt = None,
     trace_steps: Annotated[Optional[int], typer.Option(help="Profile K steps of every pipeline run.")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Sweep directory (default: under the runs root).")] = None,
+    rounds: Annotated[Optional[int], typer.Option(help="Rounds: each measures the reference and every "
+                                                       "combination once, interleaved (default 3).")] = None,
+    max_rounds: Annotated[Optional[int], typer.Option(help="Rounds at most, added one at a time while two "
+                                                           "combinations are too close to call (default 6).")] = None,
+    budget: Annotated[Optional[float], typer.Option(help="Seconds after which no round is added.")] = None,
     hosts: HostsOpt = None,
     wait: WaitOpt = False,
     cold: ColdOpt = False,
@@ -96,12 +102,13 @@ def sweep(
         "--error-feedback/--no-error-feedback", help="lowrank cuts: send each image's change (default on).",
         rich_help_panel=TRAIN_PANEL)] = None,
 ) -> None:
-    """Run every combination against shared serial baselines (or, with --train, every training job); write a
-    table and plots."""
+    """Measure every combination against one serial reference in interleaved rounds and rank them, a winner only
+    beyond the noise (or, with --train, run every training job); write a table and plots."""
     import time
 
     from pictl.headless import HeadlessRenderer
-    from pictl.jobs.sweep import markdown_table, plan_sweep, run_sweep
+    from pictl.jobs.sweep import plan_sweep, run_sweep
+    from pictl.jobs.sweep_rounds import rounds_plan
 
     write_failed: list[E.RecordWriteFailed] = []
     from pictl.records.runs import writable_dir
@@ -112,6 +119,8 @@ def sweep(
         fail(E.ConfigError("--split: split points are a training sweep's setting (add --train)"))
     if workers is not None and not train:  # a run has no data loader: the flag would be dropped unsaid
         fail(E.ConfigError("--workers: data-loading workers are a training setting (add --train)"))
+    if train and (rounds, max_rounds, budget) != (None, None, None):  # training jobs are not compared in rounds
+        fail(E.ConfigError("--rounds: a training sweep (--train) runs each job once"))
     renderer = HeadlessRenderer(verbose=verbose)
     if train:
         settings = {"model": model, "model_args": model_arg, "image_size": image_size, "batch_size": batch_size,
@@ -123,6 +132,7 @@ def sweep(
                      wires=wire)
         return
     try:
+        plan = rounds_plan(rounds, max_rounds, budget)
         cluster = read_cluster(hosts, cold=cold)
         base, points = plan_sweep(cluster, profile, {"images": images, "warmup": warmup, "repeats": repeats,
                                                      "threads": threads, "trace_steps": trace_steps,
@@ -135,21 +145,34 @@ def sweep(
             raise E.ConfigError(f"--out: {target} already exists")
         writable_dir(target, "--out")
         rows = asyncio.run(run_cancellable(run_sweep(cluster, base, points, target, on_event=renderer,
-                                                      wait=wait, write_failed=write_failed)))
+                                                      wait=wait, write_failed=write_failed, runs_root=root,
+                                                      rounds=plan)))
     except E.PictlError as exc:
         renderer.close()
         fail(exc)
     renderer.close()
+    table = _sweep_table(target, rows)
     if as_json:  # the rows on stdout; the table a person reads goes to stderr
-        stderr().print(markdown_table(rows), markup=False)
+        stderr().print(table, markup=False)
         typer.echo(json.dumps({"sweep_dir": str(target), "rows": rows}))
     else:
-        wide_console().print(markdown_table(rows), markup=False)
+        wide_console().print(table, markup=False)
         typer.echo(f"sweep directory: {target}")
     if write_failed:  # printed first: the rows were measured
         fail(write_failed[0])
     if any(r["status"] != "ok" for r in rows):
         raise typer.Exit(E.EXIT_RUN_FAILED)
+
+
+def _sweep_table(target: Path, rows: list[dict[str, Any]]) -> str:
+    """The ranked table with its reference and verdicts, as table.md holds it (the bare rows when it could not
+    be written: the disk's refusal is said after it)."""
+    from pictl.jobs.sweep import markdown_table
+
+    try:
+        return (target / "table.md").read_text()
+    except OSError:
+        return markdown_table(rows)
 
 
 def _train_sweep(renderer: Any, settings: dict[str, Any], *, modes: str | None, schedules: str | None,

@@ -43,15 +43,17 @@ StatusOpt = Annotated[Optional[str], typer.Option(help="Only runs with this stat
                                                            "interrupted).")]
 SortOpt = Annotated[str, typer.Option(help=f"Sort by one of: {', '.join(catalog_rows.SORT_KEYS)} (largest first).")]
 SHORT = ("run_id", "status", "stages", "policy", "chunk", "throughput_ips", "serial_ips", "speedup", "latency_p50_ms",
-         "latency_p95_ms", "dominant", "outputs_match", "flags")
+         "latency_p95_ms", "dominant", "outputs_match", "flags", "part_of")
 """The list's columns on a terminal (`--json` and the CSV have all of `catalog_rows.COLUMNS`)."""
 HEADINGS = {"run_id": "run", "throughput_ips": "img/s", "serial_ips": "serial", "outputs_match": "match",
+            "part_of": "part of",
             **{key: key.removesuffix("_ms").replace("_", " ") + " ms" for key in wv.LATENCY_KEYS},
             **{f"{term}_points": ("fill/drain" if term == "fill_drain" else term.replace("_", " ")) + " points"
                for term in wv.KNOWN_TERMS}}
 SHORT_HEADINGS = {**HEADINGS, "latency_p50_ms": "p50 ms", "latency_p95_ms": "p95 ms"}
 """The list's headings: latency is the pipeline's per image (`runs compare` says so in full)."""
-LEFT_OUT_FIRST = ("latency_p95_ms", "chunk", "policy", "dominant", "latency_p50_ms", "serial_ips", "stages", "flags")
+LEFT_OUT_FIRST = ("latency_p95_ms", "part_of", "chunk", "policy", "dominant", "latency_p50_ms", "serial_ips", "stages",
+                  "flags")
 """Where the terminal is too narrow for the list, these columns go first: the run, its status, img/s, speedup and
 whether its outputs matched stay."""
 
@@ -115,7 +117,8 @@ def compare(
     as_json: JsonOpt = False,
     runs_dir: RunsDirOpt = None,
 ) -> None:
-    """Runs side by side: one column per run, one line per figure (latency and each waterfall term among them)."""
+    """Runs side by side: one column per run, one line per figure (latency and each waterfall term among them);
+    runs of one sweep are judged from its rounds (a winner only beyond the noise, else a tie)."""
     try:
         if len(runs) < 2:
             raise E.ConfigError("compare: name two runs or more")
@@ -133,6 +136,8 @@ def compare(
     for key in catalog_rows.COMPARE_COLUMNS[1:]:
         table.add_row(HEADINGS.get(key, key), *(_cell(r[key], key) for r in rows))
     wide_console().print(table)
+    for r in rows[1:]:  # each against the first: a winner only beyond the noise, from one sweep's rounds
+        typer.echo(catalog.terminal_text(f"{r['run_id']} against {rows[0]['run_id']}: {r['verdict']['text']}"))
 
 
 @runs_app.command()

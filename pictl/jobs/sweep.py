@@ -1,18 +1,18 @@
-"""`pictl sweep`: one run per combination of stages, chunk sizes, policies and wire formats; one table, plots.
+"""`pictl sweep`: every combination of stages, chunk sizes, policies and wire formats, measured against one serial
+reference in interleaved rounds; one ranked table, plots.
 
-Every combination is checked against the inventory before anything runs (a value
-that cannot run is bad input, nothing started), and the pipeline runs are planned
-together in one process (`planning.plan_ahead`). Runs go one after another and
-share the serial baseline cache, so each chunk size is measured serially once.
-The table is rewritten after every run: an interrupted or failing sweep keeps
-what it measured. Each row carries its run's latency per image and the dominant
-term of its speedup waterfall; the plots are drawn by `sweep_plots`.
+Every combination is checked against the inventory before anything runs (a value that cannot run is bad input,
+nothing started), and the pipeline runs are planned together in one process (`planning.plan_ahead`). Then
+`sweep_rounds` measures them: each round the reference (a serial run on the inventory's first host, measured
+then) and every combination in alternating order, each run handed that round's reference as its baseline. The
+table (`sweep_table`) ranks the combinations by their speedup over the reference, round by round (median and
+interval), says which are ties, and is rewritten after every round: an interrupted or failing sweep keeps what
+it measured. Every run is a run of its own under the runs root (`pictl runs` lists it with its sweep). The plots
+are drawn by `sweep_plots`.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import itertools
 import time
 from collections.abc import Callable
@@ -26,25 +26,28 @@ from pictl import errors as E
 from pictl.events import EventSink
 from pictl.inventory import Cluster
 from pictl.jobs.sweep_plots import plot
+from pictl.jobs.sweep_rounds import REFERENCE, Entry, Measurements, RoundsPlan, SweepRounds
+from pictl.jobs.sweep_table import (
+    COLUMNS,
+    MD_COLUMNS,
+    markdown_table,
+    reference_line,
+    row_of,
+    sweep_rows,
+    verdict_lines,
+    write_table,
+    write_tables,
+)
 from pictl.planning.options import RunOptions
 from pictl.planning.placement import place_stages, sharing_hosts
 from pictl.planning.presets import SweepSettings, resolve_options, sweep_axes, sweep_settings
-from pictl.records import waterfall_view
-from pictl.records.runs import write_bytes_atomic, write_json_atomic
 from pictl.run.baselines import BaselineCache
 from pictl.run.session import RunSession
-from pictl.summary_models import RunSummary
 from pictl.text import ascii_count
 from pictl.validation import got, problem_line
 
-COLUMNS = ("stages", "chunk", "policy", "wire", "status", "throughput_ips", "serial_ips", "speedup", "efficiency",
-           "latency_p50_ms", "bytes_per_image", "agreement", "bottleneck_rank", "latency_p95_ms", "dominant",
-           "bottleneck", "split_points", "outputs_match", "run_id", "flags")
-"""table.csv's and sweep.json's columns (latency: the pipeline's per image, in ms; dominant: the largest loss in
-the run's speedup waterfall)."""
-TABLE_COLUMNS = 12
-"""The first columns go into table.md (all of them into table.csv and sweep.json): latency p50 took the
-bottleneck rank's place there, so that the table is no wider than it was."""
+__all__ = ["COLUMNS", "MD_COLUMNS", "RoundsPlan", "SweepPoint", "markdown_table", "options_for", "plan_sweep",
+           "plot", "row_of", "run_sweep", "sweep_points", "write_table", "write_tables"]
 
 
 @dataclass(frozen=True)
@@ -136,50 +139,6 @@ def options_for(base: RunOptions, point: SweepPoint) -> RunOptions:
         raise E.ConfigError(problem_line(exc, RunOptions)) from None
 
 
-def row_of(point: SweepPoint, summary: RunSummary | None, error: str | None = None) -> dict[str, Any]:
-    row: dict[str, Any] = {"stages": point.stages, "chunk": point.chunk, "policy": point.policy, "wire": point.wire}
-    if summary is None:
-        return {**row, "status": "failed", "error": error}
-    s = summary
-    busy = [(st.compute_s or 0) + (st.send_s or 0) for st in s.per_stage]
-    slowest = max(range(len(busy)), key=busy.__getitem__) if busy else None
-    latency, gap = waterfall_view.latency_of(s), waterfall_view.waterfall_of(s)
-    pipeline = latency.pipeline if latency else None  # a serial point's latency is its own
-    return {**row, "status": s.status, "throughput_ips": s.throughput_ips, "serial_ips": s.serial_ips,
-            "speedup": s.speedup, "efficiency": s.efficiency, "bottleneck_rank": slowest,
-            "bottleneck": (s.per_stage[slowest].modules or ["-"])[0] if slowest is not None else None,
-            "split_points": s.split_points, "outputs_match": s.outputs_match,
-            # What crossed the wire per image (all links, one timed pass), and a lossy wire's agreement.
-            "bytes_per_image": round(sum(st.bytes_sent or 0 for st in s.per_stage) / (s.images * (s.repeats or 1)))
-            if s.images else None,
-            "agreement": s.agreement, "latency_p50_ms": pipeline.p50_ms if pipeline else None,
-            "latency_p95_ms": pipeline.p95_ms if pipeline else None, "dominant": gap.dominant if gap else None,
-            "run_id": s.run_id, "flags": [f.code for f in s.flags], **({"error": error} if error else {})}
-
-
-def write_table(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
-    write_json_atomic(out / "sweep.json", {**meta, "rows": rows})
-    write_tables(out, [{**r, "split_points": " ".join(r.get("split_points") or []),
-                        "flags": " ".join(r.get("flags") or [])} for r in rows], COLUMNS, COLUMNS[:TABLE_COLUMNS])
-
-
-def write_tables(out: Path, rows: list[dict[str, Any]], columns: tuple[str, ...], shown: tuple[str, ...]) -> None:
-    """A sweep's rows as table.csv (every column) and table.md (the `shown` ones), each written whole."""
-    text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=columns, extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(rows)
-    write_bytes_atomic(out / "table.csv", text.getvalue().encode())
-    write_bytes_atomic(out / "table.md", markdown_table(rows, shown).encode())
-
-
-def markdown_table(rows: list[dict[str, Any]], shown: tuple[str, ...] = COLUMNS[:TABLE_COLUMNS]) -> str:
-    lines = ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
-    for r in rows:
-        lines.append("| " + " | ".join("" if r.get(c) is None else str(r.get(c)) for c in shown) + " |")
-    return "\n".join(lines) + "\n"
-
-
 def _kept(write: Callable[[], object], failed: list[E.RecordWriteFailed] | None) -> None:
     """Write a sweep file; a full disk never loses the sweep's rows: the failure is kept for the end (exit 9)
     when the caller collects them, else raised at once."""
@@ -194,20 +153,48 @@ def _kept(write: Callable[[], object], failed: list[E.RecordWriteFailed] | None)
             failed.append(error)
 
 
+def configuration_labels(points: list[SweepPoint]) -> list[str]:
+    """Each point's name in the table, the verdicts and the progress lines (`2 stages, balanced`; the chunk and a
+    wire other than fp32 when they vary); a point given twice gets `#2`."""
+    chunks = len({p.chunk for p in points}) > 1
+    labels: list[str] = []
+    for p in points:
+        parts = ["serial"] if p.stages == 1 else [f"{p.stages} stages", p.policy]
+        parts += [f"chunk {p.chunk}"] if chunks else []
+        parts += [p.wire] if p.wire != "fp32" and p.stages > 1 else []
+        label, copies = ", ".join(parts), 1
+        while (label if copies == 1 else f"{label} #{copies}") in labels:
+            copies += 1
+        labels.append(label if copies == 1 else f"{label} #{copies}")
+    return labels
+
+
+def reference_of(cluster: Cluster, base: RunOptions, points: list[SweepPoint]) -> Entry:
+    """The sweep's one reference: the serial run on the inventory's first host, at the first point's chunk and
+    the sweep's protocol and numerics (a one-host run: `equal`, nothing to choose)."""
+    chunk = points[0].chunk if points else base.chunk
+    options = options_for(base, SweepPoint(1, chunk, "serial"))
+    options = RunOptions.model_validate({**options.model_dump(), "policy": "equal"})
+    return Entry(REFERENCE, options, cluster.model_copy(update={"hosts": (cluster.hosts[0],)}))
+
+
 async def run_sweep(cluster: Cluster, base: RunOptions, points: list[SweepPoint], out: Path, *,
                     on_event: EventSink | None = None, cache: BaselineCache | None = None,
-                    on_session: Callable[[RunSession], object] | None = None,
+                    on_session: Callable[[RunSession, int, int], object] | None = None,
                     on_rows: Callable[[list[dict[str, Any]]], object] | None = None, wait: bool = False,
-                    write_failed: list[E.RecordWriteFailed] | None = None) -> list[dict[str, Any]]:
-    """Run every point in turn. `on_session(session)` is called before each run and `on_rows(rows)` after
-    each (the dashboard follows the sweep through them). Each run leases its hosts: with `wait`, a run
-    whose hosts another run holds waits for them; without, the sweep stops there (HostBusy). A sweep file
-    that cannot be written goes into `write_failed` and the sweep goes on (the caller prints the rows)."""
+                    write_failed: list[E.RecordWriteFailed] | None = None, runs_root: Path | None = None,
+                    rounds: RoundsPlan | None = None) -> list[dict[str, Any]]:
+    """Measure every point against one reference in interleaved rounds (`sweep_rounds`); the ranked rows.
+    `on_session(session, k, n)` is called before each run (the k-th of n planned so far) and `on_rows(rows)`
+    after each round (the dashboard follows the sweep through them). Each run leases its hosts: with `wait`, a
+    run whose hosts another run holds waits for them; without, the sweep stops there (HostBusy). Runs go under
+    `runs_root` (default: the runs root). A sweep file that cannot be written goes into `write_failed` and the
+    sweep goes on (the caller prints the rows)."""
     from pictl.events import Phase
     from pictl.planning.specs import plan_ahead
+    from pictl.records.runs import default_runs_root
     from pictl.records.tracker_writers import check_trackers, track_record
     from pictl.records.trackers import sweep_series
-    from pictl.run.session import RunSession
 
     # One planning process for the pipeline runs (not a torch import each), and one that cannot work
     # is refused before the first run starts. A serial point plans inside its own baseline run.
@@ -219,33 +206,54 @@ async def run_sweep(cluster: Cluster, base: RunOptions, points: list[SweepPoint]
                                cache_root=cache.root.parent if cache else None)
     if planned and on_event:
         on_event(Phase("plan", f"{planned} sweep run(s) planned in one process"))
-    out.mkdir(parents=True)
-    meta = {"started_at": time.time(), "cluster": cluster.source, "options": base.model_dump(),
-            "points": [p.__dict__ for p in points]}
-    rows: list[dict[str, Any]] = []
-    for point in points:
+    plan = rounds or RoundsPlan()
+    labels = configuration_labels(points)
+    reference = reference_of(cluster, base, points)
+    aliases = {label: REFERENCE for label, p in zip(labels, points, strict=True)
+               if p.stages == 1 and p.chunk == reference.options.chunk}
+    entries = []
+    for label, point in zip(labels, points, strict=True):
         hosts = sharing_hosts(cluster, point.stages, point.slots)
         if hosts is not cluster and on_event:
             on_event(Phase("sweep", f"{point.stages} stages on {len(cluster.hosts)} hosts: up to {point.slots} a host "
                                     f"([sweep] slots; the inventory has {cluster.slots} slot(s))"))
-        session = RunSession(hosts, options_for(base, point), on_event=on_event, runs_root=out / "runs",
-                             baseline_cache=cache, wait=wait)
-        if on_session:
-            on_session(session)
-        try:
-            rows.append(row_of(point, await session.run()))
-        except (E.RunFailed, E.OutputMismatch, E.TransportError) as exc:
-            # One failed configuration does not lose the others; the row says why.
-            rows.append(row_of(point, session.last_summary, error=str(exc)))
-        except E.Interrupted:
-            rows.append(row_of(point, session.last_summary, error="interrupted"))
-            _kept(lambda: write_table(out, rows, {**meta, "interrupted": True}), write_failed)
-            raise
-        if session.write_error is not None and write_failed is not None and not write_failed:
-            write_failed.append(session.write_error)
+        entries.append(Entry(label, options_for(base, point), hosts))
+    out.mkdir(parents=True)
+    host = reference.cluster.hosts[0].name
+    meta: dict[str, Any] = {"started_at": time.time(), "cluster": cluster.source, "options": base.model_dump(),
+                            "points": [p.__dict__ for p in points], "labels": labels,
+                            "runs_root": str((runs_root or default_runs_root()).absolute()),
+                            "plan": plan.__dict__}
+    rows: list[dict[str, Any]] = []
+
+    def table(measured: Measurements, **extra: Any) -> None:
+        ranking = engine.ranking()
+        runs = {label: measured.reference if aliases.get(label) == REFERENCE else measured.runs.get(label, [])
+                for label in labels}
+        line = reference_line(host, reference.options, ranking.reference)
+        rows[:] = sweep_rows(points, labels, runs, ranking, line)
+        meta.update({"reference": {"host": host, "line": line, "chunk": reference.options.chunk,
+                                   "ips": ranking.reference.to_json() if ranking.reference else None,
+                                   "run_ids": [r.run_id for r in measured.reference]},
+                     "verdicts": verdict_lines(ranking), **measured.to_json(), **extra})
         _kept(lambda: write_table(out, rows, meta), write_failed)
         if on_rows:
             on_rows(list(rows))
+
+    engine = SweepRounds(reference, entries, plan, sweep_dir=out, runs_root=runs_root or default_runs_root(),
+                         on_event=on_event, cache=cache, wait=wait, aliases=aliases, on_session=on_session,
+                         on_round=table, write_failed=write_failed)
+    if on_event:
+        on_event(Phase("sweep", f"{len(engine.measured_entries)} configuration(s) against one reference, "
+                                f"{reference_line(host, reference.options, None).split(':')[0]}, in "
+                                f"{plan.rounds} interleaved round(s) (up to {plan.max_rounds} while too close to "
+                                f"call)"))
+    try:
+        await engine.run()
+    except E.Interrupted:
+        table(engine.measured, interrupted=True)
+        raise
+    table(engine.measured)
     _kept(lambda: plot(out, rows), write_failed)
     await track_record(kinds, out, lambda: sweep_series(out.name, rows, base.model_dump()),
                        lambda message: on_event(Phase("track", message)) if on_event else None)

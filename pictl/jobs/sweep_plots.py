@@ -1,10 +1,12 @@
 """A sweep's plots (`pictl sweep`): speedup against stages beside the ideal line, throughput against chunk
-size, throughput against latency per image (one point per run), and the wire formats side by side. Each is a
-PNG beside the sweep's table, drawn from its rows (`pictl.jobs.sweep.row_of`)."""
+size, throughput against latency per image (one point per configuration), and the wire formats side by side. Each
+is a PNG beside the sweep's table, drawn from its rows (`pictl.jobs.sweep_table.sweep_rows`): medians over the
+rounds, with their interval as error bars where the rows carry one."""
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +30,18 @@ def plot(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
     for (policy, chunk, wire), group in itertools.groupby(sorted((r for r in ok if r["stages"] > 1),
                                                                 key=lambda r: (*series(r), r["stages"])), key=series):
         g = list(group)
-        ax.plot([1] + [r["stages"] for r in g], [1.0] + [r["speedup"] for r in g], "o-",
-                label=f"{policy}, chunk {chunk}" + ("" if wire == "fp32" else f", {wire}"))
-    written.append(_save(plt, fig, ax, "stages", "speedup over serial", out / "speedup_vs_stages.png"))
+        ax.errorbar([1] + [r["stages"] for r in g], [1.0] + [r["speedup"] for r in g],
+                    yerr=_bars([None, *g], "speedup"), fmt="o-", capsize=3,
+                    label=f"{policy}, chunk {chunk}" + ("" if wire == "fp32" else f", {wire}"))
+    written.append(_save(plt, fig, ax, "stages", "speedup over the one serial reference (median, interval)",
+                         out / "speedup_vs_stages.png"))
     if len({r["chunk"] for r in ok}) > 1:
         fig, ax = plt.subplots(figsize=(6, 4))
         key = lambda r: (r["policy"], r["stages"], r["chunk"])  # noqa: E731
         for (policy, n), group in itertools.groupby(sorted(ok, key=key), key=lambda r: (r["policy"], r["stages"])):
             g = list(group)
-            ax.plot([r["chunk"] for r in g], [r["throughput_ips"] for r in g], "o-", label=f"{policy}, {n} stage(s)")
+            ax.errorbar([r["chunk"] for r in g], [r["throughput_ips"] for r in g], yerr=_bars(g, "throughput"),
+                        fmt="o-", capsize=3, label=f"{policy}, {n} stage(s)")
         written.append(_save(plt, fig, ax, "chunk (images per microbatch)", "images / s",
                              out / "throughput_vs_chunk.png"))
     timed = [r for r in ok if isinstance(r.get("latency_p50_ms"), int | float)]
@@ -45,6 +50,19 @@ def plot(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
     if any(r.get("wire", "fp32") != "fp32" for r in ok if r["stages"] > 1):
         written.append(_plot_wires(plt, [r for r in ok if r["stages"] > 1], out / "wire_formats.png"))
     return written
+
+
+def _bars(rows: Sequence[dict[str, Any] | None], figure: str) -> list[list[float]]:
+    """Error bars (below, above) from each row's interval (`speedup_low`, `throughput_high`...): none for a row
+    without one (a row of one round, or of an older sweep), and for None (the serial point drawn at 1)."""
+    key = "throughput_ips" if figure == "throughput" else figure
+    below, above = [], []
+    for r in rows:
+        value, low, high = (r.get(key), r.get(f"{figure}_low"), r.get(f"{figure}_high")) if r else (None, None, None)
+        known = all(isinstance(v, int | float) for v in (value, low, high))
+        below.append(max(0.0, float(value) - float(low)) if known else 0.0)  # type: ignore[arg-type]
+        above.append(max(0.0, float(high) - float(value)) if known else 0.0)  # type: ignore[arg-type]
+    return [below, above]
 
 
 def _plot_wires(plt: Any, rows: list[dict[str, Any]], path: Path) -> Path:

@@ -18,14 +18,17 @@ from pictl.errors import ConfigError
 from pictl.figure_text import cell_text
 from pictl.records import waterfall_view as wv
 from pictl.records.catalog import CELL_LIMIT, FoundRun, PendingRun, Skipped, load_runs, read_run
+from pictl.records.run_verdicts import verdict_of
 from pictl.summary import terminal_text
+from pictl.summary_models import RunSummary
 from pictl.verdict import shown_status
 
 COLUMNS = ("run_id", "started", "status", "model", "stages", "policy", "chunk", "images", "split", "throughput_ips",
            "serial_ips", "speedup", "efficiency", "latency_p50_ms", "latency_p95_ms", "dominant", "outputs_match",
-           "wire", "agreement", "accuracy", "baseline", "flags", "run_dir")
+           "wire", "agreement", "accuracy", "baseline", "flags", "part_of", "run_dir")
 """What a row holds, in the order `runs`, `compare` and the CSV show it (latency: the pipeline's, per image;
-dominant: the waterfall's largest loss)."""
+dominant: the waterfall's largest loss; part_of: the sweep the run was measured in, its round, `ref` for the
+sweep's reference)."""
 _DOMINANT = COLUMNS.index("dominant")
 COMPARE_COLUMNS = (*COLUMNS[:_DOMINANT], *wv.LATENCY_KEYS[2:], "dominant", *wv.TERM_KEYS, *COLUMNS[_DOMINANT + 1:])
 """`runs compare`'s lines: a row's, with the rest of the latency (p99, the serial run's) beside its p50 and
@@ -86,9 +89,19 @@ def row(found: FoundRun) -> dict[str, Any]:
         "accuracy": s.accuracy,
         "baseline": ("reused" if s.baseline.reused else "measured") if s.baseline else None,
         "flags": ",".join(dict.fromkeys(f.code for f in s.flags)) or None,
+        "part_of": _part_of(s),
         "run_dir": s.run_dir,
     }
     return {k: _plain(v) for k, v in values.items()}
+
+
+def _part_of(s: RunSummary) -> str | None:
+    """`sweep 20261126-213000 r2 ref`: the comparison a run was one of, its round, and whether it was the reference."""
+    p = s.part_of
+    if p is None:
+        return None
+    return " ".join([p.kind, p.name, *([f"r{p.round}"] if p.round is not None else []),
+                     *(["ref"] if p.role == "reference" else [])])
 
 
 @dataclass(frozen=True)
@@ -143,13 +156,16 @@ def table_rows(root: Path, where: RunFilter, sort: str = "started", reverse: boo
 def compare_rows(paths: list[Path]) -> list[dict[str, Any]]:
     """The named runs' rows with `COMPARE_COLUMNS`' further figures, in the order given (`pictl runs compare A
     B`); RecordInvalid for a bad record."""
-    rows = []
+    rows, first = [], None
     for path in paths:
         found = read_run(path, traces=False)
         if isinstance(found, PendingRun):
             raise ConfigError(f"run '{terminal_text(path.name, 120)}': no summary yet (still running, or cut short)")
         extra = wv.compare_figures(found)
-        rows.append({**row(found), **{k: extra[k] for k in wv.COMPARE_KEYS}})
+        # Each run after the first, against the first: a verdict where they were measured in one sweep.
+        versus = {"verdict": verdict_of(first, found) if first is not None else None}
+        rows.append({**row(found), **{k: extra[k] for k in wv.COMPARE_KEYS}, **versus})
+        first = first or found
     return rows
 
 

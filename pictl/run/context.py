@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pictl.cluster.artifacts import Artifact
 from pictl.cluster.push import local_tree, manifest_digest
@@ -22,7 +23,7 @@ from pictl.inventory import Cluster
 from pictl.planning.options import RunOptions
 from pictl.planning.specs import plans_cache
 from pictl.records.cache import JsonCache
-from pictl.run.baselines import BaselineCache
+from pictl.run.baselines import Baseline, BaselineCache
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,21 @@ class Caches:
 
 
 @dataclass(frozen=True)
+class Handed:
+    """A serial baseline another run of the same comparison measured (its reference: `pictl sweep` measures one
+    per round), handed to this run to divide by and to check its outputs against, instead of measuring or
+    reusing one of its own. Used only where it stands for this run's serial run: the same model, data,
+    protocol, chunk, threads, numerics, packages and code (`serial.baseline_fields`), on whichever host."""
+
+    baseline: Baseline
+    host: str
+    """Where the reference was measured."""
+    fields: dict[str, Any]
+    """Its `baseline_fields`: what this run's must equal, the host aside."""
+    run_id: str
+
+
+@dataclass(frozen=True)
 class RunContext:
     cluster: Cluster
     options: RunOptions
@@ -58,6 +74,8 @@ class RunContext:
     wait_for_hosts: bool = False
     """A host another run holds: wait for it (True) or refuse at once (HostBusy)."""
     reuse_baseline: bool = True
+    handed: Handed | None = None
+    """The comparison's reference serial run, when this run is one of a comparison's (None: its own)."""
     started: float = field(default_factory=time.time)
     # Read and hashed once per run: what is pushed and what keys the caches are the same tree.
     tree: dict[str, bytes] = field(init=False)

@@ -26,7 +26,7 @@ from pictl.planning.specs import plan_key
 from pictl.records.cache import JsonCache
 from pictl.records.runs import RunRecord
 from pictl.run.baselines import Baseline
-from pictl.run.context import RunContext
+from pictl.run.context import Handed, RunContext
 from pictl.run.latency import serial_latencies, summary_ms
 from pictl.run.logbook import Logbook
 from pictl.run.placement import Placement
@@ -51,6 +51,15 @@ class Serial:
     fp32: Baseline | None = None
     """Under other numerics (`--numerics`): the same serial run in fp32, what their gain and loss are
     measured against (a cached one when it may stand, as for any baseline)."""
+    fields: dict[str, Any] | None = None
+    """The baseline's `baseline_fields` (what a run handed this one as its reference must match)."""
+    handed: Handed | None = None
+    """The comparison's reference, when the baseline is that (`RunContext.handed`)."""
+
+    @property
+    def host(self) -> str | None:
+        """Where the baseline was measured, when not on this run's first host (a handed reference)."""
+        return self.handed.host if self.handed else None
 
 
 async def plan_and_baseline(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSpec, staged: Staged,
@@ -59,7 +68,7 @@ async def plan_and_baseline(ctx: RunContext, job: HostJob, placement: Placement,
     (`book.windows["baseline"]`), marks and rejected lines are in the logbook even if this fails."""
     own = await _plan_and_own_baseline(ctx, job, placement, spec, staged, book)
     base = own.baseline
-    ctx.sink(BaselineReady(placement.first.host.name, base.ips, base.reused,
+    ctx.sink(BaselineReady(own.host or placement.first.host.name, base.ips, base.reused,
                            max(0.0, time.time() - base.measured_at) if base.reused else 0.0))
     if spec.stages > 1 and ctx.options.policy != "balanced":  # `balanced` announced its split as it chose it
         ctx.sink(SplitChosen(tuple(own.plan.get("split_points") or spec.split_points), ctx.options.policy))
@@ -75,16 +84,23 @@ async def _plan_and_own_baseline(ctx: RunContext, job: HostJob, placement: Place
     reused = plans.get(key) if key else None
     if reused:
         ctx.sink(Phase("plan", f"plan for {spec.stages} stage(s) reused (same model, split and code)"))
-    cached, refused = _reusable(ctx, fields, staged.facts[host.name])
+    handed, unfit = _handed(ctx, fields)
+    cached, refused = (handed.baseline, None) if handed else _reusable(ctx, fields, staged.facts[host.name])
+    refused = refused or unfit
     if reused or cached:
         plan = reused or await _plan(ctx, job, host, spec, key, book)
         record = _open_record(ctx, book, placement, spec, plan)
+        if handed:
+            ctx.sink(Phase("baseline", f"serial baseline: the comparison's reference, {handed.baseline.ips:.2f} img/s "
+                                       f"on {handed.host} (run {handed.run_id}), measured "
+                                       f"{age_text(time.time() - handed.baseline.measured_at)} ago"))
+            return Serial(plan, reused is not None, handed.baseline, None, record, fields=fields, handed=handed)
         if cached:
             ctx.sink(Phase("baseline", f"serial baseline reused: {cached.ips:.2f} img/s on {host.name}, measured "
                                        f"{age_text(time.time() - cached.measured_at)} ago"))
-            return Serial(plan, reused is not None, cached, refused, record)
+            return Serial(plan, reused is not None, cached, refused, record, fields=fields)
         measured = await _measure(ctx, job, placement, spec, staged, book, _window(book), fields, refused)
-        return Serial(plan, reused is not None, measured, refused, record)
+        return Serial(plan, reused is not None, measured, refused, record, fields=fields)
 
     found: dict[str, Any] = {}
 
@@ -98,7 +114,19 @@ async def _plan_and_own_baseline(ctx: RunContext, job: HostJob, placement: Place
     baseline = await _measure(ctx, job, placement, spec, staged, book, _window(book), fields, refused,
                               on_plan=plan_arrived)
     assert book.record.record is not None  # the plan arrived: it opened the record
-    return Serial(found, False, baseline, refused, book.record.record)
+    return Serial(found, False, baseline, refused, book.record.record, fields=fields)
+
+
+def _handed(ctx: RunContext, fields: dict[str, Any]) -> tuple[Handed | None, str | None]:
+    """The comparison's reference if it stands for this run's serial run (every baseline field but the host
+    equal), else None and, when one was handed, why it does not (this run then reuses or measures its own)."""
+    ref = ctx.handed
+    if ref is None:
+        return None, None
+    differ = [k for k in fields if k != "host" and fields[k] != ref.fields.get(k)]
+    if not differ:
+        return Handed(replace(ref.baseline, reused=True), ref.host, ref.fields, ref.run_id), None
+    return None, f"the comparison's reference (run {ref.run_id}) differs in {', '.join(differ)}"
 
 
 def _window(book: Logbook) -> list[float]:

@@ -37,7 +37,7 @@ from pictl.records.tracker_writers import check_trackers, track_record
 from pictl.records.trackers import run_series, write_samples
 from pictl.run.baselines import BaselineCache
 from pictl.run.compare import collect_and_compare
-from pictl.run.context import Caches, RunContext
+from pictl.run.context import Caches, Handed, RunContext
 from pictl.run.hosts import open_hosts
 from pictl.run.logbook import Logbook
 from pictl.run.pipeline import Pipeline
@@ -58,7 +58,8 @@ class RunSession:
 
     def __init__(self, cluster: Cluster, options: RunOptions, *, on_event: EventSink | None = None,
                  runs_root: Path | None = None, baseline_cache: BaselineCache | None = None,
-                 reuse_baseline: bool = True, profile: str | None = None, wait: bool = False) -> None:
+                 reuse_baseline: bool = True, profile: str | None = None, wait: bool = False,
+                 handed: Handed | None = None, part_of: dict[str, Any] | None = None) -> None:
         preload(cluster)  # before the start-up clock: importing is not connecting
         runs_root = runs_root or default_runs_root()
         sink = on_event or (lambda _e: None)
@@ -71,7 +72,10 @@ class RunSession:
         self.ctx = RunContext(cluster, options, RunRecord.new_id(options.stages), observed,
                               runs_root, Caches.beside(baseline_cache or BaselineCache()),
                               artifact=open_artifact(options.artifact) if options.artifact else None,
-                              profile=profile, wait_for_hosts=wait, reuse_baseline=reuse_baseline)
+                              profile=profile, wait_for_hosts=wait, reuse_baseline=reuse_baseline, handed=handed)
+        self.part_of = part_of
+        """The comparison this run is one of (`pictl sweep`: its directory, round and role), written into its
+        summary so that `pictl runs` lists it with it."""
         self.book = Logbook(PendingRecord(runs_root, self.ctx.run_id))
         self.reached = Reached(self.book)
         self.pipeline: Pipeline | None = None
@@ -104,6 +108,15 @@ class RunSession:
     def write_error(self) -> E.RecordWriteFailed | None:
         """The record could not be written whole (a full disk): the result stands, the record is incomplete."""
         return self.record.write_error if self.record is not None else None
+
+    @property
+    def reference(self) -> Handed | None:
+        """This run's serial baseline as another run of its comparison takes it (`RunSession(handed=...)`), once
+        it has one."""
+        serial, placement = self.reached.serial, self.reached.placement
+        if serial is None or serial.fields is None or placement is None:
+            return None
+        return Handed(serial.baseline, serial.host or placement.first.host.name, serial.fields, self.run_id)
 
     @property
     def pipeline_live(self) -> bool:
@@ -179,11 +192,20 @@ class RunSession:
                     await to_the_end(self._cleanup())
             finally:  # however the run ended, and whatever the clean-up met, the record closes
                 if self.record is not None:
-                    summary = summary or bare_summary(ctx, book)
+                    summary = self._comparison_noted(summary or bare_summary(ctx, book))
                     self.record.finish(summary)
                     self.last_summary = RunSummary.model_validate(summary)
                     if self.last_summary.status != "interrupted":  # a second Ctrl-C must not wait on a tracker
                         await self._track(self.last_summary)
+
+    def _comparison_noted(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """The summary with the comparison it is part of, and a handed reference's own host and run named in its
+        baseline record (the summarizer names the run's first host, where a baseline of its own is measured)."""
+        serial = self.reached.serial
+        if serial is not None and serial.handed is not None and isinstance(summary.get("baseline"), dict):
+            summary["baseline"] = {**summary["baseline"], "host": serial.handed.host,
+                                   "reference_run": serial.handed.run_id}
+        return {**summary, "part_of": self.part_of} if self.part_of else summary
 
     @property
     def trackers(self) -> list[str]:

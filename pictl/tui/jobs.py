@@ -13,6 +13,7 @@ from textual.screen import Screen
 from pictl import errors as E
 from pictl.inventory import Cluster
 from pictl.jobs.prune_options import PruneOptions
+from pictl.jobs.sweep_rounds import RoundsPlan
 from pictl.jobs.training.options import TrainOptions
 from pictl.jobs.tune import TuneSettings
 from pictl.planning.options import RunOptions
@@ -74,22 +75,24 @@ class JobsApp(App):
             self.state.sweep.rows, self.state.sweep.directory = msg.rows, msg.directory
         self._dirty.add("summary")
 
+    sweep_rounds: RoundsPlan | None = None
+    """How many rounds a sweep measures (None: `pictl sweep`'s defaults)."""
+
     def start_sweep(self, base: RunOptions, points: list, profile: str | None = None) -> None:
         from pictl.jobs.sweep import run_sweep
 
         out = self.runs_root.parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S")
         self.state.sweep = SweepView(str(out), len(points))
         self.state.tune = None
-        started = iter(range(len(points)))
 
-        def on_session(session: RunSession) -> None:
-            self.post_message(SweepRunStarted(session, next(started), len(points)))
+        def on_session(session: RunSession, index: int, planned: int) -> None:  # (rounds: n grows as they are added)
+            self.post_message(SweepRunStarted(session, index, planned))
 
         async def sweep() -> None:
             self.state.running = True  # until the first point's session takes over
             try:
                 rows = await run_sweep(self.cluster, base, points, out, on_event=self.bridge, on_session=on_session,
-                                       cache=self.baseline_cache,
+                                       cache=self.baseline_cache, runs_root=self.runs_root, rounds=self.sweep_rounds,
                                        on_rows=lambda rows: self.post_message(SweepRows(rows, str(out))))
             except E.PictlError as exc:
                 self.post_message(RunFinished(self.session.last_summary if self.session else None, Ending.of(exc)))

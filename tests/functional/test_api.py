@@ -74,10 +74,12 @@ def test_a_sweep_and_a_training_job_from_python_return_typed_results(tmp_path: P
     monkeypatch.setenv("PICTL_CACHE_DIR", str(tmp_path / "cache"))
     cluster = pictl.load_cluster(write_cluster(tmp_path / "cluster", 2))
     result = pictl.sweep(cluster, stages=[1, 2], chunks=[2], policies=["equal"], images=4, warmup=0, repeats=1,
-                         out=tmp_path / "sweep")
+                         out=tmp_path / "sweep", rounds=1, max_rounds=1, runs_dir=tmp_path / "runs")
     assert isinstance(result, pictl.SweepResult) and result.directory == tmp_path / "sweep"
-    assert [(r["stages"], r["policy"], r["status"]) for r in result.rows] == [(1, "serial", "ok"), (2, "equal", "ok")]
-    assert (result.directory / "table.csv").is_file() and result.rows[1]["outputs_match"] is True
+    rows = sorted(result.rows, key=lambda r: r["stages"])  # (fastest first: whichever that was here)
+    assert [(r["stages"], r["policy"], r["status"]) for r in rows] == [(1, "serial", "ok"), (2, "equal", "ok")]
+    assert (result.directory / "table.csv").is_file() and rows[1]["outputs_match"] is True
+    assert {r.run_id for r in pictl.runs(tmp_path / "runs")} == {i for r in rows for i in r["run_ids"]}
 
     job = pictl.train(cluster, pictl.TrainOptions(
         mode="pipeline", stages=2, batch_size=8, chunks=2, steps=3, train_images=16, eval_images=8, check_steps=0,

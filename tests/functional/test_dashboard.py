@@ -12,6 +12,7 @@ from support.clusters import processes_under, write_cluster
 from textual.widgets import DataTable, Input, RichLog, Select, Sparkline
 
 from pictl.inventory import load_cluster
+from pictl.jobs.sweep_rounds import RoundsPlan
 from pictl.run.baselines import BaselineCache
 from pictl.tui.app import PictlApp
 from pictl.tui.messages import LogLine
@@ -238,8 +239,9 @@ async def test_a_sweep_from_the_dashboard_shows_its_table(tmp_path: Path, baseli
         await pilot.press("ctrl+s")
         await pilot.pause()
         assert app.screen is form and "9 stages do not fit" in str(form.query_one("#form-error").render())
-        stages.value = "2"  # one run is enough to follow (the CLI's sweep test runs several)
+        stages.value = "2"  # one round of one configuration is enough to follow (the CLI's sweep test runs several)
         form.query_one("#images", Input).value = "4"
+        app.sweep_rounds = RoundsPlan(1, 1)
         await pilot.press("ctrl+s")
         await _until(pilot, lambda: app.state.sweep and len(app.state.sweep.rows) == 1
                      and not app.state.running)
@@ -247,7 +249,7 @@ async def test_a_sweep_from_the_dashboard_shows_its_table(tmp_path: Path, baseli
         assert [(r["stages"], r["status"]) for r in rows] == [(2, "ok")]
         await pilot.pause(0.6)
         text = _screen_text(app)
-        assert "run 1 of 1" in text and "slowest" in text
+        assert "run 2 of 2" in text and "slowest" in text  # the reference, then the configuration
         assert f"{rows[0]['speedup']:.2f}x {rows[0]['efficiency']:.2f}" in text
         assert (Path(app.state.sweep.directory) / "table.md").exists()
 

@@ -36,10 +36,11 @@ def env(pictl_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
 def test_a_sweep_and_its_run_read_back_from_tensorboard_and_wandb(tmp_path: Path, env: dict[str, str]) -> None:
     hosts, out = write_cluster(tmp_path / "cluster", 2), tmp_path / "sweep"
     proc = run_pictl(["sweep", "--hosts", str(hosts), "--out", str(out), "--stages", "2", "--images", "4",
-                      "--warmup", "0", "--repeats", "2", *BOTH, "--json"], env, timeout=600)
+                      "--warmup", "0", "--repeats", "2", "--rounds", "1", "--max-rounds", "1", *BOTH, "--json"], env,
+                     timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "track: tensorboard:" in proc.stderr and "track: wandb:" in proc.stderr
-    (run,) = (out / "runs").iterdir()
+    run = Path(env["PICTL_RUNS_DIR"]) / json.loads(proc.stdout)["rows"][0]["run_id"]  # (its runs: under the runs root)
     s = json.loads((run / "summary.json").read_text())
 
     tb = tensorboard_scalars(run / "tensorboard")

@@ -1,11 +1,14 @@
 """The comparison engine's statistics (`pictl.records.compare_stats`): a 2x gap separates, identical
 configurations do not (at the rate the module states, added rounds included), a verdict reads the same both
-ways round, and ties share a place."""
+ways round, and ties share a place; `pictl runs compare` judges two runs of one sweep by its rounds
+(`pictl.records.run_verdicts`)."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -21,6 +24,8 @@ from pictl.records.compare_stats import (
     spread,
     t_quantile,
 )
+from pictl.records.run_verdicts import verdict_of
+from pictl.summary_models import RunSummary
 
 SETTINGS = settings(max_examples=300, deadline=None, database=None)
 
@@ -137,3 +142,28 @@ def test_a_spread_of_one_round_has_no_interval_yet() -> None:
     several = spread([8.0, 8.4, 7.6])
     assert several.low is not None and several.high is not None
     assert several.low < several.median < several.high and several.least == 7.6
+
+
+def _run(run_id: str, sweep: Path, configuration: str, role: str = "candidate") -> RunSummary:
+    return RunSummary.model_validate({"status": "ok", "run_id": run_id, "stages": 2, "part_of": {
+        "kind": "sweep", "name": sweep.name, "dir": str(sweep), "round": 1, "role": role,
+        "configuration": configuration}})
+
+
+def test_runs_compare_judges_two_runs_of_one_sweep_by_its_rounds(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    rounds = [{"round": k, "reference": {"ips": 4.0 * s}, "runs": {"fast": {"ips": 16.0 * s}, "slow": {"ips": 8.0 * s}}}
+              for k, s in enumerate([1.0, 0.6, 0.9, 0.7], start=1)]
+    (sweep / "sweep.json").write_text(json.dumps({"rounds": rounds, "plan": {"rounds": 4, "max_rounds": 4}}))
+    fast, slow, ref = _run("a", sweep, "fast"), _run("b", sweep, "slow"), _run("r", sweep, "x", "reference")
+    judged = verdict_of(slow, fast)
+    assert judged["outcome"] == "faster" and judged["winner"] == "fast"
+    assert judged["text"].startswith("in sweep sweep: fast is faster than slow by 100.0 %")
+    assert verdict_of(ref, slow)["winner"] == "slow"
+    assert verdict_of(fast, _run("c", sweep, "fast"))["text"].startswith("no verdict: two rounds of one configuration")
+    apart = _run("d", tmp_path / "elsewhere", "slow")
+    assert verdict_of(fast, apart)["outcome"] is None and "not measured in one sweep" in verdict_of(fast, apart)["text"]
+    (sweep / "sweep.json").rename(sweep / "real.json")
+    (sweep / "sweep.json").symlink_to(sweep / "real.json")  # a link is never read through
+    assert "cannot be read" in verdict_of(slow, fast)["text"]

@@ -29,7 +29,7 @@ class SweepForm(FormScreen[tuple[RunOptions, list[SweepPoint], str | None] | Non
     def compose(self) -> ComposeResult:
         defaults = SweepSettings()
         with Vertical(id="run-form"):
-            yield Label("Start a sweep (one run per combination, shared serial baselines)", classes="form-title")
+            yield Label("Start a sweep (every combination against one serial reference)", classes="form-title")
             yield Label("profile (its [sweep] table fills what you leave empty)")
             yield Select([(p, p) for p in available_presets()], prompt="none", id="profile")
             yield Label("stages")
