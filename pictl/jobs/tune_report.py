@@ -63,7 +63,8 @@ def table(rows: list[Measured], best: Measured | None, base: RunOptions | None =
     for m in shown:
         verdict = ("WINNER" if m is best else "serial" if m.reference else "kept" if m.kept else "no" if m.status
                    else "inexact" if m.why else "-")
-        interval = f"{m.interval[0]:.2f}-{m.interval[1]:.2f}" if m.interval else "-"
+        # (the reference's speedup is 1 by definition: an interval of 1.00-1.00 would read as no noise at all)
+        interval = f"{m.interval[0]:.2f}-{m.interval[1]:.2f}" if m.interval and not m.reference else "-"
         lines.append(f"| {m.candidate.short(base):<13} | {figure(m.throughput_ips, '.1f'):>5} "
                      f"| {figure(m.speedup_vs_fp32):>5} | {interval:<11} | {len(m.rounds) or '-':>1} "
                      f"| {figure(m.agreement_vs_fp32, '.3f'):>5} | {figure(m.accuracy, '.3f'):>5} | {verdict:<7} |")
@@ -76,9 +77,10 @@ def legend(base: RunOptions) -> str:
     """What the table's columns are measured against, under it."""
     return (f"x ref: img/s over the reference, the fp32 serial run on one host ({base.threads} thread(s),\n"
             f"chunk {base.chunk}): over n rounds, the median of each round's img/s over that round's\n"
-            "reference, and its interval; n -: one screening run. A winner is faster than the\n"
-            "rest beyond the noise, or the simplest of a tie. agree: top-1 against the fp32\n"
-            "serial run; acc: on labelled images; tN, cN: threads, chunk; +i8, +wX: lossy")
+            "reference, and its 95 % interval; n -: one screening run. A winner is faster\n"
+            "than the rest beyond the noise (pair by pair, round by round, at 99 %), or the\n"
+            "simplest of a tie. agree: top-1 against the fp32 serial run; acc: on labelled\n"
+            "images; tN, cN: threads, chunk; +i8, +wX: lossy")
 
 
 def plot(out: Path, rows: list[Measured]) -> Path | None:
@@ -123,8 +125,9 @@ def preset_text(options: RunOptions, m: Measured, source: str, protocol: dict[st
         values["split"], values["policy"] = list(m.split_points), "explicit"
     else:
         values["split"], values["policy"] = [], "equal"
-    spread = f", interval {m.interval[0]}-{m.interval[1]}" if m.interval else ""
-    about = (f"pictl tune winner: {m.candidate.label}, {m.throughput_ips} img/s, {m.speedup_vs_fp32}x the serial "
+    spread = f", interval {figure(m.interval[0])}-{figure(m.interval[1])}" if m.interval else ""
+    about = (f"pictl tune winner: {m.candidate.label}, {figure(m.throughput_ips)} img/s, "
+             f"{figure(m.speedup_vs_fp32)}x the serial "
              f"run over {len(m.rounds)} round(s){spread}, on {source}")
     lines = [f"description = {json.dumps(about)}"]
     kept = _protocol_kept(options, protocol)

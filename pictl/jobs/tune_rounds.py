@@ -115,16 +115,26 @@ def decide(reference: Measured, finalists: Sequence[Measured], base: RunOptions,
         return Decision(None, close, [*lines, f"{top.name} is not faster than the serial run beyond the noise: "
                                               "a tie goes to the simpler, and nothing is saved"])
     beat = [pool[n] for n in group if ranking.verdict(n, SERIAL).outcome == "faster"]
+    slow = [f"{n} is not faster than the serial run beyond the noise" for n in group
+            if pool[n] not in beat and n != top.name]
     found = min(beat, key=lambda m: (m.candidate.simplicity(base), -(m.speedup_vs_fp32 or 0.0)), default=None)
     if found is None:
         return Decision(None, close, [*lines, "no candidate beat the serial run beyond the noise: nothing is saved"])
     found.won = True
     if len(group) == 1:
         why = f"winner: {found.candidate.label}, faster than every other finalist beyond the noise"
+    elif len(beat) == 1:
+        why = (f"winner: {found.candidate.label}, tied within noise with {_listed(group, found)}, and the only one "
+               "of them faster than the serial run beyond the noise")
     else:
-        others = ", ".join(n for n in group if n != found.candidate.label)
-        why = f"winner: {found.candidate.label}, a tie within noise with {others}, and the simpler"
-    return Decision(found, close, [*lines, why])
+        why = (f"winner: {found.candidate.label}, tied within noise with {_listed(group, found)}, and the simplest "
+               "of those faster than the serial run beyond the noise")
+    return Decision(found, close, [*lines, *slow, why])
+
+
+def _listed(group: list[str], found: Measured) -> str:
+    others = [n for n in group if n != found.candidate.label]
+    return ", ".join(others[:-1]) + (" and " if len(others) > 1 else "") + others[-1]
 
 
 def _undecided(ranking: Ranking, top: str, group: list[str]) -> bool:

@@ -415,7 +415,17 @@ def test_a_tie_within_noise_goes_to_the_simpler_configuration() -> None:
     assert decision.winner is copies and {m.candidate for m in decision.close} == {Candidate(1, 4), Candidate(1, 2),
                                                                                    Candidate(2, 1)}
     assert "1x4 and 1x2: a tie within noise" in decision.lines[0]
-    assert decision.lines[-1] == "winner: 2x1, a tie within noise with 1x4, 1x2, and the simpler"
+    assert decision.lines[-1] == ("winner: 2x1, tied within noise with 1x4 and 1x2, and the simplest of those "
+                                  "faster than the serial run beyond the noise")
+    # Tied with a simpler configuration that is not itself faster than the serial run beyond the noise: that one
+    # cannot win, and the line says why.
+    copies = _in_rounds(Measured(Candidate(4, 1), status="ok", kept=True), 2.30, 2.31, 2.32, ref=[10.0, 9.0, 10.5])
+    unsure = _in_rounds(Measured(Candidate(2, 1), status="ok", kept=True), 1.0, 2.4, 1.5, ref=[10.0, 9.0, 10.5])
+    decision = decide(reference, [copies, unsure], BASE)
+    assert decision.winner is copies and decision.lines[-2:] == [
+        "2x1 is not faster than the serial run beyond the noise",
+        "winner: 4x1, tied within noise with 2x1, and the only one of them faster than the serial run beyond the "
+        "noise"]
     assert Candidate(2, 1).simplicity(BASE) < Candidate(1, 2).simplicity(BASE) < Candidate(1, 4).simplicity(BASE)
     assert Candidate(4, 1).simplicity(BASE) < Candidate(2, 2, wire="fp16").simplicity(BASE)  # exact first
     assert Candidate(1, 2).simplicity(BASE) < Candidate(1, 2, threads=2).simplicity(BASE) \
