@@ -192,8 +192,11 @@ def stop(
         found, warm = res
         others = [k for k in found["kept"] if k.get("reason") == "another controller's run"]
         foreign = [k for k in found["kept"] if k.get("reason") != "another controller's run"]
+        stopped_others = _holders(found["stopped"], owner)
         line = (f"{host.name}: stopped {len(found['stopped'])} process group(s)"
-                + (f", kept {len(others)} of other controllers' runs (--all stops them)" if others else "")
+                + (f" ({stopped_others})" if stopped_others else "")
+                + (f", kept {len(others)} of other controllers' runs ({_holders(others, None)}; --all stops them)"
+                   if others else "")
                 + (f", {len(foreign)} not ours" if foreign else ""))
         if warm is not None and warm.running and not warm.answering:
             silent = True
@@ -202,6 +205,12 @@ def stop(
         raise typer.Exit(E.EXIT_UNREACHABLE)
     if silent:
         raise typer.Exit(E.EXIT_NOT_READY)
+
+
+def _holders(groups: list[dict[str, Any]], owner: str | None) -> str:
+    """Whose runs these process groups were, the controllers other than `owner` ("A's, B's"; "" if none)."""
+    names = sorted({str(g["owner"]) for g in groups if g.get("owner") and g.get("owner") != owner})
+    return ", ".join(f"{name}'s" for name in names)
 
 
 def _warm_stopped(warm: Any, owner: str | None) -> str:

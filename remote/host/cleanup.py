@@ -171,8 +171,9 @@ def _sweep_one(run_fd: int, run: str, name: str, runs: Path, *, orphans_only: bo
     if orphans_only and attached:
         out["kept"].append({"run": run, "pgid": pgid, "reason": "live run"})
         return
-    if owner is not None and attached and _owner_of(run_fd) != owner:
-        out["kept"].append({"run": run, "pgid": pgid, "reason": "another controller's run"})
+    holder = _owner_of(run_fd)
+    if owner is not None and attached and holder != owner:
+        out["kept"].append({"run": run, "pgid": pgid, "reason": "another controller's run", "owner": holder})
         return
     try:
         stop_group(pgid)
@@ -181,7 +182,7 @@ def _sweep_one(run_fd: int, run: str, name: str, runs: Path, *, orphans_only: bo
         return
     except ProcessLookupError:
         pass
-    out["stopped"].append({"run": run, "pgid": pgid})
+    out["stopped"].append({"run": run, "pgid": pgid, "owner": holder})
     _unlink(run_fd, name)
 
 

@@ -44,8 +44,9 @@ def _venv(path: str) -> dict:
             f"print(json.dumps({{'python': sys.version.split()[0], 'packages': {{p: v(p) for p in {PACKAGES!r}}}}}))")
     try:
         out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=30, check=True)
-        return {"exists": True, **json.loads(out.stdout)}
-    except (subprocess.SubprocessError, ValueError, OSError) as exc:
+        # (its last line: whatever the interpreter prints before running us, a site hook or a banner, is not it)
+        return {"exists": True, **json.loads((out.stdout.strip().splitlines() or [""])[-1])}
+    except (subprocess.SubprocessError, ValueError, OSError, TypeError) as exc:
         return {"exists": True, "error": str(exc)[:200]}
 
 

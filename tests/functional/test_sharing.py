@@ -132,12 +132,13 @@ def test_pictl_stop_stops_only_this_controllers_runs(ssh_cluster, pictl_env) -> 
         proc = run_pictl(["stop", "--hosts", str(ssh_cluster.inventory)], {**pictl_env,
                                                                            "PICTL_CONTROLLER": "alice@laptop"})
         assert proc.returncode == 0, proc.stderr
-        assert "h1: stopped 1 process group(s), kept 1 of other controllers' runs (--all stops them)" in proc.stdout
+        assert "h1: stopped 1 process group(s), kept 1 of other controllers' runs (bob@pc's; --all stops them)" \
+            in proc.stdout, proc.stdout
         _wait_for(lambda: not _alive(groups[0]), "alice's group to stop", 20)
         assert _alive(groups[1]), "bob's run was stopped by alice's `pictl stop`"
         proc = run_pictl(["stop", "--all", "--hosts", str(ssh_cluster.inventory)],
                          {**pictl_env, "PICTL_CONTROLLER": "alice@laptop"})
-        assert proc.returncode == 0 and "h1: stopped 1 process group(s)" in proc.stdout, proc.stdout
+        assert proc.returncode == 0 and "h1: stopped 1 process group(s) (bob@pc's)" in proc.stdout, proc.stdout
         _wait_for(lambda: not _alive(groups[1]), "bob's group to stop with --all", 20)
     finally:
         for s in sleepers:

@@ -362,7 +362,7 @@ async def test_a_training_job_from_the_dashboard(shared, tmp_path: Path, monkeyp
         form.query_one("#steps", Input).value = "30"
         form.query_one("#train-images", Input).value = "32"
         form.query_one("#train-images", Input).focus()
-        await pilot.press("enter")  # Enter in any field submits, as in the other forms
+        await pilot.press("ctrl+s")  # ctrl+s starts from any field, as in the other forms (Enter moves on)
         await pilot.pause()
         assert not isinstance(pilot.app.screen, TrainForm), form.query_one("#form-error").render()
         deadline = time.monotonic() + 240

@@ -105,6 +105,19 @@ def test_nine_blocks_on_one_stage_is_imbalance_and_latency_matches_the_trace(tmp
         assert traced[f"p{q}_ms"] == pytest.approx(percentile(from_trace, q) * 1000, rel=0.05), (traced, from_trace)
 
 
+def _dominant_unless_others_interfered(s: dict, term: str) -> None:
+    """`term` is the run's largest loss, over 40 % of its gap; on a machine other work loads, what that work cost
+    (interference, measured as the CPU the stages waited for, and flagged) may be larger still: then it is the
+    dominant term and flagged, and `term` is still second. Either way nothing is taken out of `term`."""
+    terms = _terms(s)
+    if s["waterfall"]["dominant"] == "interference" and terms[term]["points"] > terms["interference"]["points"]:
+        assert any(f["code"] == "host_overloaded" for f in s["flags"]), s["flags"]
+        rest = sorted(t["points"] for name, t in terms.items() if name not in ("interference", "residual"))
+        assert terms[term]["points"] == rest[0], s["waterfall"]
+        return
+    assert s["waterfall"]["dominant"] == term and terms[term]["share"] > 0.4, s["waterfall"]
+
+
 @pytest.mark.slow
 def test_as_many_images_as_stages_is_fill_and_drain(tmp_path: Path, shared_cache_env) -> None:
     """M = N microbatches: a pass is mostly filling and draining. (Two stages, not the issue's four: four
@@ -114,7 +127,7 @@ def test_as_many_images_as_stages_is_fill_and_drain(tmp_path: Path, shared_cache
     _exact(s)
     fill = _terms(s)["fill_drain"]
     assert fill["points"] == pytest.approx(-(2 - 2 * 2 / 3), abs=1e-3)  # exact: M / (M + N - 1) of N
-    assert s["waterfall"]["dominant"] == "fill_drain" and fill["share"] > 0.4, s["waterfall"]
+    _dominant_unless_others_interfered(s, "fill_drain")
 
 
 @pytest.mark.slow
@@ -176,8 +189,7 @@ def test_a_slow_link_is_communication(ssh_cluster, shared_cache_env, tmp_path: P
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.loads(proc.stdout)
     _exact(s)
-    assert s["waterfall"]["dominant"] == "communication", s["waterfall"]
-    assert _terms(s)["communication"]["share"] > 0.4, s["waterfall"]
+    _dominant_unless_others_interfered(s, "communication")
     assert s["latency"]["clock_aligned"] is True
 
 

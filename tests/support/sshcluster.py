@@ -60,7 +60,8 @@ slow CPU is (`cfs_period_us` sets another)."""
 
 
 def warm_server(p: psutil.Process) -> bool:
-    """A warm process itself (`remote.host.warm`), not a job it forked (those share its command line)."""
+    """A warm process itself (`remote.host.warm`: a root, or a workdir server forked from one and named so), not
+    a job it forked (those share its command line)."""
     def warm(proc: psutil.Process | None) -> bool:
         try:
             return proc is not None and "remote.host.warmroot --socket" in " ".join(proc.cmdline())
@@ -68,7 +69,7 @@ def warm_server(p: psutil.Process) -> bool:
             return False
 
     try:
-        return warm(p) and not warm(p.parent())
+        return warm(p) and (not warm(p.parent()) or p.name() == "pictl-warm-wd")
     except psutil.NoSuchProcess:
         return False
 
