@@ -67,6 +67,8 @@ DECISION_CONFIDENCE = 0.99
 """How sure a verdict is before it names a winner, over all its looks together."""
 MIN_EFFECT = 0.02
 """A paired median ratio within 2 % of 1 is never a winner, however narrow its interval."""
+WIDE = 100.0
+"""An interval whose ends are further apart than this factor is said to be that wide, not written out."""
 
 
 # -- Student's t, exactly, for whole degrees of freedom (Abramowitz & Stegun 26.7.3-4) ------------------------
@@ -199,8 +201,13 @@ class Verdict:
             lo, hi = sorted((flip(r.low or r.least), flip(r.high or r.most)))
             return (f"{fast} is faster than {slow} by {(flip(r.median) - 1) * 100:.1f} % "
                     f"(interval {(lo - 1) * 100:.1f}-{(hi - 1) * 100:.1f} %, {rounds})")
-        between = (f"{self.a}/{self.b} {r.median:.3f}, interval {r.low:.3f}-{r.high:.3f}" if r.known
-                   else f"{self.a}/{self.b} {r.median:.3f}")
+        if r.low is None or r.high is None:
+            spread = ""
+        elif r.high / r.low > WIDE:  # (t with 1 degree of freedom at 99 %: 63.7; the bounds would read 0.000-26465)
+            spread = f", interval wider than {WIDE:.0f}x"
+        else:
+            spread = f", interval {r.low:.3f}-{r.high:.3f}"
+        between = f"{self.a}/{self.b} {r.median:.3f}{spread}"
         why = f"equivalent within {self.min_effect:.0%}" if self.outcome == "equivalent" else "too close to call"
         return f"{self.a} and {self.b}: a tie within noise ({why}; {between}, {rounds})"
 
