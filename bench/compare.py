@@ -6,8 +6,9 @@ busy loop switched on and off, against the same configurations measured quiet.
 
 Three configurations on the shipped cluster (4 local hosts; DeiT-S, seeded random weights, 1 thread per rank),
 chosen so that a one-CPU load hits them unevenly: the serial run (which is also the sweep's one reference,
-1x by definition), 2 stages with chunk = images (one microbatch: the stages take turns, about 1.2x) and 2 stages
-with chunk 1 (both stages busy at once, about 1.8x quiet). First one sweep with no load of the bench's own
+1x by definition), 4 stages with chunk = images (one microbatch: the stages take turns, so it is the serial
+run's compute plus three hand-overs, below 1x) and 2 stages with chunk 1 (both stages busy at once, about 1.8x
+on two quiet cores, less under the load). First one sweep with no load of the bench's own
 (`--quiet-rounds` rounds) gives the quiet ranking. Then `--repeats` sweeps run while a busy loop pinned to one
 CPU is switched on and off at uneven intervals (0.5-3 s each way, `tests/support/load.py`), each of `--rounds`
 interleaved rounds; each repeat's ranking (by median speedup over the round's reference) is compared with the
@@ -32,7 +33,7 @@ from bench.harness import SHIPPED, add_quick, quick_defaults, save_result
 def configurations(images: int) -> list[Any]:
     from pictl.jobs.sweep import SweepPoint
 
-    return [SweepPoint(1, 1, "serial"), SweepPoint(2, images, "equal"), SweepPoint(2, 1, "equal")]
+    return [SweepPoint(1, 1, "serial"), SweepPoint(4, images, "equal"), SweepPoint(2, 1, "equal")]
 
 
 async def one_sweep(work: Path, name: str, images: int, rounds: int) -> dict[str, Any]:
