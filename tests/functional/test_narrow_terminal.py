@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from support.cli import ROOT, run_pictl_on_terminal
+from support.cli import ROOT, finished, run_pictl_on_terminal
 from support.clusters import write_cluster
 
 from pictl.headless import summary_fields
@@ -64,7 +64,7 @@ def test_a_run_read_at_80_columns(tmp_path: Path, pictl_env) -> None:
     hosts = write_cluster(tmp_path / "cluster", 2)
     proc = run_pictl_on_terminal(["run", "--hosts", str(hosts), "--stages", "2", "--policy", "equal", "--images", "4",
                                   "--warmup", "1", "--repeats", "1", "--trace-steps", "2", "--headless"], pictl_env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert finished(proc.returncode, proc.stderr), proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     run_dir = Path(next(line for line in lines if line.startswith("run directory: ")).removeprefix("run directory: "))
     summary = RunSummary.model_validate_json((run_dir / "summary.json").read_text())

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.cli import run_pictl
+from support.cli import finished, run_pictl
 from support.clusters import assert_hosts_clean, require_netns
 from support.sshcluster import to_toml
 
@@ -78,7 +78,7 @@ def test_offline_provision_over_ssh_then_up_to_date_then_run(ssh_cluster, pictl_
     # The provisioned venvs run a pipeline (4 stages over SSH are test_ssh's; 2 keep this test short).
     run = run_pictl(["run", "--hosts", str(inv), "--stages", "2", "--images", "6", "--warmup", "0",
                      "--repeats", "1", "--policy", "equal", "--headless", "--json"], pictl_env)
-    assert run.returncode == 0, run.stderr[-3000:]
+    assert finished(run.returncode, run.stderr), run.stderr[-3000:]
     assert json.loads(run.stdout)["outputs_match"] is True
     assert_hosts_clean(ssh_cluster)
 

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from support.cli import run_pictl
+from support.cli import finished, run_pictl
 from support.clusters import write_cluster
 from support.digits import write_digits
 from support.typed import untyped
@@ -155,7 +155,7 @@ def test_deit_small_each_importance(pictl_env, tmp_path: Path) -> None:
     proc = run_pictl(["run", "--headless", "--json", "--hosts", str(hosts), "--model", str(made["hessian"][0]),
                       "--stages", "2", "--policy", "equal", "--images", "4", "--warmup", "0", "--repeats", "1"],
                      pictl_env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert finished(proc.returncode, proc.stderr), proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
     assert summary["outputs_match"] is True and summary["max_abs_diff"] == 0.0
     assert summary["artifact"]["importance"] == "hessian"

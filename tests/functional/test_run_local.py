@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from support.cifar import write_cifar10
-from support.cli import run_pictl
+from support.cli import finished, run_pictl
 from support.clusters import write_cluster
 from support.typed import untyped
 
@@ -53,7 +53,7 @@ def _reused(s: dict) -> bool:
 
 def _run(shared: dict, env: dict[str, str], *args: str) -> dict:
     proc = run_pictl(["run", "--hosts", str(shared["hosts"]), *FAST, *args], env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert finished(proc.returncode, proc.stderr), proc.stderr[-3000:]
     return json.loads(proc.stdout)
 
 
@@ -103,9 +103,11 @@ def test_plain_output_to_a_file_is_never_wrapped_or_padded(shared, pictl_env) ->
     """`make demo > log`: the result is one line however long, and no line carries trailing spaces."""
     proc = run_pictl(["run", "--hosts", str(shared["hosts"]), *[a for a in FAST if a != "--json"], "--stages", "2",
                       "--split", "blocks.6"], _env(shared, pictl_env))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert finished(proc.returncode, proc.stderr), proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
-    assert lines[0].startswith("OK  2 stage(s)  split blocks.6  pipeline ") and "accuracy n/a" in lines[0], lines[:2]
+    word = "OK" if proc.returncode == 0 else "SUSPECT"  # (its serial baseline slowed by other work: `finished`)
+    assert lines[0].startswith(f"{word}  2 stage(s)  split blocks.6  pipeline ") and "accuracy n/a" in lines[0], \
+        lines[:2]
     assert not [line for line in lines if line != line.rstrip()], "padded lines"
     assert any(line.startswith("run directory: ") for line in lines)
 
@@ -126,7 +128,7 @@ def test_int8_dynamic_numerics_beside_fp32(shared, pictl_env, tmp_path: Path) ->
     plain = _run(shared, env, "--stages", "2", "--split", "blocks.6")
     proc = run_pictl(["run", "--hosts", str(shared["hosts"]), *FAST, "--stages", "2", "--split", "blocks.6",
                       "--numerics", "int8-dynamic"], env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert finished(proc.returncode, proc.stderr), proc.stderr[-3000:]
     s = json.loads(proc.stdout)
     assert "numerics int8-dynamic (" in proc.stderr and "x over the fp32 serial run" in proc.stderr
     assert s["status"] == "ok" and s["outputs_match"] is True and s["max_abs_diff"] == 0.0
@@ -169,7 +171,7 @@ def test_replicas_deal_the_images_and_every_replica_matches_the_serial_run(share
     two = write_cluster(tmp_path / "two", 2, slots=2)
     proc = run_pictl(["run", "--hosts", str(two), *FAST, "--images", "4", "--chunk", "1", "--stages", "2",
                       "--split", "blocks.6", "--replicas", "2"], env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert finished(proc.returncode, proc.stderr), proc.stderr[-3000:]
     s = json.loads(proc.stdout)
     assert s["status"] == "ok" and s["replicas"] == 2 and s["outputs_match"] is True and s["max_abs_diff"] == 0.0
     assert untyped(RunSummary.model_validate(s)) == []
@@ -216,7 +218,7 @@ def test_output_mismatch_fails_the_run(shared, pictl_env, tmp_path: Path) -> Non
     proc = run_pictl(["run", "--hosts", str(shared["hosts"]), *FAST, "--stages", "2", "--split", "blocks.6"], env)
     s = json.loads(proc.stdout)
     if not _reused(s):  # never a false OK from the flipped bytes: they were not used
-        assert proc.returncode == 0 and s["outputs_match"] is True, proc.stderr[-2000:]
+        assert finished(proc.returncode, proc.stderr) and s["outputs_match"] is True, proc.stderr[-2000:]
         return
     assert proc.returncode == 5, proc.stderr[-2000:]
     assert s["status"] == "failed" and s["outputs_match"] is False and s["max_abs_diff"] > 1000
@@ -234,7 +236,7 @@ def test_labelled_data_and_threads_0_on_one_host_of_two_slots(tmp_path: Path, pi
     data = write_cifar10(tmp_path / "cifar", images=6)
     proc = run_pictl(["run", "--hosts", str(hosts), *FAST, "--stages", "2", "--threads", "0", "--data", "cifar10",
                       "--data-path", str(data), "--num-classes", "10"], pictl_env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert finished(proc.returncode, proc.stderr), proc.stderr[-3000:]
     s = json.loads(proc.stdout)
     # A 10-class head is tiny, so half the parameters are reached a piece earlier than with 1000 classes.
     assert s["split_points"] == ["blocks.5.mlp.fc2"] and s["outputs_match"] is True

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from support.cli import ROOT, run_pictl
+from support.cli import ROOT, finished, run_pictl
 from support.clusters import require_netns
 
 from pictl.inventory import load_cluster
@@ -68,8 +68,8 @@ def _two_runs(ssh_cluster, shared_cache_env, first: subprocess.Popen, started: l
     started.append(queued)
     out1, err1 = first.communicate(timeout=300)
     out2, err2 = queued.communicate(timeout=300)
-    assert first.returncode == 0, err1[-3000:]
-    assert queued.returncode == 0, err2[-3000:]
+    assert finished(first.returncode, err1), err1[-3000:]
+    assert finished(queued.returncode, err2), err2[-3000:]
     assert f"waiting: hosts 'h0', 'h1' busy: held by run {holder['run_id']}" in " ".join(err2.split())
     a, b = json.loads(out1), json.loads(out2)
     assert a["run_id"] == holder["run_id"] and a["outputs_match"] and b["outputs_match"]

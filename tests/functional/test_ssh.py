@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from support.cli import ROOT, run_pictl
+from support.cli import ROOT, finished, run_pictl
 from support.clusters import assert_hosts_clean, dead_endpoint, host_processes, require_netns
 
 from pictl.cluster.transport.ssh import SshTransport
@@ -34,7 +34,7 @@ def test_four_host_run_over_ssh_matches_serial(ssh_cluster, pictl_env, tmp_path:
         i: {"rank": 3 - i, "workdir": f"{ssh_cluster.workdir_spec(i)}/{odd}"} for i in range(4)})
     proc = run_pictl(["run", "--hosts", str(inv), "--stages", "4", "--trace-steps", "4", "--master-port", "29877",
                       *FAST], pictl_env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert finished(proc.returncode, proc.stderr), proc.stderr[-3000:]
     s = json.loads(proc.stdout)
     assert s["outputs_match"] is True and s["max_abs_diff"] == 0.0 and s["speedup"] > 0
     assert [st["host"] for st in s["per_stage"]] == ["h3", "h2", "h1", "h0"]

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.cli import run_pictl
+from support.cli import finished, run_pictl
 from support.clusters import processes_under, write_cluster
 from support.typed import untyped
 
@@ -99,7 +99,7 @@ def test_a_sweep_of_every_mode_agrees_with_single_and_the_model_runs_in_pictl_ru
     proc = run_pictl(["run", "--hosts", str(shared["hosts"]), "--model", model, "--stages", "2", "--policy",
                       "equal", "--images", "8", "--chunk", "4", "--warmup", "0", "--repeats", "1", "--headless",
                       "--json"], env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert finished(proc.returncode, proc.stderr), proc.stderr[-3000:]
     run = json.loads(proc.stdout)
     assert run["outputs_match"] is True
     assert _floats(Path(run["run_dir"]) / "logits-serial.f32") == _floats(Path(ddp["trained_logits"]))
@@ -272,7 +272,7 @@ def test_a_compressed_link_cuts_the_bytes_both_ways_and_still_learns(shared, env
         proc = run_pictl(["run", "--hosts", str(shared["hosts"]), "--model", kept["checkpoint"]["path"],
                           "--stages", "2", "--split", split, "--images", "8", "--chunk", "4", "--warmup", "0",
                           "--repeats", "1", "--headless", "--json"], env)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert finished(proc.returncode, proc.stderr), proc.stderr[-3000:]
         run = json.loads(proc.stdout)
         assert run["outputs_match"] is True
         assert _floats(Path(run["run_dir"]) / "logits-serial.f32")[:80] == _floats(Path(kept["trained_logits"]))[:80]

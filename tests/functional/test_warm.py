@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from support.cli import ROOT, run_pictl
+from support.cli import ROOT, finished, run_pictl
 from support.clusters import processes_under, skip_loudly, write_cluster
 
 from remote import protocol as P
@@ -79,10 +79,10 @@ def test_warm_and_cold_give_the_same_bits_and_the_record_says_how_each_started(t
     hosts = write_cluster(tmp_path / "cluster", 2)
     try:
         cold = run_pictl([*RUN, "--hosts", str(hosts), "--cold", "--fresh-baseline"], warm_env)
-        assert cold.returncode == 0, cold.stderr[-2000:]
+        assert finished(cold.returncode, cold.stderr), cold.stderr[-2000:]
         assert not _servers(tmp_path / "warm")  # --cold starts none
         warm = run_pictl([*RUN, "--hosts", str(hosts), "--fresh-baseline"], warm_env)
-        assert warm.returncode == 0, warm.stderr[-2000:]
+        assert finished(warm.returncode, warm.stderr), warm.stderr[-2000:]
         a, b = json.loads(cold.stdout), json.loads(warm.stdout)
         for run in (a, b):
             assert run["outputs_match"] is True and run["max_abs_diff"] == 0.0
@@ -159,7 +159,7 @@ def test_a_warm_process_killed_under_a_run_fails_it_cleanly_and_the_next_run_wor
         _until(lambda: not processes_under(tmp_path / "cluster"), 15,
                f"left behind: {[' '.join(p.cmdline())[:100] for p in processes_under(tmp_path / 'cluster')]}")
         again = run_pictl([*RUN, "--hosts", str(hosts)], warm_env)
-        assert again.returncode == 0, again.stderr[-2000:]
+        assert finished(again.returncode, again.stderr), again.stderr[-2000:]
         # h0's fresh server is forked from the root, which lived on: no torch import
         assert json.loads(again.stdout)["startup"]["warm_processes_started"] == 0
     finally:
@@ -245,7 +245,7 @@ def test_one_teams_stop_never_ends_another_teams_run(tmp_path: Path, warm_env) -
             line = next(x for x in same_workdirs.stdout.splitlines() if x.startswith(f"{host}:"))
             assert "kept its warm process" in line and "of teamA (--all ends them)" in line, line
         out, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err[-2000:]
+        assert finished(proc.returncode, err), err[-2000:]
         assert json.loads(out)["outputs_match"] is True
 
         first = {d.name for d in runs.iterdir()}
@@ -278,7 +278,7 @@ def test_a_stopped_warm_process_is_reported_and_never_waited_for(tmp_path: Path,
                                         f"{server.pid}` resumes it"), check.stderr
         started = time.monotonic()
         run = run_pictl([*RUN, "--hosts", str(hosts)], env)
-        assert run.returncode == 0, run.stderr[-2000:]
+        assert finished(run.returncode, run.stderr), run.stderr[-2000:]
         notes = [line for line in run.stderr.splitlines() if "pictl-warm:" in line]
         assert len(notes) == 1 and f"pid {server.pid}) is stopped" in notes[0] and "cold" in notes[0], notes
         summary = json.loads(run.stdout)

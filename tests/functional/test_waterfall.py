@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.cli import ROOT, run_pictl
+from support.cli import ROOT, finished, run_pictl
 from support.clusters import require_netns, write_cluster
 
 from pictl import errors as E
@@ -66,7 +66,7 @@ def test_no_waterfall_without_figures() -> None:
 def _run(tmp_path: Path, env: dict, hosts: int, *args: str) -> dict:
     inv = write_cluster(tmp_path / "cluster", hosts)
     proc = run_pictl(["run", "--hosts", str(inv), "--headless", "--json", "--threads", "1", *args], env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert finished(proc.returncode, proc.stderr), proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
     assert summary["waterfall"] is not None, summary
     assert "why not N: " in proc.stderr and "latency per image: pipeline p50" in proc.stderr
@@ -186,7 +186,7 @@ def test_a_slow_link_is_communication(ssh_cluster, shared_cache_env, tmp_path: P
                          shared_cache_env)
     finally:
         ssh_cluster.shape_links(None)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert finished(proc.returncode, proc.stderr), proc.stderr[-3000:]
     s = json.loads(proc.stdout)
     _exact(s)
     _dominant_unless_others_interfered(s, "communication")

@@ -17,6 +17,8 @@ import textwrap
 import time
 from pathlib import Path
 
+from pictl.errors import EXIT_SUSPECT
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -26,6 +28,16 @@ def run_pictl(args: list[str], env: dict[str, str] | None, timeout: float = 300,
     are not UTF-8 (to check what reached the terminal)."""
     return subprocess.run([sys.executable, "-m", "pictl", *args], env=env, cwd=cwd, text=True, input=input,
                           capture_output=True, timeout=timeout, errors=errors)
+
+
+def finished(returncode: int | None, stderr: str) -> bool:
+    """`pictl run` ran to its end: exit 0, or exit 10 because its result is SUSPECT for a serial baseline that
+    something else slowed or that was reused (this machine is shared with other work: a test whose subject is
+    not the verdict takes either). An impossible speedup with no baseline to blame, or any other code, is not."""
+    if returncode == 0:
+        return True
+    last = (stderr.strip().splitlines() or [""])[-1]
+    return returncode == EXIT_SUSPECT and last.startswith("pictl: error: SUSPECT: ") and "serial baseline" in last
 
 
 def dedent(text: str) -> str:
