@@ -52,7 +52,7 @@ def stage_lines(s: dict) -> list[str]:
     for r in (s.get("refine") or {}).get("rounds", []):
         out.append(f"    refine {r['round']}: {', '.join(r['split_points'])}: predicted "
                    f"{'/'.join(f'{v:.1f}' for v in r['predicted_ms'])}, measured "
-                   f"{'/'.join(f'{v:.1f}' for v in r['measured_ms'])} ms")
+                   f"{'/'.join(f'{v:.1f}' for v in r['measured_ms'])} ms; {r.get('reason') or '-'}")
     for st in s["per_stage"]:
         err = st.get("prediction_error")
         out.append(f"    rank {st['rank']} {st['host']:>7}: compute {st['measured_ms']:7.1f} ms (predicted "

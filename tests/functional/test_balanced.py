@@ -11,6 +11,7 @@ import pytest
 from support.cli import ROOT, run_pictl
 from support.clusters import write_cluster
 
+from pictl import errors as E
 from pictl.cluster.push import tree_digest
 from pictl.inventory import load_cluster
 from pictl.planning.costs import LAN_LINK, PROFILE_FIELDS, profile_key
@@ -82,19 +83,22 @@ def _seed_profiles(cache_root, hosts, costs: dict, slow: dict[str, float] | None
 
 def test_a_balanced_run_profiles_what_is_missing_and_corrects_a_wrong_profile(deit_costs: dict, tmp_path,
                                                                               pictl_env) -> None:
-    """h0's cached profile is truncated, so it is measured again on the host; h1's says it is 3x slower than
+    """h0's cached profile is truncated, so it is measured again on the host; h1's says it is 5x slower than
     it is: the first split starves h1, the ranks measure, correct the table and move the cut before the
-    timed passes, and the correction is kept for the next run. Every stage is predicted and measured."""
+    timed passes (only beyond the noise), and the correction is kept for the next run. Every stage is
+    predicted and measured. h0 and h1 are one machine, so what the run finds is read against the profiles'
+    error as this machine made it (the load may change between the fixture's measure and h0's)."""
     env = {**pictl_env, "PICTL_CACHE_DIR": str(tmp_path / "cache")}
     hosts = write_cluster(tmp_path / "cluster", 2)
-    _seed_profiles(tmp_path / "cache", hosts, deit_costs, slow={"h1": 3.0})
+    _seed_profiles(tmp_path / "cache", hosts, deit_costs, slow={"h1": 5.0})
     h0, h1 = load_cluster(hosts).hosts[:2]
     key = profile_key(h0, "deit_small_patch16_224", 1000, 1, 1, code=tree_digest())
     cached = tmp_path / "cache" / "costs" / f"{key}.json"
     cached.write_text(cached.read_text()[:200])
     proc = run_pictl(["run", "--hosts", str(hosts), "--stages", "2", "--images", "12", "--warmup", "1",
                       "--repeats", "1", "--headless", "--json"], env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # (SUSPECT when other work loads this shared machine: the split is the point here, and the run still ends.)
+    assert proc.returncode in (E.EXIT_OK, E.EXIT_SUSPECT), proc.stderr[-3000:]
     s = json.loads(proc.stdout)
     assert s["policy"] == "balanced" and s["outputs_match"] is True and len(s["split_points"]) == 1
     assert s["prediction"]["profiled"] == ["h0"] and len(s["prediction"]["stage_ms"]) == 2
@@ -110,11 +114,16 @@ def test_a_balanced_run_profiles_what_is_missing_and_corrects_a_wrong_profile(de
     refine = s["refine"]
     rounds = refine["rounds"]
     first, final = s["prediction"]["first_split"], s["split_points"]
-    # The starved host got about a quarter of the model at first; a split that gives it more is tried.
+    # How much slower h1's profile says it is than h0's fresh one: 5 on a steady machine.
+    error = 5 * sum(deit_costs["compute_s"]) / sum(json.loads(cached.read_text())["compute_s"])
+    assert error > 2.5, f"the load changed so much since the fixture that h1's profile is only {error:.1f}x h0's"
+    # The starved host got a small share at first; a split that gives it more is tried.
     assert len(rounds) >= 2 and rounds[0]["split_points"] == first and rounds[0]["next_split"]
     assert pieces.index(first[0]) > 0.6 * len(pieces)
-    assert rounds[0]["factors"][1] < 0.6  # measured much faster than the profile said
     assert "pictl refine: round 1" in proc.stderr
+    # The run measured the two hosts of one machine about alike: it undid most of the profiles' error.
+    after = s["prediction"]["corrections_after"]
+    assert error / 2 < after["h0"] / after["h1"] < error * 2, (error, after)
     # The timed passes run the split the last round names, and the line says which round's split that is.
     chosen = refine["chosen_round"]
     assert rounds[-1]["adopted_round"] == chosen and rounds[-1]["next_split"] is None
@@ -131,7 +140,7 @@ def test_a_balanced_run_profiles_what_is_missing_and_corrects_a_wrong_profile(de
     assert [st["modules"][-1] for st in s["per_stage"]][-1] == "head"
     corrected = JsonCache(tmp_path / "cache" / "costs").get(
         profile_key(h1, "deit_small_patch16_224", 1000, 1, 1, code=tree_digest()))
-    assert corrected is not None and corrected["correction"] < 0.8  # the profile said 3x slower than it is
+    assert corrected is not None and corrected["correction"] == pytest.approx(after["h1"], abs=1e-4)  # kept
 
 
 def test_hosts_sharing_a_machine_are_profiled_one_at_a_time(tmp_path, pictl_env) -> None:
@@ -232,7 +241,8 @@ def test_a_host_slowed_mid_run_moves_the_cut_and_noise_alone_never_does(deit_cos
     _seed_profiles(tmp_path / "cache", hosts, deit_costs)
     common = ["run", "--hosts", str(hosts), "--stages", "2", "--images", "6", "--warmup", "1", "--headless", "--json"]
     proc = run_pictl([*common, "--repeats", "6", "--slowdown", "1:1:3"], env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # (SUSPECT when other work loads this shared machine: the split is the point here, and the run still ends.)
+    assert proc.returncode in (E.EXIT_OK, E.EXIT_SUSPECT), proc.stderr[-3000:]
     s = json.loads(proc.stdout)
     assert s["outputs_match"] is True and s["max_abs_diff"] == 0.0
     (recut,) = [r for r in s["recuts"] if r["moved"]]
@@ -267,7 +277,7 @@ def test_a_host_slowed_mid_run_moves_the_cut_and_noise_alone_never_does(deit_cos
     fresh = tmp_path / "cache-steady"  # (not the cache that now says h1 is slow)
     _seed_profiles(fresh, hosts, deit_costs)
     steady = run_pictl([*common, "--repeats", "10"], {**env, "PICTL_CACHE_DIR": str(fresh)})
-    assert steady.returncode == 0, steady.stderr[-3000:]
+    assert steady.returncode in (E.EXIT_OK, E.EXIT_SUSPECT), steady.stderr[-3000:]
     quiet = json.loads(steady.stdout)
     assert not [r for r in quiet["recuts"] if r["moved"]] and quiet["outputs_match"] is True
 
