@@ -10,12 +10,13 @@ from textual.widgets import Button, Checkbox, Input, Label, Select
 
 from pictl import errors as E
 from pictl.jobs.tune import TuneSettings, plan_tune
+from pictl.jobs.tune_rounds import MAX_ROUNDS
 from pictl.planning.options import RunOptions
 from pictl.planning.presets import available_presets
 from pictl.tui.widgets.form_screen import FormScreen
 
 NAMES = {"images": "images per pass", "threads": "threads per rank", "chunk": "chunk", "measure": "measure",
-         "budget": "budget (s)", "min_agreement": "min agreement"}
+         "budget": "budget (s)", "min_agreement": "min agreement", "max_rounds": "rounds at most"}
 """The form's labels, which its errors name (as the CLI's name its flags)."""
 
 
@@ -34,6 +35,8 @@ class TuneForm(FormScreen[tuple[RunOptions, TuneSettings, str | None] | None]):
             yield Input("", placeholder="3, or 5 with a loss allowed", id="measure", type="integer")
             yield Label(NAMES["budget"])
             yield Input("", placeholder="1800", id="budget", type="number")
+            yield Label(NAMES["max_rounds"] + " (against the serial run; 3: a fixed count)")
+            yield Input("", placeholder=str(MAX_ROUNDS), id="max_rounds", type="integer")
             yield Label(NAMES["images"])
             yield Input("", placeholder="from the profile", id="images", type="integer")
             yield Label("threads per rank, chunk (empty: searched unless the profile sets them)")
@@ -62,11 +65,13 @@ class TuneForm(FormScreen[tuple[RunOptions, TuneSettings, str | None] | None]):
             measure, budget = self._number("measure", int), self._number("budget", float)
             if measure is not None and not 1 <= measure <= 64 or budget is not None and budget < 1:
                 raise E.ConfigError("measure: 1 to 64; budget: at least 1 s")
+            rounds = self._number("max_rounds", int)
             base, settings = plan_tune(profile, {k: self._number(k, int) for k in ("images", "threads", "chunk")},
                                        allow_loss=self.query_one("#allow-loss", Checkbox).value,
                                        min_agreement=0.99 if agreement is None else agreement,
                                        measure=int(measure) if measure else None,
                                        budget_s=1800.0 if budget is None else float(budget),
+                                       max_rounds=MAX_ROUNDS if rounds is None else int(rounds),
                                        name_of=lambda name: NAMES.get(name, name))
         except E.PictlError as exc:
             self.show_error(exc)
