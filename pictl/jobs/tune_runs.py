@@ -25,6 +25,7 @@ from pictl.jobs.tune_verdicts import Measured, Versus, judge
 from pictl.planning.options import RunOptions
 from pictl.run.baselines import BaselineCache
 from pictl.run.compare import agreement, max_abs_diff
+from pictl.run.context import Handed
 from pictl.run.session import RunSession
 from pictl.summary_models import RunSummary
 from pictl.text import figure
@@ -98,6 +99,9 @@ class TuneJob:
         self.progress = Progress(planned=settings.measure + MIN_ROUNDS * (1 + min(FINALISTS, settings.measure)))
         self.round_reference: dict[int, float] = {}
         """Round -> its reference serial run's img/s."""
+        self.handed: dict[int, Handed] = {}
+        """Round -> its reference serial run as a run of that round takes it instead of a baseline of its own
+        (0: screening's, the first run's serial run)."""
         self.record = TuneRecord(out, {"started_at": time.time(), "cluster": cluster.source,
                                        "options": base.model_dump(), "settings": asdict(settings),
                                        "runs_root": str(runs_root)})
@@ -131,11 +135,18 @@ class TuneJob:
         if self.on_rows:
             self.on_rows(list(self.rows.values()))
 
-    def session(self, cluster: Cluster, options: RunOptions, m: Measured, *, fresh: bool = False) -> RunSession:
-        """A run of the tune (its record under the runs root); `fresh`: a one-rank run measures its serial run
-        now (its img/s is that run's), never a cached baseline."""
+    def session(self, cluster: Cluster, options: RunOptions, m: Measured, *, fresh: bool = False,
+                round_no: int | None = None) -> RunSession:
+        """A run of the tune (its record under the runs root, noting the tune, round and role). `fresh`: it
+        measures its serial run now (a one-rank run's img/s is that run's), never a cached baseline; any other
+        is handed its round's reference (screening's: the first run's serial run) to divide by and check its
+        outputs against, where that reference stands for its serial run (the same arithmetic: else it has its
+        own, and says why)."""
+        part_of = {"kind": "tune", "name": self.out.name, "dir": str(self.out), "round": round_no,
+                   "role": "reference" if m.reference else "candidate", "configuration": m.candidate.label}
         session = RunSession(cluster, options, on_event=self.on_event, runs_root=self.runs_root,
-                             baseline_cache=self.cache, reuse_baseline=not fresh, wait=self.settings.wait)
+                             baseline_cache=self.cache, reuse_baseline=not fresh, wait=self.settings.wait,
+                             handed=None if fresh else self.handed.get(round_no or 0), part_of=part_of)
         if self.on_session:
             self.on_session(session, m)
         return session
@@ -145,9 +156,10 @@ class TuneJob:
         toward --measure, a further machine's serial run and a gain's do not."""
         settings, label = self.settings, m.candidate.label
         self.say(Phase("tune", f"measuring {label} ({why})"))
-        session = self.session(alone(self.cluster, on) if on else self.cluster, m.candidate.options(self.base), m)
+        lead = not self.anything_measured()  # its serial run is screening's reference: measured now, in this tune
+        session = self.session(alone(self.cluster, on) if on else self.cluster, m.candidate.options(self.base), m,
+                               fresh=lead)
         self.first[:] = self.first or [session]
-        lead = not self.anything_measured()
         summary: RunSummary | None
         try:
             summary = await session.run()
@@ -174,6 +186,8 @@ class TuneJob:
                 self.measured.extend([m] if counted else [])
             raise
         self._kept_write_error(session, label)
+        if lead and session.reference is not None:
+            self.handed[0] = session.reference
         judge(m, summary, settings.min_agreement, self._versus(m, session) if summary else None,
               allow_loss=settings.allow_loss, reference_ips=self.reference.serial_ips)
         self.measured.extend([m] if counted else [])
@@ -187,7 +201,8 @@ class TuneJob:
         that did is no longer kept (a winner must run every time)."""
         c, label = m.candidate, "reference" if m.reference else m.candidate.label
         cluster = alone(self.cluster, self.meta["reference"]["host"]) if m.reference else self.cluster
-        session = self.session(cluster, c.options(self.base, m.split_points), m, fresh=c.stages * c.replicas == 1)
+        session = self.session(cluster, c.options(self.base, m.split_points), m, fresh=c.stages * c.replicas == 1,
+                               round_no=round_no)
         summary: RunSummary | None
         failure: str | None = None
         try:
@@ -198,8 +213,8 @@ class TuneJob:
             failure = "its outputs differed"
         self._kept_write_error(session, label)
         ips = summary.throughput_ips if summary is not None and failure is None else None
-        if m.reference and ips:
-            self.round_reference[round_no] = ips
+        if m.reference and ips and session.reference is not None:
+            self.round_reference[round_no], self.handed[round_no] = ips, session.reference
         ref = self.round_reference.get(round_no)
         self.say(Phase("tune", self.progress.line(f"round {round_no}, {label}", ips, ips / ref if ips and ref else None,
                                                   _outputs(summary.status if summary else "failed", summary,

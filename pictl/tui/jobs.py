@@ -125,7 +125,8 @@ class JobsApp(App):
                 preset_target("tuned", profiles)  # where the winner goes, asked before the first run (as pictl tune)
                 protocol = protocol_of(profile)  # the saved preset measures as the user does, not as the tune
                 rows = await run_tune(self.cluster, base, settings, out, on_event=self.bridge,
-                                      cache=self.baseline_cache, on_rows=lambda rows: self.post_message(TuneRows(rows)),
+                                      cache=self.baseline_cache, runs_root=self.runs_root,
+                                      on_rows=lambda rows: self.post_message(TuneRows(rows)),
                                       on_session=lambda session, m: self.post_message(
                                           TuneRunStarted(session, m.candidate.label)))
                 best, preset = finish(out, rows, base, self.cluster.source, profiles, "tuned", protocol=protocol)
