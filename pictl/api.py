@@ -224,18 +224,17 @@ def sweep(cluster: Cluster | None = None, options: RunOptions | None = None, **k
 async def tune_async(cluster: Cluster | None = None, options: RunOptions | None = None, *, allow_loss: bool = False,
                      min_agreement: float = 0.99, measure: int | None = None, budget_s: float = 1800.0,
                      out: str | Path | None = None, profile: str | None = None, on_event: EventHandler | None = None,
-                     wait: bool = False, **fields: Any) -> list[Measured]:
-    """As `pictl tune` (without saving a preset): every candidate, the measured ones (with a `status`) first and
-    fastest first; `winner(rows)` (from
-    `pictl.jobs.tune_verdicts`) is the one `pictl tune` would save. `tune.json` is in `out`. Threads and chunk
-    are searched unless `options`, the profile or `fields` set them; `measure` is 3 by default, 5 with
-    `allow_loss`."""
+                     wait: bool = False, max_rounds: int = 9, **fields: Any) -> list[Measured]:
+    """As `pictl tune` (without saving a preset): every candidate, those measured in rounds first and fastest
+    first; `winner(rows)` (from `pictl.jobs.tune_verdicts`) is the one the rounds decided on, which `pictl tune`
+    would save. `tune.json` is in `out`. Threads and chunk are searched unless `options`, the profile or
+    `fields` set them; `measure` is 3 by default, 5 with `allow_loss`; `max_rounds` as `--max-rounds`."""
     from pictl.jobs.tune import plan_tune, run_tune
 
     handler = _handler(on_event)
     base, settings = plan_tune(profile if options is None else None, fields, allow_loss=allow_loss,
                                min_agreement=min_agreement, measure=measure, budget_s=budget_s, wait=wait,
-                               name_of=str)
+                               max_rounds=max_rounds, name_of=str)
     if options is not None:  # given whole: nothing in it is searched but the shapes (and numerics)
         base = _run_options(options, profile, fields)
         settings = replace(settings, search_threads=False, search_chunk=False)
