@@ -4,16 +4,17 @@ busy loop switched on and off, against the same configurations measured quiet.
     .venv/bin/python -m bench.compare [--repeats 10] [--rounds 3] [--quiet-rounds 5] [--images 8] [--quick]
                                       [--save F]
 
-Three configurations on the shipped cluster (4 local hosts; DeiT-S, seeded random weights, 1 thread per rank),
-chosen so that a one-CPU load hits them unevenly: the serial run (which is also the sweep's one reference,
-1x by definition), 4 stages with chunk = images (one microbatch: the stages take turns, so it is the serial
-run's compute plus three hand-overs, below 1x) and 2 stages with chunk 1 (both stages busy at once, about 1.8x
-on two quiet cores, less under the load). First one sweep with no load of the bench's own
-(`--quiet-rounds` rounds) gives the quiet ranking. Then `--repeats` sweeps run while a busy loop pinned to one
-CPU is switched on and off at uneven intervals (0.5-3 s each way, `tests/support/load.py`), each of `--rounds`
-interleaved rounds; each repeat's ranking (by median speedup over the round's reference) is compared with the
-quiet one. Prints every repeat's speedups with their intervals and verdicts, the count of repeats that agree
-(PASS at 9 of 10 or more, in proportion for other counts), and how many verdicts ever named the wrong winner.
+Three configurations on the shipped cluster (4 local hosts; seeded random weights, 1 thread per rank), measured
+by `pictl sweep`'s engine (`pictl.jobs.sweep_rounds`: one serial reference, interleaved rounds, each run handed
+its round's reference): the serial DeiT-S run (the reference itself, 1x by definition), DeiT-S in 2 stages
+(about 1.4-1.8x here) and a smaller model, DeiT-Tiny, alone on the reference's host (about 3x: what a user
+weighing a smaller or pruned model against a split one compares). The sweep's own statistics rank them.
+First one sweep with no load of the bench's own (`--quiet-rounds` rounds) gives the quiet ranking. Then
+`--repeats` sweeps run while a busy loop pinned to one CPU is switched on and off at uneven intervals (0.5-3 s
+each way, `tests/support/load.py`), each of `--rounds` interleaved rounds; each repeat's ranking (by median
+speedup over the round's reference) is compared with the quiet one. Prints every repeat's speedups with their
+intervals and verdicts, the count of repeats that agree (PASS at 9 of 10 or more, in proportion for other
+counts), and how many verdicts ever named the wrong winner.
 `--quick`: 4 images, 2 rounds, one repeat (a smoke run; the figure comes from the full protocol).
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -30,25 +32,32 @@ from typing import Any
 from bench.harness import SHIPPED, add_quick, quick_defaults, save_result
 
 
-def configurations(images: int) -> list[Any]:
-    from pictl.jobs.sweep import SweepPoint
-
-    return [SweepPoint(1, 1, "serial"), SweepPoint(4, images, "equal"), SweepPoint(2, 1, "equal")]
-
-
 async def one_sweep(work: Path, name: str, images: int, rounds: int) -> dict[str, Any]:
-    """A sweep of the three configurations; its sweep.json's rows, verdicts and rounds."""
-    import json
-
+    """The three configurations in `rounds` rounds; the rows, verdicts and rounds `pictl sweep` would write."""
     from pictl.inventory import load_cluster
-    from pictl.jobs.sweep import RoundsPlan, run_sweep
+    from pictl.jobs.sweep import SweepPoint, options_for, reference_of
+    from pictl.jobs.sweep_rounds import REFERENCE, Entry, RoundsPlan, SweepRounds
+    from pictl.jobs.sweep_table import sweep_rows, verdict_lines
     from pictl.planning.presets import resolve_options
 
+    cluster = load_cluster(SHIPPED)
     base = resolve_options(None, {"images": images, "warmup": 1, "repeats": 1, "threads": 1})
-    out = work / name
-    await run_sweep(load_cluster(SHIPPED), base, configurations(images), out, runs_root=work / "runs",
-                    rounds=RoundsPlan(rounds, rounds), wait=True)
-    return dict(json.loads((out / "sweep.json").read_text()))
+    reference = reference_of(cluster, base, [SweepPoint(1, 1, "serial")])
+    tiny = resolve_options(None, {**base.model_dump(), "model": "deit_tiny_patch16_224", "stages": 1, "split": [],
+                                 "policy": "equal"})
+    points = [SweepPoint(1, 1, "serial"), SweepPoint(2, 1, "equal"), SweepPoint(1, 1, "serial")]
+    entries = [Entry("DeiT-S, serial", reference.options, reference.cluster),
+               Entry("DeiT-S, 2 stages", options_for(base, points[1]), cluster),
+               Entry("DeiT-Tiny, serial", tiny, reference.cluster)]
+    aliases = {"DeiT-S, serial": REFERENCE}
+    engine = SweepRounds(reference, entries, RoundsPlan(rounds, rounds), sweep_dir=work / name,
+                         runs_root=work / "runs", aliases=aliases, wait=True)
+    measured = await engine.run()
+    ranking = engine.ranking()
+    labels = [e.label for e in entries]
+    runs = {label: measured.reference if label in aliases else measured.runs.get(label, []) for label in labels}
+    return {"rows": sweep_rows(points, labels, runs, ranking, "serial DeiT-S on the first host"),
+            "verdicts": verdict_lines(ranking), **measured.to_json()}
 
 
 def ranking(sweep: dict[str, Any]) -> list[str]:
@@ -82,6 +91,8 @@ def main() -> int:
     ap.add_argument("--save", type=Path, help="write every sweep's rows, verdicts and rounds here (JSON)")
     add_quick(ap)
     args = quick_defaults(ap.parse_args(), images=4, rounds=2, quiet_rounds=2, repeats=1)
+    # Ctrl-C (SIGINT) stops it cleanly even where it was started in the background, which ignores SIGINT.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from tests.support.load import ToggledLoad
 
     started = time.monotonic()
