@@ -63,10 +63,10 @@ def test_a_tune_under_toggled_load_saves_the_fastest_under_interleaving_and_its_
         tmp_path: Path, pictl_env) -> None:
     """Two local hosts (1x2 and 2x1 besides the serial run), a busy loop on one CPU switched on and off all along.
     The finalists and the reference are measured in 3 alternating rounds (a fixed count: the test's time); every
-    figure is the runs' own (each
-    found by id); the winner is the one the rounds' medians and verdicts name (the top, or the simplest of a tie
-    with it, and faster than the serial run beyond the noise), saved as a preset that `pictl run --profile`
-    reproduces; every run is listed by `pictl runs`, and the tune said `[k/n]` for each as it ended."""
+    figure is the runs' own (each found by id); the winner is the one the rounds' medians and verdicts name (the
+    top, or the simplest of a tie with it, and faster than the serial run beyond the noise), saved as a preset
+    that `pictl run --profile` reproduces; every run is listed by `pictl runs` with its tune and round, and the
+    tune said `[k/n]` for each as it ended."""
     env = {**pictl_env, "PICTL_CACHE_DIR": str(tmp_path / "cache")}
     hosts, runs = write_cluster(tmp_path / "cluster", 2), tmp_path / "runs"
     load = ToggledLoad()
