@@ -1,6 +1,7 @@
-"""`pictl tune` for real on a local cluster: it measures the pipeline over every host, predicts the rest from
-the profiles that run measured, measures the best, prints an 80-column table, draws its plot, saves the winner
-as a preset that `pictl run --profile` reproduces; interrupted, it keeps what it measured and says so. What can
+"""`pictl tune` for real on a local cluster under toggled load: it screens the pipeline over every host and the
+best predicted, measures the finalists in rounds against one serial reference, prints an 80-column table, draws
+its plot, saves the winner the rounds name as a preset that `pictl run --profile` reproduces, and every run is a
+run `pictl runs` lists with its tune; interrupted, it keeps what it measured and says so. What can
 refuse a tune (where its preset goes, a shipped name, a full disk, unreachable hosts) refuses it before its
 first run: one line, the documented exit code, nothing left behind."""
 
