@@ -362,10 +362,10 @@ async def test_history_sorts_filters_compares_and_exports(tmp_path: Path) -> Non
 
         from pictl.tui.widgets.history import COLUMNS
 
-        assert column("speedup") == ["1.7", "3.3", "1.41"]  # newest first
+        assert column("speedup") == ["1.70x", "3.30x", "1.41x"]  # newest first, as every view writes a speedup
         await pilot.press("s")  # by speedup
         await pilot.pause()
-        assert column("speedup") == ["3.3", "1.7", "1.41"]
+        assert column("speedup") == ["3.30x", "1.70x", "1.41x"]
         await pilot.press("slash", *"policy=balanced", "enter")
         await pilot.pause()
         assert column("policy") == ["balanced", "balanced"]

@@ -35,7 +35,9 @@ def env(pictl_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
 @pytest.mark.slow
 def test_a_sweep_and_its_run_read_back_from_tensorboard_and_wandb(tmp_path: Path, env: dict[str, str]) -> None:
     hosts, out = write_cluster(tmp_path / "cluster", 2), tmp_path / "sweep"
-    proc = run_pictl(["sweep", "--hosts", str(hosts), "--out", str(out), "--stages", "2", "--images", "4",
+    # (32 images: the pipeline's passes last a few seconds even on a quiet machine, so the run's host monitor,
+    # every 2 s, reads at least one CPU figure; its baseline is the sweep's reference, measured apart)
+    proc = run_pictl(["sweep", "--hosts", str(hosts), "--out", str(out), "--stages", "2", "--images", "32",
                       "--warmup", "0", "--repeats", "2", "--rounds", "1", "--max-rounds", "1", *BOTH, "--json"], env,
                      timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -58,7 +60,7 @@ def test_a_sweep_and_its_run_read_back_from_tensorboard_and_wandb(tmp_path: Path
     assert {f"rank{r}/compute_ms_per_microbatch" for r in (0, 1)} <= set(tb)
     assert any(tag.startswith("host/h0/cpu_pct") for tag in tb)  # the run's host samples, over time
     hparams = tensorboard_hparams(run / "tensorboard")
-    assert hparams["stages"] == 2 and hparams["split"] == ",".join(s["split_points"]) and hparams["images"] == 4
+    assert hparams["stages"] == 2 and hparams["split"] == ",".join(s["split_points"]) and hparams["images"] == 32
 
     wb = wandb_run(run)
     assert wb["config"]["stages"] == 2 and wb["config"]["split"] == ",".join(s["split_points"])
