@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from support.cli import ROOT, run_pictl
-from support.clusters import skip_loudly
+from support.disks import fill, small_tmpfs
 
 BASE: dict[str, Any] = json.loads((ROOT / "tests" / "support" / "data" / "run_summary_two_stages.json").read_text())
 GOOD = "20261124-100000-s2-good"
@@ -319,27 +319,10 @@ def test_two_run_ids_that_clean_to_one_name_keep_their_own_charts(tmp_path: Path
 @pytest.fixture
 def full_disk(tmp_path: Path):  # noqa: ANN201
     """A 256 KiB tmpfs with room for a few KiB: enough for nothing a report writes whole."""
-    if os.geteuid() != 0:
-        skip_loudly("NEEDS ROOT: a full filesystem is a tmpfs mounted for the test")
-    mount = tmp_path / "small"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True,
-                          text=True)
-    if done.returncode != 0:
-        skip_loudly(f"CANNOT MOUNT A TMPFS: {done.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "small") as mount:
         (mount / "out").mkdir()
-        filler = mount / "filler"
-        with filler.open("wb", buffering=0) as fh:
-            try:
-                while True:
-                    fh.write(b"\0" * 4096)
-                    fh.flush()
-            except OSError:
-                pass
+        fill(mount)
         yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=False)
 
 
 @pytest.mark.parametrize("room", [0, 8192], ids=["no room", "8 KiB of room"])

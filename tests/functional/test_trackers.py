@@ -9,15 +9,14 @@ with nothing of it left, and W&B's `disabled` mode says it wrote nothing."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import statistics
-import subprocess
 from pathlib import Path
 
 import pytest
 from support.cli import ROOT, run_pictl
-from support.clusters import skip_loudly, write_cluster
+from support.clusters import write_cluster
+from support.disks import fill, small_tmpfs
 from support.trackers import tensorboard_hparams, tensorboard_scalars, wandb_run
 
 TINY = ["--model", "vit_tiny_patch16_224", "--model-arg", "img_size=32", "--model-arg", "patch_size=8",
@@ -181,26 +180,11 @@ def test_a_tracker_that_cannot_write_is_one_line_exit_9_and_leaves_nothing(tmp_p
                                                                           to: str) -> None:
     """The record sits on a full disk: the tracker's own library fails (W&B's logging, TensorBoard's writer
     thread); what it made is removed and the failure is one line, exit 9, no traceback."""
-    if os.geteuid() != 0:
-        skip_loudly("NEEDS ROOT: a full filesystem is a tmpfs mounted for the test")
-    disk = tmp_path / "small"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True,
-                             text=True)
-    if mounted.returncode != 0:
-        skip_loudly(f"CANNOT MOUNT A TMPFS: {mounted.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "small") as disk:
         run = _past_run(disk, [])
-        with (disk / "filler").open("wb", buffering=0) as fh:
-            try:
-                while True:
-                    fh.write(b"\0" * 4096)
-            except OSError:
-                pass
+        fill(disk)
         proc = run_pictl(["track", str(run), "--to", to], env, timeout=120)
         assert proc.returncode == 9, proc.stderr[-3000:]
         assert proc.stderr.strip() == f"pictl: error: {to}: not written to {run / to} (OSError: [Errno 28] No space " \
                                       "left on device)"
         assert sorted(p.name for p in run.iterdir()) == ["config.json", "samples.jsonl", "summary.json"]
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)

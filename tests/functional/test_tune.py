@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 from support.cli import run_pictl
-from support.clusters import processes_under, skip_loudly, write_cluster
+from support.clusters import processes_under, write_cluster
+from support.disks import fill, small_tmpfs
 
 from pictl.planning.options import RunOptions
 from pictl.planning.presets import resolve_options
@@ -246,21 +247,8 @@ def test_a_tune_that_cannot_finish_is_refused_before_its_first_run(case: str, tm
 def test_a_tune_whose_directory_is_on_a_full_disk_measures_nothing_and_says_so(tmp_path: Path, pictl_env) -> None:
     """A full disk before anything is measured is not exit 9 (measured but not written): tune.json is written
     before the first run, so the tune stops there, exit 2, one line naming the file, nothing left."""
-    if os.geteuid() != 0:
-        skip_loudly("NEEDS ROOT: a full filesystem is a tmpfs mounted for the test")
-    disk = tmp_path / "small"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True,
-                             text=True)
-    if mounted.returncode != 0:
-        skip_loudly(f"CANNOT MOUNT A TMPFS: {mounted.stderr.strip()}")
-    try:
-        with (disk / "filler").open("wb", buffering=0) as fh:
-            try:
-                while True:
-                    fh.write(b"\0" * 4096)
-            except OSError:
-                pass
+    with small_tmpfs(tmp_path / "small") as disk:
+        fill(disk)
         hosts = write_cluster(tmp_path / "cluster", 2)
         proc = run_pictl(["tune", "--hosts", str(hosts), "--runs-dir", str(tmp_path / "runs"), *FAST, "--out",
                           str(disk / "tune")], {**pictl_env, "PICTL_CACHE_DIR": str(tmp_path / "cache")},
@@ -269,5 +257,3 @@ def test_a_tune_whose_directory_is_on_a_full_disk_measures_nothing_and_says_so(t
         assert proc.stderr.strip().splitlines()[-1] == (f"pictl: error: the tune directory {disk}/tune: cannot write "
                                                         "tune.json (No space left on device); nothing was measured")
         assert "measuring" not in proc.stderr and sorted(p.name for p in disk.iterdir()) == ["filler"]
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
