@@ -1,14 +1,16 @@
 """Code that runs on the cluster hosts.
 
     protocol.py, spec.py, errors.py, emit.py, balance.py   the shared floor: torch-free, imported by
-    refinement.py, recut.py, nofollow.py                    `pictl/` too (names, the run spec, the
+    refinement.py, recut.py, nofollow.py, entries.py        `pictl/` too (names, the run spec, the
                                                             split solver, its refinement and re-cuts,
-                                                            paths opened without following links)
+                                                            paths opened without following links, the
+                                                            programs the controller may start)
     data/        images and labelled sets (synthetic, CIFAR, ImageFolder)
     runtime/     the model as pieces, stage-local building, the pipeline, serial and plan runners
     profiling/   what `balanced` measures: per-piece costs, links
     pruning/     torch-pruning and fine-tuning (`pictl prune`)
-    host/        housekeeping, stdlib only: supervise, cleanup, leases, provisioning, the probe
+    host/        housekeeping, stdlib only: supervise, cleanup, leases, provisioning, the probe; and the
+                 warm process, which imports torch once so jobs start warm
 
 Only the floor may be imported by the controller; everything else may import torch.
 """

@@ -12,6 +12,7 @@ from pictl.cluster.transport import Transport
 from pictl.errors import ConfigError, NotReady, TransportError
 from pictl.inventory import Host
 from pictl.text import ascii_count
+from remote import entries
 from remote import protocol as P
 
 # Binds the port in argv[1] (0: any free one) on the rendezvous host and prints it, or the
@@ -23,7 +24,7 @@ PORT_TAKEN = "EADDRINUSE"
 PORT_ATTEMPTS = 3
 
 
-WARM_CLIENT = "remote.host.warmclient"
+WARM_CLIENT = entries.WARM_CLIENT.module
 
 
 def worker_env(host: Host, threads: int) -> dict[str, str]:
@@ -56,7 +57,7 @@ def supervised(host: Host, argv: list[str], pgid_file: str) -> list[str]:
     `remote.host.supervise` records the command's process group in `pgid_file` (relative to
     the run directory) for `pictl stop`, and stops the group when its stdin closes.
     """
-    return [host.python_path(), "-m", "remote.host.supervise", "--pgid-file", pgid_file, "--", *argv]
+    return [host.python_path(), "-m", entries.SUPERVISE.module, "--pgid-file", pgid_file, "--", *argv]
 
 
 async def master_port(transport: Transport, wanted: int | None) -> int:
@@ -78,7 +79,7 @@ async def master_port(transport: Transport, wanted: int | None) -> int:
 
 def cleanup_argv(host: Host, *, orphans_only: bool, owner: str | None = None, keep: str | None = None,
                  finish: str | None = None) -> list[str]:
-    argv = [host.base_python(), "-m", "remote.host.cleanup", "--workdir", host.workdir]
+    argv = [host.base_python(), "-m", entries.CLEANUP.module, "--workdir", host.workdir]
     if orphans_only:
         argv.append("--orphans-only")
     for flag, value in (("--owner", owner), ("--keep", keep), ("--finish", finish)):

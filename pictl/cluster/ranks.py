@@ -21,6 +21,7 @@ from pictl.cluster.stream import LineKeeper, ProcessStream
 from pictl.cluster.transport import RemoteProcess
 from pictl.events import EventSink, Rejected
 from pictl.inventory import Host
+from remote import entries
 from remote import protocol as P
 from remote.records import Record
 from remote.run_records import Error
@@ -41,7 +42,7 @@ class NodePlan:
 
 
 def torchrun_argv(node: NodePlan, *, nnodes: int, master: Host, master_port: int, spec_path: str,
-                  run_id: str = "none", module: str = "remote.runtime.pipeline") -> list[str]:
+                  run_id: str = "none", module: str = entries.PIPELINE.module) -> list[str]:
     # --rdzv-id: the static rendezvous keys its store by it, so agents of another run that reach our
     # port (a shared Pi) never mix with ours.
     # Warm: torchrun's agent is forked from the host's warm process, and it starts each rank as the warm
@@ -49,7 +50,7 @@ def torchrun_argv(node: NodePlan, *, nnodes: int, master: Host, master_port: int
     # the launcher, and nothing it starts imports torch.
     workers = ["-m", WARM_CLIENT, module] if node.host.warm else ["-m", module]
     return [
-        *python_module(node.host, "torch.distributed.run"),
+        *python_module(node.host, entries.TORCHRUN.module),
         f"--nnodes={nnodes}", f"--nproc-per-node={node.nproc}", f"--node-rank={node.node_rank}",
         "--rdzv-backend=static", f"--rdzv-id={run_id}", f"--master-addr={master.rendezvous_address}",
         f"--master-port={master_port}", "--max-restarts=0",
@@ -86,7 +87,7 @@ class RankLaunch:
     [start, end] on the controller's clock."""
 
     def __init__(self, job: HostJob, nodes: Sequence[NodePlan], *, port: int, threads: Mapping[str, int],
-                 keep: LineKeeper, sink: EventSink, watch: RankWatch, module: str = "remote.runtime.pipeline",
+                 keep: LineKeeper, sink: EventSink, watch: RankWatch, module: str = entries.PIPELINE.module,
                  spec_path: str = P.SPEC_FILE) -> None:
         self.job, self.nodes, self.port, self.threads = job, list(nodes), port, threads
         self.keep, self.sink, self.watch, self.module, self.spec_path = keep, sink, watch, module, spec_path

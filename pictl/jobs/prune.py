@@ -34,13 +34,14 @@ from pictl.inventory import Cluster, Host
 from pictl.job_summaries import PruneSummary
 from pictl.jobs.prune_options import PruneOptions
 from pictl.records.runs import RunRecord, default_runs_root, write_bytes_atomic
+from remote import entries
 from remote import protocol as P
 from remote.job_records import PruneAccuracy, PruneDone
 from remote.records import Record
 from remote.run_records import Error
 
 ARTIFACT_NAME = "model.safetensors"
-PRUNE_MODULE, PRUNE_ARGS = "remote.pruning.prune", ("--spec", "spec.json")
+PRUNE_MODULE, PRUNE_ARGS = entries.PRUNE.module, ("--spec", "spec.json")
 
 
 class NotReady(E.PictlError):

@@ -33,6 +33,7 @@ from pictl.events import command_outcome
 from pictl.inventory import Host
 from pictl.records.cache import JsonCache
 from pictl.text import ascii_count
+from remote import entries
 from remote import protocol as P
 from remote.balance import CostTable, Link
 from remote.run_records import Costs
@@ -114,7 +115,7 @@ def usable_profile(profile: object) -> TypeGuard[dict[str, Any]]:
 async def measure_host(t: Transport, model: str, num_classes: int, chunk: int, threads: int,
                        artifact: Artifact | None = None) -> dict[str, Any]:
     h = t.host
-    argv = python_module(h, "remote.profiling.costs", "--model", model, "--num-classes", str(num_classes),
+    argv = python_module(h, entries.COSTS.module, "--model", model, "--num-classes", str(num_classes),
                          "--chunk", str(chunk), "--threads", str(threads))
     if artifact:  # a pruned model has its own cost shape: profile the artifact, not its base
         argv += ["--checkpoint", artifact.host_path(h)]

@@ -24,6 +24,7 @@ from pictl.planning.options import RunOptions
 from pictl.planning.placement import place_stages
 from pictl.records.cache import JsonCache
 from pictl.records.cache import cache_root as default_cache_root
+from remote import entries
 from remote import protocol as P
 from remote.records import to_wire
 from remote.run_records import Plan
@@ -104,7 +105,7 @@ async def _plan_on(host: Host, items: list[tuple[str, RunSpec, str]], plans: Jso
         names = [f"spec-{i}.json" for i in range(len(items))]
         for name, (_, spec, _) in zip(names, items, strict=True):
             await t.put_bytes(spec.to_json().encode(), f"{work_dir}/{name}")
-        argv = python_module(host, "remote.runtime.plan", *(a for n in names for a in ("--spec", n)))
+        argv = python_module(host, entries.PLAN.module, *(a for n in names for a in ("--spec", n)))
         result = await t.run(argv, cwd=work_dir, env=worker_env(host, 1), timeout_s=300 + 10 * len(items))
     finally:
         await to_the_end(job.close(tidy=lambda tr: tr.remove_tree(work_dir)))

@@ -33,6 +33,7 @@ from pictl.run.placement import Placement
 from pictl.run.staging import Staged
 from pictl.run.telemetry import RunTelemetry
 from pictl.summary import age_text
+from remote import entries
 from remote import protocol as P
 from remote.records import Record, to_wire
 from remote.run_records import Error, Plan
@@ -183,7 +184,7 @@ async def _plan(ctx: RunContext, job: HostJob, host: Host, spec: RunSpec, key: s
                 book: Logbook) -> dict[str, Any]:
     ctx.sink(Phase("plan", f"validating the spec and planning {spec.stages} stage(s) on {host.name}"))
     book.timeline.launched("plan", {host: 1})
-    result = await job.transport(host).run(module_argv(host, "remote.runtime.plan", P.SPEC_FILE),
+    result = await job.transport(host).run(module_argv(host, entries.PLAN.module, P.SPEC_FILE),
                                            cwd=host.run_dir(spec.run_id), env=worker_env(host, 1), timeout_s=300)
     found, message = command_outcome(result, Plan)
     if found is not None:
@@ -254,7 +255,7 @@ async def _measure(ctx: RunContext, job: HostJob, placement: Placement, spec: Ru
     book.timeline.launched("baseline", {host: 1})
     if on_plan is not None:
         book.timeline.launched("plan", {host: 0})  # (the same process)
-    rc = await job.run_module(host, "remote.runtime.serial", args, stream, threads=placement.serial_threads or 1,
+    rc = await job.run_module(host, entries.SERIAL.module, args, stream, threads=placement.serial_threads or 1,
                               pgid_file="pgid-serial")
     window[1] = time.time()
     st = telemetry.stages.get(0)

@@ -42,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from remote import nofollow
+from remote import entries, nofollow
 from remote.protocol import OWNER_FILE
 
 GRACE_S = 5.0
@@ -167,7 +167,7 @@ def _sweep_one(run_fd: int, run: str, name: str, runs: Path, *, orphans_only: bo
     # A controller still drives it: through its supervisor, or through the warm process that forked it (which
     # stops it when the job's client goes away).
     parent = _cmdline(_parent(pgid))
-    attached = "remote.host.supervise" in parent or "remote.host.warm" in parent
+    attached = entries.SUPERVISE.module in parent or entries.WARM_ROOT.module in parent
     if orphans_only and attached:
         out["kept"].append({"run": run, "pgid": pgid, "reason": "live run"})
         return

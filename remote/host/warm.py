@@ -44,6 +44,7 @@ import sys
 import sysconfig
 from typing import Any
 
+from remote import entries
 from remote.protocol import ENV_OWNER
 
 EXIT_WARM_LOST = 75
@@ -57,13 +58,10 @@ REPLY_TIMEOUT_S = float(os.environ.get("PICTL_WARM_REPLY_TIMEOUT") or 20.0)
 answers later is stopped or stuck, and the job runs cold instead of hanging with it."""
 OWNER_ENV = ENV_OWNER
 """The controller a job belongs to (set by the controller on every job): what `pictl stop` matches."""
-ENTRY_MODULES = ("remote.runtime.pipeline", "remote.runtime.serial", "remote.runtime.plan",
-                 "remote.profiling.costs", "remote.profiling.linktest", "remote.training.train",
-                 "remote.pruning.prune", "torch.distributed.run")
-"""What a job may be: the programs pictl starts on a host (torchrun's agent included)."""
-PRELOAD = ("torch", "torch.distributed", "torch.distributed.run", "torch.distributed.pipelining", "timm",
-           "safetensors.torch", "remote.runtime.pipeline", "remote.runtime.serial", "remote.runtime.plan",
-           "remote.profiling.costs", "remote.profiling.linktest", "remote.training.train")
+ENTRY_MODULES = entries.JOBS
+"""What a job may be: the programs pictl starts on a host (torchrun's agent included; `remote/entries.py`)."""
+PRELOAD = ("torch", "torch.distributed", "torch.distributed.pipelining", "timm", "safetensors.torch",
+           *entries.PRELOADED)
 """Imported before the first job. Every `remote` module is imported too (a job never reads pictl's code from
 disk: the code directory it came from may be gone by then); torch-pruning is left to the jobs that prune."""
 

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 
+from remote import entries
 from remote.host import warm as W
 from remote.protocol import WARM_NOTE
 
@@ -96,7 +97,7 @@ def _root(path: str) -> socket.socket:
             log = W.open_private(f"{path}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         except OSError as exc:
             raise Unavailable(f"cannot open {path}.log ({exc.strerror})") from None
-        proc = subprocess.Popen([sys.executable, "-m", "remote.host.warmroot", "--socket", path],
+        proc = subprocess.Popen([sys.executable, "-m", entries.WARM_ROOT.module, "--socket", path],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                                 close_fds=True, cwd="/", env=_server_env())
         os.close(log)

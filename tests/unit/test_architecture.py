@@ -9,7 +9,7 @@ pictl/, bottom to top (a module may import its own layer and the ones below):
     frontends   headless, tui/                                        (render events; Textual only in tui/)
     cli         cli/, __main__
 Of remote/, the controller imports only the torch-free floor (protocol, spec, errors, emit, balance,
-artifact_meta, nofollow).
+artifact_meta, nofollow, entries).
 remote/, bottom to top: the floor; data/ and host/; runtime/; profiling/, pruning/ and training/.
 """
 
@@ -37,7 +37,7 @@ PICTL_LAYERS = [
 REMOTE_LAYERS = [
     ("floor", ["remote", "remote.protocol", "remote.records", "remote.run_records", "remote.job_records",
                "remote.spec", "remote.errors", "remote.emit", "remote.balance", "remote.artifact_meta",
-               "remote.nofollow"]),
+               "remote.nofollow", "remote.entries"]),
     ("data and host", ["remote.data", "remote.host"]),
     ("runtime", ["remote.runtime"]),
     ("tools", ["remote.profiling", "remote.pruning", "remote.training"]),

@@ -18,11 +18,12 @@ from pictl.cluster.ranks import NodePlan, RankLaunch, RankWatch
 from pictl.cluster.stream import LineKeeper, ProcessStream
 from pictl.events import EventSink
 from pictl.jobs.training.telemetry import TrainTelemetry
+from remote import entries
 from remote.job_records import TrainStep
 from remote.records import Record
 from remote.run_records import Error
 
-MODULE = "remote.training.train"
+MODULE = entries.TRAIN.module
 REFERENCE_SPEC = "reference-spec.json"
 
 
