@@ -1,13 +1,15 @@
-"""`pictl runs compare`'s verdict: two runs of one comparison (a sweep) judged as the sweep judged them.
+"""`pictl runs compare`'s verdict: two runs of one comparison (a sweep or a tune) judged as it judged them.
 
-A run a sweep made names it (`part_of`: the sweep's directory, the round, its configuration and whether it was
-the reference). Two such runs of the same sweep are compared by their configurations' img/s in the sweep's
-rounds (sweep.json), round by round, with the statistics every comparison uses (`compare_stats.compare`):
-"A is faster than B by X % (interval)" or "a tie within noise". Runs measured apart (not in one sweep) had no
-shared reference and no interleaving: their figures are set side by side, and no verdict is given.
+A run a sweep or a tune made names it (`part_of`: the comparison's directory, the round, its configuration and
+whether it was the reference). Two such runs of the same comparison are compared by their configurations' img/s
+in its rounds (sweep.json's rounds; tune.json's rows, each with its rounds), round by round, with the
+statistics every comparison uses (`compare_stats.compare`): "A is faster than B by X % (interval)" or "a tie
+within noise". Runs measured apart (not in one comparison) had no shared reference and no interleaving: their
+figures are set side by side, and no verdict is given. A tune's candidates screened by one run only, never in
+rounds, have no series to compare: that is said.
 
-sweep.json is read from where the record says, as a record is: never through a link, at most 16 MiB, and
-whatever it holds is checked before it is used.
+sweep.json and tune.json are read from where the record says, as a record is: never through a link, at most
+16 MiB, and whatever they hold is checked before it is used.
 """
 
 from __future__ import annotations
@@ -26,29 +28,35 @@ __all__ = ["verdict_of"]
 
 MAX_SWEEP_BYTES = 16 << 20
 REFERENCE = "reference"
+KINDS = ("sweep", "tune")
+Series = dict[str, dict[int, float]]
+"""Each configuration's img/s by round number (rounds where it failed or did not run are absent)."""
 
 
 def verdict_of(a: RunSummary, b: RunSummary) -> dict[str, Any]:
     """B against A: `{"text": ..., "outcome": ..., "winner": ...}` when they are runs of one sweep, else a text
     saying why there is no verdict (outcome None)."""
     pa, pb = a.part_of, b.part_of
-    if pa is None or pb is None or pa.kind != "sweep" or pb.kind != "sweep" or pa.dir != pb.dir:
-        return _none("not measured in one sweep (no shared reference, no interleaved rounds): "
+    if pa is None or pb is None or pa.kind not in KINDS or pb.kind != pa.kind or pa.dir != pb.dir:
+        return _none("not measured in one sweep or tune (no shared reference, no interleaved rounds): "
                      "measure them together with `pictl sweep`")
+    kind, where = pa.kind, terminal_text(pa.name, 80)
     name_a, name_b = _config(pa), _config(pb)
     if name_a == name_b:
-        return _none(f"two rounds of one configuration ({terminal_text(name_a, 80)}): the sweep's row gives its "
+        return _none(f"two rounds of one configuration ({terminal_text(name_a, 80)}): the {kind}'s row gives its "
                      "spread")
     try:
-        rounds, plan = _rounds(Path(pa.dir))
+        series, plan = (_rounds if kind == "sweep" else _tune_rounds)(Path(pa.dir))
     except (OSError, ValueError, ConfigError) as exc:
-        return _none(f"sweep {terminal_text(pa.name, 80)}: its sweep.json cannot be read ({terminal_text(exc, 120)})")
-    ips_a, ips_b = _series(rounds, name_a), _series(rounds, name_b)
+        return _none(f"{kind} {where}: its {kind}.json cannot be read ({terminal_text(exc, 120)})")
+    ips_a, ips_b = _aligned(series.get(name_a, {}), series.get(name_b, {}))
     if not any(v is not None for v in ips_a) or not any(v is not None for v in ips_b):
-        return _none(f"sweep {terminal_text(pa.name, 80)}: its rounds do not hold both configurations")
+        return _none(f"{kind} {where}: its rounds do not hold both configurations (a tune measures only its "
+                     "finalists in rounds)" if kind == "tune" else
+                     f"{kind} {where}: its rounds do not hold both configurations")
     verdict = compare(terminal_text(name_b, 80), ips_b, terminal_text(name_a, 80), ips_a,
                       looks=looks_for(*plan))
-    return {"text": f"in sweep {terminal_text(pa.name, 80)}: {verdict.text()}", "outcome": verdict.outcome,
+    return {"text": f"in {kind} {where}: {verdict.text()}", "outcome": verdict.outcome,
             "winner": verdict.winner, "ratio": verdict.ratio.to_json() if verdict.ratio else None}
 
 
@@ -60,30 +68,73 @@ def _config(part: Any) -> str:
     return REFERENCE if part.role == REFERENCE else str(part.configuration or "")
 
 
-def _rounds(sweep_dir: Path) -> tuple[list[dict[str, Any]], tuple[int, int]]:
-    """sweep.json's rounds and its plan's (rounds, max_rounds)."""
-    data = read_regular(sweep_dir, "sweep.json", MAX_SWEEP_BYTES)
+def _rounds(sweep_dir: Path) -> tuple[Series, tuple[int, int]]:
+    """sweep.json's rounds as series, and its plan's (rounds, max_rounds)."""
+    found = _read_json(sweep_dir, "sweep.json")
+    rounds = found.get("rounds")
+    if not isinstance(rounds, list) or not all(isinstance(r, dict) for r in rounds):
+        raise ValueError("no rounds in it (a sweep from an older pictl)")
+    series: Series = {}
+    for k, r in enumerate(rounds, start=1):
+        runs = r.get("runs") if isinstance(r.get("runs"), dict) else {}
+        for name, run in [(REFERENCE, r.get(REFERENCE)), *runs.items()]:
+            ips = _ips(run.get("ips") if isinstance(run, dict) else None)
+            if ips is not None:
+                series.setdefault(str(name), {})[k] = ips
+    plan = found.get("plan")
+    plan = plan if isinstance(plan, dict) else {}
+    return series, _plan(plan.get("rounds"), plan.get("max_rounds"), len(rounds))
+
+
+def _tune_rounds(tune_dir: Path) -> tuple[Series, tuple[int, int]]:
+    """tune.json's rows' rounds as series (the reference's row under REFERENCE), and its (MIN_ROUNDS,
+    max_rounds)."""
+    from pictl.jobs.tune_rounds import MIN_ROUNDS
+
+    found = _read_json(tune_dir, "tune.json")
+    rows = found.get("rows")
+    if not isinstance(rows, list):
+        raise ValueError("no rows in it")
+    series: Series = {}
+    most = 0
+    for row in rows:
+        if not isinstance(row, dict) or not isinstance(row.get("rounds"), list):
+            continue
+        name = REFERENCE if row.get("reference") is True else str(row.get("candidate") or "")
+        for run in row["rounds"]:
+            k, ips = (run.get("round"), _ips(run.get("ips"))) if isinstance(run, dict) else (None, None)
+            if isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= 100 and ips is not None:
+                series.setdefault(name, {})[k] = ips
+                most = max(most, k)
+    settings = found.get("settings")
+    settings = settings if isinstance(settings, dict) else {}
+    return series, _plan(MIN_ROUNDS, settings.get("max_rounds"), most)
+
+
+def _read_json(directory: Path, name: str) -> dict[str, Any]:
+    data = read_regular(directory, name, MAX_SWEEP_BYTES)
     if data is None:
         raise ValueError(f"more than {MAX_SWEEP_BYTES >> 20} MiB")
     found = json.loads(data.decode("utf-8"))
-    rounds = found.get("rounds") if isinstance(found, dict) else None
-    if not isinstance(rounds, list) or not all(isinstance(r, dict) for r in rounds):
-        raise ValueError("no rounds in it (a sweep from an older pictl)")
-    plan = found.get("plan") if isinstance(found.get("plan"), dict) else {}
-    first, most = plan.get("rounds"), plan.get("max_rounds")
+    if not isinstance(found, dict):
+        raise ValueError("not a JSON object")
+    return found
+
+
+def _plan(first: Any, most: Any, measured: int) -> tuple[int, int]:
+    """(rounds, max_rounds) as planned, when they are sane; else as many as were measured."""
     if isinstance(first, int) and isinstance(most, int) and not isinstance(first, bool) \
             and not isinstance(most, bool) and 1 <= first <= most <= 100:
-        return rounds, (first, most)
-    return rounds, (len(rounds), len(rounds))
+        return first, most
+    return max(1, measured), max(1, measured)
 
 
-def _series(rounds: list[dict[str, Any]], name: str) -> list[float | None]:
-    """`name`'s img/s in each round (None where it did not run or failed)."""
-    out: list[float | None] = []
-    for r in rounds:
-        runs = r.get("runs")
-        run = r.get(REFERENCE) if name == REFERENCE else runs.get(name) if isinstance(runs, dict) else None
-        ips = run.get("ips") if isinstance(run, dict) else None
-        good = isinstance(ips, int | float) and not isinstance(ips, bool) and 0 < ips < 1e9
-        out.append(float(ips) if good and ips is not None else None)
-    return out
+def _ips(value: Any) -> float | None:
+    good = isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < 1e9
+    return float(value) if good else None
+
+
+def _aligned(a: dict[int, float], b: dict[int, float]) -> tuple[list[float | None], list[float | None]]:
+    """Both series over the rounds either ran in, in round order (None where one did not run or failed)."""
+    rounds = sorted(set(a) | set(b))
+    return [a.get(k) for k in rounds], [b.get(k) for k in rounds]

@@ -144,9 +144,9 @@ def test_a_spread_of_one_round_has_no_interval_yet() -> None:
     assert several.low < several.median < several.high and several.least == 7.6
 
 
-def _run(run_id: str, sweep: Path, configuration: str, role: str = "candidate") -> RunSummary:
+def _run(run_id: str, sweep: Path, configuration: str, role: str = "candidate", kind: str = "sweep") -> RunSummary:
     return RunSummary.model_validate({"status": "ok", "run_id": run_id, "stages": 2, "part_of": {
-        "kind": "sweep", "name": sweep.name, "dir": str(sweep), "round": 1, "role": role,
+        "kind": kind, "name": sweep.name, "dir": str(sweep), "round": 1, "role": role,
         "configuration": configuration}})
 
 
@@ -167,3 +167,31 @@ def test_runs_compare_judges_two_runs_of_one_sweep_by_its_rounds(tmp_path: Path)
     (sweep / "sweep.json").rename(sweep / "real.json")
     (sweep / "sweep.json").symlink_to(sweep / "real.json")  # a link is never read through
     assert "cannot be read" in verdict_of(slow, fast)["text"]
+
+
+def test_runs_compare_judges_two_finalists_of_one_tune_by_its_rounds(tmp_path: Path) -> None:
+    """A tune's rows carry their rounds (each against its round's reference): two finalists are judged by them,
+    a candidate screened once and never in rounds gets no verdict, and a sweep's run is not a tune's."""
+    tune = tmp_path / "tune"
+    tune.mkdir()
+
+    def row(label: str, per_round: list[float | None], **extra) -> dict:
+        return {"candidate": label, **extra, "rounds": [
+            {"round": k, "run_id": f"{label}{k}", "ips": v, "reference_ips": 4.0, "speedup": v / 4.0}
+            for k, v in enumerate(per_round, start=1) if v is not None]}
+
+    rows = [row("1x3", [12.0, 7.3, 11.0, 8.6]), row("1x2", [8.1, 7.2, 8.0, 7.9]),
+            row("serial", [4.0, 2.4, 3.6, 2.8], reference=True), row("2x2", [])]
+    (tune / "tune.json").write_text(json.dumps({"rows": rows, "settings": {"max_rounds": 9}}))
+    three, two = _run("a", tune, "1x3", kind="tune"), _run("b", tune, "1x2", kind="tune")
+    judged = verdict_of(two, three)
+    assert judged["text"].startswith("in tune tune: 1x3 and 1x2: a tie within noise") and judged["winner"] is None
+    loud = [12.0, 7.3, 11.0, 8.6]  # the same rounds, in a tune whose 1x2 is always half as fast: a clear winner
+    rows[1] = row("1x2", [v / 2 for v in loud])
+    (tune / "tune.json").write_text(json.dumps({"rows": rows, "settings": {"max_rounds": 9}}))
+    judged = verdict_of(two, three)
+    assert judged["outcome"] == "faster" and judged["winner"] == "1x3", judged
+    assert verdict_of(_run("r", tune, "serial", "reference", kind="tune"), three)["winner"] == "1x3"
+    screened = verdict_of(three, _run("c", tune, "2x2", kind="tune"))
+    assert screened["outcome"] is None and "finalists" in screened["text"]
+    assert "not measured in one sweep or tune" in verdict_of(three, _run("d", tune, "1x2"))["text"]
