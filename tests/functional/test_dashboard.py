@@ -250,7 +250,11 @@ async def test_a_sweep_from_the_dashboard_shows_its_table(tmp_path: Path, baseli
         await pilot.pause(0.6)
         text = _screen_text(app)
         assert "run 2 of 2" in text and "slowest" in text  # the reference, then the configuration
-        assert f"{rows[0]['speedup']:.2f}x {rows[0]['efficiency']:.2f}" in text
+        # place, the median speedup, its interval over rounds (none from one round), rounds, efficiency; and the
+        # one reference every speedup divides by, under the table
+        row = rf"\b1 +2 +\d+ +equal +[\d.]+ +{rows[0]['speedup']:.2f}x +- +1 +{rows[0]['efficiency']:.2f}"
+        assert re.search(row, text), text
+        assert "every speedup over one reference, round by round: serial on h0" in " ".join(text.split())
         assert (Path(app.state.sweep.directory) / "table.md").exists()
 
 

@@ -35,20 +35,29 @@ def _eta(seconds: float | None) -> str:
     return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
-def sweep_table(rows: list[dict]) -> Table:
-    """The sweep's table as `pictl sweep` writes it: speedup, efficiency, throughput, bottleneck."""
+def sweep_table(rows: list[dict]) -> RenderableType:
+    """The sweep's table as `pictl sweep` ranks it (table.md): place (ties share one), median throughput and
+    speedup with the speedup's interval over rounds, efficiency, bottleneck; and, under it, the one reference
+    every speedup divides by."""
     table = Table(box=None, padding=(0, 1), header_style="bold")
-    for col in ("stages", "chunk", "policy", "img/s", "speedup", "eff", "slowest"):
+    for col in ("#", "stages", "chunk", "policy", "img/s", "speedup", "interval", "rounds", "eff", "slowest"):
         table.add_column(col, justify="left" if col in ("policy", "slowest") else "right", no_wrap=True)
     for r in rows:
-        if r.get("status") != "ok":
-            table.add_row(str(r["stages"]), str(r["chunk"]), r["policy"], Text(r.get("status", "?"), style="red"),
-                          "", "", Text(str(r.get("error") or "")[:40], style="red"))
+        place = str(r["place"]) if r.get("place") is not None else "-"
+        config = (place, str(r["stages"]), str(r["chunk"]), r["policy"])
+        problem = Text(str(r.get("error") or "")[:40], style="red") if r.get("status") != "ok" else None
+        if problem is not None and not r.get("rounds"):
+            table.add_row(*config, Text(r.get("status", "?"), style="red"), "", "", "", "", problem)
             continue
-        table.add_row(str(r["stages"]), str(r["chunk"]), r["policy"], figure(r.get("throughput_ips")),
-                      speedup_text(r.get("speedup")), efficiency_text(r.get("efficiency")),
-                      str(r.get("bottleneck") or "-"))
-    return table
+        low, high = r.get("speedup_low"), r.get("speedup_high")
+        interval = f"{speedup_text(low)}-{speedup_text(high)}" if low is not None and high is not None else "-"
+        table.add_row(*config, figure(r.get("throughput_ips")), speedup_text(r.get("speedup")), interval,
+                      str(r.get("rounds") or "-"), efficiency_text(r.get("efficiency")),
+                      problem or str(r.get("bottleneck") or "-"))  # (a round failed: say so where the eye is)
+    reference = next((r["reference"] for r in rows if r.get("reference")), None)
+    if not reference:
+        return table
+    return Group(table, Text(f"every speedup over one reference, round by round: {reference}", style="dim"))
 
 
 def result_line(s: RunSummary) -> str:
