@@ -37,13 +37,14 @@ def cluster4(tmp_path: Path) -> Path:
 @pytest.fixture(scope="session")
 def ssh_cluster():
     """The real sshd cluster: 4 hosts in network namespaces as root, else on loopback ports."""
-    from support.sshcluster import Unavailable, start_cluster
+    from support.sshcluster import TAG, Unavailable, start_cluster
 
     try:
         cluster = start_cluster(4)
     except Unavailable as exc:
         skip_loudly(f"SSH TEST CLUSTER UNAVAILABLE ({exc})")
     yield cluster
+    _kill_warm_roots(lambda cmd, user: user.startswith(f"pictl-{TAG}"))  # its logins' warm processes
     cluster.down()
 
 
@@ -56,32 +57,40 @@ def _no_user_presets(tmp_path_factory) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def _warm_processes_end_with_the_session(tmp_path_factory):
     """The suite runs warm (as users do), so the hosts' warm processes outlive each test by design. This session's
-    own (its local hosts' warm directory is the session's; its SSH test hosts are the `pictl-<tag>N` logins)
-    end with it, so that nothing of the suite's is left running; another session's, or a person's, are never
-    touched (two test sessions at once on one machine each keep theirs)."""
+    own local hosts' (their warm directory is the session's) end with it, and the SSH test hosts' with the SSH
+    cluster (`ssh_cluster`), so that nothing of the suite's is left running; another session's or worker's, or
+    a person's, are never touched (two test sessions at once on one machine each keep theirs)."""
+    warm_dir = tmp_path_factory.mktemp("warm")
+    os.environ["PICTL_WARM_DIR"] = str(warm_dir)  # every local host of the session (the controller's env)
+    yield
+    _kill_warm_roots(lambda cmd, user: str(warm_dir) in cmd)
+
+
+def _kill_warm_roots(ours) -> None:
+    """Kill the warm processes `ours(cmdline, user)` names (their jobs, if any, die with their parent)."""
     import pwd
 
     import psutil
 
-    warm_dir = tmp_path_factory.mktemp("warm")
-    os.environ["PICTL_WARM_DIR"] = str(warm_dir)  # every local host of the session (the controller's env)
-    from support.sshcluster import TAG
-
-    yield
-
-    def ours(proc: psutil.Process) -> bool:
-        cmd = " ".join(proc.info["cmdline"] or [])
-        if "remote.host.warmroot --socket" not in cmd:
-            return False
-        try:
-            user = pwd.getpwuid(proc.info["uids"].real).pw_name
-        except (KeyError, AttributeError):
-            user = ""
-        return str(warm_dir) in cmd or user.startswith(f"pictl-{TAG}")
-
     for proc in psutil.process_iter(["cmdline", "uids"]):
         try:
-            if ours(proc):
-                proc.kill()  # (its jobs, if any, go with it: they die with their parent)
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if "remote.host.warmroot --socket" not in cmd:
+                continue
+            try:
+                user = pwd.getpwuid(proc.info["uids"].real).pw_name
+            except (KeyError, AttributeError):
+                user = ""
+            if ours(cmd, user):
+                proc.kill()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`--dist loadgroup`), a module's tests stay on one worker (its module-scoped cluster and
+    baselines are made once), and every test of the one SSH test cluster runs on the same worker: the cluster
+    is a machine-wide resource (network namespaces, logins), started once per session."""
+    for item in items:
+        group = "ssh-cluster" if "ssh_cluster" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
