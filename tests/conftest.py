@@ -87,10 +87,12 @@ def _kill_warm_roots(ours) -> None:
             continue
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`--dist loadgroup`), a module's tests stay on one worker (its module-scoped cluster and
     baselines are made once), and every test of the one SSH test cluster runs on the same worker: the cluster
     is a machine-wide resource (network namespaces, logins), started once per session."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
     for item in items:
         group = "ssh-cluster" if "ssh_cluster" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
