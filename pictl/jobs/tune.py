@@ -230,6 +230,7 @@ async def _decide(tune: TuneJob) -> None:
                                 max_rounds=tune.settings.max_rounds, plan_round=plan_round)
     tune.meta["decision"] = decision.lines
     tune.meta["rounds"] = len(reference.rounds)
+    tune.meta["plan"] = {"rounds": MIN_ROUNDS, "max_rounds": tune.settings.max_rounds}  # (`runs compare` reads it)
     for line in decision.lines:
         tune.say(Phase("tune", line))
 

@@ -87,10 +87,8 @@ def _rounds(sweep_dir: Path) -> tuple[Series, tuple[int, int]]:
 
 
 def _tune_rounds(tune_dir: Path) -> tuple[Series, tuple[int, int]]:
-    """tune.json's rows' rounds as series (the reference's row under REFERENCE), and its (MIN_ROUNDS,
+    """tune.json's rows' rounds as series (the reference's row under REFERENCE), and its plan's (rounds,
     max_rounds)."""
-    from pictl.jobs.tune_rounds import MIN_ROUNDS
-
     found = _read_json(tune_dir, "tune.json")
     rows = found.get("rows")
     if not isinstance(rows, list):
@@ -106,9 +104,9 @@ def _tune_rounds(tune_dir: Path) -> tuple[Series, tuple[int, int]]:
             if isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= 100 and ips is not None:
                 series.setdefault(name, {})[k] = ips
                 most = max(most, k)
-    settings = found.get("settings")
-    settings = settings if isinstance(settings, dict) else {}
-    return series, _plan(MIN_ROUNDS, settings.get("max_rounds"), most)
+    plan = found.get("plan")
+    plan = plan if isinstance(plan, dict) else {}
+    return series, _plan(plan.get("rounds"), plan.get("max_rounds"), most)
 
 
 def _read_json(directory: Path, name: str) -> dict[str, Any]:

@@ -182,13 +182,13 @@ def test_runs_compare_judges_two_finalists_of_one_tune_by_its_rounds(tmp_path: P
 
     rows = [row("1x3", [12.0, 7.3, 11.0, 8.6]), row("1x2", [8.1, 7.2, 8.0, 7.9]),
             row("serial", [4.0, 2.4, 3.6, 2.8], reference=True), row("2x2", [])]
-    (tune / "tune.json").write_text(json.dumps({"rows": rows, "settings": {"max_rounds": 9}}))
+    (tune / "tune.json").write_text(json.dumps({"rows": rows, "plan": {"rounds": 3, "max_rounds": 9}}))
     three, two = _run("a", tune, "1x3", kind="tune"), _run("b", tune, "1x2", kind="tune")
     judged = verdict_of(two, three)
     assert judged["text"].startswith("in tune tune: 1x3 and 1x2: a tie within noise") and judged["winner"] is None
     loud = [12.0, 7.3, 11.0, 8.6]  # the same rounds, in a tune whose 1x2 is always half as fast: a clear winner
     rows[1] = row("1x2", [v / 2 for v in loud])
-    (tune / "tune.json").write_text(json.dumps({"rows": rows, "settings": {"max_rounds": 9}}))
+    (tune / "tune.json").write_text(json.dumps({"rows": rows, "plan": {"rounds": 3, "max_rounds": 9}}))
     judged = verdict_of(two, three)
     assert judged["outcome"] == "faster" and judged["winner"] == "1x3", judged
     assert verdict_of(_run("r", tune, "serial", "reference", kind="tune"), three)["winner"] == "1x3"

@@ -36,28 +36,31 @@ def _eta(seconds: float | None) -> str:
 
 
 def sweep_table(rows: list[dict]) -> RenderableType:
-    """The sweep's table as `pictl sweep` ranks it (table.md): place (ties share one), median throughput and
-    speedup with the speedup's interval over rounds, efficiency, bottleneck; and, under it, the one reference
-    every speedup divides by."""
+    """The sweep's table as `pictl sweep` ranks it (table.md), in the columns half a terminal holds: place (ties
+    share one), median throughput and speedup, the speedup's interval over rounds (`-` from one round),
+    efficiency; and, under it, the one reference every speedup divides by (with how many rounds)."""
     table = Table(box=None, padding=(0, 1), header_style="bold")
-    for col in ("#", "stages", "chunk", "policy", "img/s", "speedup", "interval", "rounds", "eff", "slowest"):
-        table.add_column(col, justify="left" if col in ("policy", "slowest") else "right", no_wrap=True)
+    # Short headings, as the tune's: the run panel may be half of an 80-column terminal (config: stages, policy,
+    # chunk; x: the speedup over the reference).
+    for col in ("#", "config", "img/s", "x", "interval", "eff"):
+        table.add_column(col, justify="left" if col == "config" else "right", no_wrap=True)
     for r in rows:
+        wire = f" {r['wire']}" if r.get("wire") not in (None, "fp32") else ""
         place = str(r["place"]) if r.get("place") is not None else "-"
-        config = (place, str(r["stages"]), str(r["chunk"]), r["policy"])
-        problem = Text(str(r.get("error") or "")[:40], style="red") if r.get("status") != "ok" else None
-        if problem is not None and not r.get("rounds"):
-            table.add_row(*config, Text(r.get("status", "?"), style="red"), "", "", "", "", problem)
+        config = (place, f"{r['stages']} {r['policy']} c{r['chunk']}{wire}")
+        if r.get("status") != "ok" and not r.get("rounds"):
+            table.add_row(*config, Text(r.get("status", "?"), style="red"), "", "",
+                          Text(str(r.get("error") or "")[:40], style="red"))
             continue
         low, high = r.get("speedup_low"), r.get("speedup_high")
-        interval = f"{speedup_text(low)}-{speedup_text(high)}" if low is not None and high is not None else "-"
+        interval = f"{low:.2f}-{high:.2f}" if low is not None and high is not None else "-"
+        failed = Text(" (a round failed)", style="red") if r.get("status") != "ok" else ""
         table.add_row(*config, figure(r.get("throughput_ips")), speedup_text(r.get("speedup")), interval,
-                      str(r.get("rounds") or "-"), efficiency_text(r.get("efficiency")),
-                      problem or str(r.get("bottleneck") or "-"))  # (a round failed: say so where the eye is)
+                      Text.assemble(efficiency_text(r.get("efficiency")), failed))
     reference = next((r["reference"] for r in rows if r.get("reference")), None)
     if not reference:
         return table
-    return Group(table, Text(f"every speedup over one reference, round by round: {reference}", style="dim"))
+    return Group(table, Text(f"speedups over one reference: {reference}", style="dim"))
 
 
 def result_line(s: RunSummary) -> str:
