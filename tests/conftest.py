@@ -87,6 +87,7 @@ def _kill_warm_roots(ours) -> None:
             continue
 
 
+@pytest.hookimpl(tryfirst=True)  # (before xdist reads the groups into the test ids)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`--dist loadgroup`), a module's tests stay on one worker (its module-scoped cluster and
     baselines are made once), and every test of the one SSH test cluster runs on the same worker: the cluster

@@ -88,8 +88,8 @@ def test_nine_blocks_on_one_stage_is_imbalance_and_latency_matches_the_trace(tmp
     s = _run(tmp_path, shared_cache_env, 2, "--stages", "2", "--split", "blocks.9", "--images", "12", "--warmup",
              "1", "--repeats", "2", "--trace-steps", "12")
     _exact(s)
-    assert s["waterfall"]["dominant"] == "imbalance" and s["waterfall"]["bottleneck_rank"] == 0
-    assert _terms(s)["imbalance"]["share"] > 0.4, s["waterfall"]
+    assert s["waterfall"]["bottleneck_rank"] == 0, s["waterfall"]
+    _dominant_unless_others_interfered(s, "imbalance")
     # The traced pass, from the merged timeline: rank 0's compute range of a step opens as its image enters,
     # the last rank's closes as it leaves (the controller's clock; local hosts share it).
     timeline = json.loads(Path(s["traces"][0]["timeline"]).read_text())["traceEvents"]
