@@ -182,12 +182,14 @@ class RunPanel(Static):
         grid.add_column()
         phase_style = {"failed": "bold red", "stopped": "yellow", "done": "green"}.get(state.phase, "cyan")
         grid.add_row("run", Text(phase_line, style=phase_style))
-        if s and shown_status(s) == "suspect":  # an untrue result is never shown as a plain success
-            # Whole, folded: the cause is what the user must read (the flags below may be cut short).
-            grid.add_row(Text("SUSPECT", style="bold red"), Text(s.suspect_because or "a flag invalidates the result",
-                                                                 style="red", overflow="fold"))
-        grid.add_row("speedup", speedup_text(speedup) + (f"  of {stages}x ideal" if stages else "")
-                     + (f"  efficiency {efficiency_text(speedup / stages)}" if speedup and stages else ""))
+        suspect = bool(s and shown_status(s) == "suspect")
+        # An untrue result is never shown as a plain success: SUSPECT on the speedup's own row, its cause whole
+        # under the outputs (folded: it is what the user must read; on a 24-line terminal the speedup and the
+        # outputs come first, and the flags below may be cut short).
+        grid.add_row("speedup", Text.assemble(
+            speedup_text(speedup) + (f"  of {stages}x ideal" if stages else "")
+            + (f"  efficiency {efficiency_text(speedup / stages)}" if speedup and stages else ""),
+            *((("  SUSPECT", "bold red"),) if suspect else ())))
         if s and (n := s.numerics):  # the speedup above is the parallelism alone; beside it, numerics and both
             grid.add_row(n.kind, f"{speedup_text(n.speedup_vs_fp32)} over fp32 serial  (alone "
                                  f"{speedup_text(n.numerics_gain)}, top-1 agreement "
@@ -208,6 +210,9 @@ class RunPanel(Static):
                                                  f"DIFFER (max |diff| {s.max_abs_diff if s else None})")
         grid.add_row("outputs", Text(verdict + (" (lossy wire)" if lossy and match is None else ""),
                                      style="" if match is None else ("green" if match else "bold red")))
+        if s and suspect:
+            grid.add_row(Text("SUSPECT", style="bold red"), Text(s.suspect_because or "a flag invalidates the result",
+                                                                 style="red", overflow="fold"))
         bar_width = 12
         filled = round(done * bar_width)
         grid.add_row("progress", f"{'█' * filled}{'░' * (bar_width - filled)} {done:.0%}  ETA {_eta(eta)}")
