@@ -235,7 +235,7 @@ def test_a_host_slowed_mid_run_moves_the_cut_and_noise_alone_never_does(deit_cos
     after two drifting passes the watch corrects h1's factor and re-cuts between passes; the passes after run
     the new split, faster, and the outputs still match the serial run bit for bit. The re-cut is in the
     summary with the img/s around it, and h1's correction is cached with its age. Then an unchanged cluster
-    over many passes: no re-cut."""
+    over many passes: no re-cut, unless other work measurably slowed a host meanwhile."""
     env = {**pictl_env, "PICTL_CACHE_DIR": str(tmp_path / "cache")}
     hosts = write_cluster(tmp_path / "cluster", 2)
     _seed_profiles(tmp_path / "cache", hosts, deit_costs)
@@ -279,7 +279,14 @@ def test_a_host_slowed_mid_run_moves_the_cut_and_noise_alone_never_does(deit_cos
     steady = run_pictl([*common, "--repeats", "10"], {**env, "PICTL_CACHE_DIR": str(fresh)})
     assert steady.returncode in (E.EXIT_OK, E.EXIT_SUSPECT), steady.stderr[-3000:]
     quiet = json.loads(steady.stdout)
-    assert not [r for r in quiet["recuts"] if r["moved"]] and quiet["outputs_match"] is True
+    assert quiet["outputs_match"] is True
+    moved = [r for r in quiet["recuts"] if r["moved"]]
+    if moved:  # Other work (another test worker, another team) really slowed a host mid-run, which is what the
+        # watch is for: then the run measured that work (its ranks waited for a CPU: the interference term, or
+        # the host monitor's flag). Noise alone never moves the cut (tests/unit/test_recut.py, seeded).
+        interference = next((t["points"] for t in quiet["waterfall"]["terms"] if t["term"] == "interference"), 0.0)
+        overloaded = any(f["code"] == "host_overloaded" for f in quiet["flags"])
+        assert interference < -0.02 or overloaded, (moved, quiet["flags"], quiet["waterfall"])
 
 
 def test_a_rank_killed_as_the_re_cut_begins_fails_the_run_cleanly(deit_costs: dict, tmp_path, pictl_env) -> None:

@@ -184,8 +184,8 @@ class RunPanel(Static):
         grid.add_row("run", Text(phase_line, style=phase_style))
         suspect = bool(s and shown_status(s) == "suspect")
         # An untrue result is never shown as a plain success: SUSPECT on the speedup's own row, its cause whole
-        # under the outputs (folded: it is what the user must read; on a 24-line terminal the speedup and the
-        # outputs come first, and the flags below may be cut short).
+        # under the outputs and progress (folded: it is what the user must read; on a 24-line terminal the
+        # speedup, the outputs and the progress come first, and the flags below may be cut short).
         grid.add_row("speedup", Text.assemble(
             speedup_text(speedup) + (f"  of {stages}x ideal" if stages else "")
             + (f"  efficiency {efficiency_text(speedup / stages)}" if speedup and stages else ""),
@@ -210,12 +210,12 @@ class RunPanel(Static):
                                                  f"DIFFER (max |diff| {s.max_abs_diff if s else None})")
         grid.add_row("outputs", Text(verdict + (" (lossy wire)" if lossy and match is None else ""),
                                      style="" if match is None else ("green" if match else "bold red")))
-        if s and suspect:
-            grid.add_row(Text("SUSPECT", style="bold red"), Text(s.suspect_because or "a flag invalidates the result",
-                                                                 style="red", overflow="fold"))
         bar_width = 12
         filled = round(done * bar_width)
         grid.add_row("progress", f"{'█' * filled}{'░' * (bar_width - filled)} {done:.0%}  ETA {_eta(eta)}")
+        if s and suspect:
+            grid.add_row(Text("SUSPECT", style="bold red"), Text(s.suspect_because or "a flag invalidates the result",
+                                                                 style="red", overflow="fold"))
         for i, flag in enumerate(s.flags if s else []):  # what makes the figures suspect: beside them, in view
             grid.add_row(Text("flags" if i == 0 else "", style="bold yellow"),
                          Text(f"{flag.code}: {flag.message}", style="yellow", no_wrap=True, overflow="ellipsis"))
@@ -236,7 +236,9 @@ class RunPanel(Static):
         if state.refine:  # `balanced` measuring a split and correcting itself: the latest step
             grid.add_row("refine", refine_text(state.refine[-1]))
         if state.run_dir:
-            grid.add_row("record", Text(state.run_dir, style="dim", overflow="fold"))
+            # The run's id first (what `pictl runs show` takes), never folded apart; its directory after it.
+            where, _, run_id = state.run_dir.rstrip("/").rpartition("/")
+            grid.add_row("record", Text.assemble(run_id, (f"  in {where}", "dim"), overflow="fold"))
         if state.failure:
             f = state.failure
             where = f"host {f.host}" + (f" rank {f.rank}" if f.rank is not None else "")
