@@ -35,7 +35,7 @@ test: setup system-deps
 	$(VENV)/bin/ruff check pictl remote tests bench
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mkdocs build --strict --quiet --site-dir $(VENV)/site
-	$(VENV)/bin/python -m pytest -q -rs --durations=20 -n 2 --dist loadgroup
+	$(VENV)/bin/python -m pytest -q -rs --durations=20
 
 bench: setup
 	$(VENV)/bin/python -m bench

