@@ -294,6 +294,9 @@ async def test_a_tune_from_the_dashboard_follows_each_candidate_and_saves_the_wi
         await pilot.pause(0.6)
         text = _screen_text(app)
         assert "2 measured" in text
+        for m in tune.rows:  # each row measured in rounds shows its speedup's interval beside its median
+            if m.interval:
+                assert f"{m.interval[0]:.2f}-{m.interval[1]:.2f}" in text, (m.interval, text)
         if tune.winner is None:  # the rounds could not tell a candidate from the serial run: nothing is saved
             assert tune.preset is None and not (tmp_path / "profiles" / "tuned.toml").exists()
             return

@@ -22,8 +22,9 @@ def tune_table(view: TuneView) -> RenderableType:
                          *((f"  now: {view.trying}",) if view.trying and view.winner is None else ()),
                          "  ", (view.directory, "dim"))
     table = Table(box=None, padding=(0, 1), header_style="bold")
-    # Short headings: the run panel may be half of an 80-column terminal (x: the speedup over fp32 serial).
-    for col in ("config", "pred", "img/s", "x", "agree", ""):
+    # Short headings: the run panel may be half of an 80-column terminal (x: the speedup over fp32 serial, the
+    # median over rounds once measured in rounds, with its interval; `-` for a row screened by one run only).
+    for col in ("config", "pred", "img/s", "x", "interval", "agree", ""):
         table.add_column(col, justify="left" if col in ("config", "") else "right", no_wrap=True)
     for m in [*measured, *waiting]:
         if m is view.winner:
@@ -34,7 +35,8 @@ def tune_table(view: TuneView) -> RenderableType:
             verdict = Text("kept" if m.kept else f"no: {m.why}"[:40], style="green" if m.kept else "yellow")
         else:
             verdict = Text("-", style="dim")
+        interval = f"{m.interval[0]:.2f}-{m.interval[1]:.2f}" if m.interval and len(m.interval) == 2 else "-"
         table.add_row(m.candidate.short(view.base), figure(m.predicted_ips, ".1f"), figure(m.throughput_ips, ".1f"),
-                      figure(m.speedup_vs_fp32, unit="x"), figure(m.agreement_vs_fp32, ".3f"), verdict)
+                      figure(m.speedup_vs_fp32, unit="x"), interval, figure(m.agreement_vs_fp32, ".3f"), verdict)
     saved = [Text(f"saved as {view.preset}: r, profile tuned, runs it again", style="green")] if view.preset else []
     return Group(head, table, *saved)
