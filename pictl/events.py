@@ -2,7 +2,7 @@
 
 Every reader (headless, the dashboard, sweeps, tests) takes these types: a session announces what it
 decided (`Placed`: which host runs which stages with how many threads) and nobody recomputes it.
-Telemetry records are `remote.records`' dataclasses (one per event, shared with the hosts): `read_line`
+Telemetry records are `remote.floor.records`' dataclasses (one per event, shared with the hosts): `read_line`
 checks a line against its event's class, field by field, and returns an instance.
 """
 
@@ -15,16 +15,16 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pictl.text import shown
-from remote import job_records, run_records
-from remote import protocol as P
-from remote.records import Record, field_kinds
+from remote.floor import job_records, run_records
+from remote.floor import protocol as P
+from remote.floor.records import Record, field_kinds
 
 R = TypeVar("R", bound=Record)
 
 RECORD_TYPES: dict[str, type[Record]] = {
     cls.EVENT: cls for module in (run_records, job_records) for cls in vars(module).values()
     if isinstance(cls, type) and issubclass(cls, Record) and cls is not Record}
-"""Each event's class; every name in `remote.protocol.EVENTS` has one."""
+"""Each event's class; every name in `remote.floor.protocol.EVENTS` has one."""
 assert set(RECORD_TYPES) == set(P.EVENTS), set(P.EVENTS) ^ set(RECORD_TYPES)
 
 
@@ -52,7 +52,7 @@ class HostOutput:
 
 @dataclass(frozen=True)
 class RankEvent:
-    """A telemetry record (`remote.protocol`) from a rank, the serial run or a job."""
+    """A telemetry record (`remote.floor.protocol`) from a rank, the serial run or a job."""
 
     source: str
     host: str
@@ -192,7 +192,7 @@ _KIND_CHECKS: dict[str, Callable[[Any], bool]] = {
     "nums": lambda v: isinstance(v, list) and all(_number(x) for x in v),
     "counts": lambda v: isinstance(v, list) and all(_count(x) for x in v),
 }
-"""What each field kind of `remote.records` accepts."""
+"""What each field kind of `remote.floor.records` accepts."""
 _CHECKS: dict[str, tuple[tuple[str, Callable[[Any], bool], bool, str], ...]] = {
     event: tuple((f.name, _KIND_CHECKS[f.kind], f.optional, f.kind) for f in field_kinds(cls))
     for event, cls in RECORD_TYPES.items()}

@@ -28,9 +28,17 @@ from pictl.summary import baseline_text
 from pictl.summary_models import RunSummary
 from pictl.text import figure, markup_safe, printable
 from pictl.verdict import result_word
-from remote.job_records import PruneAccuracy, PruneDone, PruneProgress, PruneStart, TrainEval, TrainStart, TrainStep
-from remote.protocol import WARM_NOTE
-from remote.run_records import Error, Progress, Recut, Refine, Refined, StageReady, Throughput
+from remote.floor.job_records import (
+    PruneAccuracy,
+    PruneDone,
+    PruneProgress,
+    PruneStart,
+    TrainEval,
+    TrainStart,
+    TrainStep,
+)
+from remote.floor.protocol import WARM_NOTE
+from remote.floor.run_records import Error, Progress, Recut, Refine, Refined, StageReady, Throughput
 
 PRUNE_RECORDS = (PruneStart, PruneProgress, PruneAccuracy, PruneDone)
 

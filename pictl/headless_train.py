@@ -13,9 +13,9 @@ from rich.table import Table
 from pictl.console import result_console
 from pictl.job_summaries import TrainSummary
 from pictl.jobs.training.waterfall import train_waterfall_line
-from remote import protocol as P
-from remote.job_records import TrainEval, TrainStart, TrainStep
-from remote.records import Record
+from remote.floor import protocol as P
+from remote.floor.job_records import TrainEval, TrainStart, TrainStep
+from remote.floor.records import Record
 
 TRAIN_RECORDS = (TrainStart, TrainStep, TrainEval)
 CATEGORIES = tuple(k.removesuffix("_s") for k in P.TRAIN_TIME_KEYS)

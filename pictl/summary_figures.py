@@ -65,7 +65,7 @@ class NumericsFigures(Open):
 
 
 class RecutFigures(Open):
-    """One decision of the watch over the timed passes (`remote.recut`)."""
+    """One decision of the watch over the timed passes (`remote.floor.recut`)."""
 
     after_pass: int
     reason: str
@@ -111,7 +111,7 @@ class Prediction(Open):
 
 
 class RefineRound(Open):
-    """One calibration pass of `balanced`'s refinement (`remote.refinement`)."""
+    """One calibration pass of `balanced`'s refinement (`remote.floor.refinement`)."""
 
     round: int | None = None
     split_points: list[str] | None = None

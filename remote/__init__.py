@@ -1,10 +1,8 @@
 """Code that runs on the cluster hosts.
 
-    protocol.py, spec.py, errors.py, emit.py, balance.py   the shared floor: torch-free, imported by
-    refinement.py, recut.py, nofollow.py, entries.py        `pictl/` too (names, the run spec, the
-                                                            split solver, its refinement and re-cuts,
-                                                            paths opened without following links, the
-                                                            programs the controller may start)
+    floor/       the torch-free floor, the only part the controller imports: the contracts (event
+                 names, records, the run spec, errors, wire formats, entry points, torch versions), the
+                 split solver with its refinement and re-cuts, paths opened without following links
     data/        images and labelled sets (synthetic, CIFAR, ImageFolder)
     runtime/     the model as pieces, stage-local building, the pipeline, serial and plan runners
     profiling/   what `balanced` measures: per-piece costs, links

@@ -13,7 +13,7 @@ from pictl.cluster.fleet import Fleet
 
 if TYPE_CHECKING:
     from pictl.planning.costs import Profiles
-    from remote.balance import Link
+    from remote.floor.balance import Link
 
 from pictl.cli.common import (
     HostsOpt,

@@ -16,8 +16,8 @@ from pathlib import Path
 from pictl import errors as E
 from pictl.cluster.transport.base import Transport
 from pictl.inventory import Host
-from remote.artifact_meta import ArtifactMeta, read_artifact_meta
-from remote.errors import BadInput
+from remote.floor.artifact_meta import ArtifactMeta, read_artifact_meta
+from remote.floor.errors import BadInput
 
 MODELS_DIR = "models"
 

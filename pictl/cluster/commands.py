@@ -12,8 +12,8 @@ from pictl.cluster.transport import Transport
 from pictl.errors import ConfigError, NotReady, TransportError
 from pictl.inventory import Host
 from pictl.text import ascii_count
-from remote import entries
-from remote import protocol as P
+from remote.floor import entries
+from remote.floor import protocol as P
 
 # Binds the port in argv[1] (0: any free one) on the rendezvous host and prints it, or the
 # reason it is taken. Fixed code: the port travels as an argument, never inside the code.

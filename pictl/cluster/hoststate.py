@@ -19,7 +19,7 @@ from pictl.cluster.clock import PROBE_SOURCE
 from pictl.cluster.monitor import HostSample, summarize_samples
 from pictl.cluster.transport import Transport
 from pictl.inventory import Host, parse_cpu_list
-from remote.torch_support import unsupported
+from remote.floor.torch_support import unsupported
 
 LOAD_TOLERANCE_CORES = 0.5
 """Other work on a host may differ by this many busy cores between a baseline and its reuse."""
@@ -81,7 +81,7 @@ async def read_run_facts(first: Transport, others: list[Transport], *, checkpoin
 
 
 def torch_problem(host: Host, packages: dict[str, str | None]) -> str | None:
-    """Why `host`'s venv cannot run the host code for its torch (none, or outside `remote.torch_support`'s
+    """Why `host`'s venv cannot run the host code for its torch (none, or outside `remote.floor.torch_support`'s
     range), in words that say what to do; None when it can."""
     why = unsupported(packages.get("torch"))
     return f"its venv {host.venv_path()} {why}: run `pictl provision`" if why else None

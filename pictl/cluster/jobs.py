@@ -29,7 +29,7 @@ from pictl.cluster.push import push_to
 from pictl.cluster.stream import ProcessStream
 from pictl.cluster.transport import RemoteProcess, Transport
 from pictl.inventory import Host
-from remote import protocol as P
+from remote.floor import protocol as P
 
 
 async def to_the_end(work: Awaitable[None]) -> None:

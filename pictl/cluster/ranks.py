@@ -21,10 +21,10 @@ from pictl.cluster.stream import LineKeeper, ProcessStream
 from pictl.cluster.transport import RemoteProcess
 from pictl.events import EventSink, Rejected
 from pictl.inventory import Host
-from remote import entries
-from remote import protocol as P
-from remote.records import Record
-from remote.run_records import Error
+from remote.floor import entries
+from remote.floor import protocol as P
+from remote.floor.records import Record
+from remote.floor.run_records import Error
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """One remote process's output, read to its end: the one consumer runs, prunes and sweeps share.
 
-Every stdout line that is a telemetry record (`remote.protocol`) is kept in the record, handed to the
+Every stdout line that is a telemetry record (`remote.floor.protocol`) is kept in the record, handed to the
 caller's `on_record` and forwarded as a `RankEvent`; every other line is kept in the log, added to a
 short tail (what a failure shows) and forwarded as `HostOutput`. A line that claims to be telemetry but
 breaks the protocol goes to the log and to `on_rejected`, never to a reader. What torch prints while the
@@ -17,7 +17,7 @@ from typing import Protocol
 from pictl.cluster.torch_noise import TorchNoise, Verdict
 from pictl.cluster.transport import RemoteProcess
 from pictl.events import EventSink, HostOutput, RankEvent, Rejected, read_line
-from remote.records import Record
+from remote.floor.records import Record
 
 TAIL_LINES = 20
 

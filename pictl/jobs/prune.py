@@ -34,11 +34,11 @@ from pictl.inventory import Cluster, Host
 from pictl.job_summaries import PruneSummary
 from pictl.jobs.prune_options import PruneOptions
 from pictl.records.runs import RunRecord, default_runs_root, write_bytes_atomic
-from remote import entries
-from remote import protocol as P
-from remote.job_records import PruneAccuracy, PruneDone
-from remote.records import Record
-from remote.run_records import Error
+from remote.floor import entries
+from remote.floor import protocol as P
+from remote.floor.job_records import PruneAccuracy, PruneDone
+from remote.floor.records import Record
+from remote.floor.run_records import Error
 
 ARTIFACT_NAME = "model.safetensors"
 PRUNE_MODULE, PRUNE_ARGS = entries.PRUNE.module, ("--spec", "spec.json")

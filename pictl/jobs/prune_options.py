@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pictl import errors as E
 from pictl.text import shown
 from pictl.validation import Namer, problem_line
-from remote.spec import DataSpec, PruneSpec
+from remote.floor.spec import DataSpec, PruneSpec
 
 
 class PruneOptions(BaseModel):

@@ -90,8 +90,8 @@ def parse_wires(name: str, text: str) -> list[str]:
 
 
 def wire_formats(name: str, values: Any) -> list[str]:
-    """A sweep's wire formats, one per value, each as `remote.wire` names it; ConfigError names `name`."""
-    from remote.wire import parse_format
+    """A sweep's wire formats, one per value, each as `remote.floor.wire` names it; ConfigError names `name`."""
+    from remote.floor.wire import parse_format
 
     if not isinstance(values, list) or not values or not all(isinstance(w, str) for w in values):
         raise E.ConfigError(f"{name}: must be a list of one wire format or more, such as ['fp32', 'int8'] "

@@ -45,7 +45,7 @@ from pictl.records.runs import default_runs_root
 from pictl.run.baselines import BaselineCache
 from pictl.run.session import RunSession
 from pictl.validation import problem_line
-from remote import protocol as P
+from remote.floor import protocol as P
 
 __all__ = ["TuneSettings", "plan_tune", "run_tune"]
 

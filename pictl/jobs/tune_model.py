@@ -20,8 +20,8 @@ from pictl.planning.costs import Profiles, cost_table, profile_key, usable_profi
 from pictl.planning.options import RunOptions
 from pictl.planning.placement import place_stages
 from pictl.records.cache import JsonCache
-from remote.balance import NoFeasibleSplit, balanced_split
-from remote.wire import byte_ratio, parse_wire
+from remote.floor.balance import NoFeasibleSplit, balanced_split
+from remote.floor.wire import byte_ratio, parse_wire
 
 Machines = dict[str, tuple[str, float, float]]
 """Host -> [machine (boot id), its CPUs, the host's own cap], from a run's host records."""

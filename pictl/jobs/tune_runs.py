@@ -29,7 +29,7 @@ from pictl.run.context import Handed
 from pictl.run.session import RunSession
 from pictl.summary_models import RunSummary
 from pictl.text import figure
-from remote import protocol as P
+from remote.floor import protocol as P
 
 
 @checked_dataclass(config=ConfigDict(strict=True))

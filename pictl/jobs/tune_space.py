@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pictl.inventory import Cluster
 from pictl.planning.options import RunOptions
-from remote.wire import parse_wire
+from remote.floor.wire import parse_wire
 
 LOSSY_WIRES = ("fp16", "int8")
 """The compressing formats a lossy tune tries (lowrank loses far more for its bytes on DeiT-S's links)."""

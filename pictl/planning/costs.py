@@ -33,10 +33,10 @@ from pictl.events import command_outcome
 from pictl.inventory import Host
 from pictl.records.cache import JsonCache
 from pictl.text import ascii_count
-from remote import entries
-from remote import protocol as P
-from remote.balance import CostTable, Link
-from remote.run_records import Costs
+from remote.floor import entries
+from remote.floor import protocol as P
+from remote.floor.balance import CostTable, Link
+from remote.floor.run_records import Costs
 
 T = TypeVar("T")
 LAN_LINK = Link(latency_s=0.0002, bytes_per_s=110e6)  # what 1 GbE delivers between Pis

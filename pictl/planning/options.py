@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from pictl.errors import ConfigError
 from pictl.records.trackers import Tracker
-from remote.wire import parse_wire
+from remote.floor.wire import parse_wire
 
 MAX_IMAGES = 2000
 """Images per pass: the first host holds them all (about 0.6 MB each at 224x224) before the timed passes."""
@@ -83,7 +83,7 @@ class RunOptions(BaseModel):
     master_port: int | None = Field(default=None, ge=1024, le=65535)
     """Rendezvous port on the first host; default: one the host says is free when the run starts."""
     wire: str = Field(default="fp32", min_length=1, max_length=4096)
-    """What travels between stages (`remote.wire`): `fp32` (exact), `fp16`, `bf16`, `int8`, `lowrank:R`, for
+    """What travels between stages (`remote.floor.wire`): `fp32` (exact), `fp16`, `bf16`, `int8`, `lowrank:R`, for
     every cut or per cut (`blocks.4=fp16,blocks.8=int8`, explicit splits only)."""
     numerics: Literal["fp32", "int8-dynamic"] = "fp32"
     """Every stage's numerics, and its serial baseline's (`remote.runtime.numerics`): the pipeline is held to a
@@ -97,7 +97,7 @@ class RunOptions(BaseModel):
     the one-shot split from the profiles."""
     recut: bool = True
     """`balanced` with refinement: watch every timed pass and re-cut between passes when a host slows down
-    or recovers enough that another split wins by a margin (`remote.recut`); False keeps the refined split."""
+    or recovers enough that another split wins by a margin (`remote.floor.recut`); False keeps the refined split."""
     max_recuts: int = Field(default=2, ge=0, le=20)
     slowdown: list[float] | None = Field(default=None, min_length=3, max_length=4)
     """Fault injection (tests): [rank, timed pass, factor]: from that pass on the rank computes factor times

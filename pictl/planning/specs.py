@@ -24,11 +24,11 @@ from pictl.planning.options import RunOptions
 from pictl.planning.placement import place_stages
 from pictl.records.cache import JsonCache
 from pictl.records.cache import cache_root as default_cache_root
-from remote import entries
-from remote import protocol as P
-from remote.records import to_wire
-from remote.run_records import Plan
-from remote.spec import DataSpec, RunSpec
+from remote.floor import entries
+from remote.floor import protocol as P
+from remote.floor.records import to_wire
+from remote.floor.run_records import Plan
+from remote.floor.spec import DataSpec, RunSpec
 
 
 def spec_from(options: RunOptions, run_id: str, artifact: Artifact | None) -> RunSpec:

@@ -4,7 +4,7 @@ reached without following symbolic links, and read within a cap that is said whe
 A run or sweep directory may come from someone else (a folder received by mail, a shared drive): a link in it
 must not make `pictl report` copy the reader's key file into a shared report, nor `pictl track` write through
 it. The directory itself is taken as given (it is the caller's argument); below it, every component is
-opened with `O_NOFOLLOW` from the one above (`remote.nofollow`), and a link is refused with one line naming
+opened with `O_NOFOLLOW` from the one above (`remote.floor.nofollow`), and a link is refused with one line naming
 it (`ConfigError`, exit 2). A record or an events file is never read whole: `read_lines` stops at
 `MAX_EVENTS_BYTES` (and skips a line over `MAX_LINE_BYTES`), and leaves a note saying what it skipped.
 """
@@ -20,8 +20,8 @@ from pathlib import Path
 from pictl.errors import ConfigError
 from pictl.events import MAX_RECORD_CHARS
 from pictl.text import printable
-from remote import nofollow
-from remote.nofollow import LinkFound
+from remote.floor import nofollow
+from remote.floor.nofollow import LinkFound
 
 __all__ = ["MAX_EVENTS_BYTES", "MAX_LINE_BYTES", "LinkFound", "event_files", "make_dir", "read_lines",
            "read_regular", "refused", "write_bytes_atomic"]

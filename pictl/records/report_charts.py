@@ -11,8 +11,8 @@ from pictl.events import SERIAL_FP32, parse_event
 from pictl.records.files import event_files, read_lines
 from pictl.records.train_report import chart_label, md_text, quiet_charts
 from pictl.summary import RunSummary
-from remote.records import Record
-from remote.run_records import Progress, Throughput
+from remote.floor.records import Record
+from remote.floor.run_records import Progress, Throughput
 
 MAX_CHART_ITEMS = 64
 """Bars in one chart: more than a cluster has stages or links is not drawn (the tables still list them)."""

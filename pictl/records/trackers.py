@@ -26,7 +26,7 @@ from pictl.events import read_line
 from pictl.job_summaries import TrainSummary
 from pictl.records.files import event_files, read_lines, write_bytes_atomic
 from pictl.summary_models import RunSummary
-from remote.run_records import Progress, Throughput
+from remote.floor.run_records import Progress, Throughput
 
 Tracker = Literal["tensorboard", "wandb"]
 TRACKERS: tuple[str, ...] = get_args(Tracker)

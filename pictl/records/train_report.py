@@ -21,7 +21,7 @@ from typing import IO, Any
 from pictl import errors as E
 from pictl.job_summaries import TrainSummary
 from pictl.summary import terminal_text
-from remote import protocol as P
+from remote.floor import protocol as P
 
 CATEGORIES = tuple(k.removesuffix("_s") for k in P.TRAIN_TIME_KEYS)
 COLORS = ("#8c8c8c", "#4c72b0", "#dd8452", "#55a868", "#c44e52", "#dddddd")

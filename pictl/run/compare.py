@@ -11,8 +11,8 @@ from pictl.cluster.jobs import HostJob
 from pictl.run.context import RunContext
 from pictl.run.placement import Placement
 from pictl.run.serial import Serial
-from remote import protocol as P
-from remote.spec import RunSpec
+from remote.floor import protocol as P
+from remote.floor.spec import RunSpec
 
 
 @dataclass(frozen=True)

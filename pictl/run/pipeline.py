@@ -25,8 +25,8 @@ from pictl.run.logbook import Logbook
 from pictl.run.placement import Placement
 from pictl.run.split import SplitChoice, keep_refined
 from pictl.run.staging import Staged
-from remote.records import Record
-from remote.run_records import Refined
+from remote.floor.records import Record
+from remote.floor.run_records import Refined
 
 
 class _PortTaken(Exception):

@@ -1,4 +1,4 @@
-"""The re-cuts of a run, for its summary: each decision of the watch over the timed passes (`remote.recut`),
+"""The re-cuts of a run, for its summary: each decision of the watch over the timed passes (`remote.floor.recut`),
 with the throughput of the passes before and after it, so that a re-cut is judged by what it measured."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 from pictl.run.telemetry import RunTelemetry
 from pictl.run.waterfall import Settled
-from remote.records import COUNTER_NAMES
+from remote.floor.records import COUNTER_NAMES
 
 
 def _mean(xs: list[float]) -> float | None:

@@ -33,11 +33,11 @@ from pictl.run.placement import Placement
 from pictl.run.staging import Staged
 from pictl.run.telemetry import RunTelemetry
 from pictl.summary import age_text
-from remote import entries
-from remote import protocol as P
-from remote.records import Record, to_wire
-from remote.run_records import Error, Plan
-from remote.spec import RunSpec
+from remote.floor import entries
+from remote.floor import protocol as P
+from remote.floor.records import Record, to_wire
+from remote.floor.run_records import Error, Plan
+from remote.floor.spec import RunSpec
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ from pictl.run.staging import stage
 from pictl.run.summarize import Reached, bare_summary, summarize
 from pictl.run.traces import RankTrace, TraceGrab, grab_traces
 from pictl.summary_models import RunSummary
-from remote import protocol as P
+from remote.floor import protocol as P
 
 SAMPLE_INTERVAL_S = 2.0
 

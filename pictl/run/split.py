@@ -17,10 +17,10 @@ from pictl.planning.costs import cost_table, host_profiles, keep_corrections, li
 from pictl.run.context import RunContext
 from pictl.run.placement import Placement
 from pictl.run.timeline import StartupTimeline
-from remote.balance import NoFeasibleSplit, balanced_split
-from remote.run_records import Refine, Refined
-from remote.spec import RefineSpec, RunSpec
-from remote.wire import byte_ratio, parse_wire
+from remote.floor.balance import NoFeasibleSplit, balanced_split
+from remote.floor.run_records import Refine, Refined
+from remote.floor.spec import RefineSpec, RunSpec
+from remote.floor.wire import byte_ratio, parse_wire
 
 
 @dataclass(frozen=True)

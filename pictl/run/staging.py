@@ -15,8 +15,8 @@ from pictl.events import Phase
 from pictl.run.context import RunContext
 from pictl.run.placement import Placement
 from pictl.run.timeline import StartupTimeline
-from remote import protocol as P
-from remote.spec import RunSpec
+from remote.floor import protocol as P
+from remote.floor.spec import RunSpec
 
 
 @dataclass(frozen=True)

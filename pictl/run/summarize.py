@@ -31,7 +31,7 @@ from pictl.run.waterfall import waterfall
 from pictl.summary import SUMMARY_SCHEMA, checked
 from pictl.summary_models import RunSummary, SanityFlag
 from pictl.verdict import verdict_of
-from remote.wire import parse_wire
+from remote.floor.wire import parse_wire
 
 
 @dataclass

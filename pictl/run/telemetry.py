@@ -7,8 +7,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pictl.events import Rejected
-from remote.records import COUNTER_NAMES, Record
-from remote.run_records import (
+from remote.floor.records import COUNTER_NAMES, Record
+from remote.floor.run_records import (
     Accuracy,
     Error,
     MbTimes,

@@ -16,8 +16,8 @@ import time
 from typing import Any
 
 from pictl.inventory import Host
-from remote.records import Record
-from remote.run_records import FirstOutput, RunStart, StageMoved, StageReady
+from remote.floor.records import Record
+from remote.floor.run_records import FirstOutput, RunStart, StageMoved, StageReady
 
 # (part, the mark that ends it); each part starts where the previous one ended.
 PARTS = (("connect", "connected"), ("push", "pushed"), ("prepare", "prepared"), ("plan", "planned"),

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pictl import errors as E
-from remote import protocol as P
+from remote.floor import protocol as P
 
 TRACE_LIMIT = 256 << 20
 """The most of a trace file read from a host, compressed, and the most it may hold once decompressed: a few

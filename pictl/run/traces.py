@@ -34,7 +34,7 @@ from pictl.records.runs import (
 )
 from pictl.run.trace_files import TRACE_LIMIT, load_trace, merge, rank_breakdown
 from pictl.summary_models import TraceRecord
-from remote import protocol as P
+from remote.floor import protocol as P
 
 TIMELINE_FILE = "timeline.json"
 PERFETTO = "https://ui.perfetto.dev"

@@ -20,7 +20,7 @@ its own CPU wait. The chain, each step replacing one ideal by a measurement:
     residual        measured speedup - the above       shown, never hidden
     recut           (a re-cut run) the passes before the last re-cut, and its cold first pass
 
-A run that re-cut (`remote.recut`) is taken apart over its settled passes (those after the last re-cut's
+A run that re-cut (`remote.floor.recut`) is taken apart over its settled passes (those after the last re-cut's
 cold first pass, from their own per-pass counters), so every term describes one split; the passes before
 are the `recut` term: the whole run's speedup less the settled passes'.
 

@@ -8,9 +8,9 @@ from textual.message import Message
 
 from pictl.events import SERIAL_FP32, BaselineReady, HostOutput, Phase, Placed, RankEvent, SessionEvent, SplitChosen
 from pictl.tui.messages import Decided, LogLine, PhaseChanged, RankRecord
-from remote.job_records import PruneAccuracy, PruneDone
-from remote.records import Record
-from remote.run_records import Error, Progress, Recut, StageMoved, StageReady, Throughput, Trace
+from remote.floor.job_records import PruneAccuracy, PruneDone
+from remote.floor.records import Record
+from remote.floor.run_records import Error, Progress, Recut, StageMoved, StageReady, Throughput, Trace
 
 
 def _as_log(rec: Record) -> str | None:

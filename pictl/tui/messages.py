@@ -11,7 +11,7 @@ from pictl.events import BaselineReady, Placed, SplitChosen
 from pictl.job_summaries import PruneSummary, TrainSummary
 from pictl.summary_models import RunSummary, TraceRecord
 from pictl.tui.rows import Ending
-from remote.records import Record
+from remote.floor.records import Record
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 from pictl.job_summaries import PruneSummary
 from pictl.jobs.prune_options import PruneOptions
-from remote.job_records import PruneAccuracy, PruneProgress, PruneStart
-from remote.records import Record
+from remote.floor.job_records import PruneAccuracy, PruneProgress, PruneStart
+from remote.floor.records import Record
 
 
 @dataclass

@@ -23,8 +23,8 @@ from pictl.tui.rows import Ending, HostRow, StageView
 from pictl.tui.sweep_state import SweepView
 from pictl.tui.train_state import TrainView
 from pictl.tui.tune_state import TuneView
-from remote.records import Record
-from remote.run_records import Accuracy, Error, Progress, Refine, Refined, StageReady, Throughput, Trace
+from remote.floor.records import Record
+from remote.floor.run_records import Accuracy, Error, Progress, Refine, Refined, StageReady, Throughput, Trace
 
 NO_RUN = RunOptions()
 """What a pass count reads while a training or pruning job has the panel: the run defaults (made once)."""

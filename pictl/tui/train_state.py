@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 from pictl.job_summaries import TrainSummary
 from pictl.jobs.training.options import TrainOptions
-from remote import protocol as P
-from remote.job_records import TrainEval, TrainStart, TrainStep
-from remote.records import Record
+from remote.floor import protocol as P
+from remote.floor.job_records import TrainEval, TrainStart, TrainStep
+from remote.floor.records import Record
 
 CATEGORIES = tuple(k.removesuffix("_s") for k in P.TRAIN_TIME_KEYS)
 

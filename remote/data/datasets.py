@@ -16,8 +16,8 @@ import torch
 from torch.utils.data import Dataset, Subset
 
 from remote.data.images import _CIFAR, _imagefolder, _read_cifar, _upscale
-from remote.errors import BadInput
-from remote.spec import DataSpec
+from remote.floor.errors import BadInput
+from remote.floor.spec import DataSpec
 
 SPLIT_DIRS = {"train": ("train",), "test": ("test", "val")}
 

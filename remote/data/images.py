@@ -16,8 +16,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from remote.errors import BadInput
-from remote.spec import DataSpec
+from remote.floor.errors import BadInput
+from remote.floor.spec import DataSpec
 
 _CIFAR = {
     "cifar10": {"dirs": ("", "cifar-10-batches-py"), "train": [f"data_batch_{i}" for i in range(1, 6)],

@@ -25,7 +25,7 @@ others. Ours are stopped (SIGTERM, then SIGKILL) and their records removed.
 Nothing is reached through a symbolic link: DIR/runs being one is refused whole (one JSON line
 {"error": "..."} naming it, exit 2, nothing stopped or removed); a run directory, a record or an
 owner file that is one is never followed, read or removed (run directories are opened and removed
-through directory descriptors, `remote.nofollow`).
+through directory descriptors, `remote.floor.nofollow`).
 
 Prints one JSON line: {"stopped": [...], "kept": [...], "stale": n, "removed": [...]}.
 """
@@ -42,8 +42,8 @@ import sys
 import time
 from pathlib import Path
 
-from remote import entries, nofollow
-from remote.protocol import OWNER_FILE
+from remote.floor import entries, nofollow
+from remote.floor.protocol import OWNER_FILE
 
 GRACE_S = 5.0
 STALE_DIR_S = 3600.0

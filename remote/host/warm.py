@@ -44,8 +44,8 @@ import sys
 import sysconfig
 from typing import Any
 
-from remote import entries
-from remote.protocol import ENV_OWNER
+from remote.floor import entries
+from remote.floor.protocol import ENV_OWNER
 
 EXIT_WARM_LOST = 75
 """A client's status when the warm process ended under its job (EX_TEMPFAIL: a next job starts a fresh one)."""
@@ -59,7 +59,7 @@ answers later is stopped or stuck, and the job runs cold instead of hanging with
 OWNER_ENV = ENV_OWNER
 """The controller a job belongs to (set by the controller on every job): what `pictl stop` matches."""
 ENTRY_MODULES = entries.JOBS
-"""What a job may be: the programs pictl starts on a host (torchrun's agent included; `remote/entries.py`)."""
+"""What a job may be: the programs pictl starts on a host (torchrun's agent included; `remote/floor/entries.py`)."""
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.pipelining", "timm", "safetensors.torch",
            *entries.PRELOADED)
 """Imported before the first job. Every `remote` module is imported too (a job never reads pictl's code from

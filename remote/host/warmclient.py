@@ -33,9 +33,9 @@ import subprocess
 import sys
 import time
 
-from remote import entries
+from remote.floor import entries
+from remote.floor.protocol import WARM_NOTE
 from remote.host import warm as W
-from remote.protocol import WARM_NOTE
 
 START_TIMEOUT_S = float(os.environ.get("PICTL_WARM_START_TIMEOUT", "300"))
 """Importing torch on a Pi 4 from an SD card takes tens of seconds; more means something is wrong."""

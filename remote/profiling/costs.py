@@ -30,15 +30,15 @@ from dataclasses import replace
 
 import torch
 
-from remote import protocol as P
 from remote.data.images import load_images
-from remote.emit import Emitter
-from remote.run_records import Costs
+from remote.floor import protocol as P
+from remote.floor.emit import Emitter
+from remote.floor.run_records import Costs
+from remote.floor.spec import DataSpec, RunSpec
 from remote.runtime.measure import run_main, set_threads
 from remote.runtime.model import count_params
 from remote.runtime.outputs import open_checkpoint
 from remote.runtime.stage import build_stage, layout_for
-from remote.spec import DataSpec, RunSpec
 
 MIN_PASSES = 8
 MAX_SPREAD = 0.10

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from remote.errors import BadInput
-from remote.spec import PruneSpec
+from remote.floor.errors import BadInput
+from remote.floor.spec import PruneSpec
 
 
 def loader(ds: Dataset, batch_size: int, *, shuffle: bool, seed: int = 0) -> DataLoader:

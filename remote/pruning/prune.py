@@ -23,17 +23,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from remote import protocol as P
-from remote.artifact_meta import ArtifactMeta
 from remote.data.datasets import labelled_set
-from remote.emit import Emitter
-from remote.errors import BadInput
-from remote.job_records import PruneAccuracy, PruneDone, PruneProgress, PruneStart
+from remote.floor import protocol as P
+from remote.floor.artifact_meta import ArtifactMeta
+from remote.floor.emit import Emitter
+from remote.floor.errors import BadInput
+from remote.floor.job_records import PruneAccuracy, PruneDone, PruneProgress, PruneStart
+from remote.floor.spec import IMPORTANCES, OPTIMIZERS, PruneSpec
 from remote.pruning.finetune import finetune, loader, top1
 from remote.runtime.artifact import attention_heads, pruned_widths, save_artifact, set_attention_widths
 from remote.runtime.model import Checkpoint, create_meta_model, materialize
 from remote.runtime.pieces import check_supported
-from remote.spec import IMPORTANCES, OPTIMIZERS, PruneSpec
 
 
 def validate(spec: PruneSpec) -> None:

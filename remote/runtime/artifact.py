@@ -17,11 +17,11 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
-from remote.artifact_meta import ArtifactMeta, read_artifact_meta, read_header
-from remote.errors import BadInput
+from remote.floor.artifact_meta import ArtifactMeta, read_artifact_meta, read_header
+from remote.floor.errors import BadInput
+from remote.floor.spec import RunSpec
 from remote.runtime.kept_pair import PAIRS, attach_pairs, whole_forward
 from remote.runtime.model import create_meta_model
-from remote.spec import RunSpec
 
 
 def attention_heads(model: nn.Module) -> dict[str, int]:

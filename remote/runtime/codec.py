@@ -2,7 +2,7 @@
 
 The sending stage encodes inside its forward, the receiving one decodes inside its own, so the pipeline
 schedule and gloo only ever see ordinary tensors (of other dtypes and shapes). Every tensor of the state
-is encoded, the residual of an in-block cut included. Formats and their sizes: `remote.wire`.
+is encoded, the residual of an in-block cut included. Formats and their sizes: `remote.floor.wire`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from remote.floor.wire import WireFormat
 from remote.runtime.feedback import DeltaMemory
-from remote.wire import WireFormat
 
 POWER_ITERATIONS = 2
 """Power-iteration steps of `lowrank:R` (PowerSGD uses 1 per step with warm starts; a cold start needs 2)."""

@@ -17,7 +17,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from remote.errors import BadInput
+from remote.floor.errors import BadInput
 from remote.runtime.pieces import Piece, State, vit_pieces
 
 PAIRS = "wire_pairs"

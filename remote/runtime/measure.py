@@ -14,10 +14,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from remote import protocol as P
-from remote.emit import Emitter
-from remote.errors import BadInput
-from remote.run_records import Error
+from remote.floor import protocol as P
+from remote.floor.emit import Emitter
+from remote.floor.errors import BadInput
+from remote.floor.run_records import Error
 
 
 def peak_rss_mb() -> float:

@@ -17,7 +17,7 @@ import timm
 import torch
 from torch import nn
 
-from remote.errors import BadInput
+from remote.floor.errors import BadInput
 
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
 

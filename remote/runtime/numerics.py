@@ -20,7 +20,7 @@ import warnings
 import torch
 from torch import nn
 
-from remote.errors import BadInput
+from remote.floor.errors import BadInput
 
 NUMERICS = ("fp32", "int8-dynamic")
 ENGINES = ("x86", "fbgemm", "qnnpack")

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 
-from remote.emit import Emitter
-from remote.run_records import Accuracy, Outputs
+from remote.floor.emit import Emitter
+from remote.floor.run_records import Accuracy, Outputs
+from remote.floor.spec import RunSpec
 from remote.runtime.model import Checkpoint
-from remote.spec import RunSpec
 
 
 def open_checkpoint(spec: RunSpec) -> Checkpoint | None:

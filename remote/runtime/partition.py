@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from remote.errors import BadInput
+from remote.floor.errors import BadInput
 from remote.runtime.model import count_params
 from remote.runtime.pieces import Piece
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from timm.layers import Mlp
 from timm.models.vision_transformer import Attention, Block, VisionTransformer
 
-from remote.errors import BadInput
+from remote.floor.errors import BadInput
 
 State = tuple[torch.Tensor, ...]
 PieceFn = Callable[[VisionTransformer, State], State]

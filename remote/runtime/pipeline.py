@@ -4,7 +4,7 @@
 
 Rank r runs stage r (with replicas, stage r % S of replica r // S: `remote.runtime.replicas`). Every
 rank derives the same plan from the spec, builds only its own stage, and reports through JSON lines on
-stdout (`remote.protocol`).
+stdout (`remote.floor.protocol`).
 Passes: warm-up, then (under `balanced`, `spec.refine`) calibration passes while
 the measured stages suggest a better split (`remote.runtime.refine`), then the timed ones,
 then the traced one (`--trace-steps`).
@@ -27,10 +27,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import ScheduleGPipe
 
-from remote import protocol as P
 from remote.data.images import load_images, load_labels, microbatches
-from remote.emit import Emitter
-from remote.run_records import FirstOutput, Progress, RunEnd, RunStart, StageMoved, StageReady, Throughput
+from remote.floor import protocol as P
+from remote.floor.emit import Emitter
+from remote.floor.run_records import FirstOutput, Progress, RunEnd, RunStart, StageMoved, StageReady, Throughput
+from remote.floor.spec import RunSpec
+from remote.floor.wire import FP32
 from remote.runtime.codec import payload_meta
 from remote.runtime.measure import (
     ProgressClock,
@@ -50,8 +52,6 @@ from remote.runtime.schedule_inputs import schedule_inputs
 from remote.runtime.stage import ModelLayout, build_stage, compact_pieces, layout_for, stage_codec, stage_io_shapes
 from remote.runtime.timing import TimedStage, count_p2p, emit_mb_times, timed_pass
 from remote.runtime.tracing import Tracer, planned_window, rendezvous_store
-from remote.spec import RunSpec
-from remote.wire import FP32
 
 
 @dataclass
@@ -196,7 +196,7 @@ def _run(spec: RunSpec, emitter: Emitter) -> None:
         report()
         if timed:
             totals.add(built.stage.counters)
-        # Between timed passes: a host that drifted far enough moves the cut (`remote.recut`); the next pass
+        # Between timed passes: a host that drifted far enough moves the cut (`remote.floor.recut`); the next pass
         # runs the new split. The moved pieces' weights come from the checkpoint on this host, as at start-up
         # (or the seeded initialisation): nothing crosses the pipeline's links but the next pass's states.
         if timed and loop is not None and loop.spec.recut and repeat < spec.repeats - 1:

@@ -15,18 +15,18 @@ from __future__ import annotations
 import argparse
 import sys
 
-from remote import protocol as P
 from remote.data.images import check_data
-from remote.emit import Emitter
-from remote.errors import BadInput
-from remote.run_records import Plan
+from remote.floor import protocol as P
+from remote.floor.emit import Emitter
+from remote.floor.errors import BadInput
+from remote.floor.run_records import Plan
+from remote.floor.spec import RunSpec
 from remote.runtime.measure import run_main
 from remote.runtime.model import expected_shapes
 from remote.runtime.numerics import check_numerics
 from remote.runtime.outputs import open_checkpoint
 from remote.runtime.partition import split_point_names
 from remote.runtime.stage import compact_pieces, layout_for, stage_io_shapes
-from remote.spec import RunSpec
 
 
 def emit_plan(spec: RunSpec, emitter: Emitter, spec_file: str | None = None) -> None:

@@ -1,6 +1,6 @@
 """`balanced` closes the loop inside the run: measure each stage, correct the cost table, split again.
 
-Rank 0 holds a `remote.refinement.Refiner` over the table the controller solved the
+Rank 0 holds a `remote.floor.refinement.Refiner` over the table the controller solved the
 first split from (`RunSpec.refine`). After each untimed pass, every rank's compute time
 of each microbatch reaches rank 0, which corrects the table and decides, knowing the
 noise of what it measured, whether another split (or the same one again) is worth a
@@ -16,12 +16,12 @@ from collections.abc import Sequence
 
 import torch.distributed as dist
 
-from remote.balance import CostTable, Link, evaluate
-from remote.emit import Emitter
-from remote.recut import Watch
-from remote.refinement import Refiner
-from remote.run_records import Recut, Refine, Refined
-from remote.spec import RefineSpec
+from remote.floor.balance import CostTable, Link, evaluate
+from remote.floor.emit import Emitter
+from remote.floor.recut import Watch
+from remote.floor.refinement import Refiner
+from remote.floor.run_records import Recut, Refine, Refined
+from remote.floor.spec import RefineSpec
 
 
 def refiner_for(refine: RefineSpec, starts: Sequence[int]) -> Refiner:
@@ -52,7 +52,7 @@ class RefineLoop:
         self.spec = refine
         self.started = time.perf_counter()
         self.watch: Watch | None = None
-        """After refinement, rank 0's watch over the timed passes (`remote.recut`); None: not re-cutting."""
+        """After refinement, rank 0's watch over the timed passes (`remote.floor.recut`); None: not re-cutting."""
 
     def step(self, my_times: Sequence[float]) -> tuple[int, ...] | None:
         """After a measured pass (this rank's compute seconds of each microbatch): the next split to calibrate

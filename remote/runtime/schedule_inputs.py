@@ -1,4 +1,5 @@
-"""A rank's inputs to a pipelining schedule, passed the way the installed torch takes them (`remote.torch_support`).
+"""A rank's inputs to a pipelining schedule, passed the way the installed torch takes them
+(`remote.floor.torch_support`).
 
 torch 2.14 takes the microbatches pre-split (`arg_mbs=[(x0,), ...]`, `target_mbs=[y0, ...]`); 2.13 takes
 the whole batch (`step(x, target=y)`) and cuts it into `n_microbatches` along the first dimension itself.
@@ -14,7 +15,7 @@ from typing import Any
 
 import torch
 
-from remote.torch_support import takes_pre_split
+from remote.floor.torch_support import takes_pre_split
 
 PRE_SPLIT = takes_pre_split(torch.__version__)
 """Whether this torch's `step`/`eval` take pre-split microbatches."""

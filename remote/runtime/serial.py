@@ -18,11 +18,12 @@ from dataclasses import replace
 
 import torch
 
-from remote import protocol as P
 from remote.data.images import load_images, load_labels, microbatches
-from remote.emit import Emitter
+from remote.floor import protocol as P
+from remote.floor.emit import Emitter
+from remote.floor.run_records import Progress, RunEnd, RunStart, StageReady, Throughput
+from remote.floor.spec import RunSpec
 from remote.host.cpuwait import Span
-from remote.run_records import Progress, RunEnd, RunStart, StageReady, Throughput
 from remote.runtime.artifact import meta_model_for
 from remote.runtime.kept_pair import whole_forward
 from remote.runtime.measure import StageCounters, current_rss_mb, peak_rss_mb, run_main, set_threads
@@ -32,7 +33,6 @@ from remote.runtime.outputs import open_checkpoint, report_outputs
 from remote.runtime.pieces import check_supported
 from remote.runtime.plan import emit_plan
 from remote.runtime.timing import emit_mb_times
-from remote.spec import RunSpec
 
 
 def _run(spec: RunSpec, emitter: Emitter, *, plan: bool = False, logits_file: str = P.LOGITS_FILE_SERIAL) -> None:

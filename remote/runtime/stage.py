@@ -10,6 +10,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from remote.floor.spec import RunSpec
+from remote.floor.wire import parse_wire
 from remote.runtime.artifact import meta_model_for
 from remote.runtime.codec import Codec, learned_pair
 from remote.runtime.kept_pair import with_pairs
@@ -17,8 +19,6 @@ from remote.runtime.model import Checkpoint, materialize, prune_to
 from remote.runtime.numerics import apply_numerics
 from remote.runtime.partition import StagePlan, plan
 from remote.runtime.pieces import Piece, PieceFn, block_piece_count, check_supported, vit_pieces
-from remote.spec import RunSpec
-from remote.wire import parse_wire
 
 
 @dataclass

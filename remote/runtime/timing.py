@@ -19,10 +19,10 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining import schedules as _schedules
 from torch.profiler import record_function
 
-from remote import protocol as P
-from remote.emit import Emitter
+from remote.floor import protocol as P
+from remote.floor.emit import Emitter
+from remote.floor.run_records import MbTimes
 from remote.host.cpuwait import Span
-from remote.run_records import MbTimes
 from remote.runtime.measure import StageCounters
 from remote.runtime.tracing import Tracer
 

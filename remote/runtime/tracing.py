@@ -32,9 +32,9 @@ from pathlib import Path
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
-from remote import protocol as P
-from remote.emit import Emitter
-from remote.run_records import Trace
+from remote.floor import protocol as P
+from remote.floor.emit import Emitter
+from remote.floor.run_records import Trace
 
 STORE_KEY = "pictl/trace"
 STORE_COUNT = "pictl/traces"

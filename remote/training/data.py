@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from remote.data.datasets import _Cifar, _InMemory, labelled_set
-from remote.errors import BadInput
-from remote.spec import DataSpec, TrainSpec
+from remote.floor.errors import BadInput
+from remote.floor.spec import DataSpec, TrainSpec
 
 SYNTHETIC_TRAIN_OFFSET = 1_000_000
 """Synthetic training image i is `load_images`' image i + this: never one of the evaluation images."""

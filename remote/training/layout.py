@@ -14,13 +14,13 @@ from timm.models.resnet import ResNet
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
-from remote.errors import BadInput
+from remote.floor.errors import BadInput
+from remote.floor.spec import TrainSpec
 from remote.runtime.artifact import meta_model_from_artifact
 from remote.runtime.model import create_meta_model
 from remote.runtime.partition import plan
 from remote.runtime.pieces import Piece, State, check_supported, vit_pieces
 from remote.runtime.stage import ModelLayout
-from remote.spec import TrainSpec
 
 
 def _step(name: str, modules: tuple[str, ...], run: nn.Module | None = None) -> Piece:

@@ -5,7 +5,7 @@
 
 Every rank derives the same layout and batches from the spec, trains for `steps` optimizer steps,
 evaluates after every epoch (and at the end), writes the weights it ends with and the trained model's
-logits on the first evaluation images, and reports through JSON lines on stdout (`remote.protocol`).
+logits on the first evaluation images, and reports through JSON lines on stdout (`remote.floor.protocol`).
 """
 
 from __future__ import annotations
@@ -21,25 +21,25 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from remote import protocol as P
 from remote.data.datasets import class_count
 from remote.data.images import load_images
-from remote.emit import Emitter
-from remote.errors import BadInput
-from remote.job_records import TrainEnd, TrainEval, TrainStart, TrainStep
-from remote.run_records import Outputs, StageReady
+from remote.floor import protocol as P
+from remote.floor.emit import Emitter
+from remote.floor.errors import BadInput
+from remote.floor.job_records import TrainEnd, TrainEval, TrainStart, TrainStep
+from remote.floor.run_records import Outputs, StageReady
+from remote.floor.spec import DataSpec, TrainSpec
+from remote.floor.wire import parse_wire
 from remote.runtime.artifact import attention_heads
 from remote.runtime.kept_pair import PAIRS
 from remote.runtime.measure import current_rss_mb, die_with_parent, peak_rss_mb, run_main, set_threads
 from remote.runtime.model import Checkpoint
 from remote.runtime.outputs import write_logits
 from remote.runtime.stage import ModelLayout, StageModule, compact_pieces
-from remote.spec import DataSpec, TrainSpec
 from remote.training.data import Batches, Labelled, Prefetched, labelled, padded_microbatches, take_padded
 from remote.training.layout import layout_kwargs, train_layout
 from remote.training.timing import StepTimes
 from remote.training.workers import PipelineStageWorker, WholeModel, Worker
-from remote.wire import parse_wire
 
 
 def check(spec: TrainSpec, world: int) -> None:

@@ -18,14 +18,14 @@ from torch import nn
 from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 from torch.nn.parallel import DistributedDataParallel
 
+from remote.floor.spec import TrainSpec
+from remote.floor.wire import WireFormat
 from remote.runtime.codec import payload_meta
 from remote.runtime.model import Checkpoint
 from remote.runtime.schedule_inputs import schedule_inputs
 from remote.runtime.stage import ModelLayout, StageModule, build_stage, stage_codec, stage_io_shapes
-from remote.spec import TrainSpec
 from remote.training.data import Labelled
 from remote.training.timing import AllReduceClock, StepTimes, TrainStage, autocast
-from remote.wire import WireFormat
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 

@@ -11,11 +11,11 @@ from safetensors.torch import save_file
 from support.cli import ROOT, run_pictl
 from support.clusters import write_cluster
 
-from remote.emit import Emitter
-from remote.errors import BadInput
+from remote.floor.emit import Emitter
+from remote.floor.errors import BadInput
+from remote.floor.spec import DataSpec, RunSpec
 from remote.runtime.model import create_meta_model, materialize
 from remote.runtime.plan import emit_plan
-from remote.spec import DataSpec, RunSpec
 
 BAD = ROOT / "tests" / "support" / "data" / "bad_hosts"
 

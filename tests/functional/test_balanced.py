@@ -16,7 +16,7 @@ from pictl.cluster.push import tree_digest
 from pictl.inventory import load_cluster
 from pictl.planning.costs import LAN_LINK, PROFILE_FIELDS, profile_key
 from pictl.records.cache import JsonCache
-from remote.balance import CostTable, balanced_split, evaluate
+from remote.floor.balance import CostTable, balanced_split, evaluate
 
 pytestmark = pytest.mark.slow
 
@@ -53,8 +53,8 @@ def test_costs_have_the_shape_of_deit_small(deit_costs: dict) -> None:
 
 
 def test_balanced_is_no_worse_than_hand_splits_and_beats_equal_at_five(deit_costs: dict) -> None:
+    from remote.floor.spec import RunSpec
     from remote.runtime.stage import layout_for
-    from remote.spec import RunSpec
 
     four = _table(deit_costs, 4)
     hand = evaluate(four, _starts(deit_costs, ["blocks.3", "blocks.6", "blocks.9"]))

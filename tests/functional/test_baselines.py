@@ -29,8 +29,8 @@ from pictl.records.cache import JsonCache
 from pictl.run.baselines import BaselineCache
 from pictl.run.serial import baseline_fields
 from pictl.run.session import RunSession
-from remote import protocol as P
-from remote.artifact_meta import ArtifactMeta
+from remote.floor import protocol as P
+from remote.floor.artifact_meta import ArtifactMeta
 
 pytestmark = pytest.mark.slow
 

@@ -24,9 +24,9 @@ from pictl.planning.options import RunOptions
 from pictl.run.flags import compute_flags
 from pictl.run.telemetry import RunTelemetry
 from pictl.summary_models import RunSummary
-from remote.job_records import TrainStep
-from remote.records import Record, field_kinds, to_wire
-from remote.run_records import RunEnd, Throughput
+from remote.floor.job_records import TrainStep
+from remote.floor.records import Record, field_kinds, to_wire
+from remote.floor.run_records import RunEnd, Throughput
 
 GOOD = {"v": 1, "event": "throughput", "t": 1.0, "rank": 1, "repeat": 0, "ips": 3.5}
 
@@ -228,7 +228,7 @@ def test_a_full_disk_never_loses_a_measured_result(tmp_path: Path) -> None:
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from remote import protocol as P  # noqa: E402
+from remote.floor import protocol as P  # noqa: E402
 
 _JSON = st.recursive(st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=30),
                      lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,

@@ -26,8 +26,8 @@ from pictl.cluster.transport import transport_for
 from pictl.inventory import Host
 from pictl.records.files import MAX_EVENTS_BYTES
 from pictl.records.report import MAX_PLOT_BYTES
-from remote.records import encode
-from remote.run_records import Progress, Throughput
+from remote.floor.records import encode
+from remote.floor.run_records import Progress, Throughput
 
 SUMMARY: dict[str, Any] = json.loads((ROOT / "tests" / "support" / "data" / "run_summary_two_stages.json").read_text())
 RUN = "20261124-100000-s2-link"

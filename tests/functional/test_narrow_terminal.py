@@ -97,7 +97,7 @@ def test_the_live_stage_table_fits_80_columns() -> None:
 
     from pictl.events import Phase, RankEvent
     from pictl.headless import HeadlessRenderer
-    from remote.run_records import Progress
+    from remote.floor.run_records import Progress
 
     out = io.StringIO()
     renderer = HeadlessRenderer(console=Console(file=out, width=80, force_terminal=True, soft_wrap=True))

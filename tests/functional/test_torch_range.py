@@ -1,4 +1,4 @@
-"""A host whose torch lies outside the range the host code runs on (`remote.torch_support`) is not ready:
+"""A host whose torch lies outside the range the host code runs on (`remote.floor.torch_support`) is not ready:
 `pictl check` says so, and a run refuses it before anything runs there (exit 6, one line naming the host, its
 torch and the range), whichever comes first, balanced's cost profiling or the staging of the serial baseline.
 

@@ -21,7 +21,7 @@ import pytest
 from support.cli import ROOT, finished, run_pictl
 from support.clusters import processes_under, skip_loudly, write_cluster
 
-from remote import protocol as P
+from remote.floor import protocol as P
 
 pytestmark = pytest.mark.slow
 

@@ -14,11 +14,11 @@ from support.cli import finished, run_pictl
 from support.clusters import write_cluster
 
 from pictl.planning.costs import Profiles, cost_table
-from remote.balance import Link, balanced_split
+from remote.floor.balance import Link, balanced_split
+from remote.floor.spec import RunSpec
+from remote.floor.wire import FP32, WireFormat, byte_ratio, parse_format, parse_wire
 from remote.runtime.codec import decode, encode, payload_meta
 from remote.runtime.stage import build_stage, layout_for
-from remote.spec import RunSpec
-from remote.wire import FP32, WireFormat, byte_ratio, parse_format, parse_wire
 
 
 def test_wire_texts_parse_or_name_the_bad_part() -> None:

@@ -8,8 +8,7 @@ pictl/, bottom to top (a module may import its own layer and the ones below):
     jobs        jobs/                                                 (sweeps and prunes, built on runs)
     frontends   headless, tui/                                        (render events; Textual only in tui/)
     cli         cli/, __main__
-Of remote/, the controller imports only the torch-free floor (protocol, spec, errors, emit, balance,
-artifact_meta, nofollow, entries).
+Of remote/, the controller imports only the torch-free floor, `remote/floor/` (named exactly in FLOOR).
 remote/, bottom to top: the floor; data/ and host/; runtime/; profiling/, pruning/ and training/.
 """
 
@@ -35,13 +34,19 @@ PICTL_LAYERS = [
     ("cli", ["pictl.cli", "pictl.__main__"]),
 ]
 REMOTE_LAYERS = [
-    ("floor", ["remote", "remote.protocol", "remote.records", "remote.run_records", "remote.job_records",
-               "remote.spec", "remote.errors", "remote.emit", "remote.balance", "remote.artifact_meta",
-               "remote.nofollow", "remote.entries"]),
+    ("floor", ["remote", "remote.floor"]),
     ("data and host", ["remote.data", "remote.host"]),
     ("runtime", ["remote.runtime"]),
     ("tools", ["remote.profiling", "remote.pruning", "remote.training"]),
 ]
+FLOOR = {f"remote.floor.{m}" for m in (
+    "protocol", "records", "run_records", "job_records", "spec", "errors", "emit", "artifact_meta", "wire",
+    "entries", "torch_support",  # the contracts
+    "balance", "refinement", "recut",  # the solvers
+    "nofollow",  # files
+)} | {"remote.floor"}
+"""The torch-free floor, exactly: the only part of remote/ the controller imports (and `remote` itself, whose
+`source()` reads a stdlib host helper's text)."""
 REMOTE_FLOOR = REMOTE_LAYERS[0][1]
 
 
@@ -134,8 +139,23 @@ def test_the_dashboard_is_the_only_textual_code_and_holds_no_torch() -> None:
     assert users and all(u.startswith("pictl.tui") for u in users), users
 
 
+def test_the_floor_is_exactly_the_named_modules_and_imports_nothing_above_it() -> None:
+    """remote/floor/ holds the named modules and no other; they import neither torch nor pictl nor any other
+    part of remote/, at any depth of the file; and the controller imports nothing of remote/ outside it."""
+    remote = modules("remote")
+    assert {n for n in remote if n.startswith("remote.floor")} == FLOOR
+    for name in sorted(FLOOR):
+        above = sorted(t for t in imports(remote[name], name) if t.split(".")[0] in ("torch", "pictl", "timm")
+                       or (t.startswith("remote.") and not t.startswith("remote.floor")))
+        assert not above, f"{name} imports {above}"
+    pictl = modules("pictl")
+    outside = sorted({t for n, p in pictl.items() for t in imports(p, n)
+                      if t.startswith("remote.") and not t.startswith("remote.floor") and t != "remote.source"})
+    assert not outside, outside
+
+
 def test_event_names_are_shared_constants() -> None:
-    from remote import protocol
+    from remote.floor import protocol
 
     assert len(set(protocol.EVENTS)) == len(protocol.EVENTS)
 

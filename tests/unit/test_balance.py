@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from remote.balance import CostTable, Link, NoFeasibleSplit, balanced_split, brute_force_split, evaluate
+from remote.floor.balance import CostTable, Link, NoFeasibleSplit, balanced_split, brute_force_split, evaluate
 
 
 def _table(rng: random.Random, stages: int, pieces: int, *, speeds: list[float] | None = None,

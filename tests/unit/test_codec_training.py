@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from remote.floor.wire import parse_format
 from remote.runtime.codec import Codec
-from remote.wire import parse_format
 
 
 def _cross(sender: Codec, receiver: Codec, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:

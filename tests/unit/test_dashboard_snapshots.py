@@ -20,7 +20,7 @@ from pictl.tui.app import PROGRESS_EVERY, PictlApp
 from pictl.tui.messages import Decided, HostHealth, LogLine, PhaseChanged, RankRecord, RunFinished
 from pictl.tui.rows import Ending
 from pictl.tui.widgets.stage_list import StageList
-from remote.records import Record
+from remote.floor.records import Record
 
 NOW = 1_800_000_000.0
 SIZE = (140, 44)

@@ -10,8 +10,8 @@ import torch
 from support.cifar import write_cifar10
 
 from remote.data.images import load_images, load_labels, microbatches
-from remote.errors import BadInput
-from remote.spec import DataSpec
+from remote.floor.errors import BadInput
+from remote.floor.spec import DataSpec
 
 CFG = {"input_size": (3, 224, 224), "interpolation": "bicubic", "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5)}
 

@@ -9,14 +9,14 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from remote.artifact_meta import ArtifactMeta
-from remote.errors import BadInput
+from remote.floor.artifact_meta import ArtifactMeta
+from remote.floor.errors import BadInput
+from remote.floor.spec import RunSpec
 from remote.runtime.artifact import attention_heads, meta_model_for
 from remote.runtime.kept_pair import run_pieces, with_pairs
 from remote.runtime.model import Checkpoint, create_meta_model, materialize
 from remote.runtime.pieces import vit_pieces
 from remote.runtime.stage import build_stage, layout_for
-from remote.spec import RunSpec
 
 KWARGS = {"img_size": 32, "patch_size": 8, "depth": 2, "embed_dim": 96, "num_heads": 4}
 MODEL = "vit_tiny_patch16_224"

@@ -13,7 +13,7 @@ from pictl.cluster.artifacts import MODELS_DIR
 from pictl.inventory import Host
 from pictl.records.files import event_files, make_dir, read_lines, read_regular, write_bytes_atomic
 from pictl.records.runs import RunRecord
-from remote import nofollow
+from remote.floor import nofollow
 from remote.host.lease import LEASE_FILE, OWNED
 
 

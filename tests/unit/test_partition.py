@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from remote.errors import BadInput
+from remote.floor.errors import BadInput
+from remote.floor.spec import RunSpec
 from remote.runtime.model import create_meta_model, materialize
 from remote.runtime.partition import equal_split, piece_params, plan, split_point_names
 from remote.runtime.pieces import vit_pieces
 from remote.runtime.stage import build_stage, layout_for
-from remote.spec import RunSpec
 
 
 @pytest.fixture(scope="module")

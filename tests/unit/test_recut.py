@@ -1,4 +1,4 @@
-"""The watch over the timed passes (`remote.recut`): noise never moves the cut, a slowed host does (once,
+"""The watch over the timed passes (`remote.floor.recut`): noise never moves the cut, a slowed host does (once,
 after its patience), a recovered one moves it back, and a slowdown no split can help is absorbed."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from remote.balance import CostTable, Link, evaluate
-from remote.recut import Watch
+from remote.floor.balance import CostTable, Link, evaluate
+from remote.floor.recut import Watch
 
 PIECES = 24
 TABLE = CostTable(compute_s=[[0.001] * PIECES for _ in range(4)], cut_bytes=[1000.0] * PIECES,

@@ -1,4 +1,4 @@
-"""`balanced`'s refinement during a run (`remote.refinement`): measured with its noise, a move only beyond it.
+"""`balanced`'s refinement during a run (`remote.floor.refinement`): measured with its noise, a move only beyond it.
 
 The refiner is driven as rank 0 drives it: one `observe` per calibration pass, with every stage's microbatch
 times, made here from a true cost table (each host some factor off its profile) and noise of two kinds: a
@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from pictl.headless import refine_line
-from remote.balance import CostTable, Link, balanced_split, evaluate
-from remote.refinement import Refiner, Spread, stage_spread
-from remote.run_records import Refine, Refined
+from remote.floor.balance import CostTable, Link, balanced_split, evaluate
+from remote.floor.refinement import Refiner, Spread, stage_spread
+from remote.floor.run_records import Refine, Refined
 
 
 def _table(rng: random.Random, stages: int, pieces: int) -> CostTable:

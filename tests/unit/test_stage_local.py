@@ -8,10 +8,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from remote.errors import BadInput
+from remote.floor.errors import BadInput
+from remote.floor.spec import RunSpec
 from remote.runtime.model import Checkpoint, create_meta_model, materialize
 from remote.runtime.stage import build_stage, layout_for
-from remote.spec import RunSpec
 
 MODEL = "deit_small_patch16_224"
 

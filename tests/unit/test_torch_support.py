@@ -16,8 +16,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
+from remote.floor.torch_support import RANGE, release, supported, takes_pre_split, unsupported
 from remote.runtime.schedule_inputs import PRE_SPLIT, schedule_inputs
-from remote.torch_support import RANGE, release, supported, takes_pre_split, unsupported
 
 
 @pytest.mark.parametrize(("version", "found", "ok", "pre_split"), [

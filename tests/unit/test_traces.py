@@ -19,7 +19,7 @@ from pictl.run.baselines import BaselineCache
 from pictl.run.session import RunSession
 from pictl.run.trace_files import AGREE_POINTS, against_counters, load_trace, merge, rank_breakdown
 from pictl.summary_models import RunSummary
-from remote import protocol as P
+from remote.floor import protocol as P
 
 
 def _throughputs(summary: RunSummary) -> list[dict]:

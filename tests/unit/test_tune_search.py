@@ -162,7 +162,7 @@ def test_a_preset_is_saved_only_where_it_shadows_nothing_shipped_unless_forced(t
 def test_replicas_share_the_split_whose_slowest_replica_is_fastest() -> None:
     """Two replicas, each with one host slow on a different half: the shared split is judged by the replica
     that runs it slowest; an element-wise worst table (both halves slow) would overstate both."""
-    from remote.balance import CostTable, Link, balanced_split, evaluate
+    from remote.floor.balance import CostTable, Link, balanced_split, evaluate
 
     def table(compute: list[list[float]]) -> CostTable:
         return CostTable(compute_s=compute, cut_bytes=[0.0] * 4, links=[Link()])

@@ -1,7 +1,7 @@
 """The trained model as one file: the ranks' weights merged into a `.safetensors` model artifact.
 
 Each rank writes the tensors it trained under their names in the whole model (a stage holds only its
-own), so merging is a union. The file's header carries `remote.artifact_meta.ArtifactMeta` (model,
+own), so merging is a union. The file's header carries `remote.floor.artifact_meta.ArtifactMeta` (model,
 constructor arguments, classes, head counts), so `pictl run --model FILE` rebuilds the architecture
 and `pictl run --checkpoint FILE` loads it into the named model. Read and written with safetensors'
 numpy API: no torch on the controller, nothing pickled.
@@ -17,7 +17,7 @@ from typing import Any
 from safetensors.numpy import load, save_file
 
 from pictl import errors as E
-from remote.artifact_meta import ArtifactMeta
+from remote.floor.artifact_meta import ArtifactMeta
 
 MODEL_FILE = "model.safetensors"
 

@@ -18,10 +18,10 @@ from pictl.cluster.ranks import NodePlan, RankLaunch, RankWatch
 from pictl.cluster.stream import LineKeeper, ProcessStream
 from pictl.events import EventSink
 from pictl.jobs.training.telemetry import TrainTelemetry
-from remote import entries
-from remote.job_records import TrainStep
-from remote.records import Record
-from remote.run_records import Error
+from remote.floor import entries
+from remote.floor.job_records import TrainStep
+from remote.floor.records import Record
+from remote.floor.run_records import Error
 
 MODULE = entries.TRAIN.module
 REFERENCE_SPEC = "reference-spec.json"

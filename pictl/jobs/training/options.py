@@ -1,6 +1,6 @@
 """A training job as a person asks for it, checked before anything starts, and the spec the hosts get.
 
-Every mode trains the same function (`remote.spec.TrainSpec`): same seed, global batch, microbatches
+Every mode trains the same function (`remote.floor.spec.TrainSpec`): same seed, global batch, microbatches
 and learning-rate schedule; what differs is where the work runs.
 """
 
@@ -15,8 +15,8 @@ from pictl import errors as E
 from pictl.planning.options import MAX_IMAGES
 from pictl.records.trackers import Tracker
 from pictl.validation import Namer, problem_line
-from remote.spec import DataSpec, TrainSpec
-from remote.wire import parse_wire
+from remote.floor.spec import DataSpec, TrainSpec
+from remote.floor.wire import parse_wire
 
 Mode = Literal["single", "pipeline", "ddp"]
 Schedule = Literal["gpipe", "1f1b"]

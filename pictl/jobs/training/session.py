@@ -40,9 +40,9 @@ from pictl.records.cache import JsonCache, cache_root
 from pictl.records.runs import RunRecord, default_runs_root
 from pictl.records.tracker_writers import check_trackers, track_record
 from pictl.records.trackers import train_series
-from remote import protocol as P
-from remote.spec import TrainSpec
-from remote.wire import parse_wire
+from remote.floor import protocol as P
+from remote.floor.spec import TrainSpec
+from remote.floor.wire import parse_wire
 
 SUMMARY_SCHEMA = 1
 

@@ -17,7 +17,7 @@ from pictl.cluster.fleet import Fleet
 from pictl.jobs.training.options import TrainOptions
 from pictl.planning.costs import cost_table, host_profiles, link_profiles
 from pictl.records.cache import JsonCache, cache_root
-from remote.balance import NoFeasibleSplit, balanced_split
+from remote.floor.balance import NoFeasibleSplit, balanced_split
 
 BACKWARD_FACTOR = 3.0
 """Forward + backward over forward, per piece."""

@@ -25,7 +25,7 @@ from pictl.jobs.sweep import write_tables
 from pictl.jobs.training.options import TrainOptions, chunks_refusal
 from pictl.jobs.training.session import TrainSession, placement
 from pictl.records.runs import write_json_atomic
-from remote import protocol as P
+from remote.floor import protocol as P
 
 COLUMNS = ("mode", "schedule", "stages", "chunks", "workers", "wire", "microbatch", "status", "samples_per_s",
            "speedup", "loss_agreement", "loss_last", "top1", "avg_MBps", "peak_MBps", "compute_ms", "step_ms",

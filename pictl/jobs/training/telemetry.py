@@ -1,7 +1,7 @@
 """A training job's telemetry folded as it arrives, and the figures its summary reports.
 
 Per step the loss (from the rank that sees it); per epoch the top-1; per rank where its step time went
-(`remote.protocol.TRAIN_TIME_KEYS`, adding up to the step's wall time) over the timed steps; and the
+(`remote.floor.protocol.TRAIN_TIME_KEYS`, adding up to the step's wall time) over the timed steps; and the
 check that makes a mode's numbers trustworthy: its first steps' losses against a `single` run's.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from remote import protocol as P
-from remote.job_records import TrainEnd, TrainEval, TrainStart, TrainStep
-from remote.records import Record
-from remote.run_records import Error, Outputs, StageReady
+from remote.floor import protocol as P
+from remote.floor.job_records import TrainEnd, TrainEval, TrainStart, TrainStep
+from remote.floor.records import Record
+from remote.floor.run_records import Error, Outputs, StageReady
 
 
 @dataclass
@@ -115,7 +115,7 @@ class TrainTelemetry:
 def link_figures(ranks: dict[int, RankTrain], cuts: list[str], wire: Any) -> list[dict[str, Any]]:
     """Per pipeline link (stage r to r + 1), per step: the bytes each way, and on each side the average and
     peak bandwidth as the source defines them: the bytes sent or received over the side's computation time
-    (forward and backward) of a step, its mean and its best step. `wire` (`remote.wire.Wire`) names each
+    (forward and backward) of a step, its mean and its best step. `wire` (`remote.floor.wire.Wire`) names each
     cut's format."""
     out = []
     for r in sorted(ranks)[:-1]:

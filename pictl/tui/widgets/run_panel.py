@@ -22,7 +22,7 @@ from pictl.tui.state import DashboardState
 from pictl.tui.widgets.train_panel import train_grid
 from pictl.tui.widgets.tune_table import tune_table
 from pictl.verdict import shown_status
-from remote.run_records import Refine, Refined
+from remote.floor.run_records import Refine, Refined
 
 
 def _share(part: float | None, whole: float | None) -> str:

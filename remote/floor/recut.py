@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from remote.balance import CostTable, balanced_split, evaluate
+from remote.floor.balance import CostTable, balanced_split, evaluate
 
 
 @dataclass(frozen=True)

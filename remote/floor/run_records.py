@@ -1,6 +1,6 @@
 """The records of an inference run (`remote.runtime`) and of cost profiling (`remote.profiling.costs`).
 
-Each field's kind is declared on its annotation (see `remote.records`); the parser checks a line against them.
+Each field's kind is declared on its annotation (see `remote.floor.records`); the parser checks a line against them.
 """
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from remote import protocol as P
-from remote.records import Bool, Count, Counters, Counts, Int, List, Num, Nums, Record, Str, Strs
+from remote.floor import protocol as P
+from remote.floor.records import Bool, Count, Counters, Counts, Int, List, Num, Nums, Record, Str, Strs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,7 +157,7 @@ class Trace(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class Refine(Record):
-    """One calibration pass of `balanced`'s refinement (`remote.refinement`): the split it measured, that
+    """One calibration pass of `balanced`'s refinement (`remote.floor.refinement`): the split it measured, that
     split's stages over all its passes so far (median and interval), and the decision."""
 
     EVENT: ClassVar[str] = P.REFINE
@@ -208,7 +208,7 @@ class Refined(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class Recut(Record):
-    """`remote.recut.Watch` decided after timed pass `after_pass`: why, the factors it corrected to, and the
+    """`remote.floor.recut.Watch` decided after timed pass `after_pass`: why, the factors it corrected to, and the
     split before and after (the same when no split was better by the margin), with their predictions."""
 
     EVENT: ClassVar[str] = P.RECUT

@@ -1,7 +1,7 @@
 """`balanced`'s refinement: which split the timed passes run, decided from measurements that know their noise.
 
 Pure Python over numbers, no torch: rank 0 of the pipeline runs it between the untimed passes before the
-timed ones (`remote.runtime.refine`), and tests drive it directly. The split solver is `remote.balance`.
+timed ones (`remote.runtime.refine`), and tests drive it directly. The split solver is `remote.floor.balance`.
 
 **What a round measures.** A round is one untimed pass of one split (the first split's is the last warm-up
 pass). Every stage reports the compute time of each of its microbatches. A stage of a split is summed up over
@@ -13,7 +13,7 @@ noise seen two ways:
 - between passes: half the range of the split's per-pass medians, and at least `pass_noise` x median /
   sqrt(passes), an allowance for the passes not yet seen. At 4 threads on shared memory one pass's median
   moved 14.3 -> 9.3 -> 15.2 ms for neighbouring cuts (the field notes, section 12), and a warm pass sits
-  up to 25 % off a cold one (`remote.recut`): one pass cannot show that, so a split measured once is
+  up to 25 % off a cold one (`remote.floor.recut`): one pass cannot show that, so a split measured once is
   trusted to +-`pass_noise` (10 %) at best, twice to +-7 %.
 
 The half-width is the larger of the two. A split's measured bottleneck is the largest of its stages (and of
@@ -49,7 +49,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from remote.balance import CostTable, Split, balanced_split, evaluate
+from remote.floor.balance import CostTable, Split, balanced_split, evaluate
 
 NOTCH = 1.57
 """McGill, Tukey and Larsen (1978): median +- 1.57 x IQR / sqrt(n) is a notch whose overlap means no clear

@@ -1,6 +1,6 @@
 """The records of a prune (`remote.pruning.prune`) and of a training job (`remote.training.train`).
 
-Each field's kind is declared on its annotation (see `remote.records`); the parser checks a line against them.
+Each field's kind is declared on its annotation (see `remote.floor.records`); the parser checks a line against them.
 """
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from remote import protocol as P
-from remote.records import Bool, Count, Num, Real, Record, Str, Table
+from remote.floor import protocol as P
+from remote.floor.records import Bool, Count, Num, Real, Record, Str, Table
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,6 +1,6 @@
-"""The telemetry records: one frozen dataclass per event of `remote.protocol.EVENTS`, shared by both sides.
+"""The telemetry records: one frozen dataclass per event of `remote.floor.protocol.EVENTS`, shared by both sides.
 
-A host builds one and hands it to `remote.emit.Emitter`; the controller's parser (`pictl.events.read_line`)
+A host builds one and hands it to `remote.floor.emit.Emitter`; the controller's parser (`pictl.events.read_line`)
 checks a line against the same class and returns an instance, so a field is named and typed once, here.
 Each field's kind is declared on its annotation (`Count`, `Num`, ...); an optional field is `X | None`.
 Kinds: "count" (an int >= 0), "num" (a finite number >= 0), "real" (any number, NaN too: a diverging loss is
@@ -18,7 +18,7 @@ import typing
 from dataclasses import asdict, dataclass, fields
 from typing import Annotated, Any, ClassVar
 
-from remote import protocol as P
+from remote.floor import protocol as P
 
 Count = Annotated[int, "count"]
 Int = Annotated[int, "int"]

@@ -2,7 +2,7 @@
 
 Torch-free on purpose: the controller imports this module. Change a name here and
 both sides change together; bump SCHEMA_VERSION when an event's fields change
-meaning (the fields themselves are the record classes of `remote.records`).
+meaning (the fields themselves are the record classes of `remote.floor.records`).
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ EVENTS = (RUN_START, STAGE_READY, PROGRESS, THROUGHPUT, ACCURACY, RUN_END, ERROR
           COSTS, TRACE, REFINE, REFINED, RECUT, STAGE_MOVED, PRUNE_START, PRUNE_PROGRESS, PRUNE_ACCURACY, PRUNE_DONE,
           TRAIN_START, TRAIN_STEP, TRAIN_EVAL, TRAIN_END, MB_TIMES)
 
-# The fields of each event, and their kinds, are declared once on its record class (`remote.records`,
-# `remote.run_records`, `remote.job_records`): the host builds one, the controller checks a line against it.
+# The fields of each event, and their kinds, are declared once on its record class (`remote.floor.records`,
+# `remote.floor.run_records`, `remote.floor.job_records`): the host builds one, the controller checks a line against it.
 
 # Threads for this process, set per host by the controller (`--threads 0` divides a host's cores
 # among the stages it runs); it overrides the spec's single value.

@@ -13,7 +13,7 @@ import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from remote.errors import BadInput
+from remote.floor.errors import BadInput
 
 ARTIFACT_KEY = "pictl.artifact"
 FORMAT_VERSION = 1

@@ -39,13 +39,13 @@ class RefineSpec:
     max_rounds: int = 3
     """Splits measured at most (the first included); each after the first costs one calibration pass."""
     min_gain: float = 0.03
-    """Try or adopt a new split only when its bottleneck is at least this much better (`remote.refinement`)."""
+    """Try or adopt a new split only when its bottleneck is at least this much better (`remote.floor.refinement`)."""
     max_repeats: int = 2
     """Calibration passes that measure a split again when two splits' intervals overlap."""
     pass_noise: float = 0.10
     """How far one pass's median may sit from the next on an unchanged host (relative), until passes show it."""
     recut: bool = True
-    """Watch the timed passes and re-cut between them when a host drifts (`remote.recut`)."""
+    """Watch the timed passes and re-cut between them when a host drifts (`remote.floor.recut`)."""
     max_recuts: int = 2
     recut_threshold: float = 0.15
     recut_patience: int = 2
@@ -79,7 +79,7 @@ class RunSpec:
     pg_timeout_s: float = 300.0
     run_id: str = ""
     wire: str = "fp32"
-    """What travels between stages (`remote.wire`): one format, or per cut."""
+    """What travels between stages (`remote.floor.wire`): one format, or per cut."""
     numerics: str = "fp32"
     """Every stage's (and the serial run's) numerics: `remote.runtime.numerics`."""
     refine: RefineSpec | None = None
@@ -208,7 +208,7 @@ class TrainSpec:
     workers: int = 0
     """Data-loading processes per rank that reads images (torch's DataLoader); 0: read in the step itself."""
     wire: str = "fp32"
-    """What crosses each cut of a pipeline job, activations forward and their gradients back (`remote.wire`;
+    """What crosses each cut of a pipeline job, activations forward and their gradients back (`remote.floor.wire`;
     fp32, fp16, bf16, int8, lowrank:R or convinsert:RATE)."""
     keep_compressor: bool = False
     """convinsert: save each learned pair with the weights (`remote.runtime.kept_pair`), not drop it."""

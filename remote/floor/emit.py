@@ -1,4 +1,4 @@
-"""Telemetry: one JSON object per line on stdout, one record class per event (`remote.records`)."""
+"""Telemetry: one JSON object per line on stdout, one record class per event (`remote.floor.records`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import time
 from typing import TextIO
 
-from remote.records import Record, encode
+from remote.floor.records import Record, encode
 
 
 class Emitter:

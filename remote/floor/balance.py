@@ -1,5 +1,5 @@
 """The `balanced` policy's core: exact minimum-bottleneck split points over a cost table (the loop that
-corrects the table from what a run measures is `remote.refinement`).
+corrects the table from what a run measures is `remote.floor.refinement`).
 
 Pure Python over numbers, no torch: the controller solves the first split, and the
 pipeline's ranks solve again during the run (every rank the same way), from the
