@@ -23,7 +23,7 @@ import torch
 from bench.harness import add_quick, quick_defaults
 from remote.floor.spec import PruneSpec
 from remote.pruning.prune import count_macs, prune_model
-from remote.runtime.model import create_meta_model, materialize
+from remote.toolkit.model import create_meta_model, materialize
 
 MODEL = "deit_small_patch16_224"
 

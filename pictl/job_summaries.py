@@ -217,7 +217,7 @@ class BlockWidths(Open):
 
 
 class PrunedWidths(Open):
-    """The pruned model's widths (`remote.runtime.artifact.pruned_widths`): uneven under global pruning."""
+    """The pruned model's widths (`remote.toolkit.artifact.pruned_widths`): uneven under global pruning."""
 
     embed_dim: int | None = None
     blocks: list[BlockWidths] = []

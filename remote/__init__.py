@@ -4,7 +4,8 @@
                  names, records, the run spec, errors, wire formats, entry points, torch versions), the
                  split solver with its refinement and re-cuts, paths opened without following links
     data/        images and labelled sets (synthetic, CIFAR, ImageFolder)
-    runtime/     the model as pieces, stage-local building, the pipeline, serial and plan runners
+    toolkit/     the model as pieces, split points, stage-local building, artifacts, numerics, the codec
+    runtime/     the inference pipeline: the torchrun entry, the serial and plan runners, refinement
     profiling/   what `balanced` measures: per-piece costs, links
     pruning/     torch-pruning and fine-tuning (`pictl prune`)
     host/        housekeeping, stdlib only: supervise, cleanup, leases, provisioning, the probe; and the

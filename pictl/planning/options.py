@@ -86,7 +86,7 @@ class RunOptions(BaseModel):
     """What travels between stages (`remote.floor.wire`): `fp32` (exact), `fp16`, `bf16`, `int8`, `lowrank:R`, for
     every cut or per cut (`blocks.4=fp16,blocks.8=int8`, explicit splits only)."""
     numerics: Literal["fp32", "int8-dynamic"] = "fp32"
-    """Every stage's numerics, and its serial baseline's (`remote.runtime.numerics`): the pipeline is held to a
+    """Every stage's numerics, and its serial baseline's (`remote.toolkit.numerics`): the pipeline is held to a
     serial run in the same numerics (bit for bit); beside it an fp32 serial run measures what the numerics
     gain (speedup against fp32) and cost (top-1 agreement with fp32, over every image)."""
     min_agreement: float = Field(default=0.99, ge=0.0, le=1.0)

@@ -44,7 +44,7 @@ class ArtifactMeta:
     """top-1 before pruning, right after it, per fine-tuning epoch and the kept best."""
     compressors: list = field(default_factory=list)
     """A model trained over `--wire convinsert` with its learned pairs kept: each pair's cut, in order, as
-    {"at": "blocks.4", "wire": "convinsert:0.25"} (tensors `wire_pairs.N.*`; `remote.runtime.kept_pair`)."""
+    {"at": "blocks.4", "wire": "convinsert:0.25"} (tensors `wire_pairs.N.*`; `remote.toolkit.kept_pair`)."""
     widths: dict = field(default_factory=dict)
     """For people: embedding width and per-block heads, head dim and MLP width."""
     created: str = ""

@@ -58,7 +58,7 @@ class PruneAccuracy(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class PruneDone(Record):
-    """The artifact is complete: its path and its metadata (`remote.runtime.artifact.ArtifactMeta`)."""
+    """The artifact is complete: its path and its metadata (`remote.toolkit.artifact.ArtifactMeta`)."""
 
     EVENT: ClassVar[str] = P.PRUNE_DONE
     artifact: Str

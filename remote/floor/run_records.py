@@ -40,7 +40,7 @@ class StageReady(Record):
     peak_rss_mb: Num | None = None
     rendezvous_s: Num | None = None
     engine: Str | None = None
-    """The quantised engine an int8-dynamic stage runs on (`remote.runtime.numerics`); None: fp32."""
+    """The quantised engine an int8-dynamic stage runs on (`remote.toolkit.numerics`); None: fp32."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -81,7 +81,7 @@ class RunSpec:
     wire: str = "fp32"
     """What travels between stages (`remote.floor.wire`): one format, or per cut."""
     numerics: str = "fp32"
-    """Every stage's (and the serial run's) numerics: `remote.runtime.numerics`."""
+    """Every stage's (and the serial run's) numerics: `remote.toolkit.numerics`."""
     refine: RefineSpec | None = None
     """Set by `balanced` (unless --no-refine): correct the split from what the first passes measure."""
     slowdown: list[float] | None = None
@@ -211,9 +211,9 @@ class TrainSpec:
     """What crosses each cut of a pipeline job, activations forward and their gradients back (`remote.floor.wire`;
     fp32, fp16, bf16, int8, lowrank:R or convinsert:RATE)."""
     keep_compressor: bool = False
-    """convinsert: save each learned pair with the weights (`remote.runtime.kept_pair`), not drop it."""
+    """convinsert: save each learned pair with the weights (`remote.toolkit.kept_pair`), not drop it."""
     error_feedback: bool = True
-    """A lowrank cut compresses each image's change since the receiver's copy of it (`remote.runtime.feedback`)."""
+    """A lowrank cut compresses each image's change since the receiver's copy of it (`remote.toolkit.feedback`)."""
     checkpoint_activations: bool = False
     """Recompute each piece's activations in the backward pass instead of keeping them (less memory, more
     compute): per stage in the pipeline mode, the whole model in single and ddp."""

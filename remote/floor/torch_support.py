@@ -5,7 +5,7 @@ pictl drives `torch.distributed.pipelining`, whose calling conventions change be
 `schedule.step` and `eval` take a rank's microbatches pre-split (`arg_mbs=[(x0,), ...]`, `target_mbs=`), while
 2.13's take only the whole batch and split it themselves (given `arg_mbs=`, 2.13 hands it to the model as a
 keyword argument, splits that, and fails with "Expecting 96 arg_mbs but got 1"). The ranks pass their batch the
-way their torch takes it (`remote.runtime.schedule_inputs`); a host whose torch lies outside the range is
+way their torch takes it (`remote.toolkit.schedule_inputs`); a host whose torch lies outside the range is
 not ready: `pictl check` says so, and a run refuses it before its serial baseline (exit 6).
 
 Both ends of the range have run pictl's pipeline, serial and training paths: the pin (`pyproject.toml`, every

@@ -13,7 +13,7 @@ named stay `fp32`), or both (`int8,blocks.4=fp16`). Formats:
   with the model (a Linear to round(C x RATE) channels for a ViT's tokens; a stride-2 convolution to
   round(4 C x RATE) channels for a CNN's feature map): about RATE of the bytes.
 
-The controller validates with this module; `remote.runtime.codec` encodes and decodes with torch.
+The controller validates with this module; `remote.toolkit.codec` encodes and decodes with torch.
 """
 
 from __future__ import annotations

@@ -35,10 +35,10 @@ from remote.floor import protocol as P
 from remote.floor.emit import Emitter
 from remote.floor.run_records import Costs
 from remote.floor.spec import DataSpec, RunSpec
-from remote.runtime.measure import run_main, set_threads
-from remote.runtime.model import count_params
-from remote.runtime.outputs import open_checkpoint
-from remote.runtime.stage import build_stage, layout_for
+from remote.toolkit.measure import run_main, set_threads
+from remote.toolkit.model import count_params
+from remote.toolkit.outputs import open_checkpoint
+from remote.toolkit.stage import build_stage, layout_for
 
 MIN_PASSES = 8
 MAX_SPREAD = 0.10

@@ -4,7 +4,7 @@
 
 Runs on the controller or on a host (`pictl prune --on HOST`). Emits `prune_*`
 events (one JSON object per line, like a run) and writes one `.safetensors`
-artifact (`remote.runtime.artifact`) under a temporary name, renamed when complete.
+artifact (`remote.toolkit.artifact`) under a temporary name, renamed when complete.
 
 Two things the upstream timm example gets wrong on timm 1.0.x are handled here:
 timm's own `Attention.forward` is kept (no override; it takes `attn_mask` and has
@@ -31,9 +31,9 @@ from remote.floor.errors import BadInput
 from remote.floor.job_records import PruneAccuracy, PruneDone, PruneProgress, PruneStart
 from remote.floor.spec import IMPORTANCES, OPTIMIZERS, PruneSpec
 from remote.pruning.finetune import finetune, loader, top1
-from remote.runtime.artifact import attention_heads, pruned_widths, save_artifact, set_attention_widths
-from remote.runtime.model import Checkpoint, create_meta_model, materialize
-from remote.runtime.pieces import check_supported
+from remote.toolkit.artifact import attention_heads, pruned_widths, save_artifact, set_attention_widths
+from remote.toolkit.model import Checkpoint, create_meta_model, materialize
+from remote.toolkit.pieces import check_supported
 
 
 def validate(spec: PruneSpec) -> None:
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", required=True)
     args = parser.parse_args(argv)
     emitter = Emitter(P.ROLE_PRUNE)
-    from remote.runtime.measure import run_main
+    from remote.toolkit.measure import run_main
 
     return run_main(emitter, lambda: _run(PruneSpec.load(args.spec), emitter))
 

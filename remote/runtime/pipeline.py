@@ -33,8 +33,12 @@ from remote.floor.emit import Emitter
 from remote.floor.run_records import FirstOutput, Progress, RunEnd, RunStart, StageMoved, StageReady, Throughput
 from remote.floor.spec import RunSpec
 from remote.floor.wire import FP32
-from remote.runtime.codec import payload_meta
-from remote.runtime.measure import (
+from remote.runtime.refine import RefineLoop, measured_compute_s
+from remote.runtime.replicas import Replicas, replicas_of
+from remote.runtime.timing import TimedStage, count_p2p, emit_mb_times, timed_pass
+from remote.runtime.tracing import Tracer, planned_window, rendezvous_store
+from remote.toolkit.codec import payload_meta
+from remote.toolkit.measure import (
     ProgressClock,
     StageCounters,
     current_rss_mb,
@@ -43,15 +47,11 @@ from remote.runtime.measure import (
     run_main,
     set_threads,
 )
-from remote.runtime.numerics import engine
-from remote.runtime.outputs import open_checkpoint, report_outputs
-from remote.runtime.partition import StagePlan
-from remote.runtime.refine import RefineLoop, measured_compute_s
-from remote.runtime.replicas import Replicas, replicas_of
-from remote.runtime.schedule_inputs import schedule_inputs
-from remote.runtime.stage import ModelLayout, build_stage, compact_pieces, layout_for, stage_codec, stage_io_shapes
-from remote.runtime.timing import TimedStage, count_p2p, emit_mb_times, timed_pass
-from remote.runtime.tracing import Tracer, planned_window, rendezvous_store
+from remote.toolkit.numerics import engine
+from remote.toolkit.outputs import open_checkpoint, report_outputs
+from remote.toolkit.partition import StagePlan
+from remote.toolkit.schedule_inputs import schedule_inputs
+from remote.toolkit.stage import ModelLayout, build_stage, compact_pieces, layout_for, stage_codec, stage_io_shapes
 
 
 @dataclass

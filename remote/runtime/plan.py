@@ -21,12 +21,12 @@ from remote.floor.emit import Emitter
 from remote.floor.errors import BadInput
 from remote.floor.run_records import Plan
 from remote.floor.spec import RunSpec
-from remote.runtime.measure import run_main
-from remote.runtime.model import expected_shapes
-from remote.runtime.numerics import check_numerics
-from remote.runtime.outputs import open_checkpoint
-from remote.runtime.partition import split_point_names
-from remote.runtime.stage import compact_pieces, layout_for, stage_io_shapes
+from remote.toolkit.measure import run_main
+from remote.toolkit.model import expected_shapes
+from remote.toolkit.numerics import check_numerics
+from remote.toolkit.outputs import open_checkpoint
+from remote.toolkit.partition import split_point_names
+from remote.toolkit.stage import compact_pieces, layout_for, stage_io_shapes
 
 
 def emit_plan(spec: RunSpec, emitter: Emitter, spec_file: str | None = None) -> None:

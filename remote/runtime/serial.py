@@ -24,15 +24,15 @@ from remote.floor.emit import Emitter
 from remote.floor.run_records import Progress, RunEnd, RunStart, StageReady, Throughput
 from remote.floor.spec import RunSpec
 from remote.host.cpuwait import Span
-from remote.runtime.artifact import meta_model_for
-from remote.runtime.kept_pair import whole_forward
-from remote.runtime.measure import StageCounters, current_rss_mb, peak_rss_mb, run_main, set_threads
-from remote.runtime.model import materialize
-from remote.runtime.numerics import apply_numerics
-from remote.runtime.outputs import open_checkpoint, report_outputs
-from remote.runtime.pieces import check_supported
 from remote.runtime.plan import emit_plan
 from remote.runtime.timing import emit_mb_times
+from remote.toolkit.artifact import meta_model_for
+from remote.toolkit.kept_pair import whole_forward
+from remote.toolkit.measure import StageCounters, current_rss_mb, peak_rss_mb, run_main, set_threads
+from remote.toolkit.model import materialize
+from remote.toolkit.numerics import apply_numerics
+from remote.toolkit.outputs import open_checkpoint, report_outputs
+from remote.toolkit.pieces import check_supported
 
 
 def _run(spec: RunSpec, emitter: Emitter, *, plan: bool = False, logits_file: str = P.LOGITS_FILE_SERIAL) -> None:

@@ -23,8 +23,8 @@ from remote.floor import protocol as P
 from remote.floor.emit import Emitter
 from remote.floor.run_records import MbTimes
 from remote.host.cpuwait import Span
-from remote.runtime.measure import StageCounters
 from remote.runtime.tracing import Tracer
+from remote.toolkit.measure import StageCounters
 
 MB_TIMES_PER_LINE = 150
 """Times per `mb_times` line: a line stays under PIPE_BUF (ranks on one host share torchrun's pipe)."""

@@ -1,6 +1,6 @@
 """The model a training job trains, as pieces a pipeline stage may begin at (no weights yet).
 
-ViTs reuse the inference pieces (`remote.runtime.pieces`): a stage may begin at a block or inside one.
+ViTs reuse the inference pieces (`remote.toolkit.pieces`): a stage may begin at a block or inside one.
 CNNs are cut between their residual or inverted-residual blocks: timm's ResNets (`resnet18`, `resnet50`,
 ...) at `conv1`, `layerI.J` and the head; timm's MobileNet/EfficientNet family (`mobilenetv2_100`, ...)
 at `conv_stem`, `blocks.I.J`, `conv_head` and the head. Each piece runs timm's own modules in timm's
@@ -16,11 +16,11 @@ from torch import nn
 
 from remote.floor.errors import BadInput
 from remote.floor.spec import TrainSpec
-from remote.runtime.artifact import meta_model_from_artifact
-from remote.runtime.model import create_meta_model
-from remote.runtime.partition import plan
-from remote.runtime.pieces import Piece, State, check_supported, vit_pieces
-from remote.runtime.stage import ModelLayout
+from remote.toolkit.artifact import meta_model_from_artifact
+from remote.toolkit.model import create_meta_model
+from remote.toolkit.partition import plan
+from remote.toolkit.pieces import Piece, State, check_supported, vit_pieces
+from remote.toolkit.stage import ModelLayout
 
 
 def _step(name: str, modules: tuple[str, ...], run: nn.Module | None = None) -> Piece:

@@ -30,12 +30,12 @@ from remote.floor.job_records import TrainEnd, TrainEval, TrainStart, TrainStep
 from remote.floor.run_records import Outputs, StageReady
 from remote.floor.spec import DataSpec, TrainSpec
 from remote.floor.wire import parse_wire
-from remote.runtime.artifact import attention_heads
-from remote.runtime.kept_pair import PAIRS
-from remote.runtime.measure import current_rss_mb, die_with_parent, peak_rss_mb, run_main, set_threads
-from remote.runtime.model import Checkpoint
-from remote.runtime.outputs import write_logits
-from remote.runtime.stage import ModelLayout, StageModule, compact_pieces
+from remote.toolkit.artifact import attention_heads
+from remote.toolkit.kept_pair import PAIRS
+from remote.toolkit.measure import current_rss_mb, die_with_parent, peak_rss_mb, run_main, set_threads
+from remote.toolkit.model import Checkpoint
+from remote.toolkit.outputs import write_logits
+from remote.toolkit.stage import ModelLayout, StageModule, compact_pieces
 from remote.training.data import Batches, Labelled, Prefetched, labelled, padded_microbatches, take_padded
 from remote.training.layout import layout_kwargs, train_layout
 from remote.training.timing import StepTimes

@@ -20,10 +20,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from remote.floor.spec import TrainSpec
 from remote.floor.wire import WireFormat
-from remote.runtime.codec import payload_meta
-from remote.runtime.model import Checkpoint
-from remote.runtime.schedule_inputs import schedule_inputs
-from remote.runtime.stage import ModelLayout, StageModule, build_stage, stage_codec, stage_io_shapes
+from remote.toolkit.codec import payload_meta
+from remote.toolkit.model import Checkpoint
+from remote.toolkit.schedule_inputs import schedule_inputs
+from remote.toolkit.stage import ModelLayout, StageModule, build_stage, stage_codec, stage_io_shapes
 from remote.training.data import Labelled
 from remote.training.timing import AllReduceClock, StepTimes, TrainStage, autocast
 

@@ -14,8 +14,8 @@ from support.clusters import write_cluster
 from remote.floor.emit import Emitter
 from remote.floor.errors import BadInput
 from remote.floor.spec import DataSpec, RunSpec
-from remote.runtime.model import create_meta_model, materialize
 from remote.runtime.plan import emit_plan
+from remote.toolkit.model import create_meta_model, materialize
 
 BAD = ROOT / "tests" / "support" / "data" / "bad_hosts"
 

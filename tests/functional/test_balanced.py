@@ -54,7 +54,7 @@ def test_costs_have_the_shape_of_deit_small(deit_costs: dict) -> None:
 
 def test_balanced_is_no_worse_than_hand_splits_and_beats_equal_at_five(deit_costs: dict) -> None:
     from remote.floor.spec import RunSpec
-    from remote.runtime.stage import layout_for
+    from remote.toolkit.stage import layout_for
 
     four = _table(deit_costs, 4)
     hand = evaluate(four, _starts(deit_costs, ["blocks.3", "blocks.6", "blocks.9"]))

@@ -55,7 +55,7 @@ def _train_base(data: Path, out: Path) -> float:
     from remote.data.datasets import labelled_set
     from remote.floor.spec import DataSpec, PruneSpec
     from remote.pruning.finetune import finetune, loader
-    from remote.runtime.model import create_meta_model, materialize
+    from remote.toolkit.model import create_meta_model, materialize
 
     kwargs = {k: int(v) for k, v in (a.split("=") for a in DIGITS_VIT)}
     spec = PruneSpec(model="vit_tiny_patch16_224", epochs=20, lr=3e-3, optimizer="adamw", batch_size=64,
@@ -118,8 +118,8 @@ def test_deit_small_each_importance(pictl_env, tmp_path: Path) -> None:
     from remote.floor.errors import BadInput
     from remote.floor.spec import IMPORTANCES, PruneSpec, RunSpec
     from remote.pruning.prune import prune_model
-    from remote.runtime.artifact import attention_heads, meta_model_for, save_artifact
-    from remote.runtime.model import Checkpoint, create_meta_model, materialize
+    from remote.toolkit.artifact import attention_heads, meta_model_for, save_artifact
+    from remote.toolkit.model import Checkpoint, create_meta_model, materialize
 
     torch.manual_seed(0)
     x = torch.randn(2, 3, 224, 224)
@@ -171,8 +171,8 @@ def test_whole_heads_are_removed_and_counted(tmp_path: Path) -> None:
     from remote.floor.artifact_meta import ArtifactMeta
     from remote.floor.spec import PruneSpec, RunSpec
     from remote.pruning.prune import prune_model
-    from remote.runtime.artifact import attention_heads, meta_model_for, save_artifact
-    from remote.runtime.model import Checkpoint, create_meta_model, materialize
+    from remote.toolkit.artifact import attention_heads, meta_model_for, save_artifact
+    from remote.toolkit.model import Checkpoint, create_meta_model, materialize
 
     kwargs = {"img_size": 32, "patch_size": 8, "depth": 2, "embed_dim": 96, "num_heads": 4}
     model = materialize(create_meta_model("vit_tiny_patch16_224", 10, **kwargs), seed=0, checkpoint=None)

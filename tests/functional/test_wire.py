@@ -17,8 +17,8 @@ from pictl.planning.costs import Profiles, cost_table
 from remote.floor.balance import Link, balanced_split
 from remote.floor.spec import RunSpec
 from remote.floor.wire import FP32, WireFormat, byte_ratio, parse_format, parse_wire
-from remote.runtime.codec import decode, encode, payload_meta
-from remote.runtime.stage import build_stage, layout_for
+from remote.toolkit.codec import decode, encode, payload_meta
+from remote.toolkit.stage import build_stage, layout_for
 
 
 def test_wire_texts_parse_or_name_the_bad_part() -> None:

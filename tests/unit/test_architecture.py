@@ -9,7 +9,8 @@ pictl/, bottom to top (a module may import its own layer and the ones below):
     frontends   headless, tui/                                        (render events; Textual only in tui/)
     cli         cli/, __main__
 Of remote/, the controller imports only the torch-free floor, `remote/floor/` (named exactly in FLOOR).
-remote/, bottom to top: the floor; data/ and host/; runtime/; profiling/, pruning/ and training/.
+remote/, bottom to top: the floor; data/ and host/; toolkit/ (the model as pieces and stages, what
+every tool builds on); runtime/ (the inference pipeline), profiling/, pruning/ and training/.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ PICTL_LAYERS = [
 REMOTE_LAYERS = [
     ("floor", ["remote", "remote.floor"]),
     ("data and host", ["remote.data", "remote.host"]),
-    ("runtime", ["remote.runtime"]),
-    ("tools", ["remote.profiling", "remote.pruning", "remote.training"]),
+    ("toolkit", ["remote.toolkit"]),
+    ("tools", ["remote.runtime", "remote.profiling", "remote.pruning", "remote.training"]),
 ]
 FLOOR = {f"remote.floor.{m}" for m in (
     "protocol", "records", "run_records", "job_records", "spec", "errors", "emit", "artifact_meta", "wire",

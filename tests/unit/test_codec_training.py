@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from remote.floor.wire import parse_format
-from remote.runtime.codec import Codec
+from remote.toolkit.codec import Codec
 
 
 def _cross(sender: Codec, receiver: Codec, x: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:

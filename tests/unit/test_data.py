@@ -99,8 +99,8 @@ def test_cifar_train_and_test_splits_for_pruning(tmp_path: Path) -> None:
 
 
 def test_a_model_the_pruner_cannot_handle_is_named() -> None:
-    from remote.runtime.model import create_meta_model
-    from remote.runtime.pieces import check_supported
+    from remote.toolkit.model import create_meta_model
+    from remote.toolkit.pieces import check_supported
 
     with pytest.raises(BadInput, match="resnet18"):
         check_supported(create_meta_model("resnet18", 10), "resnet18")

@@ -12,11 +12,11 @@ from safetensors.torch import save_file
 from remote.floor.artifact_meta import ArtifactMeta
 from remote.floor.errors import BadInput
 from remote.floor.spec import RunSpec
-from remote.runtime.artifact import attention_heads, meta_model_for
-from remote.runtime.kept_pair import run_pieces, with_pairs
-from remote.runtime.model import Checkpoint, create_meta_model, materialize
-from remote.runtime.pieces import vit_pieces
-from remote.runtime.stage import build_stage, layout_for
+from remote.toolkit.artifact import attention_heads, meta_model_for
+from remote.toolkit.kept_pair import run_pieces, with_pairs
+from remote.toolkit.model import Checkpoint, create_meta_model, materialize
+from remote.toolkit.pieces import vit_pieces
+from remote.toolkit.stage import build_stage, layout_for
 
 KWARGS = {"img_size": 32, "patch_size": 8, "depth": 2, "embed_dim": 96, "num_heads": 4}
 MODEL = "vit_tiny_patch16_224"

@@ -10,9 +10,9 @@ import torch
 
 from remote.floor.errors import BadInput
 from remote.floor.spec import RunSpec
-from remote.runtime.model import create_meta_model, materialize
-from remote.runtime.numerics import apply_numerics, check_numerics
-from remote.runtime.stage import build_stage, layout_for
+from remote.toolkit.model import create_meta_model, materialize
+from remote.toolkit.numerics import apply_numerics, check_numerics
+from remote.toolkit.stage import build_stage, layout_for
 
 
 def test_int8_stages_compute_what_the_int8_model_computes() -> None:

@@ -7,10 +7,10 @@ import torch
 
 from remote.floor.errors import BadInput
 from remote.floor.spec import RunSpec
-from remote.runtime.model import create_meta_model, materialize
-from remote.runtime.partition import equal_split, piece_params, plan, split_point_names
-from remote.runtime.pieces import vit_pieces
-from remote.runtime.stage import build_stage, layout_for
+from remote.toolkit.model import create_meta_model, materialize
+from remote.toolkit.partition import equal_split, piece_params, plan, split_point_names
+from remote.toolkit.pieces import vit_pieces
+from remote.toolkit.stage import build_stage, layout_for
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ from safetensors.torch import save_file
 
 from remote.floor.errors import BadInput
 from remote.floor.spec import RunSpec
-from remote.runtime.model import Checkpoint, create_meta_model, materialize
-from remote.runtime.stage import build_stage, layout_for
+from remote.toolkit.model import Checkpoint, create_meta_model, materialize
+from remote.toolkit.stage import build_stage, layout_for
 
 MODEL = "deit_small_patch16_224"
 

@@ -17,7 +17,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
 from remote.floor.torch_support import RANGE, release, supported, takes_pre_split, unsupported
-from remote.runtime.schedule_inputs import PRE_SPLIT, schedule_inputs
+from remote.toolkit.schedule_inputs import PRE_SPLIT, schedule_inputs
 
 
 @pytest.mark.parametrize(("version", "found", "ok", "pre_split"), [

@@ -12,13 +12,13 @@ from torch.utils.checkpoint import checkpoint
 
 from remote.floor.spec import RunSpec
 from remote.floor.wire import parse_wire
-from remote.runtime.artifact import meta_model_for
-from remote.runtime.codec import Codec, learned_pair
-from remote.runtime.kept_pair import with_pairs
-from remote.runtime.model import Checkpoint, materialize, prune_to
-from remote.runtime.numerics import apply_numerics
-from remote.runtime.partition import StagePlan, plan
-from remote.runtime.pieces import Piece, PieceFn, block_piece_count, check_supported, vit_pieces
+from remote.toolkit.artifact import meta_model_for
+from remote.toolkit.codec import Codec, learned_pair
+from remote.toolkit.kept_pair import with_pairs
+from remote.toolkit.model import Checkpoint, materialize, prune_to
+from remote.toolkit.numerics import apply_numerics
+from remote.toolkit.partition import StagePlan, plan
+from remote.toolkit.pieces import Piece, PieceFn, block_piece_count, check_supported, vit_pieces
 
 
 @dataclass

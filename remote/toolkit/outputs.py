@@ -10,7 +10,7 @@ import torch
 from remote.floor.emit import Emitter
 from remote.floor.run_records import Accuracy, Outputs
 from remote.floor.spec import RunSpec
-from remote.runtime.model import Checkpoint
+from remote.toolkit.model import Checkpoint
 
 
 def open_checkpoint(spec: RunSpec) -> Checkpoint | None:

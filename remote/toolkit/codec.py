@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from remote.floor.wire import WireFormat
-from remote.runtime.feedback import DeltaMemory
+from remote.toolkit.feedback import DeltaMemory
 
 POWER_ITERATIONS = 2
 """Power-iteration steps of `lowrank:R` (PowerSGD uses 1 per step with warm starts; a cold start needs 2)."""
@@ -204,7 +204,7 @@ class Codec:
         """convinsert: the learned halves this stage runs (the stage module holds them as its own layers)."""
         self.received = DeltaMemory() if feedback and fmt_in is not None and fmt_in.kind == "lowrank" else None
         self.sent = DeltaMemory() if feedback and fmt_out is not None and fmt_out.kind == "lowrank" else None
-        """Training's error feedback at a lowrank cut (`remote.runtime.feedback`): each end's per-image copy."""
+        """Training's error feedback at a lowrank cut (`remote.toolkit.feedback`): each end's per-image copy."""
         self.counters = CodecCounters()
 
     def expect(self, micro: list[list[int]]) -> None:

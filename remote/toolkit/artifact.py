@@ -20,8 +20,8 @@ from torch import nn
 from remote.floor.artifact_meta import ArtifactMeta, read_artifact_meta, read_header
 from remote.floor.errors import BadInput
 from remote.floor.spec import RunSpec
-from remote.runtime.kept_pair import PAIRS, attach_pairs, whole_forward
-from remote.runtime.model import create_meta_model
+from remote.toolkit.kept_pair import PAIRS, attach_pairs, whole_forward
+from remote.toolkit.model import create_meta_model
 
 
 def attention_heads(model: nn.Module) -> dict[str, int]:

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from torch import nn
 
 from remote.floor.errors import BadInput
-from remote.runtime.model import count_params
-from remote.runtime.pieces import Piece
+from remote.toolkit.model import count_params
+from remote.toolkit.pieces import Piece
 
 
 @dataclass(frozen=True)

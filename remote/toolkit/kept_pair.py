@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from remote.floor.errors import BadInput
-from remote.runtime.pieces import Piece, State, vit_pieces
+from remote.toolkit.pieces import Piece, State, vit_pieces
 
 PAIRS = "wire_pairs"
 
