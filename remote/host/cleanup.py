@@ -167,7 +167,8 @@ def _sweep_one(run_fd: int, run: str, name: str, runs: Path, *, orphans_only: bo
     # A controller still drives it: through its supervisor, or through the warm process that forked it (which
     # stops it when the job's client goes away).
     parent = _cmdline(_parent(pgid))
-    attached = entries.SUPERVISE.module in parent or entries.WARM_ROOT.module in parent
+    # (its supervisor; a warm process, or the warm client that runs the job cold beside it)
+    attached = any(e.module in parent for e in (entries.SUPERVISE, entries.WARM_ROOT, entries.WARM_CLIENT))
     if orphans_only and attached:
         out["kept"].append({"run": run, "pgid": pgid, "reason": "live run"})
         return
