@@ -79,10 +79,14 @@ def _processes(root: psutil.Process, cluster: Path) -> list[tuple[int, str, str,
     """(pid, command line, working directory, affinity) of every process the run started: the controller's
     descendants, and what works in the cluster's directories (jobs a warm process forked)."""
     found = []
+    try:  # (once per scan, not once per process: on a loaded machine a slow scan missed the short-lived ranks)
+        descendants = {c.pid for c in root.children(recursive=True)}
+    except psutil.NoSuchProcess:
+        descendants = set()
     for proc in psutil.process_iter(["pid"]):
         try:
             cwd = proc.cwd()
-            ours = str(cluster) in cwd or proc.pid in {c.pid for c in root.children(recursive=True)}
+            ours = str(cluster) in cwd or proc.pid in descendants
             if ours:
                 found.append((proc.pid, " ".join(proc.cmdline()), cwd, frozenset(proc.cpu_affinity())))
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
@@ -101,7 +105,7 @@ def test_every_process_of_a_pinned_host_runs_on_its_cores(tmp_path: Path, pictl_
     seen: dict[int, tuple[str, str, frozenset[int]]] = {}
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen([sys.executable, "-m", "pictl", "run", "--hosts", str(hosts), "--stages", "2",
-                                 "--split", "blocks.6", "--images", "4", "--warmup", "0", "--repeats", "1",
+                                 "--split", "blocks.6", "--images", "4", "--warmup", "0", "--repeats", "2",
                                  "--headless", "--json"], env=pictl_env, cwd=ROOT, stdout=out, stderr=err, text=True)
         controller = psutil.Process(proc.pid)
         deadline = time.monotonic() + 600
