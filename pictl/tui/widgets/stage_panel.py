@@ -51,6 +51,8 @@ class StagePanel(Vertical):
     _lines: int = -1
 
     def show_state(self, st: StageView) -> None:
+        if not self.query(".stage-title"):  # mounting, or being removed for a tune's next candidate: a later
+            return  # frame draws it (a render then raised NoMatches and ended the dashboard)
         key = (len(st.ips), st.ips[-1] if st.ips else None, st.modules and st.modules[-1], st.microbatches,
                st.phase, st.repeat, st.error, st.pass_ips)
         if key == self._shown:  # nothing new since the last frame
