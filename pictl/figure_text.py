@@ -28,6 +28,12 @@ def speedup_text(value: Any) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
 
+def interval_text(low: Any, high: Any) -> str:
+    """An interval over rounds, `1.71-1.98` (two places), or `-` when it has no two ends yet."""
+    lo, hi = _number(low), _number(high)
+    return "-" if lo is None or hi is None else f"{lo:.2f}-{hi:.2f}"
+
+
 def points_text(value: Any) -> str:
     """Points of speedup a waterfall term changed, signed: a loss `-1.27`, a gain `+0.54`; `-` when none."""
     v = _number(value)

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from pictl.figure_text import efficiency_text, points_text, speedup_text
+from pictl.figure_text import efficiency_text, interval_text, points_text, speedup_text
 from pictl.records.run_details import trace_rank_text
 from pictl.records.waterfall_view import TERM_COLORS, gap_bar, latency_of, line_text, waterfall_of
 from pictl.run.traces import perfetto_hint
@@ -52,8 +52,7 @@ def sweep_table(rows: list[dict]) -> RenderableType:
             table.add_row(*config, Text(r.get("status", "?"), style="red"), "", "",
                           Text(str(r.get("error") or "")[:40], style="red"))
             continue
-        low, high = r.get("speedup_low"), r.get("speedup_high")
-        interval = f"{low:.2f}-{high:.2f}" if low is not None and high is not None else "-"
+        interval = interval_text(r.get("speedup_low"), r.get("speedup_high"))
         failed = Text(" (a round failed)", style="red") if r.get("status") != "ok" else ""
         table.add_row(*config, figure(r.get("throughput_ips")), speedup_text(r.get("speedup")), interval,
                       Text.assemble(efficiency_text(r.get("efficiency")), failed))

@@ -7,6 +7,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from pictl.figure_text import interval_text
 from pictl.jobs.tune_verdicts import ranked
 from pictl.text import figure
 from pictl.tui.tune_state import TuneView
@@ -35,7 +36,7 @@ def tune_table(view: TuneView) -> RenderableType:
             verdict = Text("kept" if m.kept else f"no: {m.why}"[:40], style="green" if m.kept else "yellow")
         else:
             verdict = Text("-", style="dim")
-        interval = f"{m.interval[0]:.2f}-{m.interval[1]:.2f}" if m.interval and len(m.interval) == 2 else "-"
+        interval = interval_text(*m.interval) if m.interval and len(m.interval) == 2 else "-"
         table.add_row(m.candidate.short(view.base), figure(m.predicted_ips, ".1f"), figure(m.throughput_ips, ".1f"),
                       figure(m.speedup_vs_fp32, unit="x"), interval, figure(m.agreement_vs_fp32, ".3f"), verdict)
     saved = [Text(f"saved as {view.preset}: r, profile tuned, runs it again", style="green")] if view.preset else []
