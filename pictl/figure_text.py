@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["cell_text", "efficiency_text", "ips_text", "ms_text", "points_text", "share_text", "speedup_text"]
+__all__ = ["cell_text", "efficiency_text", "energy_text", "ips_text", "joules_text", "ms_text", "points_text",
+           "share_text", "speedup_text"]
 
 
 def _number(value: Any) -> float | None:
@@ -65,6 +66,23 @@ def ms_text(value: Any) -> str:
     """Milliseconds, one place (`12.3`), or `-`."""
     v = _number(value)
     return "-" if v is None else f"{v:.1f}"
+
+
+def joules_text(value: Any) -> str:
+    """Joules per image to three significant digits, trailing zeros kept (`5.12`, `0.450`, `123`), or `n/a`
+    (no meter: never a guess)."""
+    v = _number(value)
+    if v is None:
+        return "n/a"
+    places = next((p for p, floor in ((0, 100), (1, 10), (2, 1)) if abs(v) >= floor), 3)
+    return f"{v:.{places}f}"
+
+
+def energy_text(pipeline: Any, serial: Any) -> str:
+    """Energy per image, the pipeline's beside the serial run's: `5.12 J/img (serial 4.98)`, `n/a`."""
+    if _number(pipeline) is None and _number(serial) is None:
+        return "n/a"
+    return f"{joules_text(pipeline)} J/img (serial {joules_text(serial)})"
 
 
 _BY_KEY = {"speedup": speedup_text, "throughput_ips": ips_text, "serial_ips": ips_text,

@@ -18,10 +18,10 @@ from rich.text import Text
 
 from pictl.console import Fields, Fitted, result_console
 from pictl.events import SERIAL_FP32, HostOutput, Phase, RankEvent, SessionEvent
-from pictl.figure_text import ips_text, speedup_text
+from pictl.figure_text import energy_text, ips_text, speedup_text
 from pictl.headless_prune import macs_text
 from pictl.headless_train import TrainProgress
-from pictl.records.run_details import trace_rank_text
+from pictl.records.run_details import energy_line, trace_rank_text
 from pictl.records.waterfall_view import latency_of, percentiles_text, waterfall_line, waterfall_of
 from pictl.run.traces import perfetto_hint
 from pictl.summary import baseline_text
@@ -269,9 +269,15 @@ def replica_lines(s: RunSummary) -> list[str]:
             f"{figure(s.throughput_ips)} img/s (every image over the slowest replica's pass)"]
 
 
+def energy_lines(s: RunSummary) -> list[str]:
+    """Where the energy per image came from (the meters and the power they read), or why it is n/a."""
+    return [printable(f"energy per image: {line}")] if (line := energy_line(s)) else []
+
+
 def detail_lines(s: RunSummary) -> list[str]:
-    """The lines under the stage table: replicas, links, numerics, re-cuts, why not N."""
-    return replica_lines(s) + wire_lines(s) + numerics_lines(s) + recut_lines(s) + explain_lines(s)
+    """The lines under the stage table: replicas, links, numerics, re-cuts, why not N, energy."""
+    return (replica_lines(s) + wire_lines(s) + numerics_lines(s) + recut_lines(s) + explain_lines(s)
+            + energy_lines(s))
 
 
 def summary_fields(s: RunSummary) -> list[str]:
@@ -281,7 +287,8 @@ def summary_fields(s: RunSummary) -> list[str]:
         result_word(s), f"{copies}{s.stages} stage(s)", f"split {', '.join(s.split_points) or '-'}",
         f"pipeline {ips_text(s.throughput_ips)} img/s", f"serial {ips_text(s.serial_ips)} img/s{baseline_text(s)}",
         f"speedup {speedup_text(s.speedup)} (ideal {s.stages * s.replicas}x)", outputs_text(s),
-        f"accuracy {_pct(s.accuracy)}")]
+        f"accuracy {_pct(s.accuracy)}",
+        *([f"energy {energy_text(s.energy.pipeline_j_per_image, s.energy.serial_j_per_image)}"] if s.energy else []))]
 
 
 STAGE_COLUMNS_LEFT_OUT_FIRST = ("peak RSS MB", "params", "MB sent", "predicted ms", "send ms", "wait ms")

@@ -158,6 +158,22 @@ class LatencyFigures(Open):
     microbatches: int | None = None
 
 
+class EnergyFigures(Open):
+    """Energy per image (`pictl.run.energy`): the run's hosts' mean power over a window, over the images per
+    second of that window; None where a host has no meter pictl can read, with the reason beside it."""
+
+    pipeline_j_per_image: float | None = None
+    serial_j_per_image: float | None = None
+    pipeline_power_w: float | None = None
+    """All the pipeline's machines together (hosts on one machine counted once: they share its meter)."""
+    serial_power_w: float | None = None
+    source: str | None = None
+    """The meters read: "pmic" (`vcgencmd pmic_read_adc`, a Pi 5's rails), "rapl" (x86 package counters)."""
+    machines: int | None = None
+    pipeline_unmeasured: str | None = None
+    serial_unmeasured: str | None = None
+
+
 class SerialTiming(Open):
     """Where the serial run's time went, per image, and its latency per microbatch."""
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pictl.summary_figures import (
     ClockReading,
+    EnergyFigures,
     Latencies,
     NumericsFigures,
     Open,
@@ -233,6 +234,12 @@ class SampleWindow(Open):
     cpu_pct_mean: float | None = None
     temp_max_c: float | None = None
     throttled: list[Any] = []
+    power_w_mean: float | None = None
+    """The host's mean power over the window: None where it has no meter pictl can read (`power_source` None
+    too), or where its meter's samples left half the window unmeasured (a window shorter than a few sampling
+    intervals). `power_source` names the meter, `machine` the boot id (hosts on one machine share a meter)."""
+    power_source: str | None = None
+    machine: str | None = None
 
 
 class HostRecord(Open):
@@ -325,6 +332,7 @@ class RunSummary(Open):
     clocks: dict[str, ClockReading] | None = None
     latency: Latencies | None = None
     waterfall: WaterfallRecord | None = None
+    energy: EnergyFigures | None = None
     flags: list[SanityFlag] = []
     verdict: Literal["ok", "suspect"] | None = None
     """A finished run's result: `suspect` when a flag invalidates it (a speedup no exact pipeline reaches, a

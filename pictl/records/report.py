@@ -30,6 +30,7 @@ from pictl.records.files import LinkFound, read_regular, refused
 from pictl.records.report_charts import link_rates, records_of, stage_chart, wire_chart
 from pictl.records.report_sections import numerics_lines, recut_lines, refine_lines
 from pictl.records.report_waterfall import gap_lines, sweep_latency_lines
+from pictl.records.run_details import energy_line
 from pictl.records.runs import SUMMARY_FILE, path_exists, path_is_file, writable_dir
 from pictl.records.train_report import ReportFiles, job_section, jobs_table, md_text
 from pictl.summary import RecordInvalid, RunSummary, age_text, parse_summary, read_json_object, terminal_text
@@ -91,7 +92,9 @@ def _run_section(run_dir: Path, s: RunSummary, files: ReportFiles, notes: list[s
              *([f"**SUSPECT**: {md_text(s.suspect_because)}", ""] if shown_status(s) == "suspect" else []),
              "| throughput img/s | serial img/s | speedup | efficiency | outputs match |", "|---|---|---|---|---|",
              f"| {ips_text(s.throughput_ips)} | {ips_text(s.serial_ips)} | {speedup_text(s.speedup)} | "
-             f"{efficiency_text(s.efficiency)} | {s.outputs_match} |", "", *gap_lines(s.run_id, s, files),
+             f"{efficiency_text(s.efficiency)} | {s.outputs_match} |", "",
+             *([f"**energy per image**: {md_text(energy)}", ""] if (energy := energy_line(s)) else []),
+             *gap_lines(s.run_id, s, files),
              *_wire_lines(s, files),
              *numerics_lines(s), *recut_lines(s),
              *_baseline_and_flags(s)]

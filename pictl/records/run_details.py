@@ -11,14 +11,14 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from pictl.figure_text import ips_text, speedup_text
+from pictl.figure_text import energy_text, ips_text, speedup_text
 from pictl.records import waterfall_view as wv
 from pictl.records.catalog import CELL_LIMIT, FoundRun, PendingRun
 from pictl.summary import baseline_text, terminal_text
 from pictl.summary_models import RankShare, RunSummary
 from pictl.verdict import shown_status
 
-__all__ = ["fmt", "run_details", "trace_rank_text"]
+__all__ = ["energy_line", "fmt", "run_details", "trace_rank_text"]
 
 
 def fmt(value: Any, spec: str = ".2f") -> str:
@@ -61,6 +61,20 @@ def _outputs(s: RunSummary) -> str:
     return f"{s.outputs_match} (lossy wire {s.wire.format}: top-1 agreement {fmt(s.agreement, '.2%')})"
 
 
+def energy_line(s: RunSummary) -> str | None:
+    """Energy per image, the power the meters read and, where a figure is n/a, why; None for a record from
+    before pictl measured energy. The result line's detail, `runs show`, the history and the run panel."""
+    e = s.energy
+    if e is None:
+        return None
+    parts = []
+    for what, watts, why in (("pipeline", e.pipeline_power_w, e.pipeline_unmeasured),
+                             ("serial", e.serial_power_w, e.serial_unmeasured)):
+        parts.append(f"{what} {fmt(watts)} W" if watts is not None else f"{what} n/a ({why})")
+    meters = f" ({e.source}{f', {e.machines} machine(s)' if e.machines else ''})" if e.source else ""
+    return f"{energy_text(e.pipeline_j_per_image, e.serial_j_per_image)}; power {', '.join(parts)}{meters}"
+
+
 def run_details(found: FoundRun) -> Table:
     """One run as label/value lines (`read_run`'s record): `pictl runs show` and the dashboard's history."""
     grid = Table.grid(padding=(0, 2))
@@ -82,6 +96,8 @@ def run_details(found: FoundRun) -> Table:
         if label == "status" and value == "suspect":
             grid.add_row(Text("suspect", style="bold red"), _cell(s.suspect_because, style="red"))
     wv.add_latency_rows(grid, s)
+    if (energy := energy_line(s)) is not None:
+        grid.add_row("energy", _cell(energy))
     if s.error:
         grid.add_row(Text("error", style="red"), _cell(_one_line(s.error.message), style="red"))
     for i, flag in enumerate(s.flags):

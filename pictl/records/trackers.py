@@ -95,6 +95,8 @@ def run_series(run_dir: Path, summary: RunSummary) -> Series:
         "wire": s.wire.format if s.wire else "fp32", "split": ",".join(s.split_points) or "-", "status": s.status}))
     for key in ("throughput_ips", "serial_ips", "speedup", "efficiency", "accuracy", "agreement"):
         series.put(key, getattr(s, key))
+    for key in ("pipeline_j_per_image", "serial_j_per_image", "pipeline_power_w", "serial_power_w"):
+        series.put(f"energy/{key}", getattr(s.energy, key, None))
     pipeline = s.latency.pipeline if s.latency else None
     for key in ("p50_ms", "p95_ms", "p99_ms"):
         series.put(f"latency/{key}", getattr(pipeline, key, None))
@@ -113,7 +115,7 @@ def run_series(run_dir: Path, summary: RunSummary) -> Series:
     for rec in _json_lines(run_dir, SAMPLES_FILE, series.notes):
         host, wall = str(rec.get("host")), _number(rec.get("at")) or 0.0
         step = steps[host] = steps.get(host, -1) + 1
-        for key in ("cpu_pct", "mem_used_mb", "temp_c", "throttled"):
+        for key in ("cpu_pct", "mem_used_mb", "temp_c", "throttled", "power_w"):
             value = _throttling(rec[key]) if key == "throttled" and key in rec else rec.get(key)
             if rec.get(key) is not None and _number(value) is None:
                 malformed.append(f"host {host!r} {key} {str(rec[key])[:40]!r}")

@@ -36,7 +36,7 @@ from pictl.summary import age_text
 from remote.floor import entries
 from remote.floor import protocol as P
 from remote.floor.records import Record, to_wire
-from remote.floor.run_records import Error, Plan
+from remote.floor.run_records import Error, Plan, StageReady
 from remote.floor.spec import RunSpec
 
 
@@ -241,6 +241,8 @@ async def _measure(ctx: RunContext, job: HostJob, placement: Placement, spec: Ru
             return False
         if isinstance(record, Plan) and waiting:
             waiting.pop()(to_wire(record))
+        if isinstance(record, StageReady) and not fp32_reference:  # loaded: from here on it infers (power)
+            book.windows["baseline_compute"] = [time.time(), window[1]]
         telemetry.apply(host.name, record)
         # An error before the plan is bad input: the run's one error line says it.
         return not (isinstance(record, Error) and waiting)
@@ -258,6 +260,8 @@ async def _measure(ctx: RunContext, job: HostJob, placement: Placement, spec: Ru
     rc = await job.run_module(host, entries.SERIAL.module, args, stream, threads=placement.serial_threads or 1,
                               pgid_file="pgid-serial")
     window[1] = time.time()
+    if "baseline_compute" in book.windows and not fp32_reference:
+        book.windows["baseline_compute"][1] = window[1]
     st = telemetry.stages.get(0)
     if waiting:  # still waiting: the process ended before its plan
         message = st.error.message if st and st.error else (list(stream.tail) or ["no output"])[-1]

@@ -17,6 +17,7 @@ from pictl.planning.options import RunOptions
 from pictl.run.baselines import Baseline
 from pictl.run.compare import Comparison, agreement
 from pictl.run.context import RunContext
+from pictl.run.energy import energy_summary
 from pictl.run.flags import compute_flags
 from pictl.run.latency import pipeline_latencies, summary_ms
 from pictl.run.logbook import Logbook
@@ -103,6 +104,10 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
         "clocks": reached.pipeline.clocks if reached.pipeline else None,
     }
     summary["latency"] = _latency(ctx, reached, baseline)
+    summary["energy"] = energy_summary(
+        summary["hosts"], reached.placement.first.host.name if reached.placement else None,
+        summary["throughput_ips"] if not serial_only else None, summary["serial_ips"],
+        serial_reused=summary["serial_reused"], pipeline_ran=not serial_only and reached.pipeline is not None)
     # A re-cut run's waterfall is taken over the passes of its last split; the passes before are its own term.
     summary["waterfall"] = waterfall(summary, settled(tel, o.stages, o.repeats, baseline.ips if baseline else None)) \
         if status == "ok" else None

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import glob
 import json
+import os
 import shutil
 import struct
 from pathlib import Path
@@ -13,10 +15,11 @@ from support.cli import finished, run_pictl
 from support.clusters import write_cluster
 from support.typed import untyped
 
-from pictl.figure_text import speedup_text
+from pictl.figure_text import energy_text, speedup_text
 from pictl.summary_models import RunSummary
 
 pytestmark = pytest.mark.slow
+RECORDED_VCGENCMD = Path(__file__).resolve().parents[1] / "support" / "data" / "vcgencmd"
 
 # Small passes keep each run short; the protocol stays the real one.
 # `--policy equal` unless a test says otherwise: profiling costs for `balanced` is tested in test_balanced.
@@ -110,6 +113,44 @@ def test_plain_output_to_a_file_is_never_wrapped_or_padded(shared, pictl_env) ->
         lines[:2]
     assert not [line for line in lines if line != line.rstrip()], "padded lines"
     assert any(line.startswith("run directory: ") for line in lines)
+
+
+def _power_meter_here() -> bool:
+    """Whether this machine has a power meter pictl reads (a Pi's `vcgencmd`, or RAPL this user may read)."""
+    return shutil.which("vcgencmd") is not None or any(
+        os.access(p, os.R_OK) for p in glob.glob("/sys/class/powercap/intel-rapl:[0-9]/energy_uj"))
+
+
+def test_energy_per_image_from_a_pi5s_meter_and_na_without_one(shared, pictl_env) -> None:
+    """A recorded Raspberry Pi 5 `vcgencmd` first on the hosts' PATH: the PMIC rails' power over the pipeline's
+    and the serial run's windows gives joules per image, in the summary and on the result line; the local hosts
+    are one machine, so its meter counts once. Without it the line says n/a."""
+    env = {**_env(shared, pictl_env), "PATH": f"{RECORDED_VCGENCMD}:{pictl_env.get('PATH', os.defpath)}"}
+    # Windows of several sampling intervals (the run samples its hosts every 2 s): 24 images, a warm-up pass.
+    args = ["run", "--hosts", str(shared["hosts"]), "--images", "24", "--chunk", "1", "--warmup", "1",
+            "--repeats", "1", "--policy", "equal", "--stages", "2", "--fresh-baseline", "--headless", "--json"]
+    proc = run_pictl(args, env)
+    assert finished(proc.returncode, proc.stderr), proc.stderr[-3000:]
+    s = RunSummary.model_validate_json(proc.stdout)
+    e = s.energy
+    assert e is not None and e.source == "pmic" and e.machines == 1, e
+    watts = 2.948  # the recorded rails: sum of volts x amps (tests/unit/test_energy.py computes it apart)
+    assert e.pipeline_power_w == pytest.approx(watts, abs=1e-3) and e.serial_power_w == pytest.approx(watts, abs=1e-3)
+    assert e.pipeline_j_per_image == pytest.approx(watts / (s.throughput_ips or 0), rel=2e-3)
+    assert e.serial_j_per_image == pytest.approx(watts / (s.serial_ips or 0), rel=2e-3)
+    line = proc.stderr.splitlines()[[i for i, x in enumerate(proc.stderr.splitlines())
+                                     if x.startswith(("OK  ", "SUSPECT  "))][0]]
+    assert f"energy {energy_text(e.pipeline_j_per_image, e.serial_j_per_image)}" in line, line
+    assert "energy per image: " in proc.stderr and "(pmic, 1 machine(s))" in proc.stderr
+    # The same run with no meter on the PATH (this machine's own, where it has none): n/a, the host named.
+    if not _power_meter_here():
+        bare = run_pictl([a for a in args if a != "--fresh-baseline"] + ["--images", "5", "--warmup", "0"],
+                         _env(shared, pictl_env))
+        assert finished(bare.returncode, bare.stderr), bare.stderr[-3000:]
+        none = RunSummary.model_validate_json(bare.stdout).energy
+        assert none is not None and none.pipeline_j_per_image is None and none.source is None
+        assert none.pipeline_unmeasured == "host 'h0' has no power meter pictl can read"
+        assert "  energy n/a" in bare.stderr
 
 
 def test_three_stages_inside_blocks_reuses_the_baseline(shared, pictl_env) -> None:

@@ -12,7 +12,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from pictl.figure_text import efficiency_text, interval_text, points_text, speedup_text
-from pictl.records.run_details import trace_rank_text
+from pictl.records.run_details import energy_line, trace_rank_text
 from pictl.records.waterfall_view import TERM_COLORS, gap_bar, latency_of, line_text, waterfall_of
 from pictl.run.traces import perfetto_hint
 from pictl.summary import baseline_text
@@ -226,6 +226,8 @@ class RunPanel(Static):
             p = latency.pipeline
             grid.add_row("latency", f"p50 {figure(p.p50_ms, '.0f')}  p95 {figure(p.p95_ms, '.0f')} ms"
                          + (f"  serial p50 {figure(latency.serial.p50_ms, '.0f')}" if latency.serial else ""))
+        if s and s.energy:  # per image, beside the serial run's; where n/a, the one reason on the line
+            grid.add_row("energy", Text(energy_line(s) or "", no_wrap=True, overflow="ellipsis"))
         accuracy = s.accuracy if s else state.accuracy
         grid.add_row("accuracy", "n/a" if accuracy is None else f"{accuracy:.2%}")
         if stages:

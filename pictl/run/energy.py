@@ -1,0 +1,65 @@
+"""Energy per image: the run's hosts' mean power while the pipeline ran (and while the serial run ran), over
+the images per second of those windows. Joules per image = watts / (images per second).
+
+Power comes from the host samples (`pictl.cluster.monitor`): a Raspberry Pi 5's PMIC rails or an x86 host's
+RAPL package counters. Hosts with one boot id are one machine with one meter (local hosts, or test hosts on
+one machine), so each machine is counted once. A figure needs every machine of its window measured: with one
+host unable to measure, the figure is None and the reason says which host; it is never a guess. The meters
+read the whole board or package, so another team's work on the same hosts is in the figure too (the run's
+flags say when other work ran).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pictl.summary_models import HostRecord, SampleWindow
+
+
+def _machines(windows: dict[str, SampleWindow | None]) -> tuple[float | None, str | None, int, set[str]]:
+    """The power of the machines behind `windows` (host -> its window), each machine once; or None and why."""
+    per_machine: dict[str, list[float]] = {}
+    sources: set[str] = set()
+    for host, window in windows.items():
+        if window is None or window.power_w_mean is None:
+            why = (f"host '{host}': the window was too short for its meter's samples" if window and window.power_source
+                   else f"host '{host}' has no power meter pictl can read")
+            return None, why, 0, sources
+        per_machine.setdefault(window.machine or f"host:{host}", []).append(window.power_w_mean)
+        if window.power_source:
+            sources.add(window.power_source)
+    # Hosts of one machine read one meter at slightly different instants: their mean is that machine's power.
+    total = sum(sum(readings) / len(readings) for readings in per_machine.values())
+    return total, None, len(per_machine), sources
+
+
+def energy_summary(hosts: dict[str, Any], baseline_host: str | None, ips: float | None,
+                   serial_ips: float | None, *, serial_reused: bool | None, pipeline_ran: bool) -> dict[str, Any]:
+    """The summary's `energy` from its `hosts` records and its throughputs."""
+    records = {name: HostRecord.model_validate(rec) for name, rec in hosts.items()}
+    out: dict[str, Any] = {"pipeline_j_per_image": None, "serial_j_per_image": None, "pipeline_power_w": None,
+                           "serial_power_w": None, "source": None, "machines": None,
+                           "pipeline_unmeasured": None, "serial_unmeasured": None}
+    sources: set[str] = set()
+    if not pipeline_ran or not records:
+        out["pipeline_unmeasured"] = "no pipeline ran"
+    else:
+        watts, why, machines, found = _machines({name: r.during_pipeline for name, r in records.items()})
+        out["pipeline_unmeasured"], out["machines"] = why, machines or None
+        sources |= found
+        if watts is not None:
+            out["pipeline_power_w"] = round(watts, 3)
+            out["pipeline_j_per_image"] = round(watts / ips, 4) if ips else None
+    if serial_reused:
+        out["serial_unmeasured"] = "the serial run was reused from the cache (`--fresh-baseline` measures it)"
+    elif baseline_host is None or baseline_host not in records:
+        out["serial_unmeasured"] = "no serial run was measured"
+    else:
+        watts, why, _, found = _machines({baseline_host: records[baseline_host].during_baseline})
+        out["serial_unmeasured"] = why
+        sources |= found
+        if watts is not None:
+            out["serial_power_w"] = round(watts, 3)
+            out["serial_j_per_image"] = round(watts / serial_ips, 4) if serial_ips else None
+    out["source"] = ",".join(sorted(sources)) or None
+    return out
