@@ -71,7 +71,7 @@ def test_a_run_read_at_80_columns(tmp_path: Path, pictl_env) -> None:
     # The result line's fields, each whole on one line; the lines within 80 columns (the paths soft-wrapped: one
     # the terminal folds is still one line to copy).
     fields = summary_fields(summary)
-    assert len(fields) == 8 and lines[0].startswith(f"{fields[0]}  {fields[1]}")
+    assert len(fields) == 9 and fields[-1].startswith("energy ") and lines[0].startswith(f"{fields[0]}  {fields[1]}")
     for field in fields:
         assert any(field in line for line in lines), (field, proc.stdout)
     assert max(len(line) for line in lines if not line.startswith(("run directory: ", "traces: "))) <= 80

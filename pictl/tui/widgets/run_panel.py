@@ -226,8 +226,6 @@ class RunPanel(Static):
             p = latency.pipeline
             grid.add_row("latency", f"p50 {figure(p.p50_ms, '.0f')}  p95 {figure(p.p95_ms, '.0f')} ms"
                          + (f"  serial p50 {figure(latency.serial.p50_ms, '.0f')}" if latency.serial else ""))
-        if s and s.energy:  # per image, beside the serial run's; where n/a, the one reason on the line
-            grid.add_row("energy", Text(energy_line(s) or "", no_wrap=True, overflow="ellipsis"))
         accuracy = s.accuracy if s else state.accuracy
         grid.add_row("accuracy", "n/a" if accuracy is None else f"{accuracy:.2%}")
         if stages:
@@ -236,6 +234,8 @@ class RunPanel(Static):
             grid.add_row("stages", f"{stages} ({split})")
         if state.refine:  # `balanced` measuring a split and correcting itself: the latest step
             grid.add_row("refine", refine_text(state.refine[-1]))
+        if s and s.energy:  # below the speed figures: per image beside the serial run, or n/a and why
+            grid.add_row("energy", Text(energy_line(s) or "", no_wrap=True, overflow="ellipsis"))
         if state.run_dir:
             # The run's id first (what `pictl runs show` takes), never folded apart; its directory after it.
             where, _, run_id = state.run_dir.rstrip("/").rpartition("/")
