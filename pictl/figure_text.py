@@ -100,4 +100,6 @@ def cell_text(key: str, value: Any) -> str | None:
         return points_text(value)
     if key.endswith("_ms"):
         return ms_text(value)
+    if key.endswith("_j_per_image"):
+        return joules_text(value)
     return None

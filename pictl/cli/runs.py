@@ -46,7 +46,7 @@ SHORT = ("run_id", "status", "stages", "policy", "chunk", "throughput_ips", "ser
          "latency_p95_ms", "dominant", "outputs_match", "flags", "part_of")
 """The list's columns on a terminal (`--json` and the CSV have all of `catalog_rows.COLUMNS`)."""
 HEADINGS = {"run_id": "run", "throughput_ips": "img/s", "serial_ips": "serial", "outputs_match": "match",
-            "part_of": "part of",
+            "part_of": "part of", "energy_j_per_image": "J/img", "serial_energy_j_per_image": "serial J/img",
             **{key: key.removesuffix("_ms").replace("_", " ") + " ms" for key in wv.LATENCY_KEYS},
             **{f"{term}_points": ("fill/drain" if term == "fill_drain" else term.replace("_", " ")) + " points"
                for term in wv.KNOWN_TERMS}}

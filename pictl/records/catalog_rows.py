@@ -30,9 +30,10 @@ COLUMNS = ("run_id", "started", "status", "model", "stages", "policy", "chunk", 
 dominant: the waterfall's largest loss; part_of: the sweep the run was measured in, its round, `ref` for the
 sweep's reference)."""
 _DOMINANT = COLUMNS.index("dominant")
-COMPARE_COLUMNS = (*COLUMNS[:_DOMINANT], *wv.LATENCY_KEYS[2:], "dominant", *wv.TERM_KEYS, *COLUMNS[_DOMINANT + 1:])
+COMPARE_COLUMNS = (*COLUMNS[:_DOMINANT], *wv.LATENCY_KEYS[2:], "dominant", *wv.TERM_KEYS, *COLUMNS[_DOMINANT + 1:],
+                   *wv.ENERGY_KEYS)
 """`runs compare`'s lines: a row's, with the rest of the latency (p99, the serial run's) beside its p50 and
-p95, and each waterfall term's points after the dominant term."""
+p95, each waterfall term's points after the dominant term, and the joules per image last."""
 SORT_KEYS = ("started", "speedup", "throughput_ips", "stages", "status")
 
 def cell(key: str, value: Any) -> str:

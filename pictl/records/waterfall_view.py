@@ -21,10 +21,10 @@ from pictl.summary_figures import WaterfallRecord
 from pictl.summary_models import RunSummary
 from pictl.text import shown
 
-__all__ = ["COMPARE_KEYS", "GAP_EPSILON", "KNOWN_TERMS", "LATENCY_KEYS", "TERM_COLORS", "TERM_KEYS", "Latency",
-           "Percentiles", "Term", "Waterfall", "add_gap_rows", "add_latency_rows", "compare_figures", "gap_bar",
-           "latency_of", "line_parts", "line_text", "percentiles_text", "share_note", "share_text", "shown_share",
-           "terms_table", "unreadable", "waterfall_line", "waterfall_view"]
+__all__ = ["COMPARE_KEYS", "ENERGY_KEYS", "GAP_EPSILON", "KNOWN_TERMS", "LATENCY_KEYS", "TERM_COLORS", "TERM_KEYS",
+           "Latency", "Percentiles", "Term", "Waterfall", "add_gap_rows", "add_latency_rows", "compare_figures",
+           "gap_bar", "latency_of", "line_parts", "line_text", "percentiles_text", "share_note", "share_text",
+           "shown_share", "terms_table", "unreadable", "waterfall_line", "waterfall_view"]
 
 LIMIT = 1e6
 """No speedup, point or millisecond figure a run records is this large; one that is reads as no figure."""
@@ -177,13 +177,14 @@ KNOWN_TERMS = tuple(TERM_COLORS)
 LATENCY_KEYS = ("latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "serial_latency_p50_ms",
                 "serial_latency_p95_ms", "serial_latency_p99_ms")
 TERM_KEYS = tuple(f"{term}_points" for term in KNOWN_TERMS)
-COMPARE_KEYS = (*LATENCY_KEYS[2:], *TERM_KEYS)
+ENERGY_KEYS = ("energy_j_per_image", "serial_energy_j_per_image")
+COMPARE_KEYS = (*LATENCY_KEYS[2:], *TERM_KEYS, *ENERGY_KEYS)
 """`runs compare`'s lines beyond a row's columns (a row already holds the pipeline's p50 and p95)."""
 
 
 def compare_figures(summary: RunSummary) -> dict[str, Any]:
-    """A run's latency percentiles (pipeline and serial) and each waterfall term's points; None where the
-    run has no such figure (an older summary, a failed run)."""
+    """A run's latency percentiles (pipeline and serial), each waterfall term's points and its joules per image;
+    None where the run has no such figure (an older summary, a failed run, a host without a power meter)."""
     latency, w = latency_of(summary), waterfall_of(summary)
     out: dict[str, Any] = dict.fromkeys(LATENCY_KEYS + COMPARE_KEYS)
     for prefix, p in (("", latency.pipeline if latency else None), ("serial_", latency.serial if latency else None)):
@@ -193,6 +194,8 @@ def compare_figures(summary: RunSummary) -> dict[str, Any]:
     for t in w.terms if w else []:
         if t.term in KNOWN_TERMS:
             out[f"{t.term}_points"] = t.points
+    if (e := summary.energy) is not None:
+        out |= {"energy_j_per_image": e.pipeline_j_per_image, "serial_energy_j_per_image": e.serial_j_per_image}
     return out
 
 
