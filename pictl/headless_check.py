@@ -48,8 +48,15 @@ def _queue_cell(load: dict[str, Any] | None) -> str:
     return f"{load['runnable']}" + ("" if wait is None else f", {wait:.0%} wait")
 
 
-LEFT_OUT_FIRST = ("warm", "rendezvous", "interface", "+/- ms", "clock ms", "throttled", "temp C", "cpus", "free MB",
-                  "timm", "python", "run queue")
+def _power_cell(load: dict[str, Any] | None) -> str:
+    """The host's power now and its meter (`2.95 pmic`), or `n/a`: no meter, so a run's energy per image is n/a."""
+    if not load or load.get("power_w") is None:
+        return "n/a"
+    return markup_safe(f"{load['power_w']:.2f} {load.get('power_source') or ''}".strip())
+
+
+LEFT_OUT_FIRST = ("power W", "warm", "rendezvous", "interface", "+/- ms", "clock ms", "throttled", "temp C", "cpus",
+                  "free MB", "timm", "python", "run queue")
 """Where the terminal is too narrow for every column, these go first (a host that is not ready says why on a
 line of its own, whatever the width); the busy cores stay: other work on a host is what a slow run asks about."""
 
@@ -57,7 +64,7 @@ line of its own, whatever the width); the busy cores stay: other work on a host 
 def check_table(checks: list) -> Fitted:  # list[HostCheck]
     table = Table(title="pictl check", title_justify="left")
     for col in ("host", "ready", "ssh", "python", "venv", "torch", "timm", "cpus", "busy cores", "run queue",
-                "free MB", "temp C", "throttled", "clock ms", "+/- ms", "interface", "rendezvous", "warm"):
+                "free MB", "temp C", "throttled", "power W", "clock ms", "+/- ms", "interface", "rendezvous", "warm"):
         table.add_column(col)
     for c in checks:
         p = c.probe
@@ -72,6 +79,7 @@ def check_table(checks: list) -> Fitted:  # list[HostCheck]
             pkgs.get("torch") or "-", pkgs.get("timm") or "-", _cpus_cell(p), _busy_cell(c.load),
             _queue_cell(c.load),
             str(p.get("mem_available_mb", "-")), figure(p.get("temperature_c"), ".1f"), p.get("throttled") or "-",
+            _power_cell(c.load),
             figure(c.clock_offset_ms, ".3f"), figure(c.clock_uncertainty_ms, ".3f"),
             f"{iface.get('name')} {iface.get('address') or ''}".strip() if iface else "-",
             ("ok" if reach.get("ok") else "[red]fail[/]") if reach else "-", _warm_cell(c.warm))

@@ -130,7 +130,8 @@ async def check_cluster(cluster: Cluster) -> list[HostCheck]:
         for name, sample in (await fleet.results(load_now, live)).items():
             if isinstance(sample, HostSample) and sample.up:  # (a host that cannot be sampled shows no load)
                 checks[name].load = {"busy_cores": sample.busy_cores, "cpus": sample.cpus,
-                                     "runnable": sample.runnable, "cpu_wait": sample.cpu_wait, "load1": sample.load1}
+                                     "runnable": sample.runnable, "cpu_wait": sample.cpu_wait, "load1": sample.load1,
+                                     "power_w": sample.power_w, "power_source": sample.power_source}
         ready = [name for name in live if checks[name].probe and not checks[name].problems]
         for name, state in (await fleet.results(warm_status, ready)).items():
             # (a host whose code was never pushed has no client to ask: it shows as unknown, not as a problem)

@@ -19,6 +19,14 @@ def test_check_the_shipped_local_cluster(pictl_env) -> None:
     assert h["probe"]["interface"] == {"name": "lo", "exists": True, "address": "127.0.0.1"}
     assert h["probe"]["rendezvous"]["ok"] is True
     assert h["clock_offset_ms"] == 0.0 and h["clock_uncertainty_ms"] == 0.0  # a local host is this machine
+    # A recorded Pi 5 `vcgencmd` first on the PATH: each host's power now, from its PMIC rails (what a run's
+    # energy per image is made of); without it, this machine has no meter pictl reads, unless RAPL is readable.
+    pi = {**pictl_env, "PATH": f"{ROOT / 'tests/support/data/vcgencmd'}:{pictl_env.get('PATH', '/usr/bin:/bin')}",
+          "COLUMNS": "250"}
+    table = run_pictl(["check", "--hosts", str(ROOT / "hosts.toml")], pi)
+    assert table.returncode == 0 and "power W" in table.stdout and table.stdout.count("2.95 pmic") == 4, table.stdout
+    if not any(k.startswith("rapl") for k in {h["load"].get("power_source") or "" for h in report["hosts"]}):
+        assert all(h["load"]["power_w"] is None for h in report["hosts"]), report["hosts"]
 
 
 @pytest.mark.slow
