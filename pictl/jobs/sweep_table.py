@@ -26,12 +26,13 @@ __all__ = ["COLUMNS", "MD_COLUMNS", "markdown_table", "reference_line", "row_of"
 COLUMNS = ("place", "stages", "chunk", "policy", "wire", "status", "throughput_ips", "speedup", "efficiency", "rounds",
            "latency_p50_ms", "throughput_low", "throughput_high", "speedup_low", "speedup_high", "serial_ips",
            "reference", "tied_with", "bytes_per_image", "agreement", "bottleneck_rank", "latency_p95_ms", "dominant",
-           "bottleneck", "split_points", "outputs_match", "run_id", "run_ids", "flags", "label")
+           "bottleneck", "split_points", "outputs_match", "run_id", "run_ids", "flags", "label", "j_per_image")
 """table.csv's and sweep.json's columns (place: 1 + how many configurations are faster beyond the noise, so ties
 share one; throughput and speedup: medians over rounds, with their interval's ends; serial_ips: the reference's
-median; latency: the median round's pipeline's per image, in ms; dominant: the largest loss in its waterfall)."""
+median; latency: the median round's pipeline's per image, in ms; dominant: the largest loss in its waterfall;
+j_per_image: the median round's joules per image, None where a host has no power meter)."""
 MD_COLUMNS = ("place", "stages", "chunk", "policy", "wire", "status", "throughput_ips", "speedup", "speedup_interval",
-              "efficiency", "rounds", "latency_p50_ms")
+              "efficiency", "rounds", "latency_p50_ms", "j_per_image")
 """table.md's columns (speedup_interval: the interval's ends, written `low-high`)."""
 
 
@@ -55,7 +56,10 @@ def row_of(point: Any, summary: RunSummary | None, error: str | None = None) -> 
             if s.images else None,
             "agreement": s.agreement, "latency_p50_ms": pipeline.p50_ms if pipeline else None,
             "latency_p95_ms": pipeline.p95_ms if pipeline else None, "dominant": gap.dominant if gap else None,
-            "run_id": s.run_id, "flags": [f.code for f in s.flags], **({"error": error} if error else {})}
+            "run_id": s.run_id, "flags": [f.code for f in s.flags], **({"error": error} if error else {}),
+            # (a serial point's energy is its serial run's: it ran no pipeline)
+            "j_per_image": (s.energy.pipeline_j_per_image if s.stages * s.replicas > 1 else s.energy.serial_j_per_image)
+            if s.energy else None}
 
 
 def sweep_rows(points: list[Any], labels: list[str], runs: dict[str, list[Any]], ranking: Ranking,
