@@ -47,6 +47,8 @@ class HostRow:
     mem_total_mb: int | None = None
     temp_c: float | None = None
     throttled: str | None = None
+    power_w: float | None = None
+    """The host's power now (a Pi 5's PMIC, x86 RAPL), None where it has no meter pictl reads."""
     last_event: float | None = None
     error: str | None = None
 

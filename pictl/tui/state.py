@@ -226,7 +226,7 @@ class DashboardState:
         row.up, row.error = sample.up, sample.error
         if sample.up:
             row.cpu_pct, row.mem_used_mb, row.mem_total_mb = sample.cpu_pct, sample.mem_used_mb, sample.mem_total_mb
-            row.temp_c, row.throttled = sample.temp_c, sample.throttled
+            row.temp_c, row.throttled, row.power_w = sample.temp_c, sample.throttled, sample.power_w
             row.busy_cores, row.cpus, row.runnable, row.cpu_wait = (sample.busy_cores, sample.cpus, sample.runnable,
                                                                     sample.cpu_wait)
 

@@ -1,5 +1,5 @@
 """One row per host: up or down, what pictl does there, its ranks, CPU and its load (busy cores, run queue: other
-work shows here), memory, temperature, last event."""
+work shows here), memory, temperature, power (where it has a meter), last event."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pictl.tui.rows import HostRow
 from pictl.tui.state import DashboardState
 
 COLUMNS = ("host", "link", "activity", "ranks", "CPU%", "busy cores", "run queue", "mem MB", "temp C", "throttled",
-           "last event")
+           "power W", "last event")
 
 
 def load_cells(row: HostRow) -> list[str]:
@@ -52,7 +52,8 @@ class HostsTable(DataTable):
             cells = [row.name, _link(row), activity, ",".join(map(str, row.ranks)) or "-",
                      "-" if row.cpu_pct is None else f"{row.cpu_pct:.0f}", *load_cells(row),
                      "-" if row.mem_used_mb is None else f"{row.mem_used_mb}/{row.mem_total_mb}",
-                     "-" if row.temp_c is None else f"{row.temp_c:.1f}", row.throttled or "-", _age(row, now)]
+                     "-" if row.temp_c is None else f"{row.temp_c:.1f}", row.throttled or "-",
+                     "n/a" if row.power_w is None else f"{row.power_w:.2f}", _age(row, now)]
             if row.name not in self.rows:
                 self.add_row(*cells, key=row.name)
                 continue
@@ -73,6 +74,7 @@ class HostsTable(DataTable):
             temp = "-" if row.temp_c is None else f"{row.temp_c:.1f} C"
             busy, queue = load_cells(row)
             lines.append(f"CPU {row.cpu_pct:.0f}%, busy cores {busy}, run queue {queue}, memory "
-                         f"{row.mem_used_mb}/{row.mem_total_mb} MB, temp {temp}, throttled {row.throttled or '-'}")
+                         f"{row.mem_used_mb}/{row.mem_total_mb} MB, temp {temp}, throttled {row.throttled or '-'}, "
+                         + ("no power meter" if row.power_w is None else f"power {row.power_w:.2f} W"))
         self.app.notify("\n".join(lines), title=f"host {name}", timeout=12, markup=False,
                         severity="error" if row.up is False else "information")
