@@ -188,24 +188,29 @@ class SweepResult:
 
 
 async def sweep_async(cluster: Cluster | None = None, options: RunOptions | None = None, *,
-                      stages: list[int] = [1, 2, 3, 4], chunks: list[int] = [1],  # noqa: B006 - never mutated
-                      policies: list[str] = ["balanced"], wires: list[str] | None = None,  # noqa: B006
+                      stages: list[int] | None = None, chunks: list[int] | None = None,
+                      policies: list[str] | None = None, wires: list[str] | None = None,
                       out: str | Path | None = None, profile: str | None = None, on_event: EventHandler | None = None,
                       wait: bool = False, rounds: int | None = None, max_rounds: int | None = None,
                       budget_s: float | None = None, runs_dir: str | Path | None = None, **fields: Any) -> SweepResult:
     """Every combination (as `pictl sweep`: against one serial reference in `rounds` interleaved rounds, more up
     to `max_rounds` while two are too close to call, none added after `budget_s`; its runs under `runs_dir`, the
     runs root by default), each point's options from `options` or the preset with `fields` over it; a failed point
-    is a row saying why, and the others still run. Bad input raises before anything starts."""
+    is a row saying why, and the others still run. Bad input raises before anything starts. As `pictl sweep`:
+    `stages`, `chunks` and `policies` not given are the preset's [sweep] values (stages 1-4, chunk 1, equal
+    without one), and the preset's `slots` let a stage count beyond the inventory's slots run."""
     from pictl.jobs.sweep import run_sweep, sweep_points, wire_formats
     from pictl.jobs.sweep_rounds import rounds_plan
-    from pictl.planning.presets import sweep_axes
+    from pictl.planning.presets import sweep_axes, sweep_settings
 
     plan = rounds_plan(rounds, max_rounds, budget_s, names=("rounds", "max_rounds", "budget_s"))
     wait, handler = _flag("wait", wait), _handler(on_event)
     base = _run_options(options, profile, fields)
-    axes = sweep_axes(_listed(stages), _listed(chunks), _listed(policies),
-                      name_of=lambda field: "policies" if field == "policy" else field)
+    preset = sweep_settings(profile)  # (checked by _run_options above; the values given win over its [sweep])
+    axes = sweep_axes(preset.stages if stages is None else _listed(stages),
+                      preset.chunks if chunks is None else _listed(chunks),
+                      preset.policy if policies is None else _listed(policies),
+                      name_of=lambda field: "policies" if field == "policy" else field, slots=preset.slots)
     formats = wire_formats("wires", _listed(wires)) if wires is not None else None
     root = _directory("runs_dir", runs_dir, default_runs_root, "the runs directory")
     target = _new_directory("out", out, root.parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S"))

@@ -8,6 +8,7 @@ import json
 import socket
 from pathlib import Path
 
+import pytest
 from support.cli import ROOT, run_pictl
 
 from pictl.inventory import load_cluster
@@ -127,3 +128,14 @@ def test_lab6_stages_runs_on_four_hosts(tmp_path: Path, pictl_env) -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "pictl: error: sweep value stages=6 chunk=1 policy=equal wire=fp32: 6 stages do not fit")
+    # The Python API keeps the same promise: the preset's [sweep] table, slots included, then the hosts (exit 4).
+    import pictl
+    from pictl import errors as E
+
+    with pytest.raises(E.PictlError) as unreachable:
+        pictl.sweep(load_cluster(_dead_inventory(tmp_path / "api", 4)), profile="lab6-stages", out=tmp_path / "s3",
+                    runs_dir=tmp_path / "runs")
+    assert unreachable.value.exit_code == 4, unreachable.value
+    with pytest.raises(E.ConfigError, match="stages=6 chunk=1 policy=equal wire=fp32: 6 stages do not fit"):
+        pictl.sweep(load_cluster(_dead_inventory(tmp_path / "api2", 2)), profile="lab6-stages", out=tmp_path / "s4",
+                    runs_dir=tmp_path / "runs")
