@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from pictl import errors as E
+from pictl.cluster.fleet import Fleet
 from pictl.events import EventSink
 from pictl.inventory import Cluster
 from pictl.jobs.sweep_plots import plot
@@ -200,6 +201,13 @@ async def run_sweep(cluster: Cluster, base: RunOptions, points: list[SweepPoint]
     # is refused before the first run starts. A serial point plans inside its own baseline run.
     kinds = list(base.track or cluster.track)
     check_trackers(kinds)  # before anything starts
+    # Every host answers before anything starts, as for `pictl run`: a host that is down is one error naming it
+    # (exit 4, no sweep directory), not a table of failed rows after a round (a balanced sweep plans nothing ahead).
+    fleet = Fleet(cluster.hosts)
+    try:
+        await fleet.connect()
+    finally:
+        await fleet.close()
     widest = max(points, key=lambda p: p.stages, default=None)  # (only the first host plans: it is any point's)
     planned = await plan_ahead(sharing_hosts(cluster, widest.stages, widest.slots) if widest else cluster,
                                [(point_label(p), options_for(base, p)) for p in points if p.stages > 1],

@@ -63,6 +63,18 @@ def _dead_inventory(path: Path, hosts: int) -> Path:
     return path / "hosts.toml"
 
 
+def test_a_sweep_whose_hosts_are_down_is_exit_4_whatever_it_plans(tmp_path: Path, pictl_env) -> None:
+    """A balanced sweep plans nothing ahead, so once its hosts were first tried in round 1 and every row read
+    "failed" (exit 3); like `pictl run` it is now exit 4 naming the hosts, before its directory is made."""
+    dead = _dead_inventory(tmp_path / "dead", 2)
+    for policy in ("balanced", "equal"):
+        proc = run_pictl(["sweep", "--hosts", str(dead), "--stages", "1,2", "--policy", policy, "--images", "4",
+                          "--out", str(tmp_path / policy), "--headless"], pictl_env, timeout=120)
+        assert proc.returncode == 4, (policy, proc.stderr[-2000:])
+        assert proc.stderr.strip().splitlines()[-1].startswith("pictl: error: host 'pi1' (127.0.0.1:"), proc.stderr
+        assert not (tmp_path / policy).exists()
+
+
 def test_a_tune_from_the_checkout_saves_into_your_presets_directory(tmp_path: Path, pictl_env) -> None:
     """From the repository root (./profiles links into pictl) the tune is no longer refused: its preset goes to
     your presets directory, so it gets as far as the hosts (unreachable here: exit 4, nothing made). Pointed at
