@@ -17,7 +17,9 @@ its energy per image (`summarize_samples`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import glob
+import os
 import re
 import shutil
 import time
@@ -67,8 +69,13 @@ def local_sample_text() -> str:
 
 def has_vcgencmd() -> bool:
     """This machine is a Pi (or has a recorded `vcgencmd` on its PATH): its local hosts' samples need the
-    script, not only the files. Looked up at each sample: a few stat calls, and the PATH may change."""
-    return shutil.which("vcgencmd") is not None
+    script, not only the files. Looked up once per PATH (a test, or a user, may change it)."""
+    return _vcgencmd_on(os.environ.get("PATH"))
+
+
+@functools.lru_cache(maxsize=8)
+def _vcgencmd_on(path: str | None) -> bool:
+    return shutil.which("vcgencmd", path=path) is not None
 
 
 PMIC_RAIL = re.compile(r"^\s*(\w+)_([AV]) (?:current|volt)\(\d+\)=([0-9.]+)[AV]\s*$")
