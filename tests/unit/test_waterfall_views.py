@@ -364,6 +364,8 @@ def test_every_view_writes_the_same_speedup_and_the_same_signed_terms(tmp_path: 
     s["latency"] = copy.deepcopy(LATENCY)
     s["speedup"] = 1.1749
     s["waterfall"] = waterfall(s)
+    s["energy"] = {"pipeline_j_per_image": 0.4501, "serial_j_per_image": 0.5763, "pipeline_power_w": 2.948,
+                   "serial_power_w": 2.948, "source": "pmic", "machines": 1}
     runs = tmp_path / "runs"
     run = _record(runs, NEW, s)
     _record(runs, OLD, BASE)
@@ -381,6 +383,9 @@ def test_every_view_writes_the_same_speedup_and_the_same_signed_terms(tmp_path: 
         "dashboard history": " ".join(history.values()),
     }
     assert history["speedup"] == "1.17x"
+    for name in ("result line", "runs show", "report"):  # joules per image, written one way
+        assert "0.450 J/img (serial 0.576)" in " ".join(views[name].split()), name
+    assert re.search(r"J/img\s+│\s+0\.450\s", views["runs compare"]), views["runs compare"]
     for name, text in views.items():
         assert "1.17x" in text, name
         for wrong in ("1.175", "1.18x", "1.1749"):
