@@ -51,7 +51,8 @@ def energy_summary(hosts: dict[str, Any], baseline_host: str | None, ips: float 
             out["pipeline_power_w"] = round(watts, 3)
             out["pipeline_j_per_image"] = round(watts / ips, 4) if ips else None
     if serial_reused:
-        out["serial_unmeasured"] = "the serial run was reused from the cache (`--fresh-baseline` measures it)"
+        out["serial_unmeasured"] = ("the serial run was reused (a cached baseline, or the comparison's reference), "
+                                    "not measured in this run: `--fresh-baseline` measures it")
     elif baseline_host is None or baseline_host not in records:
         out["serial_unmeasured"] = "no serial run was measured"
     else:

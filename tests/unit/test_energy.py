@@ -95,7 +95,7 @@ def test_a_host_without_a_meter_makes_the_figure_na_and_is_named() -> None:
     short = energy_summary({"pi0": _host(None, baseline=5.0)}, "pi0", ips=4.0, serial_ips=2.0,
                            serial_reused=True, pipeline_ran=True)
     assert short["pipeline_unmeasured"] == "host 'pi0': the window was too short for its meter's samples"
-    assert short["serial_j_per_image"] is None and "reused from the cache" in short["serial_unmeasured"]
+    assert short["serial_j_per_image"] is None and "the serial run was reused" in short["serial_unmeasured"]
 
 
 def test_joules_are_written_one_way() -> None:
