@@ -32,7 +32,7 @@ share one; throughput and speedup: medians over rounds, with their interval's en
 median; latency: the median round's pipeline's per image, in ms; dominant: the largest loss in its waterfall;
 j_per_image: the median round's joules per image, None where a host has no power meter)."""
 MD_COLUMNS = ("place", "stages", "chunk", "policy", "wire", "status", "throughput_ips", "speedup", "speedup_interval",
-              "efficiency", "rounds", "latency_p50_ms", "j_per_image")
+              "efficiency", "rounds", "latency_p50_ms")
 """table.md's columns (speedup_interval: the interval's ends, written `low-high`)."""
 
 

@@ -35,10 +35,10 @@ def test_check_leaves_out_its_least_important_columns_at_80(tmp_path: Path, pict
     assert headings[:6] == ["host", "ready", "ssh", "python", "venv", "torch"] and "warm" not in headings
     assert "busy cores" in headings  # other work on a host stays in view (timm's version goes first)
     assert [(r[0], r[1], r[2]) for r in _rows(narrow.stdout)] == [(f"h{i}", "yes", "ok") for i in range(3)]
-    assert "left out at 80 columns: warm, rendezvous, interface" in _words(narrow.stdout)
+    assert "left out at 80 columns: power W, warm, rendezvous, interface" in _words(narrow.stdout)
     assert "pictl check --json has every field" in _words(narrow.stdout)
     wide = run_pictl_on_terminal(["check", "--hosts", str(hosts)], pictl_env, 60, columns=200)
-    assert len(_rows(wide.stdout, "┃")[0]) == 18 and "left out" not in wide.stdout, wide.stdout
+    assert len(_rows(wide.stdout, "┃")[0]) == 19 and "left out" not in wide.stdout, wide.stdout
 
 
 def test_runs_keeps_the_run_its_status_speedup_and_match_at_80(tmp_path: Path, pictl_env) -> None:
