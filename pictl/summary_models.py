@@ -254,6 +254,8 @@ class HostRecord(Open):
     """{"path", "sha256", "size", "cached"} or {"path", "error"}: the host's hash of the checkpoint it loads."""
     during_baseline: SampleWindow | None = None
     during_pipeline: SampleWindow | None = None
+    power_meter: str | None = None
+    """The power meter the host's samples read during the run ("pmic", "rapl"), None: it has none pictl reads."""
 
 
 class RejectedSource(Open):

@@ -222,5 +222,6 @@ def host_records(hosts: list[tuple[str, list[int], int | None]], facts: dict[str
         if "pipeline" in windows:
             start, end = windows["pipeline"]
             during["during_pipeline"] = summarize_samples(mine, pipeline_ready_at or start, end)
-        out[name] = {"stages": ranks, "threads": threads, **(facts[name].to_json() if name in facts else {}), **during}
+        out[name] = {"stages": ranks, "threads": threads, **(facts[name].to_json() if name in facts else {}), **during,
+                     "power_meter": next((x.power_source for x in mine if x.power_source), None)}
     return out

@@ -16,13 +16,17 @@ from typing import Any
 from pictl.summary_models import HostRecord, SampleWindow
 
 
-def _machines(windows: dict[str, SampleWindow | None]) -> tuple[float | None, str | None, int, set[str]]:
-    """The power of the machines behind `windows` (host -> its window), each machine once; or None and why."""
+def _machines(windows: dict[str, tuple[SampleWindow | None, str | None]]
+              ) -> tuple[float | None, str | None, int, set[str]]:
+    """The power of the machines behind `windows` (host -> its window and the meter its samples read during the
+    run), each machine once; or None and why."""
     per_machine: dict[str, list[float]] = {}
     sources: set[str] = set()
-    for host, window in windows.items():
+    for host, (window, meter) in windows.items():
         if window is None or window.power_w_mean is None:
-            why = (f"host '{host}': the window was too short for its meter's samples" if window and window.power_source
+            # A host whose samples never read a meter has none; one that has a meter took too few samples here.
+            metered = meter or (window is not None and window.power_source)
+            why = (f"host '{host}': the window was too short for its meter's samples (one every 2 s)" if metered
                    else f"host '{host}' has no power meter pictl can read")
             return None, why, 0, sources
         per_machine.setdefault(window.machine or f"host:{host}", []).append(window.power_w_mean)
@@ -44,7 +48,8 @@ def energy_summary(hosts: dict[str, Any], baseline_host: str | None, ips: float 
     if not pipeline_ran or not records:
         out["pipeline_unmeasured"] = "no pipeline ran"
     else:
-        watts, why, machines, found = _machines({name: r.during_pipeline for name, r in records.items()})
+        watts, why, machines, found = _machines({name: (r.during_pipeline, r.power_meter)
+                                                 for name, r in records.items()})
         out["pipeline_unmeasured"], out["machines"] = why, machines or None
         sources |= found
         if watts is not None:
@@ -56,7 +61,8 @@ def energy_summary(hosts: dict[str, Any], baseline_host: str | None, ips: float 
     elif baseline_host is None or baseline_host not in records:
         out["serial_unmeasured"] = "no serial run was measured"
     else:
-        watts, why, _, found = _machines({baseline_host: records[baseline_host].during_baseline})
+        record = records[baseline_host]
+        watts, why, _, found = _machines({baseline_host: (record.during_baseline, record.power_meter)})
         out["serial_unmeasured"] = why
         sources |= found
         if watts is not None:

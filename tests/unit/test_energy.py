@@ -94,8 +94,16 @@ def test_a_host_without_a_meter_makes_the_figure_na_and_is_named() -> None:
     assert e["serial_j_per_image"] == pytest.approx(2.5)  # the serial host has its meter
     short = energy_summary({"pi0": _host(None, baseline=5.0)}, "pi0", ips=4.0, serial_ips=2.0,
                            serial_reused=True, pipeline_ran=True)
-    assert short["pipeline_unmeasured"] == "host 'pi0': the window was too short for its meter's samples"
+    assert short["pipeline_unmeasured"] == \
+        "host 'pi0': the window was too short for its meter's samples (one every 2 s)"
     assert short["serial_j_per_image"] is None and "the serial run was reused" in short["serial_unmeasured"]
+    # No sample inside the window: a host whose samples read a meter during the run took too few; one whose
+    # samples never did has none.
+    for meter, why in (("pmic", "host 'pi0': the window was too short for its meter's samples (one every 2 s)"),
+                       (None, "host 'pi0' has no power meter pictl can read")):
+        unsampled = energy_summary({"pi0": {"stages": [0], "during_pipeline": None, "power_meter": meter}}, None,
+                                   ips=4.0, serial_ips=None, serial_reused=None, pipeline_ran=True)
+        assert unsampled["pipeline_unmeasured"] == why
 
 
 def test_joules_are_written_one_way() -> None:
