@@ -15,10 +15,10 @@ from pictl.figure_text import energy_text, ips_text, speedup_text
 from pictl.records import waterfall_view as wv
 from pictl.records.catalog import CELL_LIMIT, FoundRun, PendingRun
 from pictl.summary import baseline_text, terminal_text
-from pictl.summary_models import RankShare, RunSummary
+from pictl.summary_models import EnergyFigures, RankShare, RunSummary
 from pictl.verdict import shown_status
 
-__all__ = ["energy_line", "fmt", "run_details", "trace_rank_text"]
+__all__ = ["energy_line", "fmt", "metered", "run_details", "trace_rank_text"]
 
 
 def fmt(value: Any, spec: str = ".2f") -> str:
@@ -59,6 +59,12 @@ def _outputs(s: RunSummary) -> str:
     if not (s.wire and s.wire.lossy):
         return str(s.outputs_match)
     return f"{s.outputs_match} (lossy wire {s.wire.format}: top-1 agreement {fmt(s.agreement, '.2%')})"
+
+
+def metered(e: EnergyFigures) -> bool:
+    """Whether any host of the run had a power meter pictl reads (a figure, or a window too short for one)."""
+    return bool(e.source) or any("too short for its meter" in (why or "")
+                                 for why in (e.pipeline_unmeasured, e.serial_unmeasured))
 
 
 def energy_line(s: RunSummary) -> str | None:

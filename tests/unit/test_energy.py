@@ -111,3 +111,16 @@ def test_joules_are_written_one_way() -> None:
         ["0.450", "5.12", "12.3", "123", "1234", "n/a"]
     assert energy_text(2.526, 2.5) == "2.53 J/img (serial 2.50)" and energy_text(None, None) == "n/a"
     assert energy_text(None, 2.5) == "n/a J/img (serial 2.50)"
+
+
+def test_the_run_panel_spends_a_row_on_energy_only_where_a_host_has_a_meter() -> None:
+    from pictl.records.run_details import metered
+    from pictl.summary_models import EnergyFigures
+
+    none = energy_summary({"h0": _host(None, baseline=None, source=None)}, "h0", ips=4.0, serial_ips=2.0,
+                          serial_reused=True, pipeline_ran=True)
+    short = energy_summary({"pi0": _host(None)}, "pi0", ips=4.0, serial_ips=2.0, serial_reused=True,
+                           pipeline_ran=True)
+    measured = energy_summary({"pi0": _host(6.0, baseline=5.0)}, "pi0", ips=4.0, serial_ips=2.0,
+                              serial_reused=False, pipeline_ran=True)
+    assert [metered(EnergyFigures.model_validate(e)) for e in (none, short, measured)] == [False, True, True]

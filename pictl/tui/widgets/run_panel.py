@@ -12,7 +12,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from pictl.figure_text import efficiency_text, interval_text, points_text, speedup_text
-from pictl.records.run_details import energy_line, trace_rank_text
+from pictl.records.run_details import energy_line, metered, trace_rank_text
 from pictl.records.waterfall_view import TERM_COLORS, gap_bar, latency_of, line_text, waterfall_of
 from pictl.run.traces import perfetto_hint
 from pictl.summary import baseline_text
@@ -234,7 +234,8 @@ class RunPanel(Static):
             grid.add_row("stages", f"{stages} ({split})")
         if state.refine:  # `balanced` measuring a split and correcting itself: the latest step
             grid.add_row("refine", refine_text(state.refine[-1]))
-        if s and s.energy:  # below the speed figures: per image beside the serial run, or n/a and why
+        if s and s.energy and metered(s.energy):  # below the speed figures: per image beside the serial run
+            # (where no host has a meter the row would only say n/a: the hosts table's power column says so)
             grid.add_row("energy", Text(energy_line(s) or "", no_wrap=True, overflow="ellipsis"))
         if state.run_dir:
             # The run's id first (what `pictl runs show` takes), never folded apart; its directory after it.
