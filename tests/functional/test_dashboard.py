@@ -99,7 +99,9 @@ async def test_run_from_the_form_live_panels_traces_and_history(tmp_path: Path, 
         await pilot.press("t")  # no run yet: a notice, nothing else
         await pilot.pause()
         assert any("no pipeline is running" in n.message for n in app._notifications)
-        await _start_from_form(pilot, "2", "24")
+        # 48 images: on a quiet machine a pass lasts several of the dashboard's once-a-second progress draws,
+        # so the sparkline below has points to gain (24 images passed in about 2 s here: one point).
+        await _start_from_form(pilot, "2", "48")
         assert app.state.running and sorted(app.state.stages) == [0, 1]
         # While it launches or measures the baseline, the run line turns a spinner and counts the seconds.
         await _until(pilot, lambda: re.search(r"run [⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏] \w+: .*\(\d+s\)", _screen_text(app)), timeout=60)
@@ -155,7 +157,7 @@ async def test_run_from_the_form_live_panels_traces_and_history(tmp_path: Path, 
 async def test_stop_and_quit_ask_first_and_leave_nothing_running(tmp_path: Path, baselines) -> None:
     app = _app(tmp_path, baselines=baselines)
     async with app.run_test(size=SIZE) as pilot:
-        await _start_from_form(pilot, "2", "24")
+        await _start_from_form(pilot, "2", "48")  # (the module's baseline: the same images as the test above)
         await _until(pilot, lambda: app.session.pipeline_live and app.state.stages[0].microbatches > 0)
         for quit_key in ("q", "ctrl+q"):  # ctrl+q (and the palette's Quit) ask too
             await pilot.press(quit_key)
