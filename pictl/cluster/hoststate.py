@@ -214,11 +214,9 @@ def host_records(hosts: list[tuple[str, list[int], int | None]], facts: dict[str
         mine = [x for x in samples if x.host == name]
         during = {}
         if "baseline" in windows and i == 0:
-            during["during_baseline"] = summarize_samples(mine, *windows["baseline"])
-            compute = summarize_samples(mine, *windows["baseline_compute"]) if "baseline_compute" in windows else None
-            if during["during_baseline"] is not None:  # its power over its passes alone, not its start-up's
-                for key in ("power_w_mean", "power_source"):
-                    during["during_baseline"][key] = compute[key] if compute else None
+            compute = windows.get("baseline_compute")  # its power over its passes alone, not its start-up's
+            during["during_baseline"] = summarize_samples(mine, *windows["baseline"],
+                                                          power_from=compute[0] if compute else None)
         if "pipeline" in windows:
             start, end = windows["pipeline"]
             during["during_pipeline"] = summarize_samples(mine, pipeline_ready_at or start, end)

@@ -58,13 +58,19 @@ def local_sample_text() -> str:
                 parts.append(f.read())
         except OSError:
             continue  # (cat's 2>/dev/null: a kernel without PSI, a machine without a thermal zone)
-    for domain in sorted(glob.glob(RAPL_GLOB)):
+    for domain in _rapl_domains():
         try:
             with open(f"{domain}/energy_uj") as f, open(f"{domain}/max_energy_range_uj") as g:
                 parts.append(f"rapl {f.read().strip()} {g.read().strip()}\n")
         except OSError:
             continue  # (readable by root only, as on most kernels since 5.10)
     return "".join(parts)
+
+
+@functools.cache
+def _rapl_domains() -> list[str]:
+    """This machine's RAPL package domains: found once (they are the hardware's), read at every sample."""
+    return sorted(glob.glob(RAPL_GLOB))
 
 
 def has_vcgencmd() -> bool:
@@ -229,25 +235,39 @@ async def load_now(t: Transport, span_s: float = 0.5, timeout_s: float = 4.0) ->
     return (await read_sample(t, first, timeout_s))[0]
 
 
-def summarize_samples(samples: list[HostSample], start: float, end: float) -> dict | None:
-    """One host's samples taken between `start` and `end` (controller clock), folded: None if there were none."""
+def _overlaps(samples: list[HostSample], value: Callable[[HostSample], float | None], start: float, end: float
+              ) -> list[tuple[float, float]]:
+    """Each sample's `value` with the seconds of the window [start, end] it stands for: a figure covers the span
+    since the sample before, so a sample taken just after the window still speaks for its end."""
+    out = []
+    for s in samples:
+        v = value(s)
+        if s.up and v is not None and s.since is not None and min(s.at, end) > max(s.since, start):
+            out.append((v, min(s.at, end) - max(s.since, start)))
+    return out
+
+
+def summarize_samples(samples: list[HostSample], start: float, end: float, *, power_from: float | None = None
+                      ) -> dict | None:
+    """One host's samples taken between `start` and `end` (controller clock), folded: None if there were none.
+    The power is over [`power_from`, end] where given (a serial run's passes, not its start-up)."""
     inside = [s for s in samples if s.up and start <= s.at <= end]
     if not inside:
         return None
     runnable = [s.runnable for s in inside if s.runnable is not None]
-    # Each CPU-pressure figure covers the span since the sample before: weighted by how much of that span
-    # lies in the window, so the processes' start-up just before it counts for little.
-    waits = [(s.cpu_wait, min(s.at, end) - max(s.since, start)) for s in samples
-             if s.up and s.cpu_wait is not None and s.since is not None and min(s.at, end) > max(s.since, start)]
+    # Each CPU-pressure figure is weighted by how much of its span lies in the window, so the processes'
+    # start-up just before it counts for little.
+    waits = _overlaps(samples, lambda s: s.cpu_wait, start, end)
     weight = sum(w for _, w in waits)
     cpu = [s.cpu_pct for s in inside if s.cpu_pct is not None]
     temps = [s.temp_c for s in inside if s.temp_c is not None]
-    # Power the same way: each reading stands for the span since the sample before (a PMIC reading is an
-    # instant's, taken every interval; a RAPL one that span's mean). Half the window unmeasured: no figure.
-    powers = [(s.power_w, min(s.at, end) - max(s.since, start)) for s in samples
-              if s.up and s.power_w is not None and s.since is not None and min(s.at, end) > max(s.since, start)]
+    # Power the same way (a PMIC reading is an instant's, taken every interval; a RAPL one that span's mean).
+    # Half the window unmeasured: no figure.
+    power_start = start if power_from is None else power_from
+    powers = _overlaps(samples, lambda s: s.power_w, power_start, end)
     covered = sum(w for _, w in powers)
-    power = round(sum(v * w for v, w in powers) / covered, 3) if powers and covered >= 0.5 * (end - start) else None
+    power = round(sum(v * w for v, w in powers) / covered, 3) \
+        if powers and covered >= 0.5 * (end - power_start) else None
     return {"samples": len(inside),
             "runnable_mean": round(sum(runnable) / len(runnable), 2) if runnable else None,
             "runnable_max": max(runnable, default=None),

@@ -241,8 +241,8 @@ async def _measure(ctx: RunContext, job: HostJob, placement: Placement, spec: Ru
             return False
         if isinstance(record, Plan) and waiting:
             waiting.pop()(to_wire(record))
-        if isinstance(record, StageReady) and not fp32_reference:  # loaded: from here on it infers (power)
-            book.windows["baseline_compute"] = [time.time(), window[1]]
+        if isinstance(record, StageReady) and not fp32_reference:  # loaded: from here on it infers (its power)
+            book.windows["baseline_compute"] = [time.time()]  # (it ends with the baseline's window)
         telemetry.apply(host.name, record)
         # An error before the plan is bad input: the run's one error line says it.
         return not (isinstance(record, Error) and waiting)
@@ -260,8 +260,6 @@ async def _measure(ctx: RunContext, job: HostJob, placement: Placement, spec: Ru
     rc = await job.run_module(host, entries.SERIAL.module, args, stream, threads=placement.serial_threads or 1,
                               pgid_file="pgid-serial")
     window[1] = time.time()
-    if "baseline_compute" in book.windows and not fp32_reference:
-        book.windows["baseline_compute"][1] = window[1]
     st = telemetry.stages.get(0)
     if waiting:  # still waiting: the process ended before its plan
         message = st.error.message if st and st.error else (list(stream.tail) or ["no output"])[-1]
