@@ -15,7 +15,7 @@ from pictl.figure_text import energy_text, ips_text, speedup_text
 from pictl.records import waterfall_view as wv
 from pictl.records.catalog import CELL_LIMIT, FoundRun, PendingRun
 from pictl.summary import baseline_text, terminal_text
-from pictl.summary_models import EnergyFigures, RankShare, RunSummary
+from pictl.summary_models import RankShare, RunSummary
 from pictl.verdict import shown_status
 
 __all__ = ["energy_line", "fmt", "metered", "run_details", "trace_rank_text"]
@@ -61,10 +61,9 @@ def _outputs(s: RunSummary) -> str:
     return f"{s.outputs_match} (lossy wire {s.wire.format}: top-1 agreement {fmt(s.agreement, '.2%')})"
 
 
-def metered(e: EnergyFigures) -> bool:
-    """Whether any host of the run had a power meter pictl reads (a figure, or a window too short for one)."""
-    return bool(e.source) or any("too short for its meter" in (why or "")
-                                 for why in (e.pipeline_unmeasured, e.serial_unmeasured))
+def metered(s: RunSummary) -> bool:
+    """Whether any host of the run had a power meter pictl reads (its samples read one during the run)."""
+    return s.energy is not None and (bool(s.energy.source) or any(h.power_meter for h in s.hosts.values()))
 
 
 def energy_line(s: RunSummary) -> str | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pictl.summary_figures import EnergyFigures
 from pictl.summary_models import HostRecord, SampleWindow
 
 
@@ -41,32 +42,28 @@ def energy_summary(hosts: dict[str, Any], baseline_host: str | None, ips: float 
                    serial_ips: float | None, *, serial_reused: bool | None, pipeline_ran: bool) -> dict[str, Any]:
     """The summary's `energy` from its `hosts` records and its throughputs."""
     records = {name: HostRecord.model_validate(rec) for name, rec in hosts.items()}
-    out: dict[str, Any] = {"pipeline_j_per_image": None, "serial_j_per_image": None, "pipeline_power_w": None,
-                           "serial_power_w": None, "source": None, "machines": None,
-                           "pipeline_unmeasured": None, "serial_unmeasured": None}
+    e = EnergyFigures()
     sources: set[str] = set()
     if not pipeline_ran or not records:
-        out["pipeline_unmeasured"] = "no pipeline ran"
+        e.pipeline_unmeasured = "no pipeline ran"
     else:
-        watts, why, machines, found = _machines({name: (r.during_pipeline, r.power_meter)
-                                                 for name, r in records.items()})
-        out["pipeline_unmeasured"], out["machines"] = why, machines or None
-        sources |= found
+        watts, e.pipeline_unmeasured, machines, found = _machines(
+            {name: (r.during_pipeline, r.power_meter) for name, r in records.items()})
+        e.machines, sources = machines or None, sources | found
         if watts is not None:
-            out["pipeline_power_w"] = round(watts, 3)
-            out["pipeline_j_per_image"] = round(watts / ips, 4) if ips else None
+            e.pipeline_power_w = round(watts, 3)
+            e.pipeline_j_per_image = round(watts / ips, 4) if ips else None
     if serial_reused:
-        out["serial_unmeasured"] = ("the serial run was reused (a cached baseline, or the comparison's reference), "
-                                    "not measured in this run: `--fresh-baseline` measures it")
+        e.serial_unmeasured = ("the serial run was reused (a cached baseline, or the comparison's reference), "
+                               "not measured in this run: `--fresh-baseline` measures it")
     elif baseline_host is None or baseline_host not in records:
-        out["serial_unmeasured"] = "no serial run was measured"
+        e.serial_unmeasured = "no serial run was measured"
     else:
         record = records[baseline_host]
-        watts, why, _, found = _machines({baseline_host: (record.during_baseline, record.power_meter)})
-        out["serial_unmeasured"] = why
+        watts, e.serial_unmeasured, _, found = _machines({baseline_host: (record.during_baseline, record.power_meter)})
         sources |= found
         if watts is not None:
-            out["serial_power_w"] = round(watts, 3)
-            out["serial_j_per_image"] = round(watts / serial_ips, 4) if serial_ips else None
-    out["source"] = ",".join(sorted(sources)) or None
-    return out
+            e.serial_power_w = round(watts, 3)
+            e.serial_j_per_image = round(watts / serial_ips, 4) if serial_ips else None
+    e.source = ",".join(sorted(sources)) or None
+    return e.model_dump(mode="python")  # every field, a None included (summary.json says what was not measured)

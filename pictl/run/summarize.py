@@ -61,6 +61,7 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
     speedup = ips / baseline.ips if ips and baseline else None
     cmp = reached.comparison
     per_stage = _per_stage(ctx, reached, plan, prediction)
+    hosts = _host_records(ctx, reached)
     summary: dict[str, Any] = {
         "schema": SUMMARY_SCHEMA, "status": status, "run_id": ctx.run_id,
         "run_dir": _run_dir(reached.book),
@@ -98,16 +99,16 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
         "started_at": ctx.started, "duration_s": round(time.time() - ctx.started, 2),
         "serial_spread_ips": baseline.ips_spread if baseline else None,
         "baseline": _baseline_record(ctx, reached, baseline),
-        "hosts": _host_records(ctx, reached),
+        "hosts": hosts,
         "telemetry_rejected": tel.rejected_summary(),
         "serial_timing": baseline.timing if baseline else None,
         "clocks": reached.pipeline.clocks if reached.pipeline else None,
     }
     summary["latency"] = _latency(ctx, reached, baseline)
     summary["energy"] = energy_summary(
-        summary["hosts"], reached.placement.first.host.name if reached.placement else None,
-        summary["throughput_ips"] if not serial_only else None, summary["serial_ips"],
-        serial_reused=summary["serial_reused"], pipeline_ran=not serial_only and reached.pipeline is not None)
+        hosts, reached.placement.first.host.name if reached.placement else None, None if serial_only else ips,
+        baseline.ips if baseline else None, serial_reused=baseline.reused if baseline else None,
+        pipeline_ran=not serial_only and reached.pipeline is not None)
     # A re-cut run's waterfall is taken over the passes of its last split; the passes before are its own term.
     summary["waterfall"] = waterfall(summary, settled(tel, o.stages, o.repeats, baseline.ips if baseline else None)) \
         if status == "ok" else None

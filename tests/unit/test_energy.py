@@ -115,12 +115,13 @@ def test_joules_are_written_one_way() -> None:
 
 def test_the_run_panel_spends_a_row_on_energy_only_where_a_host_has_a_meter() -> None:
     from pictl.records.run_details import metered
-    from pictl.summary_models import EnergyFigures
+    from pictl.summary_models import RunSummary
 
-    none = energy_summary({"h0": _host(None, baseline=None, source=None)}, "h0", ips=4.0, serial_ips=2.0,
-                          serial_reused=True, pipeline_ran=True)
-    short = energy_summary({"pi0": _host(None)}, "pi0", ips=4.0, serial_ips=2.0, serial_reused=True,
-                           pipeline_ran=True)
-    measured = energy_summary({"pi0": _host(6.0, baseline=5.0)}, "pi0", ips=4.0, serial_ips=2.0,
-                              serial_reused=False, pipeline_ran=True)
-    assert [metered(EnergyFigures.model_validate(e)) for e in (none, short, measured)] == [False, True, True]
+    def run(hosts: dict, reused: bool) -> RunSummary:
+        e = energy_summary(hosts, next(iter(hosts)), ips=4.0, serial_ips=2.0, serial_reused=reused, pipeline_ran=True)
+        return RunSummary.model_validate({"status": "ok", "run_id": "r", "stages": 2, "hosts": hosts, "energy": e})
+
+    none = run({"h0": {**_host(None, baseline=None, source=None), "power_meter": None}}, True)
+    short = run({"pi0": {**_host(None), "power_meter": "pmic"}}, True)
+    measured = run({"pi0": {**_host(6.0, baseline=5.0), "power_meter": "pmic"}}, False)
+    assert [metered(s) for s in (none, short, measured)] == [False, True, True]

@@ -234,7 +234,7 @@ class RunPanel(Static):
             grid.add_row("stages", f"{stages} ({split})")
         if state.refine:  # `balanced` measuring a split and correcting itself: the latest step
             grid.add_row("refine", refine_text(state.refine[-1]))
-        if s and s.energy and metered(s.energy):  # below the speed figures: per image beside the serial run
+        if s and metered(s):  # below the speed figures: per image beside the serial run
             # (where no host has a meter the row would only say n/a: the hosts table's power column says so)
             grid.add_row("energy", Text(energy_line(s) or "", no_wrap=True, overflow="ellipsis"))
         if state.run_dir:
