@@ -296,6 +296,9 @@ class RunSummary(Open):
     repeats: int | None = None
     data: str | None = None
     profile: str | None = None
+    code: str | None = None
+    """The digest of the code the hosts ran (`pictl.cluster.push.manifest_digest` of the pushed tree): what
+    `pictl bundle` and `pictl verify` hold a bundle's code to (an older record lacks it)."""
     throughput_ips: float | None = None
     throughput_spread_ips: list[float] | None = None
     serial_ips: float | None = None

@@ -69,7 +69,7 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
         "artifact": artifact_summary(ctx.artifact) if ctx.artifact else None,
         "split_points": tel.refined.split_points if tel.refined else plan.get("split_points", list(o.split)),
         "images": o.images, "chunk": o.chunk, "threads": o.threads, "warmup": o.warmup, "repeats": o.repeats,
-        "data": o.data, "profile": ctx.profile,
+        "data": o.data, "profile": ctx.profile, "code": ctx.code,
         "throughput_ips": round(ips, 4) if ips else None,
         "throughput_spread_ips": baseline.ips_spread if serial_only and baseline else tel.ips_spread,
         "serial_ips": round(baseline.ips, 4) if baseline else None,
