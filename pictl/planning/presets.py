@@ -7,7 +7,8 @@ directory (`user_presets_dir`: $PICTL_PROFILES_DIR, else ~/.config/pictl/profile
 (`shadowed_preset`), and no profile may turn on what only a flag should (`--allow-pickle`). A preset is saved
 (`pictl tune`) into the user's presets directory, only where `preset_target` allows: never into the shipped
 folder, never over a shipped name without `force`; it keeps the user's protocol (`protocol_of`). Sizes are
-capped: a typo of 500000 images is refused, not allocated.
+capped: a typo of 500000 images is refused, not allocated. A profile's `[rules]` (`planning.rules`) are checked
+against the resolved options here, so every front end refuses a graded run that breaks them before it starts.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pictl.errors import ConfigError
 from pictl.inventory import read_toml
 from pictl.planning.options import RunOptions, as_flag
+from pictl.planning.rules import GradingRules, broken_rule, parse_rules
 from pictl.shipped import shipped_path
 from pictl.validation import Namer, problem_line
 
 __all__ = ["RunOptions", "SweepSettings", "available_presets", "describe_preset", "preset_keys", "preset_path",
-           "preset_target", "protocol_of", "resolve_options", "shadowed_preset", "sweep_settings", "user_presets_dir"]
+           "preset_rules", "preset_target", "protocol_of", "resolve_options", "shadowed_preset", "sweep_settings",
+           "user_presets_dir"]
 
 SHIPPED_PRESETS = shipped_path("profiles")  # the folder keeps its name: users have theirs
 PRESET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -151,7 +154,16 @@ def load_preset(name: str, extra: Path | None = None) -> tuple[dict[str, Any], P
     raw, path = _preset_document(name, extra)
     raw.pop("description", None)
     raw.pop("sweep", None)  # what `pictl sweep` varies; see sweep_settings()
+    raw.pop("rules", None)  # what a run under it must keep to; see preset_rules()
     return raw, path
+
+
+def preset_rules(name: str | None, extra: Path | None = None) -> GradingRules | None:
+    """A profile's grading rules (`[rules]`; `planning.rules`), None without a profile or without the table."""
+    if name is None:
+        return None
+    raw, path = _preset_document(name, extra)
+    return parse_rules(raw.get("rules"), str(path))
 
 
 def preset_keys(name: str | None, extra: Path | None = None) -> set[str]:
@@ -207,9 +219,14 @@ def resolve_options(profile: str | None, overrides: dict[str, Any], extra: Path 
         source = str(path)
     given = {k: v for k, v in overrides.items() if v is not None}
     try:
-        return RunOptions.model_validate({**base, **given})
+        options = RunOptions.model_validate({**base, **given})
     except ValidationError as exc:
         loc = exc.errors()[0]["loc"]
         if loc and loc[0] in given:  # the flag is to blame, not the profile
             raise ConfigError(problem_line(exc, RunOptions, name_of=name_of)) from None
         raise ConfigError(problem_line(exc, RunOptions, source=source)) from None
+    rules = preset_rules(profile, extra)
+    broken = broken_rule(rules, options) if rules is not None else None
+    if broken:  # a graded preset's protocol is not the user's to change: refused before anything starts
+        raise ConfigError(f"profile '{profile}' ({source}): breaks its rule {broken}")
+    return options
