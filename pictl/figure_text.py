@@ -5,15 +5,23 @@ the docs write a speedup the same way (`2.01x`: rounded to two places, never cro
 same way (signed points of speedup, a loss negative: `-1.27`, a gain `+0.54`), and a share of the gap the
 same way (`36%`). A view that formats one of these by hand is a place where two views drift apart; a test
 renders one summary through every view and finds the same strings in each.
+
+A summary model declares each of its figures once, on its field (`Figure`: label, unit, format, which way is
+better, one line of help, as `Annotated` metadata); the views iterate `figures(model)` instead of naming
+`speedup` or `throughput_ips` by hand.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
 
-__all__ = ["cell_text", "efficiency_text", "energy_text", "ips_text", "joules_text", "ms_text", "points_text",
-           "share_text", "speedup_text"]
+from pydantic import BaseModel
+
+__all__ = ["Figure", "cell_text", "declared", "efficiency_text", "energy_text", "figure_of", "figures", "ips_text",
+           "joules_text", "ms_text", "percent_text", "points_text", "share_text", "speedup_text", "watts_text"]
 
 
 def _number(value: Any) -> float | None:
@@ -78,6 +86,18 @@ def joules_text(value: Any) -> str:
     return f"{v:.{places}f}"
 
 
+def watts_text(value: Any) -> str:
+    """Watts, two places (`2.95`), or `-`."""
+    v = _number(value)
+    return "-" if v is None else f"{v:.2f}"
+
+
+def percent_text(value: Any) -> str:
+    """A share of images as a percentage, two places (`81.25%`), or `n/a` (no labels, no comparison)."""
+    v = _number(value)
+    return "n/a" if v is None else f"{v:.2%}"
+
+
 def energy_text(pipeline: Any, serial: Any) -> str:
     """Energy per image, the pipeline's beside the serial run's: `5.12 J/img (serial 4.98)`, `n/a`."""
     if _number(pipeline) is None and _number(serial) is None:
@@ -85,17 +105,62 @@ def energy_text(pipeline: Any, serial: Any) -> str:
     return f"{joules_text(pipeline)} J/img (serial {joules_text(serial)})"
 
 
-_BY_KEY = {"speedup": speedup_text, "throughput_ips": ips_text, "serial_ips": ips_text,
-           "efficiency": efficiency_text}
+@dataclass(frozen=True)
+class Figure:
+    """A figure as its summary model declares it, on its field: `Annotated[float | None, Figure(...)]`."""
+
+    label: str
+    """What the result line and `runs show` call it (`pipeline`, `speedup`)."""
+    unit: str
+    """`img/s`, `x`, `J/img`, `W`, `ms`; `%` for a share of images, `` for a plain ratio."""
+    text: Callable[[Any], str]
+    """The one function of this module that writes it (`speedup_text`: `2.01x`); a missing value included."""
+    better: Literal["higher", "lower"] | None
+    """Which way is better (None: neither; a power draw is only a reading)."""
+    help: str
+    """One line: what the figure measures."""
+
+    def shown(self, value: Any) -> str:
+        """The value with its unit, as every view writes it: `7.70 img/s`, `2.01x`, `81.25%`, `0.450 J/img`
+        (`- img/s` when there is none; a speedup and a percentage carry their unit in the number)."""
+        text = self.text(value)
+        return text if self.unit in ("", "x", "%") else f"{text} {self.unit}"
+
+    def field(self, value: Any) -> str:
+        """Label, value and unit, as the result line and `runs show` write them: `pipeline 7.70 img/s`."""
+        return f"{self.label} {self.shown(value)}"
 
 
-def cell_text(key: str, value: Any) -> str | None:
+def declared(model: type[BaseModel]) -> Iterator[tuple[str, Figure]]:
+    """The figures a summary model declares, in its fields' order: (field name, its `Figure`)."""
+    for name, info in model.model_fields.items():
+        for meta in info.metadata:
+            if isinstance(meta, Figure):
+                yield name, meta
+
+
+def figures(record: BaseModel | None) -> Iterator[tuple[str, Figure, Any]]:
+    """A summary record's declared figures with their values, in order (nothing for None: a record from before
+    it, a run that did not get that far)."""
+    if record is not None:
+        for name, fig in declared(type(record)):
+            yield name, fig, getattr(record, name)
+
+
+def figure_of(model: type[BaseModel], name: str) -> Figure:
+    """The `Figure` that `model` declares on its field `name` (KeyError: it declares none there)."""
+    found = dict(declared(model))
+    return found[name]
+
+
+def cell_text(key: str, value: Any, declared_as: Figure | None = None) -> str | None:
     """A catalog row's figure as every table shows it (`pictl runs`, `runs compare`, the dashboard's history),
-    or None when `key` is not a figure this module writes (the caller shows it as it is)."""
+    or None when `key` is not a figure this module writes (the caller shows it as it is). `declared_as`: the
+    figure the summary declares under `key`, when it does."""
     if value is None:
         return "-"
-    if key in _BY_KEY:
-        return _BY_KEY[key](value)
+    if declared_as is not None:
+        return declared_as.text(value)
     if key.endswith("_points"):
         return points_text(value)
     if key.endswith("_ms"):

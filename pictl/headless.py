@@ -18,7 +18,7 @@ from rich.text import Text
 
 from pictl.console import Fields, Fitted, result_console
 from pictl.events import SERIAL_FP32, HostOutput, Phase, RankEvent, SessionEvent
-from pictl.figure_text import energy_text, ips_text, speedup_text
+from pictl.figure_text import energy_text, figures, ips_text, percent_text, speedup_text
 from pictl.headless_prune import macs_text
 from pictl.headless_train import TrainProgress
 from pictl.records.run_details import energy_line, trace_rank_text
@@ -219,10 +219,6 @@ def flag_lines(summary: RunSummary) -> list[str]:
     return [printable(f"flag {f.code}: {f.message}") for f in summary.flags]
 
 
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None else format(value, ".2%")
-
-
 def outputs_text(s: RunSummary) -> str:
     """How the output check went: bit-identity with an exact wire, top-1 agreement with a lossy one."""
     wire = s.wire
@@ -232,7 +228,7 @@ def outputs_text(s: RunSummary) -> str:
     bound = "-" if wire.min_agreement is None else f"{wire.min_agreement:.0%}"
     return (f"lossy wire {wire.format}: top-1 agreement {agreed} (at least {bound} passes), max |diff| "
             f"{figure(s.max_abs_diff, '.4f')}, mean |diff| {figure(s.mean_abs_diff, '.4f')}, accuracy "
-            f"{_pct(s.accuracy)} against serial {_pct(s.serial_accuracy)}")
+            f"{percent_text(s.accuracy)} against serial {percent_text(s.serial_accuracy)}")
 
 
 def wire_lines(s: RunSummary) -> list[str]:
@@ -280,14 +276,21 @@ def detail_lines(s: RunSummary) -> list[str]:
             + energy_lines(s))
 
 
+RESULT_LINE_LEFT_OUT = ("efficiency", "agreement")
+"""Declared figures the result line leaves to others: the efficiency is the speedup over the ideal it names, and
+a lossy wire's agreement is in the outputs' field."""
+
+
 def summary_fields(s: RunSummary) -> list[str]:
-    """The result line's fields (printed above the stage table; one line in a file)."""
+    """The result line's fields (printed above the stage table; one line in a file): the run's declared figures
+    (`RunSummary`'s `Figure`s) as each declares itself, the outputs' check before the accuracy."""
     copies = f"{s.replicas} replicas x " if s.replicas > 1 else ""
+    after = {"serial_ips": baseline_text(s), "speedup": f" (ideal {s.stages * s.replicas}x)"}
+    before = {"accuracy": [outputs_text(s)]}
+    shown = [field for name, fig, value in figures(s) if name not in RESULT_LINE_LEFT_OUT
+             for field in (*before.get(name, []), fig.field(value) + after.get(name, ""))]
     return [printable(field) for field in (
-        result_word(s), f"{copies}{s.stages} stage(s)", f"split {', '.join(s.split_points) or '-'}",
-        f"pipeline {ips_text(s.throughput_ips)} img/s", f"serial {ips_text(s.serial_ips)} img/s{baseline_text(s)}",
-        f"speedup {speedup_text(s.speedup)} (ideal {s.stages * s.replicas}x)", outputs_text(s),
-        f"accuracy {_pct(s.accuracy)}",
+        result_word(s), f"{copies}{s.stages} stage(s)", f"split {', '.join(s.split_points) or '-'}", *shown,
         *([f"energy {energy_text(s.energy.pipeline_j_per_image, s.energy.serial_j_per_image)}"] if s.energy else []))]
 
 

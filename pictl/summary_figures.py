@@ -4,9 +4,11 @@ waterfall. Like every summary model, each lets through keys it does not name (`O
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Self
 
 from pydantic import BaseModel, ConfigDict
+
+from pictl.figure_text import Figure, joules_text, ms_text, watts_text
 
 
 class Open(BaseModel):
@@ -17,6 +19,13 @@ class Open(BaseModel):
     def written(self) -> dict[str, Any]:
         """The record as it was written (summary.json, `--json`): the keys it held, none a default adds."""
         return self.model_dump(mode="python", by_alias=True, exclude_unset=True)
+
+    @classmethod
+    def view(cls, data: dict[str, Any] | None) -> Self:
+        """A dict the run is building, read through this model's fields: its own values, neither coerced nor
+        checked (an int stays an int in what is written; the summary is checked whole when written), a key it
+        lacks read as the field's default."""
+        return cls.model_construct(**(data or {}))
 
 
 class LinkFigures(Open):
@@ -151,9 +160,13 @@ class Refinement(Open):
 class LatencyFigures(Open):
     """Latency per microbatch, in ms (`pictl.run.latency.summary_ms`)."""
 
-    p50_ms: float | None = None
-    p95_ms: float | None = None
-    p99_ms: float | None = None
+    p50_ms: Annotated[float | None, Figure(
+        "p50", "ms", ms_text, "lower", "The median latency of an image, entering the first stage to leaving the "
+        "last.")] = None
+    p95_ms: Annotated[float | None, Figure(
+        "p95", "ms", ms_text, "lower", "The latency 95% of images stay under.")] = None
+    p99_ms: Annotated[float | None, Figure(
+        "p99", "ms", ms_text, "lower", "The latency 99% of images stay under.")] = None
     mean_ms: float | None = None
     microbatches: int | None = None
 
@@ -162,11 +175,16 @@ class EnergyFigures(Open):
     """Energy per image (`pictl.run.energy`): the run's hosts' mean power over a window, over the images per
     second of that window; None where a host has no meter pictl can read, with the reason beside it."""
 
-    pipeline_j_per_image: float | None = None
-    serial_j_per_image: float | None = None
-    pipeline_power_w: float | None = None
+    pipeline_j_per_image: Annotated[float | None, Figure(
+        "pipeline", "J/img", joules_text, "lower", "Joules per image through the pipeline: its machines' mean "
+        "power over its img/s (n/a without a meter).")] = None
+    serial_j_per_image: Annotated[float | None, Figure(
+        "serial", "J/img", joules_text, "lower", "Joules per image of the serial run on its one host.")] = None
+    pipeline_power_w: Annotated[float | None, Figure(
+        "pipeline", "W", watts_text, None, "The pipeline's machines' mean power over its timed passes.")] = None
     """All the pipeline's machines together (hosts on one machine counted once: they share its meter)."""
-    serial_power_w: float | None = None
+    serial_power_w: Annotated[float | None, Figure(
+        "serial", "W", watts_text, None, "The serial run's host's mean power over its timed passes.")] = None
     source: str | None = None
     """The meters read: "pmic" (`vcgencmd pmic_read_adc`, a Pi 5's rails), "rapl" (x86 package counters)."""
     machines: int | None = None

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pictl.figure_text import Figure, efficiency_text, ips_text, percent_text, speedup_text
 from pictl.summary_figures import (
     ClockReading,
     EnergyFigures,
@@ -299,15 +300,22 @@ class RunSummary(Open):
     code: str | None = None
     """The digest of the code the hosts ran (`pictl.cluster.push.manifest_digest` of the pushed tree): what
     `pictl bundle` and `pictl verify` hold a bundle's code to (an older record lacks it)."""
-    throughput_ips: float | None = None
+    throughput_ips: Annotated[float | None, Figure(
+        "pipeline", "img/s", ips_text, "higher", "Images per second through the pipeline over the timed passes "
+        "(with replicas: every image over the slowest replica's time).")] = None
     throughput_spread_ips: list[float] | None = None
-    serial_ips: float | None = None
+    serial_ips: Annotated[float | None, Figure(
+        "serial", "img/s", ips_text, "higher", "Images per second of the whole model on one host: what the speedup "
+        "divides by.")] = None
     serial_reused: bool | None = None
     serial_peak_rss_mb: float | None = None
     serial_import_rss_mb: float | None = None
     serial_spread_ips: list[float] | None = None
-    speedup: float | None = None
-    efficiency: float | None = None
+    speedup: Annotated[float | None, Figure(
+        "speedup", "x", speedup_text, "higher", "The pipeline's img/s over the serial run's.")] = None
+    efficiency: Annotated[float | None, Figure(
+        "efficiency", "", efficiency_text, "higher", "The speedup over the ideal one (every rank's share: 1.00 is "
+        "N times).")] = None
     outputs_match: bool | None = None
     max_abs_diff: float | None = None
     compared_images: int | None = None
@@ -316,10 +324,14 @@ class RunSummary(Open):
     recuts: list[RecutFigures] = []
     pass_ips: list[float] = []
     """Each timed pass's img/s, in order (a re-cut run's passes before and after its cuts)."""
-    agreement: float | None = None
+    agreement: Annotated[float | None, Figure(
+        "agreement", "%", percent_text, "higher", "Lossy wire: the share of images whose top-1 class is the serial "
+        "run's.")] = None
     """Lossy wire: the share of images whose top-1 class is the serial run's (None with an exact wire)."""
     mean_abs_diff: float | None = None
-    accuracy: float | None = None
+    accuracy: Annotated[float | None, Figure(
+        "accuracy", "%", percent_text, "higher", "The pipeline's top-1 on labelled images (n/a without labels).")] \
+        = None
     serial_accuracy: float | None = None
     per_stage: list[StageFigures] = []
     plan_reused: bool | None = None

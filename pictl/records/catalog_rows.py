@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pictl.errors import ConfigError
-from pictl.figure_text import cell_text
+from pictl.figure_text import cell_text, declared
 from pictl.records import waterfall_view as wv
 from pictl.records.catalog import CELL_LIMIT, FoundRun, PendingRun, Skipped, load_runs, read_run
 from pictl.records.run_verdicts import verdict_of
@@ -36,11 +36,16 @@ COMPARE_COLUMNS = (*COLUMNS[:_DOMINANT], *wv.LATENCY_KEYS[2:], "dominant", *wv.T
 p95, each waterfall term's points after the dominant term, and the joules per image last."""
 SORT_KEYS = ("started", "speedup", "throughput_ips", "stages", "status")
 
+TABLE_FIGURES = {name: fig for name, fig in declared(RunSummary) if fig.unit != "%"}
+"""The run's declared figures a row holds under their own names, written by their declarations (`2.01x`). The
+shares of images (accuracy, agreement) a table shows as recorded (`0.8125`), as it always has."""
+
+
 def cell(key: str, value: Any) -> str:
     """A row's value as every table of rows shows it (`pictl runs`, `runs compare`, the dashboard's history): a
-    figure through `pictl.figure_text` (a speedup `2.01x` in each), anything else as plain text (never Rich
+    figure as its summary model declares it (a speedup `2.01x` in each), anything else as plain text (never Rich
     markup, no control characters, not megabytes long)."""
-    shown = cell_text(key, value)
+    shown = cell_text(key, value, TABLE_FIGURES.get(key))
     return shown if shown is not None else terminal_text(value, CELL_LIMIT)
 
 

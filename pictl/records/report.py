@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from pictl import errors as E
-from pictl.figure_text import efficiency_text, ips_text, ms_text, speedup_text
+from pictl.figure_text import figures, ms_text, speedup_text
 from pictl.job_summaries import PruneSummary, TrainSummary, parse_job_summary
 from pictl.records.files import LinkFound, read_regular, refused
 from pictl.records.report_charts import link_rates, records_of, stage_chart, wire_chart
@@ -82,6 +83,21 @@ def _wire_lines(s: RunSummary, files: ReportFiles) -> list[str]:
     return [*lines, "", f"![wire bytes per link]({chart})", ""]
 
 
+HEADLINE = {"throughput_ips": "throughput img/s", "serial_ips": "serial img/s", "speedup": "speedup",
+            "efficiency": "efficiency"}
+"""The run's declared figures the report's first table holds, with their headings (the accuracy has the pruned
+models' table; a lossy wire's agreement the outputs' line)."""
+
+
+def _headline(s: RunSummary) -> list[str]:
+    """The run's headline table: its declared figures (`RunSummary`'s `Figure`s) in their order, each written by
+    its own declaration, and whether the outputs matched."""
+    shown = [(HEADLINE[name], fig.text(value)) for name, fig, value in figures(s) if name in HEADLINE]
+    cells = [*shown, ("outputs match", str(s.outputs_match))]
+    return [f"| {' | '.join(h for h, _ in cells)} |", f"|{'---|' * len(cells)}",
+            f"| {' | '.join(v for _, v in cells)} |", ""]
+
+
 def _run_section(run_dir: Path, s: RunSummary, files: ReportFiles, notes: list[str]) -> list[str]:
     lines = [f"## Run {md_text(s.run_id)}", "",
              (f"{s.replicas} replicas x " if s.replicas > 1 else "")
@@ -90,9 +106,7 @@ def _run_section(run_dir: Path, s: RunSummary, files: ReportFiles, notes: list[s
              f"{s.images} images, chunk {s.chunk}, {md_text(s.threads)} thread(s); "
              f"status **{shown_status(s)}**.", "",
              *([f"**SUSPECT**: {md_text(s.suspect_because)}", ""] if shown_status(s) == "suspect" else []),
-             "| throughput img/s | serial img/s | speedup | efficiency | outputs match |", "|---|---|---|---|---|",
-             f"| {ips_text(s.throughput_ips)} | {ips_text(s.serial_ips)} | {speedup_text(s.speedup)} | "
-             f"{efficiency_text(s.efficiency)} | {s.outputs_match} |", "",
+             *_headline(s),
              *([f"**energy per image**: {md_text(energy)}", ""] if (energy := energy_line(s)) else []),
              *gap_lines(s.run_id, s, files),
              *_wire_lines(s, files),
@@ -183,31 +197,45 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{v:.1%}"
 
 
+@dataclass
+class _ModelRow:
+    """One model of the models' table: its size and top-1 (from the pruning job or the run's artifact), its
+    serial img/s and its pipelines' (stages, img/s, own serial img/s)."""
+
+    name: str
+    params: int | None = None
+    macs: float | None = None
+    top1_pruned: float | None = None
+    top1: float | None = None
+    serial_ips: float | None = None
+    pipelines: list[tuple[int, float | None, float | None]] = field(default_factory=list)
+
+
 def models_section(runs: list[RunSummary], prunes: list[PruneSummary]) -> list[str]:
     """The course's Part 3 table: each model's size, accuracy, serial throughput and pipeline speedup,
     all speedups against the unpruned model's serial baseline (the same yardstick for every row)."""
-    rows: dict[str, dict[str, Any]] = {}
+    rows: dict[str, _ModelRow] = {}
     for job in prunes:
-        rows.setdefault(job.artifact or job.job_id, {
-            "name": f"pruned {job.importance} {job.ratio}", "params": job.params, "macs": job.macs,
-            "top1_pruned": job.top1_pruned, "top1": job.top1})
-        rows.setdefault("base", {"name": f"{job.base_model} (unpruned)", "params": job.params_base,
-                                 "macs": job.macs_base, "top1": job.top1_before})
+        rows.setdefault(job.artifact or job.job_id, _ModelRow(
+            f"pruned {job.importance} {job.ratio}", params=job.params, macs=job.macs, top1_pruned=job.top1_pruned,
+            top1=job.top1))
+        rows.setdefault("base", _ModelRow(f"{job.base_model} (unpruned)", params=job.params_base,
+                                          macs=job.macs_base, top1=job.top1_before))
     for run in runs:
         art = run.artifact
         key = art.path if art else "base"
-        row = rows.setdefault(key, {"name": f"pruned {art.importance} {art.ratio}" if art
-                                    else f"{run.model} (unpruned)"})
+        row = rows.setdefault(key, _ModelRow(f"pruned {art.importance} {art.ratio}" if art
+                                             else f"{run.model} (unpruned)"))
         if art:
-            row.update(params=art.params, macs=art.macs, top1_pruned=art.top1_pruned, top1=art.top1)
-            rows.setdefault("base", {"name": f"{art.base_model} (unpruned)"}).update(
-                params=art.params_base, macs=art.macs_base, top1=art.top1_before)
-        row["serial_ips"] = run.serial_ips or row.get("serial_ips")
+            row.params, row.macs, row.top1_pruned, row.top1 = art.params, art.macs, art.top1_pruned, art.top1
+            base = rows.setdefault("base", _ModelRow(f"{art.base_model} (unpruned)"))
+            base.params, base.macs, base.top1 = art.params_base, art.macs_base, art.top1_before
+        row.serial_ips = run.serial_ips or row.serial_ips
         if run.stages > 1 and run.status == "ok":
-            row.setdefault("pipelines", []).append((run.stages, run.throughput_ips, run.serial_ips))
+            row.pipelines.append((run.stages, run.throughput_ips, run.serial_ips))
     if len(rows) < 2:
         return []
-    base_serial = rows.get("base", {}).get("serial_ips")
+    base_serial = rows["base"].serial_ips if "base" in rows else None
     lines = ["## Models: pruned against unpruned", "",
              "Top-1 is measured on the pruning job's held-out data; speedups are against the unpruned "
              "model's serial throughput" + ("" if base_serial else " (no unpruned run given: own serial)") + ".",
@@ -217,15 +245,21 @@ def models_section(runs: list[RunSummary], prunes: list[PruneSummary]) -> list[s
         r = rows.get(key)
         if r is None:
             continue
-        serial = r.get("serial_ips")
+        serial = r.serial_ips
         # Speedup against the unpruned serial run when there is one, else against the run's own.
-        pipes = ", ".join(f"{n}: {speedup_text(ips / (base_serial or own))}"
-                          for n, ips, own in sorted(r.get("pipelines", [])) if ips and (base_serial or own))
-        size = (f"{r['params']:,} | {r['macs'] / 1e9:.2f}" if r.get("params") else "- | -")
+        pipes = ", ".join(f"{n}: {speedup_text(ips / yardstick)}" for n, ips, own in sorted(r.pipelines, key=_by_stages)
+                          if ips and (yardstick := base_serial or own))
+        size = f"{r.params:,} | {(r.macs or 0.0) / 1e9:.2f}" if r.params else "- | -"
         vs_base = speedup_text(serial / base_serial) if serial and base_serial else "-"
-        lines.append(f"| {md_text(r['name'])} | {size} | {_pct(r.get('top1_pruned'))} | {_pct(r.get('top1'))} | "
+        lines.append(f"| {md_text(r.name)} | {size} | {_pct(r.top1_pruned)} | {_pct(r.top1)} | "
                      f"{serial or '-'} | {vs_base} | {pipes or '-'} |")
     return [*lines, ""]
+
+
+def _by_stages(pipeline: tuple[int, float | None, float | None]) -> tuple[int, float, float]:
+    """The pipelines in the order of their stages (then img/s: a None, a run that measured none, first)."""
+    n, ips, own = pipeline
+    return n, ips or 0.0, own or 0.0
 
 
 def _load(src: Path) -> RunSummary | TrainSummary | PruneSummary:

@@ -11,14 +11,17 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from pictl.figure_text import energy_text, ips_text, speedup_text
+from pictl.figure_text import energy_text, figures
 from pictl.records import waterfall_view as wv
 from pictl.records.catalog import CELL_LIMIT, FoundRun, PendingRun
 from pictl.summary import baseline_text, terminal_text
 from pictl.summary_models import RankShare, RunSummary
 from pictl.verdict import shown_status
 
-__all__ = ["energy_line", "fmt", "metered", "run_details", "trace_rank_text"]
+__all__ = ["SHOWN_FIGURES", "energy_line", "fmt", "metered", "run_details", "trace_rank_text"]
+
+SHOWN_FIGURES = ("throughput_ips", "serial_ips", "speedup")
+"""The run's declared figures `runs show` lists by label, in their declared order."""
 
 
 def fmt(value: Any, spec: str = ".2f") -> str:
@@ -90,12 +93,15 @@ def run_details(found: FoundRun) -> Table:
             grid.add_row({"run_id": "run", "run_dir": "directory"}.get(key, key), _cell(text))
         return grid
     s = found
+    after = {"serial_ips": baseline_text(s)}
+    # The run's declared figures (`RunSummary`'s `Figure`s), each as it declares itself; the efficiency and a
+    # lossy wire's agreement are left to `runs compare` and the outputs' line, the accuracy shown as recorded.
+    declared = tuple((fig.label, fig.shown(value) + after.get(name, "")) for name, fig, value in figures(s)
+                     if name in SHOWN_FIGURES)
     lines: tuple[tuple[str, object], ...] = (
         ("run", s.run_id), ("status", shown_status(s)), ("directory", s.run_dir), ("model", s.model),
         ("stages", s.stages), ("split", ", ".join(s.split_points) or "-"), ("policy", s.policy),
-        ("pipeline", f"{ips_text(s.throughput_ips)} img/s"),
-        ("serial", f"{ips_text(s.serial_ips)} img/s{baseline_text(s)}"), ("speedup", speedup_text(s.speedup)),
-        ("outputs match", _outputs(s)), ("accuracy", s.accuracy))
+        *declared, ("outputs match", _outputs(s)), ("accuracy", s.accuracy))
     for label, value in lines:
         grid.add_row(label, _cell(value))
         if label == "status" and value == "suspect":

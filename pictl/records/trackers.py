@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from pictl.events import read_line
+from pictl.figure_text import figures
 from pictl.job_summaries import TrainSummary
 from pictl.records.files import event_files, read_lines, write_bytes_atomic
 from pictl.summary_models import RunSummary
@@ -93,13 +94,11 @@ def run_series(run_dir: Path, summary: RunSummary) -> Series:
         "model": s.model, "stages": s.stages, "policy": s.policy, "chunk": s.chunk, "images": s.images,
         "warmup": s.warmup, "repeats": s.repeats, "threads": s.threads,
         "wire": s.wire.format if s.wire else "fp32", "split": ",".join(s.split_points) or "-", "status": s.status}))
-    for key in ("throughput_ips", "serial_ips", "speedup", "efficiency", "accuracy", "agreement"):
-        series.put(key, getattr(s, key))
-    for key in ("pipeline_j_per_image", "serial_j_per_image", "pipeline_power_w", "serial_power_w"):
-        series.put(f"energy/{key}", getattr(s.energy, key, None))
-    pipeline = s.latency.pipeline if s.latency else None
-    for key in ("p50_ms", "p95_ms", "p99_ms"):
-        series.put(f"latency/{key}", getattr(pipeline, key, None))
+    # Every figure the summary's models declare (`Figure`), under its field's name: a figure added to a model
+    # is tracked without a line here.
+    for prefix, record in (("", s), ("energy/", s.energy), ("latency/", s.latency.pipeline if s.latency else None)):
+        for key, _, value in figures(record):
+            series.put(f"{prefix}{key}", value)
     for term in s.waterfall.terms if s.waterfall else []:
         series.put(f"waterfall/{term.term}", term.points)
     for st in s.per_stage:

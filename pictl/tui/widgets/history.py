@@ -172,7 +172,7 @@ class HistoryScreen(Screen):
             table.add_column(Text(printable(r["run_id"])))
         for label, key in COLUMNS[1:] + (("split", "split"), ("efficiency", "efficiency"),
                                          ("baseline", "baseline"), ("chunk", "chunk"), ("images", "images")):
-            table.add_row(label, *(Text(printable("-" if r[key] is None else r[key])) for r in chosen))
+            table.add_row(label, *(Text(printable(cell(key, r[key]))) for r in chosen))  # as the table writes it
         self.query_one("#history-detail", Static).update(table)
 
     def action_export(self) -> None:
