@@ -41,6 +41,8 @@ from typing import Any
 from pictl.records.waterfall_view import waterfall_line as view_line
 from pictl.records.waterfall_view import waterfall_view
 from pictl.run.advice import Bottleneck, advice
+from pictl.summary_figures import WaterfallRecord, WaterfallTerm
+from pictl.summary_models import RunSummary, StageFigures
 
 TERMS = ("fill_drain", "imbalance", "split_overhead", "interference", "communication", "runtime", "baseline",
          "residual")
@@ -64,27 +66,29 @@ class Settled:
     """The first settled pass (0-based)."""
 
 
-def waterfall(s: dict[str, Any], settled: Settled | None = None) -> dict[str, Any] | None:
-    """The speedup waterfall of a pipeline run's summary, or None when it has no figures to take apart."""
-    n, speedup, r = s.get("stages"), s.get("speedup"), s.get("replicas") or 1
-    stages = settled.stages if settled else s.get("per_stage") or []
-    images, chunk = s.get("images"), s.get("chunk") or 1
-    repeats = settled.passes if settled else s.get("repeats")
-    serial_ips = s.get("serial_ips")
-    if not (isinstance(n, int) and n * r > 1 and speedup and serial_ips and images and repeats
-            and len(stages) == n * r):
+def waterfall(summary: RunSummary | dict[str, Any], settled: Settled | None = None) -> dict[str, Any] | None:
+    """The speedup waterfall of a pipeline run's summary (the model, or the dict the run writes), or None when it
+    has no figures to take apart."""
+    s = summary if isinstance(summary, RunSummary) else RunSummary.model_validate(summary)
+    n, speedup, r = s.stages, s.speedup, s.replicas
+    # The counters as the run summed them (a settled re-cut's: the same keys), read by name, never coerced.
+    stages = [StageFigures.model_construct(**st) for st in settled.stages] if settled else s.per_stage
+    images, chunk = s.images, s.chunk or 1
+    repeats = settled.passes if settled else s.repeats
+    serial_ips = s.serial_ips
+    if not (n * r > 1 and speedup and serial_ips and images and repeats and len(stages) == n * r):
         return None
     per = float(images * repeats) / r  # the images each rank computed
-    try:
-        c = [st["compute_s"] / per for st in stages]
-        d = [(st.get("run_delay_s") or 0.0) / per for st in stages]
-    except (KeyError, TypeError):
+    if any(not isinstance(st.compute_s, int | float) or not isinstance(st.run_delay_s, int | float | None)
+           for st in stages):
         return None
+    c = [float(st.compute_s or 0.0) / per for st in stages]
+    d = [(st.run_delay_s or 0.0) / per for st in stages]
     b = max(range(n * r), key=lambda i: c[i])
     bst = stages[b]
 
     def total(key: str) -> float:
-        return float(bst.get(key) or 0.0) / per
+        return float(getattr(bst, key, None) or 0.0) / per
 
     codec = total("compress_s") + total("decompress_s")
     waits = total("recv_wait_s") - total("first_wait_s")
@@ -95,8 +99,9 @@ def waterfall(s: dict[str, Any], settled: Settled | None = None) -> dict[str, An
     m = -(-images // chunk) // r  # each replica's microbatches
     f = (m + n - 1) / m
     t_s = 1.0 / serial_ips
-    timing = s.get("serial_timing") or {}
-    t_sc = (timing.get("compute_per_image_s") or t_s) - (timing.get("run_delay_per_image_s") or 0.0)
+    timing = s.serial_timing
+    t_sc = ((timing.compute_per_image_s if timing else None) or t_s) - \
+        ((timing.run_delay_per_image_s if timing else None) or 0.0)
     if t_sc <= 0 or c[b] <= 0:
         return None
     steps = [float(n * r), n * r / f]
@@ -110,21 +115,19 @@ def waterfall(s: dict[str, Any], settled: Settled | None = None) -> dict[str, An
     if settled:
         steps.append(float(speedup))
     gap = n * r - float(speedup)
-    terms = []
-    for name, before, after in zip(ALL_TERMS[:len(steps) - 1], steps[:-1], steps[1:], strict=True):
-        points = after - before
-        terms.append({"term": name, "points": round(points, 4),
-                      "share": round(-points / gap, 4) if abs(gap) > 1e-9 else None})
-    losses = [t for t in terms if t["points"] < 0]
-    dominant = min(losses, key=lambda t: t["points"])["term"] if losses else None
+    terms = [WaterfallTerm(term=name, points=round(after - before, 4),
+                           share=round(-(after - before) / gap, 4) if abs(gap) > 1e-9 else None)
+             for name, before, after in zip(ALL_TERMS[:len(steps) - 1], steps[:-1], steps[1:], strict=True)]
+    losses = [t for t in terms if t.points < 0]
+    dominant = min(losses, key=lambda t: t.points).term if losses else None
     # What would reduce the dominant term, worded from this run's options (never its own policy, never a
     # smaller chunk than 1).
     shape = Bottleneck(stages=n, replicas=r, microbatches=m, rank=b, compute_s=c[b], mean_compute_s=sum(c) / len(c),
                        wait_for_cpu_s=d[b])
-    told = advice(dominant, s, shape) if dominant else None
+    told = advice(dominant, summary if isinstance(summary, dict) else summary.written(), shape) if dominant else None
     return {"stages": n * r, "replicas": r, "speedup": round(float(speedup), 4), "gap": round(gap, 4),
             "bottleneck_rank": b,
-            "microbatches": m, "terms": terms, "dominant": dominant,
+            "microbatches": m, "terms": [t.written() for t in terms], "dominant": dominant,
             "settled_from_pass": settled.first if settled else None,
             "advice": told,
             "per_image_ms": {"serial": round(t_s * 1000, 3), "serial_compute": round(t_sc * 1000, 3),
@@ -137,4 +140,7 @@ def waterfall_line(w: dict[str, Any]) -> str:
     """One line: the measured speedup of N, then every term that cost (or gave) a hundredth or more, largest
     loss first, and the dominant term with what would reduce it (the readers' own form, `records.waterfall_view`)."""
     view = waterfall_view(w)
-    return view_line(view) if view is not None else f"{w.get('speedup')}x of {w.get('stages')}"
+    if view is not None:
+        return view_line(view)
+    record = WaterfallRecord.model_construct(**w)  # (as recorded: a shape the view does not read)
+    return f"{getattr(record, 'speedup', None)}x of {getattr(record, 'stages', None)}"
