@@ -19,6 +19,11 @@ EXIT_FLAGGED = 7
 EXIT_BUSY = 8
 EXIT_WRITE_FAILED = 9
 EXIT_SUSPECT = 10
+EXIT_SIGNATURE = 11
+EXIT_TAMPERED = 12
+EXIT_CODE_MISMATCH = 13
+EXIT_RULES = 14
+EXIT_NOT_REPRODUCED = 15
 EXIT_INTERRUPTED = 130
 
 
@@ -106,6 +111,38 @@ class RecordWriteFailed(PictlError):
     first, and the half-written file removed."""
 
     exit_code = EXIT_WRITE_FAILED
+
+
+class SignatureInvalid(PictlError):
+    """`pictl verify`: a bundle's signature does not hold over its manifest, or its key is not an allowed signer."""
+
+    exit_code = EXIT_SIGNATURE
+
+
+class BundleTampered(PictlError):
+    """`pictl verify`: a bundle's member differs from the hash its signed manifest gives (changed after signing),
+    or one is missing or added."""
+
+    exit_code = EXIT_TAMPERED
+
+
+class CodeMismatch(PictlError):
+    """`pictl verify`: the code in a bundle is not the code its run's summary says the hosts ran."""
+
+    exit_code = EXIT_CODE_MISMATCH
+
+
+class RulesBroken(PictlError):
+    """`pictl verify`: a bundle's run does not keep to the preset's grading rules (protocol, exactness, accuracy
+    floor): nothing was re-run."""
+
+    exit_code = EXIT_RULES
+
+
+class NotReproduced(PictlError):
+    """`pictl verify`: the re-run's speedup interval lies below the bundle's claim: the claim is not reproduced."""
+
+    exit_code = EXIT_NOT_REPRODUCED
 
 
 class Interrupted(PictlError):

@@ -3,14 +3,17 @@
 Each command lives with its kind (`run`: the dashboard, `pictl run` and its presets; `results`: `pictl traces`
 and `pictl report`; `runs`: `pictl runs`, past runs as data; `jobs`: sweeps and pruning; `tune`; `train`;
 `costs`: what `balanced` measures; `hosts`: the inventory, readiness, code, keys; `provision`: venvs; `init`:
-a new inventory); `common` holds what they share (the app, one-line errors, signals, connections).
+a new inventory; `grading`: bundle, verify, board); `common` holds what they share (the app, one-line errors,
+signals, connections).
 
 Exit codes: 0 ok, 1 internal error, 2 bad input or config (nothing started),
 3 a run failed on a host, 4 a host could not be reached, 5 pipeline output differs
 from the serial run, 6 a host is not ready (python, venv, packages: see `pictl check`
 and `pictl provision`), 7 the run raised sanity flags under `--strict`, 8 a host is busy (another run
 holds its lease), 9 a measured result's record could not be written whole (printed first), 10 the result is
-SUSPECT (a speedup no exact pipeline reaches, a serial baseline something else slowed), 130 interrupted
+SUSPECT (a speedup no exact pipeline reaches, a serial baseline something else slowed); `pictl verify`: 11 signature,
+12 a member changed after signing, 13 the code is not the run's, 14 the preset's rules broken, 15 the speedup not
+reproduced (5: its outputs or accuracy differ); 130 interrupted
 (Ctrl-C, SIGTERM, SIGHUP).
 """
 
@@ -26,10 +29,10 @@ from pictl.text import printable
 
 # isort: off
 # Each command module registers its commands on `app` when imported: `pictl --help` lists them in this order.
-from pictl.cli import run, results, runs, jobs, tune, train, costs, hosts, provision, init  # noqa: E402
+from pictl.cli import run, results, runs, jobs, tune, train, costs, hosts, provision, init, grading  # noqa: E402
 
 # isort: on
-COMMAND_MODULES = (run, results, runs, jobs, tune, train, costs, hosts, provision, init)
+COMMAND_MODULES = (run, results, runs, jobs, tune, train, costs, hosts, provision, init, grading)
 
 __all__ = ["app", "entrypoint"]
 
