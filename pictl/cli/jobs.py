@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -13,18 +14,10 @@ import typer
 
 from pictl import errors as E
 from pictl.cli.common import (
-    ColdOpt,
     HeadlessOpt,
-    HostsOpt,
-    ImagesOpt,
-    JsonOpt,
-    RepeatsOpt,
     RunsDirOpt,
-    ThreadsOpt,
-    TrackOpt,
-    VerboseOpt,
+    TrackerChoice,
     WaitOpt,
-    WarmupOpt,
     app,
     before_runs_dir,
     checked_runs_root,
@@ -37,12 +30,53 @@ from pictl.cli.common import (
     tracked,
     wide_console,
 )
+from pictl.cli.option_groups import HostFlags, MeasureFlags, OptionGroup, OutputFlags, grouped
 from pictl.planning.options import parse_split
 
 TRAIN_PANEL = "Training (--train)"
 
 
+@dataclasses.dataclass(frozen=True)
+class TrainSweepFlags(OptionGroup):
+    """`pictl sweep --train`: the switch, what a training sweep varies besides stages, chunks and wires, and the
+    settings every job of it shares (`train_options`' names, but for --model-arg)."""
+
+    train: Annotated[bool, typer.Option("--train", help="Sweep training jobs (`pictl train`) instead of runs.",
+                                        rich_help_panel=TRAIN_PANEL)] = False
+    modes: Annotated[Optional[str], typer.Option(help="Training modes, e.g. single,pipeline,ddp (default: all).",
+                                                 rich_help_panel=TRAIN_PANEL)] = None
+    split: Annotated[Optional[str], typer.Option(help="Pipeline training: where stages 2..N begin, e.g. blocks.2 "
+                                                      "(for the stage count it cuts).",
+                                                 rich_help_panel=TRAIN_PANEL)] = None
+    workers: Annotated[Optional[str], typer.Option(help="Data-loading processes per image-reading rank to compare, "
+                                                        "e.g. 0,1,2,4 (default 0).",
+                                                   rich_help_panel=TRAIN_PANEL)] = None
+    schedules: Annotated[Optional[str], typer.Option(help="Pipeline schedules, e.g. gpipe,1f1b (default: both).",
+                                                     rich_help_panel=TRAIN_PANEL)] = None
+    model: Annotated[Optional[str], typer.Option(help="Model to train.", rich_help_panel=TRAIN_PANEL)] = None
+    model_arg: Annotated[Optional[list[str]], typer.Option(help="timm constructor argument KEY=VALUE.",
+                                                           rich_help_panel=TRAIN_PANEL)] = None
+    image_size: Annotated[Optional[int], typer.Option(help="Input side in pixels.",
+                                                      rich_help_panel=TRAIN_PANEL)] = None
+    batch_size: Annotated[Optional[int], typer.Option(help="Global batch per step.",
+                                                      rich_help_panel=TRAIN_PANEL)] = None
+    steps: Annotated[Optional[int], typer.Option(help="Optimizer steps per job.", rich_help_panel=TRAIN_PANEL)] = None
+    train_images: Annotated[Optional[int], typer.Option(help="Training images.", rich_help_panel=TRAIN_PANEL)] = None
+    eval_images: Annotated[Optional[int], typer.Option(help="Held-out images for top-1 (0: none).",
+                                                       rich_help_panel=TRAIN_PANEL)] = None
+    data: Annotated[Optional[str], typer.Option(help="synthetic | cifar10 | cifar100 | imagefolder.",
+                                                rich_help_panel=TRAIN_PANEL)] = None
+    data_path: Annotated[Optional[str], typer.Option(help="Data set directory on the hosts.",
+                                                     rich_help_panel=TRAIN_PANEL)] = None
+    amp: Annotated[Optional[bool], typer.Option("--amp/--fp32", help="bf16 autocast.",
+                                                rich_help_panel=TRAIN_PANEL)] = None
+    error_feedback: Annotated[Optional[bool], typer.Option(
+        "--error-feedback/--no-error-feedback", help="lowrank cuts: send each image's change (default on).",
+        rich_help_panel=TRAIN_PANEL)] = None
+
+
 @app.command()
+@grouped
 def sweep(
     stages: Annotated[Optional[str], typer.Option(help="Stage counts, e.g. 1,2,3,4,6 (default 1,2,3,4).")] = None,
     chunks: Annotated[Optional[str], typer.Option(help="Microbatch sizes, e.g. 1,2,4,8 (default 1).")] = None,
@@ -50,10 +84,8 @@ def sweep(
     wire: Annotated[Optional[str], typer.Option(help="Wire formats to compare, e.g. fp32,fp16,int8,lowrank:8 "
                                                      "(default fp32).")] = None,
     profile: Annotated[Optional[str], typer.Option(help="Preset: run options, and its \\[sweep] values.")] = None,
-    images: ImagesOpt = None,
-    warmup: WarmupOpt = None,
-    repeats: RepeatsOpt = None,
-    threads: ThreadsOpt = None,
+    *,
+    measure: MeasureFlags,
     trace_steps: Annotated[Optional[int], typer.Option(help="Profile K steps of every pipeline run.")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Sweep directory (default: under the runs root).")] = None,
     rounds: Annotated[Optional[int], typer.Option(help="Rounds: each measures the reference and every "
@@ -61,46 +93,9 @@ def sweep(
     max_rounds: Annotated[Optional[int], typer.Option(help="Rounds at most, added one at a time while two "
                                                            "combinations are too close to call (default 6).")] = None,
     budget: Annotated[Optional[float], typer.Option(help="Seconds after which no round is added.")] = None,
-    hosts: HostsOpt = None,
-    wait: WaitOpt = False,
-    cold: ColdOpt = False,
-    runs_dir: RunsDirOpt = None,
-    headless: HeadlessOpt = False,
-    verbose: VerboseOpt = False,
-    as_json: JsonOpt = False,
-    track: TrackOpt = None,
-    train: Annotated[bool, typer.Option("--train", help="Sweep training jobs (`pictl train`) instead of runs.",
-                                        rich_help_panel=TRAIN_PANEL)] = False,
-    modes: Annotated[Optional[str], typer.Option(help="Training modes, e.g. single,pipeline,ddp (default: all).",
-                                                 rich_help_panel=TRAIN_PANEL)] = None,
-    split: Annotated[Optional[str], typer.Option(help="Pipeline training: where stages 2..N begin, e.g. blocks.2 "
-                                                      "(for the stage count it cuts).",
-                                                 rich_help_panel=TRAIN_PANEL)] = None,
-    workers: Annotated[Optional[str], typer.Option(help="Data-loading processes per image-reading rank to compare, "
-                                                        "e.g. 0,1,2,4 (default 0).",
-                                                   rich_help_panel=TRAIN_PANEL)] = None,
-    schedules: Annotated[Optional[str], typer.Option(help="Pipeline schedules, e.g. gpipe,1f1b (default: both).",
-                                                     rich_help_panel=TRAIN_PANEL)] = None,
-    model: Annotated[Optional[str], typer.Option(help="Model to train.", rich_help_panel=TRAIN_PANEL)] = None,
-    model_arg: Annotated[Optional[list[str]], typer.Option(help="timm constructor argument KEY=VALUE.",
-                                                           rich_help_panel=TRAIN_PANEL)] = None,
-    image_size: Annotated[Optional[int], typer.Option(help="Input side in pixels.",
-                                                      rich_help_panel=TRAIN_PANEL)] = None,
-    batch_size: Annotated[Optional[int], typer.Option(help="Global batch per step.",
-                                                      rich_help_panel=TRAIN_PANEL)] = None,
-    steps: Annotated[Optional[int], typer.Option(help="Optimizer steps per job.", rich_help_panel=TRAIN_PANEL)] = None,
-    train_images: Annotated[Optional[int], typer.Option(help="Training images.", rich_help_panel=TRAIN_PANEL)] = None,
-    eval_images: Annotated[Optional[int], typer.Option(help="Held-out images for top-1 (0: none).",
-                                                       rich_help_panel=TRAIN_PANEL)] = None,
-    data: Annotated[Optional[str], typer.Option(help="synthetic | cifar10 | cifar100 | imagefolder.",
-                                                rich_help_panel=TRAIN_PANEL)] = None,
-    data_path: Annotated[Optional[str], typer.Option(help="Data set directory on the hosts.",
-                                                     rich_help_panel=TRAIN_PANEL)] = None,
-    amp: Annotated[Optional[bool], typer.Option("--amp/--fp32", help="bf16 autocast.",
-                                                rich_help_panel=TRAIN_PANEL)] = None,
-    error_feedback: Annotated[Optional[bool], typer.Option(
-        "--error-feedback/--no-error-feedback", help="lowrank cuts: send each image's change (default on).",
-        rich_help_panel=TRAIN_PANEL)] = None,
+    where: HostFlags,
+    output: OutputFlags,
+    training: TrainSweepFlags,
 ) -> None:
     """Measure every combination against one serial reference in interleaved rounds and rank them, a winner only
     beyond the noise (or, with --train, run every training job); write a table and plots."""
@@ -113,39 +108,35 @@ def sweep(
     write_failed: list[E.RecordWriteFailed] = []
     from pictl.records.runs import writable_dir
 
+    train, as_json = training.train, output.as_json
     if train and profile is not None:  # profiles hold run options: a training sweep would drop it unsaid
         fail(E.ConfigError("--profile: a training sweep (--train) takes no profile; give its settings as flags"))
-    if split is not None and not train:  # a run sweep varies its stages: split points would not fit them all
+    if training.split is not None and not train:  # a run sweep varies its stages: split points would not fit them all
         fail(E.ConfigError("--split: split points are a training sweep's setting (add --train)"))
-    if workers is not None and not train:  # a run has no data loader: the flag would be dropped unsaid
+    if training.workers is not None and not train:  # a run has no data loader: the flag would be dropped unsaid
         fail(E.ConfigError("--workers: data-loading workers are a training setting (add --train)"))
     if train and (rounds, max_rounds, budget) != (None, None, None):  # training jobs are not compared in rounds
         fail(E.ConfigError("--rounds: a training sweep (--train) runs each job once"))
-    renderer = HeadlessRenderer(verbose=verbose)
+    renderer = HeadlessRenderer(verbose=output.verbose)
     if train:
-        settings = {"model": model, "model_args": model_arg, "image_size": image_size, "batch_size": batch_size,
-                    "steps": steps, "train_images": train_images, "eval_images": eval_images, "data": data,
-                    "data_path": data_path, "amp": amp, "error_feedback": error_feedback,
-                    "threads": threads, "track": tracked(track), "split": split}
-        _train_sweep(renderer, settings, modes=modes, schedules=schedules, stages=stages, chunks=chunks, out=out,
-                     hosts=hosts, wait=wait, as_json=as_json, cold=cold, runs_dir=runs_dir, workers=workers,
-                     wires=wire)
+        _train_sweep(renderer, training, where, threads=measure.threads, track=output.track, stages=stages,
+                     chunks=chunks, out=out, as_json=as_json, wires=wire)
         return
     try:
         plan = rounds_plan(rounds, max_rounds, budget)
-        cluster = read_cluster(hosts, cold=cold)
-        base, points = plan_sweep(cluster, profile, {"images": images, "warmup": warmup, "repeats": repeats,
-                                                     "threads": threads, "trace_steps": trace_steps,
-                                                     "track": tracked(track)},
+        cluster = read_cluster(where.hosts, cold=where.cold)
+        # The run options a sweep takes as flags (SWEEP_FLAGS); what it varies has flags of its own.
+        base, points = plan_sweep(cluster, profile, {**measure.values(), "trace_steps": trace_steps,
+                                                   "track": tracked(output.track)},
                                   stages=stages, chunks=chunks, policies=policy, wires=wire)
         note_profile(profile)
-        root = checked_runs_root(runs_dir)
+        root = checked_runs_root(where.runs_dir)
         target = out or root.parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S")
         if os.path.lexists(target):  # (False for a name too long to look up: writable_dir names that)
             raise E.ConfigError(f"--out: {target} already exists")
         writable_dir(target, "--out")
         rows = asyncio.run(run_cancellable(run_sweep(cluster, base, points, target, on_event=renderer,
-                                                      wait=wait, write_failed=write_failed, runs_root=root,
+                                                      wait=where.wait, write_failed=write_failed, runs_root=root,
                                                       rounds=plan)))
     except E.PictlError as exc:
         renderer.close()
@@ -175,10 +166,9 @@ def _sweep_table(target: Path, rows: list[dict[str, Any]]) -> str:
         return markdown_table(rows)
 
 
-def _train_sweep(renderer: Any, settings: dict[str, Any], *, modes: str | None, schedules: str | None,
-                 stages: str | None, chunks: str | None, out: Path | None, hosts: Path | None, wait: bool,
-                 as_json: bool, cold: bool = False, runs_dir: Path | None = None, workers: str | None = None,
-                 wires: str | None = None) -> None:
+def _train_sweep(renderer: Any, training: TrainSweepFlags, where: HostFlags, *, threads: int | None,
+                 track: list[TrackerChoice] | None, stages: str | None, chunks: str | None, out: Path | None,
+                 as_json: bool, wires: str | None) -> None:
     """`pictl sweep --train`: training jobs over modes, schedules, rank counts, chunk counts and loader workers."""
     import time
 
@@ -188,9 +178,14 @@ def _train_sweep(renderer: Any, settings: dict[str, Any], *, modes: str | None, 
     from pictl.jobs.training.sweep import run_train_sweep, train_points
     from pictl.records.runs import writable_dir
 
+    modes, schedules, workers = training.modes, training.schedules, training.workers
+    # The group's settings are every job's `train_options`, by their names; the rest say what is swept.
+    settings = {name: value for name, value in training.values().items()
+                if name not in ("train", "modes", "schedules", "workers", "model_arg")}
     try:
-        settings["model_args"] = parse_model_args(settings["model_args"])
-        settings["split"] = parse_split(settings["split"], "--split")
+        settings["model_args"] = parse_model_args(training.model_arg)
+        settings["split"] = parse_split(training.split, "--split")
+        settings.update(threads=threads, track=tracked(track))
         base = train_options(settings, name_of=flag_names(model_args="--model-arg"))
         wanted = [m for m in (modes or "single,pipeline,ddp").replace(" ", "").split(",") if m]
         kinds = [k for k in (schedules or "gpipe,1f1b").replace(" ", "").split(",") if k]
@@ -199,17 +194,17 @@ def _train_sweep(renderer: Any, settings: dict[str, Any], *, modes: str | None, 
             bad = [v for v in values if v not in allowed]
             if bad or not values:
                 raise E.ConfigError(f"{name}: '{','.join(bad) or '(none)'}' is not among {', '.join(allowed)}")
-        cluster = read_cluster(hosts, cold=cold)
+        cluster = read_cluster(where.hosts, cold=where.cold)
         points, skipped = train_points(cluster, base, wanted, parse_ints("--stages", stages or "2"),
                                        parse_ints("--chunks", chunks or "1,4,8"), kinds,
                                        parse_ints("--workers", workers, least=0) if workers else None,
                                        parse_wires("--wire", wires) if wires else None)
-        target = out or checked_runs_root(runs_dir).parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S-train")
+        target = out or checked_runs_root(where.runs_dir).parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S-train")
         if os.path.lexists(target):  # (False for a name too long to look up: writable_dir names that)
             raise E.ConfigError(f"--out: {target} already exists")
         writable_dir(target, "--out")
         rows = asyncio.run(run_cancellable(run_train_sweep(cluster, base, points, skipped, target, on_event=renderer,
-                                                           wait=wait)))
+                                                           wait=where.wait)))
     except E.PictlError as exc:
         renderer.close()
         fail(exc)
@@ -224,30 +219,38 @@ def _train_sweep(renderer: Any, settings: dict[str, Any], *, modes: str | None, 
         raise typer.Exit(E.EXIT_RUN_FAILED)
 
 
-@app.command()
-def prune(
-    model: Annotated[Optional[str], typer.Option(help="timm ViT/DeiT to prune.")] = None,
-    checkpoint: Annotated[Optional[str], typer.Option(help="Base weights (.safetensors / .pth state dict).")] = None,
-    ratio: Annotated[Optional[float], typer.Option(help="Channel pruning ratio, in (0, 1).")] = None,
-    importance: Annotated[Optional[str], typer.Option(help="l1 | l2 | taylor | hessian (default).")] = None,
+@dataclasses.dataclass(frozen=True)
+class PruneFlags(OptionGroup):
+    """What is pruned and how it is fine-tuned: `prune_options`' names, but for --model-arg."""
+
+    model: Annotated[Optional[str], typer.Option(help="timm ViT/DeiT to prune.")] = None
+    checkpoint: Annotated[Optional[str], typer.Option(help="Base weights (.safetensors / .pth state dict).")] = None
+    ratio: Annotated[Optional[float], typer.Option(help="Channel pruning ratio, in (0, 1).")] = None
+    importance: Annotated[Optional[str], typer.Option(help="l1 | l2 | taylor | hessian (default).")] = None
     global_pruning: Annotated[Optional[bool], typer.Option("--global/--uniform",
-                                                           help="Rank channels across layers.")] = None,
-    prune_heads: Annotated[Optional[bool], typer.Option("--prune-heads", help="Remove whole heads.")] = None,
-    round_to: Annotated[Optional[int], typer.Option(help="Keep widths multiples of N (e.g. 8 for SIMD).")] = None,
-    epochs: Annotated[Optional[int], typer.Option(help="Fine-tuning epochs (0: none).")] = None,
-    lr: Annotated[Optional[float], typer.Option(help="Learning rate (cosine schedule).")] = None,
-    batch_size: Annotated[Optional[int], typer.Option(help="Fine-tuning batch size.")] = None,
-    optimizer: Annotated[Optional[str], typer.Option(help="sgd (momentum) | adamw.")] = None,
-    calib_batches: Annotated[Optional[int], typer.Option(help="Batches scoring taylor/hessian.")] = None,
-    train_images: Annotated[Optional[int], typer.Option(help="Fine-tune on at most N images (0: all).")] = None,
-    eval_images: Annotated[Optional[int], typer.Option(help="Evaluate on at most N images (0: all).")] = None,
-    data: Annotated[Optional[str], typer.Option(help="cifar10 | cifar100 | imagefolder")] = None,
-    data_path: Annotated[Optional[str], typer.Option(help="Data set directory (on the machine that prunes).")] = None,
-    num_classes: Annotated[Optional[int], typer.Option(help="Classifier outputs (default: the data set's).")] = None,
-    model_arg: Annotated[Optional[list[str]], typer.Option(help="timm constructor argument KEY=VALUE.")] = None,
-    threads: Annotated[Optional[int], typer.Option(help="torch threads (0: all cores).")] = None,
-    device: Annotated[Optional[str], typer.Option(help="auto | cpu | cuda.")] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Seed for data order and random weights.")] = None,
+                                                           help="Rank channels across layers.")] = None
+    prune_heads: Annotated[Optional[bool], typer.Option("--prune-heads", help="Remove whole heads.")] = None
+    round_to: Annotated[Optional[int], typer.Option(help="Keep widths multiples of N (e.g. 8 for SIMD).")] = None
+    epochs: Annotated[Optional[int], typer.Option(help="Fine-tuning epochs (0: none).")] = None
+    lr: Annotated[Optional[float], typer.Option(help="Learning rate (cosine schedule).")] = None
+    batch_size: Annotated[Optional[int], typer.Option(help="Fine-tuning batch size.")] = None
+    optimizer: Annotated[Optional[str], typer.Option(help="sgd (momentum) | adamw.")] = None
+    calib_batches: Annotated[Optional[int], typer.Option(help="Batches scoring taylor/hessian.")] = None
+    train_images: Annotated[Optional[int], typer.Option(help="Fine-tune on at most N images (0: all).")] = None
+    eval_images: Annotated[Optional[int], typer.Option(help="Evaluate on at most N images (0: all).")] = None
+    data: Annotated[Optional[str], typer.Option(help="cifar10 | cifar100 | imagefolder")] = None
+    data_path: Annotated[Optional[str], typer.Option(help="Data set directory (on the machine that prunes).")] = None
+    num_classes: Annotated[Optional[int], typer.Option(help="Classifier outputs (default: the data set's).")] = None
+    model_arg: Annotated[Optional[list[str]], typer.Option(help="timm constructor argument KEY=VALUE.")] = None
+    threads: Annotated[Optional[int], typer.Option(help="torch threads (0: all cores).")] = None
+    device: Annotated[Optional[str], typer.Option(help="auto | cpu | cuda.")] = None
+    seed: Annotated[Optional[int], typer.Option(help="Seed for data order and random weights.")] = None
+
+
+@app.command()
+@grouped
+def prune(
+    job: PruneFlags,
     on: Annotated[Optional[str], typer.Option(help="Prune on this inventory host (default: here).")] = None,
     hosts: Annotated[Optional[Path], typer.Option(help="Inventory file (for --on).")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Where job directories go (default: beside the runs).")] = None,
@@ -266,14 +269,9 @@ def prune(
     renderer = HeadlessRenderer(verbose=verbose)
     session = None
     try:
-        options = prune_options({
-            "model": model, "checkpoint": checkpoint, "ratio": ratio, "importance": importance,
-            "global_pruning": global_pruning, "prune_heads": prune_heads, "round_to": round_to, "epochs": epochs,
-            "lr": lr,
-            "batch_size": batch_size, "optimizer": optimizer, "calib_batches": calib_batches,
-            "train_images": train_images, "eval_images": eval_images, "data": data, "data_path": data_path,
-            "num_classes": num_classes, "model_args": parse_model_args(model_arg), "threads": threads,
-            "device": device, "seed": seed}, name_of=flag_names(model_args="--model-arg", global_pruning="--global"))
+        given = job.values()
+        given["model_args"] = parse_model_args(given.pop("model_arg"))
+        options = prune_options(given, name_of=flag_names(model_args="--model-arg", global_pruning="--global"))
         if out is not None:
             from pictl.records.runs import writable_dir
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from enum import StrEnum
 from pathlib import Path
@@ -16,14 +17,10 @@ from pictl.cli.common import (
     MEASURE_PANEL,
     ColdOpt,
     HostsOpt,
-    ImagesOpt,
     JsonOpt,
-    RepeatsOpt,
     RunsDirOpt,
-    ThreadsOpt,
     TrackOpt,
     VerboseOpt,
-    WarmupOpt,
     app,
     before_command,
     checked_runs_root,
@@ -37,7 +34,8 @@ from pictl.cli.common import (
     tracked,
     wide_console,
 )
-from pictl.planning.options import DATASETS, POLICIES, given_options
+from pictl.cli.option_groups import MeasureFlags, OptionGroup, grouped
+from pictl.planning.options import DATASETS, POLICIES, RUN_FLAGS, given_options
 from pictl.planning.presets import available_presets, resolve_options
 
 
@@ -96,106 +94,125 @@ else:
     DataChoice = choices("DataChoice", DATASETS)
 
 
-@app.command()
-def run(
+@dataclasses.dataclass(frozen=True)
+class ExperimentFlags(OptionGroup):
+    """What the experiment is: the pipeline, its split, what crosses the cuts."""
+
     stages: Annotated[Optional[int], typer.Option(help="Pipeline stages (1 = serial only)." + default_of("stages"),
-                                                  rich_help_panel=EXPERIMENT)] = None,
+                                                  rich_help_panel=EXPERIMENT)] = None
     replicas: Annotated[Optional[int], typer.Option(
         help="Copies of the pipeline (replicas x stages ranks over the hosts); images are dealt among them, every "
-             "replica's outputs checked." + default_of("replicas"), rich_help_panel=EXPERIMENT)] = None,
+             "replica's outputs checked." + default_of("replicas"), rich_help_panel=EXPERIMENT)] = None
     split: Annotated[Optional[str], typer.Option(help="Split points: blocks.3,blocks.6 (stage starts); implies "
-                                                      "--policy explicit.", rich_help_panel=EXPERIMENT)] = None,
+                                                      "--policy explicit.", rich_help_panel=EXPERIMENT)] = None
     policy: Annotated[Optional[PolicyChoice], typer.Option(
         rich_help_panel=EXPERIMENT,
         help="balanced: measured costs, corrected by the run; equal: parameter counts; explicit: --split."
-             + default_of("policy"))] = None,
+             + default_of("policy"))] = None
     profile: Annotated[Optional[str], typer.Option(help="Named preset (see `pictl profiles`).",
-                                                   rich_help_panel=EXPERIMENT)] = None,
+                                                   rich_help_panel=EXPERIMENT)] = None
     chunk: Annotated[Optional[int], typer.Option(help="Microbatch size." + default_of("chunk"),
-                                                 rich_help_panel=EXPERIMENT)] = None,
+                                                 rich_help_panel=EXPERIMENT)] = None
     refine: Annotated[Optional[bool], typer.Option("--refine/--no-refine", rich_help_panel=EXPERIMENT,
                                                    help="balanced: correct the split from the stages' measured "
                                                         "compute before the timed passes (default) or keep the "
-                                                        "profiles' one-shot split.")] = None,
+                                                        "profiles' one-shot split.")] = None
     recut: Annotated[Optional[bool], typer.Option(
         "--recut/--no-recut", rich_help_panel=EXPERIMENT,
         help="balanced: re-cut between timed passes when a host slows down or recovers (default), or keep the "
-             "refined split.")] = None,
+             "refined split.")] = None
     max_recuts: Annotated[Optional[int], typer.Option(help="balanced: re-cuts per run at most."
-                                                      + default_of("max_recuts"), rich_help_panel=EXPERIMENT)] = None,
+                                                      + default_of("max_recuts"), rich_help_panel=EXPERIMENT)] = None
     slowdown: Annotated[Optional[str], typer.Option(hidden=True, help="Tests: RANK:PASS:FACTOR slows a rank from a "
-                                                                      "timed pass on.")] = None,
+                                                                      "timed pass on.")] = None
     wire: Annotated[Optional[str], typer.Option(
         help="What travels between stages: fp32 (exact), fp16, bf16, int8, lowrank:R; for every cut, or per cut "
-             "(blocks.4=fp16,blocks.8=int8)." + default_of("wire"), rich_help_panel=EXPERIMENT)] = None,
+             "(blocks.4=fp16,blocks.8=int8)." + default_of("wire"), rich_help_panel=EXPERIMENT)] = None
     numerics: Annotated[Optional[str], typer.Option(
         help="Every stage's numerics: fp32, or int8-dynamic (int8 Linear layers). The pipeline is checked "
              "against a serial run in the same numerics; an fp32 serial run measures their gain and loss."
-             + default_of("numerics"), rich_help_panel=EXPERIMENT)] = None,
+             + default_of("numerics"), rich_help_panel=EXPERIMENT)] = None
     min_agreement: Annotated[Optional[float], typer.Option(
         help="A lossy --wire passes when this share of images gets the serial run's top-1 class."
-             + default_of("min_agreement"), rich_help_panel=EXPERIMENT)] = None,
-    images: ImagesOpt = None,
-    warmup: WarmupOpt = None,
-    repeats: RepeatsOpt = None,
-    threads: ThreadsOpt = None,
+             + default_of("min_agreement"), rich_help_panel=EXPERIMENT)] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunMeasureFlags(MeasureFlags):
+    """How a run is measured: the shared passes and threads, then traces, the baseline and the match."""
+
     trace_steps: Annotated[Optional[int], typer.Option(help="Profile K steps on every rank (extra untimed pass); "
                                                             "traces land in the run directory.",
-                                                       rich_help_panel=MEASURE_PANEL)] = None,
+                                                       rich_help_panel=MEASURE_PANEL)] = None
     fresh_baseline: Annotated[bool, typer.Option("--fresh-baseline", help="Measure the serial run again.",
-                                                 rich_help_panel=MEASURE_PANEL)] = False,
+                                                 rich_help_panel=MEASURE_PANEL)] = False
     baseline_max_age: Annotated[Optional[float], typer.Option(help="Reuse a cached serial baseline only if it is "
                                                                    "younger than this many seconds.",
-                                                              rich_help_panel=MEASURE_PANEL)] = None,
+                                                              rich_help_panel=MEASURE_PANEL)] = None
     atol: Annotated[Optional[float], typer.Option(help="Largest logit difference that still matches."
-                                                       + default_of("atol"), rich_help_panel=MEASURE_PANEL)] = None,
+                                                       + default_of("atol"), rich_help_panel=MEASURE_PANEL)] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelFlags(OptionGroup):
+    """The model, its weights and the images it runs."""
+
     model: Annotated[Optional[str], typer.Option(help="timm model name, or an artifact from `pictl prune`."
-                                                      + default_of("model"), rich_help_panel=MODEL)] = None,
+                                                      + default_of("model"), rich_help_panel=MODEL)] = None
     num_classes: Annotated[Optional[int], typer.Option(help="Classifier outputs." + default_of("num_classes"),
-                                                       rich_help_panel=MODEL)] = None,
+                                                       rich_help_panel=MODEL)] = None
     checkpoint: Annotated[Optional[str], typer.Option(help="State dict (.safetensors / .pth).",
-                                                      rich_help_panel=MODEL)] = None,
+                                                      rich_help_panel=MODEL)] = None
     allow_pickle: Annotated[Optional[bool], typer.Option("--allow-pickle", help="Trust a pickled checkpoint.",
-                                                         rich_help_panel=MODEL)] = None,
+                                                         rich_help_panel=MODEL)] = None
     data: Annotated[Optional[DataChoice], typer.Option(rich_help_panel=MODEL,
-                                                help="Images to run." + default_of("data"))] = None,
+                                                       help="Images to run." + default_of("data"))] = None
     data_path: Annotated[Optional[str], typer.Option(help="Data set directory on the hosts.",
-                                                     rich_help_panel=MODEL)] = None,
+                                                     rich_help_panel=MODEL)] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOutputFlags(OptionGroup):
+    """What `pictl run` prints, which hosts it runs on and where its record goes (run's own words for
+    --headless, --json and --wait: a run has a console and a summary)."""
+
     headless: Annotated[bool, typer.Option("--headless", help="No console: progress on stderr, the result on stdout "
                                                               "(also when stdout is not a terminal, and with --json).",
-                                           rich_help_panel=HOSTS_PANEL)] = False,
+                                           rich_help_panel=HOSTS_PANEL)] = False
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object on stdout.",
-                                          rich_help_panel=HOSTS_PANEL)] = False,
+                                          rich_help_panel=HOSTS_PANEL)] = False
     strict: Annotated[bool, typer.Option("--strict", help="Exit 7 if the result raises any sanity flag (a SUSPECT "
                                                           "result exits 10 without it).",
-                                         rich_help_panel=HOSTS_PANEL)] = False,
-    verbose: VerboseOpt = False,
-    hosts: HostsOpt = None,
-    runs_dir: RunsDirOpt = None,
+                                         rich_help_panel=HOSTS_PANEL)] = False
+    verbose: VerboseOpt = False
+    hosts: HostsOpt = None
+    runs_dir: RunsDirOpt = None
     master_port: Annotated[Optional[int], typer.Option(help="Rendezvous port on host 0 (default: a free one).",
-                                                       rich_help_panel=HOSTS_PANEL)] = None,
+                                                       rich_help_panel=HOSTS_PANEL)] = None
     wait: Annotated[bool, typer.Option("--wait", help="If another run holds a host, wait for it (else exit 8).",
-                                       rich_help_panel=HOSTS_PANEL)] = False,
-    cold: ColdOpt = False,
-    track: TrackOpt = None,
-) -> None:
+                                       rich_help_panel=HOSTS_PANEL)] = False
+    cold: ColdOpt = False
+    track: TrackOpt = None
+
+
+@app.command()
+@grouped
+def run(experiment: ExperimentFlags, measure: RunMeasureFlags, model_data: ModelFlags,
+        out: RunOutputFlags) -> None:
     """Run one experiment: serial baseline, N-stage pipeline, speedup and output check."""
     from pictl.headless import HeadlessRenderer, print_summary
     from pictl.run.session import RunSession
     from pictl.verdict import suspect_error
 
-    flags = {"stages": stages, "replicas": replicas, "split": split, "policy": policy, "chunk": chunk, "images": images,
-             "warmup": warmup,
-             "repeats": repeats, "threads": threads, "model": model, "num_classes": num_classes,
-             "checkpoint": checkpoint, "allow_pickle": allow_pickle, "data": data, "data_path": data_path,
-             "atol": atol, "master_port": master_port, "trace_steps": trace_steps, "refine": refine,
-             "baseline_max_age": baseline_max_age, "wire": wire, "min_agreement": min_agreement,
-             "numerics": numerics, "recut": recut, "max_recuts": max_recuts}
-    renderer = HeadlessRenderer(verbose=verbose)
+    profile, slowdown, as_json = experiment.profile, experiment.slowdown, out.as_json
+    renderer = HeadlessRenderer(verbose=out.verbose)
     session = None
     try:
-        # The one mapping from flags to options, the run form's too (choices, split points, the flag to blame).
-        overrides = {**given_options(flags), "track": tracked(track)}
+        # The one mapping from flags to options, the run form's too (choices, split points, the flag to blame):
+        # every option of the groups that is a run option.
+        flags = {name: value for group in (experiment, measure, model_data, out)
+                 for name, value in group.values().items() if name in RUN_FLAGS}
+        overrides = {**given_options(flags), "track": tracked(out.track)}
         if slowdown is not None:  # fault injection (tests): RANK:PASS:FACTOR
             try:
                 overrides["slowdown"] = [float(x) for x in slowdown.split(":")]
@@ -203,12 +220,12 @@ def run(
                 raise E.ConfigError(f"--slowdown: '{slowdown}' is not RANK:PASS:FACTOR") from None
         options = resolve_options(profile, overrides)
         note_profile(profile)
-        if not (headless or as_json) and _on_a_terminal():
-            raise typer.Exit(_in_the_console(read_cluster(hosts, cold=cold), options, profile,
-                                             checked_runs_root(runs_dir)))
-        session = RunSession(read_cluster(hosts, cold=cold), options, on_event=renderer,
-                             runs_root=checked_runs_root(runs_dir), reuse_baseline=not fresh_baseline,
-                             profile=profile, wait=wait)
+        if not (out.headless or as_json) and _on_a_terminal():
+            raise typer.Exit(_in_the_console(read_cluster(out.hosts, cold=out.cold), options, profile,
+                                             checked_runs_root(out.runs_dir)))
+        session = RunSession(read_cluster(out.hosts, cold=out.cold), options, on_event=renderer,
+                             runs_root=checked_runs_root(out.runs_dir), reuse_baseline=not measure.fresh_baseline,
+                             profile=profile, wait=out.wait)
         summary = asyncio.run(run_cancellable(session.run()))
     except E.PictlError as exc:
         renderer.close()
@@ -221,7 +238,7 @@ def run(
     print_summary(summary, as_json=as_json)  # first: a measured result is never lost to a full disk
     if session.write_error is not None:
         fail(session.write_error)
-    if strict and summary.flags:  # asked for: any flag, a SUSPECT result's included, is exit 7
+    if out.strict and summary.flags:  # asked for: any flag, a SUSPECT result's included, is exit 7
         fail(E.Flagged(f"--strict: the result raised {len(summary.flags)} sanity flag(s): "
                         + ", ".join(dict.fromkeys(f.code for f in summary.flags))))
     if (suspect := suspect_error(summary)) is not None:  # an untrue result is never a success, --strict or not

@@ -15,14 +15,10 @@ import typer
 
 from pictl import errors as E
 from pictl.cli.common import (
-    ColdOpt,
-    HostsOpt,
     ImagesOpt,
     JsonOpt,
     RepeatsOpt,
-    RunsDirOpt,
     VerboseOpt,
-    WaitOpt,
     WarmupOpt,
     app,
     checked_runs_root,
@@ -35,6 +31,7 @@ from pictl.cli.common import (
     stderr,
     wide_console,
 )
+from pictl.cli.option_groups import HostFlags, grouped
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -44,6 +41,7 @@ if TYPE_CHECKING:
 
 
 @app.command()
+@grouped
 def tune(
     profile: Annotated[Optional[str], typer.Option(help="Preset the search starts from (model, images, chunk, "
                                                         "passes); the lab's fixes chunk 1.")] = None,
@@ -79,10 +77,8 @@ def tune(
                                                      "(labelled data adds accuracy to every candidate).")] = None,
     data_path: Annotated[Optional[str], typer.Option(help="Data set directory on the hosts.")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Tune directory (default: under the runs root).")] = None,
-    hosts: HostsOpt = None,
-    wait: WaitOpt = False,
-    cold: ColdOpt = False,
-    runs_dir: RunsDirOpt = None,
+    *,
+    where: HostFlags,
     verbose: VerboseOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -106,16 +102,16 @@ def tune(
     try:
         # Everything that can refuse the tune is asked before its first run: the preset's place and name too.
         preset_target(save_as, profiles, force=force)
-        cluster = read_cluster(hosts, cold=cold)
+        cluster = read_cluster(where.hosts, cold=where.cold)
         base, settings = plan_tune(profile, {"images": images, "chunk": chunk, "warmup": warmup, "repeats": repeats,
                                              "model": model, "num_classes": num_classes, "checkpoint": checkpoint,
                                              "data": data, "data_path": data_path, "threads": threads},
                                    allow_loss=allow_loss, min_agreement=min_agreement, measure=measure,
-                                   budget_s=budget, wait=wait, max_rounds=max_rounds,
+                                   budget_s=budget, wait=where.wait, max_rounds=max_rounds,
                                    name_of=flag_names(budget_s="--budget"))
         note_profile(profile)
         protocol = protocol_of(profile)  # what the saved preset measures with: the user's, not the tune's own
-        root = checked_runs_root(runs_dir)
+        root = checked_runs_root(where.runs_dir)
         target = out or root.parent / "tunes" / time.strftime("%Y%m%d-%H%M%S")
         if os.path.lexists(target):
             raise E.ConfigError(f"--out: {target} already exists")
