@@ -14,11 +14,15 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel, ValidationError
+
 from pictl import errors as E
 from pictl.cluster.clock import PROBE_SOURCE
 from pictl.cluster.monitor import HostSample, summarize_samples
 from pictl.cluster.transport import Transport
 from pictl.inventory import Host, parse_cpu_list
+from pictl.summary import validation_problem
+from pictl.summary_models import HostState
 from remote.floor.torch_support import unsupported
 
 LOAD_TOLERANCE_CORES = 0.5
@@ -48,6 +52,28 @@ class HostFacts:
         return {"state": self.state, "python": self.python, "packages": self.packages, "checkpoint": self.checkpoint}
 
 
+class _Venv(BaseModel):
+    packages: dict[str, str | None] | None = None
+    python: str | None = None
+
+
+class _ProbeAnswer(BaseModel):
+    """What `remote/host/probe.py state` prints: the host's state, its venv's versions, the checkpoint's hash."""
+
+    state: dict[str, Any]
+    venv: _Venv | None = None
+    checkpoint: dict[str, Any] | None = None
+
+
+State = HostState | dict[str, Any]
+"""A host's state as the probe read it: the typed `HostState`, or the dict a record or the probe holds."""
+
+
+def _typed(state: State) -> HostState:
+    """The state read by field: its own values (not coerced), a key it lacks read as None."""
+    return state if isinstance(state, HostState) else HostState.view(state)
+
+
 async def read_facts(t: Transport, *, sample_s: float = 0.0, checkpoint: str | None = None,
                      base_dir: str | None = None) -> HostFacts:
     h = t.host
@@ -63,8 +89,13 @@ async def read_facts(t: Transport, *, sample_s: float = 0.0, checkpoint: str | N
     if result.returncode != 0 or not isinstance(out, dict):
         raise E.TransportError(f"host '{h.name}': cannot read its state with {h.base_python()}: "
                                f"{(result.stderr.strip().splitlines() or ['no output'])[-1]}")
-    venv = out.get("venv") or {}
-    return HostFacts(h.name, out["state"], venv.get("packages") or {}, venv.get("python"), out.get("checkpoint"))
+    try:
+        probe = _ProbeAnswer.model_validate(out)
+    except ValidationError as exc:
+        raise E.TransportError(f"host '{h.name}': its state is not what the probe writes "
+                               f"({validation_problem(exc)})") from None
+    venv = probe.venv or _Venv()
+    return HostFacts(h.name, probe.state, venv.packages or {}, venv.python, probe.checkpoint)
 
 
 async def read_run_facts(first: Transport, others: list[Transport], *, checkpoint: str | None,
@@ -117,39 +148,43 @@ def throttling(value: str | None) -> list[str]:
     return [why for bit, why in _THROTTLE_NOW.items() if bits & bit]
 
 
-def capacity(state: dict[str, Any]) -> float:
+def capacity(state: State) -> float:
     """Cores the host's processes may use: its CPUs (the ones it is pinned to), or fewer under a CPU quota."""
-    cpus = float(state.get("cpus") or 1)
-    quota = state.get("cpu_quota")
+    st = _typed(state)
+    cpus = float(st.cpus or 1)
+    quota = st.cpu_quota
     return min(cpus, float(quota)) if quota else cpus
 
 
-def other_work_cores(state: dict[str, Any]) -> float | None:
+def other_work_cores(state: State) -> float | None:
     """Cores of the host's own that other work took when the probe looked: its busy cores, less what they
     leave free beyond its quota. A host capped at 0.4 core on 2 CPUs loses nothing to 1.5 busy cores (0.5 are
     free, more than it may use), and its throttling is no busy core at all; an uncapped host loses them all."""
-    busy = state.get("busy_cores")
+    st = _typed(state)
+    busy = st.busy_cores
     if not isinstance(busy, int | float):
         return None
-    cpus = float(state.get("cpus") or 1)
-    return round(max(0.0, float(busy) - (cpus - capacity(state))), 2)
+    cpus = float(st.cpus or 1)
+    return round(max(0.0, float(busy) - (cpus - capacity(st))), 2)
 
 
-def machines(states: dict[str, dict[str, Any]]) -> list[list[str]]:
+def machines(states: dict[str, State]) -> list[list[str]]:
     """Hosts grouped by the cores they share: one kernel (the same boot id) and cores that overlap. Hosts
     pinned to cores of their own (`cpus`) on one workstation are machines apart; an unpinned host overlaps
     every other on its kernel. Inventory order is kept."""
-    def cores(state: dict[str, Any]) -> frozenset[int] | None:
-        text = state.get("cpu_list")
+    typed = {name: _typed(state) for name, state in states.items()}
+
+    def cores(state: HostState) -> frozenset[int] | None:
+        text = state.cpu_list
         try:
             return parse_cpu_list(text) if isinstance(text, str) else None
         except ValueError:
             return None
 
     def share(a: str, b: str) -> bool:
-        if (states[a].get("boot_id") or f"host:{a}") != (states[b].get("boot_id") or f"host:{b}"):
+        if (typed[a].boot_id or f"host:{a}") != (typed[b].boot_id or f"host:{b}"):
             return False
-        mine, theirs = cores(states[a]), cores(states[b])
+        mine, theirs = cores(typed[a]), cores(typed[b])
         return mine is None or theirs is None or bool(mine & theirs)
 
     groups: list[list[str]] = []
@@ -160,47 +195,49 @@ def machines(states: dict[str, dict[str, Any]]) -> list[list[str]]:
     return sorted((sorted(g, key=order.index) for g in groups), key=lambda g: order.index(g[0]))
 
 
-def machine_cpus(states: list[dict[str, Any]]) -> int:
+def machine_cpus(states: list[State]) -> int:
     """CPUs of hosts that share cores (`machines`): the union of their pinned cores, or the machine's CPUs when
     any of them is unpinned."""
     union: set[int] = set()
-    for state in states:
-        text = state.get("cpu_list")
+    typed = [_typed(state) for state in states]
+    for state in typed:
+        text = state.cpu_list
         if not isinstance(text, str):
-            return max(int(s.get("cpus_online") or s.get("cpus") or 1) for s in states)
+            return max(int(s.cpus_online or s.cpus or 1) for s in typed)
         try:
             union |= parse_cpu_list(text)
         except ValueError:
-            return max(int(s.get("cpus") or 1) for s in states)
+            return max(int(s.cpus or 1) for s in typed)
     return len(union) or 1
 
 
-def _hot(state: dict[str, Any]) -> bool:
-    return (state.get("temperature_c") or 0.0) >= HOT_C
+def _hot(state: HostState) -> bool:
+    return (state.temperature_c or 0.0) >= HOT_C
 
 
-def state_change(then: dict[str, Any] | None, now: dict[str, Any]) -> str | None:
+def state_change(then_state: State | None, now_state: State) -> str | None:
     """Why a serial run measured on a host in state `then` does not stand for one in state `now`; None if
     they compare: same CPUs, quota, governor and top frequency, the same throttling and heat, and other work
     within LOAD_TOLERANCE_CORES busy cores."""
-    if not then:
+    if not then_state:
         return "the cached baseline recorded no host state"
+    then, now = _typed(then_state), _typed(now_state)
     changes = []
     for key, what in (("cpus", "CPUs"), ("cpu_list", "cores"), ("cpu_quota", "CPU quota"), ("governor", "governor"),
                       ("max_freq_mhz", "top frequency (MHz)")):
-        if then.get(key) != now.get(key):
-            changes.append(f"{what} {then.get(key)} -> {now.get(key)}")
+        if getattr(then, key) != getattr(now, key):
+            changes.append(f"{what} {getattr(then, key)} -> {getattr(now, key)}")
     # Other work as the host feels it: under a quota, busy cores it could not have used change nothing (and
     # where the CPUs or the quota changed, that is the change to name).
     before, after = other_work_cores(then), other_work_cores(now)
-    resized = any(then.get(key) != now.get(key) for key in ("cpus", "cpu_list", "cpu_quota"))
+    resized = any(getattr(then, key) != getattr(now, key) for key in ("cpus", "cpu_list", "cpu_quota"))
     if not resized and before is not None and after is not None and abs(before - after) > LOAD_TOLERANCE_CORES:
         changes.append(f"other work {before:.1f} -> {after:.1f} busy cores")
-    if throttling(then.get("throttled")) != throttling(now.get("throttled")):
-        changes.append(f"throttling {', '.join(throttling(then.get('throttled'))) or 'none'} -> "
-                       f"{', '.join(throttling(now.get('throttled'))) or 'none'}")
+    if throttling(then.throttled) != throttling(now.throttled):
+        changes.append(f"throttling {', '.join(throttling(then.throttled)) or 'none'} -> "
+                       f"{', '.join(throttling(now.throttled)) or 'none'}")
     if _hot(then) != _hot(now):
-        changes.append(f"temperature {then.get('temperature_c')} -> {now.get('temperature_c')} C")
+        changes.append(f"temperature {then.temperature_c} -> {now.temperature_c} C")
     return "; ".join(changes) or None
 
 
@@ -212,14 +249,14 @@ def host_records(hosts: list[tuple[str, list[int], int | None]], facts: dict[str
     out: dict[str, Any] = {}
     for i, (name, ranks, threads) in enumerate(hosts):
         mine = [x for x in samples if x.host == name]
-        during = {}
-        if "baseline" in windows and i == 0:
-            compute = windows.get("baseline_compute")  # its power over its passes alone, not its start-up's
-            during["during_baseline"] = summarize_samples(mine, *windows["baseline"],
-                                                          power_from=compute[0] if compute else None)
-        if "pipeline" in windows:
-            start, end = windows["pipeline"]
-            during["during_pipeline"] = summarize_samples(mine, pipeline_ready_at or start, end)
+        during: dict[str, Any] = {}
+        baseline, compute, pipeline = (windows.get(name) for name in ("baseline", "baseline_compute", "pipeline"))
+        if baseline is not None and i == 0:  # its power over its passes alone (`compute`), not its start-up's
+            during |= {"during_baseline": summarize_samples(mine, *baseline,
+                                                             power_from=compute[0] if compute else None)}
+        if pipeline is not None:
+            start, end = pipeline
+            during |= {"during_pipeline": summarize_samples(mine, pipeline_ready_at or start, end)}
         out[name] = {"stages": ranks, "threads": threads, **(facts[name].to_json() if name in facts else {}), **during,
                      "power_meter": next((x.power_source for x in mine if x.power_source), None)}
     return out
