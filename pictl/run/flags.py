@@ -52,8 +52,13 @@ def compute_flags(summary: RunSummary) -> list[Flag]:
 
 def _state(s: RunSummary, host: str | None) -> dict[str, Any]:
     """A host's state at the start of the run, as its probe read it (what `hoststate`'s rules read)."""
+    return _host_state(s, host).model_dump(exclude_none=True)
+
+
+def _host_state(s: RunSummary, host: str | None) -> HostState:
+    """A host's state at the start of the run, typed (every field None where the run has no record of it)."""
     record = s.hosts.get(host or "")
-    return record.state.model_dump(exclude_none=True) if record and record.state else {}
+    return record.state if record and record.state else HostState()
 
 
 # -- speedup -------------------------------------------------------------------------------------
@@ -167,7 +172,7 @@ def _machines(s: RunSummary, names: list[str]) -> list[list[str]]:
     """Hosts grouped by machine: those that share a kernel (the same boot id) are one machine."""
     groups: dict[str, list[str]] = defaultdict(list)
     for name in names:
-        groups[_state(s, name).get("boot_id") or f"host:{name}"].append(name)
+        groups[_host_state(s, name).boot_id or f"host:{name}"].append(name)
     return list(groups.values())
 
 
@@ -193,7 +198,7 @@ def _host_health(s: RunSummary) -> list[Flag]:
             aggs = [seen[h] for h in group]
             throttled = sorted({str(v) for a in aggs for v in a.throttled})
             hottest = max((a.temp_max_c or 0.0 for a in aggs), default=0.0)
-            cpus = _state(s, group[0]).get("cpus")
+            cpus = _host_state(s, group[0]).cpus
             worst = max(aggs, key=lambda a: (a.cpu_wait_mean or 0.0, a.runnable_mean or 0.0))
             if not measured and (overload := _overload(worst, cpus)) is not None:
                 out.append(Flag("host_overloaded", f"{_who(group)}: during {during}, {overload}", baseline))
