@@ -142,11 +142,12 @@ def verify(
                               f"{measured.text('.2f', 'x') if measured else 'n/a'}")
         result["verify_s"] = round(time.monotonic() - started, 2)
     except E.PictlError as exc:
-        if read is not None and not isinstance(exc, E.Interrupted):
+        if read is not None and not no_rerun and not isinstance(exc, E.Interrupted):
             write_record(read, {"verified": False, "exit_code": exc.exit_code, "why": str(exc),
                                 "verify_s": round(time.monotonic() - started, 2)}, note)
         fail(exc)
-    write_record(read, result, note)
+    if not no_rerun:  # the board reads the last full verification's outcome, not a check's
+        write_record(read, result, note)
     if as_json:
         typer.echo(json.dumps(result, indent=1, sort_keys=True))
         return

@@ -16,7 +16,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from rich import box
+from rich.console import Group
 from rich.table import Table
+from rich.text import Text
 
 from pictl import errors as E
 from pictl.jobs.grading.bundle import BUNDLE_SUFFIX, read_bundle
@@ -121,7 +124,7 @@ def _row(path: Path, *, allowed: Path | None, profile: str | None, min_accuracy:
                    speedup_spread(summary) if summary else None, summary.accuracy if summary else None, "no",
                    f"{KINDS.get(exc.exit_code, 'failed')}: {_short(str(exc), path)}")
     record = _record(path, bundle.digest)
-    verified, why = "checked", "signature, hashes, code and rules hold; not re-run"
+    verified, why = "checked", "signature, hashes, code and rules hold; not re-run (pictl verify)"
     if record is not None:
         verified = "yes" if record.get("verified") is True else "no"
         why = str(record.get("why") or ("re-run reproduced it" if verified == "yes" else "re-run failed"))
@@ -171,17 +174,21 @@ def _cells(row: Row, marks: Thresholds) -> tuple[str, ...]:
             marks.mark(row.speedup), f"{row.verified}: {row.why}" if row.verified != "yes" else "yes")
 
 
-def table(rows: list[Row], marks: Thresholds) -> Table:
-    """The board for a terminal: long cells wrap within their column, so it fits 80 columns."""
-    board = Table(title="class board", caption=marks.text() + "; < marks an accuracy below the floor",
-                  show_lines=False)
-    widths = {"team": 12, "configuration": 14, "wire": 5, "speedup (95 % interval)": 17, "accuracy": 8, "mark": 5}
+def table(rows: list[Row], marks: Thresholds) -> Group:
+    """The board for a terminal, fitting 80 columns: the why of each row not verified is a numbered note below
+    the table (a cell that narrow would hold one word a line)."""
+    board = Table(title="class board", box=box.SIMPLE_HEAD, pad_edge=False)
     for heading in HEADINGS:
-        board.add_column(heading, overflow="fold", max_width=widths.get(heading), no_wrap=False,
-                         ratio=1 if heading == "verified" else None)
+        board.add_column(heading, overflow="fold", no_wrap=heading in ("wire", "mark"))
+    notes: list[str] = []
     for row in rows:
-        board.add_row(*(terminal_text(c) for c in _cells(row, marks)))
-    return board
+        cells = list(_cells(row, marks))
+        if row.verified != "yes":
+            notes.append(row.why)
+            cells[-1] = f"{row.verified} [{len(notes)}]"
+        board.add_row(*(terminal_text(c) for c in cells))
+    said = [Text(f"[{i}] {terminal_text(why)}") for i, why in enumerate(notes, start=1)]
+    return Group(board, *said, Text(marks.text() + "; < marks an accuracy below the floor", style="dim"))
 
 
 def markdown(rows: list[Row], marks: Thresholds) -> str:
