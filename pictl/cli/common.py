@@ -32,7 +32,7 @@ app = typer.Typer(no_args_is_help=False, context_settings={"help_option_names": 
                        "`pictl COMMAND -h` explains a command.")
 SHIPPED_HOSTS = shipped_path("hosts.toml")
 
-MEASURE_PANEL, HOSTS_PANEL = "Measurement", "Output and hosts"
+MEASURE_PANEL, HOSTS_PANEL, MODEL_PANEL = "Measurement", "Output and hosts", "Model and data"
 
 
 def choices(name: str, values: tuple[str, ...]) -> Any:
@@ -94,6 +94,8 @@ def tracked(values: list[TrackerChoice] | None) -> list[str] | None:
 
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show every host's output.",
                                           rich_help_panel=HOSTS_PANEL)]
+DataPathOpt = Annotated[Optional[str], typer.Option(help="Data set directory on the hosts.",
+                                                  rich_help_panel=MODEL_PANEL)]
 ImagesOpt = Annotated[Optional[int], typer.Option(help="Images per pass." + default_of("images"),
                                                   rich_help_panel=MEASURE_PANEL)]
 WarmupOpt = Annotated[Optional[int], typer.Option(help="Untimed warm-up passes." + default_of("warmup"),

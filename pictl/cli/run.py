@@ -15,7 +15,9 @@ from pictl import errors as E
 from pictl.cli.common import (
     HOSTS_PANEL,
     MEASURE_PANEL,
+    MODEL_PANEL,
     ColdOpt,
+    DataPathOpt,
     HostsOpt,
     JsonOpt,
     RunsDirOpt,
@@ -84,7 +86,7 @@ def _need_a_terminal() -> None:
                             f"in scripts")
 
 
-EXPERIMENT, MODEL = "Experiment", "Model and data"
+EXPERIMENT = "Experiment"
 if TYPE_CHECKING:  # to mypy, str Enums; built from the options' Literals so the two cannot drift apart
     class PolicyChoice(StrEnum): ...
 
@@ -158,17 +160,16 @@ class ModelFlags(OptionGroup):
     """The model, its weights and the images it runs."""
 
     model: Annotated[Optional[str], typer.Option(help="timm model name, or an artifact from `pictl prune`."
-                                                      + default_of("model"), rich_help_panel=MODEL)] = None
+                                                      + default_of("model"), rich_help_panel=MODEL_PANEL)] = None
     num_classes: Annotated[Optional[int], typer.Option(help="Classifier outputs." + default_of("num_classes"),
-                                                       rich_help_panel=MODEL)] = None
+                                                       rich_help_panel=MODEL_PANEL)] = None
     checkpoint: Annotated[Optional[str], typer.Option(help="State dict (.safetensors / .pth).",
-                                                      rich_help_panel=MODEL)] = None
+                                                      rich_help_panel=MODEL_PANEL)] = None
     allow_pickle: Annotated[Optional[bool], typer.Option("--allow-pickle", help="Trust a pickled checkpoint.",
-                                                         rich_help_panel=MODEL)] = None
-    data: Annotated[Optional[DataChoice], typer.Option(rich_help_panel=MODEL,
+                                                         rich_help_panel=MODEL_PANEL)] = None
+    data: Annotated[Optional[DataChoice], typer.Option(rich_help_panel=MODEL_PANEL,
                                                        help="Images to run." + default_of("data"))] = None
-    data_path: Annotated[Optional[str], typer.Option(help="Data set directory on the hosts.",
-                                                     rich_help_panel=MODEL)] = None
+    data_path: DataPathOpt = None
 
 
 @dataclasses.dataclass(frozen=True)

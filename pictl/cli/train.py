@@ -13,6 +13,8 @@ import typer
 from pictl import errors as E
 from pictl.cli.common import (
     HOSTS_PANEL,
+    MODEL_PANEL,
+    DataPathOpt,
     app,
     before_runs_dir,
     checked_runs_root,
@@ -29,7 +31,7 @@ from pictl.jobs.training.options import Schedule as ScheduleLiteral
 from pictl.jobs.training.options import TrainPolicy
 from pictl.planning.options import DATASETS
 
-MODEL_PANEL, STEP_PANEL = "Model and data", "Steps and schedule"
+STEP_PANEL = "Steps and schedule"
 if TYPE_CHECKING:  # to mypy, str Enums; built from the options' Literals so the two cannot drift apart
     class Mode(StrEnum): ...
 
@@ -123,8 +125,7 @@ class TrainModelFlags(OptionGroup):
     allow_pickle: Annotated[bool, typer.Option("--allow-pickle", help="Allow a pickled checkpoint.",
                                                rich_help_panel=MODEL_PANEL)] = False
     data: Annotated[Optional[Data], typer.Option(help="\\[default: synthetic]", rich_help_panel=MODEL_PANEL)] = None
-    data_path: Annotated[Optional[str], typer.Option(help="Data set directory on the hosts.",
-                                                     rich_help_panel=MODEL_PANEL)] = None
+    data_path: DataPathOpt = None
     train_images: Annotated[Optional[int], typer.Option(help="Training images. \\[default: 256]",
                                                         rich_help_panel=MODEL_PANEL)] = None
     eval_images: Annotated[Optional[int], typer.Option(help="Held-out images for top-1 (0: none). \\[default: 64]",
