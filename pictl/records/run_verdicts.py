@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
+
+from pydantic import BaseModel, ConfigDict
 
 from pictl.errors import ConfigError
 from pictl.records.compare_stats import compare, looks_for
@@ -68,45 +70,85 @@ def _config(part: Any) -> str:
     return REFERENCE if part.role == REFERENCE else str(part.configuration or "")
 
 
+class _Loose(BaseModel):
+    """A part of sweep.json or tune.json read by name, each value as it is (checked where it is used: a file
+    from another pictl, or edited, may hold anything)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    @classmethod
+    def of(cls, value: Any) -> Self:
+        """`value` read by field when it is an object; else as an empty one (every field None)."""
+        return cls.model_validate(value) if isinstance(value, dict) else cls()
+
+
+class _Plan(_Loose):
+    rounds: Any = None
+    max_rounds: Any = None
+
+
+class _Measured(_Loose):
+    """One configuration's run in a round: its img/s (a tune's row also says which round)."""
+
+    round: Any = None
+    ips: Any = None
+
+
+class _SweepRound(_Loose):
+    reference: Any = None
+    runs: Any = None
+
+
+class _TuneRow(_Loose):
+    reference: Any = None
+    candidate: Any = None
+    rounds: Any = None
+
+
+class _Comparison(_Loose):
+    """sweep.json (its `rounds`) or tune.json (its `rows`), with the plan of rounds they ran."""
+
+    rounds: Any = None
+    rows: Any = None
+    plan: Any = None
+
+
 def _rounds(sweep_dir: Path) -> tuple[Series, tuple[int, int]]:
     """sweep.json's rounds as series, and its plan's (rounds, max_rounds)."""
-    found = _read_json(sweep_dir, "sweep.json")
-    rounds = found.get("rounds")
+    found = _Comparison.of(_read_json(sweep_dir, "sweep.json"))
+    rounds = found.rounds
     if not isinstance(rounds, list) or not all(isinstance(r, dict) for r in rounds):
         raise ValueError("no rounds in it (a sweep from an older pictl)")
     series: Series = {}
-    for k, r in enumerate(rounds, start=1):
-        runs = r.get("runs") if isinstance(r.get("runs"), dict) else {}
-        for name, run in [(REFERENCE, r.get(REFERENCE)), *runs.items()]:
-            ips = _ips(run.get("ips") if isinstance(run, dict) else None)
+    for k, r in enumerate(map(_SweepRound.of, rounds), start=1):
+        runs = r.runs if isinstance(r.runs, dict) else {}
+        for name, run in [(REFERENCE, r.reference), *runs.items()]:
+            ips = _ips(_Measured.of(run).ips)
             if ips is not None:
                 series.setdefault(str(name), {})[k] = ips
-    plan = found.get("plan")
-    plan = plan if isinstance(plan, dict) else {}
-    return series, _plan(plan.get("rounds"), plan.get("max_rounds"), len(rounds))
+    plan = _Plan.of(found.plan)
+    return series, _plan(plan.rounds, plan.max_rounds, len(rounds))
 
 
 def _tune_rounds(tune_dir: Path) -> tuple[Series, tuple[int, int]]:
     """tune.json's rows' rounds as series (the reference's row under REFERENCE), and its plan's (rounds,
     max_rounds)."""
-    found = _read_json(tune_dir, "tune.json")
-    rows = found.get("rows")
-    if not isinstance(rows, list):
+    found = _Comparison.of(_read_json(tune_dir, "tune.json"))
+    if not isinstance(found.rows, list):
         raise ValueError("no rows in it")
     series: Series = {}
     most = 0
-    for row in rows:
-        if not isinstance(row, dict) or not isinstance(row.get("rounds"), list):
+    for row in (_TuneRow.of(r) for r in found.rows if isinstance(r, dict)):
+        if not isinstance(row.rounds, list):
             continue
-        name = REFERENCE if row.get("reference") is True else str(row.get("candidate") or "")
-        for run in row["rounds"]:
-            k, ips = (run.get("round"), _ips(run.get("ips"))) if isinstance(run, dict) else (None, None)
+        name = REFERENCE if row.reference is True else str(row.candidate or "")
+        for measured in map(_Measured.of, row.rounds):  # (a round that is no object: every field None)
+            k, ips = measured.round, _ips(measured.ips)
             if isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= 100 and ips is not None:
                 series.setdefault(name, {})[k] = ips
                 most = max(most, k)
-    plan = found.get("plan")
-    plan = plan if isinstance(plan, dict) else {}
-    return series, _plan(plan.get("rounds"), plan.get("max_rounds"), most)
+    plan = _Plan.of(found.plan)
+    return series, _plan(plan.rounds, plan.max_rounds, most)
 
 
 def _read_json(directory: Path, name: str) -> dict[str, Any]:
