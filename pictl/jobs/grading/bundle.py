@@ -198,7 +198,10 @@ def make_bundle(run_dir: Path, key: Path, *, team: str | None = None,
     from pictl.cluster.push import local_tree
     from pictl.planning.presets import preset_rules
 
-    members = _run_files(run_dir)
+    try:
+        members = _run_files(run_dir)
+    except OSError as exc:  # no summary yet (a run in progress), a FIFO where a record should be
+        raise E.ConfigError(f"run {run_dir.name}: not a finished run's record ({exc.strerror or exc})") from None
     summary = read_json_object(run_dir / SUMMARY_FILE)
     config = read_json_object(run_dir / CONFIG_FILE)
     run_id = str(summary.get("run_id") or run_dir.name)
@@ -288,7 +291,10 @@ def read_bundle(path: Path) -> Bundle:
     try:
         with tarfile.open(fileobj=io.BytesIO(packed), mode="r:gz") as tar:
             for info in tar:
-                if not info.isfile() or not placed_name(info.name) or info.name in members:
+                if info.name in members:
+                    raise E.ConfigError(f"{path}: member {terminal_text(info.name, 80)!r} appears twice (not a "
+                                        "pictl bundle)")
+                if not info.isfile() or not placed_name(info.name):
                     raise E.ConfigError(f"{path}: member {terminal_text(info.name, 80)!r} is not a plain file "
                                         "pictl bundles (not a pictl bundle)")
                 total += info.size

@@ -109,6 +109,8 @@ def _own_allowed_signers(folder: Path) -> Path | None:
 
 def check_signature(bundle: Bundle, allowed: Path | None) -> Signer:
     """Whose key signed the manifest: one of `allowed`'s principals, or (no `allowed`) the user's own key."""
+    if allowed is not None and not allowed.is_file():
+        raise E.ConfigError(f"--allowed-signers {allowed}: no such file")
     with tempfile.TemporaryDirectory(prefix="pictl-verify-") as tmp:
         folder = Path(tmp)
         sig = folder / SIGNATURE

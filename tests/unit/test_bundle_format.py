@@ -1,0 +1,73 @@
+"""A bundle file read back: what `pictl bundle` writes reads the same, and a file that is not one (a link or a
+path out of the bundle among its members, a member twice, no signature, not a gzip'd tar) is refused by name,
+never unpacked. No hosts, no torch: the members are written here."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from pictl.errors import ConfigError
+from pictl.jobs.grading.bundle import MANIFEST, SIGNATURE, read_bundle, sha256, write_bundle
+
+MEMBERS = {"summary.json": b'{"run_id": "r"}', "code/remote/__init__.py": b"", "outputs/logits-pipeline.f32": b"\0" * 8}
+
+
+def _manifest() -> bytes:
+    return json.dumps({"format": "pictl-bundle", "version": 1, "members": {n: sha256(b) for n, b in MEMBERS.items()}},
+                      sort_keys=True).encode()
+
+
+def _tar(entries: list[tarfile.TarInfo | tuple[str, bytes]]) -> bytes:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        for entry in entries:
+            if isinstance(entry, tarfile.TarInfo):
+                tar.addfile(entry)
+            else:
+                info = tarfile.TarInfo(entry[0])
+                info.size = len(entry[1])
+                tar.addfile(info, io.BytesIO(entry[1]))
+    return gzip.compress(raw.getvalue())
+
+
+def test_a_written_bundle_reads_back_member_for_member_and_byte_for_byte_the_same(tmp_path: Path) -> None:
+    data = write_bundle(_manifest(), b"sig", MEMBERS)
+    assert data == write_bundle(_manifest(), b"sig", dict(reversed(MEMBERS.items())))  # one layout, one file
+    (tmp_path / "b.bundle.tgz").write_bytes(data)
+    bundle = read_bundle(tmp_path / "b.bundle.tgz")
+    assert bundle.members == MEMBERS and bundle.signature == b"sig" and bundle.digest == sha256(data)
+    assert bundle.code_tree() == {"remote/__init__.py": b""} and bundle.outputs() == b"\0" * 8
+
+
+@pytest.mark.parametrize("entries, said", [
+    ([(MANIFEST, b"{}"), (SIGNATURE, b"s"), ("../escape", b"x")], "member '../escape' is not a plain file"),
+    ([(MANIFEST, b"{}"), (SIGNATURE, b"s"), ("/etc/passwd", b"x")], "member '/etc/passwd' is not a plain file"),
+    ([(MANIFEST, b"{}"), (SIGNATURE, b"s"), ("a", b"x"), ("a", b"y")], "member 'a' appears twice"),
+    ([(MANIFEST, b"{}"), (MANIFEST, b"{}"), (SIGNATURE, b"s")], "member 'manifest.json' appears twice"),
+    ([(MANIFEST, b"{}")], "no manifest.json or no manifest.json.sig"),
+    ([(MANIFEST, b'{"format": "zip"}'), (SIGNATURE, b"s")], "not a pictl bundle of version 1"),
+])
+def test_a_file_that_is_not_a_bundle_is_refused_by_name(tmp_path: Path, entries: list, said: str) -> None:
+    path = tmp_path / "x.bundle.tgz"
+    path.write_bytes(_tar(entries))
+    with pytest.raises(ConfigError, match=f"^{path}: .*{said}"):
+        read_bundle(path)
+
+
+def test_a_link_member_is_refused_and_nothing_is_unpacked(tmp_path: Path) -> None:
+    link = tarfile.TarInfo("code/remote/x.py")
+    link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    path = tmp_path / "x.bundle.tgz"
+    path.write_bytes(_tar([(MANIFEST, b"{}"), (SIGNATURE, b"s"), link]))
+    with pytest.raises(ConfigError, match="member 'code/remote/x.py' is not a plain file"):
+        read_bundle(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.bundle.tgz"]
+    path.write_bytes(b"not a tar")
+    with pytest.raises(ConfigError, match="not a pictl bundle"):
+        read_bundle(path)
