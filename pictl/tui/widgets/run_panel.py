@@ -5,6 +5,7 @@ accuracy, outputs, progress, and the result's sanity flags."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -16,6 +17,7 @@ from pictl.records.run_details import energy_line, metered, trace_rank_text
 from pictl.records.waterfall_view import TERM_COLORS, gap_bar, latency_of, line_text, waterfall_of
 from pictl.run.traces import perfetto_hint
 from pictl.summary import baseline_text
+from pictl.summary_figures import Open
 from pictl.summary_models import RunSummary
 from pictl.text import figure
 from pictl.tui.state import DashboardState
@@ -35,6 +37,25 @@ def _eta(seconds: float | None) -> str:
     return f"{seconds:.0f}s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
+class SweepRow(Open):
+    """A sweep's row as the run panel reads it (`pictl.jobs.sweep_table.row_of`, `sweep_rows`)."""
+
+    place: int | str | None = None
+    stages: int | None = None
+    policy: str | None = None
+    chunk: int | None = None
+    wire: str | None = None
+    status: str = "?"
+    error: str | None = None
+    rounds: int | list[Any] | None = None
+    throughput_ips: float | None = None
+    speedup: float | None = None
+    speedup_low: float | None = None
+    speedup_high: float | None = None
+    efficiency: float | None = None
+    reference: str | None = None
+
+
 def sweep_table(rows: list[dict]) -> RenderableType:
     """The sweep's table as `pictl sweep` ranks it (table.md), in the columns half a terminal holds: place (ties
     share one), median throughput and speedup, the speedup's interval over rounds (`-` from one round),
@@ -44,19 +65,19 @@ def sweep_table(rows: list[dict]) -> RenderableType:
     # chunk; x: the speedup over the reference).
     for col in ("#", "config", "img/s", "x", "interval", "eff"):
         table.add_column(col, justify="left" if col == "config" else "right", no_wrap=True)
-    for r in rows:
-        wire = f" {r['wire']}" if r.get("wire") not in (None, "fp32") else ""
-        place = str(r["place"]) if r.get("place") is not None else "-"
-        config = (place, f"{r['stages']} {r['policy']} c{r['chunk']}{wire}")
-        if r.get("status") != "ok" and not r.get("rounds"):
-            table.add_row(*config, Text(r.get("status", "?"), style="red"), "", "",
-                          Text(str(r.get("error") or "")[:40], style="red"))
+    shown = [SweepRow.view(r) for r in rows]
+    for r in shown:
+        wire = f" {r.wire}" if r.wire not in (None, "fp32") else ""
+        place = str(r.place) if r.place is not None else "-"
+        config = (place, f"{r.stages} {r.policy} c{r.chunk}{wire}")
+        if r.status != "ok" and not r.rounds:
+            table.add_row(*config, Text(r.status, style="red"), "", "", Text(str(r.error or "")[:40], style="red"))
             continue
-        interval = interval_text(r.get("speedup_low"), r.get("speedup_high"))
-        failed = Text(" (a round failed)", style="red") if r.get("status") != "ok" else ""
-        table.add_row(*config, figure(r.get("throughput_ips")), speedup_text(r.get("speedup")), interval,
-                      Text.assemble(efficiency_text(r.get("efficiency")), failed))
-    reference = next((r["reference"] for r in rows if r.get("reference")), None)
+        interval = interval_text(r.speedup_low, r.speedup_high)
+        failed = Text(" (a round failed)", style="red") if r.status != "ok" else ""
+        table.add_row(*config, figure(r.throughput_ips), speedup_text(r.speedup), interval,
+                      Text.assemble(efficiency_text(r.efficiency), failed))
+    reference = next((r.reference for r in shown if r.reference), None)
     if not reference:
         return table
     return Group(table, Text(f"speedups over one reference: {reference}", style="dim"))
