@@ -198,13 +198,18 @@ def _summary(bundle: Bundle) -> RunSummary:
 
 
 def run_options(bundle: Bundle, *, artifact_dir: Path | None = None, data_path: Path | None = None) -> RunOptions:
-    """The run's options from its config.json (checked anew), with the bundled artifact (written under
-    `artifact_dir`) and `data_path` (the verifier's copy of the data set) in place of the run's own paths."""
+    """The run's options from its config.json (checked anew), its final cuts as an explicit split, with the
+    bundled artifact (written under `artifact_dir`) and `data_path` (the verifier's copy of the data set) in place
+    of the run's own paths."""
     config = bundle.json("config.json")
     given = config.get("options")
     if not isinstance(given, dict):
         raise E.BundleTampered(f"{bundle.path}: config.json holds no options")
     fields = {**given, "master_port": None, "track": []}
+    split = bundle.json(SUMMARY_FILE).get("split_points")
+    if isinstance(split, list) and split and all(isinstance(p, str) for p in split):
+        # The cuts the run ended with, not a new search: a lossy wire's outputs depend on where it cuts.
+        fields["split"] = split
     artifact = bundle.manifest.get("artifact")
     if isinstance(artifact, dict) and artifact_dir is not None:
         name = f"{ARTIFACT_DIR}/{artifact.get('name')}"
