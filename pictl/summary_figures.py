@@ -27,6 +27,12 @@ class Open(BaseModel):
         lacks read as the field's default."""
         return cls.model_construct(**(data or {}))
 
+    @classmethod
+    def of(cls, value: Any) -> Self:
+        """A part of a record read from disk, by field, when it is an object (else every field its default); a
+        model of `Any` fields takes each value as written, to be checked where it is used."""
+        return cls.model_validate(value) if isinstance(value, dict) else cls()
+
 
 class LinkFigures(Open):
     """One link (stage r to r+1) under `--wire`."""
@@ -239,3 +245,28 @@ class WaterfallRecord(Open):
     dominant: str | None = None
     advice: str | None = None
     per_image_ms: dict[str, float | None] = {}
+
+
+class SweepRowRecord(Open):
+    """A row of a sweep's sweep.json as the records' readers take it (the trackers, the report): each value as
+    written, checked where it is used (a sweep from another pictl, or edited by hand, may hold anything)."""
+
+    status: Any = None
+    stages: Any = None
+    chunk: Any = None
+    policy: Any = None
+    wire: Any = "fp32"
+    """(A row from before `--wire` has none: it sent fp32.)"""
+    throughput_ips: Any = None
+    speedup: Any = None
+    efficiency: Any = None
+    latency_p50_ms: Any = None
+    latency_p95_ms: Any = None
+    dominant: Any = None
+
+
+class SweepRecord(Open):
+    """A sweep's sweep.json: its rows (`SweepRowRecord`) and options, each as written."""
+
+    rows: Any = None
+    options: Any = None

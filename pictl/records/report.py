@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from pictl import errors as E
 from pictl.figure_text import figures, ms_text, speedup_text
@@ -35,6 +35,7 @@ from pictl.records.run_details import energy_line
 from pictl.records.runs import SUMMARY_FILE, path_exists, path_is_file, writable_dir
 from pictl.records.train_report import ReportFiles, job_section, jobs_table, md_text
 from pictl.summary import RecordInvalid, RunSummary, age_text, parse_summary, read_json_object, terminal_text
+from pictl.summary_figures import Open
 from pictl.text import printable
 from pictl.verdict import shown_status
 
@@ -197,6 +198,10 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{v:.1%}"
 
 
+BASE = "base"
+"""The unpruned model's row of the models' table: every speedup there is against its serial run."""
+
+
 @dataclass
 class _ModelRow:
     """One model of the models' table: its size and top-1 (from the pruning job or the run's artifact), its
@@ -219,29 +224,29 @@ def models_section(runs: list[RunSummary], prunes: list[PruneSummary]) -> list[s
         rows.setdefault(job.artifact or job.job_id, _ModelRow(
             f"pruned {job.importance} {job.ratio}", params=job.params, macs=job.macs, top1_pruned=job.top1_pruned,
             top1=job.top1))
-        rows.setdefault("base", _ModelRow(f"{job.base_model} (unpruned)", params=job.params_base,
+        rows.setdefault(BASE, _ModelRow(f"{job.base_model} (unpruned)", params=job.params_base,
                                           macs=job.macs_base, top1=job.top1_before))
     for run in runs:
         art = run.artifact
-        key = art.path if art else "base"
+        key = art.path if art else BASE
         row = rows.setdefault(key, _ModelRow(f"pruned {art.importance} {art.ratio}" if art
                                              else f"{run.model} (unpruned)"))
         if art:
             row.params, row.macs, row.top1_pruned, row.top1 = art.params, art.macs, art.top1_pruned, art.top1
-            base = rows.setdefault("base", _ModelRow(f"{art.base_model} (unpruned)"))
+            base = rows.setdefault(BASE, _ModelRow(f"{art.base_model} (unpruned)"))
             base.params, base.macs, base.top1 = art.params_base, art.macs_base, art.top1_before
         row.serial_ips = run.serial_ips or row.serial_ips
         if run.stages > 1 and run.status == "ok":
             row.pipelines.append((run.stages, run.throughput_ips, run.serial_ips))
     if len(rows) < 2:
         return []
-    base_serial = rows["base"].serial_ips if "base" in rows else None
+    base_serial = unpruned.serial_ips if (unpruned := rows.get(BASE)) else None
     lines = ["## Models: pruned against unpruned", "",
              "Top-1 is measured on the pruning job's held-out data; speedups are against the unpruned "
              "model's serial throughput" + ("" if base_serial else " (no unpruned run given: own serial)") + ".",
              "", "| model | parameters | GMACs | top-1 after pruning | top-1 | serial img/s | serial vs unpruned | "
              "pipeline stages: speedup |", "|---|---|---|---|---|---|---|---|"]
-    for key in ["base", *sorted(k for k in rows if k != "base")]:
+    for key in [BASE, *sorted(k for k in rows if k != BASE)]:
         r = rows.get(key)
         if r is None:
             continue
@@ -262,13 +267,18 @@ def _by_stages(pipeline: tuple[int, float | None, float | None]) -> tuple[int, f
     return n, ips or 0.0, own or 0.0
 
 
+class _JobId(Open):
+    job_id: Any = None
+    """A training or pruning job's summary names its job (a run's its run)."""
+
+
 def _load(src: Path) -> RunSummary | TrainSummary | PruneSummary:
     """A source's summary, checked against its model: a run's, a training job's or a pruning job's."""
     path = src / SUMMARY_FILE
     data = read_json_object(path)
     if "run_id" in data:
         return parse_summary(path, data)
-    if not isinstance(data.get("job_id"), str):
+    if not isinstance(_JobId.of(data).job_id, str):
         raise RecordInvalid(path, "neither a run's nor a pruning job's summary, nor a training job's "
                                   "(no run_id, no job_id)")
     return parse_job_summary(path, data)

@@ -16,6 +16,7 @@ from pictl.figure_text import ips_text, points_text, speedup_text
 from pictl.records import waterfall_view as wv
 from pictl.records.train_report import ReportFiles, chart_label, md_text, quiet_charts
 from pictl.summary import RecordInvalid, read_json_object
+from pictl.summary_figures import SweepRecord, SweepRowRecord
 from pictl.summary_models import RunSummary
 
 __all__ = ["gap_lines", "sweep_latency_lines", "waterfall_chart"]
@@ -109,21 +110,19 @@ def sweep_latency_lines(sweep_dir: Path) -> list[str]:
     """A sweep's runs, throughput beside latency and the dominant term, when its rows carry latency (a sweep
     from an older pictl does not: nothing is shown)."""
     try:
-        rows = read_json_object(sweep_dir / "sweep.json").get("rows")
+        found = SweepRecord.of(read_json_object(sweep_dir / "sweep.json")).rows
     except RecordInvalid:
         return []
-    rows = [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
-    if not any(_number(r.get("latency_p50_ms")) is not None for r in rows):
+    rows = [SweepRowRecord.of(r) for r in found if isinstance(r, dict)] if isinstance(found, list) else []
+    if not any(_number(r.latency_p50_ms) is not None for r in rows):
         return []
     lines = ["Throughput beside latency per image (pipeline, ms):", "",
              "| stages | chunk | policy | wire | img/s | latency p50 | latency p95 | dominant loss |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        ips = _number(r.get("throughput_ips"))
-        lines.append(f"| {_cell(r.get('stages'))} | {_cell(r.get('chunk'))} | {_cell(r.get('policy'))} | "
-                     f"{_cell(r.get('wire', 'fp32'))} | {ips_text(ips)} | "
-                     f"{_ms(_number(r.get('latency_p50_ms')))} | {_ms(_number(r.get('latency_p95_ms')))} | "
-                     f"{_cell(r.get('dominant') or '-')} |")
+        lines.append(f"| {_cell(r.stages)} | {_cell(r.chunk)} | {_cell(r.policy)} | {_cell(r.wire)} | "
+                     f"{ips_text(_number(r.throughput_ips))} | {_ms(_number(r.latency_p50_ms))} | "
+                     f"{_ms(_number(r.latency_p95_ms))} | {_cell(r.dominant or '-')} |")
     return [*lines, ""]
 
 

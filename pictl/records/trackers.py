@@ -26,6 +26,7 @@ from pictl.events import read_line
 from pictl.figure_text import figures
 from pictl.job_summaries import TrainSummary
 from pictl.records.files import event_files, read_lines, write_bytes_atomic
+from pictl.summary_figures import Open, SweepRecord, SweepRowRecord
 from pictl.summary_models import RunSummary
 from remote.floor.run_records import Progress, Throughput
 
@@ -80,6 +81,25 @@ def _json_lines(run_dir: Path, name: str, notes: list[str]) -> Iterator[dict[str
             yield obj
 
 
+class _Sample(Open):
+    """A line of samples.jsonl (`pictl.cluster.monitor.HostSample`), each figure as written (checked where it is
+    tracked: a malformed one is left out, and said)."""
+
+    host: Any = None
+    at: Any = None
+    cpu_pct: Any = None
+    mem_used_mb: Any = None
+    temp_c: Any = None
+    throttled: Any = None
+    power_w: Any = None
+
+
+class _Kind(Open):
+    """What a summary.json says it is: a training job's says `train` (a run's says nothing)."""
+
+    kind: Any = None
+
+
 def write_samples(run_dir: Path, samples: Iterable[object]) -> None:
     """The run's host samples beside its record (dataclasses; the run's monitor took them)."""
     lines = [json.dumps(dataclasses.asdict(s)) for s in samples if dataclasses.is_dataclass(s)
@@ -111,13 +131,14 @@ def run_series(run_dir: Path, summary: RunSummary) -> Series:
     _events_over_time(series, run_dir)
     steps: dict[str, int] = {}
     malformed: list[str] = []  # a host's value that is no figure: left out, and said once for the file
-    for rec in _json_lines(run_dir, SAMPLES_FILE, series.notes):
-        host, wall = str(rec.get("host")), _number(rec.get("at")) or 0.0
+    for sample in map(_Sample.of, _json_lines(run_dir, SAMPLES_FILE, series.notes)):
+        host, wall = str(sample.host), _number(sample.at) or 0.0
         step = steps[host] = steps.get(host, -1) + 1
         for key in ("cpu_pct", "mem_used_mb", "temp_c", "throttled", "power_w"):
-            value = _throttling(rec[key]) if key == "throttled" and key in rec else rec.get(key)
-            if rec.get(key) is not None and _number(value) is None:
-                malformed.append(f"host {host!r} {key} {str(rec[key])[:40]!r}")
+            written = getattr(sample, key)
+            value = _throttling(written) if key == "throttled" and written is not None else written
+            if written is not None and _number(value) is None:
+                malformed.append(f"host {host!r} {key} {str(written)[:40]!r}")
             series.add(f"host/{host}/{key}", step, value, wall)
     if malformed:
         series.notes.append(f"{run_dir / SAMPLES_FILE}: {len(malformed)} malformed host value(s) left out "
@@ -155,14 +176,14 @@ def _events_over_time(series: Series, run_dir: Path) -> None:
 def sweep_series(name: str, rows: list[dict[str, Any]], options: dict[str, Any]) -> Series:
     """A sweep: one step per point in the order run; each point's own run is tracked as a run."""
     series = Series(name, _hparams({**options, "points": len(rows)}))
-    for step, row in enumerate(rows):
+    points = [SweepRowRecord.of(row) for row in rows]
+    for step, point in enumerate(points):
         for key in ("throughput_ips", "speedup", "efficiency", "stages", "chunk"):
-            series.add(f"sweep/{key}", step, row.get(key), 0.0)
-    best = max((r for r in rows if r.get("status") == "ok" and _number(r.get("speedup"))),
-               key=lambda r: r["speedup"], default=None)
+            series.add(f"sweep/{key}", step, getattr(point, key), 0.0)
+    best = max((p for p in points if p.status == "ok" and _number(p.speedup)), key=lambda p: p.speedup, default=None)
     if best is not None:
-        series.put("best/speedup", best["speedup"])
-        series.put("best/throughput_ips", best.get("throughput_ips"))
+        series.put("best/speedup", best.speedup)
+        series.put("best/throughput_ips", best.throughput_ips)
     return series
 
 
@@ -195,13 +216,13 @@ def record_series(path: Path) -> Series:
     from pictl.summary import RecordInvalid, parse_summary, read_json_object, validation_problem
 
     if (path / "sweep.json").is_file():
-        data = read_json_object(path / "sweep.json")
-        rows, options = data.get("rows"), data.get("options")
+        sweep = SweepRecord.of(read_json_object(path / "sweep.json"))
+        rows, options = sweep.rows, sweep.options
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows) or not isinstance(options, dict):
             raise RecordInvalid(path / "sweep.json", "not a sweep ('rows' and 'options' are missing or wrong)")
         return sweep_series(path.name, rows, options)
     data = read_json_object(path / "summary.json")
-    if data.get("kind") == "train":
+    if _Kind.of(data).kind == "train":
         try:
             return train_series(TrainSummary.model_validate(data))
         except ValidationError as exc:
