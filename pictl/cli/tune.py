@@ -5,6 +5,7 @@ what the rounds decided, save the winner as a preset (`pictl.jobs.tune`)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import time
@@ -31,13 +32,33 @@ from pictl.cli.common import (
     stderr,
     wide_console,
 )
-from pictl.cli.option_groups import HostFlags, grouped
+from pictl.cli.option_groups import HostFlags, OptionGroup, grouped
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from pictl.jobs.tune_verdicts import Measured
     from pictl.planning.options import RunOptions
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneRunFlags(OptionGroup):
+    """What every candidate run shares (the preset's unless given): `plan_tune`'s run options, by their names."""
+
+    images: ImagesOpt = None
+    chunk: Annotated[Optional[int], typer.Option(help="Microbatch size, fixed [default: the preset's, else 1, 2, 4 "
+                                                      "and 8 are searched]")] = None
+    threads: Annotated[Optional[int], typer.Option(help="torch threads per rank, fixed [default: the preset's, "
+                                                        "else 1, 2, 4 ... up to the hosts' cores are "
+                                                        "searched]")] = None
+    warmup: WarmupOpt = None
+    repeats: RepeatsOpt = None
+    model: Annotated[Optional[str], typer.Option(help="timm model name, or an artifact from `pictl prune`.")] = None
+    num_classes: Annotated[Optional[int], typer.Option(help="Classifier outputs.")] = None
+    checkpoint: Annotated[Optional[str], typer.Option(help="State dict (.safetensors / .pth).")] = None
+    data: Annotated[Optional[str], typer.Option(help="Images to run: synthetic, cifar10, cifar100, imagefolder "
+                                                     "(labelled data adds accuracy to every candidate).")] = None
+    data_path: Annotated[Optional[str], typer.Option(help="Data set directory on the hosts.")] = None
 
 
 @app.command()
@@ -62,22 +83,9 @@ def tune(
                                               "($PICTL_PROFILES_DIR, else ~/.config/pictl/profiles).")] = "tuned",
     force: Annotated[bool, typer.Option("--force", help="Save the winner even under the name of a shipped preset "
                                                         "(it then shadows that preset).")] = False,
-    images: ImagesOpt = None,
-    chunk: Annotated[Optional[int], typer.Option(help="Microbatch size, fixed [default: the preset's, else 1, 2, 4 "
-                                                      "and 8 are searched]")] = None,
-    threads: Annotated[Optional[int], typer.Option(help="torch threads per rank, fixed [default: the preset's, "
-                                                        "else 1, 2, 4 ... up to the hosts' cores are "
-                                                        "searched]")] = None,
-    warmup: WarmupOpt = None,
-    repeats: RepeatsOpt = None,
-    model: Annotated[Optional[str], typer.Option(help="timm model name, or an artifact from `pictl prune`.")] = None,
-    num_classes: Annotated[Optional[int], typer.Option(help="Classifier outputs.")] = None,
-    checkpoint: Annotated[Optional[str], typer.Option(help="State dict (.safetensors / .pth).")] = None,
-    data: Annotated[Optional[str], typer.Option(help="Images to run: synthetic, cifar10, cifar100, imagefolder "
-                                                     "(labelled data adds accuracy to every candidate).")] = None,
-    data_path: Annotated[Optional[str], typer.Option(help="Data set directory on the hosts.")] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Tune directory (default: under the runs root).")] = None,
     *,
+    run_flags: TuneRunFlags,
+    out: Annotated[Optional[Path], typer.Option(help="Tune directory (default: under the runs root).")] = None,
     where: HostFlags,
     verbose: VerboseOpt = False,
     as_json: JsonOpt = False,
@@ -103,11 +111,8 @@ def tune(
         # Everything that can refuse the tune is asked before its first run: the preset's place and name too.
         preset_target(save_as, profiles, force=force)
         cluster = read_cluster(where.hosts, cold=where.cold)
-        base, settings = plan_tune(profile, {"images": images, "chunk": chunk, "warmup": warmup, "repeats": repeats,
-                                             "model": model, "num_classes": num_classes, "checkpoint": checkpoint,
-                                             "data": data, "data_path": data_path, "threads": threads},
-                                   allow_loss=allow_loss, min_agreement=min_agreement, measure=measure,
-                                   budget_s=budget, wait=where.wait, max_rounds=max_rounds,
+        base, settings = plan_tune(profile, run_flags.values(), allow_loss=allow_loss, min_agreement=min_agreement,
+                                   measure=measure, budget_s=budget, wait=where.wait, max_rounds=max_rounds,
                                    name_of=flag_names(budget_s="--budget"))
         note_profile(profile)
         protocol = protocol_of(profile)  # what the saved preset measures with: the user's, not the tune's own
