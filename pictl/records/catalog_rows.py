@@ -20,15 +20,45 @@ from pictl.records import waterfall_view as wv
 from pictl.records.catalog import CELL_LIMIT, FoundRun, PendingRun, Skipped, load_runs, read_run
 from pictl.records.run_verdicts import verdict_of
 from pictl.summary import terminal_text
+from pictl.summary_figures import Open
 from pictl.summary_models import RunSummary
 from pictl.verdict import shown_status
 
-COLUMNS = ("run_id", "started", "status", "model", "stages", "policy", "chunk", "images", "split", "throughput_ips",
-           "serial_ips", "speedup", "efficiency", "latency_p50_ms", "latency_p95_ms", "dominant", "outputs_match",
-           "wire", "agreement", "accuracy", "baseline", "flags", "part_of", "run_dir")
-"""What a row holds, in the order `runs`, `compare` and the CSV show it (latency: the pipeline's, per image;
-dominant: the waterfall's largest loss; part_of: the sweep the run was measured in, its round, `ref` for the
-sweep's reference)."""
+
+class RunRow(Open):
+    """A run as a row: what `runs`, `compare` and the CSV show, in their order (read back by field: `view`)."""
+
+    run_id: str | None = None
+    started: str | None = None
+    status: str | None = None
+    model: str | None = None
+    stages: int | None = None
+    policy: str | None = None
+    chunk: int | None = None
+    images: int | None = None
+    split: str | None = None
+    throughput_ips: float | None = None
+    serial_ips: float | None = None
+    speedup: float | None = None
+    efficiency: float | None = None
+    latency_p50_ms: float | None = None
+    """The pipeline's, per image (as the p95)."""
+    latency_p95_ms: float | None = None
+    dominant: str | None = None
+    """The waterfall's largest loss."""
+    outputs_match: bool | None = None
+    wire: str | None = None
+    agreement: float | None = None
+    accuracy: float | None = None
+    baseline: str | None = None
+    flags: str | None = None
+    part_of: str | None = None
+    """The sweep the run was measured in, its round, `ref` for the sweep's reference."""
+    run_dir: str | None = None
+
+
+COLUMNS = tuple(RunRow.model_fields)
+"""What a row holds, in the order `runs`, `compare` and the CSV show it (`RunRow`)."""
 _DOMINANT = COLUMNS.index("dominant")
 COMPARE_COLUMNS = (*COLUMNS[:_DOMINANT], *wv.LATENCY_KEYS[2:], "dominant", *wv.TERM_KEYS, *COLUMNS[_DOMINANT + 1:],
                    *wv.ENERGY_KEYS)
@@ -85,8 +115,7 @@ def row(found: FoundRun) -> dict[str, Any]:
         "serial_ips": s.serial_ips,
         "speedup": s.speedup,
         "efficiency": s.efficiency,
-        "latency_p50_ms": figures["latency_p50_ms"],
-        "latency_p95_ms": figures["latency_p95_ms"],
+        **{key: figures[key] for key in wv.LATENCY_KEYS[:2]},  # the pipeline's p50 and p95
         "dominant": w.dominant if w else None,
         "outputs_match": s.outputs_match,
         # A lossy wire's runs pass by top-1 agreement, never by identity: the row says which wire it was.
@@ -125,10 +154,11 @@ class RunFilter:
             _since_epoch(self.since)  # refused here, before anything is listed
 
     def matches(self, r: dict[str, Any]) -> bool:
-        return ((self.stages is None or r["stages"] == self.stages)
-                and (self.policy is None or r["policy"] == self.policy)
-                and (self.status is None or str(r["status"]).startswith(self.status))
-                and (self.since is None or (r["started"] or "") >= _normal(self.since)))
+        row = RunRow.view(r)
+        return ((self.stages is None or row.stages == self.stages)
+                and (self.policy is None or row.policy == self.policy)
+                and (self.status is None or str(row.status).startswith(self.status))
+                and (self.since is None or (row.started or "") >= _normal(self.since)))
 
 
 def _normal(since: str) -> str:

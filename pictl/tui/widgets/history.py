@@ -18,7 +18,7 @@ from textual.widgets import DataTable, Footer, Input, Static
 
 from pictl import errors as E
 from pictl.records.catalog import FoundRun, load_runs
-from pictl.records.catalog_rows import SORT_KEYS, RunFilter, cell, row, to_csv
+from pictl.records.catalog_rows import SORT_KEYS, RunFilter, RunRow, cell, row, to_csv
 from pictl.records.run_details import run_details
 from pictl.text import markup_safe, printable
 
@@ -102,14 +102,14 @@ class HistoryScreen(Screen):
             self.query_one("#history-detail", Static).update(f"[red]{markup_safe(exc)}[/]")
             return
         picked = [i for i, r in enumerate(self.rows) if where.matches(r)
-                  and all(w in f"{r['run_id']} {r['split'] or ''}".lower() for w in words)]
+                  and all(w in f"{RunRow.view(r).run_id} {RunRow.view(r).split or ''}".lower() for w in words)]
         key = self.sort_key
         with_value = sorted((i for i in picked if self.rows[i][key] is not None), key=lambda i: self.rows[i][key],
                             reverse=True)
         self.shown = with_value + [i for i in picked if self.rows[i][key] is None]
         for i in self.shown:
             r = self.rows[i]
-            mark = "* " if r["run_id"] in self.marked else ""
+            mark = "* " if RunRow.view(r).run_id in self.marked else ""
             # Text cells: a record's strings are shown as written, never parsed as markup.
             table.add_row(*history_cells(r, mark), key=str(i))
         table.border_title = (f"{len(self.shown)} of {len(self.rows)} runs in {self.runs_root}, by {key}"
@@ -156,20 +156,20 @@ class HistoryScreen(Screen):
         current = self._current()
         if current is None:
             return
-        self.marked ^= {current["run_id"]}
+        self.marked ^= {str(RunRow.view(current).run_id)}
         cursor = self.query_one(DataTable).cursor_row
         self._fill()
         self.query_one(DataTable).move_cursor(row=cursor)
 
     def action_compare(self) -> None:
-        chosen = [r for r in self.rows if r["run_id"] in self.marked]
+        chosen = [r for r in self.rows if RunRow.view(r).run_id in self.marked]
         if len(chosen) < 2:
             self.notify("mark two runs or more with space, then press c", severity="warning")
             return
         table = Table(show_header=True, header_style="bold", box=None)
         table.add_column("")
         for r in chosen:
-            table.add_column(Text(printable(r["run_id"])))
+            table.add_column(Text(printable(RunRow.view(r).run_id)))
         for label, key in COLUMNS[1:] + (("split", "split"), ("efficiency", "efficiency"),
                                          ("baseline", "baseline"), ("chunk", "chunk"), ("images", "images")):
             table.add_row(label, *(Text(printable(cell(key, r[key]))) for r in chosen))  # as the table writes it
