@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from pictl.figure_text import efficiency_text, interval_text, points_text, speedup_text
+from pictl.figure_text import efficiency_text, figure_of, interval_text, points_text, speedup_text
 from pictl.records.run_details import energy_line, metered, trace_rank_text
 from pictl.records.waterfall_view import TERM_COLORS, gap_bar, latency_of, line_text, waterfall_of
 from pictl.run.traces import perfetto_hint
@@ -81,6 +81,13 @@ def sweep_table(rows: list[dict]) -> RenderableType:
     if not reference:
         return table
     return Group(table, Text(f"speedups over one reference: {reference}", style="dim"))
+
+
+def _declared(name: str, value: float | None) -> tuple[str, str]:
+    """A run figure's row (live, or the summary's) as `RunSummary` declares it: its label, and its value with its
+    unit (`-` or `n/a` alone while there is none)."""
+    fig = figure_of(RunSummary, name)
+    return fig.label, fig.text(value) if value is None else fig.shown(value)
 
 
 def result_line(s: RunSummary) -> str:
@@ -239,16 +246,15 @@ class RunPanel(Static):
         for i, flag in enumerate(s.flags if s else []):  # what makes the figures suspect: beside them, in view
             grid.add_row(Text("flags" if i == 0 else "", style="bold yellow"),
                          Text(f"{flag.code}: {flag.message}", style="yellow", no_wrap=True, overflow="ellipsis"))
-        grid.add_row("pipeline", figure(ips, unit=" img/s"))
-        grid.add_row("serial", figure(serial, unit=" img/s") + (baseline_text(s) if s else
-                                                             ("  reused" if state.serial_reused else "")))
+        grid.add_row(*_declared("throughput_ips", ips))
+        label, text = _declared("serial_ips", serial)
+        grid.add_row(label, text + (baseline_text(s) if s else ("  reused" if state.serial_reused else "")))
         latency = latency_of(s) if s else None
         if latency and latency.pipeline:
             p = latency.pipeline
             grid.add_row("latency", f"p50 {figure(p.p50_ms, '.0f')}  p95 {figure(p.p95_ms, '.0f')} ms"
                          + (f"  serial p50 {figure(latency.serial.p50_ms, '.0f')}" if latency.serial else ""))
-        accuracy = s.accuracy if s else state.accuracy
-        grid.add_row("accuracy", "n/a" if accuracy is None else f"{accuracy:.2%}")
+        grid.add_row(*_declared("accuracy", s.accuracy if s else state.accuracy))
         if stages:
             policy = state.options.policy if state.options else "-"
             split = ", ".join(s.split_points if s else state.split_points) or policy
