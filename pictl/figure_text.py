@@ -126,6 +126,10 @@ class Figure:
         text = self.text(value)
         return text if self.unit in ("", "x", "%") else f"{text} {self.unit}"
 
+    def heading(self) -> str:
+        """A table's heading for it: its label, with its unit where the cells do not carry it (`serial img/s`)."""
+        return self.label if self.unit in ("", "x", "%") else f"{self.label} {self.unit}"
+
     def field(self, value: Any) -> str:
         """Label, value and unit, as the result line and `runs show` write them: `pipeline 7.70 img/s`."""
         return f"{self.label} {self.shown(value)}"

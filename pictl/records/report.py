@@ -84,16 +84,18 @@ def _wire_lines(s: RunSummary, files: ReportFiles) -> list[str]:
     return [*lines, "", f"![wire bytes per link]({chart})", ""]
 
 
-HEADLINE = {"throughput_ips": "throughput img/s", "serial_ips": "serial img/s", "speedup": "speedup",
-            "efficiency": "efficiency"}
-"""The run's declared figures the report's first table holds, with their headings (the accuracy has the pruned
-models' table; a lossy wire's agreement the outputs' line)."""
+HEADLINE_LEFT_OUT = ("agreement", "accuracy")
+"""The run's declared figures the report's first table leaves out: a lossy wire's agreement and the accuracy are
+written in the outputs' and the models' sections."""
+HEADINGS = {"throughput_ips": "throughput img/s"}
+"""Headings other than a figure's own (`Figure.heading`)."""
 
 
 def _headline(s: RunSummary) -> list[str]:
     """The run's headline table: its declared figures (`RunSummary`'s `Figure`s) in their order, each written by
     its own declaration, and whether the outputs matched."""
-    shown = [(HEADLINE[name], fig.text(value)) for name, fig, value in figures(s) if name in HEADLINE]
+    shown = [(HEADINGS.get(name) or fig.heading(), fig.text(value)) for name, fig, value in figures(s)
+             if name not in HEADLINE_LEFT_OUT]
     cells = [*shown, ("outputs match", str(s.outputs_match))]
     return [f"| {' | '.join(h for h, _ in cells)} |", f"|{'---|' * len(cells)}",
             f"| {' | '.join(v for _, v in cells)} |", ""]

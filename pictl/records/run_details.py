@@ -18,10 +18,11 @@ from pictl.summary import baseline_text, terminal_text
 from pictl.summary_models import RankShare, RunSummary
 from pictl.verdict import shown_status
 
-__all__ = ["SHOWN_FIGURES", "energy_line", "fmt", "metered", "run_details", "trace_rank_text"]
+__all__ = ["LEFT_OUT", "energy_line", "fmt", "metered", "run_details", "trace_rank_text"]
 
-SHOWN_FIGURES = ("throughput_ips", "serial_ips", "speedup")
-"""The run's declared figures `runs show` lists by label, in their declared order."""
+LEFT_OUT = ("efficiency", "agreement", "accuracy")
+"""The run's declared figures `runs show` does not list by label: the efficiency is `runs compare`'s, a lossy
+wire's agreement is on the outputs' line, and the accuracy is shown as recorded, after the outputs."""
 
 
 def fmt(value: Any, spec: str = ".2f") -> str:
@@ -94,10 +95,9 @@ def run_details(found: FoundRun) -> Table:
         return grid
     s = found
     after = {"serial_ips": baseline_text(s)}
-    # The run's declared figures (`RunSummary`'s `Figure`s), each as it declares itself; the efficiency and a
-    # lossy wire's agreement are left to `runs compare` and the outputs' line, the accuracy shown as recorded.
+    # The run's declared figures (`RunSummary`'s `Figure`s), each as it declares itself (but `LEFT_OUT`).
     declared = tuple((fig.label, fig.shown(value) + after.get(name, "")) for name, fig, value in figures(s)
-                     if name in SHOWN_FIGURES)
+                     if name not in LEFT_OUT)
     lines: tuple[tuple[str, object], ...] = (
         ("run", s.run_id), ("status", shown_status(s)), ("directory", s.run_dir), ("model", s.model),
         ("stages", s.stages), ("split", ", ".join(s.split_points) or "-"), ("policy", s.policy),

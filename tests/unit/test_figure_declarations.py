@@ -21,7 +21,7 @@ from pictl.headless import summary_fields
 from pictl.records.catalog import read_run
 from pictl.records.catalog_rows import COMPARE_COLUMNS, TABLE_FIGURES, cell, compare_rows, row
 from pictl.records.report import write_report
-from pictl.records.run_details import SHOWN_FIGURES, run_details
+from pictl.records.run_details import LEFT_OUT, run_details
 from pictl.records.trackers import run_series
 from pictl.summary_figures import EnergyFigures, LatencyFigures
 from pictl.summary_models import RunSummary
@@ -95,7 +95,7 @@ def test_every_view_writes_a_figure_as_its_declaration_does(tmp_path: Path) -> N
         text = fig.text(value)
         if name in ("throughput_ips", "serial_ips", "speedup", "accuracy"):
             assert fig.field(value) in line, (name, line)
-        if name in SHOWN_FIGURES:
+        if name not in LEFT_OUT:
             assert f"{fig.label} {fig.shown(value)}" in shown, (name, shown)
         if name in TABLE_FIGURES:
             assert cell(name, compare[name]) == text and name in COMPARE_COLUMNS, name
@@ -108,3 +108,26 @@ def test_every_view_writes_a_figure_as_its_declaration_does(tmp_path: Path) -> N
         if name.endswith("_j_per_image"):  # the result line and runs show write joules per image one way
             assert fig.text(value) in line and fig.text(value) in shown, name
     assert "1.17x" in line and "1.17x" in shown and history["speedup"] == "1.17x"
+    # The report's headline table: the declared figures' headings and cells, in their order.
+    assert "| throughput img/s | serial img/s | speedup | efficiency | outputs match |\n|---|---|---|---|---|\n" \
+           "| 7.70 | 6.56 | 1.17x | 0.59 | True |" in report
+
+
+def test_a_summary_part_read_through_its_model_is_written_as_the_run_measured_it() -> None:
+    """summarize reads the per-stage records it built through `StageFigures` (by field, not by string key): the
+    links' figures keep the counters' own values and types (an int 0 stays 0 in summary.json, never 0.0)."""
+    from pictl.planning.options import RunOptions
+    from pictl.run.summarize import wire_summary
+    from pictl.summary_models import StageFigures
+
+    assert StageFigures.view({"rank": 0, "compress_s": 0}).compress_s == 0
+    assert isinstance(StageFigures.view({"rank": 0, "compress_s": 0}).compress_s, int)
+    assert StageFigures.view({"rank": 1}).modules == [] and StageFigures.view(None).bytes_sent is None
+    per_stage = [{"rank": 0, "modules": ["blocks.0"], "bytes_sent": 4000, "raw_bytes": 8000, "compute_s": 2,
+                  "compress_s": 0, "peak_Bps": 1000},
+                 {"rank": 1, "modules": ["blocks.6"], "decompress_s": 0.5}]
+    wire = wire_summary(RunOptions(stages=2, wire="fp16"), per_stage)
+    assert wire["links"] == [{"link": "0->1", "cut": "blocks.6", "format": "fp16", "wire_bytes": 4000,
+                              "raw_bytes": 8000, "ratio": 0.5, "compress_s": 0, "decompress_s": 0.5,
+                              "avg_Bps": 2000.0, "peak_Bps": 1000}]
+    assert json.dumps(wire["links"][0]).count(".0") == 1  # avg_Bps alone, as computed; the counters as sent
