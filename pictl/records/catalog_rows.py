@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pictl.errors import ConfigError
-from pictl.figure_text import cell_text, declared
+from pictl.figure_text import cell_text, declared, figures
 from pictl.records import waterfall_view as wv
 from pictl.records.catalog import CELL_LIMIT, FoundRun, PendingRun, Skipped, load_runs, read_run
 from pictl.records.run_verdicts import verdict_of
@@ -98,8 +98,12 @@ def row(found: FoundRun) -> dict[str, Any]:
     if isinstance(found, PendingRun):
         return {**dict.fromkeys(COLUMNS), **found.record()}
     s = found
-    figures, w = wv.compare_figures(s), wv.waterfall_of(s)
+    latency, w = wv.compare_figures(s), wv.waterfall_of(s)
     values = {
+        # The run's declared figures as the summary holds them, each under its own name: every view rounds them
+        # once, the same way (`cell`); rounded here as well, 2.0049 -> 2.005 -> "2.00" where the result line said
+        # "2.01".
+        **{name: value for name, _, value in figures(s)},
         "run_id": s.run_id,
         "started": _started(s.started_at),
         "status": shown_status(s),  # `suspect`: finished, but a flag makes the result untrue
@@ -109,25 +113,17 @@ def row(found: FoundRun) -> dict[str, Any]:
         "chunk": s.chunk,
         "images": s.images,
         "split": ",".join(s.split_points) or None,
-        # The figures as the summary holds them: every view rounds them once, the same way (`cell`); rounded
-        # here as well, 2.0049 -> 2.005 -> "2.00" where the result line said "2.01".
-        "throughput_ips": s.throughput_ips,
-        "serial_ips": s.serial_ips,
-        "speedup": s.speedup,
-        "efficiency": s.efficiency,
-        **{key: figures[key] for key in wv.LATENCY_KEYS[:2]},  # the pipeline's p50 and p95
+        **{key: latency[key] for key in wv.LATENCY_KEYS[:2]},  # the pipeline's p50 and p95
         "dominant": w.dominant if w else None,
         "outputs_match": s.outputs_match,
         # A lossy wire's runs pass by top-1 agreement, never by identity: the row says which wire it was.
         "wire": f"{s.wire.format}{' (lossy wire)' if s.wire.lossy else ''}" if s.wire else None,
-        "agreement": s.agreement,
-        "accuracy": s.accuracy,
         "baseline": ("reused" if s.baseline.reused else "measured") if s.baseline else None,
         "flags": ",".join(dict.fromkeys(f.code for f in s.flags)) or None,
         "part_of": _part_of(s),
         "run_dir": s.run_dir,
     }
-    return {k: _plain(v) for k, v in values.items()}
+    return {k: _plain(values[k]) for k in COLUMNS}  # (in the columns' order, a figure among them)
 
 
 def _part_of(s: RunSummary) -> str | None:

@@ -19,7 +19,7 @@ from support.cli import ROOT
 from pictl.figure_text import Figure, declared, figure_of, figures
 from pictl.headless import summary_fields
 from pictl.records.catalog import read_run
-from pictl.records.catalog_rows import COMPARE_COLUMNS, TABLE_FIGURES, cell, compare_rows, row
+from pictl.records.catalog_rows import COLUMNS, COMPARE_COLUMNS, TABLE_FIGURES, cell, compare_rows, row
 from pictl.records.report import write_report
 from pictl.records.run_details import LEFT_OUT, run_details
 from pictl.records.trackers import run_series
@@ -56,6 +56,8 @@ def test_the_declared_figures_are_the_ones_the_views_and_trackers_know() -> None
     assert figure_of(RunSummary, "throughput_ips").field(None) == "pipeline - img/s"
     assert figure_of(EnergyFigures, "pipeline_j_per_image").shown(0.45) == "0.450 J/img"
     assert figure_of(RunSummary, "accuracy").shown(0.8125) == "81.25%"
+    # Every run figure is a column of the rows (`pictl runs`, compare, the CSV, the history), under its name.
+    assert {name for name, _ in declared(RunSummary)} <= set(COLUMNS)
     with pytest.raises(KeyError):
         figure_of(RunSummary, "run_id")
     assert list(figures(None)) == []
