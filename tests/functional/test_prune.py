@@ -58,6 +58,10 @@ def _train_base(data: Path, out: Path) -> float:
     from remote.toolkit.model import create_meta_model, materialize
 
     kwargs = {k: int(v) for k, v in (a.split("=") for a in DIGITS_VIT)}
+    # One thread, here and in the job (`--threads 1`): two threads on a 2-core machine that another worker
+    # or another team loads spin against it (350 s instead of 30 s beside one busy loop).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     spec = PruneSpec(model="vit_tiny_patch16_224", epochs=20, lr=3e-3, optimizer="adamw", batch_size=64,
                      data=DataSpec(kind="imagefolder", path=str(data)))
     torch.manual_seed(0)
@@ -67,6 +71,7 @@ def _train_base(data: Path, out: Path) -> float:
     test = loader(labelled_set(spec.data, "test", cfg), 256, shuffle=False)
     best, _ = finetune(model, train, test, spec, torch.device("cpu"), start_top1=0.0,
                        on_progress=lambda *_: None, on_epoch=lambda *_: None)
+    torch.set_num_threads(threads)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out))
     return best
 
@@ -80,7 +85,7 @@ def test_digits_prune_and_finetune(pictl_env, tmp_path: Path) -> None:
     assert base_top1 >= THRESHOLD, f"the unpruned model reaches only {base_top1:.2%}: the threshold means nothing"
 
     common = ["prune", "--model", "vit_tiny_patch16_224", *sum((["--model-arg", a] for a in DIGITS_VIT), []),
-              "--checkpoint", str(base), "--data", "imagefolder"]
+              "--checkpoint", str(base), "--data", "imagefolder", "--threads", "1"]
     proc = run_pictl([*common, "--data-path", str(data), "--ratio", "0.3", "--importance", "hessian",
                       "--epochs", "4", "--optimizer", "adamw", "--lr", "1e-3", "--batch-size", "64", "--json"],
                      pictl_env)
