@@ -31,11 +31,13 @@ $(STAMP): pyproject.toml
 demo: setup
 	$(VENV)/bin/pictl run --profile quick --headless
 
+# Two workers (pytest-xdist): a module stays on one worker and the SSH cluster's tests on one (tests/conftest.py);
+# each test then runs beside another, as on a lab's shared hosts (docs/tests.md).
 test: setup system-deps
 	$(VENV)/bin/ruff check pictl remote tests bench
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mkdocs build --strict --quiet --site-dir $(VENV)/site
-	$(VENV)/bin/python -m pytest -q -rs --durations=20
+	$(VENV)/bin/python -m pytest -q -rs -n 2 --dist loadgroup --durations=20
 
 bench: setup
 	$(VENV)/bin/python -m bench
