@@ -24,7 +24,7 @@ class Open(BaseModel):
     def view(cls, data: dict[str, Any] | None) -> Self:
         """A dict the run is building, read through this model's fields: its own values, neither coerced nor
         checked (an int stays an int in what is written; the summary is checked whole when written), a key it
-        lacks read as the field's default."""
+        lacks read as the field's default. A nested record stays the dict it is: view it through its own model."""
         return cls.model_construct(**(data or {}))
 
     @classmethod

@@ -30,7 +30,8 @@ from pictl.run.staging import Staged
 from pictl.run.trace_files import with_counters
 from pictl.run.waterfall import waterfall
 from pictl.summary import SUMMARY_SCHEMA, checked
-from pictl.summary_models import RunSummary, SanityFlag
+from pictl.summary_figures import ClockReading, Open, Prediction, SerialTiming
+from pictl.summary_models import RunSummary, SanityFlag, StageFigures
 from pictl.verdict import verdict_of
 from remote.floor.wire import parse_wire
 
@@ -67,7 +68,7 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
         "run_dir": _run_dir(reached.book),
         "model": o.model, "stages": o.stages, "replicas": o.replicas, "policy": o.policy,
         "artifact": artifact_summary(ctx.artifact) if ctx.artifact else None,
-        "split_points": tel.refined.split_points if tel.refined else plan.get("split_points", list(o.split)),
+        "split_points": tel.refined.split_points if tel.refined else _planned_split(plan, o.split),
         "images": o.images, "chunk": o.chunk, "threads": o.threads, "warmup": o.warmup, "repeats": o.repeats,
         "data": o.data, "profile": ctx.profile, "code": ctx.code,
         "throughput_ips": round(ips, 4) if ips else None,
@@ -103,19 +104,20 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
         "telemetry_rejected": tel.rejected_summary(),
         "serial_timing": baseline.timing if baseline else None,
         "clocks": reached.pipeline.clocks if reached.pipeline else None,
+        "latency": _latency(ctx, reached, baseline),
+        "energy": energy_summary(
+            hosts, reached.placement.first.host.name if reached.placement else None, None if serial_only else ips,
+            baseline.ips if baseline else None, serial_reused=baseline.reused if baseline else None,
+            pipeline_ran=not serial_only and reached.pipeline is not None),
     }
-    summary["latency"] = _latency(ctx, reached, baseline)
-    summary["energy"] = energy_summary(
-        hosts, reached.placement.first.host.name if reached.placement else None, None if serial_only else ips,
-        baseline.ips if baseline else None, serial_reused=baseline.reused if baseline else None,
-        pipeline_ran=not serial_only and reached.pipeline is not None)
     # A re-cut run's waterfall is taken over the passes of its last split; the passes before are its own term.
-    summary["waterfall"] = waterfall(summary, settled(tel, o.stages, o.repeats, baseline.ips if baseline else None)) \
-        if status == "ok" else None
-    summary["flags"] = [f.to_json() for f in compute_flags(RunSummary.model_validate(summary))]
+    summary |= {"waterfall": waterfall(summary, settled(tel, o.stages, o.repeats, baseline.ips if baseline else None))
+                if status == "ok" else None}
+    flags = [SanityFlag.model_validate(f.to_json()) for f in compute_flags(RunSummary.model_validate(summary))]
+    summary |= {"flags": [f.model_dump() for f in flags]}
     if status == "ok":  # a finished run's result: OK, or SUSPECT where a flag makes it untrue
-        summary["verdict"], summary["suspect_because"] = verdict_of(
-            [SanityFlag.model_validate(f) for f in summary["flags"]])
+        verdict, because = verdict_of(flags)
+        summary |= {"verdict": verdict, "suspect_because": because}
     return checked(summary)
 
 
@@ -161,18 +163,31 @@ def wire_summary(o: RunOptions, per_stage: list[dict[str, Any]]) -> dict[str, An
     encoding (on r) and decoding (on r+1) cost, the average bandwidth (wire bytes over r's computation
     time, the related work's definition) and the peak (the fastest microbatch)."""
     links = []
-    for sender, receiver in itertools.pairwise(per_stage):
-        cut = (receiver.get("modules") or ["?"])[0]
-        wire, raw, compute = sender.get("bytes_sent"), sender.get("raw_bytes"), sender.get("compute_s")
+    for sender, receiver in itertools.pairwise(map(StageFigures.view, per_stage)):
+        cut = (receiver.modules or ["?"])[0]
+        wire, raw, compute = sender.bytes_sent, sender.raw_bytes, sender.compute_s
         links.append({
-            "link": f"{sender['rank']}->{receiver['rank']}", "cut": cut,
+            "link": f"{sender.rank}->{receiver.rank}", "cut": cut,
             "format": str(parse_wire(o.wire).at(cut)), "wire_bytes": wire, "raw_bytes": raw,
             "ratio": round(wire / raw, 4) if wire is not None and raw else None,
-            "compress_s": sender.get("compress_s"), "decompress_s": receiver.get("decompress_s"),
+            "compress_s": sender.compress_s, "decompress_s": receiver.decompress_s,
             "avg_Bps": round(wire / compute, 1) if wire is not None and compute else None,
-            "peak_Bps": sender.get("peak_Bps")})
+            "peak_Bps": sender.peak_Bps})
     return {"format": o.wire, "lossy": o.lossy_wire, "min_agreement": o.min_agreement if o.lossy_wire else None,
             "links": links}
+
+
+STAGE_COUNTERS = ("compute_s", "wait_s", "send_s", "bytes_sent", "raw_bytes", "compress_s", "decompress_s",
+                  "peak_Bps", "microbatches", "recv_post_s", "recv_wait_s", "first_wait_s", "send_post_s", "drain_s",
+                  "run_delay_s", "pass_s")
+"""A rank's `run_end` counters each stage's record holds, under the same names (`StageFigures`), in its order."""
+
+
+class Plan(Open):
+    """The plan the first host made (`remote.host.plan`): its split and each stage's modules and parameters."""
+
+    split_points: list[str] | None = None
+    stages: list[dict[str, Any]] = []
 
 
 def _per_stage(ctx: RunContext, reached: Reached, plan: dict[str, Any],
@@ -181,19 +196,21 @@ def _per_stage(ctx: RunContext, reached: Reached, plan: dict[str, Any],
     placement = reached.placement
     host_of = {r: n.host.name for n in placement.nodes for r in n.ranks} if placement else {}
     threads = placement.threads if placement else {}
-    planned = {s["stage"]: s for s in plan.get("stages", [])}
+    planned = {p.stage: p for p in map(StageFigures.view, Plan.view(plan).stages)}
     out = []
     for rank in range(o.ranks):
         # (with replicas, rank // stages is the replica)
         st, stage = reached.book.telemetry.stages.get(rank), rank % o.stages
         totals = st.totals if st else {}
-        n = totals.get("microbatches")
+        n = StageFigures.view(totals).microbatches
 
         def per_mb(key: str, n: int | None = n, totals: dict[str, Any] = totals) -> float | None:
             return round(totals[key] / n * 1000, 3) if n and totals.get(key) is not None else None
 
-        predicted = prediction["stage_ms"][stage] if prediction else None
+        predicted = Prediction.view(prediction).stage_ms[stage] if prediction else None
         measured = per_mb("compute_s")
+        own = st is not None and bool(st.modules)
+        at = planned.get(stage) or StageFigures.view({})
         out.append({
             # The stage's compute per microbatch, beside what `balanced` predicted for it; the time it
             # waited for input and was blocked on sends (back-pressure) are shown apart, never folded in.
@@ -203,17 +220,11 @@ def _per_stage(ctx: RunContext, reached: Reached, plan: dict[str, Any],
             "host": host_of.get(rank), "rank": rank, "replica": rank // o.stages, "stage": stage,
             "threads": threads.get(host_of.get(rank, ""), o.threads),
             # A refined run moved its cuts: the ranks' own word on what they ran comes before the plan's.
-            "modules": (st.modules if st and st.modules else planned.get(stage, {}).get("modules", [])),
-            "params": (st.params if st and st.modules else planned.get(stage, {}).get("params", 0)),
-            "compute_s": totals.get("compute_s"), "wait_s": totals.get("wait_s"),
-            "send_s": totals.get("send_s"), "bytes_sent": totals.get("bytes_sent"),
-            "raw_bytes": totals.get("raw_bytes"), "compress_s": totals.get("compress_s"),
-            "decompress_s": totals.get("decompress_s"), "peak_Bps": totals.get("peak_Bps"),
-            "microbatches": totals.get("microbatches"),
-            # Where the rank's pass time went beyond compute (the waterfall reads these), and the CPU its
-            # threads waited for while runnable (other processes' load).
-            **{k: totals.get(k) for k in ("recv_post_s", "recv_wait_s", "first_wait_s", "send_post_s", "drain_s",
-                                         "run_delay_s", "pass_s")},
+            "modules": st.modules if st and own else at.modules,
+            "params": st.params if st and own else at.params,
+            # The rank's counters as it sent them; then where its pass time went beyond compute (the waterfall
+            # reads these), and the CPU its threads waited for while runnable (other processes' load).
+            **{k: totals.get(k) for k in STAGE_COUNTERS},
             "load_s": st.load_s if st else None, "import_rss_mb": st.import_rss_mb if st else None,
             "peak_rss_mb": st.peak_rss_mb if st else None,
         })
@@ -224,7 +235,7 @@ def _latency(ctx: RunContext, reached: Reached, baseline: Baseline | None) -> di
     """Latency per microbatch (each of its images'): the pipeline's, entering stage 0 to leaving the last, on
     our clock; the serial run's, its time per microbatch; `traced`: the --trace-steps pass, for checking
     against the merged trace."""
-    serial = (baseline.timing or {}).get("latency") if baseline else None
+    serial = SerialTiming.view(baseline.timing).latency if baseline else None
     if ctx.options.ranks == 1:
         return {"pipeline": serial, "serial": serial, "clock_aligned": True} if serial else None
     tel, clocks = reached.book.telemetry, (reached.pipeline.clocks if reached.pipeline else {})
@@ -234,15 +245,15 @@ def _latency(ctx: RunContext, reached: Reached, baseline: Baseline | None) -> di
     first, last = placement.first.host.name, placement.node_of(ctx.options.stages - 1).host.name
 
     def offset(host: str) -> float:
-        return (clocks.get(host) or {}).get("offset_ns", 0) / 1e9
+        return (ClockReading.view(clocks.get(host)).offset_ns or 0) / 1e9
 
-    aligned = all("offset_ns" in (clocks.get(h) or {}) for h in (first, last))
-    out = {"pipeline": summary_ms(pipeline_latencies(tel.pass_times("enter"), tel.pass_times("leave"),
-                                                     offset(first), offset(last))),
-           "serial": serial, "clock_aligned": aligned,
-           "traced": summary_ms(pipeline_latencies(tel.pass_times("enter", "trace"), tel.pass_times("leave", "trace"),
-                                                   offset(first), offset(last)))}
-    return out if out["pipeline"] or serial else None
+    aligned = all(ClockReading.view(clocks.get(h)).offset_ns is not None for h in (first, last))
+    pipeline = summary_ms(pipeline_latencies(tel.pass_times("enter"), tel.pass_times("leave"), offset(first),
+                                             offset(last)))
+    traced = summary_ms(pipeline_latencies(tel.pass_times("enter", "trace"), tel.pass_times("leave", "trace"),
+                                           offset(first), offset(last)))
+    return {"pipeline": pipeline, "serial": serial, "clock_aligned": aligned, "traced": traced} \
+        if pipeline or serial else None
 
 
 def _baseline_record(ctx: RunContext, reached: Reached, baseline: Baseline | None) -> dict[str, Any] | None:
@@ -263,6 +274,11 @@ def _host_records(ctx: RunContext, reached: Reached) -> dict[str, Any]:
     return host_records([(n.host.name, list(n.ranks), p.threads.get(n.host.name)) for n in p.nodes],
                         reached.staged.facts, reached.book.samples, reached.book.windows,
                         pipeline_ready_at=time.time() - (time.monotonic() - ready) if ready else None)
+
+
+def _planned_split(plan: dict[str, Any], given: list[str] | tuple[str, ...]) -> Any:
+    """The plan's split as the host wrote it (a plan without one: the split the options gave)."""
+    return Plan.view(plan).split_points if "split_points" in plan else list(given)
 
 
 def _run_dir(book: Logbook) -> str | None:
