@@ -41,7 +41,7 @@ from typing import Any
 from pictl.records.waterfall_view import waterfall_line as view_line
 from pictl.records.waterfall_view import waterfall_view
 from pictl.run.advice import Bottleneck, advice
-from pictl.summary_figures import WaterfallRecord, WaterfallTerm
+from pictl.summary_figures import SerialTiming, WaterfallRecord, WaterfallTerm
 from pictl.summary_models import RunSummary, StageFigures
 
 TERMS = ("fill_drain", "imbalance", "split_overhead", "interference", "communication", "runtime", "baseline",
@@ -69,21 +69,25 @@ class Settled:
 def waterfall(summary: RunSummary | dict[str, Any], settled: Settled | None = None) -> dict[str, Any] | None:
     """The speedup waterfall of a pipeline run's summary (the model, or the dict the run writes), or None when it
     has no figures to take apart."""
-    s = summary if isinstance(summary, RunSummary) else RunSummary.model_validate(summary)
-    n, speedup, r = s.stages, s.speedup, s.replicas
-    # The counters as the run summed them (a settled re-cut's: the same keys), read by name, never coerced.
-    stages = [StageFigures.model_construct(**st) for st in settled.stages] if settled else s.per_stage
+    # A dict (the run's, being built; a test's, partial) is read by field as it is, never coerced or refused.
+    s = summary if isinstance(summary, RunSummary) else RunSummary.view(summary)
+    n, speedup, r = getattr(s, "stages", None), s.speedup, s.replicas or 1
     images, chunk = s.images, s.chunk or 1
     repeats = settled.passes if settled else s.repeats
     serial_ips = s.serial_ips
-    if not (n * r > 1 and speedup and serial_ips and images and repeats and len(stages) == n * r):
+    # The counters as the run summed them (a settled re-cut's: the same keys), read by name.
+    counted = settled.stages if settled else s.per_stage or []
+    if not all(isinstance(st, StageFigures | dict) for st in counted):
+        return None
+    stages = [st if isinstance(st, StageFigures) else StageFigures.view(st) for st in counted]
+    if not (isinstance(n, int) and n * r > 1 and speedup and serial_ips and images and repeats
+            and len(stages) == n * r):
         return None
     per = float(images * repeats) / r  # the images each rank computed
-    if any(not isinstance(st.compute_s, int | float) or not isinstance(st.run_delay_s, int | float | None)
-           for st in stages):
+    if not all(_number(st.compute_s) and _number(st.run_delay_s or 0.0) for st in stages):
         return None
     c = [float(st.compute_s or 0.0) / per for st in stages]
-    d = [(st.run_delay_s or 0.0) / per for st in stages]
+    d = [float(st.run_delay_s or 0.0) / per for st in stages]
     b = max(range(n * r), key=lambda i: c[i])
     bst = stages[b]
 
@@ -99,9 +103,10 @@ def waterfall(summary: RunSummary | dict[str, Any], settled: Settled | None = No
     m = -(-images // chunk) // r  # each replica's microbatches
     f = (m + n - 1) / m
     t_s = 1.0 / serial_ips
-    timing = s.serial_timing
-    t_sc = ((timing.compute_per_image_s if timing else None) or t_s) - \
-        ((timing.run_delay_per_image_s if timing else None) or 0.0)
+    recorded = s.serial_timing
+    timing = recorded if isinstance(recorded, SerialTiming) else SerialTiming.view(
+        recorded if isinstance(recorded, dict) else None)
+    t_sc = (timing.compute_per_image_s or t_s) - (timing.run_delay_per_image_s or 0.0)
     if t_sc <= 0 or c[b] <= 0:
         return None
     steps = [float(n * r), n * r / f]
@@ -134,6 +139,11 @@ def waterfall(summary: RunSummary | dict[str, Any], settled: Settled | None = No
                              "bottleneck_compute": round(c[b] * 1000, 3), "bottleneck_wait_for_cpu":
                              round(d[b] * 1000, 3), "bottleneck_communication": round(k_b * 1000, 3),
                              "bottleneck_runtime": round(o_b * 1000, 3)}}
+
+
+def _number(value: object) -> bool:
+    """A counter the arithmetic takes: a number (a record's string or list is none: no waterfall)."""
+    return isinstance(value, int | float)
 
 
 def waterfall_line(w: dict[str, Any]) -> str:
