@@ -13,6 +13,11 @@ clean-up that follows on every path (success, failure, Ctrl-C).
     finally:
         await to_the_end(job.close())                     # stopped, confirmed, tidied, released, closed
 
+A job that holds its hosts for several runs (a sweep's, a tune's) lends each run its share (`lend`: a
+`LentJob`, under the run's own id, over the same connections, leases and pushed code); closing a lent job stops
+the run's processes and removes its run directories, and leaves the hosts held. After a run that failed, the
+owner finds the hosts whose connection was lost (`lost`) and opens them again (`reopen`).
+
 Launching ranks over it (torchrun argv, streams, the culprit of a failure) is `pictl.cluster.ranks`.
 """
 
@@ -51,8 +56,10 @@ Tidy = Callable[[Transport], Awaitable[Any]]
 class HostJob:
     """One job's hold on its hosts; `close()` undoes whatever of it happened, once, whatever happened."""
 
-    def __init__(self, hosts: Iterable[Host], job_id: str) -> None:
+    def __init__(self, hosts: Iterable[Host], job_id: str, *, kind: str = "run") -> None:
         self.job_id = job_id
+        self.kind = kind
+        """What the job is, as its leases name it to another run that finds the hosts busy ("run", "sweep")."""
         self.fleet = Fleet(hosts)
         self.leases: list[Lease] = []
         self.live: list[RemoteProcess] = []
@@ -75,7 +82,7 @@ class HostJob:
         (`check_python`: a host without its run interpreter is refused; provisioning makes that interpreter)."""
         await self.connect()
         self.leases = await take_leases(list(self.fleet), self.job_id, wait=wait, on_wait=on_wait,
-                                        check_python=check_python)
+                                        check_python=check_python, kind=self.kind)
         return list(self.leases)
 
     async def push(self, tree: dict[str, bytes] | None = None) -> int:
@@ -109,6 +116,34 @@ class HostJob:
             return cleaned if isinstance(cleaned, dict) else {}
 
         return await self.fleet.each(sweep_and_place, what, names)
+
+    def lend(self, job_id: str, names: Iterable[str]) -> HostJob:
+        """The named hosts of this held job as a run's own job (`LentJob`), under the run's id `job_id`."""
+        return LentJob(self, job_id, names)
+
+    async def lost(self) -> list[str]:
+        """The hosts whose connection (and with it the lease it held) is gone: a lease holder that ended, or a
+        host that no longer answers a command."""
+        ended = {lease.transport.host.name for lease in self.leases if lease.process.returncode is not None}
+        answers = await self.fleet.results(lambda t: t.run(["true"], timeout_s=PROBE_TIMEOUT_S))
+        ended |= {name for name, r in answers.items() if isinstance(r, BaseException) or r.returncode != 0}
+        return [name for name in self.fleet.transports if name in ended]
+
+    async def reopen(self, names: Iterable[str], *, wait: bool = False,
+                     on_wait: Callable[[str], None] = lambda _message: None, tree: dict[str, bytes] | None = None,
+                     ) -> None:
+        """The named hosts over new connections (their old ones closed), leased and holding the code again; one
+        error naming each host that cannot be (HostBusy: another run took the lease meanwhile)."""
+        old = self.fleet.only(dict.fromkeys(names))
+        gone = [lease for lease in self.leases if lease.transport in old]
+        self.leases = [lease for lease in self.leases if lease not in gone]
+        await release_all(gone)
+        await asyncio.gather(*(t.close() for t in old), return_exceptions=True)
+        fresh = Fleet(t.host for t in old)
+        self.fleet.transports.update(fresh.transports)  # (closed with the others, whatever happens next)
+        await fresh.connect()
+        self.leases += await take_leases(list(fresh), self.job_id, wait=wait, on_wait=on_wait, kind=self.kind)
+        await fresh.each(lambda t: push_to(t, tree), "push failed")
 
     # -- processes -------------------------------------------------------------------------------------
 
@@ -148,3 +183,37 @@ class HostJob:
         leases, self.leases = self.leases, []
         await release_all(leases)
         await self.fleet.close()
+
+
+PROBE_TIMEOUT_S = 30.0
+"""How long a held host has to answer `true` after a run that failed (`HostJob.lost`)."""
+
+
+class LentJob(HostJob):
+    """A run's share of a job that holds the hosts for several runs (`HostJob.lend`): the owner's connections,
+    leases and pushed code, on the hosts the run uses, under the run's own id (its run directories, its process
+    groups, its owner file: `pictl stop` finds it as it finds any run). Closing it stops the run's processes and
+    removes its run directories; the hosts stay connected and leased, for the owner's next run and its close."""
+
+    def __init__(self, owner: HostJob, job_id: str, names: Iterable[str]) -> None:
+        chosen = list(dict.fromkeys(names))
+        self.job_id, self.kind, self.owner = job_id, owner.kind, owner
+        self.fleet = Fleet(())
+        self.fleet.transports = {name: owner.fleet[name] for name in chosen}
+        self.leases = [lease for lease in owner.leases if lease.transport.host.name in chosen]
+        self.live = []
+
+    async def keep_only(self, names: Iterable[str]) -> list[Lease]:
+        """The leases of the hosts the run keeps; the others are not given back: the owner holds them on."""
+        chosen = set(names)
+        self.leases = [lease for lease in self.leases if lease.transport.host.name in chosen]
+        return list(self.leases)
+
+    async def close(self, used: Iterable[str] | None = None, *, tidy: Tidy | None = None) -> None:
+        """Stop the run's processes, wait for each host to confirm, remove its run directory on the hosts used
+        (every host by default); the connections and leases are the owner's."""
+        await self.stop_all()
+        chosen = self.fleet.only(used) if used is not None else list(self.fleet)
+        finish = tidy or (lambda t: cleanup_host(t, orphans_only=False, finish=self.job_id))
+        await asyncio.gather(*(finish(t) for t in chosen), return_exceptions=True)
+        self.leases = []

@@ -7,7 +7,8 @@ workdir's lease while our connection lasts. All hosts or none:
 when one is busy the leases already taken are given back, so two runs that each
 got half the cluster never wait on each other. A busy host is refused with one
 line naming the run, user, controller and start time that hold it (`HostBusy`,
-exit 8), or, with `wait`, tried again until it is free.
+exit 8), or, with `wait`, tried again until it is free. A sweep or a tune holds its hosts
+for all of its runs, under its own name: the line then names the sweep (`kind`).
 
 `controller_name()` is how the hosts know whose run a process group belongs to
 (`pictl stop` stops only this controller's runs unless `--all`).
@@ -63,8 +64,8 @@ class Lease:
 def describe(record: dict[str, Any]) -> str:
     started = record.get("started_at")
     since = time.strftime("%H:%M:%S", time.localtime(started)) if isinstance(started, int | float) else "?"
-    return f"run {record.get('run_id', '?')} of {record.get('user', '?')} on {record.get('controller', '?')} " \
-           f"(since {since})"
+    return f"{record.get('kind', 'run')} {record.get('run_id', '?')} of {record.get('user', '?')} on " \
+           f"{record.get('controller', '?')} (since {since})"
 
 
 def _busy_message(busy: list[tuple[str, dict[str, Any]]]) -> str:
@@ -72,7 +73,7 @@ def _busy_message(busy: list[tuple[str, dict[str, Any]]]) -> str:
     takes its hosts' leases one by one, maybe a second apart: grouped by run, since its first lease."""
     holders: dict[tuple[Any, ...], list[tuple[str, dict[str, Any]]]] = {}
     for host, record in busy:
-        who = (record.get("run_id"), record.get("user"), record.get("controller"))
+        who = (record.get("kind"), record.get("run_id"), record.get("user"), record.get("controller"))
         holders.setdefault(who, []).append((host, record))
     clauses = []
     for held in holders.values():
@@ -94,10 +95,10 @@ class _Answer:
     why: str = ""
 
 
-async def _take(t: Transport, run_id: str, check_python: bool) -> _Answer:
+async def _take(t: Transport, run_id: str, check_python: bool, kind: str = "run") -> _Answer:
     h = t.host
     record = {"run_id": run_id, "user": getpass.getuser(), "controller": socket.gethostname(),
-              "owner": controller_name()}
+              "owner": controller_name(), **({"kind": kind} if kind != "run" else {})}
     argv = [h.base_python(), "-c", BOOT, "hold", "--workdir", h.workdir, "--record", json.dumps(record)]
     proc = await t.start([*argv, "--python", h.python_path()] if check_python else argv)
     answer: dict[str, Any] = {}
@@ -142,12 +143,13 @@ async def release_all(leases: list[Lease]) -> None:
 
 
 async def take_leases(transports: list[Transport], run_id: str, *, wait: bool = False, check_python: bool = True,
-                      on_wait: Callable[[str], None] = lambda message: None) -> list[Lease]:
+                      on_wait: Callable[[str], None] = lambda message: None, kind: str = "run") -> list[Lease]:
     """Every host's lease, or none: HostBusy names who holds a busy one (with `wait`, try until free).
-    `check_python`: also refuse (NotReady) a host whose run interpreter (its venv) is missing."""
+    `check_python`: also refuse (NotReady) a host whose run interpreter (its venv) is missing. `kind`: what
+    `run_id` names ("run"; "sweep" or "tune" for one that holds the hosts for all of its runs)."""
     last = ""
     while True:
-        results = await asyncio.gather(*(_take(t, run_id, check_python) for t in transports),
+        results = await asyncio.gather(*(_take(t, run_id, check_python, kind) for t in transports),
                                        return_exceptions=True)
         answers = [r for r in results if isinstance(r, _Answer)]
         held = [a.lease for a in answers if a.lease is not None]

@@ -2,7 +2,9 @@
 reference in interleaved rounds; one ranked table, plots.
 
 Every combination is checked against the inventory before anything runs (a value that cannot run is bad input,
-nothing started), and the pipeline runs are planned together in one process (`planning.plan_ahead`). Then
+nothing started), every host is held for the whole sweep (connected, leased under the sweep's name and the code
+pushed once: `pictl.run.hosts.held_hosts`; every run borrows them), and the pipeline runs are planned together
+in one process (`planning.plan_ahead`). Then
 `sweep_rounds` measures them: each round the reference (a serial run on the inventory's first host, measured
 then) and every combination in alternating order, each run handed that round's reference as its baseline. The
 table (`sweep_table`) ranks the combinations by their speedup over the reference, round by round (median and
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from pictl import errors as E
-from pictl.cluster.fleet import Fleet
 from pictl.events import EventSink
 from pictl.inventory import Cluster
 from pictl.jobs.sweep_plots import plot
@@ -43,6 +44,7 @@ from pictl.planning.options import RunOptions
 from pictl.planning.placement import place_stages, sharing_hosts
 from pictl.planning.presets import SweepSettings, resolve_options, sweep_axes, sweep_settings
 from pictl.run.baselines import BaselineCache
+from pictl.run.hosts import HeldHosts, held_hosts
 from pictl.run.session import RunSession
 from pictl.text import ascii_count
 from pictl.validation import got, problem_line
@@ -187,27 +189,39 @@ async def run_sweep(cluster: Cluster, base: RunOptions, points: list[SweepPoint]
                     rounds: RoundsPlan | None = None) -> list[dict[str, Any]]:
     """Measure every point against one reference in interleaved rounds (`sweep_rounds`); the ranked rows.
     `on_session(session, k, n)` is called before each run (the k-th of n planned so far) and `on_rows(rows)`
-    after each round (the dashboard follows the sweep through them). Each run leases its hosts: with `wait`, a
-    run whose hosts another run holds waits for them; without, the sweep stops there (HostBusy). Runs go under
+    after each round (the dashboard follows the sweep through them). The sweep holds every host for all of its
+    runs (`pictl.run.hosts.held_hosts`): with `wait`, hosts another run holds are waited for before the first
+    run; without, the sweep is refused there (HostBusy), before its directory is made. Runs go under
     `runs_root` (default: the runs root). A sweep file that cannot be written goes into `write_failed` and the
     sweep goes on (the caller prints the rows)."""
+    from pictl.records.tracker_writers import check_trackers
+
+    kinds = list(base.track or cluster.track)
+    check_trackers(kinds)  # before anything starts
+    # Every host held before anything starts, for the whole sweep: connected, leased under the sweep's name (another
+    # team's run is refused, or queues with --wait, until the sweep ends) and the code pushed, once; every run
+    # borrows them. A host that is down is one error naming it (exit 4, no sweep directory), a busy one exit 8.
+    async with held_hosts(cluster, "sweep", out.name, wait=wait, on_event=on_event) as held:
+        return await _measured(cluster, base, points, out, held, kinds, on_event=on_event, cache=cache,
+                               on_session=on_session, on_rows=on_rows, write_failed=write_failed,
+                               runs_root=runs_root, rounds=rounds)
+
+
+async def _measured(cluster: Cluster, base: RunOptions, points: list[SweepPoint], out: Path, held: HeldHosts,
+                    kinds: Sequence[str], *, on_event: EventSink | None, cache: BaselineCache | None,
+                    on_session: Callable[[RunSession, int, int], object] | None,
+                    on_rows: Callable[[list[dict[str, Any]]], object] | None,
+                    write_failed: list[E.RecordWriteFailed] | None, runs_root: Path | None,
+                    rounds: RoundsPlan | None) -> list[dict[str, Any]]:
+    """The sweep on the hosts it holds: planned, measured in rounds, its table, plots and trackers."""
     from pictl.events import Phase
     from pictl.planning.specs import plan_ahead
     from pictl.records.runs import default_runs_root
-    from pictl.records.tracker_writers import check_trackers, track_record
+    from pictl.records.tracker_writers import track_record
     from pictl.records.trackers import sweep_series
 
     # One planning process for the pipeline runs (not a torch import each), and one that cannot work
     # is refused before the first run starts. A serial point plans inside its own baseline run.
-    kinds = list(base.track or cluster.track)
-    check_trackers(kinds)  # before anything starts
-    # Every host answers before anything starts, as for `pictl run`: a host that is down is one error naming it
-    # (exit 4, no sweep directory), not a table of failed rows after a round (a balanced sweep plans nothing ahead).
-    fleet = Fleet(cluster.hosts)
-    try:
-        await fleet.connect()
-    finally:
-        await fleet.close()
     widest = max(points, key=lambda p: p.stages, default=None)  # (only the first host plans: it is any point's)
     planned = await plan_ahead(sharing_hosts(cluster, widest.stages, widest.slots) if widest else cluster,
                                [(point_label(p), options_for(base, p)) for p in points if p.stages > 1],
@@ -249,8 +263,8 @@ async def run_sweep(cluster: Cluster, base: RunOptions, points: list[SweepPoint]
             on_rows(list(rows))
 
     engine = SweepRounds(reference, entries, plan, sweep_dir=out, runs_root=runs_root or default_runs_root(),
-                         on_event=on_event, cache=cache, wait=wait, aliases=aliases, on_session=on_session,
-                         on_round=table, write_failed=write_failed)
+                         on_event=on_event, cache=cache, aliases=aliases, on_session=on_session,
+                         on_round=table, write_failed=write_failed, hosts=held)
     if on_event:
         on_event(Phase("sweep", f"{len(engine.measured_entries)} configuration(s) against one reference, "
                                 f"{reference_line(host, reference.options, None).split(':')[0]}, in "
@@ -260,6 +274,9 @@ async def run_sweep(cluster: Cluster, base: RunOptions, points: list[SweepPoint]
         await engine.run()
     except E.Interrupted:
         table(engine.measured, interrupted=True)
+        raise
+    except (E.TransportError, E.HostBusy, E.NotReady):  # a host lost for good (`SweepRounds._mended`): it ends here
+        table(engine.measured)
         raise
     table(engine.measured)
     _kept(lambda: plot(out, rows), write_failed)

@@ -12,7 +12,9 @@ reference. A one-rank configuration (the serial run at another chunk) is measure
 After `rounds` rounds, one more is added while configurations next to each other in the ranking are too close
 to call (`pictl.records.compare_stats.more_rounds`): the reference and those configurations only, until
 `max_rounds` or the budget. Every run is a run of its own under the runs root, its summary naming the sweep
-(`part_of`), and says a `[k/n]` line as it ends.
+(`part_of`), and says a `[k/n]` line as it ends. The runs borrow the hosts the sweep holds (`hosts`:
+`pictl.run.hosts.held_hosts`); after a run that failed, a host whose connection was lost is connected again, or
+the sweep ends there with an error naming it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pictl.planning.options import RunOptions
 from pictl.records.compare_stats import Ranking, Rounds, looks_for, more_rounds, rank
 from pictl.run.baselines import BaselineCache
 from pictl.run.context import Handed
+from pictl.run.hosts import HeldHosts
 from pictl.run.session import RunSession
 from pictl.summary_models import RunSummary
 from pictl.validation import got
@@ -143,8 +146,8 @@ class SweepRounds:
                  wait: bool = False, aliases: dict[str, str] | None = None,
                  on_session: Callable[[RunSession, int, int], object] | None = None,
                  on_round: Callable[[Measurements], object] | None = None,
-                 write_failed: list[E.RecordWriteFailed] | None = None) -> None:
-        self.reference, self.entries, self.plan = reference, entries, plan
+                 write_failed: list[E.RecordWriteFailed] | None = None, hosts: HeldHosts | None = None) -> None:
+        self.reference, self.entries, self.plan, self.hosts = reference, entries, plan, hosts
         self.sweep_dir, self.runs_root, self.cache, self.wait = sweep_dir, runs_root, cache, wait
         self.aliases = aliases or {}
         """Configurations that are the reference itself (the sweep's serial point at its chunk): never run twice."""
@@ -192,9 +195,11 @@ class SweepRounds:
         self.measured.order.append([e.label for e in order])
         ref_run, handed = await self._measure(self.reference, round_no, None)
         self.measured.reference.append(ref_run)
+        await self._mended(ref_run)
         for entry in order:
             run, _ = await self._measure(entry, round_no, handed, ref_run.ips)
             self.measured.runs.setdefault(entry.label, []).append(run)
+            await self._mended(run)
         if self.on_round:
             self.on_round(self.measured)
 
@@ -207,7 +212,7 @@ class SweepRounds:
                    "configuration": entry.label}
         session = RunSession(entry.cluster, entry.options, on_event=self.on_event, runs_root=self.runs_root,
                              baseline_cache=self.cache, wait=self.wait, reuse_baseline=not entry.one_rank,
-                             handed=None if entry.one_rank else handed, part_of=part_of)
+                             handed=None if entry.one_rank else handed, part_of=part_of, hosts=self.hosts)
         if self.on_session:
             self.on_session(session, self.done, self.planned)
         error: str | None = None
@@ -234,6 +239,12 @@ class SweepRounds:
                                 f"{_named(entry, is_reference)}: {ips_text(ips)} img/s, "
                                 f"{speedup_text(speedup)}, {_outputs(summary, error)}"))
         return run, (session.reference if is_reference and ips else None)
+
+    async def _mended(self, run: RoundRun) -> None:
+        """After a run that failed, the held hosts checked: one whose connection was lost is connected again, or
+        its error (naming it) ends the sweep, with what the rounds measured kept."""
+        if run.error is not None and self.hosts is not None:
+            await self.hosts.mend()
 
 
 def _named(entry: Entry, is_reference: bool) -> str:

@@ -14,6 +14,8 @@ Screening chooses the finalists; the rounds decide (`pictl.jobs.tune_rounds`): t
 finalists measured again and again in alternating order, each finalist's speedup the median of its img/s over
 its round's reference, a winner only beyond the noise, a tie to the simpler configuration. The verdicts are
 `pictl.jobs.tune_verdicts`'. Every run is a run of its own under the runs root (`pictl runs` lists it).
+Every host is held for the whole tune (connected, leased under the tune's name and the code pushed, once;
+`pictl.run.hosts.held_hosts`), and every run borrows them.
 `tune.json` is written before the first run (a directory that cannot take it refuses the tune before anything
 is measured) and after every measurement, so an interrupted or failed tune keeps what it measured and says
 how it ended.
@@ -43,6 +45,7 @@ from pictl.planning.options import RunOptions, as_flag
 from pictl.planning.presets import preset_keys, resolve_options
 from pictl.records.runs import default_runs_root
 from pictl.run.baselines import BaselineCache
+from pictl.run.hosts import held_hosts
 from pictl.run.session import RunSession
 from pictl.validation import problem_line
 from remote.floor import protocol as P
@@ -96,8 +99,11 @@ async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, o
                  on_session=on_session, write_failed=write_failed, runs_root=runs_root or default_runs_root())
     try:
         tune.save("running")  # before the first run: a tune directory that cannot be written refuses the tune here
-        await _search(tune)
-        await _decide(tune)
+        # Every host held for the whole tune (connected, leased under its name, the code pushed, once); every
+        # run borrows them, and they are freed once, however the tune ends.
+        async with held_hosts(cluster, "tune", out.name, wait=settings.wait, on_event=on_event) as tune.hosts:
+            await _search(tune)
+            await _decide(tune)
     except BaseException as exc:
         stopped = isinstance(exc, E.Interrupted | asyncio.CancelledError | KeyboardInterrupt)
         tune.save("interrupted" if stopped else "failed", exc)

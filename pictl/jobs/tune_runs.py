@@ -2,6 +2,8 @@
 runs root, a screening run judged once (`pictl.jobs.tune_verdicts.judge`), a round's run against that round's
 reference (`pictl.jobs.tune_rounds`), a `[k/n]` line for each as it ends, and `tune.json` rewritten after each.
 What the tune may spend and keep is `TuneSettings`; the search that orders the runs is `pictl.jobs.tune`.
+Its runs borrow the hosts the tune holds (`hosts`: `pictl.run.hosts.held_hosts`); after a run that failed, a host
+whose connection was lost is connected again, or the tune ends there with an error naming it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pictl.planning.options import RunOptions
 from pictl.run.baselines import BaselineCache
 from pictl.run.compare import agreement, max_abs_diff
 from pictl.run.context import Handed
+from pictl.run.hosts import HeldHosts
 from pictl.run.session import RunSession
 from pictl.summary_models import RunSummary
 from pictl.text import figure
@@ -102,6 +105,8 @@ class TuneJob:
         self.handed: dict[int, Handed] = {}
         """Round -> its reference serial run as a run of that round takes it instead of a baseline of its own
         (0: screening's, the first run's serial run)."""
+        self.hosts: HeldHosts | None = None
+        """The hosts the tune holds for all of its runs, once held (`run_tune`)."""
         self.record = TuneRecord(out, {"started_at": time.time(), "cluster": cluster.source,
                                        "options": base.model_dump(), "settings": asdict(settings),
                                        "runs_root": str(runs_root)})
@@ -146,7 +151,8 @@ class TuneJob:
                    "role": "reference" if m.reference else "candidate", "configuration": m.candidate.label}
         session = RunSession(cluster, options, on_event=self.on_event, runs_root=self.runs_root,
                              baseline_cache=self.cache, reuse_baseline=not fresh, wait=self.settings.wait,
-                             handed=None if fresh else self.handed.get(round_no or 0), part_of=part_of)
+                             handed=None if fresh else self.handed.get(round_no or 0), part_of=part_of,
+                             hosts=self.hosts)
         if self.on_session:
             self.on_session(session, m)
         return session
@@ -170,6 +176,7 @@ class TuneJob:
                     judge(m, summary, settings.min_agreement, allow_loss=settings.allow_loss)
                 raise
             self.say(Phase("tune", f"{label}: {exc}"))
+            await self._mended(exc)
         except E.RecordWriteFailed as exc:  # raised, not kept: the run's record could not even be made
             if lead:
                 raise E.ConfigError(f"{exc}; nothing was measured") from None
@@ -209,6 +216,7 @@ class TuneJob:
             summary = await session.run()
         except (E.RunFailed, E.OutputMismatch, E.TransportError, E.ConfigError) as exc:
             summary, failure = session.last_summary, str(exc)
+            await self._mended(exc)
         if failure is None and summary is not None and not (summary.status == "ok" and summary.outputs_match):
             failure = "its outputs differed"
         self._kept_write_error(session, label)
@@ -226,6 +234,12 @@ class TuneJob:
             return None
         self.save("running")
         return (summary.run_id if summary else None), ips
+
+    async def _mended(self, exc: BaseException) -> None:
+        """After a run that failed on the hosts (not on its outputs or its options), the held hosts checked: one
+        whose connection was lost is connected again, or its error (naming it) ends the tune."""
+        if self.hosts is not None and isinstance(exc, E.RunFailed | E.TransportError):
+            await self.hosts.mend()
 
     def _kept_write_error(self, session: RunSession, label: str) -> None:
         if session.write_error is not None:  # measured, but its record is incomplete: the tune goes on

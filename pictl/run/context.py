@@ -12,7 +12,7 @@ write in it. The hosts themselves (connections, leases, processes) are the job's
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -77,11 +77,13 @@ class RunContext:
     handed: Handed | None = None
     """The comparison's reference serial run, when this run is one of a comparison's (None: its own)."""
     started: float = field(default_factory=time.time)
+    pushed: InitVar[dict[str, bytes] | None] = None
+    """The code tree a sweep or tune holding the hosts pushed (None: this run reads and pushes its own)."""
     # Read and hashed once per run: what is pushed and what keys the caches are the same tree.
     tree: dict[str, bytes] = field(init=False)
     code: str = field(init=False)
 
-    def __post_init__(self) -> None:
-        tree = local_tree()
+    def __post_init__(self, pushed: dict[str, bytes] | None) -> None:
+        tree = pushed if pushed is not None else local_tree()
         object.__setattr__(self, "tree", tree)  # (frozen: set once, here)
         object.__setattr__(self, "code", manifest_digest(tree))

@@ -1,6 +1,7 @@
 """One run, start to end, as a straight line of phases; each takes the previous one's result:
 
     open_hosts -> HostsReady        connect, lease, push once               (run/hosts.py)
+                                    (or borrow the hosts a sweep or tune holds: `hosts=`)
     place -> Placement              stages on hosts, threads; `Placed`      (run/placement.py)
     choose_split -> SplitChoice     balanced's costs, split and refinement  (run/split.py)
     stage -> Staged                 spec on the hosts, orphans, host facts  (run/staging.py)
@@ -38,7 +39,7 @@ from pictl.records.trackers import run_series, write_samples
 from pictl.run.baselines import BaselineCache
 from pictl.run.compare import collect_and_compare
 from pictl.run.context import Caches, Handed, RunContext
-from pictl.run.hosts import open_hosts
+from pictl.run.hosts import HeldHosts, open_hosts
 from pictl.run.logbook import Logbook
 from pictl.run.pipeline import Pipeline
 from pictl.run.placement import candidates, place
@@ -59,7 +60,8 @@ class RunSession:
     def __init__(self, cluster: Cluster, options: RunOptions, *, on_event: EventSink | None = None,
                  runs_root: Path | None = None, baseline_cache: BaselineCache | None = None,
                  reuse_baseline: bool = True, profile: str | None = None, wait: bool = False,
-                 handed: Handed | None = None, part_of: dict[str, Any] | None = None) -> None:
+                 handed: Handed | None = None, part_of: dict[str, Any] | None = None,
+                 hosts: HeldHosts | None = None) -> None:
         preload(cluster)  # before the start-up clock: importing is not connecting
         runs_root = runs_root or default_runs_root()
         sink = on_event or (lambda _e: None)
@@ -72,7 +74,11 @@ class RunSession:
         self.ctx = RunContext(cluster, options, RunRecord.new_id(options.stages), observed,
                               runs_root, Caches.beside(baseline_cache or BaselineCache()),
                               artifact=open_artifact(options.artifact) if options.artifact else None,
-                              profile=profile, wait_for_hosts=wait, reuse_baseline=reuse_baseline, handed=handed)
+                              profile=profile, wait_for_hosts=wait, reuse_baseline=reuse_baseline, handed=handed,
+                              pushed=hosts.tree if hosts is not None else None)
+        self.held = hosts
+        """The hosts the sweep or tune this run is one of holds, borrowed (None: the run connects, leases and pushes
+        itself); closing the run stops its processes and removes its run directories, and leaves them held."""
         self.part_of = part_of
         """The comparison this run is one of (`pictl sweep`: its directory, round and role), written into its
         summary so that `pictl runs` lists it with it."""
@@ -138,7 +144,7 @@ class RunSession:
         summary: dict[str, Any] = {}
         try:
             try:
-                self.job = job = (await open_hosts(ctx, list(usable.cluster.hosts), book.timeline)).job
+                self.job = job = (await open_hosts(ctx, list(usable.cluster.hosts), book.timeline, self.held)).job
                 reached.placement = placement = await place(ctx, job, usable, book.timeline)
                 reached.choice = choice = await choose_split(ctx, job, placement, spec, book.timeline)
                 spec = choice.spec
@@ -199,8 +205,11 @@ class RunSession:
                         await self._track(self.last_summary)
 
     def _comparison_noted(self, summary: dict[str, Any]) -> dict[str, Any]:
-        """The summary with the comparison it is part of, and a handed reference's own host and run named in its
-        baseline record (the summarizer names the run's first host, where a baseline of its own is measured)."""
+        """The summary with the comparison it is part of, a handed reference's own host and run named in its
+        baseline record (the summarizer names the run's first host, where a baseline of its own is measured), and
+        a start-up on borrowed hosts saying who held them (its connect and push took no time of its own)."""
+        if self.held is not None and isinstance(summary.get("startup"), dict):
+            summary["startup"] = {**summary["startup"], "hosts_held_by": self.held.holder}
         serial = self.reached.serial
         if serial is not None and serial.handed is not None and isinstance(summary.get("baseline"), dict):
             summary["baseline"] = {**summary["baseline"], "host": serial.handed.host,
@@ -224,7 +233,8 @@ class RunSession:
                            lambda message: self.ctx.sink(Phase("track", message)))
 
     async def _cleanup(self) -> None:
-        """Stop every process, wait for each host to confirm, leave no run directory there, free the hosts."""
+        """Stop every process, wait for each host to confirm, leave no run directory there, free the hosts (borrowed
+        ones stay held: the sweep's or tune's, freed once at its end)."""
         if self._monitor is not None:
             self._monitor.cancel()
             await asyncio.gather(self._monitor, return_exceptions=True)

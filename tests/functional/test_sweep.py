@@ -86,6 +86,8 @@ def test_a_sweep_writes_table_and_plots(tmp_path: Path, pictl_env) -> None:
     # The pipeline run was planned before the sweep began (one process for all of them), the serial
     # one inside its own baseline run: no planning process of their own.
     assert "1 sweep run(s) planned in one process" in proc.stderr
+    # Its four runs borrowed the hosts the sweep held: the code pushed once, before the first.
+    assert len([line for line in proc.stderr.splitlines() if line.startswith("pictl push: ")]) == 1, proc.stderr
     assert summary["plan_reused"] is True and summary["baseline"]["reference_run"] in serial["run_ids"]
     listed = json.loads(run_pictl(["runs", "--json"], pictl_env).stdout)
     assert sorted(r["part_of"] for r in listed) == sorted(
@@ -115,8 +117,15 @@ async def test_under_load_that_comes_and_goes_a_sweep_ranks_by_one_reference_and
     points = [SweepPoint(1, 1, "serial"), SweepPoint(2, 1, "equal"), SweepPoint(2, 1, "equal")]
     said: list[str] = []
     out, runs = tmp_path / "sweep", tmp_path / "runs"
+    leases: list[tuple[str, object, object, object]] = []
+
+    def held(_session: object, _k: int, _n: int) -> None:  # as each run starts: who holds each host's lease
+        for h in ("h0", "h1"):
+            record = json.loads((tmp_path / "cluster" / h / "lease").read_text() or "{}")
+            leases.append((h, record.get("pid"), record.get("run_id"), record.get("kind")))
+
     with ToggledLoad(on_s=(0.5, 2.5), off_s=(0.5, 2.5)) as load:
-        rows = await run_sweep(cluster, base, points, out, runs_root=runs, rounds=RoundsPlan(3, 3),
+        rows = await run_sweep(cluster, base, points, out, runs_root=runs, rounds=RoundsPlan(3, 3), on_session=held,
                                on_event=lambda e: said.append(e.message) if isinstance(e, Phase) else None)
     assert load.switches >= 4, "the load never came and went during the sweep"
     assert [r["label"] for r in rows][-1] == "serial" and all(r["status"] == "ok" for r in rows)
@@ -127,6 +136,14 @@ async def test_under_load_that_comes_and_goes_a_sweep_ranks_by_one_reference_and
     assert sweep["verdicts"][0].startswith(f"{twins[0]['label']} and {twins[1]['label']}: a tie within noise")
     progress = [line for line in said if line.startswith("[")]
     assert len(progress) == 9 and progress[-1].startswith("[9/9] round 3, ")
+    # The hosts were held once for the whole sweep: every run started with both leases held by the same holder,
+    # the sweep (not by a run of its own), the code pushed once, and both leases freed at its end.
+    assert len(leases) == 18 and {(h, run_id, kind) for h, _, run_id, kind in leases} == {
+        ("h0", "sweep", "sweep"), ("h1", "sweep", "sweep")}, leases
+    assert len({(h, pid) for h, pid, _, _ in leases}) == 2, leases
+    pushes = [line for line in said if "pushed to" in line or line.startswith("code up to date on")]
+    assert len(pushes) == 1, pushes
+    assert all((tmp_path / "cluster" / h / "lease").read_text() == "" for h in ("h0", "h1"))
 
     # One reference for every row: the serial run on h0, measured first in each round and handed to that
     # round's runs, which divide by it and check their outputs against it.
@@ -137,6 +154,7 @@ async def test_under_load_that_comes_and_goes_a_sweep_ranks_by_one_reference_and
         for label, run in round_["runs"].items():
             s = json.loads((runs / run["run_id"] / "summary.json").read_text())
             assert s["baseline"]["reference_run"] == ref_id and s["serial_ips"] == pytest.approx(ref_ips, rel=1e-4)
+            assert s["startup"]["hosts_held_by"] == "sweep sweep"  # (its connect and push: the sweep's, once)
             assert s["outputs_match"] is True and s["part_of"] == {
                 "kind": "sweep", "name": "sweep", "dir": str(out.absolute()), "round": k, "role": "candidate",
                 "configuration": label}

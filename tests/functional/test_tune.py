@@ -160,6 +160,12 @@ def test_a_tune_under_toggled_load_saves_the_fastest_under_interleaving_and_its_
     shown = run_pictl(["runs", "show", reference_runs[1]["run_id"], "--runs-dir", str(runs), "--json"], env,
                       cwd=tmp_path)
     assert shown.returncode == 0 and json.loads(shown.stdout)["throughput_ips"] == reference_runs[1]["ips"]
+    # The hosts were held once for the whole tune: connected, leased and the code pushed before its first run, each
+    # run's start-up saying so (no connect or push of its own).
+    pushes = [line for line in proc.stderr.splitlines() if re.match(r"pictl push: .*(pushed to|code up to date on)",
+                                                                     line)]
+    assert len(pushes) == 1, pushes
+    assert all(s["startup"]["hosts_held_by"] == "tune tune" for s in summaries.values() if s["startup"])
 
 
 @pytest.mark.slow

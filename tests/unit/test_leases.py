@@ -1,8 +1,10 @@
 """The lease and the clean-up helpers on their own (this machine, real processes): atomic, released on
-EOF, never stale after a SIGKILL; finished run directories removed, live ones and recent ones kept."""
+EOF, never stale after a SIGKILL; finished run directories removed, live ones and recent ones kept; hosts a sweep
+holds for all of its runs, lent to each run and held on after it, a lost one leased again, all freed at the end."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -11,8 +13,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from support.cli import ROOT
+from support.clusters import write_cluster
 
+from pictl import errors as E
+from pictl.cluster.leases import take_leases
+from pictl.cluster.transport import transport_for
+from pictl.inventory import load_cluster
+from pictl.run.hosts import held_hosts
 from remote.host.cleanup import STALE_DIR_S, cleanup
 
 LEASE = [sys.executable, str(ROOT / "remote" / "host" / "lease.py"), "hold"]
@@ -78,3 +87,32 @@ def test_finished_run_directories_go_live_and_recent_ones_stay(tmp_path: Path) -
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+async def test_hosts_held_for_a_sweep_are_lent_to_each_run_and_a_lost_one_is_leased_again(tmp_path: Path) -> None:
+    """The sweep's leases (one holder per host, under its name) outlive each run it lends them to: that run's own
+    directory goes with it, another run is refused naming the sweep, a host whose lease holder died is leased
+    again by `mend`, and both are free once the sweep ends."""
+    cluster = load_cluster(write_cluster(tmp_path / "cluster", 2))
+    lease = {h: tmp_path / "cluster" / h / "lease" for h in ("h0", "h1")}
+
+    def holder(h: str) -> dict:
+        return json.loads(lease[h].read_text() or "{}")
+
+    async with held_hosts(cluster, "sweep", "s1") as held:
+        first = {h: holder(h) for h in lease}
+        assert all((r["run_id"], r["kind"]) == ("s1", "sweep") for r in first.values()), first
+        job = held.lend("run-1", [cluster.hosts[0]])
+        await job.stage({}, "cannot prepare the run")
+        assert (tmp_path / "cluster" / "h0" / "runs" / "run-1").is_dir() and list(job.fleet.transports) == ["h0"]
+        await job.close(["h0"])
+        assert not (tmp_path / "cluster" / "h0" / "runs" / "run-1").exists()
+        assert {h: holder(h) for h in lease} == first  # the run ended, the sweep holds on
+        with pytest.raises(E.HostBusy, match=r"hosts 'h0', 'h1' busy: held by sweep s1 of "):
+            await take_leases([transport_for(h) for h in cluster.hosts], "another-run")
+        os.kill(first["h1"]["pid"], signal.SIGKILL)  # h1's lease lost (as with its connection)
+        await asyncio.wait_for(next(x for x in held.job.leases if x.transport.host.name == "h1").process.wait(), 10)
+        await held.mend()
+        assert holder("h1")["pid"] != first["h1"]["pid"] and holder("h1")["run_id"] == "s1"
+        assert holder("h0") == first["h0"] and await held.job.lost() == []
+    assert all(path.read_text() == "" for path in lease.values())
