@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from support.clusters import write_cluster
+from textual.events import Key
 from textual.widgets import Input, Select
 
 from pictl.inventory import load_cluster
@@ -74,3 +75,19 @@ async def test_every_form_moves_on_with_enter(tmp_path: Path) -> None:
         await pilot.press("enter")
         await pilot.pause()
         assert app.screen is form and app.focused is not first
+
+
+async def test_keys_typed_after_enter_land_where_enter_moved_to(tmp_path: Path) -> None:
+    """Enter moves on as the key is read, like Tab: the keys typed right after it, before the dashboard has
+    drawn anything, go to the field Enter and the Tabs lead to (stages, Enter, three Tabs: images)."""
+    app = _app(tmp_path)
+    async with app.run_test(size=(120, 36)) as pilot:
+        await pilot.press("r")
+        await pilot.pause()
+        assert isinstance(app.screen, RunForm) and app.focused is app.screen.query_one("#stages", Input)
+        for key in ("2", "enter", "tab", "tab", "tab", "7"):  # straight into the queue, as a terminal sends them
+            app.post_message(Key(key, key if len(key) == 1 else None))
+        await pilot.pause()
+        form = app.screen
+        assert [form.query_one(f"#{f}", Input).value for f in ("stages", "split", "chunk", "images")] == \
+            ["2", "", "", "7"]

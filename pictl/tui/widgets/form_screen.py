@@ -20,7 +20,10 @@ class FormScreen(ModalScreen[Result], Generic[Result]):
     """Subclasses compose their fields (with a `#form-error` label and a `#start` button) and `_submit`."""
 
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "cancel"),
-                                             Binding("ctrl+s", "submit", "start", priority=True)]
+                                             Binding("ctrl+s", "submit", "start", priority=True),
+                                             Binding("enter", "enter_in_field", show=False, priority=True),
+                                             Binding("tab", "next_field", show=False, priority=True),
+                                             Binding("shift+tab", "previous_field", show=False, priority=True)]
     KEYS = "ctrl+s: start, Esc: cancel"
 
     def on_mount(self) -> None:
@@ -48,9 +51,22 @@ class FormScreen(ModalScreen[Result], Generic[Result]):
         else:
             self.dismiss(None)
 
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        event.stop()
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # Enter is the form's only in a text field; on a list or a button it is theirs (open, press).
+        return isinstance(self.focused, Input) if action == "enter_in_field" else True
+
+    # Enter and Tab move the focus here, as the key is read (priority bindings), not from the focused field's own
+    # queue: keys typed ahead (a terminal under load delivers them in a burst) were handed to the field that had
+    # the focus when they were read, before the Tab or Enter queued there had moved it (a test typed `2`, Enter,
+    # three Tabs and `2`: the second 2 went to chunk, not images).
+    def action_enter_in_field(self) -> None:
         self.focus_next()
+
+    def action_next_field(self) -> None:
+        self.focus_next()
+
+    def action_previous_field(self) -> None:
+        self.focus_previous()
 
     def action_cancel(self) -> None:
         self.dismiss(None)
