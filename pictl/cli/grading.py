@@ -82,6 +82,8 @@ def bundle(
         fail(exc)
     note(f"signed with {chosen} ({manifest['signer']['fingerprint']}): {len(manifest['members'])} members, "
          f"{len(data) / 1e6:.1f} MB")
+    if manifest.get("suspect_because"):
+        note(f"the run's result is SUSPECT ({manifest['suspect_because']}): the board marks it so")
     typer.echo(str(target))
 
 
@@ -120,6 +122,8 @@ def verify(
         said = stderr()
         said.print(f"pictl verify: signed by {checked.signer.text()}; members, code digest "
                    f"{checked.summary.code} and rules hold", markup=False)
+        if checked.summary.verdict == "suspect":
+            note(f"the bundled run's result was SUSPECT: {checked.summary.suspect_because}")
         result: dict[str, Any] = {"verified": True, "team": checked.team, "signer": checked.signer.text(),
                                   "claimed": claimed.to_json() if claimed else None, "rerun": None,
                                   "run_duration_s": checked.summary.duration_s}

@@ -52,7 +52,7 @@ class Thresholds:
 
     def text(self) -> str:
         return (f"pass: speedup above {self.passing:g}x; full marks above {self.full:g}x; "
-                f"accuracy floor {self.accuracy:.0%}")
+                f"accuracy floor {self.accuracy:.0%}; a SUSPECT result (pictl's own verdict) earns no mark")
 
 
 @dataclass(frozen=True)
@@ -66,6 +66,8 @@ class Row:
     verified: str
     """yes (re-run and reproduced), no (a check or the re-run failed), checked (every check holds; not re-run)."""
     why: str
+    suspect: bool = False
+    """The run's own result was SUSPECT (`pictl.verdict`): its speedup earns no mark."""
 
     def speedup_text(self) -> str:
         return self.speedup.text(".2f") if self.speedup else "n/a"
@@ -132,7 +134,8 @@ def _row(path: Path, *, allowed: Path | None, profile: str | None, min_accuracy:
         if verified == "no" and isinstance(code, int):
             why = f"{KINDS.get(code, 'failed')}: {why}"
     return Row(path.name, checked.team, _configuration(checked.summary, checked.options), checked.lossy,
-               speedup_spread(checked.summary), checked.summary.accuracy, verified, _short(why, path))
+               speedup_spread(checked.summary), checked.summary.accuracy, verified, _short(why, path),
+               suspect=checked.summary.verdict == "suspect")
 
 
 def _named_team(manifest: dict[str, object]) -> str:
@@ -171,7 +174,8 @@ HEADINGS = ("team", "configuration", "wire", "speedup (95 % interval)", "accurac
 
 def _cells(row: Row, marks: Thresholds) -> tuple[str, ...]:
     return (row.team, row.configuration, row.exactness(), row.speedup_text(), row.accuracy_text(marks.accuracy),
-            marks.mark(row.speedup), f"{row.verified}: {row.why}" if row.verified != "yes" else "yes")
+            "suspect" if row.suspect else marks.mark(row.speedup),
+            f"{row.verified}: {row.why}" if row.verified != "yes" else "yes")
 
 
 def table(rows: list[Row], marks: Thresholds) -> Group:

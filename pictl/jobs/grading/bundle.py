@@ -239,6 +239,7 @@ def make_bundle(run_dir: Path, key: Path, *, team: str | None = None,
         "format": FORMAT, "version": VERSION, "run_id": run_id, "team": team, "created_at": time.time(),
         "code": digest, "artifact": artifact, "outputs_sha256": sha256(outputs) if outputs is not None else None,
         "signer": {"key": public, "fingerprint": fingerprint(public)},
+        "suspect_because": summary.get("suspect_because") if summary.get("verdict") == "suspect" else None,
         "members": {name: sha256(data) for name, data in sorted(members.items())},
     }
     manifest_bytes = json.dumps(manifest, indent=1, sort_keys=True).encode()
