@@ -4,7 +4,7 @@ Each command lives with its kind (`run`: the dashboard, `pictl run` and its pres
 and `pictl report`; `runs`: `pictl runs`, past runs as data; `jobs`: sweeps and pruning; `tune`; `train`;
 `costs`: what `balanced` measures; `hosts`: the inventory, readiness, code, keys; `provision`: venvs; `init`:
 a new inventory; `grading`: bundle, verify, board); `common` holds what they share (the app, one-line errors,
-signals, connections).
+signals, connections) and `option_groups` the options several commands take, declared once.
 
 Exit codes: 0 ok, 1 internal error, 2 bad input or config (nothing started),
 3 a run failed on a host, 4 a host could not be reached, 5 pipeline output differs

@@ -3,8 +3,9 @@
 `RunOptions` is every option with its default and bounds; `POLICIES` and `DATASETS` are the choices;
 `parse_split` reads split points; `RUN_FLAGS` says which options a person sets (on the command line,
 `pictl run` and `pictl sweep`, and in the dashboard's forms), with their help, and `given_options` turns
-what was given into the overrides `presets.resolve_options` takes. The CLI builds its parameters from
-`RUN_FLAGS` and the forms read their choices and defaults here, so the two cannot drift apart.
+what was given into the overrides `presets.resolve_options` takes. `pictl run` hands on the options of its
+groups that `RUN_FLAGS` names (`pictl.cli.option_groups`), and the CLI's help and the forms read their choices and
+defaults here, so the two cannot drift apart.
 """
 
 from __future__ import annotations
