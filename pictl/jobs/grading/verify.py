@@ -275,7 +275,8 @@ def speedup_spread(summary: RunSummary) -> Spread | None:
 def compare_rerun(checked: Checked, rerun: RunSummary, outputs: bytes | None) -> Spread | None:
     """The re-run against the bundle: outputs identical (sha256), accuracy identical, and the claimed speedup not
     above what the re-run measured (the claim's interval, or its range with one pass, may not start above the
-    re-run's by more than `MIN_EFFECT`). Returns the re-run's speedup spread."""
+    re-run's by more than `MIN_EFFECT`, each end widened by its serial run's own scatter). Returns the re-run's
+    speedup spread."""
     path, claimed = checked.bundle.path, checked.summary
     want = checked.bundle.manifest.get("outputs_sha256")
     got = sha256(outputs) if outputs is not None else None
@@ -288,12 +289,23 @@ def compare_rerun(checked: Checked, rerun: RunSummary, outputs: bytes | None) ->
     mine, theirs = speedup_spread(rerun), speedup_spread(claimed)
     if mine is None or theirs is None:
         raise E.NotReproduced(f"{path}: no speedup to compare (the bundle's or the re-run's has no timed passes)")
-    claim_low = theirs.low if theirs.low is not None else theirs.least
-    rerun_high = mine.high if mine.high is not None else mine.most
+    # Each side's passes divide by its one serial figure, whose own passes scattered too (kept as their range):
+    # the claim's lower end is taken at its serial run's fastest pass, the re-run's upper end at its slowest.
+    claim_low = (theirs.low if theirs.low is not None else theirs.least) * _serial_slack(claimed, fastest=True)
+    rerun_high = (mine.high if mine.high is not None else mine.most) * _serial_slack(rerun, fastest=False)
     if claim_low > rerun_high * (1 + MIN_EFFECT):
         raise E.NotReproduced(f"{path}: claimed speedup {theirs.text(unit='x')} is above the re-run's "
                               f"{mine.text(unit='x')}")
     return mine
+
+
+def _serial_slack(summary: RunSummary, *, fastest: bool) -> float:
+    """The run's serial img/s over its serial run's fastest (or slowest) timed pass: how far its speedups move if
+    the serial figure were that pass's instead of the middle one (1 without a recorded range)."""
+    scatter = [v for v in (summary.serial_spread_ips or []) if v and v > 0]
+    if not scatter or not summary.serial_ips:
+        return 1.0
+    return summary.serial_ips / (max(scatter) if fastest else min(scatter))
 
 
 def record_path(bundle_path: Path) -> Path:
