@@ -29,17 +29,9 @@ from pictl.run.baselines import BaselineCache
 from pictl.run.session import RunSession
 from pictl.run.traces import perfetto_hint
 from pictl.tui.bridge import SessionBridge
+from pictl.tui.job_runner import DashboardJob, Done
 from pictl.tui.jobs import JobsApp
-from pictl.tui.messages import (
-    Decided,
-    HostHealth,
-    LogLine,
-    PhaseChanged,
-    RankRecord,
-    RunFinished,
-    TracesGrabbed,
-)
-from pictl.tui.rows import Ending
+from pictl.tui.messages import Decided, HostHealth, LogLine, PhaseChanged, RankRecord, TracesGrabbed
 from pictl.tui.state import DashboardState
 from pictl.tui.widgets.confirm import Confirm
 from pictl.tui.widgets.help_screen import HelpScreen
@@ -47,7 +39,7 @@ from pictl.tui.widgets.history import HistoryScreen
 from pictl.tui.widgets.hosts_table import HostsTable
 from pictl.tui.widgets.log_view import LogView
 from pictl.tui.widgets.run_form import RunForm
-from pictl.tui.widgets.run_panel import RunPanel, result_line
+from pictl.tui.widgets.run_panel import RunPanel
 from pictl.tui.widgets.stage_list import StageList
 from pictl.verdict import suspect_error
 
@@ -141,7 +133,7 @@ class PictlApp(JobsApp):
         now = self.clock()
         self._frame += 1
         if self._frame % PROGRESS_EVERY == 0:
-            self._fold_progress(now)
+            self.fold_progress(now)
         dirty, self._dirty = self._dirty, set()
         if "hosts" in dirty:
             hosts.show_state(self.state, now)
@@ -176,25 +168,13 @@ class PictlApp(JobsApp):
             self.notify(f"host {msg.sample.host} is not answering: {msg.sample.error}", severity="error")
         self._dirty.add("hosts")
 
-    def _fold_progress(self, now: float) -> None:
+    def fold_progress(self, now: float) -> None:
         """The newest progress of each rank since it was last drawn, into the state."""
         ticks = self.bridge.take_progress()
         for tick in ticks:
             self.state.on_record(tick.source, tick.host, tick.record, now)
         if ticks:
             self._dirty.update({"stages", "summary", "hosts"})
-
-    async def on_run_finished(self, msg: RunFinished) -> None:
-        self._fold_progress(self.clock())  # (a run's last progress comes before its end)
-        self.state.finish(msg.summary, msg.ending)
-        self.render_all()
-        if msg.ending.outcome != "done":
-            stopped = msg.ending.outcome == "stopped"
-            self.notify(msg.ending.error or "", title="run stopped" if stopped else "run failed",
-                        severity="warning" if stopped else "error", timeout=10)
-        elif msg.summary is not None:
-            self.notify(result_line(msg.summary), title="run finished")
-            self.bell_if_long()
 
     def on_traces_grabbed(self, msg: TracesGrabbed) -> None:
         self.state.on_traces(msg.grab)
@@ -213,28 +193,27 @@ class PictlApp(JobsApp):
     # -- the run -----------------------------------------------------------------------------------
 
     def start_run(self, options: RunOptions, profile: str | None = None) -> None:
-        if self.run_active:
-            self.notify("a run is already in progress", severity="warning")
-            return
-        self.state.start_run(options, self.clock())
-        self.state.sweep = self.state.tune = None
-        self.session = RunSession(self.cluster, options, on_event=self.bridge, runs_root=self.runs_root,
-                                  baseline_cache=self.baseline_cache, profile=profile)
-        self.state.run_dir = str(self.runs_root / self.session.run_id)
-        self.call_later(self._reset_stages)
-        self.run_worker(self._run(self.session), name="run", group="run", exclusive=True, exit_on_error=False)
+        def begin() -> None:
+            self.state.start_run(options, self.clock())
+            self.state.start_job_view(None)
+            self.session = RunSession(self.cluster, options, on_event=self.bridge, runs_root=self.runs_root,
+                                      baseline_cache=self.baseline_cache, profile=profile)
+            self.state.run_dir = str(self.runs_root / self.session.run_id)
 
-    async def _run(self, session: RunSession) -> None:
-        try:
-            summary = await session.run()
-        except E.PictlError as exc:
-            self.run_exit_code = exc.exit_code
-            self.post_message(RunFinished(session.last_summary, Ending.of(exc)))
-            return
-        suspect = suspect_error(summary)
-        self.run_exit_code = (E.EXIT_WRITE_FAILED if session.write_error is not None
-                              else suspect.exit_code if suspect is not None else E.EXIT_OK)
-        self.post_message(RunFinished(summary, Ending.of()))
+        async def run() -> Done:
+            session = self.session  # (begin's: the worker starts after it)
+            assert session is not None
+            try:
+                summary = await session.run()
+            except E.PictlError as exc:
+                self.run_exit_code = exc.exit_code
+                raise
+            suspect = suspect_error(summary)
+            self.run_exit_code = (E.EXIT_WRITE_FAILED if session.write_error is not None
+                                  else suspect.exit_code if suspect is not None else E.EXIT_OK)
+            return Done(summary)
+
+        self.start_job(DashboardJob("run", begin, run, self.last_run_summary))
 
     async def _grab(self, session: RunSession) -> None:
         try:

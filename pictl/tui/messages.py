@@ -11,6 +11,7 @@ from pictl.events import BaselineReady, Placed, SplitChosen
 from pictl.job_summaries import PruneSummary, TrainSummary
 from pictl.summary_models import RunSummary, TraceRecord
 from pictl.tui.rows import Ending
+from pictl.tui.state import JobKind, JobStep
 from remote.floor.records import Record
 
 if TYPE_CHECKING:
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
     from pictl.run.session import RunSession
 
 Decision = Placed | SplitChosen | BaselineReady
+JobSummary = RunSummary | PruneSummary | TrainSummary
+"""What a job's end carries, by kind: a run's (a sweep's, a tune's last run's), a pruning's or a training's."""
 
 
 class PhaseChanged(Message):
@@ -66,28 +69,12 @@ class HostHealth(Message):
         return isinstance(message, HostHealth) and message.sample.host == self.sample.host
 
 
-class RunFinished(Message):
-    """The run ended: its summary (None when it failed before starting) and how it ended."""
-
-    def __init__(self, summary: RunSummary | None, ending: Ending) -> None:
-        super().__init__()
-        self.summary, self.ending = summary, ending
-
-
 class TracesGrabbed(Message):
     """Traces from a grab arrived (some ranks may be missing)."""
 
     def __init__(self, grab: TraceRecord) -> None:
         super().__init__()
         self.grab = grab
-
-
-class SweepRunStarted(Message):
-    """A sweep moved on to its next combination (its session is about to run)."""
-
-    def __init__(self, session: RunSession, index: int, total: int) -> None:
-        super().__init__()
-        self.session, self.index, self.total = session, index, total
 
 
 class SweepRows(Message):
@@ -98,14 +85,6 @@ class SweepRows(Message):
         self.rows, self.directory = rows, directory
 
 
-class TuneRunStarted(Message):
-    """A tune measures its next candidate (its session is about to run)."""
-
-    def __init__(self, session: RunSession, trying: str) -> None:
-        super().__init__()
-        self.session, self.trying = session, trying
-
-
 class TuneRows(Message):
     """Every candidate of the tune so far, after each measurement (and the winner once it ended)."""
 
@@ -114,17 +93,24 @@ class TuneRows(Message):
         self.rows, self.winner, self.preset = rows, winner, preset
 
 
-class PruneFinished(Message):
-    """A pruning job ended: its summary (None if it never started) and how it ended."""
+class JobStarted(Message):
+    """A job takes the panel: at its start (`session` None; a run's is already followed), or a sweep's or a
+    tune's next run (`session`, and where the job is: `step`)."""
 
-    def __init__(self, summary: PruneSummary | None, ending: Ending) -> None:
+    def __init__(self, kind: JobKind, session: RunSession | None = None, step: JobStep | None = None) -> None:
         super().__init__()
-        self.summary, self.ending = summary, ending
+        self.kind, self.session, self.step = kind, session, step
 
 
-class TrainFinished(Message):
-    """A training job ended: its summary (None if it never started) and how it ended."""
+class JobFinished(Message):
+    """A job ended: its kind, its summary (the run's for a run, a sweep or a tune: that of its last run; None
+    when it failed before it had one) and how it ended."""
 
-    def __init__(self, summary: TrainSummary | None, ending: Ending) -> None:
+    def __init__(self, kind: JobKind, summary: JobSummary | None, ending: Ending) -> None:
         super().__init__()
-        self.summary, self.ending = summary, ending
+        self.kind, self.summary, self.ending = kind, summary, ending
+
+
+def RunFinished(summary: RunSummary | None, ending: Ending) -> JobFinished:
+    """A single run's end (the name the snapshot and verdict tests post it by)."""
+    return JobFinished("run", summary, ending)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import Literal
 
 from pictl.cluster.monitor import HostSample
 from pictl.events import SERIAL_FP32, BaselineReady, Placed, SplitChosen
@@ -20,11 +21,19 @@ from pictl.planning.options import RunOptions
 from pictl.summary_models import RunError, RunSummary, TraceRecord
 from pictl.tui.prune_state import PruneView
 from pictl.tui.rows import Ending, HostRow, StageView
-from pictl.tui.sweep_state import SweepView
+from pictl.tui.sweep_state import SweepStep, SweepView
 from pictl.tui.train_state import TrainView
-from pictl.tui.tune_state import TuneView
+from pictl.tui.tune_state import TuneStep, TuneView
 from remote.floor.records import Record
 from remote.floor.run_records import Accuracy, Error, Progress, Refine, Refined, StageReady, Throughput, Trace
+
+JobKind = Literal["run", "sweep", "tune", "prune", "train"]
+"""What the dashboard runs: each kind starts and ends through one contract (`pictl.tui.jobs.DashboardJob`)."""
+JobStep = SweepStep | TuneStep
+"""Where a sweep or a tune is when its next run takes the panel."""
+JobView = SweepView | TuneView | PruneView | TrainView
+"""The job beside the run panel's figures: a sweep's or a tune's table above its runs, a pruning's or a
+training's own panel. One at a time: a job's start puts its own or none."""
 
 NO_RUN = RunOptions()
 """What a pass count reads while a training or pruning job has the panel: the run defaults (made once)."""
@@ -51,7 +60,6 @@ class DashboardState:
         self.phase_message = "press r to start a run"
         self.summary: RunSummary | None = None
         self.ending: Ending | None = None
-        self.failure: RunError | None = None
         self.serial_ips: float | None = None
         self.pipeline_ips: list[float] = []
         self.accuracy: float | None = None
@@ -59,10 +67,8 @@ class DashboardState:
         self.pipeline_started_at: float | None = None
         self.traces: list[TraceRecord] = []
         self.trace_note: str | None = None
-        self.tune: TuneView | None = None  # the latest tune: its candidates so far, the one on the panel
-        self.sweep: SweepView | None = None  # while and after a sweep
-        self.prune: PruneView | None = None  # the latest pruning job: options, progress, accuracy, summary
-        self.train: TrainView | None = None  # the latest training job
+        self.job: JobView | None = None
+        """The latest job beside the runs, kept after it ended (its table, its summary); None for a run."""
         self.refine: list[Refine | Refined] = []  # `balanced` correcting its split: each round, then the result
         self.phase_since: float | None = None
         self.run_dir: str | None = None  # where this run's record goes (known from its start)
@@ -70,14 +76,53 @@ class DashboardState:
         self.split_points: list[str] = []
         """Where the run cuts the model, once the session announced it (`SplitChosen`)."""
 
+    @property
+    def failure(self) -> RunError | None:
+        """Why the run on the panel failed, as its summary says (None while it runs, or when it did not)."""
+        return self.summary.error if self.summary else None
+
+    @property
+    def tune(self) -> TuneView | None:
+        """The latest tune: its candidates so far, the one on the panel."""
+        return self.job if isinstance(self.job, TuneView) else None
+
+    @property
+    def sweep(self) -> SweepView | None:
+        """While and after a sweep: its table, the run on the panel."""
+        return self.job if isinstance(self.job, SweepView) else None
+
+    @property
+    def prune(self) -> PruneView | None:
+        """The latest pruning job: options, progress, accuracy, summary."""
+        return self.job if isinstance(self.job, PruneView) else None
+
+    @property
+    def train(self) -> TrainView | None:
+        """The latest training job."""
+        return self.job if isinstance(self.job, TrainView) else None
+
     # -- run lifecycle ----------------------------------------------------------------------------
+
+    def start_job_view(self, view: SweepView | TuneView | None) -> None:
+        """A run (None), a sweep or a tune starts: its table replaces the previous job's; its runs take the
+        panel as they come (`start_run`), and until the first one, it holds the panel as running."""
+        self.job = view
+        if view is not None:
+            self.running = True
+
+    def on_job_step(self, step: JobStep) -> None:
+        """A sweep's or a tune's next run took the panel."""
+        match step:
+            case SweepStep() if self.sweep is not None:
+                self.sweep.index, self.sweep.total = step.index, step.total
+            case TuneStep() if self.tune is not None:
+                self.tune.trying = step.trying
 
     def start_prune(self, options: PruneOptions, where: str, now: float | None = None) -> None:
         """A pruning job takes the run panel: there are no stages, only epochs and accuracy."""
         self.start_run(None, now, stages=0)
-        self.prune = PruneView(options, where)
+        self.job = PruneView(options, where)
         self.phase, self.phase_message = "prune", f"pruning on {where}"
-
 
     def finish_prune(self, summary: PruneSummary | None, ending: Ending) -> None:
         if self.prune is not None:
@@ -89,7 +134,7 @@ class DashboardState:
     def start_train(self, options: TrainOptions, now: float | None = None) -> None:
         """A training job takes the run panel: steps, the loss, samples/s and each rank's time."""
         self.start_run(None, now, stages=options.stages if options.mode != "single" else 1)
-        self.train = TrainView(options)
+        self.job = TrainView(options)
         self.phase, self.phase_message = "connect", f"training ({options.mode}): connecting"
 
     def finish_train(self, summary: TrainSummary | None, ending: Ending) -> None:
@@ -101,9 +146,9 @@ class DashboardState:
         """A run (`options`) or another job of `stages` ranks takes the panel."""
         self.options = options
         self.shape = (options.stages, options.replicas) if options else (stages, 1)
-        self.prune = None
-        self.train = None
-        self.running, self.summary, self.ending, self.failure = True, None, None, None
+        if isinstance(self.job, PruneView | TrainView):
+            self.job = None  # (a sweep's or a tune's table stays above its runs)
+        self.running, self.summary, self.ending = True, None, None
         self.serial_ips, self.pipeline_ips, self.accuracy, self.traces, self.trace_note = None, [], None, [], None
         self.refine, self.run_dir, self.serial_reused, self.split_points = [], None, False, []
         self.started_at, self.pipeline_started_at = now or time.time(), None
@@ -240,7 +285,6 @@ class DashboardState:
     def finish(self, summary: RunSummary | None, ending: Ending) -> None:
         self.running = False
         self.summary, self.ending = summary, ending
-        self.failure = summary.error if summary else None
         failed_host = self.failure.host if self.failure else None
         for row in self._busy_hosts():
             row.activity = "failed" if row.name == failed_host else ("done" if ending.outcome == "done" else "stopped")

@@ -14,3 +14,11 @@ class SweepView:
     index: int = 0
     """The run on the panel, counted from 0."""
     rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SweepStep:
+    """A sweep's next run took the panel: which one, of how many planned (rounds add to them as they go)."""
+
+    index: int
+    total: int

@@ -25,3 +25,10 @@ class TuneView:
     def measured(self) -> int:
         """Candidates measured (the serial row, the first run's own serial run, is the reference, not one)."""
         return sum(1 for m in self.rows if m.status and not m.reference)
+
+
+@dataclass(frozen=True)
+class TuneStep:
+    """A tune's next run took the panel: the candidate it measures, and why."""
+
+    trying: str
