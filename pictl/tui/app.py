@@ -117,7 +117,7 @@ class PictlApp(JobsApp):
             monitor = HostMonitor(self.cluster, post)
             self.run_worker(monitor.run(), name="host monitor", group="monitor", exit_on_error=False)
         if self.start_with is not None:
-            self.start_run(*self.start_with)
+            self.start_job(self.run_job(*self.start_with))
 
     # -- rendering ----------------------------------------------------------------------------------
 
@@ -192,7 +192,8 @@ class PictlApp(JobsApp):
 
     # -- the run -----------------------------------------------------------------------------------
 
-    def start_run(self, options: RunOptions, profile: str | None = None) -> None:
+    def run_job(self, options: RunOptions, profile: str | None = None) -> DashboardJob:
+        """A run of `options` (measured as preset `profile`), its stages on the panel."""
         def begin() -> None:
             self.state.start_run(options, self.clock())
             self.state.start_job_view(None)
@@ -213,7 +214,7 @@ class PictlApp(JobsApp):
                                   else suspect.exit_code if suspect is not None else E.EXIT_OK)
             return Done(summary)
 
-        self.start_job(DashboardJob("run", begin, run, self.last_run_summary))
+        return DashboardJob("run", begin, run, self.last_run_summary)
 
     async def _grab(self, session: RunSession) -> None:
         try:
@@ -245,7 +246,7 @@ class PictlApp(JobsApp):
                 options, profile = result
                 self.last_form = {"profile": profile, "stages": options.stages, "policy": options.policy,
                                   "split": ",".join(options.split), "chunk": options.chunk, "images": options.images}
-                self.start_run(options, profile)
+                self.start_job(self.run_job(options, profile))
 
         self.push_screen(RunForm(self.last_form), chosen)
 

@@ -48,10 +48,8 @@ class JobsApp(JobRunner):
     sweep_rounds: RoundsPlan | None = None
     """How many rounds a sweep measures (None: `pictl sweep`'s defaults)."""
 
-    def start_sweep(self, base: RunOptions, points: list, profile: str | None = None) -> None:
-        self.start_job(self.sweep_job(base, points))
-
-    def sweep_job(self, base: RunOptions, points: list) -> DashboardJob:
+    def sweep_job(self, base: RunOptions, points: list, profile: str | None = None) -> DashboardJob:
+        """A sweep: every point's run followed on the panel, the table so far above it."""
         from pictl.jobs.sweep import run_sweep
 
         out = self.runs_root.parent / "sweeps" / time.strftime("%Y%m%d-%H%M%S")
@@ -74,12 +72,9 @@ class JobsApp(JobRunner):
     profiles_dir: Path | None = None
     """Where a tune's winner is saved as a preset (None: the user's presets directory, as `pictl tune` saves it)."""
 
-    def start_tune(self, base: RunOptions, settings: TuneSettings, profile: str | None = None) -> None:
+    def tune_job(self, base: RunOptions, settings: TuneSettings, profile: str | None = None) -> DashboardJob:
         """A tune: each candidate's run followed on the panel, the ranked table above it; the winner saved as
         the `tuned` preset, which the run form then offers."""
-        self.start_job(self.tune_job(base, settings, profile))
-
-    def tune_job(self, base: RunOptions, settings: TuneSettings, profile: str | None) -> DashboardJob:
         from pictl.jobs.tune import run_tune
         from pictl.jobs.tune_report import finish
         from pictl.planning.presets import preset_target, protocol_of, user_presets_dir
@@ -113,7 +108,8 @@ class JobsApp(JobRunner):
                         f"{msg.preset} (run it: r, profile tuned)", title="tune done", timeout=15)
         self.render_all()
 
-    def start_prune(self, options: PruneOptions, on: str | None) -> None:
+    def prune_job(self, options: PruneOptions, on: str | None) -> DashboardJob:
+        """A pruning job on host `on` (None: the controller), its own panel in place of the stages'."""
         from pictl.jobs.prune import PruneSession
 
         session = PruneSession(options, cluster=self.cluster, on_host=on, root=self.runs_root.parent / "prunes",
@@ -122,11 +118,11 @@ class JobsApp(JobRunner):
         async def prune() -> Done:
             return Done(await session.run())
 
-        self.start_job(DashboardJob("prune", lambda: self.state.start_prune(options, on or "the controller",
-                                                                            self.clock()),
-                                    prune, lambda: session.summary))
+        return DashboardJob("prune", lambda: self.state.start_prune(options, on or "the controller", self.clock()),
+                            prune, lambda: session.summary)
 
-    def start_train(self, options: TrainOptions) -> None:
+    def train_job(self, options: TrainOptions) -> DashboardJob:
+        """A training job across the hosts, its own panel in place of the stages'."""
         from pictl.jobs.training.session import TrainSession
 
         session = TrainSession(self.cluster, options, on_event=self.bridge, root=self.runs_root.parent / "trains")
@@ -134,29 +130,29 @@ class JobsApp(JobRunner):
         async def train() -> Done:
             return Done(await session.run())
 
-        self.start_job(DashboardJob("train", lambda: self.state.start_train(options, self.clock()), train,
-                                    lambda: session.summary))
+        return DashboardJob("train", lambda: self.state.start_train(options, self.clock()), train,
+                            lambda: session.summary)
 
-    def _form_then(self, form: Screen, start: Callable[..., None]) -> None:
-        """Open `form` when nothing runs; what it returns (a tuple) starts the job."""
+    def _form_then(self, form: Screen, job: Callable[..., DashboardJob]) -> None:
+        """Open `form` when nothing runs; what it returns (a tuple) makes the job that starts."""
         if self.run_active:
             self.notify("a run is in progress: stop it first (s)", severity="warning")
             return
 
         def chosen(result: tuple | None) -> None:
             if result is not None:
-                start(*result)
+                self.start_job(job(*result))
 
         self.push_screen(form, chosen)
 
     def action_prune(self) -> None:
-        self._form_then(PruneForm(self.cluster), self.start_prune)
+        self._form_then(PruneForm(self.cluster), self.prune_job)
 
     def action_train(self) -> None:
-        self._form_then(TrainForm(), self.start_train)
+        self._form_then(TrainForm(), self.train_job)
 
     def action_tune(self) -> None:
-        self._form_then(TuneForm(), self.start_tune)
+        self._form_then(TuneForm(), self.tune_job)
 
     def action_sweep(self) -> None:
-        self._form_then(SweepForm(self.cluster), self.start_sweep)
+        self._form_then(SweepForm(self.cluster), self.sweep_job)
