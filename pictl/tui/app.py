@@ -196,7 +196,7 @@ class PictlApp(JobsApp):
         """A run of `options` (measured as preset `profile`), its stages on the panel."""
         def begin() -> None:
             self.state.start_run(options, self.clock())
-            self.state.start_job_view(None)
+            self.state.show_job(None)
             self.session = RunSession(self.cluster, options, on_event=self.bridge, runs_root=self.runs_root,
                                       baseline_cache=self.baseline_cache, profile=profile)
             self.state.run_dir = str(self.runs_root / self.session.run_id)

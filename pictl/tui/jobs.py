@@ -66,7 +66,7 @@ class JobsApp(JobRunner):
             return Done(self.last_run_summary(),
                         f"{len(failed)} of {len(rows)} sweep run(s) failed" if failed else None)
 
-        return DashboardJob("sweep", lambda: self.state.start_job_view(SweepView(str(out), len(points))), sweep,
+        return DashboardJob("sweep", lambda: self.state.show_job(SweepView(str(out), len(points))), sweep,
                             self.last_run_summary)
 
     profiles_dir: Path | None = None
@@ -95,7 +95,7 @@ class JobsApp(JobRunner):
             return Done(self.last_run_summary(), None if best else "nothing saved: no candidate was kept, or none beat "
                                                                 "the serial run (see its table)")
 
-        return DashboardJob("tune", lambda: self.state.start_job_view(TuneView(str(out), base)), tune,
+        return DashboardJob("tune", lambda: self.state.show_job(TuneView(str(out), base)), tune,
                             self.last_run_summary, errors=(E.PictlError, OSError))
 
     def on_tune_rows(self, msg: TuneRows) -> None:

@@ -103,7 +103,7 @@ class DashboardState:
 
     # -- run lifecycle ----------------------------------------------------------------------------
 
-    def start_job_view(self, view: SweepView | TuneView | None) -> None:
+    def show_job(self, view: SweepView | TuneView | None) -> None:
         """A run (None), a sweep or a tune starts: its table replaces the previous job's; its runs take the
         panel as they come (`start_run`), and until the first one, it holds the panel as running."""
         self.job = view
