@@ -124,7 +124,8 @@ def verify(
                    f"{checked.summary.code} and rules hold", markup=False)
         if checked.summary.verdict == "suspect":
             note(f"the bundled run's result was SUSPECT: {checked.summary.suspect_because}")
-        result: dict[str, Any] = {"verified": True, "team": checked.team, "signer": checked.signer.text(),
+        result: dict[str, Any] = {"checked": True, "verified": not no_rerun, "team": checked.team,
+                                  "signer": checked.signer.text(),
                                   "claimed": claimed.to_json() if claimed else None, "rerun": None,
                                   "run_duration_s": checked.summary.duration_s}
         if no_rerun:

@@ -237,10 +237,11 @@ def test_a_board_of_exact_lossy_and_failed_bundles_at_80_columns_and_as_markdown
 
 @pytest.mark.slow
 def test_a_claim_the_rerun_cannot_reach_is_not_reproduced(graded, tmp_path) -> None:
-    """A team that signs a summary claiming five times its passes' speed passes every check but the re-run's."""
+    """A team that signs a summary claiming ten times its passes' speed passes every check but the re-run's (ten:
+    three passes on this shared machine can scatter by a factor of two or three, and the interval says so)."""
     exact = graded["board"] / "exact.bundle.tgz"
     summary = json.loads(read_bundle(exact).members["summary.json"])
-    faster = {**summary, "pass_ips": [5 * p for p in summary["pass_ips"]], "speedup": 5 * summary["speedup"]}
+    faster = {**summary, "pass_ips": [10 * p for p in summary["pass_ips"]], "speedup": 10 * summary["speedup"]}
     claimed = _repacked(exact, tmp_path / "claimed.bundle.tgz", key=graded["alice"],
                         change={"summary.json": json.dumps(faster).encode()})
     proc = run_pictl(["verify", str(claimed), "--hosts", str(graded["hosts"]), "--allowed-signers",
