@@ -33,6 +33,7 @@ from pictl.tui.job_runner import DashboardJob, Done
 from pictl.tui.jobs import JobsApp
 from pictl.tui.messages import Decided, HostHealth, LogLine, PhaseChanged, RankRecord, TracesGrabbed
 from pictl.tui.state import DashboardState
+from pictl.tui.widgets.board_screen import BoardForm, BoardScreen
 from pictl.tui.widgets.confirm import Confirm
 from pictl.tui.widgets.help_screen import HelpScreen
 from pictl.tui.widgets.history import HistoryScreen
@@ -64,6 +65,7 @@ class PictlApp(JobsApp):
         Binding("t", "traces", "traces"),
         Binding("/", "filter", "filter"),
         Binding("h", "history", "history"),
+        Binding("g", "board", "class board", show=False),
         Binding("question_mark", "help", "help", key_display="?"),
         Binding("q", "quit", "quit"),
     ]
@@ -91,6 +93,8 @@ class PictlApp(JobsApp):
         self.session: RunSession | None = None
         self.bridge = SessionBridge(self.post_message)
         self.last_form: dict = {}
+        self.board_folder = ""
+        """The folder of bundles the class board (g) last showed: asked for again, filled in."""
         self._dirty: set[str] = set()
         self._frame = 0
         self.sub_title = f"{cluster.name}: {len(cluster.hosts)} host(s) from {cluster.source}"
@@ -276,6 +280,15 @@ class PictlApp(JobsApp):
     def action_history(self) -> None:
         self.push_screen(HistoryScreen(self.runs_root))
 
+    def action_board(self) -> None:
+        def chosen(result: tuple[Path, list] | None) -> None:
+            if result is not None:
+                folder, rows = result
+                self.board_folder = str(folder)
+                self.push_screen(BoardScreen(folder, rows))
+
+        self.push_screen(BoardForm(self.board_folder), chosen)
+
     def action_help(self) -> None:
         self.push_screen(HelpScreen())
 
@@ -313,4 +326,6 @@ class PictlApp(JobsApp):
         yield SystemCommand("Stop", "Stop the run (s)", self.action_stop)
         yield SystemCommand("Traces", "Grab profiler traces from every rank (t)", self.action_traces)
         yield SystemCommand("History", "Past runs (h)", self.action_history)
+        yield SystemCommand("Class board", "A folder of graded bundles, fastest first, as pictl board shows it (g)",
+                            self.action_board)
         yield SystemCommand("Filter logs", "Filter the log by host, rank, text (/)", self.action_filter)

@@ -19,6 +19,7 @@ KEYS = (
     ("t", "grab torch.profiler traces from every rank of the running pipeline, merged in one timeline"),
     ("/", "filter the log (see below); Escape clears it"),
     ("h", "past runs: sort, filter, mark and compare, export CSV"),
+    ("g", "the class board: a folder of bundles as `pictl board` shows it, fastest first; a row's why below"),
     ("Enter", "on a host row: that host's details (and why it is down)"),
     ("ctrl+p", "the command palette: every action by name"),
     ("?", "this help; Escape or ? closes it"),
