@@ -67,6 +67,7 @@ async def test_the_board_shows_pictl_boards_rows_fastest_first_with_the_highligh
         assert [r[-1] for r in shown] == ["no"] * 4
         whys = [r[-1].removeprefix("no: ") for r in printed]
         assert "full" in shown[0] and "90.0%" in shown[0] and "50.0% <" in shown[2]  # marks as printed
+        assert f"4 bundles in {folder}" in str(screen.query_one("#board-title", Static).render())
         detail = screen.query_one("#board-detail", Static)
         assert whys[0] in str(detail.render())  # the first row is highlighted on opening
         await pilot.press("down", "down", "down")

@@ -15,7 +15,7 @@ from textual.widgets import Button, DataTable, Footer, Input, Label, Static
 
 from pictl import errors as E
 from pictl.jobs.grading.board import HEADINGS, Row, Thresholds, _cells, board_rows
-from pictl.text import markup_safe, printable
+from pictl.text import printable
 from pictl.tui.widgets.form_screen import FormScreen
 
 
@@ -63,6 +63,7 @@ class BoardScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
+            yield Static("", id="board-title")
             yield DataTable(id="board-table", cursor_type="row", zebra_stripes=True)
             yield Static("", id="board-detail")
         yield Footer(compact=True)
@@ -75,14 +76,15 @@ class BoardScreen(Screen[None]):
             # `pictl board`'s cells; the verified cell without its why, which is shown in full below.
             cells = (*_cells(row, self.marks)[:-1], row.verified)
             table.add_row(*(Text(printable(c)) for c in cells), key=str(i))  # Text: a bundle's words, never markup
-        table.border_title = markup_safe(f"{len(self.rows)} bundles in {self.folder}, fastest first")
+        said = f"class board: {len(self.rows)} bundles in {self.folder}, fastest first (Escape closes)"
+        self.query_one("#board-title", Static).update(Text(printable(said), style="bold"))
         table.focus()
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         if event.row_key.value is None:
             return
         row = self.rows[int(event.row_key.value)]
-        said = Text(printable(f"{row.team} ({row.file}): {row.verified}"), style="bold")
-        said.append(Text(printable(f": {row.why}"), style="red" if row.verified == "no" else ""))
+        said = Text(printable(f"{row.team} ({row.file}): verified {row.verified}"), style="bold")
+        said.append(Text("\n" + printable(row.why), style="red" if row.verified == "no" else ""))
         said.append(Text("\n" + self.marks.text() + "; < marks an accuracy below the floor", style="dim"))
         self.query_one("#board-detail", Static).update(said)
