@@ -39,6 +39,15 @@ def _app(tmp_path: Path, hosts: int = 2, baselines: BaselineCache | None = None,
     return PictlApp(cluster, runs_root=tmp_path / "runs", baseline_cache=cache, **kwargs)
 
 
+def _profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, body: str) -> str:
+    """A profile of the test's own, offered by the run form (the user's presets directory, the test's)."""
+    presets = tmp_path / "presets"
+    presets.mkdir(exist_ok=True)
+    (presets / f"{name}.toml").write_text(f'description = "{name}"\n{body}\n')
+    monkeypatch.setenv("PICTL_PROFILES_DIR", str(presets))
+    return name
+
+
 async def _start_from_form(pilot, stages: str, images: str, profile: str | None = None) -> None:  # noqa: ANN001
     await pilot.press("r")
     await pilot.pause()
@@ -95,7 +104,10 @@ def _panel_text(app: PictlApp, rank: int) -> str:
 
 
 @pytest.mark.slow
-async def test_run_from_the_form_live_panels_traces_and_history(tmp_path: Path, baselines) -> None:
+async def test_run_from_the_form_live_panels_traces_and_history(tmp_path: Path, baselines, monkeypatch) -> None:
+    # No warm-up pass (a profile of the test's own): what is followed here is the launch, the timed passes and the
+    # traces, and a warm-up pass is a quarter of the run's passes (1 of 4), the serial baseline's too.
+    no_warmup = _profile(tmp_path, monkeypatch, "no-warmup", "warmup = 0")
     app = _app(tmp_path, baselines=baselines)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("t")  # no run yet: a notice, nothing else
@@ -103,7 +115,7 @@ async def test_run_from_the_form_live_panels_traces_and_history(tmp_path: Path, 
         assert any("no pipeline is running" in n.message for n in app._notifications)
         # 48 images: on a quiet machine a pass lasts several of the dashboard's once-a-second progress draws,
         # so the sparkline below has points to gain (24 images passed in about 2 s here: one point).
-        await _start_from_form(pilot, "2", "48")
+        await _start_from_form(pilot, "2", "48", profile=no_warmup)
         assert app.state.running and sorted(app.state.stages) == [0, 1]
         # While it launches or measures the baseline, the run line turns a spinner and counts the seconds.
         await _until(pilot, lambda: re.search(r"run [⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏] \w+: .*\(\d+s\)", _screen_text(app)), timeout=60)
@@ -111,6 +123,7 @@ async def test_run_from_the_form_live_panels_traces_and_history(tmp_path: Path, 
         # Traces grabbed in the timed passes (not the warm-up or balanced's calibration passes), so one is
         # marked as traced and kept out of the figures.
         await _until(pilot, lambda: app.state.stages[1].phase == "timed" and app.session.pipeline_live)
+        assert app.session.options.warmup == 0 and app.session.options.repeats == 3
         seen = []  # the panels change while the run goes on
         activity = set()  # and the host table says what each host is doing (the last pass may end meanwhile)
         hosts = app.query_one("#hosts", DataTable)
@@ -160,13 +173,10 @@ async def test_stop_and_quit_ask_first_and_leave_nothing_running(tmp_path: Path,
     # The stop is the subject, not the model: DeiT-Ti (a profile of the test's own, chosen in the form) makes the
     # serial baseline a run measures first (again whenever other work loaded the machine) a quarter of DeiT-S's,
     # and its pipeline, stopped at its first microbatches, still has 192 of them to go.
-    presets = tmp_path / "presets"
-    presets.mkdir()
-    (presets / "tiny.toml").write_text('description = "DeiT-Ti"\nmodel = "deit_tiny_patch16_224"\n')
-    monkeypatch.setenv("PICTL_PROFILES_DIR", str(presets))
+    tiny = _profile(tmp_path, monkeypatch, "tiny", 'model = "deit_tiny_patch16_224"')
     app = _app(tmp_path, baselines=baselines)
     async with app.run_test(size=SIZE) as pilot:
-        await _start_from_form(pilot, "2", "48", profile="tiny")
+        await _start_from_form(pilot, "2", "48", profile=tiny)
         await _until(pilot, lambda: app.session.pipeline_live and app.state.stages[0].microbatches > 0)
         assert app.session.options.model == "deit_tiny_patch16_224"
         for quit_key in ("q", "ctrl+q"):  # ctrl+q (and the palette's Quit) ask too
