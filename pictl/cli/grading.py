@@ -46,7 +46,8 @@ MinAccuracyOpt = Annotated[Optional[float], typer.Option(
 def bundle(
     run: Annotated[str, typer.Argument(help="Run id, unique id prefix, or directory.")],
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="The bundle file (default: "
-                                                   "./RUN_ID.bundle.tgz).", parser=path_arg)] = None,
+                                                   "./RUN_ID.bundle.tgz; a name not ending in .bundle.tgz gets it).",
+                                                   parser=path_arg)] = None,
     key: Annotated[Optional[Path], typer.Option(help="SSH private key to sign with (default: the first of "
                                                 "~/.ssh/id_ed25519, id_ecdsa, id_rsa).", parser=path_arg)] = None,
     team: Annotated[Optional[str], typer.Option(help="The team the board names (default: the signer).")] = None,
@@ -74,6 +75,9 @@ def bundle(
         target = output or Path.cwd() / f"{manifest['run_id']}{BUNDLE_SUFFIX}"
         if target.is_dir():
             target = target / f"{manifest['run_id']}{BUNDLE_SUFFIX}"
+        elif not target.name.endswith(BUNDLE_SUFFIX):  # `pictl board` and the TA's folder know bundles by it
+            target = target.with_name(target.name + BUNDLE_SUFFIX)
+            note(f"written as {target.name}: a bundle's name ends in {BUNDLE_SUFFIX} (`pictl board` finds it by that)")
         try:
             write_bytes_atomic(target, data)
         except OSError as exc:

@@ -129,10 +129,13 @@ def test_an_edit_other_code_or_a_foreign_key_each_fail_with_their_own_code_befor
     code = read_bundle(exact).members["code/remote/__init__.py"] + b"# faster\n"
     other_code = _repacked(exact, tmp_path / "code.bundle.tgz", key=graded["alice"],
                            change={"code/remote/__init__.py": code})
-    foreign = tmp_path / "foreign.bundle.tgz"
     run_id = graded["runs"][0]["run_id"]
-    made = run_pictl(["bundle", run_id, "--key", str(graded["mallory"]), "-o", str(foreign)], graded["env"])
+    made = run_pictl(["bundle", run_id, "--key", str(graded["mallory"]), "-o", str(tmp_path / "foreign")],
+                     graded["env"])
     assert made.returncode == 0, made.stderr
+    foreign = tmp_path / "foreign.bundle.tgz"  # (a name without the bundles' ending gets it, and says so)
+    assert made.stdout.strip() == str(foreign) and foreign.is_file(), made.stdout
+    assert "written as foreign.bundle.tgz" in made.stderr, made.stderr
     before = _runs(graded)
     cases = ((edited, E.EXIT_TAMPERED, "summary.json was changed after signing"),
              (other_code, E.EXIT_CODE_MISMATCH, f"is not the code the run's hosts ran ({summary['code']})"),
