@@ -28,7 +28,7 @@ from pictl.cluster.jobs import HostJob, to_the_end
 from pictl.cluster.push import local_tree, manifest_digest
 from pictl.events import EventSink, Phase
 from pictl.inventory import Cluster
-from pictl.job_summaries import TrainSummary
+from pictl.job_summaries import EvalPoint, LossAgreement, TrainPrediction, TrainSummary
 from pictl.jobs.training.checkpoint import MODEL_FILE, merge_parts, trained_meta
 from pictl.jobs.training.launch import REFERENCE_SPEC, run_ranks, run_reference
 from pictl.jobs.training.options import AMP_LOSS_TOLERANCE, LOSS_TOLERANCE, TrainOptions
@@ -40,6 +40,7 @@ from pictl.records.cache import JsonCache, cache_root
 from pictl.records.runs import RunRecord, default_runs_root
 from pictl.records.tracker_writers import check_trackers, track_record
 from pictl.records.trackers import train_series
+from pictl.summary_figures import Open
 from remote.floor import protocol as P
 from remote.floor.spec import TrainSpec
 from remote.floor.wire import parse_wire
@@ -55,6 +56,18 @@ def default_trains_root() -> Path:
 def placement(cluster: Cluster, options: TrainOptions) -> list[NodePlan]:
     """One rank on the first host for `single`; else stages (or replicas) over the hosts in order."""
     return place_stages(cluster, 1 if options.mode == "single" else options.stages)
+
+
+class ReferenceLosses(Open):
+    """The `single` reference's first losses as this job keeps them (the cache holds the same, less `reused`):
+    read by field as kept (`Open.view`), step numbers as strings."""
+
+    host: Any = None
+    losses: Any = {}
+    measured_at: Any = None
+    from_job: Any = None
+    """The job that measured it, where a `single` job was kept as the reference."""
+    reused: Any = None
 
 
 class TrainSession:
@@ -104,8 +117,9 @@ class TrainSession:
                 self._phase("balance", f"cost profiles of {len(set(stage_hosts))} host(s)")
                 points, self._prediction = await balanced_points(job.fleet, stage_hosts, o, code)
                 spec = o.spec(self.job_id, split=points)
+                stage_ms = TrainPrediction.view(self._prediction).stage_ms
                 self._phase("balance", f"split {', '.join(points)}: predicted " + " / ".join(
-                    f"{ms:.1f}" for ms in self._prediction["stage_ms"]) + " ms per microbatch (forward and backward)")
+                    f"{ms:.1f}" for ms in stage_ms) + " ms per microbatch (forward and backward)")
             self.record = RunRecord(self.root, self.job_id)
             self.record.write_config({"options": o.model_dump(), "spec": dataclasses.asdict(spec),
                                       "placement": [{"host": n.host.name, "ranks": list(n.ranks)} for n in self.nodes],
@@ -121,12 +135,14 @@ class TrainSession:
             status = "ok"
             self._keep_as_reference(code)
             summary = self._summarize(status, started, None)
-            check = summary.get("agreement")
-            if check and not check["passed"] and check.get("enforced", True):
+            found = TrainSummary.view(summary).agreement  # (the dict being built: viewed through its own model)
+            check = found if isinstance(found, LossAgreement) else LossAgreement.view(found)
+            # (enforced None: not said, so enforced; only a lossy wire's check says False)
+            if found and not check.passed and check.enforced is not False:
                 summary["status"] = status = "failed"
-                raise E.OutputMismatch(f"training: the first {check['steps']} step(s)' losses differ from a single "
-                                       f"run's by up to {check['max_rel_diff']} (relative; tolerance "
-                                       f"{check['tolerance']})")
+                raise E.OutputMismatch(f"training: the first {check.steps} step(s)' losses differ from a single "
+                                       f"run's by up to {check.max_rel_diff} (relative; tolerance "
+                                       f"{check.tolerance})")
         except asyncio.CancelledError:
             status = "interrupted"
             raise E.Interrupted("interrupted: every rank was stopped") from None
@@ -142,7 +158,7 @@ class TrainSession:
             await to_the_end(job.close())
             if self.record is not None:  # however it ended, the record closes
                 summary = summary or self._summarize(status, started, error)
-                if error and not summary.get("error"):
+                if error and not TrainSummary.view(summary).error:
                     summary.update(status="failed", error=error)
                 self.record.finish(summary)
                 self.summary = TrainSummary.model_validate(summary)
@@ -196,7 +212,8 @@ class TrainSession:
         if o.amp:
             fp32_cache, fp32_key, _ = self._reference_key(code, amp=False)
             found = fp32_cache.get(fp32_key)
-            self._fp32_reference = {int(k): v for k, v in found["losses"].items()} if found else None
+            self._fp32_reference = ({int(k): v for k, v in ReferenceLosses.view(found).losses.items()} if found
+                                    else None)
         if cached is not None:
             self._reference = {**cached, "reused": True}
             self._phase("reference", f"single-mode reference reused ({len(cached['losses'])} step(s) on "
@@ -227,8 +244,8 @@ class TrainSession:
         for r in tel.ranks.values():
             heads.update((r.end.heads if r.end else None) or {})
         start = tel.start
-        last_eval = tel.evals[-1]["top1"] if tel.evals else None
-        accuracy: dict[str, Any] = {"best": last_eval, "epochs": [e["top1"] for e in tel.evals]}
+        evals = [EvalPoint.view(e) for e in tel.evals]
+        accuracy: dict[str, Any] = {"best": evals[-1].top1 if evals else None, "epochs": [e.top1 for e in evals]}
         dropped = o.learned_wire and not o.keep_compressor
         if dropped:  # the stages learned around a compressor this artifact leaves out: not its top-1
             accuracy = {"best": None, "epochs": [], "note": f"trained through --wire {o.wire}; the compressor "
@@ -251,10 +268,10 @@ class TrainSession:
         tolerance = AMP_LOSS_TOLERANCE if o.amp else LOSS_TOLERANCE
         check = None
         if self._reference is not None:
-            reference = {int(k): v for k, v in self._reference["losses"].items()}
+            kept = ReferenceLosses.view(self._reference)
+            reference = {int(k): v for k, v in kept.losses.items()}
             check = {**agreement(tel.losses, reference, o.check_steps, tolerance),
-                     "reference_host": self._reference["host"], "reference_reused": self._reference["reused"],
-                     "reference_job": self._reference.get("from_job"),
+                     "reference_host": kept.host, "reference_reused": kept.reused, "reference_job": kept.from_job,
                      "against": "single, bf16 autocast" if o.amp else "single, fp32"}
             if o.lossy_wire:  # a lossy wire moves the loss by design: how far is reported, never a failure
                 check.update(enforced=False, against=f"{check['against']} (lossy wire {o.wire}: reported)")
@@ -275,7 +292,7 @@ class TrainSession:
             "wire": o.wire, "error_feedback": o.error_feedback if "lowrank" in o.wire else None,
             "links": link_figures(tel.ranks, self._split_points(), parse_wire(o.wire)) if o.mode == "pipeline" else [],
             "samples_per_s": tel.samples_per_s(o.batch_size),
-            "losses": losses, "evals": tel.evals, "top1": tel.evals[-1]["top1"] if tel.evals else None,
+            "losses": losses, "evals": tel.evals, "top1": EvalPoint.view(tel.evals[-1]).top1 if tel.evals else None,
             "policy": o.policy if o.mode == "pipeline" else None, "split_points": self._split_points(),
             "prediction": self._prediction, "breakdown": tel.breakdown(), "agreement": check, **self._collected,
             "started_at": started, "duration_s": round(time.time() - started, 2),
