@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pictl import errors as E
+from pictl.summary_models import RankShare, StageFigures, TraceRecord
 from remote.floor import protocol as P
 
 TRACE_LIMIT = 256 << 20
@@ -172,7 +173,8 @@ def against_counters(share: dict[str, Any], measured_ms: float | None, wait_ms: 
     for it (the stage table's compute, wait and send ms): each as a share of the three, the largest difference
     in percentage points, whether they agree within AGREE_POINTS and, where they do not, why. Empty when either
     side lacks a figure (a grab taken before the run's counters, a trace of an older pictl)."""
-    raw = [share.get(k) for k in ("compute_ms", "recv_wait_ms", "send_ms")] + [measured_ms, wait_ms, send_ms]
+    traced_share = RankShare.view(share)  # (as rank_breakdown wrote it: never coerced)
+    raw = [traced_share.compute_ms, traced_share.recv_wait_ms, traced_share.send_ms, measured_ms, wait_ms, send_ms]
     if not all(_finite(v) for v in raw):
         return {}
     traced, counted = [float(v) for v in raw[:3]], [float(v) for v in raw[3:]]  # type: ignore[arg-type]
@@ -197,17 +199,18 @@ def _why(share: dict[str, Any], traced: list[float], counted: list[float], t_pct
                 f"{counted[0]:.1f} ms ({traced[0] / counted[0] - 1:.0%} more)")
     worst = max(range(3), key=lambda i: abs(t_pct[i] - c_pct[i]))
     what = ("compute", "waiting for input", "sending")[worst]
-    return (f"a different window: the trace holds {share.get('microbatches')} microbatch(es) of one pass, the "
+    return (f"a different window: the trace holds {RankShare.view(share).microbatches} microbatch(es) of one pass, the "
             f"counters every timed pass with its fill and the drain at its end ({what}: {t_pct[worst]:.0f} % "
             f"traced, {c_pct[worst]:.0f} % counted)")
 
 
 def with_counters(grab: dict[str, Any], per_stage: list[dict[str, Any]]) -> dict[str, Any]:
     """A grab (its `to_json`) with each rank's trace set beside the run's counters for that rank."""
-    stages = {str(st.get("rank")): st for st in per_stage}
+    stages = {str(st.rank): st for st in map(StageFigures.view, per_stage)}  # (the summary's rows, as built)
+    shares: dict[str, Any] = TraceRecord.view(grab).per_rank or {}  # (each still the dict rank_breakdown made)
     per_rank = {}
-    for rank, share in (grab.get("per_rank") or {}).items():
+    for rank, share in shares.items():
         st = stages.get(str(rank))
-        found = against_counters(share, st.get("measured_ms"), st.get("wait_ms"), st.get("send_ms")) if st else {}
+        found = against_counters(share, st.measured_ms, st.wait_ms, st.send_ms) if st else {}
         per_rank[rank] = {**share, **found}
     return {**grab, "per_rank": per_rank}
