@@ -120,6 +120,12 @@ async def main() -> None:
             while isinstance(app.screen, HelpScreen):
                 await asyncio.sleep(0.005)
             await asyncio.sleep(0.2)
+        # The stream goes on until every stage's panel has a throughput point: on a loaded machine an emitter
+        # can start late enough that a stage had none yet when the presses were done (CI once: [1, 1, 0, 0]).
+        deadline = time.perf_counter() + 30
+        while not all(app.state.stages[r].ips for r in app.state.stages) and time.perf_counter() < deadline \
+                and not task.done():
+            await asyncio.sleep(0.1)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         rendered = [len(app.state.stages[r].ips) for r in sorted(app.state.stages)]
