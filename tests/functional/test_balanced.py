@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -247,7 +248,11 @@ def test_a_host_slowed_mid_run_moves_the_cut_and_noise_alone_never_does(deit_cos
     assert s["outputs_match"] is True and s["max_abs_diff"] == 0.0
     (recut,) = [r for r in s["recuts"] if r["moved"]]
     pieces = deit_costs["pieces"]
-    assert recut["after_pass"] == 2 and "stage 1 measured" in recut["reason"] and "slower" in recut["reason"]
+    # The reason names the stage that drifted most from its expectation, which the first timed pass sets: under
+    # another worker's load that pass can be slow on h0 too, and h0's later passes then read as faster (CI once:
+    # "stage 0 measured 30% faster"). Either way h1 is the slow one relative to h0, which is what moves the cut.
+    assert recut["after_pass"] == 2 and re.search(r"stage 1 measured .* slower|stage 0 measured .* faster",
+                                                  recut["reason"]), recut["reason"]
     assert pieces.index(recut["next_split"][0]) > pieces.index(recut["split_points"][0])  # h1 holds less
     assert s["split_points"] == recut["next_split"] and recut["factors"][1] > 2 * recut["factors"][0]
     # Measured after, per stage: the slowed host's stage no longer the far slower one.
