@@ -28,7 +28,7 @@ from pictl.records.compare_stats import Spread
 from pictl.summary import terminal_text
 from pictl.summary_models import RunSummary
 
-__all__ = ["Row", "Thresholds", "board_rows", "html", "markdown", "table"]
+__all__ = ["Row", "Thresholds", "board_rows", "html", "markdown", "row_cells", "table"]
 
 RECORD_LIMIT = 1 << 20
 KINDS = {E.EXIT_SIGNATURE: "signature", E.EXIT_TAMPERED: "tampered", E.EXIT_CODE_MISMATCH: "code",
@@ -172,7 +172,7 @@ def board_rows(folder: Path, *, allowed: Path | None = None, profile: str | None
 HEADINGS = ("team", "configuration", "wire", "speedup (95 % interval)", "accuracy", "mark", "verified")
 
 
-def _cells(row: Row, marks: Thresholds) -> tuple[str, ...]:
+def row_cells(row: Row, marks: Thresholds) -> tuple[str, ...]:
     return (row.team, row.configuration, row.exactness(), row.speedup_text(), row.accuracy_text(marks.accuracy),
             "suspect" if row.suspect else marks.mark(row.speedup),
             f"{row.verified}: {row.why}" if row.verified != "yes" else "yes")
@@ -186,7 +186,7 @@ def table(rows: list[Row], marks: Thresholds) -> Group:
         board.add_column(heading, overflow="fold", no_wrap=heading in ("wire", "mark"))
     notes: list[str] = []
     for row in rows:
-        cells = list(_cells(row, marks))
+        cells = list(row_cells(row, marks))
         if row.verified != "yes":
             notes.append(row.why)
             cells[-1] = f"{row.verified} [{len(notes)}]"
@@ -201,14 +201,14 @@ def markdown(rows: list[Row], marks: Thresholds) -> str:
 
     lines = ["# Class board", "", f"{marks.text()}; `<` marks an accuracy below the floor.", "",
              "| " + " | ".join(HEADINGS) + " |", "|" + "---|" * len(HEADINGS)]
-    lines += ["| " + " | ".join(cell(c) for c in _cells(row, marks)) + " |" for row in rows]
+    lines += ["| " + " | ".join(cell(c) for c in row_cells(row, marks)) + " |" for row in rows]
     return "\n".join(lines) + "\n"
 
 
 def html(rows: list[Row], marks: Thresholds) -> str:
     def row_html(row: Row) -> str:
         cls = f"{marks.mark(row.speedup)} verified-{row.verified}"
-        cells = "".join(f"<td>{html_text.escape(c)}</td>" for c in _cells(row, marks))
+        cells = "".join(f"<td>{html_text.escape(c)}</td>" for c in row_cells(row, marks))
         return f'<tr class="{cls}">{cells}</tr>'
 
     head = "".join(f"<th>{html_text.escape(h)}</th>" for h in HEADINGS)

@@ -14,7 +14,7 @@ from textual.screen import Screen
 from textual.widgets import Button, DataTable, Footer, Input, Label, Static
 
 from pictl import errors as E
-from pictl.jobs.grading.board import HEADINGS, Row, Thresholds, _cells, board_rows
+from pictl.jobs.grading.board import HEADINGS, Row, Thresholds, board_rows, row_cells
 from pictl.text import printable
 from pictl.tui.widgets.form_screen import FormScreen
 
@@ -74,7 +74,7 @@ class BoardScreen(Screen[None]):
             table.add_column(heading, key=heading)
         for i, row in enumerate(self.rows):
             # `pictl board`'s cells; the verified cell without its why, which is shown in full below.
-            cells = (*_cells(row, self.marks)[:-1], row.verified)
+            cells = (*row_cells(row, self.marks)[:-1], row.verified)
             table.add_row(*(Text(printable(c)) for c in cells), key=str(i))  # Text: a bundle's words, never markup
         said = f"class board: {len(self.rows)} bundles in {self.folder}, fastest first (Escape closes)"
         self.query_one("#board-title", Static).update(Text(printable(said), style="bold"))
