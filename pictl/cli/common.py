@@ -17,7 +17,6 @@ from typer import rich_utils as typer_help
 from pictl import errors as E
 from pictl.cli.help_layout import draw_option_tables_whole
 from pictl.cluster.fleet import Fleet
-from pictl.cluster.transport import Transport
 from pictl.inventory import Cluster, load_cluster
 from pictl.planning.options import RunOptions
 from pictl.records.trackers import TRACKERS
@@ -223,7 +222,7 @@ async def on_fleet(hosts: Cluster, work: Callable[[Fleet], Awaitable[T]], *, lea
     or venv a live run uses is not replaced under it (a busy host: HostBusy, exit 8, or wait)."""
     import time
 
-    from pictl.cluster.jobs import HostJob, to_the_end
+    from pictl.cluster.jobs import HostJob, no_tidy, to_the_end
 
     job = HostJob(hosts.hosts, f"{lease or 'hosts'}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
@@ -233,11 +232,7 @@ async def on_fleet(hosts: Cluster, work: Callable[[Fleet], Awaitable[T]], *, lea
             await job.connect()
         return await work(job.fleet)
     finally:
-        await to_the_end(job.close(tidy=_nothing_to_tidy))
-
-
-async def _nothing_to_tidy(_t: Transport) -> None:
-    """Host commands leave no run directory and start no process of their own to sweep."""
+        await to_the_end(job.close(tidy=no_tidy))
 
 
 def confirm(question: str) -> bool:

@@ -53,6 +53,11 @@ Tidy = Callable[[Transport], Awaitable[Any]]
 """What closing leaves undone on a host the job used (default: its processes and run directory gone)."""
 
 
+async def no_tidy(_t: Transport) -> None:
+    """For a job that leaves no run directory of its own on the hosts (host commands; a sweep's or tune's
+    hold, whose runs removed their own): closing only stops, releases and disconnects."""
+
+
 class HostJob:
     """One job's hold on its hosts; `close()` undoes whatever of it happened, once, whatever happened."""
 

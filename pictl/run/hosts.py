@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pictl.cluster.artifacts import Artifact, ship
-from pictl.cluster.jobs import HostJob, to_the_end
+from pictl.cluster.jobs import HostJob, no_tidy, to_the_end
 from pictl.cluster.leases import Lease
 from pictl.cluster.push import local_tree
-from pictl.cluster.transport import Transport
 from pictl.events import EventSink, Phase
 from pictl.inventory import Cluster, Host
 from pictl.run.context import RunContext
@@ -90,11 +89,7 @@ async def held_hosts(cluster: Cluster, kind: str, name: str, *, wait: bool = Fal
         sink(_pushed(sent, len(cluster.hosts)))
         yield HeldHosts(job, tree, wait=wait, sink=sink)
     finally:
-        await to_the_end(job.close(tidy=_nothing_left))  # (each run removed its own directories)
-
-
-async def _nothing_left(_t: Transport) -> None:
-    return None
+        await to_the_end(job.close(tidy=no_tidy))  # (each run removed its own directories)
 
 
 async def open_hosts(ctx: RunContext, hosts: list[Host], timeline: StartupTimeline,
