@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -97,3 +100,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         group = "ssh-cluster" if "ssh_cluster" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """A test marked `alone` runs (setup, call and teardown, module fixtures included) while no other worker runs
+    a test: it asserts on how the CPUs it loads itself are shared out, and another worker's test on the same two
+    cores is load it did not make (ci 52: a twin of a sweep under toggled load fell below the serial run)."""
+    with _turn(item.config, alone=item.get_closest_marker("alone") is not None):
+        yield
+
+
+@contextmanager
+def _turn(config: pytest.Config, *, alone: bool) -> Iterator[None]:
+    """A readers-writer lock shared by the session's xdist workers: every test holds it shared, an `alone` test
+    exclusive. The gate is taken first by both, so a waiting `alone` test is not starved by the other worker's
+    stream of shared holders."""
+    if not hasattr(config, "workerinput"):  # one process: nothing else runs beside a test
+        yield
+        return
+    folder = Path(config.option.basetemp).parent  # (the session's temporary root, every worker's own folder in it)
+    with open(folder / "tests.gate", "a") as gate, open(folder / "tests.turn", "a") as turn:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(turn, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(turn, fcntl.LOCK_UN)

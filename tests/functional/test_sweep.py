@@ -105,6 +105,7 @@ def test_a_sweep_writes_table_and_plots(tmp_path: Path, pictl_env) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 async def test_under_load_that_comes_and_goes_a_sweep_ranks_by_one_reference_and_twins_tie(
         tmp_path: Path, pictl_env, monkeypatch: pytest.MonkeyPatch) -> None:
     """A busy loop pinned to one CPU, switched on and off while the sweep measures: the 2-stage pipeline (about

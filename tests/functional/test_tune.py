@@ -8,14 +8,12 @@ first run: one line, the documented exit code, nothing left behind."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -23,41 +21,12 @@ import pytest
 from support.cli import run_pictl
 from support.clusters import processes_under, write_cluster
 from support.disks import fill, small_tmpfs
+from support.load import ToggledLoad
 
 from pictl.planning.options import RunOptions
 from pictl.planning.presets import resolve_options
 
 FAST = ["--images", "4", "--chunk", "1", "--warmup", "0", "--repeats", "1"]
-
-
-class ToggledLoad:
-    """Uneven background load: a busy loop pinned to one CPU, switched on and off (SIGCONT, SIGSTOP) on an uneven
-    beat while the tune runs, in a session of its own (it competes as another user's work would)."""
-
-    BEAT_S = (2.0, 3.5)
-    """On for 2 s, off for 3.5 s: never in step with the tune's runs."""
-
-    def __init__(self) -> None:
-        cpu = max(os.sched_getaffinity(0))
-        self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True,
-                                     preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
-        self.switches = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._toggle, daemon=True)
-        self._thread.start()
-
-    def _toggle(self) -> None:
-        on = True
-        while not self._stop.wait(self.BEAT_S[0] if on else self.BEAT_S[1]):
-            on = not on
-            self.proc.send_signal(signal.SIGCONT if on else signal.SIGSTOP)
-            self.switches += 1
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.proc.kill()
-        self.proc.wait()
 
 
 @pytest.mark.slow
@@ -71,13 +40,10 @@ def test_a_tune_under_toggled_load_saves_the_fastest_under_interleaving_and_its_
     tune said `[k/n]` for each as it ended."""
     env = {**pictl_env, "PICTL_CACHE_DIR": str(tmp_path / "cache")}
     hosts, runs = write_cluster(tmp_path / "cluster", 2), tmp_path / "runs"
-    load = ToggledLoad()
-    try:
+    with ToggledLoad(on_s=(2.0, 2.0), off_s=(3.5, 3.5)) as load:  # (never in step with the tune's runs)
         proc = run_pictl(["tune", "--hosts", str(hosts), "--runs-dir", str(runs), *FAST, "--threads", "1",
                           "--measure", "2", "--max-rounds", "3", "--out", str(tmp_path / "tune"), "--json"], env,
                          timeout=900, cwd=tmp_path)
-    finally:
-        load.stop()
     assert load.switches >= 4, load.switches  # the load came and went during the tune
     assert proc.returncode in (0, 3), proc.stderr[-3000:]
     out = json.loads(proc.stdout)
