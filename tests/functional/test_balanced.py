@@ -230,6 +230,7 @@ async def test_fewer_stages_than_hosts_take_the_fastest_connecting_and_pushing_o
     assert dashboard.serial_ips == s.serial_ips and dashboard.split_points == list(split.points)
 
 
+@pytest.mark.alone  # (its figures compare stages' CPU time: another worker's test is load it did not make)
 def test_a_host_slowed_mid_run_moves_the_cut_and_noise_alone_never_does(deit_costs: dict, tmp_path,
                                                                         pictl_env) -> None:
     """Rank 1 computes 3x slower from the second timed pass on (fault injection, as a throttled host would):
@@ -262,6 +263,9 @@ def test_a_host_slowed_mid_run_moves_the_cut_and_noise_alone_never_does(deit_cos
     slowed, after = s["pass_ips"][1:3], s["pass_ips"][4:]
     assert max(after) > 1.3 * max(slowed), s["pass_ips"]
     assert "pictl recut: after timed pass 3" in proc.stderr and "re-cut after timed pass 3" in proc.stderr
+    # Every timed pass's microbatches have their latency, the re-cut's pass too: its times were sent before the
+    # re-cut replaced the stage that measured them.
+    assert s["latency"]["pipeline"]["microbatches"] == 6 * 6, s["latency"]
     # The waterfall takes the settled passes (5 and 6) apart; the passes before the re-cut are a term of their own.
     w = s["waterfall"]
     # The `recut` term is the whole run's speedup less the settled passes' (its sign is what was measured: the
