@@ -195,11 +195,20 @@ def recut_line(rec: Recut) -> str:
             f"{then}")
 
 
-def recut_lines(s: RunSummary) -> list[str]:
-    """The run's re-cuts, each with the img/s of the passes before and after it."""
-    return [printable(f"re-cut after timed pass {r.after_pass + 1}: {', '.join(r.split_points)} -> "
-                      f"{', '.join(r.next_split)} ({r.reason}); {figure(r.ips_before)} img/s before, "
-                      f"{figure(r.ips_after)} after") for r in s.recuts if r.moved]
+def segment_lines(s: RunSummary) -> list[str]:
+    """A run of more than one segment (it re-cut): each one's timed passes, split, img/s and speedup over the run's
+    one serial reference, and why it ended."""
+    if len(s.segments) < 2:
+        return []
+    ended = {r.after_pass: r for r in s.recuts if r.moved}
+    lines = []
+    for seg in s.segments:
+        passes = f"timed passes {seg.passes[0] + 1}-{seg.passes[1] + 1}" if seg.passes else "no timed pass"
+        recut = ended.get(seg.passes[1]) if seg.passes and seg.ended_by == "re-cut" else None
+        why = f"; re-cut after timed pass {recut.after_pass + 1} ({recut.reason})" if recut else ""
+        lines.append(printable(f"segment {seg.index + 1}: {passes}, split {', '.join(seg.split_points) or '-'}: "
+                               f"{ips_text(seg.ips)} img/s ({speedup_text(seg.speedup)}){why}"))
+    return lines
 
 
 def explain_lines(s: RunSummary) -> list[str]:
@@ -271,8 +280,8 @@ def energy_lines(s: RunSummary) -> list[str]:
 
 
 def detail_lines(s: RunSummary) -> list[str]:
-    """The lines under the stage table: replicas, links, numerics, re-cuts, why not N, energy."""
-    return (replica_lines(s) + wire_lines(s) + numerics_lines(s) + recut_lines(s) + explain_lines(s)
+    """The lines under the stage table: replicas, links, numerics, segments (a re-cut run's), why not N, energy."""
+    return (replica_lines(s) + wire_lines(s) + numerics_lines(s) + segment_lines(s) + explain_lines(s)
             + energy_lines(s))
 
 

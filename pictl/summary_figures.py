@@ -98,6 +98,24 @@ class RecutFigures(Open):
     """Each stage's compute per microbatch in the first warm pass on the new split."""
 
 
+class SegmentFigures(Open):
+    """One segment of a run (`pictl.run.segments`): a split on its hosts over a window of timed passes."""
+
+    index: int
+    hosts: list[str] = []
+    split_points: list[str] = []
+    passes: list[int] | None = None
+    """[first, last] timed pass (0-based, inclusive); None: it ran none."""
+    pass_ips: list[float] = []
+    images: int = 0
+    """Images through the pipeline in its timed passes."""
+    ips: float | None = None
+    speedup: float | None = None
+    """Its img/s over the run's one serial reference."""
+    ended_by: str | None = None
+    """`re-cut`, or None: it ran to the run's end."""
+
+
 class LinkCost(Open):
     latency_ms: float | None = None
     MB_per_s: float | None = None

@@ -25,6 +25,7 @@ from pictl.summary_figures import (
     Prediction,
     RecutFigures,
     Refinement,
+    SegmentFigures,
     SerialTiming,
     WaterfallRecord,
     WireFigures,
@@ -324,6 +325,8 @@ class RunSummary(Open):
     recuts: list[RecutFigures] = []
     pass_ips: list[float] = []
     """Each timed pass's img/s, in order (a re-cut run's passes before and after its cuts)."""
+    segments: list[SegmentFigures] = []
+    """The pipeline's segments: each split on its hosts over its timed passes (one unless it re-cut)."""
     agreement: Annotated[float | None, Figure(
         "agreement", "%", percent_text, "higher", "Lossy wire: the share of images whose top-1 class is the serial "
         "run's.")] = None

@@ -35,8 +35,13 @@ def recut_lines(s: RunSummary) -> list[str]:
     if not lines:
         return []
     passes = ", ".join(f"{ips:g}" for ips in s.pass_ips)
+    segments = ["| segment | timed passes | split | img/s | speedup |", "|---|---|---|---|---|"] + [
+        f"| {seg.index + 1} | {f'{seg.passes[0] + 1}-{seg.passes[1] + 1}' if seg.passes else '-'} | "
+        f"{md_text(', '.join(seg.split_points) or '-')} | {ips_text(seg.ips)} | {speedup_text(seg.speedup)} |"
+        for seg in s.segments] if len(s.segments) > 1 else []
     return ["**re-cuts** (a host drifted during the run; only the cut moved, so the outputs are still checked "
-            "bit for bit):", "", *lines, "", f"img/s per timed pass: {passes}.", ""]
+            "bit for bit):", "", *lines, "", f"img/s per timed pass: {passes}.", "", *segments,
+            *([""] if segments else [])]
 
 
 def refine_lines(refine: Refinement | None) -> list[str]:

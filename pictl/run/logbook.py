@@ -1,6 +1,6 @@
 """What one run writes down as it goes, apart from what its phases return: its record (pending until the
 plan opens it), the start-up timeline each phase marks, the ranks' telemetry folded as it arrives, the
-measured windows on the controller's clock, the host samples and the trace grabs.
+measured windows on the controller's clock, the host samples, the trace grabs and the pipeline's segments.
 
 All of it outlives a failure: a phase that fails part-way has still written its lines, its window and its
 marks, and the failed run's summary is made from them. The session owns the logbook and hands each phase
@@ -14,6 +14,7 @@ from typing import Any
 
 from pictl.cluster.monitor import HostSample
 from pictl.records.runs import PendingRecord
+from pictl.run.segments import Segments
 from pictl.run.telemetry import RunTelemetry
 from pictl.run.timeline import StartupTimeline
 
@@ -31,3 +32,5 @@ class Logbook:
     """The run's hosts, sampled while it runs (the session's monitor): their records and flags."""
     traces: list[dict[str, Any]] = field(default_factory=list)
     """Every trace grab of the run, as its summary lists them."""
+    segments: Segments = field(default_factory=Segments)
+    """The pipeline's segments: each split on its hosts over a window of timed passes (`run/segments.py`)."""

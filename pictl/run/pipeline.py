@@ -18,15 +18,20 @@ from pictl.cluster.commands import PORT_ATTEMPTS, PORT_TAKEN, master_port
 from pictl.cluster.culprit import SilentDeath
 from pictl.cluster.jobs import HostJob
 from pictl.cluster.ranks import RankLaunch, RankWatch
-from pictl.events import Phase, Rejected
+from pictl.events import Phase, RankEvent, Rejected
 from pictl.planning.placement import NodePlan
 from pictl.run.context import RunContext
 from pictl.run.logbook import Logbook
 from pictl.run.placement import Placement
+from pictl.run.segments import RecutWatch, decision_body
 from pictl.run.split import SplitChoice, keep_refined
 from pictl.run.staging import Staged
-from remote.floor.records import Record
-from remote.floor.run_records import Refined
+from remote.floor import protocol as P
+from remote.floor.records import Record, encode
+from remote.floor.run_records import PassWatched, Refined
+
+CONTROLLER = "controller"
+"""The source of the records the controller adds to a run's own (its watch's decisions)."""
 
 
 class _PortTaken(Exception):
@@ -52,6 +57,12 @@ class Pipeline:
         self.book, self.telemetry = book, book.telemetry
         self.launch: RankLaunch | None = None
         self.corrections: dict[str, float] | None = None
+        spec = choice.spec
+        book.segments.begin(spec.split_points, placement.stage_hosts[:spec.stages])
+        # A `balanced` run that refines: the controller's watch over its timed passes (re-cuts end segments).
+        self.recut = RecutWatch(spec.refine, choice.pieces, book.segments, placement.first.host.name) \
+            if spec.refine is not None and spec.stages > 1 and spec.replicas == 1 and choice.pieces else None
+        self._answers: set[asyncio.Task[None]] = set()
 
     @property
     def live(self) -> bool:
@@ -101,8 +112,30 @@ class Pipeline:
         self.telemetry.apply(host, record)
         if isinstance(record, Refined) and self.choice.prediction is not None:
             self.corrections = keep_refined(ctx, self.placement, self.choice, record)
+            if self.recut is not None:
+                self.recut.on_refined(record)
+        elif isinstance(record, PassWatched) and record.rank == 0:
+            self._judge(host, record)
         self.book.timeline.observe(record)
         return True
+
+    def _judge(self, host: str, watched: PassWatched) -> None:
+        """Rank 0 measured a timed pass and waits: the watch's decision is recorded (as the ranks' records are),
+        folded, shown, and sent back to rank 0 (a re-cut: the next segment's split)."""
+        if self.recut is None:
+            return
+        records, split = self.recut.judge(watched)
+        for record in records:
+            self.book.record.event(CONTROLLER, encode(record))
+            self._on_record(host, record)
+            self.ctx.sink(RankEvent(CONTROLLER, host, record))
+        first = self.placement.first.host
+        path = f"{first.run_dir(self.choice.spec.run_id)}/{P.recut_decision_file(watched.after_pass)}"
+        # put_bytes writes to a temporary name and renames: rank 0 never reads half an answer.
+        task = asyncio.get_running_loop().create_task(
+            self.job.transport(first).put_bytes(decision_body(watched.after_pass, split), path))
+        self._answers.add(task)
+        task.add_done_callback(self._answers.discard)
 
     async def _launch(self, port: int) -> None:
         ctx, spec, nodes = self.ctx, self.choice.spec, self.placement.nodes

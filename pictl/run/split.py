@@ -29,6 +29,8 @@ class SplitChoice:
 
     spec: RunSpec
     prediction: dict[str, Any] | None = None
+    pieces: tuple[str, ...] = ()
+    """Under `balanced`: every piece's split-point name, in order (what the cost table's rows are)."""
 
 
 async def choose_split(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSpec,
@@ -85,7 +87,7 @@ async def choose_split(ctx: RunContext, job: HostJob, placement: Placement, spec
                    + f" ({source}" + (f"; corrected by earlier runs: {', '.join(corrected)}" if corrected else "")
                    + ")" + ("; refined during the run" if o.refine else "")))
     ctx.sink(SplitChosen(tuple(chosen.split_points), "balanced", tuple(prediction["stage_ms"])))
-    return SplitChoice(chosen, prediction)
+    return SplitChoice(chosen, prediction, tuple(pieces))
 
 
 def cached_age(by_host: dict[str, dict[str, Any]]) -> str:

@@ -86,6 +86,8 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
         "numerics": numerics_summary(ctx, reached, ips),
         "recuts": recut_summary(tel),
         "pass_ips": list(tel.throughputs),
+        "segments": reached.book.segments.summary(tel.throughputs, o.images, baseline.ips if baseline else None,
+                                                  _planned_split(plan, o.split)),
         "replica_ips": replica_ips(o, tel.replica_seconds),
         "agreement": cmp.agreement if cmp else None, "mean_abs_diff": cmp.mean_abs_diff if cmp else None,
         "accuracy": baseline.top1 if serial_only and baseline else tel.top1,

@@ -37,7 +37,8 @@ COSTS = "costs"  # per-piece time and per-cut bytes on one host (remote.profilin
 TRACE = "trace"  # a rank wrote its profiler trace of a window of steps (remote.runtime.tracing)
 REFINE = "refine"  # rank 0 measured a split during the run and corrected the cost table (`balanced`)
 REFINED = "refined"  # refinement is over: the split the timed passes run, its prediction, the corrections
-RECUT = "recut"  # rank 0 watched the timed passes drift, corrected the hosts' factors, and moved the cut (or not)
+RECUT = "recut"  # the controller's watch saw the timed passes drift, corrected the hosts' factors, moved the cut or not
+PASS_WATCHED = "pass_watched"  # rank 0: each stage's compute per microbatch in a timed pass, for the controller
 STAGE_MOVED = "stage_moved"  # a rank's stage after refinement: its modules, pieces and params
 PRUNE_START = "prune_start"  # remote.pruning.prune: base model's params and MACs, data set sizes
 PRUNE_PROGRESS = "prune_progress"  # a fine-tuning step: epoch, step, loss, images/s
@@ -51,7 +52,7 @@ MB_TIMES = "mb_times"  # a pass's microbatch wall times entering stage 0 / leavi
 
 EVENTS = (RUN_START, STAGE_READY, PROGRESS, THROUGHPUT, ACCURACY, RUN_END, ERROR, PLAN, OUTPUTS, FIRST_OUTPUT,
           COSTS, TRACE, REFINE, REFINED, RECUT, STAGE_MOVED, PRUNE_START, PRUNE_PROGRESS, PRUNE_ACCURACY, PRUNE_DONE,
-          TRAIN_START, TRAIN_STEP, TRAIN_EVAL, TRAIN_END, MB_TIMES)
+          TRAIN_START, TRAIN_STEP, TRAIN_EVAL, TRAIN_END, MB_TIMES, PASS_WATCHED)
 
 # The fields of each event, and their kinds, are declared once on its record class (`remote.floor.records`,
 # `remote.floor.run_records`, `remote.floor.job_records`): the host builds one, the controller checks a line against it.
@@ -71,6 +72,12 @@ LOGITS_FILE_SERIAL = "logits-serial.f32"
 LOGITS_FILE_SERIAL_FP32 = "logits-serial-fp32.f32"
 """The fp32 reference of a run under other numerics (`--numerics`): what its bounded loss is measured against."""
 TRACE_REQUEST_FILE = "trace-request.json"  # written (atomically) on host 0 to ask for a trace window
+
+
+def recut_decision_file(after_pass: int) -> str:
+    """Written (atomically) by the controller in rank 0's run directory once it has judged timed pass `after_pass`
+    (`pass_watched`): the split the next pass runs, or null to keep this one. Rank 0 waits for it."""
+    return f"recut-decision-{after_pass}.json"
 TRACES_DIR = "traces"  # traces/<id>/rank<r>.json.gz
 OWNER_FILE = "owner"  # the controller that started the run (`pictl stop` stops only its own unless --all)
 TRACE_COMPUTE_RANGE = "pictl:compute"  # the profiler range around each microbatch's forward, "pictl:compute <step>"

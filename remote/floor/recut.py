@@ -1,8 +1,9 @@
 """Keeping the balance during a run: every timed pass is watched, and the pipeline is re-cut between passes
 when a host has slowed down (throttling, a neighbour's load) or recovered enough that another split wins.
 
-Pure Python over numbers, no torch: rank 0 of the pipeline runs it after `balanced` has refined its split
-(`remote.runtime.refine`), and tests drive it directly. Only the split changes, so a re-cut run's outputs
+Pure Python over numbers, no torch: the controller runs it over what rank 0 reports after each timed pass, once
+`balanced` has refined its split (`pictl.run.segments`; the ranks carry out its decision, `remote.runtime.refine`),
+and tests drive it directly. Only the split changes, so a re-cut run's outputs
 stay bit-identical to the serial run's.
 
 The rules, with hysteresis so that noise never moves the cut:
@@ -29,6 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from remote.floor.balance import CostTable, balanced_split, evaluate
+from remote.floor.refinement import table_of
+from remote.floor.spec import RefineSpec
 
 
 @dataclass(frozen=True)
@@ -114,3 +117,10 @@ class Watch:
                          (*candidate.stage_s, *candidate.link_s), tuple(self.factors))
         self.decisions.append(decision)
         return decision
+
+
+def watch_of(refine: RefineSpec, starts: Sequence[int], factors: Sequence[float]) -> Watch:
+    """The watch over a run's timed passes, from its refinement's table and what refinement ended on: the split
+    the timed passes begin with and the hosts' corrected factors."""
+    return Watch(table_of(refine), tuple(starts), list(factors), threshold=refine.recut_threshold,
+                 patience=refine.recut_patience, margin=refine.recut_margin, max_recuts=refine.max_recuts)

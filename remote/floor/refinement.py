@@ -49,7 +49,14 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from remote.floor.balance import CostTable, Split, balanced_split, evaluate
+from remote.floor.balance import CostTable, Link, Split, balanced_split, evaluate
+from remote.floor.spec import RefineSpec
+
+
+def table_of(refine: RefineSpec) -> CostTable:
+    """The cost table the controller solved the first split from, as the ranks get it (`RunSpec.refine`)."""
+    return CostTable(compute_s=refine.compute_s, cut_bytes=refine.cut_bytes,
+                     links=[Link(lat, bw) for lat, bw in refine.links], comm_s_per_byte=refine.comm_s_per_byte)
 
 NOTCH = 1.57
 """McGill, Tukey and Larsen (1978): median +- 1.57 x IQR / sqrt(n) is a notch whose overlap means no clear

@@ -226,6 +226,16 @@ class Recut(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class PassWatched(Record):
+    """Rank 0, after timed pass `after_pass` of a run that re-cuts: every stage's median compute per microbatch in
+    it. The controller's watch judges it (`pictl.run.segments`) and answers in `protocol.recut_decision_file`."""
+
+    EVENT: ClassVar[str] = P.PASS_WATCHED
+    after_pass: Int
+    measured_ms: Nums
+
+
+@dataclass(frozen=True, kw_only=True)
 class MbTimes(Record):
     EVENT: ClassVar[str] = P.MB_TIMES
     side: Str

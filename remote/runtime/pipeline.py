@@ -225,10 +225,12 @@ class RankRun:
         return kept
 
     def watch(self, loop: RefineLoop, repeat: int) -> None:
-        """Between timed passes: a host that drifted far enough moves the cut (`remote.floor.recut`); the next pass
-        runs the new split. The moved pieces' weights come from the checkpoint on this host, as at start-up (or
-        the seeded initialisation): nothing crosses the pipeline's links but the next pass's states."""
-        if (moved := loop.watch_pass(measured_compute_s(self.built.stage.compute_times), repeat)) is None:
+        """Between timed passes: a host that drifted far enough moves the cut (the controller's watch decides,
+        `pictl.run.segments`); the next pass runs the new split. The moved pieces' weights come from the checkpoint
+        on this host, as at start-up (or the seeded initialisation): nothing crosses the pipeline's links but the
+        next pass's states."""
+        if (moved := loop.watch_pass(measured_compute_s(self.built.stage.compute_times), repeat, Path.cwd(),
+                                     self.spec.pg_timeout_s)) is None:
             return
         if self.slowed and len(self.slowed) > 3 and self.slowed[3]:  # fault injection: killed as the re-cut begins
             os.kill(os.getpid(), signal.SIGKILL)

@@ -6,28 +6,30 @@ of each microbatch reaches rank 0, which corrects the table and decides, knowing
 noise of what it measured, whether another split (or the same one again) is worth a
 calibration pass; every rank learns the decision through a broadcast, so all of them
 rebuild the same split. Only the split changes, so the outputs stay bit-identical.
+
+Between timed passes the decision is the controller's (a re-cut ends one segment of the run and opens the next,
+`pictl.run.segments`): rank 0 reports each pass's measure (`watch_pass`) and the ranks carry out the answer.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch.distributed as dist
 
-from remote.floor.balance import CostTable, Link, evaluate
+from remote.floor import protocol as P
 from remote.floor.emit import Emitter
-from remote.floor.recut import Watch
-from remote.floor.refinement import Refiner
-from remote.floor.run_records import Recut, Refine, Refined
+from remote.floor.refinement import Refiner, table_of
+from remote.floor.run_records import PassWatched, Refine, Refined
 from remote.floor.spec import RefineSpec
 
 
 def refiner_for(refine: RefineSpec, starts: Sequence[int]) -> Refiner:
-    table = CostTable(compute_s=refine.compute_s, cut_bytes=refine.cut_bytes,
-                      links=[Link(lat, bw) for lat, bw in refine.links], comm_s_per_byte=refine.comm_s_per_byte)
-    return Refiner(table, tuple(starts), max_rounds=refine.max_rounds, min_gain=refine.min_gain,
+    return Refiner(table_of(refine), tuple(starts), max_rounds=refine.max_rounds, min_gain=refine.min_gain,
                    max_repeats=refine.max_repeats, pass_noise=refine.pass_noise)
 
 
@@ -51,8 +53,6 @@ class RefineLoop:
         self.refiner = refiner_for(refine, starts) if rank == 0 else None
         self.spec = refine
         self.started = time.perf_counter()
-        self.watch: Watch | None = None
-        """After refinement, rank 0's watch over the timed passes (`remote.floor.recut`); None: not re-cutting."""
 
     def step(self, my_times: Sequence[float]) -> tuple[int, ...] | None:
         """After a measured pass (this rank's compute seconds of each microbatch): the next split to calibrate
@@ -80,10 +80,6 @@ class RefineLoop:
         """The split the timed passes run: the one refinement adopted (every rank learns it)."""
         chosen: list[object] = [self.refiner.chosen if self.refiner is not None else None]
         dist.broadcast_object_list(chosen, src=0)
-        if self.refiner is not None and self.spec.recut:
-            self.watch = Watch(self.refiner.table, tuple(chosen[0]), list(self.refiner.factors),  # type: ignore[arg-type]
-                               threshold=self.spec.recut_threshold, patience=self.spec.recut_patience,
-                               margin=self.spec.recut_margin, max_recuts=self.spec.max_recuts)
         return tuple(chosen[0])  # type: ignore[arg-type]
 
     def announce(self, calibration_passes: int) -> None:
@@ -106,32 +102,36 @@ class RefineLoop:
                                   calibration_s=round(time.perf_counter() - self.started, 3),
                                   reason=r.rounds[-1].reason if r.rounds else None))
 
-    def watch_pass(self, my_compute_s: float, after_pass: int) -> tuple[int, ...] | None:
-        """After a timed pass (every rank, when re-cutting is on): the split to re-cut to, or None."""
+    def watch_pass(self, my_compute_s: float, after_pass: int, run_dir: Path,
+                   timeout_s: float) -> tuple[int, ...] | None:
+        """After a timed pass (every rank, when re-cutting is on): the split to re-cut to, or None. Rank 0 hands
+        every stage's compute per microbatch to the controller, whose watch decides (`pictl.run.segments`), and
+        waits for its answer; every rank learns it through a broadcast. The host keeps only the mechanism."""
         measured: list[float] | None = [0.0] * self.world if self.rank == 0 else None
         dist.gather_object(my_compute_s, measured, dst=0)
         decision: list[object] = [None]
-        if self.watch is not None:
+        if self.rank == 0:
             assert measured is not None
-            found = self.watch.observe(measured, after_pass)
-            if found is not None:
-                self.emitter.emit(Recut(after_pass=after_pass, reason=found.reason,
-                                        split_points=self._named(found.old_starts),
-                                        next_split=self._named(found.new_starts), moved=found.moved,
-                                        measured_ms=_ms(found.measured_s), expected_ms=_ms(found.expected_s),
-                                        predicted_ms=_ms(found.old_predicted_s),
-                                        next_predicted_ms=_ms(found.new_predicted_s),
-                                        factors=[round(x, 4) for x in found.factors]))
-                # The corrected factors and the prediction of the split that runs now: the controller keeps
-                # the corrections with each host's profile, as after refinement.
-                now = evaluate(self.watch.table.corrected(self.watch.factors), found.new_starts)
-                rounds = len(self.refiner.rounds) if self.refiner is not None else 0
-                self.emitter.emit(Refined(rounds=rounds, split_points=self._named(found.new_starts),
-                                          predicted_ms=_ms(now.stage_s), link_ms=_ms(now.link_s),
-                                          factors=[round(f, 4) for f in self.watch.factors]))
-                decision[0] = found.new_starts if found.moved else None
+            self.emitter.emit(PassWatched(after_pass=after_pass, measured_ms=_ms(measured)))
+            named = _await_decision(run_dir / P.recut_decision_file(after_pass), timeout_s)
+            decision[0] = tuple(self.names.index(n) for n in named) if named is not None else None
         dist.broadcast_object_list(decision, src=0)
         return decision[0]  # type: ignore[return-value]
 
     def _named(self, starts: Sequence[int]) -> list[str]:
         return [self.names[i] for i in starts]
+
+
+def _await_decision(path: Path, timeout_s: float, poll_s: float = 0.005) -> list[str] | None:
+    """The controller's answer for one pass (its file, written atomically, then removed): the split points of the
+    next pass, or None to keep this one. No answer in `timeout_s` fails the run: going on with a split the
+    controller does not know would make its figures wrong."""
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no re-cut decision from the controller within {timeout_s:.0f} s ({path.name})")
+        time.sleep(poll_s)
+    answer = json.loads(path.read_text())
+    path.unlink(missing_ok=True)
+    split = answer.get("next_split") if isinstance(answer, dict) else None
+    return [str(n) for n in split] if isinstance(split, list) else None

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from support.cli import ROOT, run_pictl
@@ -262,10 +263,25 @@ def test_a_host_slowed_mid_run_moves_the_cut_and_noise_alone_never_does(deit_cos
     # Other work only ever slows a pass, so the fastest pass of each group is the one least touched by it.
     slowed, after = s["pass_ips"][1:3], s["pass_ips"][4:]
     assert max(after) > 1.3 * max(slowed), s["pass_ips"]
-    assert "pictl recut: after timed pass 3" in proc.stderr and "re-cut after timed pass 3" in proc.stderr
+    assert "pictl recut: after timed pass 3" in proc.stderr
+    assert re.search(r"segment 1: timed passes 1-3, split .*; re-cut after timed pass 3 \(", proc.stderr)
+    assert f"segment 2: timed passes 4-6, split {', '.join(recut['next_split'])}: " in proc.stderr
     # Every timed pass's microbatches have their latency, the re-cut's pass too: its times were sent before the
     # re-cut replaced the stage that measured them.
     assert s["latency"]["pipeline"]["microbatches"] == 6 * 6, s["latency"]
+    # The run is two segments, cut where the controller's watch moved the split: it judged every timed pass but the
+    # last from what rank 0 reported (`pass_watched`), and its decision is the run's record (`events/controller`).
+    first, second = s["segments"]
+    assert (first["passes"], first["split_points"], first["ended_by"]) == ([0, 2], recut["split_points"], "re-cut")
+    assert (second["passes"], second["split_points"], second["ended_by"]) == ([3, 5], recut["next_split"], None)
+    assert first["pass_ips"] + second["pass_ips"] == s["pass_ips"] and first["images"] == second["images"] == 18
+    assert second["speedup"] == pytest.approx(second["ips"] / s["serial_ips"], abs=1e-3)
+    events = Path(s["run_dir"]) / "events"
+    watched = [json.loads(line) for f in events.glob("*.jsonl") for line in f.read_text().splitlines()
+               if '"pass_watched"' in line]
+    assert sorted(w["after_pass"] for w in watched) == [0, 1, 2, 3, 4] and {w["rank"] for w in watched} == {0}
+    decided = [json.loads(line) for line in (events / "controller.jsonl").read_text().splitlines()]
+    assert [(d["event"], d["role"]) for d in decided] == [("recut", "controller"), ("refined", "controller")]
     # The waterfall takes the settled passes (5 and 6) apart; the passes before the re-cut are a term of their own.
     w = s["waterfall"]
     # The `recut` term is the whole run's speedup less the settled passes' (its sign is what was measured: the
@@ -278,6 +294,7 @@ def test_a_host_slowed_mid_run_moves_the_cut_and_noise_alone_never_does(deit_cos
     assert report.returncode == 0, report.stderr
     text = (tmp_path / "report" / "report.md").read_text()
     assert "**re-cuts**" in text and f"re-cut to {', '.join(recut['next_split'])}" in text
+    assert f"| 2 | 4-6 | {', '.join(recut['next_split'])} |" in text  # (the segments' table)
     h1 = load_cluster(hosts).hosts[1]
     kept = JsonCache(tmp_path / "cache" / "costs").get(profile_key(h1, "deit_small_patch16_224", 1000, 1, 1,
                                                                     code=tree_digest()))
