@@ -87,7 +87,7 @@ def _repacked(source: Path, target: Path, *, change: dict[str, bytes], key: Path
     members = {**bundle.members, **change}
     manifest, signature = bundle.manifest_bytes, bundle.signature
     if key is not None:
-        data = {**bundle.manifest, "members": {name: sha256(b) for name, b in members.items()}}
+        data = {**json.loads(manifest), "members": {name: sha256(b) for name, b in members.items()}}
         manifest = json.dumps(data, indent=1, sort_keys=True).encode()
         signature = ssh_sign(manifest, key)
     target.write_bytes(write_bundle(manifest, signature, members))

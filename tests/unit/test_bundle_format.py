@@ -14,6 +14,7 @@ import pytest
 
 from pictl.errors import ConfigError
 from pictl.jobs.grading.bundle import MANIFEST, SIGNATURE, read_bundle, sha256, write_bundle
+from pictl.jobs.grading.manifest import BundledArtifact, BundleManifest, ManifestSigner
 
 MEMBERS = {"summary.json": b'{"run_id": "r"}', "code/remote/__init__.py": b"", "outputs/logits-pipeline.f32": b"\0" * 8}
 
@@ -43,6 +44,28 @@ def test_a_written_bundle_reads_back_member_for_member_and_byte_for_byte_the_sam
     bundle = read_bundle(tmp_path / "b.bundle.tgz")
     assert bundle.members == MEMBERS and bundle.signature == b"sig" and bundle.digest == sha256(data)
     assert bundle.code_tree() == {"remote/__init__.py": b""} and bundle.outputs() == b"\0" * 8
+
+
+def test_a_manifest_is_written_with_sorted_keys_and_read_back_field_by_field_as_written(tmp_path: Path) -> None:
+    made = BundleManifest(format="pictl-bundle", version=1, run_id="r", team=None, created_at=12.5, code="c",
+                          artifact=BundledArtifact(name="a.pt", digest=None, bundled=False, missing=True),
+                          outputs_sha256=None, signer=ManifestSigner(key="ssh-ed25519 AAAA me@x", fingerprint="f"),
+                          suspect_because=None, members={n: sha256(b) for n, b in MEMBERS.items()})
+    written = json.loads(made.to_bytes())
+    assert list(written) == sorted(written) and written["team"] is None and written["created_at"] == 12.5
+    assert written["artifact"] == {"name": "a.pt", "digest": None, "bundled": False, "missing": True}  # (no size)
+    (tmp_path / "b.bundle.tgz").write_bytes(write_bundle(made.to_bytes(), b"sig", MEMBERS))
+    back = read_bundle(tmp_path / "b.bundle.tgz").manifest
+    assert (back.format, back.version, back.run_id, back.created_at, back.code) == ("pictl-bundle", 1, "r", 12.5, "c")
+    assert back.members == made.members and back.team is None and back.outputs_sha256 is None
+    artifact, signer = back.artifact_record(), back.signer_record()
+    assert artifact is not None and artifact.missing is True and artifact.size is None
+    assert signer is not None and signer.key == "ssh-ed25519 AAAA me@x"
+    # A manifest is read as the file holds it (its signature, not its shape, is what is trusted): a field it
+    # lacks reads as None, a nested record that is no object as none, a value of another type as it is.
+    odd = BundleManifest.view({"format": "pictl-bundle", "version": "1", "artifact": ["a.pt"], "signer": "me"})
+    assert odd.version == "1" and odd.team is None and odd.members is None
+    assert odd.artifact_record() is None and odd.signer_record() is None
 
 
 @pytest.mark.parametrize("entries, said", [

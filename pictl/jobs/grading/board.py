@@ -23,6 +23,7 @@ from rich.text import Text
 
 from pictl import errors as E
 from pictl.jobs.grading.bundle import BUNDLE_SUFFIX, read_bundle
+from pictl.jobs.grading.manifest import BundleManifest
 from pictl.jobs.grading.verify import check_bundle, record_path, speedup_spread
 from pictl.records.compare_stats import Spread
 from pictl.summary import terminal_text
@@ -138,12 +139,12 @@ def _row(path: Path, *, allowed: Path | None, profile: str | None, min_accuracy:
                suspect=checked.summary.verdict == "suspect")
 
 
-def _named_team(manifest: dict[str, object]) -> str:
+def _named_team(manifest: BundleManifest) -> str:
     """The team a bundle names (`--team`), else its signing key's comment (what a failed check still shows)."""
-    named, signer = manifest.get("team"), manifest.get("signer")
+    named, signer = manifest.team, manifest.signer_record()
     if isinstance(named, str) and named:
         return named
-    key = signer.get("key") if isinstance(signer, dict) else None
+    key = signer.key if signer is not None else None
     fields = key.split(maxsplit=2) if isinstance(key, str) else []
     return fields[2] if len(fields) == 3 else "?"
 

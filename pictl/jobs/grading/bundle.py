@@ -35,9 +35,11 @@ from typing import Any
 
 from pictl import errors as E
 from pictl.cluster.push import manifest_digest, placed_name
+from pictl.jobs.grading.manifest import BundledArtifact, BundleManifest, ManifestSigner
 from pictl.records.files import read_regular
 from pictl.records.runs import CONFIG_FILE, SUMMARY_FILE
-from pictl.summary import read_json_object, terminal_text
+from pictl.summary import parse_summary, read_json_object, terminal_text
+from pictl.summary_models import RunSummary
 from remote.floor import protocol as P
 
 __all__ = ["ARTIFACT_LIMIT", "BUNDLE_SUFFIX", "Bundle", "CODE_DIR", "MANIFEST", "NAMESPACE", "SIGNATURE",
@@ -133,8 +135,9 @@ class Bundle:
     """The sha256 of the whole file: what a verification record is kept against."""
 
     @property
-    def manifest(self) -> dict[str, Any]:
-        return _json_member(self.path, MANIFEST, self.manifest_bytes)
+    def manifest(self) -> BundleManifest:
+        """The manifest read by field, as the file holds it (`BundleManifest`: nothing coerced or checked)."""
+        return BundleManifest.view(_json_member(self.path, MANIFEST, self.manifest_bytes))
 
     def json(self, name: str) -> dict[str, Any]:
         return _json_member(self.path, name, self.members.get(name, b""))
@@ -202,24 +205,25 @@ def make_bundle(run_dir: Path, key: Path, *, team: str | None = None,
         members = _run_files(run_dir)
     except OSError as exc:  # no summary yet (a run in progress), a FIFO where a record should be
         raise E.ConfigError(f"run {run_dir.name}: not a finished run's record ({exc.strerror or exc})") from None
-    summary = read_json_object(run_dir / SUMMARY_FILE)
+    written = read_json_object(run_dir / SUMMARY_FILE)
+    summary = parse_summary(run_dir / SUMMARY_FILE, written)
     config = read_json_object(run_dir / CONFIG_FILE)
-    run_id = str(summary.get("run_id") or run_dir.name)
-    if summary.get("status") != "ok":
-        raise E.ConfigError(f"run {run_id}: did not finish ({summary.get('status')}): only a finished run is "
-                            "bundled")
-    if not summary.get("code"):
+    run_id = summary.run_id or run_dir.name
+    if summary.status != "ok":
+        raise E.ConfigError(f"run {run_id}: did not finish ({summary.status}): only a finished run is bundled")
+    if not summary.code:
         raise E.ConfigError(f"run {run_id}: its summary names no code digest (made by an older pictl); run it "
                             "again to bundle it")
     tree = code if code is not None else local_tree()
     digest = manifest_digest(tree)
-    if digest != summary["code"]:
+    if digest != summary.code:
         raise E.ConfigError(f"run {run_id}: the code here (digest {digest}) is not the code the run's hosts ran "
-                            f"({summary['code']}): bundle it from the checkout that ran it")
+                            f"({summary.code}): bundle it from the checkout that ran it")
     members.update({f"{CODE_DIR}/{name}": data for name, data in tree.items()})
     artifact = _artifact_member(summary, members)
-    options = config.get("options") if isinstance(config.get("options"), dict) else {}
-    profile = summary.get("profile")
+    given = config.get("options")  # (config.json's options, copied into run.json as the run resolved them)
+    options = given if isinstance(given, dict) else {}
+    profile = summary.profile
     rules = None
     if isinstance(profile, str):
         try:
@@ -227,42 +231,40 @@ def make_bundle(run_dir: Path, key: Path, *, team: str | None = None,
             rules = found.to_json() if found else None
         except E.ConfigError:
             rules = None  # (the profile is gone from here: the verifier checks its own copy's rules anyway)
+    as_written = RunSummary.view(written)  # (the summary's parts copied into run.json as the run wrote them)
     members[RUN_FILE] = json.dumps({
         "run_id": run_id, "profile": profile, "rules": rules, "options": options,
-        "protocol": {k: summary.get(k) for k in ("stages", "replicas", "images", "chunk", "warmup", "repeats",
+        "protocol": {k: written.get(k) for k in ("stages", "replicas", "images", "chunk", "warmup", "repeats",
                                                  "threads", "data")},
-        "flags": summary.get("flags", []), "hosts": summary.get("hosts", {}),
+        "flags": as_written.flags, "hosts": as_written.hosts,
     }, indent=1, sort_keys=True).encode()
     outputs = next((members[f"{OUTPUTS_DIR}/{n}"] for n in OUTPUT_FILES if f"{OUTPUTS_DIR}/{n}" in members), None)
     public = public_key(key)
-    manifest = {
-        "format": FORMAT, "version": VERSION, "run_id": run_id, "team": team, "created_at": time.time(),
-        "code": digest, "artifact": artifact, "outputs_sha256": sha256(outputs) if outputs is not None else None,
-        "signer": {"key": public, "fingerprint": fingerprint(public)},
-        "suspect_because": summary.get("suspect_because") if summary.get("verdict") == "suspect" else None,
-        "members": {name: sha256(data) for name, data in sorted(members.items())},
-    }
-    manifest_bytes = json.dumps(manifest, indent=1, sort_keys=True).encode()
-    return write_bundle(manifest_bytes, ssh_sign(manifest_bytes, key), members), manifest
+    manifest = BundleManifest(
+        format=FORMAT, version=VERSION, run_id=run_id, team=team, created_at=time.time(), code=digest,
+        artifact=artifact, outputs_sha256=sha256(outputs) if outputs is not None else None,
+        signer=ManifestSigner(key=public, fingerprint=fingerprint(public)),
+        suspect_because=summary.suspect_because if summary.verdict == "suspect" else None,
+        members={name: sha256(data) for name, data in sorted(members.items())})
+    manifest_bytes = manifest.to_bytes()
+    return write_bundle(manifest_bytes, ssh_sign(manifest_bytes, key), members), manifest.written()
 
 
-def _artifact_member(summary: dict[str, Any], members: dict[str, bytes]) -> dict[str, Any] | None:
+def _artifact_member(summary: RunSummary, members: dict[str, bytes]) -> BundledArtifact | None:
     """The artifact's record for the manifest, its file added to `members` when it is small enough."""
-    record = summary.get("artifact")
-    if not isinstance(record, dict) or not record.get("path"):
+    if summary.artifact is None or not summary.artifact.path:
         return None
-    path = Path(str(record["path"]))
-    info: dict[str, Any] = {"name": path.name, "digest": record.get("digest"), "bundled": False}
+    path = Path(summary.artifact.path)
     try:
         size = path.stat().st_size
-        if path.is_file() and not path.is_symlink() and size <= ARTIFACT_LIMIT:
-            data = path.read_bytes()
-            info.update(sha256=sha256(data), bundled=True)
-            members[f"{ARTIFACT_DIR}/{path.name}"] = data
-        info["size"] = size
-    except OSError:
-        info["missing"] = True  # named by its digest only: the verifier needs its own copy
-    return info
+        if not (path.is_file() and not path.is_symlink() and size <= ARTIFACT_LIMIT):
+            return BundledArtifact(name=path.name, digest=summary.artifact.digest, bundled=False, size=size)
+        data = path.read_bytes()
+    except OSError:  # named by its digest only: the verifier needs its own copy
+        return BundledArtifact(name=path.name, digest=summary.artifact.digest, bundled=False, missing=True)
+    members[f"{ARTIFACT_DIR}/{path.name}"] = data
+    return BundledArtifact(name=path.name, digest=summary.artifact.digest, bundled=True, sha256=sha256(data),
+                           size=size)
 
 
 def write_bundle(manifest: bytes, signature: bytes, members: dict[str, bytes]) -> bytes:
@@ -310,7 +312,7 @@ def read_bundle(path: Path) -> Bundle:
         raise E.ConfigError(f"{path}: not a pictl bundle (no {MANIFEST} or no {SIGNATURE})")
     bundle = Bundle(path, manifest, signature, members, sha256(packed))
     found = bundle.manifest
-    if found.get("format") != FORMAT or found.get("version") != VERSION:
-        raise E.ConfigError(f"{path}: not a pictl bundle of version {VERSION} (format {found.get('format')!r}, "
-                            f"version {found.get('version')!r})")
+    if found.format != FORMAT or found.version != VERSION:
+        raise E.ConfigError(f"{path}: not a pictl bundle of version {VERSION} (format {found.format!r}, "
+                            f"version {found.version!r})")
     return bundle

@@ -140,7 +140,8 @@ def check_signature(bundle: Bundle, allowed: Path | None) -> Signer:
 
 def check_members(bundle: Bundle) -> None:
     """Every member's sha256 is the one the (signed) manifest gives; none missing, none added."""
-    listed = bundle.manifest.get("members")
+    manifest = bundle.manifest
+    listed = manifest.members
     if not isinstance(listed, dict):
         raise E.BundleTampered(f"{bundle.path}: its manifest lists no members")
     for name in sorted(set(listed) | set(bundle.members)):
@@ -153,14 +154,14 @@ def check_members(bundle: Bundle) -> None:
             raise E.BundleTampered(f"{bundle.path}: {terminal_text(name, 80)} was changed after signing (its sha256 "
                                    "is not the manifest's)")
     outputs = bundle.outputs()
-    if bundle.manifest.get("outputs_sha256") != (sha256(outputs) if outputs is not None else None):
+    if manifest.outputs_sha256 != (sha256(outputs) if outputs is not None else None):
         raise E.BundleTampered(f"{bundle.path}: its outputs are not the ones its manifest hashes")
 
 
 def check_code(bundle: Bundle, summary: RunSummary) -> str:
     """The bundled code's digest, which must be the one the run's summary names (and the manifest's)."""
     digest = manifest_digest(bundle.code_tree())
-    if digest != summary.code or digest != bundle.manifest.get("code"):
+    if digest != summary.code or digest != bundle.manifest.code:
         raise E.CodeMismatch(f"{bundle.path}: the bundled code's digest {digest} is not the code the run's hosts ran "
                              f"({summary.code})")
     return digest
@@ -206,17 +207,17 @@ def run_options(bundle: Bundle, *, artifact_dir: Path | None = None, data_path: 
     if not isinstance(given, dict):
         raise E.BundleTampered(f"{bundle.path}: config.json holds no options")
     fields = {**given, "master_port": None, "track": []}
-    split = bundle.json(SUMMARY_FILE).get("split_points")
+    split: Any = RunSummary.view(bundle.json(SUMMARY_FILE)).split_points  # (as written: checked here)
     if isinstance(split, list) and split and all(isinstance(p, str) for p in split):
         # The cuts the run ended with, not a new search: a lossy wire's outputs depend on where it cuts.
         fields["split"] = split
-    artifact = bundle.manifest.get("artifact")
-    if isinstance(artifact, dict) and artifact_dir is not None:
-        name = f"{ARTIFACT_DIR}/{artifact.get('name')}"
+    artifact = bundle.manifest.artifact_record()
+    if artifact is not None and artifact_dir is not None:
+        name = f"{ARTIFACT_DIR}/{artifact.name}"
         if name not in bundle.members:
-            raise E.ConfigError(f"{bundle.path}: the run's model artifact {artifact.get('name')} (digest "
-                                f"{artifact.get('digest')}) is not in the bundle (too large): it cannot be re-run")
-        path = artifact_dir / str(artifact.get("name"))
+            raise E.ConfigError(f"{bundle.path}: the run's model artifact {artifact.name} (digest "
+                                f"{artifact.digest}) is not in the bundle (too large): it cannot be re-run")
+        path = artifact_dir / str(artifact.name)
         path.write_bytes(bundle.members[name])
         fields.update(model=str(path), artifact=None)
     if data_path is not None:
@@ -233,7 +234,7 @@ def check_bundle(bundle: Bundle, *, allowed: Path | None, profile: str | None, m
     check_code(bundle, summary)
     options = run_options(bundle)
     check_rules(bundle, summary, options, profile=profile, min_accuracy=min_accuracy)
-    named = bundle.manifest.get("team")
+    named = bundle.manifest.team
     chosen = team or (named if isinstance(named, str) and named else None) or (
         getpass.getuser() if signer.own else signer.principal)
     return Checked(bundle, signer, summary, bundle.json("config.json")["options"], chosen,
@@ -278,7 +279,7 @@ def compare_rerun(checked: Checked, rerun: RunSummary, outputs: bytes | None) ->
     pass), its upper end widened by the re-run's serial scatter and `MIN_EFFECT`: a claim below it is no mismatch
     (the reference cluster may be faster). Returns the re-run's speedup spread."""
     path, claimed = checked.bundle.path, checked.summary
-    want = checked.bundle.manifest.get("outputs_sha256")
+    want = checked.bundle.manifest.outputs_sha256
     got = sha256(outputs) if outputs is not None else None
     if want != got:
         raise E.OutputMismatch(f"{path}: the re-run's outputs differ from the bundle's (sha256 {str(got)[:12]}, "
