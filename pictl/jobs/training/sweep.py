@@ -25,6 +25,7 @@ from pictl.jobs.sweep import write_tables
 from pictl.jobs.training.options import TrainOptions, chunks_refusal
 from pictl.jobs.training.session import TrainSession, placement
 from pictl.records.runs import write_json_atomic
+from pictl.summary_figures import Open
 from remote.floor import protocol as P
 
 COLUMNS = ("mode", "schedule", "stages", "chunks", "workers", "wire", "microbatch", "status", "samples_per_s",
@@ -50,6 +51,41 @@ class TrainPoint:
         loaders = f", {self.workers} loader worker(s)" if self.workers else ""
         wire = f", wire {self.wire}" if self.wire != "fp32" else ""
         return f"{how}, {self.stages} rank(s), {self.chunks} chunk(s){loaders}{wire}"
+
+
+class TrainSweepRow(Open):
+    """A row of a training sweep's sweep.json: the point, and what its job measured (`row_of`; a failed job's row
+    holds the point, its status and its error). Its keys are written in this order, `speedup` last
+    (`with_speedups`: over single's samples/s at the same chunk count and loader workers)."""
+
+    mode: str
+    stages: int
+    chunks: int
+    schedule: str | None = None
+    """Pipeline only (None for single and ddp)."""
+    workers: int = 0
+    wire: str = "fp32"
+    microbatch: int | None = None
+    status: str
+    samples_per_s: float | None = None
+    loss_agreement: str | None = None
+    """`ok (max rel diff)` or `DIFFERS (...)`: the pipeline's losses against single's."""
+    loss_last: float | None = None
+    top1: float | None = None
+    avg_MBps: float | None = None
+    peak_MBps: float | None = None
+    compute_ms: float | None = None
+    """Forward and backward per step, mean over the ranks."""
+    step_ms: float | None = None
+    data_share: float | None = None
+    comm_share: float | None = None
+    idle_share: float | None = None
+    peak_rss_mb: float | None = None
+    job_id: str | None = None
+    per_step_ms: dict[str, float | None] = {}
+    """Per category (`CATEGORIES`): ms per step, mean over the ranks."""
+    error: str | None = None
+    speedup: float | None = None
 
 
 def train_points(cluster: Cluster, base: TrainOptions, modes: list[str], stages: list[int], chunks: list[int],
@@ -93,9 +129,10 @@ def options_for(base: TrainOptions, point: TrainPoint) -> TrainOptions:
 
 
 def row_of(point: TrainPoint, summary: TrainSummary | None, error: str | None = None) -> dict[str, Any]:
-    row: dict[str, Any] = {**asdict(point), "schedule": point.schedule if point.mode == "pipeline" else None}
+    """The point's row as sweep.json holds it (`TrainSweepRow`, written: the keys given, in its order)."""
+    row = {**asdict(point), "schedule": point.schedule if point.mode == "pipeline" else None}
     if summary is None:
-        return {**row, "status": "failed", "error": error}
+        return TrainSweepRow(**row, status="failed", error=error).written()
     ranks = summary.breakdown
 
     def share(key: str) -> float | None:
@@ -104,27 +141,23 @@ def row_of(point: TrainPoint, summary: TrainSummary | None, error: str | None = 
 
     check = summary.agreement
     losses = summary.losses
-    return {**row, "microbatch": summary.microbatch, "status": summary.status, "samples_per_s": summary.samples_per_s,
-            "loss_agreement": None if not check or check.max_rel_diff is None else
-            (f"{'ok' if check.passed else 'DIFFERS'} ({check.max_rel_diff})"),
-            "loss_last": losses[-1].loss if losses else None, "top1": summary.top1,
-            **_link_columns(summary),
-            "data_share": share("data"), "comm_share": share("comm"), "idle_share": share("idle"),
-            "peak_rss_mb": max((r.peak_rss_mb for r in ranks if r.peak_rss_mb is not None), default=None),
-            "job_id": summary.job_id,
-            "per_step_ms": {c: _mean([r.per_step_ms.get(c) for r in ranks]) for c in CATEGORIES},
-            "error": error}
-
-
-def _link_columns(summary: TrainSummary) -> dict[str, Any]:
-    """The source's table: bandwidth over the busiest link (sender's side), computation and time per batch."""
     avg = [link.sender.avg_MBps for link in summary.links if link.sender.avg_MBps is not None]
     peak = [link.sender.peak_MBps for link in summary.links if link.sender.peak_MBps is not None]
-    compute = _mean([(r.per_step_ms.get("forward") or 0) + (r.per_step_ms.get("backward") or 0)
-                     for r in summary.breakdown if r.per_step_ms.get("forward") is not None])
     ips = summary.samples_per_s
-    return {"avg_MBps": max(avg, default=None), "peak_MBps": max(peak, default=None), "compute_ms": compute,
-            "step_ms": round(1000 * summary.batch_size / ips, 2) if ips else None}
+    return TrainSweepRow(
+        **row, microbatch=summary.microbatch, status=summary.status, samples_per_s=ips,
+        loss_agreement=None if not check or check.max_rel_diff is None else
+        f"{'ok' if check.passed else 'DIFFERS'} ({check.max_rel_diff})",
+        loss_last=losses[-1].loss if losses else None, top1=summary.top1,
+        # The source's table: bandwidth over the busiest link (sender's side), computation and time per batch.
+        avg_MBps=max(avg, default=None), peak_MBps=max(peak, default=None),
+        compute_ms=_mean([(r.per_step_ms.get("forward") or 0) + (r.per_step_ms.get("backward") or 0)
+                          for r in ranks if r.per_step_ms.get("forward") is not None]),
+        step_ms=round(1000 * summary.batch_size / ips, 2) if ips else None,
+        data_share=share("data"), comm_share=share("comm"), idle_share=share("idle"),
+        peak_rss_mb=max((r.peak_rss_mb for r in ranks if r.peak_rss_mb is not None), default=None),
+        job_id=summary.job_id, per_step_ms={c: _mean([r.per_step_ms.get(c) for r in ranks]) for c in CATEGORIES},
+        error=error).written()
 
 
 def _mean(values: list[float | None]) -> float | None:
@@ -134,10 +167,11 @@ def _mean(values: list[float | None]) -> float | None:
 
 def with_speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each row's samples/s over single's at the same chunk count and loader workers (None without one)."""
-    single = {(r["chunks"], r.get("workers", 0)): r.get("samples_per_s") for r in rows
-              if r["mode"] == "single" and r["status"] == "ok"}
-    return [{**r, "speedup": round(r["samples_per_s"] / single[(r["chunks"], r.get("workers", 0))], 3)
-             if r.get("samples_per_s") and single.get((r["chunks"], r.get("workers", 0))) else None} for r in rows]
+    viewed = [TrainSweepRow.view(r) for r in rows]
+    single = {(v.chunks, v.workers): v.samples_per_s for v in viewed if v.mode == "single" and v.status == "ok"}
+    return [{**r, "speedup": round(v.samples_per_s / base, 3)
+             if v.samples_per_s and (base := single.get((v.chunks, v.workers))) else None}
+            for r, v in zip(rows, viewed, strict=True)]
 
 
 def write_table(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
@@ -153,16 +187,16 @@ def plot(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ok = [r for r in with_speedups(rows) if r["status"] == "ok" and r.get("samples_per_s")]
+    ok = [r for r in map(TrainSweepRow.view, with_speedups(rows)) if r.status == "ok" and r.samples_per_s]
     written = []
     fig, ax = plt.subplots(figsize=(6, 4))
-    series: dict[str, list[dict[str, Any]]] = {}
+    series: dict[str, list[TrainSweepRow]] = {}
     for r in ok:
-        name = r["mode"] + (f" {r['schedule']}" if r.get("schedule") else "") + f", {r['stages']} rank(s)"
+        name = r.mode + (f" {r.schedule}" if r.schedule else "") + f", {r.stages} rank(s)"
         series.setdefault(name, []).append(r)
     for name, group in series.items():
-        group.sort(key=lambda r: r["chunks"])
-        ax.plot([r["chunks"] for r in group], [r["samples_per_s"] for r in group], "o-", label=name)
+        group.sort(key=lambda r: r.chunks)
+        ax.plot([r.chunks for r in group], [r.samples_per_s or 0.0 for r in group], "o-", label=name)  # (each has one)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("chunks (microbatches per step; the microbatch shrinks as they grow)")
     ax.set_ylabel("samples / s")
@@ -175,11 +209,11 @@ def plot(out: Path, rows: list[dict[str, Any]]) -> list[Path]:
     fig, ax = plt.subplots(figsize=(max(6, len(ok) * 0.7), 4))
     bottoms = [0.0] * len(ok)
     for c in CATEGORIES:
-        values = [r["per_step_ms"].get(c) or 0.0 for r in ok]
+        values = [r.per_step_ms.get(c) or 0.0 for r in ok]
         ax.bar(range(len(ok)), values, bottom=bottoms, label=c)
         bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
-    ax.set_xticks(range(len(ok)), [f"{r['mode']}{' ' + r['schedule'] if r.get('schedule') else ''}\n"
-                                   f"{r['stages']}r c{r['chunks']}" for r in ok], fontsize=7)
+    ax.set_xticks(range(len(ok)), [f"{r.mode}{' ' + r.schedule if r.schedule else ''}\n"
+                                   f"{r.stages}r c{r.chunks}" for r in ok], fontsize=7)
     ax.set_ylabel("ms per step (mean over ranks)")
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3, axis="y")
