@@ -157,7 +157,10 @@ def test_hosts_sharing_a_machine_are_profiled_one_at_a_time(tmp_path, pictl_env)
     h0, h1, h2 = (found["hosts"][h] for h in ("h0", "h1", "h2"))
     assert h0 == h1  # one measurement for both
     assert h0["measured_until"] <= h2["measured_from"]  # h2's process started after h0's had finished
-    assert all(p["spread"] < 1.0 and p["passes"] >= 8 for p in (h0, h2))
+    # Each measured in at least 8 whole passes, and measured again (up to 3 attempts) while its passes disagreed
+    # by more than 10 %: on a busy machine (another test worker beside it) they can, which a profile records.
+    for p in (h0, h2):
+        assert p["passes"] >= 8 and p["spread"] >= 0 and (p["spread"] <= 0.10 or p["attempts"] == 3), p
 
 
 async def test_fewer_stages_than_hosts_take_the_fastest_connecting_and_pushing_once(
