@@ -18,6 +18,7 @@ from typing import Any
 from pictl.records import waterfall_view
 from pictl.records.compare_stats import Ranking, Spread
 from pictl.records.runs import write_bytes_atomic, write_json_atomic
+from pictl.summary_figures import Open, SweepRowRecord
 from pictl.summary_models import RunSummary
 
 __all__ = ["COLUMNS", "MD_COLUMNS", "markdown_table", "reference_line", "row_of", "sweep_rows", "verdict_lines",
@@ -34,6 +35,36 @@ j_per_image: the median round's joules per image, None where a host has no power
 MD_COLUMNS = ("place", "stages", "chunk", "policy", "wire", "status", "throughput_ips", "speedup", "speedup_interval",
               "efficiency", "rounds", "latency_p50_ms")
 """table.md's columns (speedup_interval: the interval's ends, written `low-high`)."""
+
+
+class TableRow(SweepRowRecord):
+    """A row of sweep.json as this module reads back what it wrote (`Open.view`: each value as written): the
+    record's figures and the ranking's, the interval's ends and the lists table.csv and table.md flatten."""
+
+    place: Any = None
+    speedup_low: Any = None
+    speedup_high: Any = None
+    outputs_match: Any = None
+    split_points: Any = None
+    flags: Any = None
+    run_ids: Any = None
+    tied_with: Any = None
+
+
+class SweepReference(Open):
+    """sweep.json's `reference`: the one serial reference every speedup divides by (`pictl.jobs.sweep`)."""
+
+    host: Any = None
+    line: Any = None
+    """`reference_line`: what every speedup divides by, in words (written under the tables)."""
+
+
+class TableMeta(Open):
+    """The parts of sweep.json besides its rows that the tables write under them, each as written."""
+
+    reference: Any = None
+    verdicts: Any = None
+    """`verdict_lines`: the verdict between each configuration and the next in the ranking."""
 
 
 def row_of(point: Any, summary: RunSummary | None, error: str | None = None) -> dict[str, Any]:
@@ -92,14 +123,19 @@ def sweep_rows(points: list[Any], labels: list[str], runs: dict[str, list[Any]],
             "serial_ips": _r(ranking.reference.median if ranking.reference else None), "reference": reference,
             "tied_with": list(entry.tied_with) if entry else [],
             "outputs_match": all(r.summary.outputs_match for r in measured if r.summary) if measured else
-            row.get("outputs_match"),
+            TableRow.view(row).outputs_match,  # (the typical run's, as row_of took it)
             "flags": sorted({f.code for r in mine if r.summary for f in r.summary.flags}),
             "run_ids": [r.run_id for r in mine],
+            **({"error": "; ".join(f"round {r.round}: {r.error}" for r in failed)} if failed else {}),
         })
-        if failed:
-            row["error"] = "; ".join(f"round {r.round}: {r.error}" for r in failed)
         rows.append(row)
-    return sorted(rows, key=lambda r: (r["place"] is None, r["place"] or 0, -(r["speedup"] or 0.0)))
+    return sorted(rows, key=_rank)
+
+
+def _rank(row: dict[str, Any]) -> tuple[bool, int, float]:
+    """The table's order: by place (unplaced last), then the higher median speedup first."""
+    r = TableRow.view(row)
+    return r.place is None, r.place or 0, -(r.speedup or 0.0)
 
 
 def _median_run(runs: list[Any]) -> Any:
@@ -132,13 +168,15 @@ def write_table(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> 
     """sweep.json (the rows, `meta`: the reference, rounds and verdicts among it), table.csv and table.md (the
     reference and the verdicts under the table, when `meta` has them)."""
     write_json_atomic(out / "sweep.json", {**meta, "rows": rows})
-    flat = [{**r, "split_points": " ".join(r.get("split_points") or []), "flags": " ".join(r.get("flags") or []),
-             "run_ids": " ".join(str(i) for i in r.get("run_ids") or []),
-             "tied_with": "; ".join(r.get("tied_with") or []),
-             "speedup_interval": _interval(r.get("speedup_low"), r.get("speedup_high"))} for r in rows]
-    notes = ([f"Every speedup is over one reference, round by round: {meta['reference']['line']}."]
-             if isinstance(meta.get("reference"), dict) and meta["reference"].get("line") else [])
-    notes += [f"- {line}" for line in meta.get("verdicts") or []]
+    flat = [{**r, "split_points": " ".join(v.split_points or []), "flags": " ".join(v.flags or []),
+             "run_ids": " ".join(str(i) for i in v.run_ids or []), "tied_with": "; ".join(v.tied_with or []),
+             "speedup_interval": _interval(v.speedup_low, v.speedup_high)}
+            for r, v in zip(rows, map(TableRow.view, rows), strict=True)]
+    written = TableMeta.view(meta)
+    reference = SweepReference.view(written.reference) if isinstance(written.reference, dict) else None
+    notes = ([f"Every speedup is over one reference, round by round: {reference.line}."]
+             if reference is not None and reference.line else [])
+    notes += [f"- {line}" for line in written.verdicts or []]
     write_tables(out, flat, COLUMNS, MD_COLUMNS, notes)
 
 
