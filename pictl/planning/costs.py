@@ -23,6 +23,8 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, TypeGuard, TypeVar
 
+from pydantic import ValidationError
+
 import remote
 from pictl import errors as E
 from pictl.cluster.artifacts import Artifact
@@ -32,6 +34,7 @@ from pictl.cluster.transport import Transport
 from pictl.events import command_outcome
 from pictl.inventory import Host
 from pictl.records.cache import JsonCache
+from pictl.summary_figures import Open
 from pictl.text import ascii_count
 from remote.floor import entries
 from remote.floor import protocol as P
@@ -43,6 +46,35 @@ LAN_LINK = Link(latency_s=0.0002, bytes_per_s=110e6)  # what 1 GbE delivers betw
 LOCAL_LINK = Link(latency_s=0.00002, bytes_per_s=2e9)
 LINK_SOURCE = remote.source("profiling/linktest.py")
 LINK_BYTES = 16 << 20  # a few stage outputs' worth: 0.15 s on gigabit Ethernet
+
+
+class MeasuredLink(Open):
+    """A link as `linktest.py send` prints it (its other figures let through), and as the link cache keeps it."""
+
+    latency_s: float
+    """Half the median round trip of the small pings."""
+    bytes_per_s: float
+    """The rate of the stage-sized stream."""
+
+
+class CachedProfile(Open):
+    """A host's cost profile as the cache keeps it (`PROFILE_FIELDS` of the host's `Costs`, and the correction a
+    run stored beside it, `keep_corrections`), read as written: `usable_profile` checks the fields are there."""
+
+    pieces: list[str]
+    compute_s: list[float]
+    """Seconds per piece, per microbatch."""
+    cut_bytes: list[int]
+    """The bytes entering the cut after each piece, per microbatch."""
+    piece_bytes: list[int]
+    comm_s_per_byte: float
+    """What copying a byte costs the host."""
+    pass_ms: float
+    measured_until: float
+    correction: float = 1.0
+    """Measured / profiled time of the host's stages in the last run that corrected it (1.0: never corrected)."""
+    corrected_at: Any = None
+    """When it was corrected (seconds since the epoch; None: never, or an older record)."""
 
 
 def link_key(src: Host, dst: Host) -> str:
@@ -66,10 +98,19 @@ async def measure_link(src: Transport, dst: Transport, nbytes: int = LINK_BYTES)
         if result.returncode != 0:
             raise E.TransportError(f"link {src.host.name} -> {dst.host.name}: "
                                    f"{(result.stderr.strip().splitlines() or ['no output'])[-1]}")
-        measured = json.loads(result.stdout.strip().splitlines()[-1])
+        measured = MeasuredLink.model_validate(json.loads(result.stdout.strip().splitlines()[-1]))
     finally:
         await server.stop(grace_s=1)
-    return Link(latency_s=float(measured["latency_s"]), bytes_per_s=float(measured["bytes_per_s"]))
+    return Link(latency_s=measured.latency_s, bytes_per_s=measured.bytes_per_s)
+
+
+def _cached_link(cached: dict[str, Any] | None) -> Link | None:
+    """The link the cache holds, None when it holds none it can be trusted for (measured again)."""
+    try:
+        found = MeasuredLink.model_validate(cached)
+    except ValidationError:
+        return None
+    return Link(found.latency_s, found.bytes_per_s) if found.bytes_per_s > 0 else None
 
 
 async def link_profiles(pairs: list[tuple[Transport, Transport]], cache: JsonCache
@@ -81,12 +122,13 @@ async def link_profiles(pairs: list[tuple[Transport, Transport]], cache: JsonCac
         names = (src.host.name, dst.host.name)
         if names in links or names[0] == names[1]:
             continue
-        cached = cache.get(link_key(src.host, dst.host))
-        if cached and cached.get("bytes_per_s", 0) > 0 and "latency_s" in cached:
-            links[names] = Link(cached["latency_s"], cached["bytes_per_s"])
+        cached = _cached_link(cache.get(link_key(src.host, dst.host)))
+        if cached is not None:
+            links[names] = cached
             continue
         links[names] = link = await measure_link(src, dst)
-        cache.put(link_key(src.host, dst.host), {"latency_s": link.latency_s, "bytes_per_s": link.bytes_per_s})
+        cache.put(link_key(src.host, dst.host),
+                  MeasuredLink(latency_s=link.latency_s, bytes_per_s=link.bytes_per_s).written())
         measured.append(f"{names[0]}->{names[1]}")
     return links, measured
 
@@ -108,8 +150,9 @@ def usable_profile(profile: object) -> TypeGuard[dict[str, Any]]:
     """A corrupt, truncated or old-format profile is measured again, never trusted."""
     if not isinstance(profile, dict) or not all(k in profile for k in PROFILE_FIELDS):
         return False
-    n = len(profile.get("pieces", []))
-    return n > 0 and all(len(profile.get(k, [])) == n for k in ("compute_s", "cut_bytes", "piece_bytes"))
+    found = CachedProfile.view(profile)
+    n = len(found.pieces)
+    return n > 0 and all(len(figures) == n for figures in (found.compute_s, found.cut_bytes, found.piece_bytes))
 
 
 async def measure_host(t: Transport, model: str, num_classes: int, chunk: int, threads: int,
@@ -181,13 +224,17 @@ class Profiles:
     use_corrections: bool = True
     """False (`--no-refine`): the profiles alone, as measured."""
 
+    def profile(self, host: str) -> CachedProfile:
+        """The host's profile read by field, as measured or cached."""
+        return CachedProfile.view(self.by_host[host])
+
     def correction(self, host: str) -> float:
         """How much slower than its profile a run found the host (1.0: never corrected, or not used)."""
-        return float(self.by_host[host].get("correction", 1.0)) if self.use_corrections else 1.0
+        return float(self.profile(host).correction) if self.use_corrections else 1.0
 
     def correction_age_s(self, host: str) -> float | None:
         """How long ago a run corrected the host's profile (None: never, an older record, or not used)."""
-        at = self.by_host[host].get("corrected_at")
+        at = self.profile(host).corrected_at
         return max(0.0, time.time() - at) if self.use_corrections and isinstance(at, (int, float)) else None
 
 
@@ -211,7 +258,8 @@ async def host_profiles(transports: list[Transport], cache: JsonCache, *, model:
                  "chunk and threads; cached after)")
         began = time.monotonic()
         profile = await measure_host(t, model, num_classes, chunk, count(t), artifact)
-        announce(f"{t.host.name} profiled in {time.monotonic() - began:.0f} s ({profile['pass_ms']:.0f} ms a pass)")
+        announce(f"{t.host.name} profiled in {time.monotonic() - began:.0f} s "
+                 f"({CachedProfile.view(profile).pass_ms:.0f} ms a pass)")
         return profile
 
     def same(t: Transport) -> Hashable:
@@ -248,13 +296,11 @@ def cost_table(stage_hosts: list[str], profiles: Profiles,
     earlier run found), each hop what its link did (gigabit Ethernet where a link was not measured, a
     local copy between stages on one host). `wire_ratio`: the bytes a cut sends under `--wire`, over fp32
     (a slow link then moves cuts to where the compressed state is small)."""
-    by_host = profiles.by_host
-    first = by_host[stage_hosts[0]]
+    stages = [profiles.profile(h) for h in stage_hosts]
     measured = links or {}
     hops = [LOCAL_LINK if a == b else measured.get((a, b), LAN_LINK)
             for a, b in zip(stage_hosts, stage_hosts[1:], strict=False)]
-    table = CostTable(compute_s=[by_host[h]["compute_s"] for h in stage_hosts],
-                      cut_bytes=[b * wire_ratio for b in first["cut_bytes"]],
-                      links=hops, comm_s_per_byte=[by_host[h]["comm_s_per_byte"] for h in stage_hosts],
-                      piece_bytes=first["piece_bytes"])
+    table = CostTable(compute_s=[p.compute_s for p in stages], cut_bytes=[b * wire_ratio for b in stages[0].cut_bytes],
+                      links=hops, comm_s_per_byte=[p.comm_s_per_byte for p in stages],
+                      piece_bytes=stages[0].piece_bytes)
     return table.corrected([profiles.correction(h) for h in stage_hosts])
