@@ -30,6 +30,7 @@ from typing import Any
 import remote
 from pictl import errors as E
 from pictl.cluster.transport import RemoteProcess, Transport
+from pictl.summary_figures import Open
 
 LEASE_SOURCE = remote.source("host/lease.py")
 BOOT = "import json,sys;exec(compile(json.loads(sys.stdin.buffer.raw.readline()),'remote.host.lease','exec'))"
@@ -39,6 +40,34 @@ own channel, whose end is the release."""
 RETRY_S = (2.0, 5.0)
 """A waiting run looks again after a random pause in this range (two waiters do not retry in step)."""
 ANSWER_TIMEOUT_S = 60.0
+
+
+class LeaseRecord(Open):
+    """A lease's record, as the host's lease file holds it (`remote/host/lease.py`): what the holding controller
+    sent (`_take`), and the host's login, the holder's pid and when it took the lease. Read as written (another
+    team's pictl may have written it); each default is what a line says for a field the record lacks."""
+
+    run_id: Any = "?"
+    user: Any = "?"
+    controller: Any = "?"
+    """The controller's host name."""
+    owner: Any = None
+    """`controller_name()`: whose runs `pictl stop` stops."""
+    kind: Any = "run"
+    """What `run_id` names: a run (not written), or a sweep or tune holding its hosts for all of its runs."""
+    login: Any = None
+    pid: Any = None
+    started_at: Any = None
+    """When the lease was taken (seconds since the epoch, the host's clock)."""
+
+
+class LeaseAnswer(Open):
+    """The one JSON line `remote/host/lease.py` prints: its state, and the lease's record or why it is not ready."""
+
+    state: Any = None
+    """held | busy | not_ready"""
+    lease: Any = None
+    error: Any = None
 
 
 def controller_name() -> str:
@@ -61,25 +90,24 @@ class Lease:
         await self.process.stop(grace_s=5.0)  # closing its stdin is the release
 
 
-def describe(record: dict[str, Any]) -> str:
-    started = record.get("started_at")
+def describe(record: LeaseRecord) -> str:
+    started = record.started_at
     since = time.strftime("%H:%M:%S", time.localtime(started)) if isinstance(started, int | float) else "?"
-    return f"{record.get('kind', 'run')} {record.get('run_id', '?')} of {record.get('user', '?')} on " \
-           f"{record.get('controller', '?')} (since {since})"
+    return f"{record.kind} {record.run_id} of {record.user} on {record.controller} (since {since})"
 
 
-def _busy_message(busy: list[tuple[str, dict[str, Any]]]) -> str:
+def _busy_message(busy: list[tuple[str, LeaseRecord]]) -> str:
     """One clause per holder: "hosts 'h0', 'h1' busy: held by run X of alice on laptop (since 10:02:03)". A run
     takes its hosts' leases one by one, maybe a second apart: grouped by run, since its first lease."""
-    holders: dict[tuple[Any, ...], list[tuple[str, dict[str, Any]]]] = {}
+    holders: dict[tuple[Any, ...], list[tuple[str, LeaseRecord]]] = {}
     for host, record in busy:
-        who = (record.get("kind"), record.get("run_id"), record.get("user"), record.get("controller"))
+        who = (record.kind, record.run_id, record.user, record.controller)
         holders.setdefault(who, []).append((host, record))
     clauses = []
     for held in holders.values():
         names = [f"'{host}'" for host, _ in held]
-        starts = [r["started_at"] for _, r in held if isinstance(r.get("started_at"), int | float)]
-        first = {**held[0][1], "started_at": min(starts)} if starts else held[0][1]
+        starts = [r.started_at for _, r in held if isinstance(r.started_at, int | float)]
+        first = held[0][1].model_copy(update={"started_at": min(starts)}) if starts else held[0][1]
         clauses.append(f"host{'s' if len(names) > 1 else ''} {', '.join(names)} busy: held by {describe(first)}")
     return "; ".join(clauses)
 
@@ -91,15 +119,15 @@ class _Answer:
     state: str
     """held | busy | not_ready"""
     lease: Lease | None = None
-    holder: dict[str, Any] | None = None
+    holder: LeaseRecord | None = None
     why: str = ""
 
 
 async def _take(t: Transport, run_id: str, check_python: bool, kind: str = "run") -> _Answer:
     h = t.host
-    record = {"run_id": run_id, "user": getpass.getuser(), "controller": socket.gethostname(),
-              "owner": controller_name(), **({"kind": kind} if kind != "run" else {})}
-    argv = [h.base_python(), "-c", BOOT, "hold", "--workdir", h.workdir, "--record", json.dumps(record)]
+    record = LeaseRecord(run_id=run_id, user=getpass.getuser(), controller=socket.gethostname(),
+                         owner=controller_name(), **({"kind": kind} if kind != "run" else {}))
+    argv = [h.base_python(), "-c", BOOT, "hold", "--workdir", h.workdir, "--record", json.dumps(record.written())]
     proc = await t.start([*argv, "--python", h.python_path()] if check_python else argv)
     answer: dict[str, Any] = {}
     errors: list[str] = []
@@ -126,13 +154,14 @@ async def _take(t: Transport, run_id: str, check_python: bool, kind: str = "run"
     except BaseException:
         await asyncio.shield(proc.stop(grace_s=1.0))
         raise
-    if answer.get("state") == "held":
-        return _Answer("held", lease=Lease(t, proc, answer.get("lease") or {}))
+    said = LeaseAnswer.view(answer)
+    if said.state == "held":
+        return _Answer("held", lease=Lease(t, proc, said.lease or {}))
     rc = await proc.wait()
-    if answer.get("state") == "busy":
-        return _Answer("busy", holder=answer.get("lease") or {})
-    if answer.get("state") == "not_ready":
-        return _Answer("not_ready", why=f"host '{h.name}': {answer.get('error')}")
+    if said.state == "busy":
+        return _Answer("busy", holder=LeaseRecord.view(said.lease) if isinstance(said.lease, dict) else LeaseRecord())
+    if said.state == "not_ready":
+        return _Answer("not_ready", why=f"host '{h.name}': {said.error}")
     why = "not found" if rc == 127 else (errors or [f"exit status {rc}"])[-1]
     return _Answer("not_ready", why=f"host '{h.name}': python '{h.base_python()}' {why} (set `python` in the "
                                     "inventory)")
@@ -161,7 +190,7 @@ async def take_leases(transports: list[Transport], run_id: str, *, wait: bool = 
                 raise r
         if not_ready := [a.why for a in answers if a.state == "not_ready"]:
             raise E.NotReady("; ".join(not_ready))
-        busy = _busy_message([(t.host.name, a.holder or {})
+        busy = _busy_message([(t.host.name, a.holder or LeaseRecord())
                               for t, a in zip(transports, answers, strict=True) if a.state == "busy"])
         if not wait:
             raise E.HostBusy(f"{busy} (--wait queues behind it)")
