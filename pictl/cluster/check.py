@@ -21,7 +21,49 @@ from pictl.cluster.monitor import HostSample, load_now
 from pictl.cluster.transport import RemoteProcess, Transport
 from pictl.cluster.warm import WarmState, warm_status
 from pictl.inventory import Cluster, Host
+from pictl.summary_figures import Open
 from pictl.text import ascii_count
+
+
+class VenvReport(Open):
+    """The probe's look at the host's venv (`remote/host/probe.py`'s `_venv`)."""
+
+    exists: Any = None
+    packages: Any = None
+    """Each package the run needs -> its version (None: not installed)."""
+    error: Any = None
+    """Why the packages could not be listed (the venv's python would not run)."""
+
+
+class PackageVersions(Open):
+    torch: Any = None
+
+
+class InterfaceReport(Open):
+    """The network interface hosts.toml names for the host, as the probe found it."""
+
+    name: Any = None
+    exists: Any = None
+    address: Any = None
+
+
+class ReachReport(Open):
+    """Whether the host reached host 0's test listener at the rendezvous address (`--connect`)."""
+
+    target: Any = None
+    ok: Any = None
+    error: Any = None
+
+
+class ProbeReport(Open):
+    """What `remote/host/probe.py report` says of a host (`HostCheck.probe`), read as the host wrote it: its python,
+    its venv, the interface and whether it reached the rendezvous (None where the probe was not asked)."""
+
+    python: Any = None
+    python_ok: Any = None
+    venv: Any = None
+    interface: Any = None
+    rendezvous: Any = None
 
 
 @dataclass
@@ -49,26 +91,26 @@ class HostCheck:
         return {**asdict(self), "ready": self.ready}
 
 
-def _problems(host: Host, probe: dict[str, Any]) -> list[str]:
+def _problems(host: Host, report: dict[str, Any]) -> list[str]:
     out = []
-    if not probe.get("python_ok"):
-        out.append(f"python {probe.get('python')} at {host.base_python()} is older than 3.11")
-    venv = probe.get("venv", {})
-    if not venv.get("exists"):
+    probe = ProbeReport.view(report)
+    if not probe.python_ok:
+        out.append(f"python {probe.python} at {host.base_python()} is older than 3.11")
+    venv = VenvReport.view(probe.venv)
+    if not venv.exists:
         out.append(f"no venv at {host.venv_path()} (run `pictl provision`)")
     else:
-        missing = [p for p, v in venv.get("packages", {}).items() if v is None] or (["?"] if "error" in venv else [])
+        packages: dict[str, Any] = venv.packages or {}
+        missing = [p for p, v in packages.items() if v is None] or (["?"] if venv.error is not None else [])
         if missing:
             out.append(f"venv lacks {', '.join(missing)} (run `pictl provision`)")
-        torch = (venv.get("packages") or {}).get("torch")
+        torch = PackageVersions.view(packages).torch
         if torch is not None and (problem := torch_problem(host, {"torch": torch})):
             out.append(problem)
-    iface = probe.get("interface")
-    if iface and not iface.get("exists"):
-        out.append(f"interface {iface['name']} does not exist")
-    reach = probe.get("rendezvous")
-    if reach and not reach.get("ok"):
-        out.append(f"cannot reach the rendezvous {reach['target']}: {reach.get('error')}")
+    if probe.interface and not (iface := InterfaceReport.view(probe.interface)).exists:
+        out.append(f"interface {iface.name} does not exist")
+    if probe.rendezvous and not (reach := ReachReport.view(probe.rendezvous)).ok:
+        out.append(f"cannot reach the rendezvous {reach.target}: {reach.error}")
     return out
 
 
