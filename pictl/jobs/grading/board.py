@@ -24,8 +24,11 @@ from rich.text import Text
 from pictl import errors as E
 from pictl.jobs.grading.bundle import BUNDLE_SUFFIX, read_bundle
 from pictl.jobs.grading.manifest import BundleManifest
-from pictl.jobs.grading.verify import check_bundle, record_path, speedup_spread
+from pictl.jobs.grading.verify import VerifyRecord, check_bundle, record_path, speedup_spread
+from pictl.planning.options import RunOptions
 from pictl.records.compare_stats import Spread
+from pictl.records.run_config import RunConfigRecord
+from pictl.records.runs import CONFIG_FILE
 from pictl.summary import terminal_text
 from pictl.summary_models import RunSummary
 
@@ -82,12 +85,12 @@ class Row:
         return "?" if self.lossy is None else "lossy" if self.lossy else "exact"
 
 
-def _configuration(summary: RunSummary | None, options: dict[str, object]) -> str:
+def _configuration(summary: RunSummary | None, options: RunOptions | None) -> str:
     if summary is None:
         return "?"
     shape = f"{summary.stages}x{summary.replicas}" if summary.replicas > 1 else f"{summary.stages} st"
     parts = [shape, summary.policy or "?", f"chunk {summary.chunk}"]
-    wire, numerics = options.get("wire"), options.get("numerics")
+    wire, numerics = (options.wire, options.numerics) if options is not None else (None, None)
     if wire and wire != "fp32":
         parts.append(str(wire))
     if numerics and numerics != "fp32":
@@ -95,7 +98,7 @@ def _configuration(summary: RunSummary | None, options: dict[str, object]) -> st
     return " ".join(parts)
 
 
-def _record(bundle_path: Path, digest: str) -> dict[str, object] | None:
+def _record(bundle_path: Path, digest: str) -> VerifyRecord | None:
     """`pictl verify`'s record of this very file (its sha256), or None."""
     path = record_path(bundle_path)
     try:
@@ -104,34 +107,36 @@ def _record(bundle_path: Path, digest: str) -> dict[str, object] | None:
         found = json.loads(path.read_text())
     except (OSError, ValueError, RecursionError):
         return None
-    return found if isinstance(found, dict) and found.get("bundle_sha256") == digest else None
+    record = VerifyRecord.view(found) if isinstance(found, dict) else None
+    return record if record is not None and record.bundle_sha256 == digest else None
 
 
 def _row(path: Path, *, allowed: Path | None, profile: str | None, min_accuracy: float | None) -> Row:
     summary: RunSummary | None = None
-    options: dict[str, object] = {}
+    options: RunOptions | None = None
     team = "?"
     try:
         bundle = read_bundle(path)
         team = _named_team(bundle.manifest)
         try:
             summary = RunSummary.model_validate(bundle.json("summary.json"))
-            found = bundle.json("config.json").get("options")
-            options = found if isinstance(found, dict) else {}
+            found = RunConfigRecord.view(bundle.json(CONFIG_FILE)).options
+            # (as written: the bundle failed a check, so its options are read, not checked)
+            options = RunOptions.model_construct(**found) if isinstance(found, dict) and found else None
         except (E.PictlError, ValueError):
             summary = None
         checked = check_bundle(bundle, allowed=allowed, profile=profile, min_accuracy=min_accuracy)
     except E.PictlError as exc:
-        lossy = None if not options else options.get("wire", "fp32") != "fp32" or options.get("numerics") != "fp32"
+        lossy = None if options is None else options.wire != "fp32" or options.numerics != "fp32"
         return Row(path.name, team, _configuration(summary, options), lossy,
                    speedup_spread(summary) if summary else None, summary.accuracy if summary else None, "no",
                    f"{KINDS.get(exc.exit_code, 'failed')}: {_short(str(exc), path)}")
     record = _record(path, bundle.digest)
     verified, why = "checked", "signature, hashes, code and rules hold; not re-run (pictl verify)"
     if record is not None:
-        verified = "yes" if record.get("verified") is True else "no"
-        why = str(record.get("why") or ("re-run reproduced it" if verified == "yes" else "re-run failed"))
-        code = record.get("exit_code")
+        verified = "yes" if record.verified is True else "no"
+        why = str(record.why or ("re-run reproduced it" if verified == "yes" else "re-run failed"))
+        code = record.exit_code
         if verified == "no" and isinstance(code, int):
             why = f"{KINDS.get(code, 'failed')}: {why}"
     return Row(path.name, checked.team, _configuration(checked.summary, checked.options), checked.lossy,

@@ -37,6 +37,7 @@ from pictl import errors as E
 from pictl.cluster.push import manifest_digest, placed_name
 from pictl.jobs.grading.manifest import BundledArtifact, BundleManifest, ManifestSigner
 from pictl.records.files import read_regular
+from pictl.records.run_config import RunConfigRecord
 from pictl.records.runs import CONFIG_FILE, SUMMARY_FILE
 from pictl.summary import parse_summary, read_json_object, terminal_text
 from pictl.summary_models import RunSummary
@@ -221,7 +222,7 @@ def make_bundle(run_dir: Path, key: Path, *, team: str | None = None,
                             f"({summary.code}): bundle it from the checkout that ran it")
     members.update({f"{CODE_DIR}/{name}": data for name, data in tree.items()})
     artifact = _artifact_member(summary, members)
-    given = config.get("options")  # (config.json's options, copied into run.json as the run resolved them)
+    given = RunConfigRecord.view(config).options  # (copied into run.json as the run resolved them)
     options = given if isinstance(given, dict) else {}
     profile = summary.profile
     rules = None

@@ -46,12 +46,14 @@ from pictl.planning.presets import preset_rules, resolve_options
 from pictl.planning.rules import GradingRules, below_floor, broken_rule
 from pictl.records.compare_stats import MIN_EFFECT, Spread, spread
 from pictl.records.files import read_regular
-from pictl.records.runs import SUMMARY_FILE
+from pictl.records.run_config import RunConfigRecord
+from pictl.records.runs import CONFIG_FILE, SUMMARY_FILE
 from pictl.summary import terminal_text
+from pictl.summary_figures import Open
 from pictl.summary_models import RunSummary
 
-__all__ = ["Checked", "Signer", "check_bundle", "compare_rerun", "record_path", "rerun", "run_options",
-           "speedup_spread", "write_record"]
+__all__ = ["Checked", "Signer", "VerifyRecord", "check_bundle", "compare_rerun", "record_path", "rerun",
+           "run_options", "speedup_spread", "write_record"]
 
 RECORD_SUFFIX = ".verify.json"
 
@@ -78,11 +80,34 @@ class Checked:
     bundle: Bundle
     signer: Signer
     summary: RunSummary
-    options: dict[str, Any]
-    """The run's options as config.json holds them."""
+    options: RunOptions
+    """The run's options from its config.json, checked anew (`run_options`)."""
     team: str
     lossy: bool
     """A lossy wire or other numerics: outputs judged by top-1 agreement with the serial run, not bit for bit."""
+
+
+class VerifyRecord(Open):
+    """What a verification found, kept beside the bundle (`<bundle>.verify.json`, `write_record`) for `pictl
+    board`: read back as written (a file beside a bundle may hold anything; `bundle_sha256` ties it to one file)."""
+
+    bundle_sha256: str | None = None
+    """The sha256 of the bundle file verified: a record of another file is not read as this one's."""
+    checked: bool | None = None
+    verified: bool | None = None
+    """Re-run and reproduced (False: a check or the re-run failed)."""
+    exit_code: int | None = None
+    """The failed check's exit code (`pictl.errors`)."""
+    why: str | None = None
+    team: str | None = None
+    signer: str | None = None
+    claimed: dict[str, Any] | None = None
+    """The bundled run's speedup spread (`Spread.to_json`)."""
+    rerun: dict[str, Any] | None = None
+    """The re-run's speedup spread."""
+    rerun_id: str | None = None
+    run_duration_s: float | None = None
+    verify_s: float | None = None
 
 
 def _good_fingerprint(proc: Any) -> str:
@@ -202,8 +227,7 @@ def run_options(bundle: Bundle, *, artifact_dir: Path | None = None, data_path: 
     """The run's options from its config.json (checked anew), its final cuts as an explicit split, with the
     bundled artifact (written under `artifact_dir`) and `data_path` (the verifier's copy of the data set) in place
     of the run's own paths."""
-    config = bundle.json("config.json")
-    given = config.get("options")
+    given = RunConfigRecord.view(bundle.json(CONFIG_FILE)).options
     if not isinstance(given, dict):
         raise E.BundleTampered(f"{bundle.path}: config.json holds no options")
     fields = {**given, "master_port": None, "track": []}
@@ -237,8 +261,7 @@ def check_bundle(bundle: Bundle, *, allowed: Path | None, profile: str | None, m
     named = bundle.manifest.team
     chosen = team or (named if isinstance(named, str) and named else None) or (
         getpass.getuser() if signer.own else signer.principal)
-    return Checked(bundle, signer, summary, bundle.json("config.json")["options"], chosen,
-                   options.lossy_wire or options.numerics != "fp32")
+    return Checked(bundle, signer, summary, options, chosen, options.lossy_wire or options.numerics != "fp32")
 
 
 async def rerun(checked: Checked, cluster: Cluster, runs_root: Path, *, on_event: EventSink | None = None,
@@ -318,7 +341,8 @@ def write_record(bundle: Bundle, result: dict[str, Any], note: Callable[[str], N
     target = record_path(bundle.path)
     try:
         with tempfile.NamedTemporaryFile("w", dir=target.parent, prefix=".verify-", delete=False) as fh:
-            json.dump({"bundle_sha256": bundle.digest, **result}, fh, indent=1, sort_keys=True)
+            json.dump(VerifyRecord.model_validate({"bundle_sha256": bundle.digest, **result}).written(), fh,
+                      indent=1, sort_keys=True)
         Path(fh.name).replace(target)
     except OSError as exc:
         note(f"the verification's record could not be written beside the bundle ({target}: {exc.strerror or exc})")
