@@ -18,9 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 from bench.harness import ROOT, Pictl, add_quick, is_root, quick_defaults, save_result, skip_loudly, ssh_cluster
@@ -46,6 +48,20 @@ def watched_run(pictl: Pictl, inventory: str, args: list[str], events: dict[int,
     if proc.returncode != 0:
         raise SystemExit(f"pictl run {' '.join(args)} failed ({proc.returncode}):\n{''.join(err)[-3000:]}")
     return json.loads(out[0])
+
+
+def between_passes_s(run_dir: str, skip: set[int]) -> list[float]:
+    """Seconds from the last image leaving timed pass k to the first entering pass k + 1 (both on the hosts' wall
+    clocks: the test cluster's hosts share one), for every k not in `skip` (a re-cut's rebuild). With re-cutting
+    on, the gap holds the watch: rank 0 reporting the pass, the controller's answer, its broadcast."""
+    sides: dict[str, dict[int, list[float]]] = {"enter": {}, "leave": {}}
+    for events in Path(run_dir, "events").glob("*.jsonl"):
+        for line in events.read_text().splitlines():
+            rec = json.loads(line)
+            if rec.get("event") == "mb_times" and rec["side"] in sides and rec["phase"] == "timed":
+                sides[rec["side"]].setdefault(rec["repeat"], []).extend(rec["base"] + t for t in rec["times"])
+    enter, leave = sides["enter"], sides["leave"]
+    return [min(enter[k + 1]) - max(leave[k]) for k in sorted(leave) if k + 1 in enter and k not in skip]
 
 
 def main() -> int:
@@ -108,6 +124,16 @@ def main() -> int:
             result["ratio_to_no_recut"] = mean / (sum(theirs) / len(theirs))
     else:
         print("no re-cut happened")
+    # What the controller's watch costs between passes (outside every timed pass): the same gap with it and without.
+    recut_at = {r["after_pass"] for r in runs["recut"]["recuts"] if r["moved"]}
+    gaps = {name: between_passes_s(runs[name]["run_dir"], recut_at if name == "recut" else set())
+            for name in ("recut", "no-recut")}
+    if all(gaps.values()):
+        with_watch, without = (statistics.median(gaps[n]) * 1000 for n in ("recut", "no-recut"))
+        print(f"between timed passes (median, ms): {with_watch:.1f} with the controller's watch, {without:.1f} without "
+              f"({len(gaps['recut'])} and {len(gaps['no-recut'])} gaps; the watch's round trip: "
+              f"{with_watch - without:+.1f} ms a pass)")
+        result["between_passes_ms"] = {"recut": with_watch, "no_recut": without}
     if args.save:
         print(f"saved: {save_result(args.save, result)}")
     return 0
