@@ -71,6 +71,13 @@ def test_a_sweep_of_every_mode_agrees_with_single_and_the_model_runs_in_pictl_ru
     assert rows[1]["loss_agreement"].startswith("ok") and rows[2]["loss_agreement"].startswith("ok")
     assert {p.name for p in out.glob("*.png")} == {"samples_vs_chunks.png", "time_breakdown.png"}
     jobs = {json.loads(f.read_text())["mode"]: json.loads(f.read_text()) for f in out.glob("jobs/*/summary.json")}
+    # The hosts were held once for the whole sweep: the code pushed once, every job borrowed them under the sweep's
+    # name, and both leases were freed at its end.
+    pushes = [line for line in proc.stderr.splitlines() if "pushed to" in line or "code up to date on" in line]
+    assert len(pushes) == 1, pushes
+    assert {json.loads(f.read_text())["hosts_held_by"] for f in out.glob("jobs/*/config.json")} == {
+        "train-sweep sweep"}
+    assert all((shared["hosts"].parent / h / "lease").read_text() == "" for h in ("h0", "h1"))
 
     piped = jobs["pipeline"]
     check = piped["agreement"]

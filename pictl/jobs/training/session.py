@@ -1,6 +1,8 @@
 """One training job, start to end, as a straight line:
 
-    hosts      connect once, hold every host's lease, push the code
+    hosts      connect once, hold every host's lease, push the code (or borrow them from the sweep that holds
+               them for all of its jobs: `hosts=`)
+    balance    under `balanced` pipeline training: the split from the hosts' cost profiles
     stage      the spec and owner file in every host's run directory (orphans of vanished runs swept)
     reference  the same job as `single` for its first steps on the first host (cached): the losses the
                job's own first steps must match (skipped for `single`, which is the reference: one that
@@ -40,6 +42,7 @@ from pictl.records.cache import JsonCache, cache_root
 from pictl.records.runs import RunRecord, default_runs_root
 from pictl.records.tracker_writers import check_trackers, track_record
 from pictl.records.trackers import train_series
+from pictl.run.hosts import HeldHosts
 from pictl.summary_figures import Open
 from remote.floor import protocol as P
 from remote.floor.spec import TrainSpec
@@ -74,8 +77,11 @@ class TrainSession:
     """One training job; `await run()` returns its summary (also written to summary.json)."""
 
     def __init__(self, cluster: Cluster, options: TrainOptions, *, on_event: EventSink | None = None,
-                 root: Path | None = None, wait: bool = False) -> None:
+                 root: Path | None = None, wait: bool = False, hosts: HeldHosts | None = None) -> None:
         self.cluster, self.options, self.wait = cluster, options, wait
+        self.held = hosts
+        """The hosts the training sweep this job is one of holds, borrowed (None: the job connects, leases and
+        pushes itself); closing the job stops its processes and removes its run directories, and leaves them held."""
         self.nodes = placement(cluster, options)  # ConfigError: nothing started yet
         self.trackers = list(options.track or cluster.track)
         check_trackers(self.trackers)
@@ -103,46 +109,23 @@ class TrainSession:
 
     async def _run(self) -> None:
         o, hosts = self.options, [n.host for n in self.nodes]
-        job = HostJob(hosts, self.job_id)
-        started, tree = time.time(), local_tree()
+        job = self.held.lend(self.job_id, hosts) if self.held is not None else HostJob(hosts, self.job_id)
+        started, tree = time.time(), self.held.tree if self.held is not None else local_tree()
         code = manifest_digest(tree)  # once per job: it reads the whole tree
-        spec = o.spec(self.job_id)
         status, error, summary = "failed", None, None
         try:
-            await job.hold(wait=self.wait, on_wait=lambda message: self._phase("lease", message))
-            sent = await job.push(tree)
-            self._phase("push", f"{sent} changed file(s) pushed to {len(hosts)} host(s)")
-            if o.policy == "balanced" and o.mode == "pipeline":
-                stage_hosts = [n.host.name for n in self.nodes for _ in n.ranks]
-                self._phase("balance", f"cost profiles of {len(set(stage_hosts))} host(s)")
-                points, self._prediction = await balanced_points(job.fleet, stage_hosts, o, code)
-                spec = o.spec(self.job_id, split=points)
-                stage_ms = TrainPrediction.view(self._prediction).stage_ms
-                self._phase("balance", f"split {', '.join(points)}: predicted " + " / ".join(
-                    f"{ms:.1f}" for ms in stage_ms) + " ms per microbatch (forward and backward)")
-            self.record = RunRecord(self.root, self.job_id)
-            self.record.write_config({"options": o.model_dump(), "spec": dataclasses.asdict(spec),
-                                      "placement": [{"host": n.host.name, "ranks": list(n.ranks)} for n in self.nodes],
-                                      "hosts_file": str(self.cluster.source)})
+            await self._hosts(job, tree)
+            spec = await self._balance(job, code)
+            self._open_record(spec)
             await job.stage({P.SPEC_FILE: spec.to_json().encode()}, "cannot prepare the job")
             if o.mode != "single" and o.check_steps:
                 await self._reference_losses(job, code)
-            self._phase("train", f"{o.mode}{' (' + o.schedule + ')' if o.mode == 'pipeline' else ''}: "
-                        f"{len(self.telemetry.ranks) or sum(n.nproc for n in self.nodes)} rank(s) on "
-                        f"{len(self.nodes)} host(s), batch {o.batch_size} as {o.chunks} microbatch(es)")
-            await run_ranks(job, self.nodes, self.record, self.sink, self.telemetry, o.threads)
+            await self._train(job)
             await self._collect(job)
             status = "ok"
             self._keep_as_reference(code)
             summary = self._summarize(status, started, None)
-            found = TrainSummary.view(summary).agreement  # (the dict being built: viewed through its own model)
-            check = found if isinstance(found, LossAgreement) else LossAgreement.view(found)
-            # (enforced None: not said, so enforced; only a lossy wire's check says False)
-            if found and not check.passed and check.enforced is not False:
-                summary["status"] = status = "failed"
-                raise E.OutputMismatch(f"training: the first {check.steps} step(s)' losses differ from a single "
-                                       f"run's by up to {check.max_rel_diff} (relative; tolerance "
-                                       f"{check.tolerance})")
+            self._check(summary)
         except asyncio.CancelledError:
             status = "interrupted"
             raise E.Interrupted("interrupted: every rank was stopped") from None
@@ -155,7 +138,7 @@ class TrainSession:
             error = {"type": type(exc).__name__, "message": str(exc)}
             raise
         finally:
-            await to_the_end(job.close())
+            await to_the_end(job.close())  # (a borrowed job: its processes and directories; the hosts stay held)
             if self.record is not None:  # however it ended, the record closes
                 summary = summary or self._summarize(status, started, error)
                 if error and not TrainSummary.view(summary).error:
@@ -164,6 +147,56 @@ class TrainSession:
                 self.summary = TrainSummary.model_validate(summary)
                 if status != "interrupted" and self.trackers:  # a second Ctrl-C must not wait on a tracker
                     await self._track(self.record.path, self.summary)
+
+    async def _hosts(self, job: HostJob, tree: dict[str, bytes]) -> None:
+        """Every host held and holding the code; nothing to do for a job whose sweep holds them."""
+        if self.held is not None:
+            return
+        await job.hold(wait=self.wait, on_wait=lambda message: self._phase("lease", message))
+        sent = await job.push(tree)
+        self._phase("push", f"{sent} changed file(s) pushed to {len(self.nodes)} host(s)")
+
+    async def _balance(self, job: HostJob, code: str) -> TrainSpec:
+        """The spec the hosts run: under `balanced` pipeline training, with the split the cost profiles give."""
+        o = self.options
+        if o.policy != "balanced" or o.mode != "pipeline":
+            return o.spec(self.job_id)
+        stage_hosts = [n.host.name for n in self.nodes for _ in n.ranks]
+        self._phase("balance", f"cost profiles of {len(set(stage_hosts))} host(s)")
+        points, self._prediction = await balanced_points(job.fleet, stage_hosts, o, code)
+        stage_ms = TrainPrediction.view(self._prediction).stage_ms
+        self._phase("balance", f"split {', '.join(points)}: predicted " + " / ".join(
+            f"{ms:.1f}" for ms in stage_ms) + " ms per microbatch (forward and backward)")
+        return o.spec(self.job_id, split=points)
+
+    def _open_record(self, spec: TrainSpec) -> None:
+        o = self.options
+        self.record = RunRecord(self.root, self.job_id)
+        self.record.write_config({"options": o.model_dump(), "spec": dataclasses.asdict(spec),
+                                  "placement": [{"host": n.host.name, "ranks": list(n.ranks)} for n in self.nodes],
+                                  "hosts_file": str(self.cluster.source),
+                                  "hosts_held_by": self.held.holder if self.held is not None else None})
+
+    async def _train(self, job: HostJob) -> None:
+        """torchrun on every host, every rank's lines folded into the telemetry and kept in the record."""
+        o = self.options
+        assert self.record is not None
+        self._phase("train", f"{o.mode}{' (' + o.schedule + ')' if o.mode == 'pipeline' else ''}: "
+                    f"{len(self.telemetry.ranks) or sum(n.nproc for n in self.nodes)} rank(s) on "
+                    f"{len(self.nodes)} host(s), batch {o.batch_size} as {o.chunks} microbatch(es)")
+        await run_ranks(job, self.nodes, self.record, self.sink, self.telemetry, o.threads)
+
+    def _check(self, summary: dict[str, Any]) -> None:
+        """The job's first losses against the reference's: beyond the tolerance, the job failed (its summary
+        says so), unless the check is only reported (a lossy wire's)."""
+        found = TrainSummary.view(summary).agreement  # (the dict being built: viewed through its own model)
+        check = found if isinstance(found, LossAgreement) else LossAgreement.view(found)
+        # (enforced None: not said, so enforced; only a lossy wire's check says False)
+        if found and not check.passed and check.enforced is not False:
+            summary["status"] = "failed"
+            raise E.OutputMismatch(f"training: the first {check.steps} step(s)' losses differ from a single "
+                                   f"run's by up to {check.max_rel_diff} (relative; tolerance "
+                                   f"{check.tolerance})")
 
     async def _track(self, path: Path, summary: TrainSummary) -> None:
         await track_record(self.trackers, path, lambda: train_series(summary),

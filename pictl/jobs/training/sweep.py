@@ -25,6 +25,7 @@ from pictl.jobs.sweep import write_tables
 from pictl.jobs.training.options import TrainOptions, chunks_refusal
 from pictl.jobs.training.session import TrainSession, placement
 from pictl.records.runs import write_json_atomic
+from pictl.run.hosts import held_hosts
 from pictl.summary_figures import Open
 from remote.floor import protocol as P
 
@@ -234,18 +235,23 @@ async def run_train_sweep(cluster: Cluster, base: TrainOptions, points: list[Tra
         if on_event:
             on_event(Phase("sweep", f"left out: {why}"))
     rows: list[dict[str, Any]] = []
-    for i, point in enumerate(points, 1):
-        if on_event:
-            on_event(Phase("sweep", f"job {i}/{len(points)}: {point.label}"))
-        session = TrainSession(cluster, options_for(base, point), on_event=on_event, root=out / "jobs", wait=wait)
-        try:
-            rows.append(row_of(point, await session.run()))
-        except (E.RunFailed, E.OutputMismatch, E.TransportError) as exc:
-            rows.append(row_of(point, session.summary, error=str(exc)))
-        except E.Interrupted:
-            rows.append(row_of(point, session.summary, error="interrupted"))
-            write_table(out, rows, {**meta, "interrupted": True})
-            raise
-        write_table(out, rows, meta)
+    # Every host held once for the whole sweep (connected, leased under the sweep's name, the code pushed once);
+    # each job borrows them. A host that is down is one error naming it before the first job.
+    async with held_hosts(cluster, "train-sweep", out.name, wait=wait, on_event=on_event) as held:
+        for i, point in enumerate(points, 1):
+            if on_event:
+                on_event(Phase("sweep", f"job {i}/{len(points)}: {point.label}"))
+            session = TrainSession(cluster, options_for(base, point), on_event=on_event, root=out / "jobs",
+                                   wait=wait, hosts=held)
+            try:
+                rows.append(row_of(point, await session.run()))
+            except (E.RunFailed, E.OutputMismatch, E.TransportError) as exc:
+                rows.append(row_of(point, session.summary, error=str(exc)))
+                await held.mend()  # a host whose connection the job lost: connected, leased, pushed again
+            except E.Interrupted:
+                rows.append(row_of(point, session.summary, error="interrupted"))
+                write_table(out, rows, {**meta, "interrupted": True})
+                raise
+            write_table(out, rows, meta)
     plot(out, rows)
     return with_speedups(rows)
