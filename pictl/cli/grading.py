@@ -7,7 +7,7 @@ import asyncio
 import json
 import time
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 
@@ -58,6 +58,7 @@ def bundle(
     The bundle holds the protocol and options, the code the hosts ran, the model artifact, the summary, flags,
     host facts, traces and the outputs' hash."""
     from pictl.jobs.grading.bundle import BUNDLE_SUFFIX, default_key, make_bundle
+    from pictl.jobs.grading.manifest import BundleManifest
     from pictl.records import catalog
     from pictl.records.files import write_bytes_atomic
 
@@ -71,10 +72,11 @@ def bundle(
             raise E.ConfigError(f"--key {chosen}: no such file")
         if team is not None and not team.strip():
             raise E.ConfigError("--team: empty (give the team's name, or leave it out to be named by your key)")
-        data, manifest = make_bundle(path, chosen.expanduser(), team=team)
-        target = output or Path.cwd() / f"{manifest['run_id']}{BUNDLE_SUFFIX}"
+        data, written = make_bundle(path, chosen.expanduser(), team=team)
+        manifest = BundleManifest.view(written)
+        target = output or Path.cwd() / f"{manifest.run_id}{BUNDLE_SUFFIX}"
         if target.is_dir():
-            target = target / f"{manifest['run_id']}{BUNDLE_SUFFIX}"
+            target = target / f"{manifest.run_id}{BUNDLE_SUFFIX}"
         elif not target.name.endswith(BUNDLE_SUFFIX):  # `pictl board` and the TA's folder know bundles by it
             target = target.with_name(target.name + BUNDLE_SUFFIX)
             note(f"written as {target.name}: a bundle's name ends in {BUNDLE_SUFFIX} (`pictl board` finds it by that)")
@@ -84,10 +86,11 @@ def bundle(
             raise E.ConfigError(f"--output {target}: cannot be written ({exc.strerror or exc})") from None
     except E.PictlError as exc:
         fail(exc)
-    note(f"signed with {chosen} ({manifest['signer']['fingerprint']}): {len(manifest['members'])} members, "
+    signer = manifest.signer_record()
+    note(f"signed with {chosen} ({signer.fingerprint if signer else None}): {len(manifest.members or {})} members, "
          f"{len(data) / 1e6:.1f} MB")
-    if manifest.get("suspect_because"):
-        note(f"the run's result is SUSPECT ({manifest['suspect_because']}): the board marks it so")
+    if manifest.suspect_because:
+        note(f"the run's result is SUSPECT ({manifest.suspect_because}): the board marks it so")
     typer.echo(str(target))
 
 
@@ -115,7 +118,14 @@ def verify(
     the bundle's own code and compares: outputs identical, accuracy identical, speedup within the re-run's
     interval. Exit 11 signature, 12 tampered, 13 code, 14 rules, 5 outputs or accuracy, 15 speedup."""
     from pictl.jobs.grading.bundle import Bundle, read_bundle
-    from pictl.jobs.grading.verify import check_bundle, compare_rerun, rerun, speedup_spread, write_record
+    from pictl.jobs.grading.verify import (
+        VerifyRecord,
+        check_bundle,
+        compare_rerun,
+        rerun,
+        speedup_spread,
+        write_record,
+    )
 
     started = time.monotonic()
     read: Bundle | None = None
@@ -128,12 +138,13 @@ def verify(
                    f"{checked.summary.code} and rules hold", markup=False)
         if checked.summary.verdict == "suspect":
             note(f"the bundled run's result was SUSPECT: {checked.summary.suspect_because}")
-        result: dict[str, Any] = {"checked": True, "verified": not no_rerun, "team": checked.team,
-                                  "signer": checked.signer.text(),
-                                  "claimed": claimed.to_json() if claimed else None, "rerun": None,
-                                  "run_duration_s": checked.summary.duration_s}
+        # (built as found, nothing coerced: `--json` prints it as it is, `write_record` checks it when kept)
+        result = VerifyRecord.model_construct(checked=True, verified=not no_rerun, team=checked.team,
+                                              signer=checked.signer.text(),
+                                              claimed=claimed.to_json() if claimed else None, rerun=None,
+                                              run_duration_s=checked.summary.duration_s)
         if no_rerun:
-            result["why"] = "checked; not re-run (--no-rerun)"
+            result.why = "checked; not re-run (--no-rerun)"
         else:
             from pictl.headless import HeadlessRenderer
 
@@ -146,24 +157,26 @@ def verify(
             finally:
                 renderer.close()
             measured = compare_rerun(checked, summary, outputs)
-            result.update(rerun=measured.to_json() if measured else None, rerun_id=summary.run_id,
-                          why=f"re-run {summary.run_id} reproduced it: outputs identical, speedup "
-                              f"{measured.text('.2f', 'x') if measured else 'n/a'}")
-        result["verify_s"] = round(time.monotonic() - started, 2)
+            result.rerun = measured.to_json() if measured else None
+            result.rerun_id = summary.run_id
+            result.why = (f"re-run {summary.run_id} reproduced it: outputs identical, speedup "
+                          f"{measured.text('.2f', 'x') if measured else 'n/a'}")
+        result.verify_s = verify_s = round(time.monotonic() - started, 2)
     except E.PictlError as exc:
         if read is not None and not no_rerun and not isinstance(exc, E.Interrupted):
-            write_record(read, {"verified": False, "exit_code": exc.exit_code, "why": str(exc),
-                                "verify_s": round(time.monotonic() - started, 2)}, note)
+            failed = VerifyRecord.model_construct(verified=False, exit_code=exc.exit_code, why=str(exc),
+                                                  verify_s=round(time.monotonic() - started, 2))
+            write_record(read, failed.written(), note)
         fail(exc)
     if not no_rerun:  # the board reads the last full verification's outcome, not a check's
-        write_record(read, result, note)
+        write_record(read, result.written(), note)
     if as_json:
-        typer.echo(json.dumps(result, indent=1, sort_keys=True))
+        typer.echo(json.dumps(result.written(), indent=1, sort_keys=True))
         return
-    took = f"; verification {result['verify_s']:.1f} s (the run {checked.summary.duration_s or 0:.1f} s)"
+    took = f"; verification {verify_s:.1f} s (the run {checked.summary.duration_s or 0:.1f} s)"
     claim = claimed.text(".2f", "x") if claimed else "n/a"
     said_of = "checked" if no_rerun else "verified"
-    typer.echo(f"{said_of}: {read.path}: team {checked.team}, speedup {claim}; {result['why']}{took}")
+    typer.echo(f"{said_of}: {read.path}: team {checked.team}, speedup {claim}; {result.why}{took}")
 
 
 @app.command()
