@@ -35,7 +35,7 @@ from pictl import errors as E
 from pictl.events import EventSink, Phase
 from pictl.inventory import Cluster
 from pictl.jobs.tune_model import Calibration, by_machine, cached_profiles, predict, usable_cores
-from pictl.jobs.tune_report import TUNE_FILE
+from pictl.jobs.tune_report import TUNE_FILE, TunePlan, TuneReference
 from pictl.jobs.tune_rounds import FINALISTS, MAX_ROUNDS, MIN_ROUNDS, Budget, interleave
 from pictl.jobs.tune_runs import TuneJob, TuneSettings, alone
 from pictl.jobs.tune_space import Axes, Candidate, candidates
@@ -133,9 +133,9 @@ async def _search(tune: TuneJob) -> None:
         reference.logits = (record.path / P.LOGITS_FILE_SERIAL).read_bytes()
     reference.serial_ips, reference.accuracy = lead.serial_ips, lead.fp32_accuracy
     ran = first[0].last_summary
-    meta["reference"] = {"host": ran.baseline.host if ran and ran.baseline else cluster.hosts[0].name,
-                         "numerics": "fp32", "threads": base.threads, "chunk": base.chunk,
-                         "screening_run_id": lead.run_id, "screening_ips": lead.serial_ips}
+    meta.reference = TuneReference(host=ran.baseline.host if ran and ran.baseline else cluster.hosts[0].name,
+                                   numerics="fp32", threads=base.threads, chunk=base.chunk,
+                                   screening_run_id=lead.run_id, screening_ips=lead.serial_ips)
     profiles = cached_profiles(cluster, base, first[0].ctx.caches.root, first[0].ctx.code,
                                first[0].ctx.artifact)
     if profiles is None:  # nothing to predict from: the first run failed (or did not profile)
@@ -147,7 +147,7 @@ async def _search(tune: TuneJob) -> None:
                    cores=usable_cores(lead.machines))
     for c in candidates(cluster, base, allow_loss=settings.allow_loss, axes=axes):
         rows.setdefault(c, Measured(c))
-    meta["axes"] = asdict(axes)
+    meta.axes = asdict(axes)
 
     async def gains_of(lever: Candidate, what: str, gain: Callable[[Measured, str], float | None],
                        counted: bool = False) -> dict[str, float]:
@@ -194,8 +194,8 @@ async def _search(tune: TuneJob) -> None:
     say(Phase("tune", f"cost model calibrated: serial x{calibration.serial:.2f}, pipelines x{calibration.pipeline:.2f}"
                       + "".join(f", {k} x{min(g.values()):.2f}-{max(g.values()):.2f}"
                                 for k, g in _gains_by_lever(calibration).items() if g)))
-    meta["calibration"] = asdict(calibration)
-    meta["int8_gains"] = int8_gains
+    meta.calibration = asdict(calibration)
+    meta.int8_gains = int8_gains
     for m in rows.values():
         m.predicted_ips = predict(m.candidate, cluster, base, profiles, calibration)
     save("running")
@@ -221,9 +221,10 @@ async def _decide(tune: TuneJob) -> None:
     reference = next((m for m in rows if m.reference), None)
     finalists = [m for m in ranked(rows) if m.kept and m.status == "ok" and not m.reference][:FINALISTS]
     if reference is None or not finalists:
-        tune.meta["decision"] = ["no candidate was kept: nothing to measure in rounds, nothing is saved"]
+        tune.meta.decision = ["no candidate was kept: nothing to measure in rounds, nothing is saved"]
         return
-    host = tune.meta["reference"]["host"]
+    assert tune.meta.reference is not None  # (set once the first run measured it)
+    host = tune.meta.reference.host
     tune.progress.planned = tune.progress.done + MIN_ROUNDS * (1 + len(finalists))
     tune.say(Phase("tune", f"rounds: the reference (the serial run on {host}) and "
                            f"{', '.join(m.candidate.label for m in finalists)}, in alternating order"))
@@ -234,9 +235,9 @@ async def _decide(tune: TuneJob) -> None:
     decision = await interleave(finalists, reference, tune.base, tune.measure_round,
                                 Budget(tune.elapsed, tune.settings.budget_s), tune.say,
                                 max_rounds=tune.settings.max_rounds, plan_round=plan_round)
-    tune.meta["decision"] = decision.lines
-    tune.meta["rounds"] = len(reference.rounds)
-    tune.meta["plan"] = {"rounds": MIN_ROUNDS, "max_rounds": tune.settings.max_rounds}  # (`runs compare` reads it)
+    tune.meta.decision = decision.lines
+    tune.meta.rounds = len(reference.rounds)
+    tune.meta.plan = TunePlan(rounds=MIN_ROUNDS, max_rounds=tune.settings.max_rounds)  # (`runs compare` reads it)
     for line in decision.lines:
         tune.say(Phase("tune", line))
 

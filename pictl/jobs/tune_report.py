@@ -18,16 +18,61 @@ from pictl.jobs.tune_verdicts import Measured, best_kept, ranked, winner
 from pictl.planning.options import RunOptions
 from pictl.planning.presets import preset_target
 from pictl.records.runs import write_bytes_atomic, write_json_atomic
+from pictl.summary_figures import Open
 from pictl.text import figure
 
 TUNE_FILE = "tune.json"
+
+
+class TuneReference(Open):
+    """tune.json's `reference`: the serial run every candidate is measured against."""
+
+    host: str
+    """The host it runs on (its rounds run there alone)."""
+    numerics: str
+    threads: int
+    chunk: int
+    screening_run_id: str | None
+    screening_ips: float | None
+
+
+class TunePlan(Open):
+    """tune.json's `plan`: how many rounds the finalists were to be measured in (`runs compare` reads it)."""
+
+    rounds: int
+    max_rounds: int
+
+
+class TuneMeta(Open):
+    """What tune.json holds before its status and rows, each field given as the tune learns it and written in
+    this order, only once given (`written`)."""
+
+    started_at: float
+    cluster: str
+    """The hosts file the tune ran on."""
+    options: dict[str, Any]
+    """The base options (`RunOptions`)."""
+    settings: dict[str, Any]
+    """`TuneSettings`."""
+    runs_root: str
+    reference: TuneReference | None = None
+    axes: dict[str, Any] | None = None
+    """The threads and chunks searched (`Axes`)."""
+    calibration: dict[str, Any] | None = None
+    """What the first measurements corrected in the cost model (`Calibration`)."""
+    int8_gains: dict[str, float] | None = None
+    """Host -> int8's gain there (only with --allow-loss)."""
+    decision: list[str] | None = None
+    rounds: int | None = None
+    """How many rounds the reference ran."""
+    plan: TunePlan | None = None
 
 
 class TuneRecord:
     """`tune.json` in the tune's directory: its options, settings and every row so far, with `status` (running,
     done, failed or interrupted) and, when it did not finish, the `error` that ended it."""
 
-    def __init__(self, out: Path, meta: dict[str, Any]) -> None:
+    def __init__(self, out: Path, meta: TuneMeta) -> None:
         self.path, self.meta, self.started = out / TUNE_FILE, meta, time.monotonic()
 
     def write(self, status: str, rows: list[Measured], error: BaseException | None = None) -> None:
@@ -35,7 +80,7 @@ class TuneRecord:
         found, exact = winner(rows), best_kept([m for m in rows if m.exact])
         pipeline = best_kept([m for m in rows if m.candidate.replicas == 1 and m.candidate.stages > 1 and m.exact])
         write_json_atomic(self.path, {
-            **self.meta, "status": status, "elapsed_s": round(time.monotonic() - self.started, 1),
+            **self.meta.written(), "status": status, "elapsed_s": round(time.monotonic() - self.started, 1),
             **({"error": {"type": type(error).__name__, "message": str(error),
                           "exit_code": getattr(error, "exit_code", E.EXIT_INTERNAL)}} if error else {}),
             "winner": found.row() if found else None, "best_exact": exact.row() if exact else None,

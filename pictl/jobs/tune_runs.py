@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass as checked_dataclass
@@ -20,7 +19,7 @@ from pydantic.dataclasses import dataclass as checked_dataclass
 from pictl import errors as E
 from pictl.events import EventSink, Phase
 from pictl.inventory import Cluster
-from pictl.jobs.tune_report import TUNE_FILE, TuneRecord
+from pictl.jobs.tune_report import TUNE_FILE, TuneMeta, TuneRecord
 from pictl.jobs.tune_rounds import FINALISTS, MAX_ROUNDS, MIN_ROUNDS
 from pictl.jobs.tune_space import candidates
 from pictl.jobs.tune_verdicts import Measured, Versus, judge
@@ -107,12 +106,12 @@ class TuneJob:
         (0: screening's, the first run's serial run)."""
         self.hosts: HeldHosts | None = None
         """The hosts the tune holds for all of its runs, once held (`run_tune`)."""
-        self.record = TuneRecord(out, {"started_at": time.time(), "cluster": cluster.source,
-                                       "options": base.model_dump(), "settings": asdict(settings),
-                                       "runs_root": str(runs_root)})
+        self.record = TuneRecord(out, TuneMeta(started_at=time.time(), cluster=cluster.source,
+                                               options=base.model_dump(), settings=asdict(settings),
+                                               runs_root=str(runs_root)))
 
     @property
-    def meta(self) -> dict[str, Any]:
+    def meta(self) -> TuneMeta:
         return self.record.meta
 
     def elapsed(self) -> float:
@@ -207,7 +206,8 @@ class TuneJob:
         run measured. Its run id and img/s, or None: its run failed or its outputs differed, and a finalist
         that did is no longer kept (a winner must run every time)."""
         c, label = m.candidate, "reference" if m.reference else m.candidate.label
-        cluster = alone(self.cluster, self.meta["reference"]["host"]) if m.reference else self.cluster
+        reference = self.meta.reference
+        cluster = alone(self.cluster, reference.host) if m.reference and reference else self.cluster
         session = self.session(cluster, c.options(self.base, m.split_points), m, fresh=c.stages * c.replicas == 1,
                                round_no=round_no)
         summary: RunSummary | None
