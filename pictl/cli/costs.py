@@ -10,6 +10,7 @@ import typer
 
 from pictl import errors as E
 from pictl.cluster.fleet import Fleet
+from pictl.planning.costs import CachedProfile
 
 if TYPE_CHECKING:
     from pictl.planning.costs import Profiles
@@ -26,6 +27,16 @@ from pictl.cli.common import (
     stderr,
     wide_console,
 )
+
+
+class ShownProfile(CachedProfile):
+    """A host's profile as the table shows it: with how its passes agreed (`remote.profiling.costs`)."""
+
+    spread: float
+    """(p90 - p10) / median of the passes' totals."""
+    passes: int
+    attempts: int
+    """How many times it was measured (again while its passes disagreed by over 10 %)."""
 
 
 @app.command("profile")
@@ -78,14 +89,13 @@ def profile_costs(
                   title_justify="left")
     for col in ["piece", "KB in", *(f"{n} ms" for n in names)]:
         table.add_column(col, justify="left" if col == "piece" else "right")
-    first = profiles[names[0]]
-    for i, piece in enumerate(first["pieces"]):
-        table.add_row(piece, f"{first['cut_bytes'][i] / 1024:.0f}",
-                      *(f"{profiles[n]['compute_s'][i] * 1000:.2f}" for n in names))
-    table.add_row("total", "", *(f"{sum(profiles[n]['compute_s']) * 1000:.1f}" for n in names))
+    shown = [ShownProfile.view(profiles[n]) for n in names]
+    first = shown[0]
+    for i, piece in enumerate(first.pieces):
+        table.add_row(piece, f"{first.cut_bytes[i] / 1024:.0f}", *(f"{p.compute_s[i] * 1000:.2f}" for p in shown))
+    table.add_row("total", "", *(f"{sum(p.compute_s) * 1000:.1f}" for p in shown))
     # How much the whole passes disagreed ((p90 - p10) / median); over 10 % the host was measured again.
-    table.add_row("spread", "", *(f"{profiles[n]['spread']:.1%} ({profiles[n]['passes']} passes, "
-                                  f"{profiles[n]['attempts']} try)" for n in names))
+    table.add_row("spread", "", *(f"{p.spread:.1%} ({p.passes} passes, {p.attempts} try)" for p in shown))
     table.add_row("correction", "", *(f"x{found.correction(n):.2f}" for n in names))
     out = wide_console()
     for group in found.shared:

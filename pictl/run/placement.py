@@ -99,7 +99,7 @@ async def _fastest(ctx: RunContext, job: HostJob, cluster: Cluster, stages: int,
     for group in profiles.shared:
         ctx.sink(Phase("balance", f"{', '.join(group)} share one machine: profiled one at a time"))
     hosts = list(cluster.hosts)
-    total = {h.name: sum(profiles.by_host[h.name]["compute_s"]) * profiles.correction(h.name) for h in hosts}
+    total = {h.name: sum(profiles.profile(h.name).compute_s) * profiles.correction(h.name) for h in hosts}
     chosen = set(sorted(total, key=total.__getitem__)[:stages])
     ctx.sink(Phase("balance", "fastest hosts: " + ", ".join(
         f"{h.name} ({total[h.name] * 1000:.0f} ms)" for h in hosts if h.name in chosen)

@@ -13,10 +13,11 @@ from typing import Any
 from pictl import errors as E
 from pictl.cluster.jobs import HostJob
 from pictl.events import Phase, SplitChosen
-from pictl.planning.costs import cost_table, host_profiles, keep_corrections, link_profiles
+from pictl.planning.costs import CachedProfile, cost_table, host_profiles, keep_corrections, link_profiles
 from pictl.run.context import RunContext
 from pictl.run.placement import Placement
 from pictl.run.timeline import StartupTimeline
+from pictl.summary_figures import LinkCost, Prediction
 from remote.floor.balance import NoFeasibleSplit, balanced_split
 from remote.floor.run_records import Refine, Refined
 from remote.floor.spec import RefineSpec, RunSpec
@@ -28,7 +29,8 @@ class SplitChoice:
     """The spec the hosts get (its split points decided), and under `balanced` what was predicted."""
 
     spec: RunSpec
-    prediction: dict[str, Any] | None = None
+    prediction: Prediction | None = None
+    """As summary.json's `prediction` holds it, before the run refines it (`final_prediction`)."""
     pieces: tuple[str, ...] = ()
     """Under `balanced`: every piece's split-point name, in order (what the cost table's rows are)."""
 
@@ -57,44 +59,46 @@ async def choose_split(ctx: RunContext, job: HostJob, placement: Placement, spec
         split = balanced_split(*tables)  # replicas share the split: the one whose slowest replica is fastest
     except NoFeasibleSplit as exc:
         raise E.ConfigError(f"policy balanced: {exc}") from None
-    pieces = profiles.by_host[stage_hosts[0]]["pieces"]
+    pieces = profiles.profile(stage_hosts[0]).pieces
     refine = RefineSpec(compute_s=[list(row) for row in table.compute_s], cut_bytes=list(table.cut_bytes),
                         links=[[k.latency_s, k.bytes_per_s] for k in table.links],
                         comm_s_per_byte=list(table.comm_s_per_byte), recut=o.recut,
                         max_recuts=o.max_recuts) if o.refine else None
     chosen = replace(spec, policy="explicit", split_points=[pieces[i] for i in split.starts], refine=refine)
-    prediction: dict[str, Any] = {"stage_ms": [round(s * 1000, 3) for s in split.stage_s],
-                  "link_ms": [round(s * 1000, 3) for s in split.link_s],
-                  "bottleneck_ms": round(split.bottleneck_s * 1000, 3), "profiled": profiles.measured,
-                  "shared_machine": profiles.shared,
-                  "corrections": {h: profiles.correction(h) for h in dict.fromkeys(stage_hosts)},
-                  # How old each correction is: a host that has cooled down since is corrected again by the run.
-                  "corrections_age_s": {h: round(a) for h in dict.fromkeys(stage_hosts)
-                                        if (a := profiles.correction_age_s(h)) is not None},
-                  "links": {f"{a}->{b}": {"latency_ms": round(k.latency_s * 1000, 3),
-                                          "MB_per_s": round(k.bytes_per_s / 1e6, 1)} for (a, b), k in links.items()},
-                  "links_measured": measured_links, "first_split": list(chosen.split_points), "refine": o.refine}
+    # (built as computed, nothing coerced: an age in whole seconds stays an int in summary.json)
+    prediction = Prediction.model_construct(
+        stage_ms=[round(s * 1000, 3) for s in split.stage_s], link_ms=[round(s * 1000, 3) for s in split.link_s],
+        bottleneck_ms=round(split.bottleneck_s * 1000, 3), profiled=profiles.measured, shared_machine=profiles.shared,
+        corrections={h: profiles.correction(h) for h in dict.fromkeys(stage_hosts)},
+        # How old each correction is: a host that has cooled down since is corrected again by the run.
+        corrections_age_s={h: round(a) for h in dict.fromkeys(stage_hosts)
+                           if (a := profiles.correction_age_s(h)) is not None},
+        links={f"{a}->{b}": LinkCost.model_construct(latency_ms=round(k.latency_s * 1000, 3),
+                                                     MB_per_s=round(k.bytes_per_s / 1e6, 1))
+               for (a, b), k in links.items()},
+        links_measured=measured_links, first_split=list(chosen.split_points), refine=o.refine)
     if profiles.measured:  # (the profiling processes, counted in the start-up's)
         timeline.launched("profile", {job.transport(h).host: 1 for h in profiles.measured})
     for group in profiles.shared:
         ctx.sink(Phase("balance", f"{', '.join(group)} share one machine: profiled one at a time"))
-    source = f"measured {', '.join(profiles.measured)}" if profiles.measured else cached_age(profiles.by_host)
-    ages = prediction["corrections_age_s"]
+    source = (f"measured {', '.join(profiles.measured)}" if profiles.measured else
+              cached_age([profiles.profile(h) for h in profiles.by_host]))
+    ages = prediction.corrections_age_s
     corrected = [f"{h} x{f:.2f}" + (f" {ages[h]:.0f} s ago" if h in ages else "")
-                 for h, f in prediction["corrections"].items() if f != 1.0]
+                 for h, f in prediction.corrections.items() if f != 1.0]
     ctx.sink(Phase("balance", f"split {', '.join(chosen.split_points)}: predicted "
-                   + " / ".join(f"{ms:.1f}" for ms in prediction["stage_ms"]) + " ms per microbatch"
+                   + " / ".join(f"{ms:.1f}" for ms in prediction.stage_ms) + " ms per microbatch"
                    + f" ({source}" + (f"; corrected by earlier runs: {', '.join(corrected)}" if corrected else "")
                    + ")" + ("; refined during the run" if o.refine else "")))
-    ctx.sink(SplitChosen(tuple(chosen.split_points), "balanced", tuple(prediction["stage_ms"])))
+    ctx.sink(SplitChosen(tuple(chosen.split_points), "balanced", tuple(prediction.stage_ms)))
     return SplitChoice(chosen, prediction, tuple(pieces))
 
 
-def cached_age(by_host: dict[str, dict[str, Any]]) -> str:
+def cached_age(profiles: list[CachedProfile]) -> str:
     """"profiles cached 3 min ago": how old the oldest cached profile in use is."""
     import time
 
-    until = [p["measured_until"] for p in by_host.values() if isinstance(p.get("measured_until"), (int, float))]
+    until = [p.measured_until for p in profiles if isinstance(p.measured_until, (int, float))]
     if not until:
         return "cached profiles"
     age = max(0.0, time.time() - min(until))
@@ -104,10 +108,12 @@ def cached_age(by_host: dict[str, dict[str, Any]]) -> str:
 def final_prediction(choice: SplitChoice, refined: Refined | None) -> dict[str, Any] | None:
     """What the run predicted for the split its timed passes ran: the ranks' refined prediction when they
     refined, else the controller's; with the corrections the run found, per host."""
-    if choice.prediction is None or refined is None:
-        return choice.prediction
+    if choice.prediction is None:
+        return None
+    if refined is None:
+        return choice.prediction.written()
     links = refined.link_ms or []
-    return {**choice.prediction, "stage_ms": refined.predicted_ms, "link_ms": links,
+    return {**choice.prediction.written(), "stage_ms": refined.predicted_ms, "link_ms": links,
             "bottleneck_ms": max([*refined.predicted_ms, *links])}
 
 
@@ -115,7 +121,7 @@ def keep_refined(ctx: RunContext, placement: Placement, choice: SplitChoice, ref
     """The ranks settled on a split: each host's correction (measured / profiled) is kept with its profile.
     Returns the corrections, per host."""
     assert choice.prediction is not None
-    earlier = choice.prediction["corrections"]
+    earlier = choice.prediction.corrections
     per_host: dict[str, list[float]] = {}
     for host, factor in zip(placement.stage_hosts, refined.factors, strict=True):
         per_host.setdefault(host, []).append(factor)

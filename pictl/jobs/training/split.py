@@ -41,7 +41,7 @@ async def balanced_points(fleet: Fleet, stage_hosts: list[str], options: TrainOp
         split = balanced_split(table)
     except NoFeasibleSplit as exc:
         raise E.ConfigError(f"policy balanced: {exc}") from None
-    pieces = profiles.by_host[stage_hosts[0]]["pieces"]
+    pieces = profiles.profile(stage_hosts[0]).pieces
     return [pieces[i] for i in split.starts], {
         "stage_ms": [round(s * 1000, 3) for s in split.stage_s], "link_ms": [round(s * 1000, 3) for s in split.link_s],
         "bottleneck_ms": round(split.bottleneck_s * 1000, 3), "profiled": profiles.measured,
