@@ -27,12 +27,12 @@ from remote.host.cpuwait import Span
 from remote.runtime.plan import emit_plan
 from remote.runtime.timing import emit_mb_times
 from remote.toolkit.artifact import meta_model_for
+from remote.toolkit.cnn_pieces import pieces_for
 from remote.toolkit.kept_pair import whole_forward
 from remote.toolkit.measure import StageCounters, current_rss_mb, peak_rss_mb, run_main, set_threads
 from remote.toolkit.model import materialize
 from remote.toolkit.numerics import apply_numerics
 from remote.toolkit.outputs import open_checkpoint, report_outputs
-from remote.toolkit.pieces import check_supported
 
 
 def _run(spec: RunSpec, emitter: Emitter, *, plan: bool = False, logits_file: str = P.LOGITS_FILE_SERIAL) -> None:
@@ -43,7 +43,8 @@ def _run(spec: RunSpec, emitter: Emitter, *, plan: bool = False, logits_file: st
     emitter.emit(RunStart(world_size=1, stages=1, model=spec.model, images=spec.images, chunk=spec.chunk,
                           threads=threads, torch=torch.__version__, import_rss_mb=import_rss_mb))
     t0 = time.perf_counter()
-    model = check_supported(meta_model_for(spec), spec.model)
+    model = meta_model_for(spec)
+    pieces_for(model, spec.model)  # (a model pictl cannot split is refused here as everywhere: one line)
     materialize(model, seed=spec.seed, checkpoint=open_checkpoint(spec))
     params = sum(p.numel() for p in model.parameters())  # (an int8 Linear's weights are no Parameters)
     engine = apply_numerics(model, spec.numerics)

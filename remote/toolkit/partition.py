@@ -34,18 +34,25 @@ def _cut_names(pieces: list[Piece]) -> dict[str, int]:
     return names
 
 
-def resolve_split_points(pieces: list[Piece], points: list[str], model: nn.Module) -> list[int]:
+def valid_cuts(pieces: list[Piece]) -> str:
+    """Where a stage may begin, as a refusal says it: a ViT's by pattern (it has hundreds), any other's by name."""
+    if any(p.block is not None for p in pieces):
+        return ("blocks.N, and inside a block blocks.N.attn, blocks.N.attn.proj, blocks.N.norm2, blocks.N.mlp, "
+                "blocks.N.mlp.fc2; norm, head")
+    return ", ".join(p.name for p in pieces[1:])
+
+
+def resolve_split_points(pieces: list[Piece], points: list[str], model: nn.Module,
+                         model_name: str = "the model") -> list[int]:
     """Piece indices where stages 2..N begin, validated, in order."""
     cuts = _cut_names(pieces)
     known = {n for n, _ in model.named_modules()} | {n for n, _ in model.named_parameters()}
     seen: dict[int, str] = {}
     for point in points:
         if point not in cuts:
-            if point in known:
-                raise BadInput(f"split point '{point}' is a module of the model but not a place a stage "
-                               f"can begin; valid inside a block: blocks.N, blocks.N.attn, "
-                               f"blocks.N.attn.proj, blocks.N.norm2, blocks.N.mlp, blocks.N.mlp.fc2")
-            raise BadInput(f"split point '{point}' is not a module of the model")
+            what = ("a module of " + model_name + " but not a place a stage can begin" if point in known
+                    else "not a module of " + model_name)
+            raise BadInput(f"split point '{point}' is {what}; its cuts: {valid_cuts(pieces)}")
         index = cuts[point]
         if index == 0:
             raise BadInput(f"split point '{point}' is where the model begins: the first stage would be empty")
@@ -97,15 +104,15 @@ def equal_split(sizes: list[int], stages: int) -> list[int]:
 
 
 def plan(pieces: list[Piece], model: nn.Module, *, stages: int, policy: str,
-         split_points: list[str]) -> list[StagePlan]:
-    """The stages of a run. `model` may live on the meta device."""
+         split_points: list[str], model_name: str = "the model") -> list[StagePlan]:
+    """The stages of a run. `model` may live on the meta device; `model_name` is what a refusal calls it."""
     if stages < 1:
         raise BadInput(f"stages must be at least 1 (got {stages})")
     if stages > len(pieces):
         raise BadInput(f"{stages} stages asked for, but {len(pieces)} is the most this model can be split into")
     sizes = piece_params(pieces, model)
     if split_points:
-        cuts = resolve_split_points(pieces, split_points, model)
+        cuts = resolve_split_points(pieces, split_points, model, model_name)
         if len(cuts) != stages - 1:
             raise BadInput(f"{len(cuts)} split points make {len(cuts) + 1} stages, but {stages} stages were asked for")
     elif policy == "equal":

@@ -13,12 +13,13 @@ from torch.utils.checkpoint import checkpoint
 from remote.floor.spec import RunSpec
 from remote.floor.wire import parse_wire
 from remote.toolkit.artifact import meta_model_for
+from remote.toolkit.cnn_pieces import pieces_for
 from remote.toolkit.codec import Codec, learned_pair
 from remote.toolkit.kept_pair import with_pairs
 from remote.toolkit.model import Checkpoint, materialize, prune_to
 from remote.toolkit.numerics import apply_numerics
 from remote.toolkit.partition import StagePlan, plan
-from remote.toolkit.pieces import Piece, PieceFn, block_piece_count, check_supported, vit_pieces
+from remote.toolkit.pieces import Piece, PieceFn, block_piece_count
 
 
 @dataclass
@@ -35,9 +36,10 @@ class ModelLayout:
 
 
 def layout_for(spec: RunSpec) -> ModelLayout:
-    meta = check_supported(meta_model_for(spec), spec.model)
-    pieces = with_pairs(vit_pieces(meta), meta)  # a trained model's kept compressor pairs, where it has some
-    stages = plan(pieces, meta, stages=spec.stages, policy=spec.policy, split_points=spec.split_points)
+    meta = meta_model_for(spec)
+    pieces = with_pairs(pieces_for(meta, spec.model), meta)  # a trained model's kept compressor pairs, if any
+    stages = plan(pieces, meta, stages=spec.stages, policy=spec.policy, split_points=spec.split_points,
+                  model_name=f"model '{spec.model}'")
     return ModelLayout(meta, pieces, stages)
 
 
