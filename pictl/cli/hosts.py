@@ -25,6 +25,7 @@ from pictl.cli.common import (
     wide_console,
 )
 from pictl.cluster.fleet import Fleet
+from pictl.cluster.swept import ANOTHER_CONTROLLERS, Sweep, SweptGroup
 from pictl.inventory import Host
 
 
@@ -166,15 +167,15 @@ def stop(
     from pictl.cluster.leases import controller_name
     from pictl.cluster.warm import WarmState, warm_stop
 
-    async def stop_host(t: Any) -> tuple[dict[str, Any], WarmState | None]:
+    async def stop_host(t: Any) -> tuple[Sweep, WarmState | None]:
         # The warm server first: it knows whose each of its jobs is, and says so; the sweep then stops the rest.
         try:
             warm: WarmState | None = await warm_stop(t, owner)
         except E.PictlError:  # no pushed code to ask with: no warm process either
             warm = None
-        return await cleanup_host(t, orphans_only=False, owner=owner), warm
+        return Sweep.model_validate(await cleanup_host(t, orphans_only=False, owner=owner)), warm
 
-    async def work(fleet: Fleet) -> list[tuple[dict[str, Any], WarmState | None] | BaseException]:
+    async def work(fleet: Fleet) -> list[tuple[Sweep, WarmState | None] | BaseException]:
         return list((await fleet.results(stop_host)).values())
 
     try:
@@ -190,10 +191,10 @@ def stop(
             typer.echo(f"{host.name}: {res}", err=True)
             continue
         found, warm = res
-        others = [k for k in found["kept"] if k.get("reason") == "another controller's run"]
-        foreign = [k for k in found["kept"] if k.get("reason") != "another controller's run"]
-        stopped_others = _holders(found["stopped"], owner)
-        line = (f"{host.name}: stopped {len(found['stopped'])} process group(s)"
+        others = [k for k in found.kept if k.reason == ANOTHER_CONTROLLERS]
+        foreign = [k for k in found.kept if k.reason != ANOTHER_CONTROLLERS]
+        stopped_others = _holders(found.stopped, owner)
+        line = (f"{host.name}: stopped {len(found.stopped)} process group(s)"
                 + (f" ({stopped_others})" if stopped_others else "")
                 + (f", kept {len(others)} of other controllers' runs ({_holders(others, None)}; --all stops them)"
                    if others else "")
@@ -207,9 +208,9 @@ def stop(
         raise typer.Exit(E.EXIT_NOT_READY)
 
 
-def _holders(groups: list[dict[str, Any]], owner: str | None) -> str:
+def _holders(groups: list[SweptGroup], owner: str | None) -> str:
     """Whose runs these process groups were, the controllers other than `owner` ("A's, B's"; "" if none)."""
-    names = sorted({str(g["owner"]) for g in groups if g.get("owner") and g.get("owner") != owner})
+    names = sorted({str(g.owner) for g in groups if g.owner and g.owner != owner})
     return ", ".join(f"{name}'s" for name in names)
 
 
@@ -221,11 +222,11 @@ def _warm_stopped(warm: Any, owner: str | None) -> str:
         return f"; its warm process does not answer: {warm.error}; left as it is"
     parts = []
     if warm.stopped_jobs:
-        owners = sorted({str(j["owner"]) for j in warm.stopped_jobs if j["owner"] != owner})
+        owners = sorted({j.owner for j in warm.stopped_jobs if j.owner != owner})
         parts.append(f"ended {len(warm.stopped_jobs)} warm job(s)"
                      + (f", of {', '.join(owners)}" if owners else ""))
     if warm.kept_jobs:
-        owners = sorted({str(j["owner"]) for j in warm.kept_jobs})
+        owners = sorted({j.owner for j in warm.kept_jobs})
         parts.append(f"kept its warm process (pid {warm.pid}): it runs {len(warm.kept_jobs)} job(s) of "
                      f"{', '.join(owners)} (--all ends them)")
     elif warm.pid is not None:

@@ -19,6 +19,55 @@ from typing import Any
 from pictl.cluster.commands import WARM_CLIENT, worker_env
 from pictl.cluster.transport import Transport
 from pictl.errors import TransportError
+from pictl.summary_figures import Open
+
+
+class WarmAnswer(Open):
+    """The line `remote.host.warmclient` prints (`--ensure`, `--status`, `--stop`), each value as the host wrote it:
+    `WarmState.of` checks each one it keeps."""
+
+    running: Any = None
+    pid: Any = None
+    started_at: Any = None
+    age_s: Any = None
+    rss_mb: Any = None
+    import_s: Any = None
+    preloaded: Any = None
+    """The modules the warm process imported ahead (torch first)."""
+    jobs_running: Any = None
+    jobs_served: Any = None
+    idle_s: Any = None
+    key: Any = None
+    root_pid: Any = None
+    root_started_at: Any = None
+    answering: Any = None
+    error: Any = None
+    stopped_jobs: Any = None
+    kept_jobs: Any = None
+    """`--stop`: the jobs ended and those of other controllers kept, each a `WarmJobAnswer`."""
+    root_ended: Any = None
+
+
+class WarmJobAnswer(Open):
+    """One job of a warm server as the host lists it (`remote.host.warmserve`)."""
+
+    pid: Any = None
+    owner: Any = None
+    """The controller whose job it is (`pictl.cluster.leases.controller_name`)."""
+    module: Any = None
+
+
+@dataclass(frozen=True)
+class WarmJob:
+    """A job `pictl stop` ended or kept in a warm server."""
+
+    pid: Any
+    owner: str
+    module: str
+
+    @classmethod
+    def of(cls, found: WarmJobAnswer) -> WarmJob:
+        return cls(found.pid, str(found.owner), str(found.module))
 
 
 @dataclass(frozen=True)
@@ -44,33 +93,30 @@ class WarmState:
     answering: bool = True
     """False: the warm process is there but does not answer (stopped, or stuck): `error` says which."""
     error: str | None = None
-    stopped_jobs: tuple[dict[str, Any], ...] = ()
-    kept_jobs: tuple[dict[str, Any], ...] = ()
+    stopped_jobs: tuple[WarmJob, ...] = ()
+    kept_jobs: tuple[WarmJob, ...] = ()
     """`pictl stop`: the jobs it ended, and other controllers' jobs it kept (pid, owner, module)."""
     root_ended: bool = False
 
     @classmethod
-    def of(cls, host: str, found: dict[str, Any]) -> WarmState:
-        def num(name: str) -> Any:
-            value = found.get(name)
+    def of(cls, host: str, found: WarmAnswer) -> WarmState:
+        def num(value: Any) -> Any:
             return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
-        def jobs(name: str) -> tuple[dict[str, Any], ...]:
-            listed = found.get(name)
-            return tuple({"pid": j.get("pid"), "owner": str(j.get("owner")), "module": str(j.get("module"))}
+        def jobs(listed: Any) -> tuple[WarmJob, ...]:
+            return tuple(WarmJob.of(WarmJobAnswer.model_validate(j))
                          for j in listed if isinstance(j, dict)) if isinstance(listed, list) else ()
 
-        def text(name: str) -> str | None:
-            value = found.get(name)
+        def text(value: Any) -> str | None:
             return value[:300] if isinstance(value, str) else None
 
-        preloaded = found.get("preloaded")
-        return cls(host, True, found.get("running") is True, num("pid"), num("started_at"), num("age_s"),
-                   num("rss_mb"), num("import_s"),
+        preloaded = found.preloaded
+        return cls(host, True, found.running is True, num(found.pid), num(found.started_at), num(found.age_s),
+                   num(found.rss_mb), num(found.import_s),
                    tuple(str(m) for m in preloaded) if isinstance(preloaded, list) else (),
-                   num("jobs_running") or 0, num("jobs_served") or 0, num("idle_s"), text("key"),
-                   num("root_pid"), num("root_started_at"), found.get("answering") is not False, text("error"),
-                   jobs("stopped_jobs"), jobs("kept_jobs"), found.get("root_ended") is True)
+                   num(found.jobs_running) or 0, num(found.jobs_served) or 0, num(found.idle_s), text(found.key),
+                   num(found.root_pid), num(found.root_started_at), found.answering is not False, text(found.error),
+                   jobs(found.stopped_jobs), jobs(found.kept_jobs), found.root_ended is True)
 
     def as_dict(self) -> dict[str, Any]:
         return {"enabled": self.enabled, "running": self.running, "pid": self.pid, "started_at": self.started_at,
@@ -105,7 +151,7 @@ async def _control(t: Transport, op: str, timeout_s: float, *args: str) -> WarmS
     if not isinstance(found, dict):
         why = (result.stderr.strip().splitlines() or ["no answer"])[-1]
         raise TransportError(f"host '{h.name}': warm process ({op}): {why[:300]}")
-    return WarmState.of(h.name, found)
+    return WarmState.of(h.name, WarmAnswer.model_validate(found))
 
 
 async def started_since(transports: list[Transport], since: float) -> int:
