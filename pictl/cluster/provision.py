@@ -22,6 +22,8 @@ from functools import cached_property
 from importlib import metadata
 from pathlib import Path
 
+from pydantic import ValidationError
+
 import remote
 from pictl import PROJECT_ROOT
 from pictl import errors as E
@@ -29,6 +31,7 @@ from pictl.cluster.leases import release_all, take_leases
 from pictl.cluster.push import file_digests, push_files
 from pictl.cluster.transport import Transport
 from pictl.inventory import Host
+from pictl.summary_figures import Open
 
 PROJECT = PROJECT_ROOT
 PROVISION_SOURCE = remote.source("host/provision.py")
@@ -45,6 +48,32 @@ _STATE_SNIPPET = (
     "fp = open(p).read() if os.path.isfile(p) else None\n"
     "print(json.dumps({'version': list(sys.version_info[:3]), 'fingerprint': fp}))\n"
 )
+
+
+
+class HostPython(Open):
+    """What `_STATE_SNIPPET` prints: the host python's version and the fingerprint its venv was provisioned to."""
+
+    version: list[int]
+    fingerprint: str | None
+    """None: never provisioned there."""
+
+
+class ProvisionEvent(Open):
+    """A line of the provisioner's (`remote.host.provision.emit`): a step it started (`step`, `argv`), an
+    installer's line (`line`), and at the end `done` or an `error` with the installer's last lines (`tail`). A line
+    that is none of these (its stderr) is read as `line`."""
+
+    step: str | None = None
+    argv: list[str] | None = None
+    line: str | None = None
+    done: bool | None = None
+    installer: str | None = None
+    """With `done`: uv or pip."""
+    seconds: float | None = None
+    error: str | None = None
+    tail: list[str] = []
+
 
 Progress = Callable[[str, str], None]
 """(host name, message): a step started, an installer line, the outcome."""
@@ -112,8 +141,8 @@ async def _host_state(t: Transport) -> tuple[tuple[int, ...], str | None]:
     if result.returncode != 0:
         reason = "not found" if result.returncode == 127 else (result.stderr.strip().splitlines() or ["failed"])[-1]
         raise ProvisionError(f"{_where(h)}: python '{h.base_python()}' {reason} (set `python` in the inventory)")
-    state = json.loads(result.stdout.strip().splitlines()[-1])
-    return tuple(state["version"]), state["fingerprint"]
+    state = HostPython.model_validate(json.loads(result.stdout.strip().splitlines()[-1]))
+    return tuple(state.version), state.fingerprint
 
 
 async def provision_host(t: Transport, requirements: list[str], wheels: Wheelhouse | None, *,
@@ -159,30 +188,30 @@ async def _install(t: Transport, requirements: list[str], wheels: Wheelhouse | N
         argv.append("--system-site-packages")
     proc = await t.start([h.base_python(), "-c", SUPERVISE_SOURCE, "--pgid-file", "pgid-provision", "--", *argv],
                          cwd=base)
-    outcome: dict = {}
+    outcome = ProvisionEvent()
     try:
         async for stream, line in proc.lines():
             try:
-                event = json.loads(line) if stream == "stdout" else {"line": line}
-            except ValueError:
-                event = {"line": line}
-            if "step" in event and "argv" in event:
-                progress(h.name, f"{event['step']}: {' '.join(event['argv'][:3])} ...")
-            elif "line" in event:
-                progress(h.name, event["line"])
-            elif "done" in event or "error" in event:
+                event = ProvisionEvent.model_validate_json(line) if stream == "stdout" else ProvisionEvent(line=line)
+            except ValidationError:
+                event = ProvisionEvent(line=line)
+            if event.step is not None and event.argv is not None:
+                progress(h.name, f"{event.step}: {' '.join(event.argv[:3])} ...")
+            elif event.line is not None:
+                progress(h.name, event.line)
+            elif event.done is not None or event.error is not None:
                 outcome = event
         rc = await proc.wait()
     except BaseException:
         await asyncio.shield(proc.stop(grace_s=3))  # Ctrl-C: no installer left running on the host
         raise
-    if rc != 0 or "done" not in outcome:
-        tail = "\n".join(f"    {line}" for line in outcome.get("tail", []))
-        reason = outcome.get("error") or f"the provisioner exited with {rc}"
+    if rc != 0 or outcome.done is None:
+        tail = "\n".join(f"    {line}" for line in outcome.tail)
+        reason = outcome.error or f"the provisioner exited with {rc}"
         if rc == 2:  # the host cannot hold the venv where the inventory puts it
             reason += " (set `venv` in the inventory)"
         raise ProvisionError(f"{_where(h)}: {reason}" + (f"\n{tail}" if tail else ""))
-    return ProvisionResult(h.name, "installed", outcome["installer"], time.perf_counter() - start)
+    return ProvisionResult(h.name, "installed", outcome.installer, time.perf_counter() - start)
 
 
 async def provision_all(transports: list[Transport], wheels: Wheelhouse | None = None, *, force: bool = False,
