@@ -159,8 +159,12 @@ class RunMeasureFlags(MeasureFlags):
 class ModelFlags(OptionGroup):
     """The model, its weights and the images it runs."""
 
-    model: Annotated[Optional[str], typer.Option(help="timm model name, or an artifact from `pictl prune`."
-                                                      + default_of("model"), rich_help_panel=MODEL_PANEL)] = None
+    model: Annotated[Optional[str], typer.Option(
+        help="timm model name (ViTs, ResNets, MobileNets, EfficientNets, VGGs, ConvNeXts, RegNets), or an artifact "
+             "from `pictl prune`." + default_of("model"), rich_help_panel=MODEL_PANEL)] = None
+    list_splits: Annotated[bool, typer.Option(
+        "--list-splits", help="List every place the model can be split (a stage may begin at any), then exit.",
+        rich_help_panel=MODEL_PANEL)] = False
     num_classes: Annotated[Optional[int], typer.Option(help="Classifier outputs." + default_of("num_classes"),
                                                        rich_help_panel=MODEL_PANEL)] = None
     checkpoint: Annotated[Optional[str], typer.Option(help="State dict (.safetensors / .pth).",
@@ -221,6 +225,8 @@ def run(experiment: ExperimentFlags, measure: RunMeasureFlags, model_data: Model
                 raise E.ConfigError(f"--slowdown: '{slowdown}' is not RANK:PASS:FACTOR") from None
         options = resolve_options(profile, overrides)
         note_profile(profile)
+        if model_data.list_splits:
+            raise typer.Exit(_list_splits(read_cluster(out.hosts, cold=out.cold), options, as_json))
         if not (out.headless or as_json) and _on_a_terminal():
             raise typer.Exit(_in_the_console(read_cluster(out.hosts, cold=out.cold), options, profile,
                                              checked_runs_root(out.runs_dir)))
@@ -244,6 +250,22 @@ def run(experiment: ExperimentFlags, measure: RunMeasureFlags, model_data: Model
                         + ", ".join(dict.fromkeys(f.code for f in summary.flags))))
     if (suspect := suspect_error(summary)) is not None:  # an untrue result is never a success, --strict or not
         fail(suspect)
+
+
+def _list_splits(cluster: Any, options: Any, as_json: bool) -> int:
+    """`--list-splits`: the model's cuts, as its first host plans it (the model is built there, on the meta
+    device: nothing is run or measured, no host is leased)."""
+    import json
+
+    from pictl.planning.specs import model_cuts
+
+    cuts = asyncio.run(model_cuts(cluster, options))
+    if as_json:
+        print(json.dumps({"model": options.model, "cuts": cuts}))
+    else:
+        print(f"{options.model}: {len(cuts)} places a stage may begin (--split takes them, comma-separated):")
+        print("\n".join(cuts))
+    return 0
 
 
 def _on_a_terminal() -> bool:

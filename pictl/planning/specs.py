@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from pictl import errors as E
 from pictl.cluster.artifacts import Artifact
@@ -95,31 +94,47 @@ async def plan_ahead(cluster: Cluster, runs: list[tuple[str, RunOptions]], *,
 
 async def _plan_on(host: Host, items: list[tuple[str, RunSpec, str]], plans: JsonCache,
                    tree: dict[str, bytes]) -> int:
+    planned = await _plans_on(host, [(label, spec) for label, spec, _ in items], tree, "plan-ahead")
+    for (_, _, key), plan in zip(items, planned, strict=True):
+        plans.put(key, to_wire(replace(plan, spec_file=None)))
+    return len(planned)
+
+
+async def _plans_on(host: Host, items: list[tuple[str, RunSpec]], tree: dict[str, bytes], what: str) -> list[Plan]:
+    """Each spec's plan, made on `host` in one planning process; the first spec that cannot work is an error
+    naming its label (ConfigError for bad input, else RunFailed)."""
     # A lease-less job (it runs nothing that measures): connected and pushed through the one job lifecycle, its
     # directory removed whatever happens (best effort: a host that could not be reached has nothing to remove).
-    job = HostJob([host], f"plan-ahead-{time.strftime('%Y%m%d-%H%M%S')}-{id(items):x}")
+    job = HostJob([host], f"{what}-{time.strftime('%Y%m%d-%H%M%S')}-{id(items):x}")
     t, work_dir = job.transport(host), job.run_dir(host)
     try:
         await job.connect()
         await job.push(tree)
         names = [f"spec-{i}.json" for i in range(len(items))]
-        for name, (_, spec, _) in zip(names, items, strict=True):
+        for name, (_, spec) in zip(names, items, strict=True):
             await t.put_bytes(spec.to_json().encode(), f"{work_dir}/{name}")
         argv = python_module(host, entries.PLAN.module, *(a for n in names for a in ("--spec", n)))
         result = await t.run(argv, cwd=work_dir, env=worker_env(host, 1), timeout_s=300 + 10 * len(items))
     finally:
         await to_the_end(job.close(tidy=lambda tr: tr.remove_tree(work_dir)))
-    planned: dict[str, dict[str, Any]] = {}
+    planned: dict[str, Plan] = {}
     for event in filter(None, map(parse_event, result.stdout.splitlines())):
         if isinstance(event, Plan) and event.spec_file in names:
-            planned[event.spec_file] = to_wire(replace(event, spec_file=None))
-    for name, (_, _, key) in zip(names, items, strict=True):
-        if name in planned:
-            plans.put(key, planned[name])
+            planned[event.spec_file] = event
     if len(planned) < len(items):
-        label = next(lbl for name, (lbl, _, _) in zip(names, items, strict=True) if name not in planned)
+        label = next(lbl for name, (lbl, _) in zip(names, items, strict=True) if name not in planned)
         _, message = command_outcome(result, Plan) if result.returncode else (None, "no plan")
         if result.returncode == P.EXIT_BAD_INPUT:
             raise E.ConfigError(f"{label}: {message}")
         raise E.RunFailed(f"host '{host.name}': planning failed: {message}")
-    return len(planned)
+    return [planned[name] for name in names]
+
+
+async def model_cuts(cluster: Cluster, options: RunOptions) -> list[str]:
+    """Every place `options`' model can be split (a stage may begin at any of them), as the first host plans it:
+    `pictl run --list-splits`."""
+    host = place_stages(cluster, 1)[0].host
+    spec = spec_from(options.model_copy(update={"stages": 1, "replicas": 1, "policy": "equal", "split": ()}),
+                     "list-splits", None)
+    (plan,) = await _plans_on(host, [("--list-splits", spec)], local_tree(), "list-splits")
+    return list(plan.cuts or [])

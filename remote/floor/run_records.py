@@ -119,6 +119,8 @@ class Plan(Record):
     num_classes: Count | None = None
     stages: List | None = None
     spec_file: Str | None = None
+    cuts: Strs | None = None
+    """Every place a stage may begin (the model's pieces after its first): `pictl run --list-splits`."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -49,7 +49,8 @@ def emit_plan(spec: RunSpec, emitter: Emitter, spec_file: str | None = None) -> 
     ]
     emitter.emit(Plan(model=spec.model, split_points=split_point_names(layout.pieces, layout.stages),
                       total_params=sum(s.params for s in layout.stages), max_stages=len(layout.pieces),
-                      num_classes=spec.num_classes, stages=stages, spec_file=spec_file))
+                      num_classes=spec.num_classes, stages=stages, spec_file=spec_file,
+                      cuts=[piece.name for piece in layout.pieces[1:]]))
 
 
 def _plan_all(paths: list[str], emitter: Emitter) -> None:

@@ -94,6 +94,9 @@ class StageModule(nn.Module):
             state = checkpoint(op, self.model, state, use_reentrant=False) if recompute else op(self.model, state)
         if self.codec is not None:
             state = self.codec.encode(state)
+        # What leaves a stage is sent whole: gloo sends contiguous tensors only, and a ConvNeXt block ends on a
+        # permuted view (its norm and MLP run channels-last). A tensor that is contiguous is returned as it is.
+        state = tuple(t.contiguous() for t in state)
         return state[0] if len(state) == 1 else state
 
 
