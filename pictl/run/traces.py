@@ -21,9 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from pictl import errors as E
 from pictl.cluster.clock import measure_clock
 from pictl.cluster.transport import Transport
+from pictl.records.run_config import RunConfigRecord
+from pictl.records.run_placement import PLACEMENT
 from pictl.records.runs import (
     CONFIG_FILE,
     SUMMARY_FILE,
@@ -33,7 +37,9 @@ from pictl.records.runs import (
     write_json_atomic,
 )
 from pictl.run.trace_files import TRACE_LIMIT, load_trace, merge, rank_breakdown
+from pictl.summary_figures import Open
 from pictl.summary_models import TraceRecord
+from pictl.validation import problem_line
 from remote.floor import protocol as P
 
 TIMELINE_FILE = "timeline.json"
@@ -72,6 +78,16 @@ class TraceGrab:
     def record(self) -> TraceRecord:
         """The grab as the summary records it."""
         return TraceRecord.model_validate(self.to_json())
+
+
+class GrabClock(Open):
+    """A host's clock as a grab's summary.json (`clocks`) keeps it: the offset measured (host clock - ours) and its
+    uncertainty, or why it could not be measured, and the offset the merge applied (0: none significant)."""
+
+    error: str | None = None
+    measured_ns: int | None = None
+    uncertainty_ns: int | None = None
+    applied_ns: int | None = None
 
 
 def perfetto_hint(timeline: Path | str) -> str:
@@ -151,13 +167,14 @@ async def grab_traces(ranks: list[RankTrace], run_path: Path, *, steps: int, tim
     grab = await download(ordered, trace_id, grab_directory(run_path), timeout_s=timeout_s,
                           gave_up=lambda r: gave_up(trace_id, r))
     offsets: dict[str, int] = {}
-    clocks: dict[str, Any] = {}
+    clocks: dict[str, GrabClock] = {}
     for host, res in zip(hosts, await offsets_task, strict=True):
-        clocks[host] = ({"error": str(res)} if isinstance(res, BaseException)
-                        else {"measured_ns": res.offset_ns, "uncertainty_ns": res.uncertainty_ns})
+        clock = (GrabClock(error=str(res)) if isinstance(res, BaseException)
+                 else GrabClock(measured_ns=res.offset_ns, uncertainty_ns=res.uncertainty_ns))
         # An offset within its own uncertainty is consistent with none: shifting by it would only add noise.
-        offsets[host] = res.offset_ns if not isinstance(res, BaseException) and res.significant else 0
-        clocks[host]["applied_ns"] = offsets[host]
+        offsets[host] = clock.applied_ns = (res.offset_ns if not isinstance(res, BaseException) and res.significant
+                                            else 0)
+        clocks[host] = clock
     loaded: dict[int, tuple[str, dict[str, Any]]] = {}
     for r, p in list(grab.files.items()):
         try:
@@ -169,7 +186,8 @@ async def grab_traces(ranks: list[RankTrace], run_path: Path, *, steps: int, tim
         grab.timeline = grab.directory / TIMELINE_FILE
         write_json_atomic(grab.timeline, merge(loaded, offsets))
         grab.per_rank = {r: rank_breakdown(d) for r, (_, d) in loaded.items()}
-    write_json_atomic(grab.directory / SUMMARY_FILE, grab.to_json() | {"clocks": clocks})
+    write_json_atomic(grab.directory / SUMMARY_FILE,
+                      grab.to_json() | {"clocks": {h: c.written() for h, c in clocks.items()}})
     return grab
 
 
@@ -201,12 +219,15 @@ async def grab_from_outside(run_path: Path, steps: int, timeout_s: float) -> Tra
     from pictl.inventory import load_cluster
 
     path = run_path / CONFIG_FILE
-    config = read_record(path)
+    config = RunConfigRecord.view(read_record(path))
     try:
-        run_id = json.loads(config["spec"])["run_id"]
-        cluster = load_cluster(config["cluster"])
+        # (the hosts' spec is `RunSpec.to_json`'s string; only its run id is read, whatever else it holds)
+        run_id = json.loads(config.spec)["run_id"]
+        cluster = load_cluster(config.cluster)
         hosts = {h.name: h for h in cluster.hosts}
-        placement = [(hosts[p["host"]], [int(r) for r in p["ranks"]]) for p in config["placement"]]
+        placement = [(hosts[p.host], p.ranks) for p in PLACEMENT.validate_python(config.placement)]
+    except ValidationError as exc:
+        raise E.ConfigError(f"{path}: not a run record this pictl can use (placement: {problem_line(exc)})") from None
     except (KeyError, TypeError, ValueError) as exc:  # a hand-edited or foreign record; the inventory changed
         raise E.ConfigError(f"{path}: not a run record this pictl can use ({type(exc).__name__}: {exc})") from None
     if sum(len(r) for _, r in placement) < 2:
