@@ -1,0 +1,111 @@
+"""Any model, `equal` against `balanced`, on a fast and a slow link: CNNs and ViTs as 4-stage pipelines.
+
+    sudo .venv/bin/python -m bench.models [--cpu 0.4] [--links 1000,100] [--models resnet50,mobilenetv2_100,...]
+                                          [--images 8] [--repeats 2] [--save NAME]
+    .venv/bin/python -m bench.models --quick     (local cluster, 2 stages, resnet18 and mobilenetv2_100, 4 images)
+
+The 4-host SSH test cluster, every host at --cpu cores (a CFS quota) and every host's sends capped at each
+--links rate in turn (Mbit/s; a token bucket on its interface). For each rate and model, in turn: `pictl run
+--policy equal` and `pictl run` (balanced, refined during the run), 4 stages, chunk 1, one thread per rank;
+the order of the two alternates from model to model. Each model's speedups divide by its one serial run
+(measured by its first run, reused by the second: the serial run crosses no link). Printed per run: img/s,
+speedup, the waterfall's dominant term, the split, and the MB per image that crossed each cut (what the
+last stage of each link sent over the timed passes, per image).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from typing import Any
+
+from bench.harness import (
+    Pictl,
+    add_quick,
+    is_root,
+    quick_defaults,
+    save_result,
+    skip_loudly,
+    ssh_cluster,
+    write_local_cluster,
+)
+
+
+def run(pictl: Pictl, inventory: str, model: str, stages: int, policy: str, args: argparse.Namespace) -> dict:
+    extra = ["--policy", "equal"] if policy == "equal" else ["--policy", "balanced"]
+    proc = subprocess.run([sys.executable, "-m", "pictl", "run", "--hosts", inventory, "--model", model,
+                           "--stages", str(stages), "--images", str(args.images), "--chunk", "1", "--warmup", "1",
+                           "--repeats", str(args.repeats), "--threads", "1", *extra, "--headless", "--json"],
+                          env=pictl.env, capture_output=True, text=True, timeout=3600)
+    if proc.returncode not in (0, 10):  # (10: SUSPECT, a flag said why; the figures are still reported)
+        raise SystemExit(f"{model} {policy} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout)
+
+
+def row(model: str, link: str, policy: str, s: dict, images_timed: int) -> dict[str, Any]:
+    links = (s.get("wire") or {}).get("links", [])
+    waterfall = s.get("waterfall") or {}
+    return {"model": model, "link": link, "policy": policy, "ips": s["throughput_ips"], "speedup": s["speedup"],
+            "serial_ips": s["serial_ips"], "dominant": waterfall.get("dominant"), "split": s["split_points"],
+            "mb_per_image": [round((k["wire_bytes"] or 0) / images_timed / 1e6, 3) for k in links],
+            "verdict": s.get("verdict"), "flags": [f["code"] for f in s.get("flags", [])]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cpu", type=float, default=0.4)
+    ap.add_argument("--links", default="1000,100", help="link rates in Mbit/s, comma-separated")
+    ap.add_argument("--models", default="resnet50,mobilenetv2_100,vgg16,vit_base_patch16_224")
+    ap.add_argument("--stages", type=int, default=4)
+    ap.add_argument("--images", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--save", default=None)
+    add_quick(ap)
+    args = quick_defaults(ap.parse_args(), models="resnet18,mobilenetv2_100", stages=2, images=4, repeats=1,
+                          links="")
+    models = args.models.split(",")
+    rates = [float(r) for r in args.links.split(",") if r]
+    pictl = Pictl()
+    rows: list[dict[str, Any]] = []
+
+    def measure(inventory: str, link: str) -> None:
+        for k, model in enumerate(models):
+            for policy in (("equal", "balanced") if k % 2 == 0 else ("balanced", "equal")):
+                s = run(pictl, inventory, model, args.stages, policy, args)
+                rows.append(row(model, link, policy, s, args.images * args.repeats))
+                print(_line(rows[-1]), flush=True)
+
+    print(f"{'model':>22} {'link':>9} {'policy':>8} {'img/s':>6} {'speedup':>7} {'dominant':>14}  MB/image per cut  "
+          f"split", flush=True)
+    if args.quick:
+        with_local = pictl.workdir / "cluster"
+        measure(str(write_local_cluster(with_local, args.stages)), "local")
+    else:
+        if not is_root():
+            return skip_loudly("models", "needs root for the SSH test cluster (sudo)")
+        with ssh_cluster(4, cpu=args.cpu) as cluster:
+            for rate in rates:
+                cluster.shape_links(rate)
+                measure(str(cluster.inventory), f"{rate:g} Mbit")
+            cluster.shape_links(None)
+    for model in models:
+        for link in dict.fromkeys(r["link"] for r in rows):
+            pair = {r["policy"]: r for r in rows if r["model"] == model and r["link"] == link}
+            if {"equal", "balanced"} <= set(pair):
+                print(f"{model} at {link}: balanced {pair['balanced']['speedup'] / pair['equal']['speedup']:.3f}x "
+                      f"equal")
+    if args.save:
+        print(f"saved: {save_result(args.save, {'args': vars(args), 'rows': rows})}")
+    return 0
+
+
+def _line(r: dict[str, Any]) -> str:
+    mb = " / ".join(f"{v:.2f}" for v in r["mb_per_image"]) or "-"
+    return (f"{r['model']:>22} {r['link']:>9} {r['policy']:>8} {r['ips']:6.2f} {r['speedup']:6.2f}x "
+            f"{r['dominant'] or '-':>14}  {mb}  {', '.join(r['split'])}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
