@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from pictl.summary_models import RunSummary
+
 __all__ = ["Bottleneck", "advice"]
 
 FILL_TARGET = 0.95
@@ -36,7 +38,10 @@ class Bottleneck:
 
 def advice(term: str, s: dict[str, Any], b: Bottleneck) -> str:
     """What would reduce `term` for this run (its options: policy, chunk, images, wire, repeats, baseline)."""
-    chunk = s.get("chunk") or 1
+    run = RunSummary.view(s)  # (the summary as the run wrote it, or is writing it: nothing coerced)
+    chunk = run.chunk or 1
+    # (the wire, the stage rows and the baseline are read as written: their models require the fields read here,
+    # and a summary lacking one still gets advice)
     wire = str((s.get("wire") or {}).get("format") or "fp32")
     host = next((st.get("host") for st in s.get("per_stage") or [] if st.get("rank") == b.rank), None) or "its host"
     if term == "fill_drain":
@@ -48,11 +53,11 @@ def advice(term: str, s: dict[str, Any], b: Bottleneck) -> str:
     if term == "imbalance":
         slowest = (f"rank {b.rank} computes {b.compute_s * 1000:.0f} ms per image against the mean stage's "
                    f"{b.mean_compute_s * 1000:.0f} ms")
-        if s.get("policy") == "balanced":
-            refined = "" if s.get("refine") else "; --refine measures the split and corrects it"
+        if run.policy == "balanced":
+            refined = "" if run.refine else "; --refine measures the split and corrects it"
             return (f"{slowest} under balanced's split: move a cut off it with an explicit --split (cuts fall on "
                     f"module boundaries, and a host's cost profile may be stale: `pictl costs`){refined}")
-        if s.get("policy") == "explicit":
+        if run.policy == "explicit":
             return f"{slowest}: move a cut off it (--split), or --policy balanced to place the cuts by measured cost"
         return f"{slowest}: --policy balanced, or move a cut toward the lighter stage (--split)"
     if term == "split_overhead":
@@ -70,12 +75,12 @@ def advice(term: str, s: dict[str, Any], b: Bottleneck) -> str:
         return f"a larger --chunk than {chunk}: fewer, larger microbatches spread the schedule's per-microbatch cost"
     if term == "baseline":
         base = s.get("baseline") or {}
-        if s.get("serial_reused"):
+        if run.serial_reused:
             return "--fresh-baseline on an idle host: this serial baseline was reused"
         return (f"measure the serial run again on an idle {base.get('host') or 'host'} (it ran slower or faster "
                 "than its own compute)")
     if term == "residual":
-        return f"more timed passes than {s.get('repeats') or '-'} (--repeats): the pass-to-pass spread is not modelled"
+        return f"more timed passes than {run.repeats or '-'} (--repeats): the pass-to-pass spread is not modelled"
     if term == "recut":
         return "a host drifted during the run: the passes before the re-cut ran a worse split (see `recuts`)"
     return "-"
