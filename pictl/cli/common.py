@@ -18,6 +18,7 @@ from pictl import errors as E
 from pictl.cli.help_layout import draw_option_tables_whole
 from pictl.cluster.fleet import Fleet
 from pictl.inventory import Cluster, load_cluster
+from pictl.jobs.contract import Job
 from pictl.planning.options import RunOptions
 from pictl.records.trackers import TRACKERS
 from pictl.shipped import shipped_path
@@ -77,6 +78,13 @@ HeadlessOpt = Annotated[bool, typer.Option("--headless", help="No console: progr
                                            rich_help_panel=HOSTS_PANEL)]
 ColdOpt = Annotated[bool, typer.Option("--cold", help="Start every process afresh (each imports torch), not "
                                        "from the hosts' warm processes.", rich_help_panel=HOSTS_PANEL)]
+if TYPE_CHECKING:  # (the commands import these when they run: `pictl --help` stays quick)
+    from pictl.headless import HeadlessRenderer
+    from pictl.job_summaries import PruneSummary, TrainSummary
+    from pictl.summary_models import RunSummary
+
+    S = TypeVar("S", RunSummary, TrainSummary, PruneSummary)
+
 if TYPE_CHECKING:  # to mypy, a str Enum; built from the trackers' Literal so the two cannot drift apart
     class TrackerChoice(StrEnum): ...
 else:
@@ -118,6 +126,31 @@ def note(message: str) -> None:
 def fail(exc: E.PictlError) -> NoReturn:
     stderr().print(f"pictl: error: {printable(exc)}", markup=False, emoji=False)
     raise typer.Exit(exc.exit_code)
+
+
+def run_job(make: Callable[[], Job[S]], renderer: HeadlessRenderer, *, as_json: bool) -> S:
+    """A job (`pictl run`, `train`, `prune`) run to its end as every command ends one: its events through
+    `renderer`, then its result printed (`headless.print_result`) first, so a measured result is never lost to a
+    full disk; a job that failed prints what it had and exits with its error's code; a record not written whole
+    is said (exit 11 when the job itself ended well). `make` may refuse bad input (its ConfigError is the exit)."""
+    from pictl.headless import print_result
+
+    job: Job[S] | None = None
+    try:
+        job = make()
+        summary = asyncio.run(run_cancellable(job.run()))
+    except E.PictlError as exc:
+        renderer.close()
+        if job is not None and job.summary is not None:
+            print_result(job.summary, as_json=as_json)
+        if job is not None and job.write_error is not None and job.write_error is not exc:
+            note(str(job.write_error))  # the job's own failure is the exit code; the record's is said too
+        fail(exc)
+    renderer.close()
+    print_result(summary, as_json=as_json)
+    if job.write_error is not None:
+        fail(job.write_error)
+    return summary
 
 
 class _BeforeCommand:

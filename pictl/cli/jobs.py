@@ -26,6 +26,7 @@ from pictl.cli.common import (
     note_profile,
     read_cluster,
     run_cancellable,
+    run_job,
     stderr,
     tracked,
     wide_console,
@@ -262,13 +263,12 @@ def prune(
 ) -> None:
     """Prune a ViT/DeiT (torch-pruning), fine-tune it, and write an artifact `pictl run --model` takes."""
     from pictl.headless import HeadlessRenderer
-    from pictl.headless_prune import print_prune_summary
     from pictl.jobs.prune import PruneSession
     from pictl.jobs.prune_options import parse_model_args, prune_options
 
     renderer = HeadlessRenderer(verbose=verbose)
-    session = None
-    try:
+
+    def pruning() -> PruneSession:
         given = job.values()
         given["model_args"] = parse_model_args(given.pop("model_arg"))
         options = prune_options(given, name_of=flag_names(model_args="--model-arg", global_pruning="--global"))
@@ -277,15 +277,7 @@ def prune(
 
             writable_dir(out, "--out")
         root = out or (checked_runs_root(runs_dir).parent / "prunes" if runs_dir or before_runs_dir() else None)
-        session = PruneSession(options, cluster=read_cluster(hosts) if on else None, on_host=on, root=root,
-                               on_event=renderer, wait=wait)
-        summary = asyncio.run(run_cancellable(session.run()))
-    except E.PictlError as exc:
-        renderer.close()
-        if session is not None and session.summary and as_json:
-            print_prune_summary(session.summary, as_json=True)
-        fail(exc)
-    renderer.close()
-    print_prune_summary(summary, as_json=as_json)  # first: a measured result is never lost to a full disk
-    if session.record is not None and session.record.write_error is not None:
-        fail(session.record.write_error)
+        return PruneSession(options, cluster=read_cluster(hosts) if on else None, on_host=on, root=root,
+                            on_event=renderer, wait=wait)
+
+    run_job(pruning, renderer, as_json=as_json)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from enum import StrEnum
 from pathlib import Path
@@ -10,7 +9,6 @@ from typing import TYPE_CHECKING, Annotated, Optional, get_args
 
 import typer
 
-from pictl import errors as E
 from pictl.cli.common import (
     HOSTS_PANEL,
     MODEL_PANEL,
@@ -19,10 +17,9 @@ from pictl.cli.common import (
     before_runs_dir,
     checked_runs_root,
     choices,
-    fail,
     flag_names,
     read_cluster,
-    run_cancellable,
+    run_job,
     tracked,
 )
 from pictl.cli.option_groups import HostFlags, OptionGroup, OutputFlags, grouped
@@ -150,15 +147,14 @@ def train(
 ) -> None:
     """Train across the hosts: the loss of every mode checked against a single run's, time per category per rank."""
     from pictl.headless import HeadlessRenderer
-    from pictl.headless_train import print_train_summary
     from pictl.jobs.prune_options import parse_model_args
     from pictl.jobs.training.options import train_options
     from pictl.jobs.training.session import TrainSession
     from pictl.planning.options import parse_split
 
     renderer = HeadlessRenderer(verbose=output.verbose)
-    session = None
-    try:
+
+    def job() -> TrainSession:
         # Both groups' options are training options by their own names: split points and model arguments
         # parsed, an --allow-pickle not given left to the options' default.
         given = {**training.values(), **model_data.values()}
@@ -171,15 +167,7 @@ def train(
             writable_dir(out, "--out")
         runs_dir = where.runs_dir
         root = out or (checked_runs_root(runs_dir).parent / "trains" if runs_dir or before_runs_dir() else None)
-        session = TrainSession(read_cluster(where.hosts, cold=where.cold), options, on_event=renderer, root=root,
-                               wait=where.wait)
-        summary = asyncio.run(run_cancellable(session.run()))
-    except E.PictlError as exc:
-        renderer.close()
-        if session is not None and session.summary:
-            print_train_summary(session.summary, as_json=output.as_json)
-        fail(exc)
-    renderer.close()
-    print_train_summary(summary, as_json=output.as_json)  # first: a measured result is never lost to a full disk
-    if session.record is not None and session.record.write_error is not None:
-        fail(session.record.write_error)
+        return TrainSession(read_cluster(where.hosts, cold=where.cold), options, on_event=renderer, root=root,
+                            wait=where.wait)
+
+    run_job(job, renderer, as_json=output.as_json)

@@ -74,9 +74,15 @@ class PruneSession:
         self._tail: list[str] = []
         self.summary: PruneSummary | None = None
         """The job's summary once it ended, failed or not (None before)."""
+        self.record: RunRecord | None = None
 
     def _phase(self, message: str) -> None:
         self._sink(Phase("prune", message))
+
+    @property
+    def write_error(self) -> E.RecordWriteFailed | None:
+        """The record could not be written whole (a full disk): the result stands, the record is incomplete."""
+        return self.record.write_error if self.record is not None else None
 
     async def run(self) -> PruneSummary:
         """Prune; the job's summary, or the error that ended it (`summary` then holds the failed job's)."""
@@ -184,6 +190,7 @@ class PruneSession:
                     self.accuracy.append({"phase": record.phase, "epoch": record.epoch, "top1": record.top1})
             return True
 
+        assert self.record is not None  # (opened first thing in `_run`)
         stream = ProcessStream("prune", host.name, self.record, self._sink, on_record)
         rc = await run(stream)
         self._tail = [line.removeprefix("prune: ") for line in stream.tail]

@@ -101,6 +101,11 @@ class TrainSession:
     def _phase(self, name: str, message: str) -> None:
         self.sink(Phase(name, message))
 
+    @property
+    def write_error(self) -> E.RecordWriteFailed | None:
+        """The record could not be written whole (a full disk): the result stands, the record is incomplete."""
+        return self.record.write_error if self.record is not None else None
+
     async def run(self) -> TrainSummary:
         """Run the job; its summary, or the error that ended it (`summary` then holds the failed job's)."""
         await self._run()
