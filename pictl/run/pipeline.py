@@ -122,9 +122,8 @@ class Pipeline:
     def _judge(self, host: str, watched: PassWatched) -> None:
         """Rank 0 measured a timed pass and waits: the watch's decision is recorded (as the ranks' records are),
         folded, shown, and sent back to rank 0 (a re-cut: the next segment's split)."""
-        if self.recut is None:
-            return
-        records, split = self.recut.judge(watched)
+        # (Rank 0 waits for an answer whatever happens: with no watch here, the answer is to keep the split.)
+        records, split = self.recut.judge(watched) if self.recut is not None else ([], None)
         for record in records:
             self.book.record.event(CONTROLLER, encode(record))
             self._on_record(host, record)
