@@ -30,13 +30,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from pictl import errors as E
 from pictl.events import SessionEvent
 from pictl.inventory import Cluster
 from pictl.inventory import load_cluster as _load_cluster
 from pictl.job_summaries import PruneSummary, TrainSummary
+from pictl.jobs.contract import Job
 from pictl.jobs.prune import PruneSession, default_prunes_root
 from pictl.jobs.prune_options import PruneOptions, prune_options
 from pictl.jobs.training.options import TrainOptions, train_options
@@ -50,6 +51,8 @@ from pictl.shipped import shipped_path
 from pictl.summary import read_summary
 from pictl.summary_models import RunSummary
 from pictl.validation import got
+
+S = TypeVar("S", RunSummary, TrainSummary, PruneSummary)
 
 __all__ = ["Cluster", "PruneOptions", "PruneSummary", "RunOptions", "RunSummary", "SweepResult", "TrainOptions",
            "TrainSummary", "load_cluster", "prune", "prune_async", "run_experiment", "run_experiment_async", "runs",
@@ -145,16 +148,15 @@ def load_cluster(hosts: str | Path | None = None, *, cold: bool = False) -> Clus
     return cluster
 
 
-async def _ended(session: RunSession | TrainSession | PruneSession, kept: str) -> Any:
-    """`session.run()`'s summary, whatever its status: a job that started and failed still has one (its
-    attribute `kept`); a failure before anything started has none, and is raised."""
+async def _ended(job: Job[S]) -> S:
+    """The job's summary, whatever its status (`pictl.jobs.contract.Job`): a job that started and failed still
+    has one; a failure before anything started has none, and is raised."""
     try:
-        return await session.run()
+        return await job.run()
     except E.PictlError:
-        summary = getattr(session, kept)
-        if summary is None:
+        if job.summary is None:
             raise
-        return summary
+        return job.summary
 
 
 async def run_experiment_async(cluster: Cluster | None = None, options: RunOptions | None = None, *,
@@ -169,7 +171,7 @@ async def run_experiment_async(cluster: Cluster | None = None, options: RunOptio
     root = _directory("runs_dir", runs_dir, default_runs_root, "the runs directory")
     session = RunSession(_cluster(cluster), chosen, on_event=handler, runs_root=root, reuse_baseline=reuse,
                          profile=profile, wait=wait)
-    summary: RunSummary = await _ended(session, "last_summary")
+    summary: RunSummary = await _ended(session)
     return summary
 
 
@@ -270,7 +272,7 @@ async def train_async(cluster: Cluster | None = None, options: TrainOptions | No
     chosen: TrainOptions = _job_options(options, fields, TrainOptions, train_options)
     where = _directory("root", root, default_trains_root, "the training jobs' directory")
     session = TrainSession(_cluster(cluster), chosen, on_event=handler, root=where, wait=wait)
-    summary: TrainSummary = await _ended(session, "summary")
+    summary: TrainSummary = await _ended(session)
     return summary
 
 
@@ -291,7 +293,7 @@ async def prune_async(options: PruneOptions | None = None, *, cluster: Cluster |
     where = _directory("root", root, default_prunes_root, "the pruning jobs' directory")
     session = PruneSession(chosen, cluster=_cluster(cluster) if on_host else None, on_host=on_host, root=where,
                            on_event=handler, wait=wait)
-    summary: PruneSummary = await _ended(session, "summary")
+    summary: PruneSummary = await _ended(session)
     return summary
 
 

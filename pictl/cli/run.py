@@ -29,10 +29,9 @@ from pictl.cli.common import (
     choices,
     default_of,
     fail,
-    note,
     note_profile,
     read_cluster,
-    run_cancellable,
+    run_job,
     tracked,
     wide_console,
 )
@@ -205,13 +204,12 @@ class RunOutputFlags(OptionGroup):
 def run(experiment: ExperimentFlags, measure: RunMeasureFlags, model_data: ModelFlags,
         out: RunOutputFlags) -> None:
     """Run one experiment: serial baseline, N-stage pipeline, speedup and output check."""
-    from pictl.headless import HeadlessRenderer, print_summary
+    from pictl.headless import HeadlessRenderer
     from pictl.run.session import RunSession
     from pictl.verdict import suspect_error
 
     profile, slowdown, as_json = experiment.profile, experiment.slowdown, out.as_json
     renderer = HeadlessRenderer(verbose=out.verbose)
-    session = None
     try:
         # The one mapping from flags to options, the run form's too (choices, split points, the flag to blame):
         # every option of the groups that is a run option.
@@ -230,21 +228,13 @@ def run(experiment: ExperimentFlags, measure: RunMeasureFlags, model_data: Model
         if not (out.headless or as_json) and _on_a_terminal():
             raise typer.Exit(_in_the_console(read_cluster(out.hosts, cold=out.cold), options, profile,
                                              checked_runs_root(out.runs_dir)))
-        session = RunSession(read_cluster(out.hosts, cold=out.cold), options, on_event=renderer,
-                             runs_root=checked_runs_root(out.runs_dir), reuse_baseline=not measure.fresh_baseline,
-                             profile=profile, wait=out.wait)
-        summary = asyncio.run(run_cancellable(session.run()))
     except E.PictlError as exc:
         renderer.close()
-        if session is not None and session.last_summary:
-            print_summary(session.last_summary, as_json=as_json)
-        if session is not None and session.write_error is not None:
-            note(str(session.write_error))  # the run's own failure is the exit code; the record's is said too
         fail(exc)
-    renderer.close()
-    print_summary(summary, as_json=as_json)  # first: a measured result is never lost to a full disk
-    if session.write_error is not None:
-        fail(session.write_error)
+    summary = run_job(lambda: RunSession(read_cluster(out.hosts, cold=out.cold), options, on_event=renderer,
+                                         runs_root=checked_runs_root(out.runs_dir),
+                                         reuse_baseline=not measure.fresh_baseline, profile=profile, wait=out.wait),
+                      renderer, as_json=as_json)
     if out.strict and summary.flags:  # asked for: any flag, a SUSPECT result's included, is exit 7
         fail(E.Flagged(f"--strict: the result raised {len(summary.flags)} sanity flag(s): "
                         + ", ".join(dict.fromkeys(f.code for f in summary.flags))))

@@ -220,9 +220,9 @@ class SweepRounds:
             summary: RunSummary | None = await session.run()
         except (E.RunFailed, E.OutputMismatch, E.TransportError) as exc:
             # One failed run does not lose the others; the round leaves it out, and its row says why.
-            summary, error = session.last_summary, str(exc)
+            summary, error = session.summary, str(exc)
         except E.Interrupted:
-            run = RoundRun(round_no, session.run_id if session.record else None, None, session.last_summary,
+            run = RoundRun(round_no, session.run_id if session.record else None, None, session.summary,
                            "interrupted")
             (self.measured.reference if is_reference else self.measured.runs.setdefault(entry.label, [])).append(run)
             raise

@@ -126,13 +126,13 @@ async def _search(tune: TuneJob) -> None:
     await measure(lead, "the pipeline over every host; it profiles them and its serial run is the reference")
     # The serial run is a row of its own: one copy on one host, what every candidate has to beat.
     serial = Candidate(1, 1, threads=base.threads, chunk=base.chunk)
-    if first[0].last_summary is not None:
-        judge_serial(rows.setdefault(serial, Measured(serial)), first[0].last_summary)
+    if first[0].summary is not None:
+        judge_serial(rows.setdefault(serial, Measured(serial)), first[0].summary)
     record = first[0].record
     if record and (record.path / P.LOGITS_FILE_SERIAL).is_file():
         reference.logits = (record.path / P.LOGITS_FILE_SERIAL).read_bytes()
     reference.serial_ips, reference.accuracy = lead.serial_ips, lead.fp32_accuracy
-    ran = first[0].last_summary
+    ran = first[0].summary
     meta.reference = TuneReference(host=ran.baseline.host if ran and ran.baseline else cluster.hosts[0].name,
                                    numerics="fp32", threads=base.threads, chunk=base.chunk,
                                    screening_run_id=lead.run_id, screening_ips=lead.serial_ips)

@@ -169,7 +169,7 @@ class TuneJob:
         try:
             summary = await session.run()
         except (E.RunFailed, E.OutputMismatch, E.TransportError) as exc:
-            summary = session.last_summary
+            summary = session.summary
             if lead and isinstance(exc, E.TransportError):  # the hosts cannot be reached: nothing to tune on
                 if summary is not None:
                     judge(m, summary, settings.min_agreement, allow_loss=settings.allow_loss)
@@ -186,8 +186,8 @@ class TuneJob:
             summary = None  # this shape cannot run here (no split fits, say): the rest can
             self.say(Phase("tune", f"{label} refused: {exc}"))
         except E.Interrupted:
-            if session.last_summary:
-                judge(m, session.last_summary, settings.min_agreement, self._versus(m, session),
+            if session.summary:
+                judge(m, session.summary, settings.min_agreement, self._versus(m, session),
                       allow_loss=settings.allow_loss, reference_ips=self.reference.serial_ips)
                 self.measured.extend([m] if counted else [])
             raise
@@ -215,7 +215,7 @@ class TuneJob:
         try:
             summary = await session.run()
         except (E.RunFailed, E.OutputMismatch, E.TransportError, E.ConfigError) as exc:
-            summary, failure = session.last_summary, str(exc)
+            summary, failure = session.summary, str(exc)
             await self._mended(exc)
         if failure is None and summary is not None and not (summary.status == "ok" and summary.outputs_match):
             failure = "its outputs differed"

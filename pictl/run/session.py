@@ -85,7 +85,7 @@ class RunSession:
         self.book = Logbook(PendingRecord(runs_root, self.ctx.run_id))
         self.reached = Reached(self.book)
         self.pipeline: Pipeline | None = None
-        self.last_summary: RunSummary | None = None
+        self.summary: RunSummary | None = None
         """The summary of the finished run, failed or not (None when nothing started), as written."""
         self.job: HostJob | None = None
         """The run's hold on its hosts, once they are open."""
@@ -129,11 +129,11 @@ class RunSession:
         return self.pipeline is not None and self.pipeline.live
 
     async def run(self) -> RunSummary:
-        """Run the experiment; its summary, or the error that ended it (`last_summary` then holds the failed
+        """Run the experiment; its summary, or the error that ended it (`summary` then holds the failed
         run's summary)."""
         await self._run()
-        assert self.last_summary is not None  # _run returned: the record closed with the summary
-        return self.last_summary
+        assert self.summary is not None  # _run returned: the record closed with the summary
+        return self.summary
 
     async def _run(self) -> None:
         ctx, reached, book = self.ctx, self.reached, self.book
@@ -200,9 +200,9 @@ class RunSession:
                 if self.record is not None:
                     summary = self._comparison_noted(summary or bare_summary(ctx, book))
                     self.record.finish(summary)
-                    self.last_summary = RunSummary.model_validate(summary)
-                    if self.last_summary.status != "interrupted":  # a second Ctrl-C must not wait on a tracker
-                        await self._track(self.last_summary)
+                    self.summary = RunSummary.model_validate(summary)
+                    if self.summary.status != "interrupted":  # a second Ctrl-C must not wait on a tracker
+                        await self._track(self.summary)
 
     def _comparison_noted(self, summary: dict[str, Any]) -> dict[str, Any]:
         """The summary with the comparison it is part of, a handed reference's own host and run named in its

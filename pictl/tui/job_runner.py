@@ -139,7 +139,7 @@ class JobRunner(App):
     def last_run_summary(self) -> RunSummary | None:
         """The summary of the run on the panel (a sweep's or a tune's latest), if it has one: what a run's, a
         sweep's or a tune's end carries."""
-        return self.session.last_summary if self.session else None
+        return self.session.summary if self.session else None
 
     def follow(self, session: RunSession) -> None:
         """A sweep's or a tune's next run takes the panels (the job's own table stays above them)."""

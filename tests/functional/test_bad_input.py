@@ -77,7 +77,8 @@ def test_refused_by_the_plan_on_the_first_host(make_args, fragment: str, hosts: 
 
 
 @pytest.mark.parametrize("spec, fragment", [
-    (lambda d: RunSpec(stages=2, split_points=["blocks.42"]), "split point 'blocks.42' is not a module of the model"),
+    (lambda d: RunSpec(stages=2, split_points=["blocks.42"]),
+     "split point 'blocks.42' is not a module of model 'deit_small_patch16_224'; its cuts: blocks.N"),
     (lambda d: RunSpec(stages=3, split_points=["blocks.3", "blocks.3.norm1"]), "are the same place"),
     (lambda d: RunSpec(stages=76), "75 is the most"),
     (lambda d: RunSpec(stages=2, checkpoint=str(d / "missing.safetensors")), "no such file"),
