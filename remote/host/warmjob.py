@@ -32,10 +32,10 @@ class Job:
 
     def run(self) -> int:
         module_name, args = self.argv[0], self.argv[1:]
+        if self.cpus:  # first: nothing of the job runs off its host's cores, not even in its run directory
+            os.sched_setaffinity(0, self.cpus)
         os.chdir(self.cwd)
         os.umask(self.umask)
-        if self.cpus:
-            os.sched_setaffinity(0, self.cpus)
         if self.nice is not None and self.nice > os.getpriority(os.PRIO_PROCESS, 0):
             os.setpriority(os.PRIO_PROCESS, 0, self.nice)  # (only ever lower: a job is never made more urgent)
         os.environ.clear()

@@ -83,6 +83,7 @@ def _seed_profiles(cache_root, hosts, costs: dict, slow: dict[str, float] | None
                    "compute_s": [t * factor for t in costs["compute_s"]]})
 
 
+@pytest.mark.alone  # (it reads h0's fresh profile against the fixture's: another worker's load is not its own)
 def test_a_balanced_run_profiles_what_is_missing_and_corrects_a_wrong_profile(deit_costs: dict, tmp_path,
                                                                               pictl_env) -> None:
     """h0's cached profile is truncated, so it is measured again on the host; h1's says it is 5x slower than
