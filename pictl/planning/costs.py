@@ -46,6 +46,11 @@ LAN_LINK = Link(latency_s=0.0002, bytes_per_s=110e6)  # what 1 GbE delivers betw
 LOCAL_LINK = Link(latency_s=0.00002, bytes_per_s=2e9)
 LINK_SOURCE = remote.source("profiling/linktest.py")
 LINK_BYTES = 16 << 20  # a few stage outputs' worth: 0.15 s on gigabit Ethernet
+LINK_MAX_AGE_S = 60.0
+"""How long a measured link stands for the next runs. A link is shared and changes (another team's traffic, Wi-Fi
+against Ethernet, a switch port): one cached longer once led `balanced` to cut ResNet-50 where 3.2 MB an image
+crossed a link by then ten times slower (`bench.models`, 0.49x against equal's 0.96x). Measuring one costs a
+stream of LINK_BYTES, 0.15 s at a gigabit: a sweep's points within the minute share it."""
 
 
 class MeasuredLink(Open):
@@ -55,6 +60,8 @@ class MeasuredLink(Open):
     """Half the median round trip of the small pings."""
     bytes_per_s: float
     """The rate of the stage-sized stream."""
+    measured_at: float | None = None
+    """When it was measured (the cache's; None: an entry from before, measured again)."""
 
 
 class CachedProfile(Open):
@@ -104,31 +111,35 @@ async def measure_link(src: Transport, dst: Transport, nbytes: int = LINK_BYTES)
     return Link(latency_s=measured.latency_s, bytes_per_s=measured.bytes_per_s)
 
 
-def _cached_link(cached: dict[str, Any] | None) -> Link | None:
-    """The link the cache holds, None when it holds none it can be trusted for (measured again)."""
+def _cached_link(cached: dict[str, Any] | None, max_age_s: float) -> Link | None:
+    """The link the cache holds, None when it holds none it can be trusted for (measured again): none, one that
+    is not a link, or one older than `max_age_s`."""
     try:
         found = MeasuredLink.model_validate(cached)
     except ValidationError:
         return None
-    return Link(found.latency_s, found.bytes_per_s) if found.bytes_per_s > 0 else None
+    fresh = found.measured_at is not None and 0 <= time.time() - found.measured_at <= max_age_s
+    return Link(found.latency_s, found.bytes_per_s) if found.bytes_per_s > 0 and fresh else None
 
 
-async def link_profiles(pairs: list[tuple[Transport, Transport]], cache: JsonCache
-                        ) -> tuple[dict[tuple[str, str], Link], list[str]]:
-    """{(src, dst): Link} for each pair of different hosts, one at a time (they share the network)."""
+async def link_profiles(pairs: list[tuple[Transport, Transport]], cache: JsonCache, *,
+                        max_age_s: float = LINK_MAX_AGE_S) -> tuple[dict[tuple[str, str], Link], list[str]]:
+    """{(src, dst): Link} for each pair of different hosts, one at a time (they share the network); a link measured
+    within `max_age_s` is taken from the cache, any other is measured now."""
     links: dict[tuple[str, str], Link] = {}
     measured: list[str] = []
     for src, dst in pairs:
         names = (src.host.name, dst.host.name)
         if names in links or names[0] == names[1]:
             continue
-        cached = _cached_link(cache.get(link_key(src.host, dst.host)))
+        cached = _cached_link(cache.get(link_key(src.host, dst.host)), max_age_s)
         if cached is not None:
             links[names] = cached
             continue
         links[names] = link = await measure_link(src, dst)
         cache.put(link_key(src.host, dst.host),
-                  MeasuredLink(latency_s=link.latency_s, bytes_per_s=link.bytes_per_s).written())
+                  MeasuredLink(latency_s=link.latency_s, bytes_per_s=link.bytes_per_s,
+                               measured_at=round(time.time(), 3)).written())
         measured.append(f"{names[0]}->{names[1]}")
     return links, measured
 
