@@ -1,5 +1,6 @@
 """A run made of segments: each one split on its hosts over a window of timed passes, with what it measured and
-how it ended. Every run has at least one; a re-cut ends a segment and opens the next.
+how it ended. Every pipeline run has at least one (a serial-only run has none); a re-cut ends a segment and opens
+the next.
 
 The re-cut is decided here, on the controller, from what it already receives: after each timed pass of a
 `balanced` run that re-cuts, rank 0 reports every stage's compute per microbatch (`PassWatched`); the watch
