@@ -17,16 +17,15 @@ pictl trusts a measured link for a minute (`LINK_MAX_AGE_S`), and the bench chan
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from bench.harness import (
     Pictl,
     add_quick,
+    alternate,
+    flags,
     is_root,
     quick_defaults,
     save_result,
@@ -36,15 +35,11 @@ from bench.harness import (
 )
 
 
-def run(pictl: Pictl, inventory: str, model: str, stages: int, policy: str, args: argparse.Namespace) -> dict:
-    extra = ["--policy", "equal"] if policy == "equal" else ["--policy", "balanced"]
-    proc = subprocess.run([sys.executable, "-m", "pictl", "run", "--hosts", inventory, "--model", model,
-                           "--stages", str(stages), "--images", str(args.images), "--chunk", "1", "--warmup", "1",
-                           "--repeats", str(args.repeats), "--threads", "1", *extra, "--headless", "--json"],
-                          env=pictl.env, capture_output=True, text=True, timeout=3600)
-    if proc.returncode not in (0, 10):  # (10: SUSPECT, a flag said why; the figures are still reported)
-        raise SystemExit(f"{model} {policy} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout)
+def run(pictl: Pictl, inventory: Path, model: str, stages: int, policy: str, args: argparse.Namespace) -> dict:
+    # (10: SUSPECT, a flag said why; the figures are still reported)
+    return pictl.run(inventory, "--model", model, "--stages", str(stages), "--images", str(args.images), "--chunk",
+                     "1", "--warmup", "1", "--repeats", str(args.repeats), "--threads", "1", "--policy", policy,
+                     ok=(0, 10))
 
 
 def row(model: str, link: str, policy: str, s: dict, images_timed: int) -> dict[str, Any]:
@@ -53,7 +48,7 @@ def row(model: str, link: str, policy: str, s: dict, images_timed: int) -> dict[
     return {"model": model, "link": link, "policy": policy, "ips": s["throughput_ips"], "speedup": s["speedup"],
             "serial_ips": s["serial_ips"], "dominant": waterfall.get("dominant"), "split": s["split_points"],
             "mb_per_image": [round((k["wire_bytes"] or 0) / images_timed / 1e6, 3) for k in links],
-            "verdict": s.get("verdict"), "flags": [f["code"] for f in s.get("flags", [])]}
+            "verdict": s.get("verdict"), "flags": flags(s)}
 
 
 def main() -> int:
@@ -73,9 +68,9 @@ def main() -> int:
     pictl = Pictl()
     rows: list[dict[str, Any]] = []
 
-    def measure(inventory: str, link: str) -> None:
+    def measure(inventory: Path, link: str) -> None:
         for k, model in enumerate(models):
-            for policy in (("equal", "balanced") if k % 2 == 0 else ("balanced", "equal")):
+            for policy in alternate(("equal", "balanced"), k):
                 s = run(pictl, inventory, model, args.stages, policy, args)
                 rows.append(row(model, link, policy, s, args.images * args.repeats))
                 print(_line(rows[-1]), flush=True)
@@ -84,7 +79,7 @@ def main() -> int:
           f"split", flush=True)
     if args.quick:
         with_local = pictl.workdir / "cluster"
-        measure(str(write_local_cluster(with_local, args.stages)), "local")
+        measure(write_local_cluster(with_local, args.stages), "local")
     else:
         if not is_root():
             return skip_loudly("models", "needs root for the SSH test cluster (sudo)")
@@ -93,7 +88,7 @@ def main() -> int:
                 cluster.shape_links(rate)
                 # pictl trusts a measured link for LINK_MAX_AGE_S; the bench has just changed every link under it.
                 shutil.rmtree(Path(pictl.env["PICTL_CACHE_DIR"]) / "links", ignore_errors=True)
-                measure(str(cluster.inventory), f"{rate:g} Mbit")
+                measure(cluster.inventory, f"{rate:g} Mbit")
             cluster.shape_links(None)
     for model in models:
         for link in dict.fromkeys(r["link"] for r in rows):
