@@ -23,11 +23,12 @@ from pictl.planning.placement import NodePlan
 from pictl.run.context import RunContext
 from pictl.run.logbook import Logbook
 from pictl.run.placement import Placement
-from pictl.run.segments import RecutWatch, decision_body
+from pictl.run.segments import RecutWatch
 from pictl.run.split import SplitChoice, keep_refined
 from pictl.run.staging import Staged
 from remote.floor import protocol as P
 from remote.floor.records import Record, encode
+from remote.floor.recut import decision_body
 from remote.floor.run_records import PassWatched, Refined
 
 CONTROLLER = "controller"

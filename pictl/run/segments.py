@@ -12,7 +12,6 @@ with the corrected factors), so every view and the profile corrections read it a
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -20,7 +19,7 @@ from typing import Any
 
 from remote.floor.balance import evaluate
 from remote.floor.records import Record
-from remote.floor.recut import RecutDecision, Watch, watch_of
+from remote.floor.recut import RecutDecision, Watch, to_ms, watch_of
 from remote.floor.run_records import PassWatched, Recut, Refined
 from remote.floor.spec import RefineSpec
 
@@ -121,10 +120,10 @@ class RecutWatch:
         old, new = self._named(found.old_starts), self._named(found.new_starts)
         made: list[Record] = [
             Recut(after_pass=found.after_pass, reason=found.reason, split_points=old, next_split=new,
-                  moved=found.moved, measured_ms=_ms(found.measured_s), expected_ms=_ms(found.expected_s),
-                  predicted_ms=_ms(found.old_predicted_s), next_predicted_ms=_ms(found.new_predicted_s),
+                  moved=found.moved, measured_ms=to_ms(found.measured_s), expected_ms=to_ms(found.expected_s),
+                  predicted_ms=to_ms(found.old_predicted_s), next_predicted_ms=to_ms(found.new_predicted_s),
                   factors=[round(x, 4) for x in found.factors]),
-            Refined(rounds=self.rounds, split_points=new, predicted_ms=_ms(now.stage_s), link_ms=_ms(now.link_s),
+            Refined(rounds=self.rounds, split_points=new, predicted_ms=to_ms(now.stage_s), link_ms=to_ms(now.link_s),
                     factors=[round(f, 4) for f in self.watch.factors])]
         t = round(time.time(), 6)
         return [replace(r, t=t, rank=0, role="controller", host=self.host) for r in made]
@@ -134,12 +133,3 @@ class RecutWatch:
 
     def _named(self, starts: Sequence[int]) -> list[str]:
         return [self.pieces[i] for i in starts]
-
-
-def decision_body(after_pass: int, split: list[str] | None) -> bytes:
-    """What rank 0 reads: the pass judged, and the split the next pass runs (null: this one again)."""
-    return json.dumps({"after_pass": after_pass, "next_split": split}).encode()
-
-
-def _ms(values: Sequence[float]) -> list[float]:
-    return [round(v * 1000, 3) for v in values]

@@ -26,6 +26,7 @@ The rules, with hysteresis so that noise never moves the cut:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -124,3 +125,21 @@ def watch_of(refine: RefineSpec, starts: Sequence[int], factors: Sequence[float]
     the timed passes begin with and the hosts' corrected factors."""
     return Watch(table_of(refine), tuple(starts), list(factors), threshold=refine.recut_threshold,
                  patience=refine.recut_patience, margin=refine.recut_margin, max_recuts=refine.max_recuts)
+
+
+def to_ms(seconds: Sequence[float]) -> list[float]:
+    """Seconds as the records write them: milliseconds to the microsecond."""
+    return [round(v * 1000, 3) for v in seconds]
+
+
+def decision_body(after_pass: int, split: Sequence[str] | None) -> bytes:
+    """The controller's answer for timed pass `after_pass` (`protocol.recut_decision_file`): the split points the
+    next pass runs, or null to run this split again."""
+    return json.dumps({"after_pass": after_pass, "next_split": list(split) if split is not None else None}).encode()
+
+
+def read_decision(body: str) -> list[str] | None:
+    """`decision_body` read back on rank 0: the next pass's split points, or None to keep this split."""
+    answer = json.loads(body)
+    split = answer.get("next_split") if isinstance(answer, dict) else None
+    return [str(n) for n in split] if isinstance(split, list) else None

@@ -13,7 +13,6 @@ Between timed passes the decision is the controller's (a re-cut ends one segment
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from collections.abc import Sequence
@@ -23,6 +22,7 @@ import torch.distributed as dist
 
 from remote.floor import protocol as P
 from remote.floor.emit import Emitter
+from remote.floor.recut import read_decision, to_ms
 from remote.floor.refinement import Refiner, table_of
 from remote.floor.run_records import PassWatched, Refine, Refined
 from remote.floor.spec import RefineSpec
@@ -36,10 +36,6 @@ def refiner_for(refine: RefineSpec, starts: Sequence[int]) -> Refiner:
 def measured_compute_s(times: list[float]) -> float:
     """One stage's compute per microbatch in one pass."""
     return statistics.median(times) if times else 0.0
-
-
-def _ms(values: Sequence[float]) -> list[float]:
-    return [round(v * 1000, 3) for v in values]
 
 
 class RefineLoop:
@@ -66,11 +62,11 @@ class RefineLoop:
             decision[0] = self.refiner.observe(measured)
             last = self.refiner.rounds[-1]
             self.emitter.emit(Refine(round=len(self.refiner.rounds), split_points=self._named(tried),
-                                     predicted_ms=_ms(last.predicted_s), measured_ms=_ms(last.measured_s),
-                                     low_ms=_ms([s.low for s in last.measured]),
-                                     high_ms=_ms([s.high for s in last.measured]),
+                                     predicted_ms=to_ms(last.predicted_s), measured_ms=to_ms(last.measured_s),
+                                     low_ms=to_ms([s.low for s in last.measured]),
+                                     high_ms=to_ms([s.high for s in last.measured]),
                                      first_round=last.first_round, passes=last.passes,
-                                     link_ms=_ms(last.link_s), factors=[round(f, 4) for f in last.factors],
+                                     link_ms=to_ms(last.link_s), factors=[round(f, 4) for f in last.factors],
                                      next_split=self._named(decision[0]) if decision[0] is not None else None,
                                      adopted_round=last.adopted_round, reason=last.reason))
         dist.broadcast_object_list(decision, src=0)
@@ -92,11 +88,11 @@ class RefineLoop:
         trial = r.trials.get(r.chosen)
         stages = trial.stages(r.pass_noise) if trial is not None else []
         self.emitter.emit(Refined(rounds=len(r.rounds), split_points=self._named(r.chosen),
-                                  predicted_ms=_ms(prediction.stage_s), link_ms=_ms(prediction.link_s),
+                                  predicted_ms=to_ms(prediction.stage_s), link_ms=to_ms(prediction.link_s),
                                   factors=[round(f, 4) for f in r.factors], chosen_round=r.chosen_round,
-                                  measured_ms=_ms([s.median for s in stages]) if stages else None,
-                                  low_ms=_ms([s.low for s in stages]) if stages else None,
-                                  high_ms=_ms([s.high for s in stages]) if stages else None,
+                                  measured_ms=to_ms([s.median for s in stages]) if stages else None,
+                                  low_ms=to_ms([s.low for s in stages]) if stages else None,
+                                  high_ms=to_ms([s.high for s in stages]) if stages else None,
                                   passes=len(trial.passes) if trial is not None else None,
                                   calibration_passes=calibration_passes,
                                   calibration_s=round(time.perf_counter() - self.started, 3),
@@ -112,7 +108,7 @@ class RefineLoop:
         decision: list[object] = [None]
         if self.rank == 0:
             assert measured is not None
-            self.emitter.emit(PassWatched(after_pass=after_pass, measured_ms=_ms(measured)))
+            self.emitter.emit(PassWatched(after_pass=after_pass, measured_ms=to_ms(measured)))
             named = _await_decision(run_dir / P.recut_decision_file(after_pass), timeout_s)
             decision[0] = tuple(self.names.index(n) for n in named) if named is not None else None
         dist.broadcast_object_list(decision, src=0)
@@ -131,7 +127,6 @@ def _await_decision(path: Path, timeout_s: float, poll_s: float = 0.005) -> list
         if time.monotonic() > deadline:
             raise RuntimeError(f"no re-cut decision from the controller within {timeout_s:.0f} s ({path.name})")
         time.sleep(poll_s)
-    answer = json.loads(path.read_text())
+    body = path.read_text()
     path.unlink(missing_ok=True)
-    split = answer.get("next_split") if isinstance(answer, dict) else None
-    return [str(n) for n in split] if isinstance(split, list) else None
+    return read_decision(body)
