@@ -6,6 +6,7 @@ from typing import Any
 
 from rich.table import Table
 
+from pictl.cluster.check import InterfaceReport, PackageVersions, ReachReport, VenvReport
 from pictl.console import Fitted
 from pictl.summary_figures import Open
 from pictl.summary_models import HostState
@@ -16,27 +17,10 @@ from pictl.text import figure, markup_safe
 # for a fact the host did not report: a host that could not be probed has an empty probe.
 
 
-class VenvPackages(Open):
-    torch: Any = None
-    timm: Any = None
-
-
-class VenvProbe(Open):
-    """The host's venv (`remote/host/probe.py`'s `_venv`): its python and the versions of what it must hold."""
+class VenvProbe(VenvReport):
+    """The host's venv as the table shows it: a python the probe did not report is "missing"."""
 
     python: Any = "missing"
-    packages: Any = {}
-
-
-class InterfaceProbe(Open):
-    name: Any = None
-    address: Any = None
-
-
-class ReachProbe(Open):
-    """Whether the host reached the rendezvous (`--connect`)."""
-
-    ok: Any = None
 
 
 class HostProbe(HostState):
@@ -137,8 +121,8 @@ def check_table(checks: list) -> Fitted:  # list[HostCheck]
     for c in checks:
         p = HostProbe.view(c.probe)
         venv = VenvProbe.view(p.venv)
-        pkgs = VenvPackages.view(venv.packages)
-        iface = InterfaceProbe.view(p.interface)
+        pkgs = PackageVersions.view(venv.packages)
+        iface = InterfaceReport.view(p.interface)
         table.add_row(
             c.host, "[green]yes[/]" if c.ready else "[red]no[/]",
             "ok" if c.authenticated else ("no auth" if c.reachable else "[red]down[/]"),
@@ -149,6 +133,6 @@ def check_table(checks: list) -> Fitted:  # list[HostCheck]
             _power_cell(c.load),
             figure(c.clock_offset_ms, ".3f"), figure(c.clock_uncertainty_ms, ".3f"),
             f"{iface.name} {iface.address or ''}".strip() if p.interface else "-",
-            ("ok" if ReachProbe.view(p.rendezvous).ok else "[red]fail[/]") if p.rendezvous else "-",
+            ("ok" if ReachReport.view(p.rendezvous).ok else "[red]fail[/]") if p.rendezvous else "-",
             _warm_cell(c.warm))
     return Fitted(table, LEFT_OUT_FIRST, whole="; pictl check --json has every field")

@@ -37,6 +37,7 @@ class VenvReport(Open):
 
 class PackageVersions(Open):
     torch: Any = None
+    timm: Any = None
 
 
 class InterfaceReport(Open):
