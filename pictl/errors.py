@@ -7,6 +7,7 @@ dashboard shows the same text.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Self
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
@@ -80,11 +81,31 @@ class RunFailed(PictlError):
         """Where it failed, for the record's `error`: host, rank, message and the host's last lines."""
 
     @classmethod
-    def on(cls, host: str, rank: int | None, what: str, message: str, tail: Iterable[str] = ()) -> RunFailed:
+    def on(cls, host: str, rank: int | None, what: str, message: str, tail: Iterable[str] = ()) -> Self:
         """`what` failed on `host` (and `rank`): one line naming them, and the record's details."""
         where = f"host '{host}'" + (f" rank {rank}" if rank is not None else "")
         return cls(f"{what} failed on {where}: {message}",
                    {"host": host, "rank": rank, "message": message, "last_lines": list(tail)})
+
+
+class HostLost(RunFailed):
+    """A rank died without a word (killed, out of memory, its host's power or link gone) rather than failing on
+    its own input: the host is lost to the run. `run --on-host-loss continue` carries on without it; otherwise,
+    and where nothing is left to continue on, it ends the run as any failure does (exit 3)."""
+
+    def __init__(self, message: str, where: dict[str, object] | None = None) -> None:
+        super().__init__(message, where)
+        self.failed_at: float | None = None
+        """When the controller saw the launch fail (its clock, `time.time()`)."""
+
+    @property
+    def host(self) -> str:
+        return str(self.where.get("host"))
+
+    @property
+    def rank(self) -> int | None:
+        rank = self.where.get("rank")
+        return rank if isinstance(rank, int) else None
 
 
 class OutputMismatch(PictlError):

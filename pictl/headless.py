@@ -197,17 +197,23 @@ def recut_line(rec: Recut) -> str:
 
 
 def segment_lines(s: RunSummary) -> list[str]:
-    """A run of more than one segment (it re-cut): each one's timed passes, split, img/s and speedup over the run's
-    one serial reference, and why it ended."""
+    """A run of more than one segment (it re-cut, or lost a host): each one's hosts, timed passes, split, img/s and
+    speedup over the run's one serial reference, and why it ended."""
     if len(s.segments) < 2:
         return []
     ended = {r.after_pass: r for r in s.recuts if r.moved}
+    losses = {loss.host: loss for loss in s.host_lost}
     lines = []
     for seg in s.segments:
         passes = f"timed passes {seg.passes[0] + 1}-{seg.passes[1] + 1}" if seg.passes else "no timed pass"
         recut = ended.get(seg.passes[1]) if seg.passes and seg.ended_by == "re-cut" else None
         why = f"; re-cut after timed pass {recut.after_pass + 1} ({recut.reason})" if recut else ""
-        lines.append(printable(f"segment {seg.index + 1}: {passes}, split {', '.join(seg.split_points) or '-'}: "
+        if seg.ended_by == "host-lost" and (loss := losses.get(seg.lost_host or "")) is not None:
+            cost = f"{loss.lost_s:.1f} s" if loss.lost_s is not None else "unknown time"
+            why = (f"; {loss.host} lost ({loss.message or 'no word'}): {cost} to the next segment's first output, "
+                   f"{loss.recomputed_images} image(s) computed again")
+        lines.append(printable(f"segment {seg.index + 1} on {', '.join(dict.fromkeys(seg.hosts)) or '-'}: {passes}, "
+                               f"split {', '.join(seg.split_points) or '-'}: "
                                f"{ips_text(seg.ips)} img/s ({speedup_text(seg.speedup)}){why}"))
     return lines
 

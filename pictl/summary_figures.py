@@ -113,7 +113,29 @@ class SegmentFigures(Open):
     speedup: float | None = None
     """Its img/s over the run's one serial reference."""
     ended_by: str | None = None
-    """`re-cut`, or None: it ran to the run's end."""
+    """`re-cut`, `host-lost`, or None: it ran to the run's end."""
+    lost_host: str | None = None
+    """The host whose loss ended it (`host-lost`)."""
+
+
+class HostLossFigures(Open):
+    """A host the run lost and went on without (`pictl.run.continuation`)."""
+
+    host: str
+    rank: int | None = None
+    message: str | None = None
+    completed_passes: int = 0
+    """Timed passes finished before the loss: the next segment began at this one."""
+    stages_before: int | None = None
+    stages_after: int | None = None
+    hosts_after: list[str] = []
+    recomputed_images: int = 0
+    """The images of the timed pass in flight, computed again by the next segment."""
+    failed_at: float | None = None
+    replan_s: float | None = None
+    """From the failure seen to the next segment's launch (re-planned and staged)."""
+    lost_s: float | None = None
+    """From the failure seen to the next segment's first output: the time the loss cost outside any timed pass."""
 
 
 class LinkCost(Open):

@@ -19,6 +19,7 @@ from pictl.figure_text import Figure, efficiency_text, ips_text, percent_text, s
 from pictl.summary_figures import (
     ClockReading,
     EnergyFigures,
+    HostLossFigures,
     Latencies,
     NumericsFigures,
     Open,
@@ -326,7 +327,11 @@ class RunSummary(Open):
     pass_ips: list[float] = []
     """Each timed pass's img/s, in order (a re-cut run's passes before and after its cuts)."""
     segments: list[SegmentFigures] = []
-    """The pipeline's segments: each split on its hosts over its timed passes (one unless it re-cut)."""
+    """The pipeline's segments: each split on its hosts over its timed passes (one unless it re-cut or lost a
+    host)."""
+    host_lost: list[HostLossFigures] = []
+    """The hosts the run lost and went on without, in order (`stages`, `per_stage` and the split are then the
+    last segment's)."""
     agreement: Annotated[float | None, Figure(
         "agreement", "%", percent_text, "higher", "Lossy wire: the share of images whose top-1 class is the serial "
         "run's.")] = None

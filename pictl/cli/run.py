@@ -90,9 +90,12 @@ if TYPE_CHECKING:  # to mypy, str Enums; built from the options' Literals so the
     class PolicyChoice(StrEnum): ...
 
     class DataChoice(StrEnum): ...
+
+    class HostLossChoice(StrEnum): ...
 else:
     PolicyChoice = choices("PolicyChoice", POLICIES)
     DataChoice = choices("DataChoice", DATASETS)
+    HostLossChoice = choices("HostLossChoice", RUN_FLAGS["on_host_loss"].value_type)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,6 +198,8 @@ class RunOutputFlags(OptionGroup):
                                                        rich_help_panel=HOSTS_PANEL)] = None
     wait: Annotated[bool, typer.Option("--wait", help="If another run holds a host, wait for it (else exit 8).",
                                        rich_help_panel=HOSTS_PANEL)] = False
+    on_host_loss: Annotated[Optional[HostLossChoice], typer.Option(
+        help=RUN_FLAGS["on_host_loss"].help_text, rich_help_panel=HOSTS_PANEL)] = None
     cold: ColdOpt = False
     track: TrackOpt = None
 

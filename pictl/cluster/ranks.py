@@ -79,6 +79,9 @@ class Launched:
     failed: bool
     culprit: SilentDeath | None
     tail: deque[str]
+    failed_at: float | None = None
+    """When the failure was seen (the controller's `time.time()`): before the culprit was awaited and the hosts
+    stopped."""
 
 
 class RankLaunch:
@@ -143,9 +146,10 @@ class RankLaunch:
             raise crashed
         if not failed.is_set():
             return Launched(False, None, tail)
+        failed_at = self.window[1]
         culprit = await await_culprit(ended, {n.host.name: n.ranks for n in nodes},
                                       reported=lambda r: rules.finished(r) or rules.errored(r),
                                       errored=rules.errored)
         await job.stop_all()
         await asyncio.gather(*watchers, return_exceptions=True)
-        return Launched(True, culprit, tail)
+        return Launched(True, culprit, tail, failed_at)

@@ -103,6 +103,10 @@ class RunOptions(BaseModel):
     slowdown: list[float] | None = Field(default=None, min_length=3, max_length=4)
     """Fault injection (tests): [rank, timed pass, factor]: from that pass on the rank computes factor times
     slower, as a throttled host would."""
+    on_host_loss: Literal["continue", "fail"] = "continue"
+    """A host lost mid-run (a rank that died without a word, its link gone): `continue` ends the segment, re-plans
+    for the hosts left (the same policy; `explicit`'s cuts no longer fit: `equal`) and runs the remaining timed
+    passes there (`pictl.run.continuation`); `fail` ends the run (exit 3), as any failure does."""
     trace_steps: int = Field(default=0, ge=0, le=10_000)
     """Profile this many pipeline steps on every rank in one extra untimed pass (0: no traces)."""
     pg_timeout_s: float = Field(default=300.0, gt=0, le=86_400)
@@ -261,6 +265,8 @@ RUN_FLAGS: dict[str, RunFlag] = {flag.field: flag for flag in (
     RunFlag("data", "Images to run.", MODEL_AND_DATA),
     RunFlag("data_path", "Data set directory on the hosts.", MODEL_AND_DATA, show_default=False),
     RunFlag("master_port", "Rendezvous port on host 0 (default: a free one).", OUTPUT_AND_HOSTS, show_default=False),
+    RunFlag("on_host_loss", "A host lost mid-run: continue on the hosts left (re-planned, the rest of the timed "
+            "passes there), or fail (exit 3).", OUTPUT_AND_HOSTS),
 )}
 """Every run option a person sets, in the order help shows them; the rest (seed, check_images, ...) come from
 defaults and presets."""

@@ -29,7 +29,7 @@ from pictl.figure_text import figures, ms_text, speedup_text
 from pictl.job_summaries import PruneSummary, TrainSummary, parse_job_summary
 from pictl.records.files import LinkFound, read_regular, refused
 from pictl.records.report_charts import link_rates, records_of, stage_chart, wire_chart
-from pictl.records.report_sections import numerics_lines, recut_lines, refine_lines
+from pictl.records.report_sections import host_lost_lines, numerics_lines, recut_lines, refine_lines
 from pictl.records.report_waterfall import gap_lines, sweep_latency_lines
 from pictl.records.run_details import energy_line
 from pictl.records.runs import SUMMARY_FILE, path_exists, path_is_file, writable_dir
@@ -113,7 +113,7 @@ def _run_section(run_dir: Path, s: RunSummary, files: ReportFiles, notes: list[s
              *([f"**energy per image**: {md_text(energy)}", ""] if (energy := energy_line(s)) else []),
              *gap_lines(s.run_id, s, files),
              *_wire_lines(s, files),
-             *numerics_lines(s), *recut_lines(s),
+             *numerics_lines(s), *recut_lines(s), *host_lost_lines(s),
              *_baseline_and_flags(s)]
     if s.stages * s.replicas > 1:
         # Per microbatch: the stage's compute (what `balanced` predicts), and apart from it the time it

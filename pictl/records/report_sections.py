@@ -35,13 +35,36 @@ def recut_lines(s: RunSummary) -> list[str]:
     if not lines:
         return []
     passes = ", ".join(f"{ips:g}" for ips in s.pass_ips)
-    segments = ["| segment | timed passes | split | img/s | speedup |", "|---|---|---|---|---|"] + [
-        f"| {seg.index + 1} | {f'{seg.passes[0] + 1}-{seg.passes[1] + 1}' if seg.passes else '-'} | "
-        f"{md_text(', '.join(seg.split_points) or '-')} | {ips_text(seg.ips)} | {speedup_text(seg.speedup)} |"
-        for seg in s.segments] if len(s.segments) > 1 else []
+    segments = segment_table(s) if not s.host_lost else []
     return ["**re-cuts** (a host drifted during the run; only the cut moved, so the outputs are still checked "
             "bit for bit):", "", *lines, "", f"img/s per timed pass: {passes}.", "", *segments,
             *([""] if segments else [])]
+
+
+def segment_table(s: RunSummary) -> list[str]:
+    """A run of more than one segment: each one's hosts, timed passes, split, img/s, speedup and how it ended."""
+    if len(s.segments) < 2:
+        return []
+    return ["| segment | hosts | timed passes | split | img/s | speedup | ended by |",
+            "|---|---|---|---|---|---|---|"] + [
+        f"| {seg.index + 1} | {md_text(', '.join(dict.fromkeys(seg.hosts)) or '-')} | "
+        f"{f'{seg.passes[0] + 1}-{seg.passes[1] + 1}' if seg.passes else '-'} | "
+        f"{md_text(', '.join(seg.split_points) or '-')} | {ips_text(seg.ips)} | {speedup_text(seg.speedup)} | "
+        f"{md_text((seg.ended_by or 'the end') + (f' ({seg.lost_host})' if seg.lost_host else ''))} |"
+        for seg in s.segments]
+
+
+def host_lost_lines(s: RunSummary) -> list[str]:
+    """A run that lost a host and went on without it: each loss, what it cost, and the segments."""
+    if not s.host_lost:
+        return []
+    lines = [f"- **{md_text(loss.host)}** lost after {loss.completed_passes} timed pass(es) "
+             f"({md_text(loss.message or 'no word from it')}): the run went on with {loss.stages_after} stage(s) on "
+             f"{md_text(', '.join(loss.hosts_after))}; {loss.replan_s if loss.replan_s is not None else '-'} s to "
+             f"re-plan, {loss.lost_s if loss.lost_s is not None else '-'} s to the next segment's first output; "
+             f"{loss.recomputed_images} image(s) computed again." for loss in s.host_lost]
+    return ["**hosts lost** (each timed pass counts once, measured whole on the split that ran it; the outputs "
+            "checked are the last segment's):", "", *lines, "", *segment_table(s), ""]
 
 
 def refine_lines(refine: Refinement | None) -> list[str]:

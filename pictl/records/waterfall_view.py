@@ -35,7 +35,7 @@ Figure = Annotated[float, Field(ge=-LIMIT, le=LIMIT)]
 
 TERM_COLORS = {"fill_drain": "#4c72b0", "imbalance": "#dd8452", "split_overhead": "#8172b3",
                "interference": "#c44e52", "communication": "#ccb974", "runtime": "#64b5cd", "baseline": "#da8bc3",
-               "residual": "#8c8c8c", "recut": "#937860"}
+               "residual": "#8c8c8c", "recut": "#937860", "host_lost": "#55a868"}
 """A colour per term (the dashboard's bar and its legend), in the waterfall's order; a term this pictl does not
 know is white. Colours by value, not ANSI names: a terminal's theme maps `blue` and `magenta` as it likes."""
 

@@ -37,7 +37,7 @@ ABOVE_BOUND_TOLERANCE = 0.01
 
 CODES = ("speedup_above_stages", "speedup_above_fill_drain", "speedup_below_1", "throughput_spread",
          "host_overloaded", "host_throttled", "host_hot", "baseline_stale", "stages_share_cores", "fill_drain_bound",
-         "wire_no_saving", "telemetry_rejected", "waterfall_residual")
+         "wire_no_saving", "telemetry_rejected", "waterfall_residual", "host_lost")
 HALF_PRECISION = ("fp16", "bf16")
 """Formats that send half of fp32's bytes by construction: a lossy format that sends more saves less."""
 
@@ -46,7 +46,7 @@ def compute_flags(summary: RunSummary) -> list[Flag]:
     """Every flag the summary's figures raise, in the order of CODES."""
     found = [*_speedup(summary), *_spread(summary), *_host_health(summary), *_stale_baseline(summary),
              *_sharing(summary), *_fill_drain(summary), *_wire(summary), *rejected(summary),
-             *residual(summary)]
+             *residual(summary), *_host_lost(summary)]
     return sorted(found, key=lambda f: CODES.index(f.code))
 
 
@@ -66,13 +66,14 @@ def _host_state(s: RunSummary, host: str | None) -> HostState:
 def _speedup(s: RunSummary) -> list[Flag]:
     """A speedup no exact pipeline reaches (above its ranks, or above what filling and draining leave of them:
     the result is SUSPECT, with the evidence of why), or one below 1."""
-    speedup, stages = s.speedup, s.stages * s.replicas
+    # (a run that lost a host: its passes before the loss ran on the ranks it began with)
+    speedup, stages = s.speedup, max([s.stages * s.replicas, *(loss.stages_before or 0 for loss in s.host_lost)])
     if speedup is None or stages < 2:
         return []
     if speedup > stages:
         return [Flag("speedup_above_stages", f"speedup {speedup_text(speedup)} is above the {stages} ranks: "
                                              f"{_above_why(s)}", invalidates=True)]
-    bound = _fill_drain_bound(s)
+    bound = _fill_drain_bound(s) if not s.host_lost else None  # (segments of two shapes: no one bound)
     if bound is not None and speedup > stages * bound[1] * (1 + ABOVE_BOUND_TOLERANCE):
         microbatches, cap = bound
         return [Flag("speedup_above_fill_drain", f"speedup {speedup_text(speedup)} is above the "
@@ -84,6 +85,21 @@ def _speedup(s: RunSummary) -> list[Flag]:
         return [Flag("speedup_below_1", f"the {stages}-rank pipeline ({_ips(s.throughput_ips)} img/s) is slower "
                                         f"than the serial run ({_ips(s.serial_ips)} img/s)")]
     return []
+
+
+def _host_lost(s: RunSummary) -> list[Flag]:
+    """The run lost a host and went on without it: its figures are those of two splits on different hosts (each
+    pass measured whole on one), and the time the loss cost is outside every pass."""
+    out = []
+    for loss in s.host_lost:
+        cost = f"{loss.lost_s:.1f} s" if loss.lost_s is not None else "unknown time"
+        out.append(Flag("host_lost", f"{loss.host} was lost after {loss.completed_passes} of {s.repeats or '-'} "
+                                     f"timed pass(es) ({loss.message or 'no word from it'}); the run went on with "
+                                     f"{loss.stages_after} stage(s) on {', '.join(loss.hosts_after)}: {cost} from the "
+                                     f"failure to the next segment's first output (in no timed pass), "
+                                     f"{loss.recomputed_images} image(s) computed again; each pass counts once, on "
+                                     "the split that ran it (`segments`)"))
+    return out
 
 
 def _ips(value: float | None) -> str:

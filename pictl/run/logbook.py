@@ -14,7 +14,7 @@ from typing import Any
 
 from pictl.cluster.monitor import HostSample
 from pictl.records.runs import PendingRecord
-from pictl.run.segments import Segments
+from pictl.run.segments import HostLoss, Segments
 from pictl.run.telemetry import RunTelemetry
 from pictl.run.timeline import StartupTimeline
 
@@ -34,3 +34,5 @@ class Logbook:
     """Every trace grab of the run, as its summary lists them."""
     segments: Segments = field(default_factory=Segments)
     """The pipeline's segments: each split on its hosts over a window of timed passes (`run/segments.py`)."""
+    losses: list[HostLoss] = field(default_factory=list)
+    """The hosts the run lost and went on without (`run/continuation.py`'s `HostLoss`), in order."""

@@ -8,6 +8,7 @@ agent has started: then every host is stopped and the launch is tried again on a
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +30,7 @@ from pictl.run.staging import Staged
 from remote.floor import protocol as P
 from remote.floor.records import Record, encode
 from remote.floor.recut import decision_body
-from remote.floor.run_records import PassWatched, Refined
+from remote.floor.run_records import FirstOutput, PassWatched, Refined
 
 CONTROLLER = "controller"
 """The source of the records the controller adds to a run's own (its watch's decisions)."""
@@ -59,11 +60,14 @@ class Pipeline:
         self.launch: RankLaunch | None = None
         self.corrections: dict[str, float] | None = None
         spec = choice.spec
-        book.segments.begin(spec.split_points, placement.stage_hosts[:spec.stages])
+        if spec.first_pass == 0:  # (a launch that continues a run on fewer hosts: its segment is already open)
+            book.segments.begin(spec.split_points, placement.stage_hosts[:spec.stages])
         # A `balanced` run that refines: the controller's watch over its timed passes (re-cuts end segments).
         self.recut = RecutWatch(spec.refine, choice.pieces, book.segments, placement.first.host.name) \
             if spec.refine is not None and spec.stages > 1 and spec.replicas == 1 and choice.pieces else None
         self._answers: set[asyncio.Task[None]] = set()
+        self.first_output_at: float | None = None
+        """When the last stage's first output of this launch reached the controller (`time.time()`)."""
 
     @property
     def live(self) -> bool:
@@ -117,6 +121,8 @@ class Pipeline:
                 self.recut.on_refined(record)
         elif isinstance(record, PassWatched) and record.rank == 0:
             self._judge(host, record)
+        elif isinstance(record, FirstOutput) and self.first_output_at is None:
+            self.first_output_at = time.time()
         self.book.timeline.observe(record)
         return True
 
@@ -160,15 +166,27 @@ class Pipeline:
                                  sink=ctx.sink, watch=watch)
         self.book.windows["pipeline"] = self.launch.window  # [start, end], filled as the ranks run
         launched = await self.launch.run()
+        self.book.segments.ran(self._ranks_split())
         if launched.failed:
             if not self.telemetry.stages and any(PORT_TAKEN in line for line in launched.tail):
                 raise _PortTaken(port)  # no rank ever started: nothing of this attempt is in the figures
-            raise self._blame(launched.culprit, launched.tail)
+            raise self._blame(launched.culprit, launched.tail, launched.failed_at)
 
-    def _blame(self, culprit: SilentDeath | None, tail: deque[str]) -> E.RunFailed:
-        """A rank that died without a word first, then the earliest rank that reported an error."""
+    def _ranks_split(self) -> list[str]:
+        """Where the ranks' stages began, in their own words (each rank's first piece): the split a plan made on
+        the hosts (`equal`'s) is known here first."""
+        stages = self.telemetry.stages
+        firsts = [stages[r].pieces[0] if r in stages and stages[r].pieces else None
+                  for r in range(1, self.choice.spec.stages)]
+        return [f for f in firsts if f is not None] if all(firsts) else []
+
+    def _blame(self, culprit: SilentDeath | None, tail: deque[str], failed_at: float | None) -> E.RunFailed:
+        """A rank that died without a word first (its host is lost to the run: `HostLost`), then the earliest
+        rank that reported an error."""
         if culprit is not None:
-            return E.RunFailed.on(culprit.host, culprit.rank, "the pipeline", culprit.message, tail)
+            lost = E.HostLost.on(culprit.host, culprit.rank, "the pipeline", culprit.message, tail)
+            lost.failed_at = failed_at
+            return lost
         st = self.telemetry.first_error()
         if st is not None and st.error is not None:
             return E.RunFailed.on(self.placement.node_of(st.rank).host.name, st.rank, "the pipeline",

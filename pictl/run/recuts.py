@@ -44,13 +44,16 @@ def _compute_ms(tel: RunTelemetry, timed_pass: int) -> list[float] | None:
     return [round(c.compute_s / c.microbatches * 1000, 3) for c in found if c is not None]
 
 
-def settled(tel: RunTelemetry, stages: int, repeats: int, serial_ips: float | None) -> Settled | None:
-    """A re-cut run's passes after its last re-cut and that re-cut's cold first pass, for the waterfall: each
-    rank's counters summed over them; None when the run did not re-cut or those figures are not all here."""
-    moved = [r.after_pass for r in tel.recuts if r.moved]
-    if not moved or not serial_ips:
+def settled(tel: RunTelemetry, stages: int, repeats: int, serial_ips: float | None, *, since: int = 0,
+            ranks_before: int | None = None) -> Settled | None:
+    """The passes the run's last split ran, for the waterfall: after its last re-cut and that re-cut's cold first
+    pass, and from `since` (the first pass of the segment that went on after a host was lost, whose ranks were
+    `ranks_before`); each rank's counters summed over them. None when the run neither re-cut nor lost a host, or
+    those figures are not all here."""
+    moved = [r.after_pass for r in tel.recuts if r.moved and r.after_pass >= since]
+    if not (moved or since) or not serial_ips:
         return None
-    first = moved[-1] + 2
+    first = max(since, moved[-1] + 2) if moved else since
     passes = range(first, repeats)
     ips = tel.throughputs[first:repeats]
     if not passes or len(ips) != len(passes) or any((r, p) not in tel.pass_counters
@@ -65,4 +68,5 @@ def settled(tel: RunTelemetry, stages: int, repeats: int, serial_ips: float | No
                 if value is not None:
                     totals[name] = totals.get(name, 0) + value
         per_rank.append(totals)
-    return Settled(per_rank, len(passes), sum(ips) / len(ips) / serial_ips, first)
+    return Settled(per_rank, len(passes), sum(ips) / len(ips) / serial_ips, first,
+                   ranks_before=ranks_before if since else None)

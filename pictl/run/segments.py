@@ -1,6 +1,7 @@
 """A run made of segments: each one split on its hosts over a window of timed passes, with what it measured and
 how it ended. Every pipeline run has at least one (a serial-only run has none); a re-cut ends a segment and opens
-the next.
+the next, and so does a host lost mid-run (`HostLoss`: the next segment runs on the hosts left,
+`pictl.run.continuation`).
 
 The re-cut is decided here, on the controller, from what it already receives: after each timed pass of a
 `balanced` run that re-cuts, rank 0 reports every stage's compute per microbatch (`PassWatched`); the watch
@@ -35,7 +36,10 @@ class Segment:
     last_pass: int | None = None
     """None while it runs (the run's last segment ends with the run)."""
     ended_by: str | None = None
-    """`re-cut` (the watch moved the cut after its last pass), or None: it ran to the run's end."""
+    """`re-cut` (the watch moved the cut after its last pass), `host-lost` (a host of it was lost: the run went on
+    without it), or None: it ran to the run's end."""
+    lost_host: str | None = None
+    """The host whose loss ended it (`host-lost`)."""
 
 
 @dataclass
@@ -59,6 +63,18 @@ class Segments:
         current.last_pass, current.ended_by = after_pass, "re-cut"
         self.items.append(Segment(list(split_points), list(current.hosts), first_pass=after_pass + 1))
 
+    def ran(self, split_points: Sequence[str]) -> None:
+        """The ranks said where their stages began: the split of a segment the hosts planned (`equal`'s)."""
+        if self.items and not self.items[-1].split_points:
+            self.items[-1].split_points = list(split_points)
+
+    def host_lost(self, host: str, completed: int, split_points: Sequence[str], hosts: Sequence[str]) -> None:
+        """`host` was lost after `completed` timed passes of the run: this segment ends with the last of them (none
+        of its own, if it completed none), and the next runs the rest on `hosts`."""
+        current = self.items[-1]
+        current.last_pass, current.ended_by, current.lost_host = completed - 1, "host-lost", host
+        self.items.append(Segment(list(split_points), list(hosts), first_pass=completed))
+
     def summary(self, pass_ips: Sequence[float], images: int, serial_ips: float | None,
                 planned: Sequence[str]) -> list[dict[str, Any]]:
         """`summary.json`'s `segments`: each one's hosts, split, passes, img/s (mean of its passes) and speedup.
@@ -67,14 +83,47 @@ class Segments:
         out = []
         for k, seg in enumerate(self.items):
             last = seg.last_pass if seg.last_pass is not None else len(pass_ips) - 1
-            ips = list(pass_ips[seg.first_pass:last + 1])
+            ips = list(pass_ips[seg.first_pass:last + 1]) if last >= seg.first_pass else []
             mean = round(sum(ips) / len(ips), 4) if ips else None
             out.append({"index": k, "hosts": seg.hosts, "split_points": seg.split_points or list(planned),
                         "passes": [seg.first_pass, last] if ips else None, "pass_ips": ips,
                         "images": images * len(ips), "ips": mean,
                         "speedup": round(mean / serial_ips, 4) if mean and serial_ips else None,
-                        "ended_by": seg.ended_by})
+                        "ended_by": seg.ended_by, "lost_host": seg.lost_host})
         return out
+
+
+@dataclass
+class HostLoss:
+    """One host lost during the run, and what it cost: the time from the failure to the next segment's first
+    output, and the images computed again (the pass in flight)."""
+
+    host: str
+    rank: int | None
+    message: str
+    completed_passes: int
+    """Timed passes finished before the loss (the next segment begins at this one)."""
+    stages_before: int
+    stages_after: int
+    hosts_after: list[str]
+    recomputed_images: int
+    """The images of the timed pass that was in flight (0: the host was lost before the timed passes)."""
+    failed_at: float
+    """When the controller saw the launch fail (`time.time()`)."""
+    relaunched_at: float | None = None
+    """When the next segment's launch began: re-planned and staged."""
+    first_output_at: float | None = None
+    """When the next segment's first output reached the controller."""
+
+    def to_json(self) -> dict[str, Any]:
+        def since(t: float | None) -> float | None:
+            return round(t - self.failed_at, 3) if t is not None else None
+
+        return {"host": self.host, "rank": self.rank, "message": self.message,
+                "completed_passes": self.completed_passes, "stages_before": self.stages_before,
+                "stages_after": self.stages_after, "hosts_after": self.hosts_after,
+                "recomputed_images": self.recomputed_images, "failed_at": round(self.failed_at, 3),
+                "replan_s": since(self.relaunched_at), "lost_s": since(self.first_output_at)}
 
 
 class RecutWatch:

@@ -39,9 +39,10 @@ from pictl.records.trackers import run_series, write_samples
 from pictl.run.baselines import BaselineCache
 from pictl.run.compare import collect_and_compare
 from pictl.run.context import Caches, Handed, RunContext
+from pictl.run.continuation import cannot_continue, continue_without
 from pictl.run.hosts import HeldHosts, open_hosts
 from pictl.run.logbook import Logbook
-from pictl.run.pipeline import Pipeline
+from pictl.run.pipeline import Pipeline, PipelineDone
 from pictl.run.placement import candidates, place
 from pictl.run.serial import baseline_max_age, plan_and_baseline
 from pictl.run.split import choose_split
@@ -161,15 +162,16 @@ class RunSession:
                 raise
             book.timeline.mark("baselined")
             if o.ranks > 1:
-                self.pipeline = Pipeline(ctx, job, placement, choice, staged, book)
-                reached.pipeline = await self.pipeline.run()
+                reached.pipeline = await self._pipeline(job)
+                # (a run that lost a host ran its last segment on other hosts, with fewer stages)
+                ctx, placement, spec = self.ctx, reached.placement, reached.choice.spec
                 await self._settle_grabs(ok=True)
                 if spec.trace_steps:
                     await self.grab_traces(spec.trace_steps, trace_id="run", request=False, timeout_s=30)
             book.timeline.warm_started = await started_since([job.transport(n.host) for n in placement.nodes],
                                                              book.timeline.started_at)
             reached.comparison = cmp = await collect_and_compare(ctx, job, placement, spec, serial)
-            summary = summarize(ctx, reached, "ok")
+            summary = summarize(self.ctx, reached, "ok")
             if not cmp.outputs_match:
                 summary["status"] = "failed"
                 if cmp.lossy:
@@ -179,13 +181,13 @@ class RunSession:
                 raise E.OutputMismatch(f"pipeline output differs from the serial run "
                                        f"(max abs diff {cmp.max_abs_diff})")
         except asyncio.CancelledError:
-            summary = summarize(ctx, reached, "interrupted")
+            summary = summarize(self.ctx, reached, "interrupted")
             raise E.Interrupted("interrupted: every rank was stopped") from None
         except Exception as exc:  # pictl's own errors, and any other (a bug): the record says which
             if self.record is None:
                 raise  # failed before the run existed: nothing to summarise
             if not summary:
-                summary = summarize(ctx, reached, "failed")
+                summary = summarize(self.ctx, reached, "failed")
             summary["status"] = "failed"
             where = exc.where if isinstance(exc, E.RunFailed) else {}
             summary["error"] = {"type": type(exc).__name__, "message": str(exc), **where}
@@ -198,11 +200,36 @@ class RunSession:
                     await to_the_end(self._cleanup())
             finally:  # however the run ended, and whatever the clean-up met, the record closes
                 if self.record is not None:
-                    summary = self._comparison_noted(summary or bare_summary(ctx, book))
+                    summary = self._comparison_noted(summary or bare_summary(self.ctx, book))
                     self.record.finish(summary)
                     self.summary = RunSummary.model_validate(summary)
                     if self.summary.status != "interrupted":  # a second Ctrl-C must not wait on a tracker
                         await self._track(self.summary)
+
+    async def _pipeline(self, job: HostJob) -> PipelineDone:
+        """The pipeline's launches: one, unless a host is lost and the run goes on without it: then the next
+        segment runs the rest of the timed passes on the hosts left (`continuation`)."""
+        reached, book = self.reached, self.book
+        while True:
+            assert reached.placement is not None and reached.choice is not None and reached.staged is not None
+            self.pipeline = Pipeline(self.ctx, job, reached.placement, reached.choice, reached.staged, book)
+            try:
+                done = await self.pipeline.run()
+            except E.HostLost as lost:
+                why = cannot_continue(self.ctx, reached.placement, lost, book)
+                if why is not None:
+                    self.ctx.sink(Phase("host-lost", f"{lost.host} lost; the run cannot continue: {why}"))
+                    raise
+                try:
+                    nxt = await continue_without(self.ctx, job, reached.placement, reached.staged, lost, book)
+                except E.PictlError as exc:  # (re-planning failed: the loss is the run's failure, and why it ended)
+                    raise E.RunFailed(f"{lost}; continuing without it failed: {exc}", lost.where) from exc
+                self.ctx = nxt.ctx
+                reached.placement, reached.choice, reached.staged = nxt.placement, nxt.choice, nxt.staged
+                continue
+            if book.losses:
+                book.losses[-1].first_output_at = self.pipeline.first_output_at
+            return done
 
     def _comparison_noted(self, summary: dict[str, Any]) -> dict[str, Any]:
         """The summary with the comparison it is part of, a handed reference's own host and run named in its
@@ -240,7 +267,9 @@ class RunSession:
             await asyncio.gather(self._monitor, return_exceptions=True)
         if self.job is not None:
             placement = self.reached.placement
-            await self.job.close([n.host.name for n in placement.nodes] if placement else [])
+            # (a host the run lost is tidied too, as far as it answers: nothing of ours is left there)
+            used = [n.host.name for n in placement.nodes] if placement else []
+            await self.job.close([*used, *(loss.host for loss in self.book.losses)])
 
     # -- traces -----------------------------------------------------------------------------------
 

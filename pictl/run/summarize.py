@@ -68,7 +68,7 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
         "run_dir": _run_dir(reached.book),
         "model": o.model, "stages": o.stages, "replicas": o.replicas, "policy": o.policy,
         "artifact": artifact_summary(ctx.artifact) if ctx.artifact else None,
-        "split_points": tel.refined.split_points if tel.refined else _planned_split(plan, o.split),
+        "split_points": _split_points(reached, plan, o.split),
         "images": o.images, "chunk": o.chunk, "threads": o.threads, "warmup": o.warmup, "repeats": o.repeats,
         "data": o.data, "profile": ctx.profile, "code": ctx.code,
         "throughput_ips": round(ips, 4) if ips else None,
@@ -88,6 +88,7 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
         "pass_ips": list(tel.throughputs),
         "segments": reached.book.segments.summary(tel.throughputs, o.images, baseline.ips if baseline else None,
                                                   _planned_split(plan, o.split)),
+        "host_lost": [loss.to_json() for loss in reached.book.losses],
         "replica_ips": replica_ips(o, tel.replica_seconds),
         "agreement": cmp.agreement if cmp else None, "mean_abs_diff": cmp.mean_abs_diff if cmp else None,
         "accuracy": baseline.top1 if serial_only and baseline else tel.top1,
@@ -112,9 +113,13 @@ def summarize(ctx: RunContext, reached: Reached, status: str) -> dict[str, Any]:
             baseline.ips if baseline else None, serial_reused=baseline.reused if baseline else None,
             pipeline_ran=not serial_only and reached.pipeline is not None),
     }
-    # A re-cut run's waterfall is taken over the passes of its last split; the passes before are its own term.
-    summary |= {"waterfall": waterfall(summary, settled(tel, o.stages, o.repeats, baseline.ips if baseline else None))
-                if status == "ok" else None}
+    # A re-cut run's waterfall is taken over the passes of its last split, a run that lost a host over its last
+    # segment's; the passes before are their own term.
+    losses = reached.book.losses
+    summary |= {"waterfall": waterfall(summary, settled(
+        tel, o.stages, o.repeats, baseline.ips if baseline else None,
+        since=losses[-1].completed_passes if losses else 0, ranks_before=losses[0].stages_before if losses else None))
+        if status == "ok" else None}
     flags = [SanityFlag.model_validate(f.to_json()) for f in compute_flags(RunSummary.model_validate(summary))]
     summary |= {"flags": [f.model_dump() for f in flags]}
     if status == "ok":  # a finished run's result: OK, or SUSPECT where a flag makes it untrue
@@ -276,6 +281,17 @@ def _host_records(ctx: RunContext, reached: Reached) -> dict[str, Any]:
     return host_records([(n.host.name, list(n.ranks), p.threads.get(n.host.name)) for n in p.nodes],
                         reached.staged.facts, reached.book.samples, reached.book.windows,
                         pipeline_ready_at=time.time() - (time.monotonic() - ready) if ready else None)
+
+
+def _split_points(reached: Reached, plan: dict[str, Any], given: list[str]) -> Any:
+    """The split the run's (last) timed passes ran: refinement's or a re-cut's, else the last segment's after a
+    host was lost, else the plan's."""
+    tel, segments = reached.book.telemetry, reached.book.segments.items
+    if tel.refined:
+        return tel.refined.split_points
+    if reached.book.losses and segments and segments[-1].split_points:
+        return list(segments[-1].split_points)
+    return _planned_split(plan, given)
 
 
 def _planned_split(plan: dict[str, Any], given: list[str] | tuple[str, ...]) -> Any:

@@ -57,6 +57,8 @@ class RunTelemetry:
 
     def __init__(self) -> None:
         self.stages: dict[int, StageState] = {}
+        self.earlier_stages: list[dict[int, StageState]] = []
+        """The ranks of launches that lost a host, oldest first (`new_launch`)."""
         self.throughputs: list[float] = []
         self.traced_throughputs: list[float] = []  # passes a profiler window touched: slower, kept apart
         self.replica_seconds: list[list[float]] = []  # with replicas: each timed pass's every replica's time
@@ -72,6 +74,17 @@ class RunTelemetry:
         self.rejected: list[tuple[str, str]] = []  # (host, why): records that broke the protocol, never applied
         self.mb_times: dict[tuple[str, str, int], dict[int, list[float]]] = {}
         """(side, phase, repeat) -> first index -> the pass's microbatch times from there (`mb_times`)."""
+
+    def new_launch(self, first_pass: int) -> None:
+        """The run goes on in a new launch from timed pass `first_pass` (a host was lost): the ranks are the new
+        launch's (the old ones' states are kept in `earlier_stages`), and what the old launch said of the passes it
+        did not finish is dropped; the passes it finished stay, with their throughputs."""
+        self.earlier_stages.append(self.stages)
+        self.stages = {}
+        self.pass_counters = {k: v for k, v in self.pass_counters.items() if k[1] < first_pass}
+        self.mb_times = {k: v for k, v in self.mb_times.items() if k[1] != "timed" or k[2] < first_pass}
+        del self.throughputs[first_pass:]
+        self.traced_throughputs.clear()
 
     def reject(self, host: str, why: Rejected) -> None:
         self.rejected.append((host, f"{why.event}: {why.reason}"))

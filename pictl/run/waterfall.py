@@ -19,6 +19,8 @@ its own CPU wait. The chain, each step replacing one ideal by a measurement:
     baseline        = t_s / (F (c_b + k_b + o_b))      the serial run's own CPU wait and loop, as measured
     residual        measured speedup - the above       shown, never hidden
     recut           (a re-cut run) the passes before the last re-cut, and its cold first pass
+    host_lost       (a run that lost a host and went on with n of its N ranks) N - n, and the passes before the
+                    loss: the chain above is then taken over the last segment's passes, with n for N
 
 A run that re-cut (`remote.floor.recut`) is taken apart over its settled passes (those after the last re-cut's
 cold first pass, from their own per-pass counters), so every term describes one split; the passes before
@@ -47,8 +49,9 @@ from pictl.summary_models import RunSummary, StageFigures
 TERMS = ("fill_drain", "imbalance", "split_overhead", "interference", "communication", "runtime", "baseline",
          "residual")
 """Every run's terms, in the chain's order."""
-ALL_TERMS = (*TERMS, "recut")
-"""With a re-cut run's own last term."""
+ALL_TERMS = (*TERMS, "recut", "host_lost")
+"""With a re-cut run's own last term, and a run's that lost a host (`host_lost`: the ranks the loss took away, and
+the passes before it, which ran another split on more hosts)."""
 RESIDUAL_LIMIT = 0.05
 """A residual above this share of N raises the `waterfall_residual` flag: the model missed something."""
 
@@ -64,6 +67,8 @@ class Settled:
     """Their mean img/s over the serial run's."""
     first: int
     """The first settled pass (0-based)."""
+    ranks_before: int | None = None
+    """A run that lost a host and went on with fewer ranks: the ranks it began with (the N its gap is to)."""
 
 
 def waterfall(summary: RunSummary | dict[str, Any], settled: Settled | None = None) -> dict[str, Any] | None:
@@ -117,12 +122,22 @@ def waterfall(summary: RunSummary | dict[str, Any], settled: Settled | None = No
     steps.append(r * t_sc / (f * (c[b] + k_b + o_b)) if c[b] + k_b + o_b > 0 else steps[-1])
     steps.append(t_s / t_sc * steps[-1])
     steps.append(settled.speedup if settled else float(speedup))
+    names = list(TERMS)
+    lost_ranks = settled.ranks_before if settled else None
     if settled:
         steps.append(float(speedup))
-    gap = n * r - float(speedup)
-    terms = [WaterfallTerm(term=name, points=round(after - before, 4),
-                           share=round(-(after - before) / gap, 4) if abs(gap) > 1e-9 else None)
-             for name, before, after in zip(ALL_TERMS[:len(steps) - 1], steps[:-1], steps[1:], strict=True)]
+        names.append("host_lost" if lost_ranks else "recut")
+    if lost_ranks:  # N is the ranks the run began with: the loss took N - n of them, then the passes before it
+        steps.insert(0, float(lost_ranks))
+        names.insert(0, "host_lost")
+    top = float(lost_ranks or n * r)
+    gap = top - float(speedup)
+    points: dict[str, float] = {}
+    for name, before, after in zip(names, steps[:-1], steps[1:], strict=True):
+        points[name] = points.get(name, 0.0) + after - before
+    terms = [WaterfallTerm(term=name, points=round(change, 4),
+                           share=round(-change / gap, 4) if abs(gap) > 1e-9 else None)
+             for name, change in points.items()]
     losses = [t for t in terms if t.points < 0]
     dominant = min(losses, key=lambda t: t.points).term if losses else None
     # What would reduce the dominant term, worded from this run's options (never its own policy, never a
@@ -130,7 +145,7 @@ def waterfall(summary: RunSummary | dict[str, Any], settled: Settled | None = No
     shape = Bottleneck(stages=n, replicas=r, microbatches=m, rank=b, compute_s=c[b], mean_compute_s=sum(c) / len(c),
                        wait_for_cpu_s=d[b])
     told = advice(dominant, summary if isinstance(summary, dict) else summary.written(), shape) if dominant else None
-    return {"stages": n * r, "replicas": r, "speedup": round(float(speedup), 4), "gap": round(gap, 4),
+    return {"stages": int(top), "replicas": r, "speedup": round(float(speedup), 4), "gap": round(gap, 4),
             "bottleneck_rank": b,
             "microbatches": m, "terms": [t.written() for t in terms], "dominant": dominant,
             "settled_from_pass": settled.first if settled else None,

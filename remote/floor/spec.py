@@ -70,6 +70,9 @@ class RunSpec:
     images: int = 48
     warmup: int = 1
     repeats: int = 3
+    first_pass: int = 0
+    """The first timed pass this launch runs (0 but in a run that continued on the hosts it had left: the timed
+    passes before were measured by the launch that lost a host). Passes are numbered for the whole run."""
     threads: int = 1
     data: DataSpec = field(default_factory=DataSpec)
     check_images: int = 8

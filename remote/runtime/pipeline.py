@@ -188,9 +188,11 @@ class RankRun:
         (`--trace-steps` adds it after them, so the profiler never touches a timed pass)."""
         spec, place = self.spec, self.place
         kept = Kept(StageCounters())
-        self.tracer.planned = planned_window(spec.trace_steps, self.passes_run + spec.repeats, self.n_mb)
+        self.tracer.planned = planned_window(spec.trace_steps, self.passes_run + spec.repeats - spec.first_pass,
+                                             self.n_mb)
         extra = 1 if spec.trace_steps > 0 else 0
-        for repeat in range(spec.repeats + extra):
+        # (A launch that continues a run on fewer hosts begins at its `first_pass`: passes keep the run's numbers.)
+        for repeat in range(spec.first_pass, spec.repeats + extra):
             timed = repeat < spec.repeats
             seconds, out = self.one_pass("timed" if timed else "trace", repeat)
             # Exporting a finished window happens here, between passes: never inside a timed span.
@@ -206,10 +208,10 @@ class RankRun:
                 emit_mb_times(self.emitter, "enter", phase, repeat, self.built.stage.enter_times)
             if place.last and place.replica == 0:
                 emit_mb_times(self.emitter, "leave", phase, repeat, self.built.stage.leave_times)
-            # The outputs checked are those of the first timed pass (of the split that was timed), every
+            # The outputs checked are those of this launch's first timed pass (of the split that was timed), every
             # replica's gathered into image order on the last rank of all.
             gathered = (place.gather_outputs(out if place.last else None, self.all_mb, spec.chunk)
-                        if timed and repeat == 0 else None)
+                        if timed and repeat == spec.first_pass else None)
             if place.gathers and timed:
                 self.emitter.emit(Throughput(
                     repeat=repeat, images=spec.images, seconds=round(seconds, 6), ips=round(spec.images / seconds, 4),

@@ -159,7 +159,7 @@ def _wait_progress(env: dict[str, str], proc: subprocess.Popen, source: str = "h
 def test_killed_rank_on_one_host_stops_every_host(ssh_cluster, shared_cache_env) -> None:
     """Cold (every process its own interpreter, as before warm processes): the cold path stays covered, and the
     rank killed is the rank itself (a warm rank is a forked child behind its client)."""
-    proc = _start_long_run(ssh_cluster, shared_cache_env, "--cold")
+    proc = _start_long_run(ssh_cluster, shared_cache_env, "--cold", "--on-host-loss", "fail")
     run_dir = _wait_progress(shared_cache_env, proc)
     victims = [p for p in ssh_cluster.processes(2)
                if "remote.runtime.pipeline" in _cmdline(p) and "torch.distributed.run" not in _cmdline(p)]
@@ -170,7 +170,8 @@ def test_killed_rank_on_one_host_stops_every_host(ssh_cluster, shared_cache_env)
     assert proc.returncode == 3, err[-2000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed"
-    assert (summary["error"]["host"], summary["error"]["rank"], summary["error"]["type"]) == ("h2", 2, "RunFailed")
+    assert (summary["error"]["host"], summary["error"]["rank"], summary["error"]["type"]) == ("h2", 2, "HostLost")
+    assert "h2 lost; the run cannot continue: --on-host-loss fail" in err
     assert "host 'h2' rank 2" in err.strip().splitlines()[-1]
     assert summary["error"]["last_lines"], "the failing host's last lines are kept"
     assert_hosts_clean(ssh_cluster)

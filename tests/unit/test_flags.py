@@ -149,6 +149,13 @@ CASES = {
         [lambda s: s.update(waterfall=_waterfall(interference=-0.4, wait_ms=30.0))], "host_overloaded",
         "local1: during the pipeline, the bottleneck (rank 1) waited 30.0 ms per image for a CPU other work held "
         "(50% of its compute), costing 0.40 of 2 speedup points"),
+    "a host lost mid-run (the passes before it ran on 3 ranks: 2.3x is not above them)": (
+        [_speedup(2.3), _set("host_lost", [{"host": "local2", "rank": 2, "message": "killed", "completed_passes": 1,
+                                            "stages_before": 3, "stages_after": 2, "hosts_after": ["local0", "local1"],
+                                            "recomputed_images": 48, "lost_s": 4.25}])],
+        "host_lost", "local2 was lost after 1 of 3 timed pass(es) (killed); the run went on with 2 stage(s) on local0, "
+                     "local1: 4.2 s from the failure to the next segment's first output (in no timed pass), 48 "
+                     "image(s) computed again"),
     "other work on the serial run's CPU": (
         [_set("serial_timing", {"compute_per_image_s": 0.1, "run_delay_per_image_s": 0.03})], "host_overloaded",
         "local0: during the serial baseline, its threads waited 30.0 ms per image for a CPU other work held (30% of "
