@@ -100,7 +100,16 @@ class BaselineReady:
     age_s: float = 0.0
 
 
-SessionEvent = Phase | HostOutput | RankEvent | Placed | SplitChosen | BaselineReady
+@dataclass(frozen=True)
+class HostDropped:
+    """A host the run lost mid-run and goes on without (`pictl.run.continuation`): the next `Placed` is where the
+    stages went instead."""
+
+    host: str
+    message: str
+
+
+SessionEvent = Phase | HostOutput | RankEvent | Placed | SplitChosen | BaselineReady | HostDropped
 EventSink = Callable[[SessionEvent], None]
 
 

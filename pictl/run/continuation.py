@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from pictl import errors as E
 from pictl.cluster.jobs import HostJob
-from pictl.events import Phase
+from pictl.events import HostDropped, Phase
 from pictl.planning.specs import spec_from
 from pictl.run.context import RunContext
 from pictl.run.logbook import Logbook
@@ -91,6 +91,7 @@ async def continue_without(ctx: RunContext, job: HostJob, placement: Placement, 
     ctx.sink(Phase("host-lost", f"{lost.host} lost after {completed} of {o.repeats} timed pass(es) ({why}); "
                                 f"continuing on {', '.join(h.name for h in cluster.hosts)} with {stages} stage(s)"
                                 + (" (explicit cuts do not fit: equal)" if o.policy == "explicit" else "")))
+    ctx.sink(HostDropped(lost.host, str(why)))
     tel.new_launch(completed)
     nodes = await place(ctx, job, candidates(cluster, stages, options.policy), book.timeline)
     spec = dataclasses.replace(spec_from(options, ctx.run_id, ctx.artifact), first_pass=completed)

@@ -6,7 +6,17 @@ from collections.abc import Callable
 
 from textual.message import Message
 
-from pictl.events import SERIAL_FP32, BaselineReady, HostOutput, Phase, Placed, RankEvent, SessionEvent, SplitChosen
+from pictl.events import (
+    SERIAL_FP32,
+    BaselineReady,
+    HostDropped,
+    HostOutput,
+    Phase,
+    Placed,
+    RankEvent,
+    SessionEvent,
+    SplitChosen,
+)
 from pictl.tui.messages import Decided, LogLine, PhaseChanged, RankRecord
 from remote.floor.job_records import PruneAccuracy, PruneDone
 from remote.floor.records import Record
@@ -66,7 +76,7 @@ class SessionBridge:
             if (text := _as_log(rec)) is not None:
                 who = event.source if event.source in ("serial", SERIAL_FP32, "prune") else f"rank{rec.rank}"
                 self.post(LogLine(who, event.host, "stderr" if isinstance(rec, Error) else "stdout", text))
-        elif isinstance(event, Placed | SplitChosen | BaselineReady):
+        elif isinstance(event, Placed | SplitChosen | BaselineReady | HostDropped):
             self.post(Decided(event))
         elif isinstance(event, HostOutput):
             self.post(LogLine(event.source, event.host, event.stream, event.line))

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from textual.message import Message
 
 from pictl.cluster.monitor import HostSample
-from pictl.events import BaselineReady, Placed, SplitChosen
+from pictl.events import BaselineReady, HostDropped, Placed, SplitChosen
 from pictl.job_summaries import PruneSummary, TrainSummary
 from pictl.summary_models import RunSummary, TraceRecord
 from pictl.tui.rows import Ending
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from pictl.jobs.tune_verdicts import Measured
     from pictl.run.session import RunSession
 
-Decision = Placed | SplitChosen | BaselineReady
+Decision = Placed | SplitChosen | BaselineReady | HostDropped
 JobSummary = RunSummary | PruneSummary | TrainSummary
 """What a job's end carries, by kind: a run's (a sweep's, a tune's last run's), a pruning's or a training's."""
 

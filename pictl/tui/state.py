@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Literal
 
 from pictl.cluster.monitor import HostSample
-from pictl.events import SERIAL_FP32, BaselineReady, Placed, SplitChosen
+from pictl.events import SERIAL_FP32, BaselineReady, HostDropped, Placed, SplitChosen
 from pictl.inventory import Cluster
 from pictl.job_summaries import PruneSummary, TrainSummary
 from pictl.jobs.prune_options import PruneOptions
@@ -51,6 +51,8 @@ class DashboardState:
         self.cluster = cluster
         self.hosts = {h.name: HostRow(h.name) for h in cluster.hosts}
         self.stages: dict[int, StageView] = {}
+        self.lost: set[str] = set()
+        """The hosts the running job lost and went on without (`HostDropped`)."""
         self.options: RunOptions | None = None
         """The run's options (None while a training or pruning job has the panel)."""
         self.shape = (0, 1)
@@ -154,7 +156,7 @@ class DashboardState:
         self.started_at, self.pipeline_started_at = now or time.time(), None
         self.phase, self.phase_message = "connect", "connecting"
         self.phase_since = self.started_at
-        self.stages = {}
+        self.stages, self.lost = {}, set()
         for row in self.hosts.values():
             row.ranks, row.activity = [], "idle"
         # A panel per rank at once; where each runs is the session's word alone (`on_placed`), never guessed
@@ -174,11 +176,14 @@ class DashboardState:
             self.stages[r] = self._view(r, host)
 
     def on_placed(self, placed: Placed) -> None:
-        """Where the session put the stages (under `balanced`, maybe not the first hosts)."""
+        """Where the session put the stages (under `balanced`, maybe not the first hosts; after a host was lost,
+        the hosts left: the lost one stays marked so)."""
         activity = _PHASE_ACTIVITY.get(self.phase) or "waiting"
         self.stages = {}
-        for row in self.hosts.values():
-            row.ranks, row.activity = [], "idle"
+        for name, row in self.hosts.items():
+            row.ranks, row.activity = [], "lost" if name in self.lost else "idle"
+        if self.lost:  # the next segment's stages: one panel each
+            self.shape = (sum(len(part.ranks) for part in placed.stages), 1)
         for part in placed.stages:
             if part.host in self.hosts:
                 self._put(part.host, part.ranks, activity)
@@ -186,11 +191,15 @@ class DashboardState:
     def _busy_hosts(self) -> list[HostRow]:
         return [r for r in self.hosts.values() if r.ranks]
 
-    def on_decided(self, decision: Placed | SplitChosen | BaselineReady) -> None:
+    def on_decided(self, decision: Placed | SplitChosen | BaselineReady | HostDropped) -> None:
         """What the session decided once (never worked out again here)."""
         match decision:
             case Placed():
                 self.on_placed(decision)
+            case HostDropped():
+                self.lost.add(decision.host)
+                if (row := self.hosts.get(decision.host)) is not None:
+                    row.activity = "lost"
             case SplitChosen():
                 self.split_points = list(decision.points)
             case BaselineReady():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from support.cli import ROOT
 
 from pictl import errors as E
-from pictl.events import BaselineReady, Placed, SplitChosen, StagePlacement
+from pictl.events import BaselineReady, HostDropped, Placed, SplitChosen, StagePlacement
 from pictl.inventory import load_cluster
 from pictl.planning.options import RunOptions
 from pictl.summary_models import RunSummary
@@ -71,3 +71,18 @@ def test_decisions_are_taken_as_announced() -> None:
     assert state.split_points == ["blocks.6"] and (state.serial_ips, state.serial_reused) == (3.45, True)
     state.start_run(RunOptions(stages=2), now=1.0)  # the next run starts with nothing decided
     assert state.split_points == [] and state.serial_ips is None
+
+
+def test_a_lost_host_stays_marked_lost_and_the_next_segment_gets_its_own_panels() -> None:
+    state = DashboardState(load_cluster(ROOT / "hosts.toml"))
+    state.start_run(RunOptions(stages=3, policy="equal"))
+    state.on_decided(Placed(tuple(StagePlacement(f"local{i}", (i,), 1) for i in range(3)), "local0", 2))
+    state.on_decided(HostDropped("local1", "the rank died without reporting an error"))
+    assert state.hosts["local1"].activity == "lost"
+    # The run goes on with 2 stages on the hosts left: two panels, the lost host still marked, holding no rank.
+    state.on_decided(Placed((StagePlacement("local0", (0,), 1), StagePlacement("local2", (1,), 1)), "local0", 2))
+    assert sorted(state.stages) == [0, 1] and state.shape == (2, 1)
+    assert [state.stages[r].host for r in (0, 1)] == ["local0", "local2"]
+    assert (state.hosts["local1"].activity, state.hosts["local1"].ranks) == ("lost", [])
+    state.start_run(RunOptions(stages=3, policy="equal"))  # the next run asks for every host again
+    assert not state.lost and state.hosts["local1"].activity == "idle"

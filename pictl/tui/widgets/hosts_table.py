@@ -48,7 +48,7 @@ class HostsTable(DataTable):
         for row in state.hosts.values():
             down = row.up is False
             activity = Text(f"{row.error or 'not answering'}" if down else row.activity,
-                            style="bold red" if row.activity == "failed" or down else "")
+                            style="bold red" if row.activity in ("failed", "lost") or down else "")
             cells = [row.name, _link(row), activity, ",".join(map(str, row.ranks)) or "-",
                      "-" if row.cpu_pct is None else f"{row.cpu_pct:.0f}", *load_cells(row),
                      "-" if row.mem_used_mb is None else f"{row.mem_used_mb}/{row.mem_total_mb}",
