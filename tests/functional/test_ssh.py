@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import time
@@ -176,6 +177,38 @@ def test_killed_rank_on_one_host_stops_every_host(ssh_cluster, shared_cache_env)
     assert summary["error"]["last_lines"], "the failing host's last lines are kept"
     assert_hosts_clean(ssh_cluster)
     assert time.monotonic() - killed_at < 40
+
+
+def test_a_host_whose_link_is_cut_mid_run_is_lost_and_the_run_finishes_on_the_three_left(ssh_cluster,
+                                                                                         shared_cache_env) -> None:
+    """h2's network interface goes down during the second timed pass (a pulled cable: no reset, no word): its
+    connection's keepalives go unanswered, the run names it lost and goes on with 3 stages on h0, h1, h3, its
+    outputs still the serial run's; once the link is back, nothing of ours is left on h2 either."""
+    require_netns(ssh_cluster, "network namespaces whose interface can be cut")
+    proc = _start_long_run(ssh_cluster, shared_cache_env)
+    deadline = time.monotonic() + 240
+    while not any('"event":"throughput"' in e.read_text()
+                  for e in Path(shared_cache_env["PICTL_RUNS_DIR"]).glob("*/events/h3.jsonl")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    ssh_cluster.set_link(2, up=False)
+    cut_at = time.time()
+    try:
+        out, err = proc.communicate(timeout=180)
+    finally:
+        ssh_cluster.set_link(2, up=True)
+    assert finished(proc.returncode, err), err[-3000:]
+    s = json.loads(out)
+    assert s["status"] == "ok" and s["outputs_match"] is True and s["stages"] == 3
+    loss = s["host_lost"][0]
+    assert (loss["host"], loss["completed_passes"], loss["hosts_after"]) == ("h2", 1, ["h0", "h1", "h3"]), loss
+    assert [seg["hosts"] for seg in s["segments"]] == [["h0", "h1", "h2", "h3"], ["h0", "h1", "h3"]]
+    assert sum(seg["images"] for seg in s["segments"]) == 24 * 3 and len(s["pass_ips"]) == 3
+    # The end names the host and the time the loss cost; a silent host is known by its unanswered keepalives (3 of
+    # them, 5 s apart), then the run goes on within seconds.
+    assert re.search(r"h2 lost \(.*\): \d+\.\d s to the next segment's first output", err), err[-3000:]
+    assert 10 < loss["failed_at"] - cut_at < 60 and 0 < loss["replan_s"] <= loss["lost_s"] < 60, (cut_at, loss)
+    assert_hosts_clean(ssh_cluster, timeout=90)
 
 
 def test_killed_controller_leaves_nothing_on_any_host(ssh_cluster, shared_cache_env) -> None:

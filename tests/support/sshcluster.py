@@ -228,6 +228,13 @@ class SshCluster:
         (self.cgroup(i) / "cpu.cfs_period_us").write_text(str(self.cfs_period_us))
         (self.cgroup(i) / "cpu.cfs_quota_us").write_text(str(quota))
 
+    def set_link(self, i: int, up: bool) -> None:
+        """Cut host i off the network (its namespace's interface down: no packet in or out, no reset sent, as a
+        pulled cable or a Pi that lost power), or restore it."""
+        _sh("ip", "-n", f"pictl-{TAG}{i}", "link", "set", "eth0", "up" if up else "down")
+        if up:  # (its address and route go with the interface: put them back)
+            _sh("ip", "-n", f"pictl-{TAG}{i}", "addr", "replace", f"{self.address(i)}/24", "dev", "eth0")
+
     def shape_links(self, mbit: float | None) -> None:
         """Cap what every host sends at `mbit` Mbit/s (a token bucket on its eth0; None: uncapped), so the
         links between stages behave like Wi-Fi or an old Pi's Ethernet rather than a memory copy."""
