@@ -172,6 +172,7 @@ def test_ctrl_c_and_a_killed_rank_leave_nothing_behind(tmp_path: Path, pictl_env
     else:
         assert proc.returncode == 3, err[-2000:]
         assert summary["status"] == "failed" and "host 'h1' rank 1" in summary["error"]["message"]
+        assert "a training run does not continue on the hosts left" in err.strip().splitlines()[-1]
     assert json.loads(stdout)["status"] == summary["status"]
     _nothing_left(tmp_path / "cluster")
 
