@@ -34,11 +34,11 @@ from bench.harness import ROOT, Pictl, add_quick, alternate, quick_defaults, sav
 PASS_DONE = "pictl pipeline: pass 1: "
 
 
-def _rank_pid(runs: Path, host: str) -> int | None:
-    for events in runs.glob(f"*/events/{host}.jsonl"):
-        for line in events.read_text().splitlines():
-            if '"event":"run_start"' in line:
-                return int(json.loads(line)["pid"])
+def _rank_pid(run_dir: Path, host: str) -> int | None:
+    events = run_dir / "events" / f"{host}.jsonl"
+    for line in events.read_text().splitlines() if events.exists() else []:
+        if '"event":"run_start"' in line:
+            return int(json.loads(line)["pid"])
     return None
 
 
