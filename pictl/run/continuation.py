@@ -39,11 +39,15 @@ from remote.floor import protocol as P
 from remote.floor.wire import parse_wire
 
 
-def cannot_continue(ctx: RunContext, placement: Placement, lost: E.HostLost, book: Logbook) -> str | None:
-    """Why the run cannot go on without `lost`'s host (one line), or None when it can."""
+def cannot_continue(ctx: RunContext, placement: Placement, lost: E.HostLost, book: Logbook, *,
+                    comparison: bool = False) -> str | None:
+    """Why the run cannot go on without `lost`'s host (one line), or None when it can. A run of a comparison (a
+    sweep's or a tune's) never does: its figure stands for one configuration, measured whole."""
     o = ctx.options
     if o.on_host_loss == "fail":
         return "--on-host-loss fail"
+    if comparison:
+        return "a run of a sweep or tune is measured whole on its configuration (the comparison leaves it out)"
     if o.replicas > 1:
         return "a run with replicas ends when a host is lost (each replica's split is shared: re-planning one is " \
                "not built)"

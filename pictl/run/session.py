@@ -216,7 +216,7 @@ class RunSession:
             try:
                 done = await self.pipeline.run()
             except E.HostLost as lost:
-                why = cannot_continue(self.ctx, reached.placement, lost, book)
+                why = cannot_continue(self.ctx, reached.placement, lost, book, comparison=self.part_of is not None)
                 if why is not None:
                     self.ctx.sink(Phase("host-lost", f"{lost.host} lost; the run cannot continue: {why}"))
                     raise

@@ -212,6 +212,9 @@ def make_bundle(run_dir: Path, key: Path, *, team: str | None = None,
     run_id = summary.run_id or run_dir.name
     if summary.status != "ok":
         raise E.ConfigError(f"run {run_id}: did not finish ({summary.status}): only a finished run is bundled")
+    if summary.host_lost:  # (its figures are two configurations' passes: no claim of one, no re-run of it)
+        raise E.ConfigError(f"run {run_id}: lost {summary.host_lost[0].host} mid-run and went on with fewer stages: "
+                            "only a run measured whole on one configuration is bundled")
     if not summary.code:
         raise E.ConfigError(f"run {run_id}: its summary names no code digest (made by an older pictl); run it "
                             "again to bundle it")

@@ -230,7 +230,8 @@ def run_options(bundle: Bundle, *, artifact_dir: Path | None = None, data_path: 
     given = RunConfigRecord.view(bundle.json(CONFIG_FILE)).options
     if not isinstance(given, dict):
         raise E.BundleTampered(f"{bundle.path}: config.json holds no options")
-    fields = {**given, "master_port": None, "track": []}
+    # (a re-run that loses a host ends: going on with fewer stages would verify another configuration)
+    fields = {**given, "master_port": None, "track": [], "on_host_loss": "fail"}
     split: Any = RunSummary.view(bundle.json(SUMMARY_FILE)).split_points  # (as written: checked here)
     if isinstance(split, list) and split and all(isinstance(p, str) for p in split):
         # The cuts the run ended with, not a new search: a lossy wire's outputs depend on where it cuts.
