@@ -59,3 +59,22 @@ def test_without_re_cutting_a_run_is_one_segment_on_its_planned_split() -> None:
     assert only["passes"] == [0, 1] and only["ips"] == 4.0 and only["speedup"] is None
     assert only["split_points"] == ["blocks.4"] and only["ended_by"] is None
     assert Segments().summary([], images=4, serial_ips=1.0, planned=[]) == []  # a serial-only run: none
+
+
+def test_a_lost_host_ends_the_segment_and_the_next_counts_every_pass_once() -> None:
+    segments = Segments()
+    segments.begin([], ["h0", "h1", "h2"])
+    segments.ran(["blocks.4", "blocks.8"])  # (equal's split, in the ranks' own words)
+    segments.host_lost("h1", 1, [], ["h0", "h2"])
+    segments.ran(["blocks.6"])
+    rows = segments.summary([10.0, 7.0, 7.5], 12, 5.0, ["planned"])
+    assert [(r["hosts"], r["split_points"], r["passes"], r["images"], r["ended_by"], r["lost_host"]) for r in rows] == [
+        (["h0", "h1", "h2"], ["blocks.4", "blocks.8"], [0, 0], 12, "host-lost", "h1"),
+        (["h0", "h2"], ["blocks.6"], [1, 2], 24, None, None)]
+    assert rows[1]["ips"] == 7.25 and rows[1]["speedup"] == 1.45
+    # Lost before any timed pass of its own: the segment shows none, and the next runs them all.
+    early = Segments()
+    early.begin(["blocks.6"], ["h0", "h1"])
+    early.host_lost("h1", 0, ["blocks.3"], ["h0", "h2"])
+    first, second = early.summary([8.0, 8.0], 6, None, [])
+    assert (first["passes"], first["images"], first["ips"]) == (None, 0, None) and second["passes"] == [0, 1]
