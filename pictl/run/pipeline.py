@@ -60,7 +60,7 @@ class Pipeline:
         self.launch: RankLaunch | None = None
         self.corrections: dict[str, float] | None = None
         spec = choice.spec
-        if spec.first_pass == 0:  # (a launch that continues a run on fewer hosts: its segment is already open)
+        if not book.segments.items:  # (a launch that continues a run on fewer hosts: its segment is already open)
             book.segments.begin(spec.split_points, placement.stage_hosts[:spec.stages])
         # A `balanced` run that refines: the controller's watch over its timed passes (re-cuts end segments).
         self.recut = RecutWatch(spec.refine, choice.pieces, book.segments, placement.first.host.name) \
