@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -74,6 +76,15 @@ def test_unknown_model() -> None:
         create_meta_model("deit_huge_nonsense", 10)
 
 
+@functools.cache
+def _whole_forward(model: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """An input and the whole model's logits for it (seeded weights), made once per model for every split."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        return x, materialize(create_meta_model(model, 10), seed=3, checkpoint=None)(x)
+
+
 @pytest.mark.parametrize("points", [
     ["blocks.4"], ["blocks.1.attn"], ["blocks.2.attn.proj"], ["blocks.3.norm2"], ["blocks.7.mlp"],
     ["blocks.9.mlp.fc2"], ["norm"], ["head"], ["blocks.0.attn.proj", "blocks.0.norm2", "blocks.11.mlp.fc2"],
@@ -81,14 +92,11 @@ def test_unknown_model() -> None:
 @pytest.mark.parametrize("model", ["deit_small_patch16_224", "deit3_small_patch16_224"])
 def test_chained_stages_equal_the_whole_model_bit_for_bit(points: list[str], model: str) -> None:
     """Every kind of cut, chained in one process: logits identical to timm's own forward."""
-    torch.manual_seed(0)
     spec = RunSpec(model=model, num_classes=10, stages=len(points) + 1, policy="explicit",
                    split_points=points, seed=3)
     layout = layout_for(spec)
-    whole = materialize(create_meta_model(model, 10), seed=3, checkpoint=None)
-    x = torch.randn(2, 3, 224, 224)
+    x, expected = _whole_forward(model)
     with torch.no_grad():
-        expected = whole(x)
         state = (x,)
         for stage in layout.stages:
             out = build_stage(spec, layout, stage, None)(*state)
