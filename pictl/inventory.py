@@ -131,6 +131,9 @@ class Host(BaseModel):
     starts a fresh interpreter (a host with too little memory, or to compare). `pictl run --cold` for one run."""
     warm_idle_s: float = Field(default=600.0, gt=0, le=7 * 86400)
     """The warm process ends after this many seconds without a job."""
+    keepalive_s: float = Field(default=5.0, ge=0.5, le=600)
+    """SSH keepalives this many seconds apart; a host that answers none of 3 in a row is gone (its run's rank is
+    lost: `pictl run --on-host-loss`). Shorter on a wired lab, longer on flaky Wi-Fi."""
     cpus: str | None = None
     """A local host's cores, as taskset takes them ("0-3", "4,5", "0-1,6"): every process pictl starts for the
     host is pinned to them, so hosts on one workstation each have cores of their own. Default: not pinned."""

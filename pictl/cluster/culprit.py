@@ -20,6 +20,10 @@ SETTLE_MOST_S = 10.0
 (closed sockets), so this bounds only a host that hangs (it is stopped after)."""
 
 
+CONNECTION_LOST = 255
+"""The status a host's command ends with when its connection is lost (as ssh(1) says it: `transport.ssh`)."""
+
+
 @dataclass(frozen=True)
 class SilentDeath:
     host: str
@@ -28,6 +32,9 @@ class SilentDeath:
 
     @property
     def message(self) -> str:
+        if self.returncode == CONNECTION_LOST:
+            return ("the host stopped answering: its connection was lost with the rank still silent (its link, its "
+                    "power or its sshd gone)")
         return (f"the rank died without reporting an error (torchrun exit status {self.returncode}: "
                 f"killed, out of memory or crashed)")
 

@@ -26,8 +26,8 @@ from pictl.errors import AuthError, HostKeyError, TransportError
 from pictl.inventory import Host
 
 CONNECT_TIMEOUT_S = 10.0
-KEEPALIVE_S = 5.0
-KEEPALIVE_MAX = 3  # a silent host is declared gone after about 15 s
+KEEPALIVE_MAX = 3  # a silent host is declared gone after 3 unanswered keepalives (the inventory's `keepalive_s`
+#                   apart: 15 s by default)
 
 
 def sh_word(value: str) -> str:
@@ -249,7 +249,7 @@ async def client_options(h: Host, *, connect_timeout_s: float = CONNECT_TIMEOUT_
     checking off: `UserKnownHostsFile none` reaches asyncssh as `known_hosts=None` ("trust any
     key"), and that is refused.
     """
-    kwargs: dict = {"connect_timeout": connect_timeout_s, "keepalive_interval": KEEPALIVE_S,
+    kwargs: dict = {"connect_timeout": connect_timeout_s, "keepalive_interval": h.keepalive_s,
                     "keepalive_count_max": KEEPALIVE_MAX}
     if h.port:
         kwargs["port"] = h.port
