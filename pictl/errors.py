@@ -93,19 +93,18 @@ class HostLost(RunFailed):
     its own input: the host is lost to the run. `run --on-host-loss continue` carries on without it; otherwise,
     and where nothing is left to continue on, it ends the run as any failure does (exit 3)."""
 
-    def __init__(self, message: str, where: dict[str, object] | None = None) -> None:
-        super().__init__(message, where)
-        self.failed_at: float | None = None
-        """When the controller saw the launch fail (its clock, `time.time()`)."""
+    host: str = ""
+    rank: int | None = None
+    detail: str = ""
+    """What was seen of the loss, without the host and rank (`SilentDeath.message`)."""
+    failed_at: float | None = None
+    """When the controller saw the launch fail (its clock, `time.time()`)."""
 
-    @property
-    def host(self) -> str:
-        return str(self.where.get("host"))
-
-    @property
-    def rank(self) -> int | None:
-        rank = self.where.get("rank")
-        return rank if isinstance(rank, int) else None
+    @classmethod
+    def on(cls, host: str, rank: int | None, what: str, message: str, tail: Iterable[str] = ()) -> Self:
+        lost = super().on(host, rank, what, message, tail)
+        lost.host, lost.rank, lost.detail = host, rank, message
+        return lost
 
 
 class OutputMismatch(PictlError):

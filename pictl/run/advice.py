@@ -82,8 +82,7 @@ def advice(term: str, s: dict[str, Any], b: Bottleneck) -> str:
     if term == "residual":
         return f"more timed passes than {run.repeats or '-'} (--repeats): the pass-to-pass spread is not modelled"
     if term == "host_lost":
-        lost = ", ".join(str(loss.get("host")) for loss in s.get("host_lost") or [])
-        return (f"a host was lost during the run ({lost or '-'}): it went on with fewer; run again with every host "
+        return ("a host was lost during the run (`host_lost`) and it went on with fewer: run again with every host "
                 "for the figure of N")
     if term == "recut":
         return "a host drifted during the run: the passes before the re-cut ran a worse split (see `recuts`)"

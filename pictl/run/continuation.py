@@ -91,11 +91,10 @@ async def continue_without(ctx: RunContext, job: HostJob, placement: Placement, 
     names = {n.host.name for n in left}
     cluster = ctx.cluster.model_copy(update={"hosts": tuple(h for h in ctx.cluster.hosts if h.name in names)})
     ctx = dataclasses.replace(ctx, cluster=cluster, options=options, pushed=ctx.tree)
-    why = lost.where.get("message")
-    ctx.sink(Phase("host-lost", f"{lost.host} lost after {completed} of {o.repeats} timed pass(es) ({why}); "
+    ctx.sink(Phase("host-lost", f"{lost.host} lost after {completed} of {o.repeats} timed pass(es) ({lost.detail}); "
                                 f"continuing on {', '.join(h.name for h in cluster.hosts)} with {stages} stage(s)"
                                 + (" (explicit cuts do not fit: equal)" if o.policy == "explicit" else "")))
-    ctx.sink(HostDropped(lost.host, str(why)))
+    ctx.sink(HostDropped(lost.host, lost.detail))
     tel.new_launch(completed)
     nodes = await place(ctx, job, candidates(cluster, stages, options.policy), book.timeline)
     spec = dataclasses.replace(spec_from(options, ctx.run_id, ctx.artifact), first_pass=completed)
@@ -103,7 +102,7 @@ async def continue_without(ctx: RunContext, job: HostJob, placement: Placement, 
     hosts = [n.host.name for n in nodes.nodes]
     await job.stage({P.SPEC_FILE: choice.spec.to_json().encode()}, "cannot continue the run", hosts)
     book.segments.host_lost(lost.host, completed, choice.spec.split_points, nodes.stage_hosts[:stages])
-    loss = HostLoss(lost.host, lost.rank, str(lost.where.get("message") or lost), completed, o.stages, stages, hosts,
+    loss = HostLoss(lost.host, lost.rank, lost.detail or str(lost), completed, o.stages, stages, hosts,
                     o.images if in_flight else 0, failed_at, relaunched_at=time.time())
     book.losses.append(loss)
     return Continued(ctx, nodes, choice, Staged(staged.facts, None), loss)

@@ -78,10 +78,9 @@ async def run_ranks(job: HostJob, nodes: list[NodePlan], keep: LineKeeper, sink:
         culprit = launched.culprit
         # A training run does not go on without the host (`pictl run` does): the lost stage's weights and optimizer
         # state lived only there, and its last checkpoint is the step the run began from.
-        raise E.HostLost(f"training failed on host '{culprit.host}' rank {culprit.rank}: {culprit.message}; a "
-                         "training run does not continue on the hosts left (the lost stage's weights and optimizer "
-                         "state lived only on it)", {"host": culprit.host, "rank": culprit.rank,
-                                                     "message": culprit.message})
+        raise E.HostLost.on(culprit.host, culprit.rank, "training", f"{culprit.message}; a training run does not "
+                            "continue on the hosts left (the lost stage's weights and optimizer state lived only on "
+                            "it)")
     first = tel.first_error()
     if first is not None:
         raise _failure(launched.tail, first.error, first.host, first.rank, "training")
