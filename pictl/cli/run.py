@@ -283,6 +283,7 @@ def _in_the_console(cluster: Any, options: Any, profile: str | None, root: Path)
 def list_profiles(as_json: JsonOpt = False) -> None:
     """List the run presets: name, what each is for, and its file (yours first, then ./profiles/, then the shipped)."""
     from rich.table import Table
+    from rich.text import Text
 
     from pictl.planning.presets import describe_preset
 
@@ -297,5 +298,6 @@ def list_profiles(as_json: JsonOpt = False) -> None:
     for heading in ("profile", "description", "file"):
         table.add_column(heading, overflow="fold")
     for name, description, path in found:
-        table.add_row(name, description or "-", str(path))
+        # As text, never markup: a preset's own words ("[rules]") are shown as written, not read as styles.
+        table.add_row(Text(name), Text(description or "-"), Text(str(path)))
     wide_console().print(table)

@@ -144,3 +144,26 @@ def test_sweep_presets_reproduce_the_course_tables(tmp_path: Path, monkeypatch) 
     with pytest.raises(ConfigError,
                        match=r"mine.toml: sweep: policy\[0\]: must be 'equal' or 'balanced' \(got 'greedy'\)"):
         sweep_settings("mine")
+
+
+@pytest.mark.parametrize(("name", "model", "stages", "sweep"), [
+    ("resnet50", "resnet50", 4, [1, 2, 3, 4]), ("mobilenetv2", "mobilenetv2_100", 4, [1, 2, 4]),
+    ("vgg16", "vgg16", 3, [1, 3]),
+])
+def test_the_published_cnn_set_ups_are_presets(name: str, model: str, stages: int, sweep: list[int]) -> None:
+    """The set-ups the CNN papers on Pi clusters report, ready to run and to sweep (equal against balanced)."""
+    from pictl.planning.presets import sweep_settings
+
+    options = resolve_options(name, {})
+    assert (options.model, options.stages, options.policy, options.threads) == (model, stages, "balanced", 0)
+    settings = sweep_settings(name)
+    assert settings.stages == sweep and settings.policy == ["equal", "balanced"]
+
+
+def test_pictl_profiles_shows_a_presets_words_as_written() -> None:
+    from typer.testing import CliRunner
+
+    from pictl.cli import app
+
+    shown = CliRunner().invoke(app, ["profiles"], env={"COLUMNS": "300", "FORCE_COLOR": None})
+    assert shown.exit_code == 0 and "lab6's settings, and [rules] a run" in shown.stdout, shown.stdout
