@@ -27,7 +27,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -150,6 +151,27 @@ class Pictl:
     def run(self, inventory: Path, *args: str, ok: Sequence[int] = (0,), timeout: float = 3600) -> dict:
         """The summary of one headless `pictl run` on `inventory`."""
         return self("run", "--hosts", str(inventory), *args, "--headless", ok=ok, timeout=timeout)
+
+
+def watched_run(pictl: Pictl, inventory: Path | str, args: Sequence[str], on_line: Callable[[str], None], *,
+                ok: Sequence[int] = (0,)) -> dict:
+    """The summary of one headless `pictl run`, calling `on_line` with each line of its progress (stderr) as it
+    comes: a benchmark acts on the run while it runs (slows a host after a pass, kills a rank)."""
+    proc = subprocess.Popen([sys.executable, "-m", "pictl", "run", "--hosts", str(inventory), *args, "--headless",
+                             "--json"], env=pictl.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.append(proc.stdout.read() if proc.stdout else ""))
+    reader.start()
+    err = []
+    for line in proc.stderr or []:
+        err.append(line)
+        on_line(line)
+    proc.wait()
+    reader.join()
+    if proc.returncode not in ok:
+        raise SystemExit(f"pictl run {' '.join(args)} failed ({proc.returncode}):\n{''.join(err)[-3000:]}")
+    return json.loads(out[0])
 
 
 def known(value: T | None, what: str) -> T:

@@ -22,14 +22,12 @@ import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness import ROOT, Pictl, add_quick, alternate, quick_defaults, save_result, write_local_cluster
+from bench.harness import Pictl, add_quick, alternate, quick_defaults, save_result, watched_run, write_local_cluster
 
 PASS_DONE = "pictl pipeline: pass 1: "
 
@@ -46,30 +44,22 @@ def killed_run(pictl: Pictl, inventory: Path, args: list[str]) -> dict[str, Any]
     """One run whose h1 rank is killed once timed pass 1 is reported; its summary, with `killed_at`."""
     runs = Path(pictl.env["PICTL_RUNS_DIR"])
     before = set(runs.glob("*"))
-    proc = subprocess.Popen([sys.executable, "-m", "pictl", "run", "--hosts", str(inventory), *args, "--headless",
-                             "--json"], env=pictl.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    out: list[str] = []
-    reader = threading.Thread(target=lambda: out.append(proc.stdout.read() if proc.stdout else ""))
-    reader.start()
-    err, killed_at = [], None
-    for line in proc.stderr or []:
-        err.append(line)
-        if killed_at is None and line.startswith(PASS_DONE):
-            fresh = [d for d in runs.glob("*") if d not in before]
-            pid = _rank_pid(fresh[0], "h1") if len(fresh) == 1 else None
-            if pid is None:
-                raise SystemExit("no run_start record from h1's rank")
-            os.kill(pid, signal.SIGKILL)
-            killed_at = time.time()
-    proc.wait()
-    reader.join()
-    if proc.returncode not in (0, 10) or killed_at is None:
-        raise SystemExit(f"pictl run failed ({proc.returncode}):\n{''.join(err)[-3000:]}")
-    summary = json.loads(out[0])
-    if not summary["outputs_match"] or not summary["host_lost"]:
-        raise SystemExit(f"the run did not go on with its outputs checked:\n{''.join(err)[-3000:]}")
-    return {**summary, "killed_at": killed_at}
+    killed: list[float] = []
+
+    def on_line(line: str) -> None:
+        if killed or not line.startswith(PASS_DONE):
+            return
+        fresh = [d for d in runs.glob("*") if d not in before]
+        pid = _rank_pid(fresh[0], "h1") if len(fresh) == 1 else None
+        if pid is None:
+            raise SystemExit("no run_start record from h1's rank")
+        os.kill(pid, signal.SIGKILL)
+        killed.append(time.time())
+
+    summary = watched_run(pictl, inventory, args, on_line, ok=(0, 10))  # (10: SUSPECT on a busy machine)
+    if not killed or not summary["outputs_match"] or not summary["host_lost"]:
+        raise SystemExit(f"the run did not lose h1 and go on with its outputs checked: {summary.get('host_lost')}")
+    return {**summary, "killed_at": killed[0]}
 
 
 def main() -> int:

@@ -19,35 +19,21 @@ import argparse
 import json
 import re
 import statistics
-import subprocess
-import sys
-import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.harness import ROOT, Pictl, add_quick, is_root, quick_defaults, save_result, skip_loudly, ssh_cluster
+from bench.harness import Pictl, add_quick, is_root, quick_defaults, save_result, skip_loudly, ssh_cluster, watched_run
 
 PASS = re.compile(r"pictl pipeline: pass (\d+): ")
 
 
-def watched_run(pictl: Pictl, inventory: str, args: list[str], events: dict[int, Any]) -> dict:
-    """`pictl run ... --headless --json`, calling events[k]() when timed pass k (1-based) has been reported."""
-    proc = subprocess.Popen([sys.executable, "-m", "pictl", "run", "--hosts", inventory, *args, "--headless",
-                             "--json"], env=pictl.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    out: list[str] = []
-    reader = threading.Thread(target=lambda: out.append(proc.stdout.read() if proc.stdout else ""))
-    reader.start()
-    err = []
-    for line in proc.stderr or []:
-        err.append(line)
+def on_passes(events: dict[int, Any]) -> Callable[[str], None]:
+    """A progress-line hook calling events[k]() when timed pass k (1-based) has been reported."""
+    def on_line(line: str) -> None:
         if (m := PASS.search(line)) and (k := int(m.group(1))) in events:
             events.pop(k)()
-    proc.wait()
-    reader.join()
-    if proc.returncode != 0:
-        raise SystemExit(f"pictl run {' '.join(args)} failed ({proc.returncode}):\n{''.join(err)[-3000:]}")
-    return json.loads(out[0])
+    return on_line
 
 
 def between_passes_s(run_dir: str, skip: set[int]) -> list[float]:
@@ -93,7 +79,7 @@ def main() -> int:
 
         for name, extra in (("recut", []), ("no-recut", ["--no-recut"])):
             runs[name] = watched_run(pictl, inventory, [*common, "--repeats", str(args.repeats), *extra],
-                                     {args.slow_at: slow, args.restore_at: restore})
+                                     on_passes({args.slow_at: slow, args.restore_at: restore}))
             restore()
         slow()
         runs["fresh on the slowed cluster"] = pictl.run(cluster.inventory, *common, "--repeats", "4")
