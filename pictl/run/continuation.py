@@ -99,6 +99,12 @@ async def continue_without(ctx: RunContext, job: HostJob, placement: Placement, 
     nodes = await place(ctx, job, candidates(cluster, stages, options.policy), book.timeline)
     spec = dataclasses.replace(spec_from(options, ctx.run_id, ctx.artifact), first_pass=completed)
     choice = await choose_split(ctx, job, nodes, spec, book.timeline)
+    if choice.spec.refine is not None:
+        # `balanced`'s costs were corrected by this run's own passes moments ago (kept with each host's profile):
+        # the next segment measures its split in its warm-up and tries no other, so no calibration pass delays it;
+        # the watch over its timed passes still re-cuts if a host drifts.
+        quick = dataclasses.replace(choice.spec.refine, max_rounds=1)
+        choice = dataclasses.replace(choice, spec=dataclasses.replace(choice.spec, refine=quick))
     hosts = [n.host.name for n in nodes.nodes]
     await job.stage({P.SPEC_FILE: choice.spec.to_json().encode()}, "cannot continue the run", hosts)
     book.segments.host_lost(lost.host, completed, choice.spec.split_points, nodes.stage_hosts[:stages])
