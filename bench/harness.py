@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -85,10 +86,16 @@ def write_local_cluster(path: Path, hosts: int) -> Path:
 def ssh_cluster(hosts: int = 4, *, cpu: float | None = None, period_ms: float = 10.0,
                 slow_host: int | None = None) -> Iterator[Any]:
     """The SSH test cluster (root), every host capped at `cpu` cores (a CFS quota per `period_ms`; host
-    `slow_host` at half), up for the block and down after it, also when the block fails."""
+    `slow_host` at half), up for the block and down after it, also when the block fails or the bench is stopped
+    (SIGTERM from `timeout` or `kill`, SIGHUP from a closed terminal: their default ends the process at once,
+    leaving namespaces, logins and sshds behind)."""
     os.environ.setdefault("PICTL_SSHCLUSTER_TAG", BENCH_TAG)  # read when sshcluster is imported
     from tests.support.sshcluster import SshCluster, down
 
+    def stopped(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    before = {sig: signal.signal(sig, stopped) for sig in (signal.SIGTERM, signal.SIGHUP)}
     cluster = SshCluster(hosts)
     cluster.cfs_period_us = int(period_ms * 1000)
     try:
@@ -98,6 +105,8 @@ def ssh_cluster(hosts: int = 4, *, cpu: float | None = None, period_ms: float = 
         yield cluster
     finally:
         down()
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 @contextmanager
