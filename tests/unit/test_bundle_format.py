@@ -94,3 +94,14 @@ def test_a_link_member_is_refused_and_nothing_is_unpacked(tmp_path: Path) -> Non
     path.write_bytes(b"not a tar")
     with pytest.raises(ConfigError, match="not a pictl bundle"):
         read_bundle(path)
+
+
+def test_a_board_row_names_a_check_without_the_bundles_path_wherever_it_was_verified() -> None:
+    from pictl.jobs.grading.board import _short
+
+    here = Path("/class/board/exact.bundle.tgz")
+    # The verification ran where the student's bundle was, before the TA copied it to the board.
+    assert _short("/home/team/a/exact.bundle.tgz: claimed speedup 1.74x is above the re-run's", here) == (
+        "claimed speedup 1.74x is above the re-run's")
+    assert _short(f"{here}: summary.json was changed after signing", here) == "summary.json was changed after signing"
+    assert _short("other.bundle.tgz: not this one", here) == "other.bundle.tgz: not this one"

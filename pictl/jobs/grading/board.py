@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import html as html_text
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,9 +156,9 @@ def _named_team(manifest: BundleManifest) -> str:
 
 
 def _short(text: str, path: Path) -> str:
-    """A check's message without the bundle's own path (the row names it)."""
-    for prefix in (f"{path}: ", f"{path.name}: "):
-        text = text.replace(prefix, "")
+    """A check's message without the bundle's own path (the row names it): where this board found it, or where a
+    verification recorded beside it ran (a bundle copied to the board after `pictl verify`)."""
+    text = re.sub(rf"(?:\S*/)?{re.escape(path.name)}: ", "", text.replace(f"{path}: ", ""))
     return terminal_text(text, 200)
 
 
