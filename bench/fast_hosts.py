@@ -76,12 +76,26 @@ def points(summary: dict, term: str) -> float:
     return sum(t["points"] for t in (summary.get("waterfall") or {}).get("terms", []) if t["term"] == term)
 
 
+def bottleneck_ms(summary: dict) -> dict[str, float]:
+    """The waterfall's bottleneck rank's wire counters, in ms per image: where its communication goes."""
+    w = summary.get("waterfall") or {}
+    stages = summary.get("per_stage") or []
+    if w.get("bottleneck_rank") is None or not stages:
+        return {}
+    st = stages[w["bottleneck_rank"]]
+    per = summary["images"] * summary["repeats"] / (summary.get("replicas") or 1) / 1000
+    keys = ("recv_post_s", "recv_wait_s", "first_wait_s", "send_post_s", "drain_s", "compute_s", "pass_s")
+    return {k.removesuffix("_s"): round((st.get(k) or 0.0) / per, 3) for k in keys}
+
+
 def figures(summary: dict) -> dict:
     return {"speedup": summary["speedup"], "throughput_ips": summary["throughput_ips"],
             "serial_ips": summary["serial_ips"], "outputs_match": summary.get("outputs_match"),
             "split_points": summary.get("split_points"),
             "terms": {t["term"]: t["points"] for t in (summary.get("waterfall") or {}).get("terms", [])},
             "fixed_points": sum(points(summary, t) for t in FIXED_TERMS),
+            "per_image_ms": (summary.get("waterfall") or {}).get("per_image_ms"),
+            "bottleneck": bottleneck_ms(summary),
             "flags": [f["code"] for f in summary.get("flags") or []]}
 
 
@@ -123,6 +137,7 @@ def main() -> int:
                     print(f"round {r + 1} [{tree.name}] {name}: {f['speedup']:.2f}x ({f['throughput_ips']:.1f} img/s, "
                           f"serial {f['serial_ips']:.1f}); outputs match {f['outputs_match']}; {terms}; flags "
                           f"{','.join(f['flags']) or 'none'}", flush=True)
+                    print(f"    bottleneck rank, ms per image: {f['bottleneck']}", flush=True)
     print("\nmedians (spread = (max - min) / median):")
     for name, per_tree in results.items():
         for tree_name, runs in per_tree.items():

@@ -58,6 +58,9 @@ class TimedStage(PipelineStage):
         self.first_step = 0  # the global number of this pass's first microbatch
         self.slow_factor = 1.0
         """Fault injection (tests, `RunSpec.slowdown`): every microbatch takes this many times its compute."""
+        self.prefetch = True
+        """Post each microbatch's receive while the one before it computes (see `get_fwd_recv_ops`)."""
+        self._prefetched: dict[int, dict[int, list[dist.Work]]] = {}
 
     def new_pass(self) -> None:
         self.counters, self.compute_times, self.enter_times, self.leave_times = StageCounters(), [], [], []
@@ -65,10 +68,28 @@ class TimedStage(PipelineStage):
     def get_fwd_recv_ops(self, fwd_chunk_id: int):  # noqa: ANN201
         if self.tracer is not None:
             self.tracer.before_step(self.first_step + fwd_chunk_id)
+        self._recv_posted = time.perf_counter()  # the stage is ready for this microbatch's input from here on
+        if self.is_first or not self.prefetch:
+            self.chunk = fwd_chunk_id
+            return super().get_fwd_recv_ops(fwd_chunk_id)
+        # Receives run one microbatch ahead: gloo moves a send's bytes only once the matching receive is posted,
+        # so a receive posted when the stage asks for its input puts the whole transfer (and the sender's wake-up)
+        # on the stage's critical path, every microbatch. Posted a microbatch early, the next input crosses the
+        # link while this one computes. Each microbatch has a receive buffer of its own (the stage allocates them
+        # once), so two in flight never share memory. Not while profiling: the profiler must not stop with an
+        # operation it saw start still in flight (`Tracer._stop`), so a traced step receives as the schedule does.
+        works = self._prefetched.pop(fwd_chunk_id, None)
+        if works is None:
+            works = self._post_recv(fwd_chunk_id)
+        if fwd_chunk_id + 1 in self.args_recv_info and not (self.tracer is not None and self.tracer.active):
+            self._prefetched[fwd_chunk_id + 1] = self._post_recv(fwd_chunk_id + 1)
         self.chunk = fwd_chunk_id
-        ops = super().get_fwd_recv_ops(fwd_chunk_id)
-        self._recv_posted = time.perf_counter()
-        return ops
+        for peer_works in works.values():
+            _schedules._wait_batch_p2p(peer_works)  # (looked up at call time: `count_p2p` counts the wait)
+        return []
+
+    def _post_recv(self, fwd_chunk_id: int) -> dict[int, list[dist.Work]]:
+        return _schedules._sorted_batch_p2p(super().get_fwd_recv_ops(fwd_chunk_id), desc="fwd_recv")
 
     def get_fwd_send_ops(self, fwd_chunk_id: int):  # noqa: ANN201
         ops = super().get_fwd_send_ops(fwd_chunk_id)
