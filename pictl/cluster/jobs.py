@@ -150,6 +150,17 @@ class HostJob:
         self.leases += await take_leases(list(fresh), self.job_id, wait=wait, on_wait=on_wait, kind=self.kind)
         await fresh.each(lambda t: push_to(t, tree), "push failed")
 
+    async def drop(self, name: str) -> None:
+        """`name` out of the job for good (a host lost mid-run that the job goes on without): its lease given back
+        (over a connection already gone, the lease ended with it) and its connection closed; never reconnected,
+        so a host that comes back is not taken again by this job (a later one may take it)."""
+        gone = [lease for lease in self.leases if lease.transport.host.name == name]
+        self.leases = [lease for lease in self.leases if lease not in gone]
+        await release_all(gone)
+        transport = self.fleet.transports.pop(name, None)
+        if transport is not None:
+            await asyncio.gather(transport.close(), return_exceptions=True)
+
     # -- processes -------------------------------------------------------------------------------------
 
     async def start(self, host: Host, argv: list[str], *, cwd: str, env: Mapping[str, str]) -> RemoteProcess:

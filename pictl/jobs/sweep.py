@@ -239,9 +239,8 @@ async def _measured(cluster: Cluster, base: RunOptions, points: list[SweepPoint]
         if hosts is not cluster and on_event:
             on_event(Phase("sweep", f"{point.stages} stages on {len(cluster.hosts)} hosts: up to {point.slots} a host "
                                     f"([sweep] slots; the inventory has {cluster.slots} slot(s))"))
-        entries.append(Entry(label, options_for(base, point), hosts))
+        entries.append(Entry(label, options_for(base, point), hosts, point.slots))
     out.mkdir(parents=True)
-    host = reference.cluster.hosts[0].name
     meta: dict[str, Any] = {"started_at": time.time(), "cluster": cluster.source, "options": base.model_dump(),
                             "points": [p.__dict__ for p in points], "labels": labels,
                             "runs_root": str((runs_root or default_runs_root()).absolute()),
@@ -252,8 +251,12 @@ async def _measured(cluster: Cluster, base: RunOptions, points: list[SweepPoint]
         ranking = engine.ranking()
         runs = {label: measured.reference if aliases.get(label) == REFERENCE else measured.runs.get(label, [])
                 for label in labels}
+        # (the reference's host: the inventory's first, then the first each lost host left)
+        host = ", then ".join(dict.fromkeys([reference.cluster.hosts[0].name,
+                                             *(loss.reference_host for loss in measured.losses)]))
         line = reference_line(host, reference.options, ranking.reference)
-        rows[:] = sweep_rows(points, labels, runs, ranking, line)
+        retired = {label: why for loss in measured.losses for label, why in loss.retired.items()}
+        rows[:] = sweep_rows(points, labels, runs, ranking, line, retired)
         meta.update({"reference": {"host": host, "line": line, "chunk": reference.options.chunk,
                                    "ips": ranking.reference.to_json() if ranking.reference else None,
                                    "run_ids": [r.run_id for r in measured.reference]},
@@ -264,10 +267,11 @@ async def _measured(cluster: Cluster, base: RunOptions, points: list[SweepPoint]
 
     engine = SweepRounds(reference, entries, plan, sweep_dir=out, runs_root=runs_root or default_runs_root(),
                          on_event=on_event, cache=cache, aliases=aliases, on_session=on_session,
-                         on_round=table, write_failed=write_failed, hosts=held)
+                         on_round=table, write_failed=write_failed, hosts=held, cluster=cluster)
     if on_event:
+        serial = reference_line(reference.cluster.hosts[0].name, reference.options, None).split(":")[0]
         on_event(Phase("sweep", f"{len(engine.measured_entries)} configuration(s) against one reference, "
-                                f"{reference_line(host, reference.options, None).split(':')[0]}, in "
+                                f"{serial}, in "
                                 f"{plan.rounds} interleaved round(s) (up to {plan.max_rounds} while too close to "
                                 f"call)"))
     try:
@@ -275,7 +279,7 @@ async def _measured(cluster: Cluster, base: RunOptions, points: list[SweepPoint]
     except E.Interrupted:
         table(engine.measured, interrupted=True)
         raise
-    except (E.TransportError, E.HostBusy, E.NotReady):  # a host lost for good (`SweepRounds._mended`): it ends here
+    except (E.TransportError, E.HostBusy, E.NotReady, E.HostLost):  # a host lost for good: it ends here
         table(engine.measured)
         raise
     table(engine.measured)

@@ -15,10 +15,18 @@ to call (`pictl.records.compare_stats.more_rounds`): the reference and those con
 (`part_of`), and says a `[k/n]` line as it ends. The runs borrow the hosts the sweep holds (`hosts`:
 `pictl.run.hosts.held_hosts`); after a run that failed, a host whose connection was lost is connected again, or
 the sweep ends there with an error naming it.
+
+A host lost mid-run (`errors.HostLost`: a rank that died without a word, a link gone) under `on_host_loss =
+continue` (the default) is left out of the rest of the sweep instead (fail in place): its lease is given back,
+every configuration is placed again on the hosts left (the reference on the first of them), the run it was lost in
+is measured again there at once, in its round, and a configuration that no longer fits runs no more. Each such
+loss is kept (`SweepHostLoss`) and said under the table. A configuration's rounds before and after a loss ran on
+different hosts; each still divides by its own round's reference, measured on the same hosts as it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,10 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from pictl import errors as E
-from pictl.events import EventSink, Phase
+from pictl.events import EventSink, HostDropped, Phase
 from pictl.figure_text import ips_text, speedup_text
 from pictl.inventory import Cluster
 from pictl.planning.options import RunOptions
+from pictl.planning.placement import place_stages, sharing_hosts
 from pictl.records.compare_stats import Ranking, Rounds, looks_for, more_rounds, rank
 from pictl.run.baselines import BaselineCache
 from pictl.run.context import Handed
@@ -50,10 +59,47 @@ class Entry:
     options: RunOptions
     cluster: Cluster
     """The hosts its runs may use (the reference's: its one host)."""
+    slots: int | None = None
+    """Stages a host may take where they do not fit the inventory's slots (`sharing_hosts`)."""
 
     @property
     def one_rank(self) -> bool:
         return self.options.ranks == 1
+
+    def on(self, cluster: Cluster) -> Entry:
+        """The same configuration on `cluster` (the hosts a lost one left); ConfigError where it does not fit."""
+        if self.label == REFERENCE:
+            return dataclasses.replace(self, cluster=cluster.model_copy(update={"hosts": cluster.hosts[:1]}))
+        hosts = sharing_hosts(cluster, self.options.stages, self.slots)
+        place_stages(hosts, self.options.ranks)
+        return dataclasses.replace(self, cluster=hosts)
+
+
+@dataclass(frozen=True)
+class SweepHostLoss:
+    """A host the sweep lost, and what it did about it."""
+
+    round: int
+    host: str
+    detail: str
+    lost_in: str
+    """The configuration (or the reference) whose run lost it: measured again on the hosts left, in the round."""
+    run_id: str | None
+    """That run's id (left out of the rounds: its passes ran on the hosts before)."""
+    hosts_left: list[str]
+    reference_host: str
+    """Where the reference's serial run goes from then on."""
+    retired: dict[str, str]
+    """Configurations that no longer fit the hosts left, and why: they run no more."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "line": self.line()}
+
+    def line(self) -> str:
+        text = (f"{self.host} was lost in round {self.round} ({self.detail}): the runs after it ran on "
+                f"{', '.join(self.hosts_left)}, the reference on {self.reference_host}; {self.lost_in}'s run was "
+                f"measured again there")
+        return text + "".join(f"; {label} ran no more ({why})" for label, why in self.retired.items())
 
 
 @dataclass
@@ -81,6 +127,8 @@ class Measurements:
     """Each round's order after the reference."""
     added: list[str] = field(default_factory=list)
     """Why each round past the first `rounds` was added."""
+    losses: list[SweepHostLoss] = field(default_factory=list)
+    """The hosts lost mid-run, in order (the sweep went on without each)."""
 
     def rounds(self, aliases: dict[str, str] | None = None) -> Rounds:
         """As the statistics take them; `aliases` (label -> REFERENCE): a configuration that is the reference
@@ -99,7 +147,7 @@ class Measurements:
                             "runs": {label: run.to_json() for label in order
                                      for run in self.runs.get(label, []) if run.round == k}}
                            for k, (ref, order) in enumerate(zip(self.reference, self.order, strict=True), start=1)],
-                "added": self.added}
+                "added": self.added, "host_lost": [loss.to_json() for loss in self.losses]}
 
 
 ROUNDS, MAX_ROUNDS, MOST_ROUNDS = 3, 6, 20
@@ -146,8 +194,13 @@ class SweepRounds:
                  wait: bool = False, aliases: dict[str, str] | None = None,
                  on_session: Callable[[RunSession, int, int], object] | None = None,
                  on_round: Callable[[Measurements], object] | None = None,
-                 write_failed: list[E.RecordWriteFailed] | None = None, hosts: HeldHosts | None = None) -> None:
+                 write_failed: list[E.RecordWriteFailed] | None = None, hosts: HeldHosts | None = None,
+                 cluster: Cluster | None = None) -> None:
         self.reference, self.entries, self.plan, self.hosts = reference, entries, plan, hosts
+        self.cluster = cluster
+        """Every host the sweep may still use (None: a lost host ends the sweep, as under `--on-host-loss fail`)."""
+        self.retired: set[str] = set()
+        """Configurations that no longer fit the hosts a lost one left."""
         self.sweep_dir, self.runs_root, self.cache, self.wait = sweep_dir, runs_root, cache, wait
         self.aliases = aliases or {}
         """Configurations that are the reference itself (the sweep's serial point at its chunk): never run twice."""
@@ -159,7 +212,7 @@ class SweepRounds:
 
     @property
     def measured_entries(self) -> list[Entry]:
-        return [e for e in self.entries if e.label not in self.aliases]
+        return [e for e in self.entries if e.label not in self.aliases and e.label not in self.retired]
 
     def ranking(self) -> Ranking:
         return rank(self.measured.rounds(self.aliases), looks=self.plan.looks)
@@ -174,6 +227,8 @@ class SweepRounds:
             began = time.monotonic()
             await self._round(round_no, members)
             longest = max(longest, time.monotonic() - began)
+            if not self.measured_entries:  # (every configuration retired: a lost host left none room)
+                break
             if round_no < self.plan.rounds:
                 continue
             ranking = self.ranking()
@@ -184,6 +239,8 @@ class SweepRounds:
                 break
             close = {name for v in ranking.undecided() for name in (v.a, v.b)}
             members = [e for e in self.measured_entries if e.label in close]
+            if not members:
+                break
             self.measured.added.append(why)
             self.planned = max(self.planned, self.done) + 1 + len(members)
             self.say(Phase("sweep", f"{why}: round {round_no + 1} measures the reference and "
@@ -191,21 +248,67 @@ class SweepRounds:
         return self.measured
 
     async def _round(self, round_no: int, members: list[Entry]) -> None:
-        order = members if round_no % 2 else list(reversed(members))
-        self.measured.order.append([e.label for e in order])
-        ref_run, handed = await self._measure(self.reference, round_no, None)
+        order = [e.label for e in (members if round_no % 2 else list(reversed(members)))]
+        self.measured.order.append(order)
+        ref_run, handed = await self._taken(self.reference, round_no, None)
         self.measured.reference.append(ref_run)
-        await self._mended(ref_run)
-        for entry in order:
-            run, _ = await self._measure(entry, round_no, handed, ref_run.ips)
-            self.measured.runs.setdefault(entry.label, []).append(run)
-            await self._mended(run)
+        for label in order:
+            entry = next((e for e in self.entries if e.label == label), None)
+            if entry is None or label in self.retired:  # (a host lost earlier in this round left it no room)
+                continue
+            run, _ = await self._taken(entry, round_no, handed, ref_run.ips)
+            self.measured.runs.setdefault(label, []).append(run)
         if self.on_round:
             self.on_round(self.measured)
 
+    async def _taken(self, entry: Entry, round_no: int, handed: Handed | None,
+                     reference_ips: float | None = None) -> tuple[RoundRun, Handed | None]:
+        """`entry`'s run of the round; one that lost a host is measured again on the hosts left (`_without`),
+        where it still fits, else it stands as failed."""
+        while True:
+            run, handed_on, lost = await self._measure(entry, round_no, handed, reference_ips)
+            if lost is None or self.cluster is None or self.hosts is None or entry.options.on_host_loss == "fail":
+                await self._mended(run)
+                return run, handed_on
+            await self._without(lost, round_no, entry, run)
+            again = self.reference if entry.label == REFERENCE else next(
+                (e for e in self.entries if e.label == entry.label and e.label not in self.retired), None)
+            if again is None:
+                return run, handed_on
+            entry = again
+
+    async def _without(self, lost: E.HostLost, round_no: int, entry: Entry, run: RoundRun) -> None:
+        """Go on without `lost`'s host: its lease given back, every configuration placed on the hosts left (the
+        reference on the first), those that no longer fit retired; the run's error stands where nothing is left."""
+        assert self.cluster is not None and self.hosts is not None
+        left = tuple(h for h in self.cluster.hosts if h.name != lost.host)
+        if not left:
+            raise lost
+        await self.hosts.drop(lost.host)
+        self.cluster = self.cluster.model_copy(update={"hosts": left})
+        retired: dict[str, str] = {}
+        moved = []
+        for e in self.entries:
+            if e.label in self.retired:
+                moved.append(e)
+                continue
+            try:
+                moved.append(e.on(self.cluster))
+            except E.ConfigError as exc:
+                retired[e.label] = str(exc)
+                moved.append(e)
+        self.entries, self.reference = moved, self.reference.on(self.cluster)
+        self.retired |= set(retired)
+        loss = SweepHostLoss(round_no, lost.host, lost.detail or str(lost), entry.label, run.run_id,
+                             [h.name for h in left], left[0].name, retired)
+        self.measured.losses.append(loss)
+        self.say(HostDropped(lost.host, lost.detail or str(lost)))
+        self.say(Phase("host-lost", loss.line()))
+
     async def _measure(self, entry: Entry, round_no: int, handed: Handed | None,
-                       reference_ips: float | None = None) -> tuple[RoundRun, Handed | None]:
-        """One run of `entry` in round `round_no`; the reference's also returns what it hands the others."""
+                       reference_ips: float | None = None) -> tuple[RoundRun, Handed | None, E.HostLost | None]:
+        """One run of `entry` in round `round_no`; the reference's also returns what it hands the others, and a run
+        that lost a host its loss."""
         is_reference = entry is self.reference
         part_of = {"kind": "sweep", "name": self.sweep_dir.name, "dir": str(self.sweep_dir.absolute()),
                    "round": round_no, "role": REFERENCE if is_reference else "candidate",
@@ -216,8 +319,11 @@ class SweepRounds:
         if self.on_session:
             self.on_session(session, self.done, self.planned)
         error: str | None = None
+        lost: E.HostLost | None = None
         try:
             summary: RunSummary | None = await session.run()
+        except E.HostLost as exc:  # (a run of a comparison never continues itself: `run.continuation`)
+            summary, error, lost = session.summary, str(exc), exc
         except (E.RunFailed, E.OutputMismatch, E.TransportError) as exc:
             # One failed run does not lose the others; the round leaves it out, and its row says why.
             summary, error = session.summary, str(exc)
@@ -238,7 +344,7 @@ class SweepRounds:
         self.say(Phase("sweep", f"[{self.done}/{self.planned}] round {round_no}, "
                                 f"{_named(entry, is_reference)}: {ips_text(ips)} img/s, "
                                 f"{speedup_text(speedup)}, {_outputs(summary, error)}"))
-        return run, (session.reference if is_reference and ips else None)
+        return run, (session.reference if is_reference and ips else None), lost
 
     async def _mended(self, run: RoundRun) -> None:
         """After a run that failed, the held hosts checked: one whose connection was lost is connected again, or

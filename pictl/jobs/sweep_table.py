@@ -65,6 +65,14 @@ class TableMeta(Open):
     reference: Any = None
     verdicts: Any = None
     """`verdict_lines`: the verdict between each configuration and the next in the ranking."""
+    host_lost: Any = None
+    """The hosts the sweep lost and went on without (`sweep_rounds.SweepHostLoss`)."""
+
+
+class LostHost(Open):
+    """One of sweep.json's `host_lost`: what the sweep did without the host, in words (`line`)."""
+
+    line: Any = None
 
 
 def row_of(point: Any, summary: RunSummary | None, error: str | None = None) -> dict[str, Any]:
@@ -94,9 +102,10 @@ def row_of(point: Any, summary: RunSummary | None, error: str | None = None) -> 
 
 
 def sweep_rows(points: list[Any], labels: list[str], runs: dict[str, list[Any]], ranking: Ranking,
-               reference: str) -> list[dict[str, Any]]:
+               reference: str, retired: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """One row per point (`runs`: its label's `RoundRun`s, in round order), fastest first by place and median
-    speedup; `reference` names the reference in every row."""
+    speedup; `reference` names the reference in every row. `retired`: configurations a lost host left no room,
+    and why (status `retired` where none of their runs failed)."""
     entries = {e.name: e for e in ranking.entries}
     rows = []
     for point, label in zip(points, labels, strict=True):
@@ -128,6 +137,9 @@ def sweep_rows(points: list[Any], labels: list[str], runs: dict[str, list[Any]],
             "run_ids": [r.run_id for r in mine],
             **({"error": "; ".join(f"round {r.round}: {r.error}" for r in failed)} if failed else {}),
         })
+        if label in (retired or {}):
+            row["status"] = "retired" if not failed else row["status"]
+            row["error"] = "; ".join(filter(None, [row.get("error"), f"ran no more: {(retired or {})[label]}"]))
         rows.append(row)
     return sorted(rows, key=_rank)
 
@@ -177,6 +189,7 @@ def write_table(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> 
     notes = ([f"Every speedup is over one reference, round by round: {reference.line}."]
              if reference is not None and reference.line else [])
     notes += [f"- {line}" for line in written.verdicts or []]
+    notes += [f"Host lost: {LostHost.view(loss).line}" for loss in written.host_lost or [] if isinstance(loss, dict)]
     write_tables(out, flat, COLUMNS, MD_COLUMNS, notes)
 
 

@@ -66,6 +66,9 @@ class TuneMeta(Open):
     rounds: int | None = None
     """How many rounds the reference ran."""
     plan: TunePlan | None = None
+    host_lost: list[dict[str, Any]] | None = None
+    """The hosts the tune lost mid-run and went on without: host, detail, the run count it happened at, the hosts
+    left and the `line` that said so (`TuneJob.without`)."""
 
 
 class TuneRecord:

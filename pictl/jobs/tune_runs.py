@@ -3,7 +3,11 @@ runs root, a screening run judged once (`pictl.jobs.tune_verdicts.judge`), a rou
 reference (`pictl.jobs.tune_rounds`), a `[k/n]` line for each as it ends, and `tune.json` rewritten after each.
 What the tune may spend and keep is `TuneSettings`; the search that orders the runs is `pictl.jobs.tune`.
 Its runs borrow the hosts the tune holds (`hosts`: `pictl.run.hosts.held_hosts`); after a run that failed, a host
-whose connection was lost is connected again, or the tune ends there with an error naming it.
+whose connection was lost is connected again, or the tune ends there with an error naming it. A host lost mid-run
+(`errors.HostLost`) under `on_host_loss = continue` (the default) is left out instead (fail in place,
+`TuneJob.without`): its lease is given back, the run it was lost in stands as failed (a finalist that lost one is
+no longer kept: a winner runs every round), the runs after it go to the hosts left (a candidate that no longer
+fits them is refused; the reference moves to the first of them), and tune.json keeps each loss (`host_lost`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass as checked_dataclass
 
 from pictl import errors as E
-from pictl.events import EventSink, Phase
+from pictl.events import EventSink, HostDropped, Phase
 from pictl.inventory import Cluster
 from pictl.jobs.tune_report import TUNE_FILE, TuneMeta, TuneRecord
 from pictl.jobs.tune_rounds import FINALISTS, MAX_ROUNDS, MIN_ROUNDS
@@ -160,6 +164,10 @@ class TuneJob:
         """Screen `m` by one run (on the host `on` alone, when given) and judge it; a row of the table counts
         toward --measure, a further machine's serial run and a gain's do not."""
         settings, label = self.settings, m.candidate.label
+        if on is not None and on not in {h.name for h in self.cluster.hosts}:
+            m.why = f"not measured: {on} was lost"
+            self.say(Phase("tune", f"{label} on {on}: {m.why}"))
+            return
         self.say(Phase("tune", f"measuring {label} ({why})"))
         lead = not self.anything_measured()  # its serial run is screening's reference: measured now, in this tune
         session = self.session(alone(self.cluster, on) if on else self.cluster, m.candidate.options(self.base), m,
@@ -237,9 +245,36 @@ class TuneJob:
 
     async def _mended(self, exc: BaseException) -> None:
         """After a run that failed on the hosts (not on its outputs or its options), the held hosts checked: one
-        whose connection was lost is connected again, or its error (naming it) ends the tune."""
-        if self.hosts is not None and isinstance(exc, E.RunFailed | E.TransportError):
+        whose connection was lost is connected again, or its error (naming it) ends the tune. A host lost mid-run
+        is left out instead, where the tune goes on without it (`without`)."""
+        if isinstance(exc, E.HostLost) and self.base.on_host_loss == "continue" and self.hosts is not None:
+            await self.without(exc)
+        elif self.hosts is not None and isinstance(exc, E.RunFailed | E.TransportError):
             await self.hosts.mend()
+
+    async def without(self, lost: E.HostLost) -> None:
+        """Go on without `lost`'s host: its lease given back, the later runs on the hosts left (the reference on
+        the first of them where it ran on the lost one), the loss said and kept in tune.json; its error stands
+        where no host is left."""
+        assert self.hosts is not None
+        left = tuple(h for h in self.cluster.hosts if h.name != lost.host)
+        if not left or len(left) == len(self.cluster.hosts):
+            raise lost
+        await self.hosts.drop(lost.host)
+        self.cluster = self.cluster.model_copy(update={"hosts": left})
+        reference = self.meta.reference
+        moved = reference is not None and reference.host == lost.host
+        if reference is not None and moved:
+            self.meta.reference = reference.model_copy(update={"host": left[0].name})
+        line = (f"{lost.host} was lost ({lost.detail or lost}): the runs after it run on "
+                f"{', '.join(h.name for h in left)}" + (f", the reference on {left[0].name}" if moved else "")
+                + "; a candidate that no longer fits them is refused")
+        self.meta.host_lost = [*(self.meta.host_lost or []),
+                               {"host": lost.host, "detail": lost.detail or str(lost), "at_run": self.progress.done,
+                                "hosts_left": [h.name for h in left], "line": line}]
+        self.say(HostDropped(lost.host, lost.detail or str(lost)))
+        self.say(Phase("host-lost", line))
+        self.save("running")
 
     def _kept_write_error(self, session: RunSession, label: str) -> None:
         if session.write_error is not None:  # measured, but its record is incomplete: the tune goes on

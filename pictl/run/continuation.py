@@ -47,7 +47,8 @@ def cannot_continue(ctx: RunContext, placement: Placement, lost: E.HostLost, boo
     if o.on_host_loss == "fail":
         return "--on-host-loss fail"
     if comparison:
-        return "a run of a sweep or tune is measured whole on its configuration (the comparison leaves it out)"
+        return ("a run of a sweep or tune is measured whole on one set of hosts (the comparison measures it again "
+                "on the hosts left)")
     if o.replicas > 1:
         return "a run with replicas ends when a host is lost (each replica's split is shared: re-planning one is " \
                "not built)"

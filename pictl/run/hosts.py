@@ -74,6 +74,12 @@ class HeldHosts:
                               tree=self.tree)
 
 
+    async def drop(self, name: str) -> None:
+        """A host lost mid-run, left out of the holder's later runs (`HostJob.drop`); `mend` never connects it again."""
+        await self.job.drop(name)
+        self.sink(Phase("lease", f"{name}: lost; its lease is given back and the rest run without it"))
+
+
 @asynccontextmanager
 async def held_hosts(cluster: Cluster, kind: str, name: str, *, wait: bool = False,
                      on_event: EventSink | None = None) -> AsyncIterator[HeldHosts]:

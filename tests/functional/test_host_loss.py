@@ -7,6 +7,7 @@ against the serial run, and nothing of ours left on any host. (The SSH cluster's
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -18,6 +19,15 @@ from pathlib import Path
 import pytest
 from support.cli import finished, run_pictl
 from support.clusters import processes_under, write_cluster
+
+from pictl import errors as E
+from pictl.cluster.jobs import HostJob
+from pictl.inventory import load_cluster
+from pictl.jobs.tune import plan_tune
+from pictl.jobs.tune_report import TuneReference
+from pictl.jobs.tune_runs import Measured, TuneJob
+from pictl.jobs.tune_space import Candidate
+from pictl.run.hosts import held_hosts
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -93,3 +103,93 @@ def test_a_rank_killed_in_the_second_timed_pass_the_run_finishes_on_the_two_host
     report = (tmp_path / "report" / "report.md").read_text()
     assert "**hosts lost**" in report and "| 1 | h0, h1, h2 | 1-1 |" in report
     assert "| 2 | h0, h2 | 2-3 |" in report and "host-lost (h1)" in report
+
+
+def test_a_sweep_that_loses_a_host_measures_the_rest_on_the_hosts_left(tmp_path: Path, pictl_env) -> None:
+    """h1's rank is killed in the sweep's 2-stage run: that run is measured again on h0 and h2 in its round, the
+    3-stage configuration no longer fits the two hosts left and runs no more, and the sweep says so."""
+    cluster = write_cluster(tmp_path / "cluster", 3)
+    out = tmp_path / "sweep"
+    proc = subprocess.Popen([sys.executable, "-m", "pictl", "sweep", "--hosts", str(cluster), "--out", str(out),
+                             "--stages", "2,3", "--policy", "equal", "--images", str(IMAGES), "--chunks", "2",
+                             "--warmup", "0", "--repeats", str(REPEATS), "--rounds", "1", "--max-rounds", "1",
+                             "--headless", "--json"],
+                            env=pictl_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    victim = None
+    while victim is None:  # the 2-stage run's first timed pass is through (its last stage, h1, said so)
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the sweep's 2-stage run never finished a timed pass"
+        for run_dir in Path(pictl_env["PICTL_RUNS_DIR"]).glob("*"):
+            started = _records(run_dir / "events" / "h1.jsonl", "run_start")
+            if started and _records(run_dir / "events" / "h1.jsonl", "throughput"):
+                victim, lost_run = started[0]["pid"], run_dir.name
+        time.sleep(0.05)
+    os.kill(victim, signal.SIGKILL)
+    out_text, err = proc.communicate(timeout=300)
+    assert proc.returncode == 3, err[-3000:]  # (a configuration was not measured: the sweep says which, and why)
+    sweep = json.loads((out / "sweep.json").read_text())
+    rows = {r["label"]: r for r in sweep["rows"]}
+    assert json.loads(out_text)["rows"] == sweep["rows"]
+
+    # The 2-stage configuration: measured again on the hosts left, in its round, its outputs the serial run's.
+    two = rows["2 stages, equal"]
+    assert (two["status"], two["rounds"], two["outputs_match"]) == ("ok", 1, True), two
+    assert lost_run not in two["run_ids"]
+    again = json.loads((Path(pictl_env["PICTL_RUNS_DIR"]) / two["run_id"] / "summary.json").read_text())
+    assert [st["host"] for st in again["per_stage"]] == ["h0", "h2"] and again["segments"][0]["hosts"] == ["h0", "h2"]
+    # The 3-stage one no longer fits: it ran no more, and says why.
+    three = rows["3 stages, equal"]
+    assert three["status"] == "retired" and three["rounds"] == 0 and "3 stages do not fit" in three["error"], three
+
+    loss = sweep["host_lost"][0]
+    assert (loss["round"], loss["host"], loss["lost_in"], loss["run_id"]) == (1, "h1", "2 stages, equal", lost_run)
+    assert loss["hosts_left"] == ["h0", "h2"] and loss["reference_host"] == "h0"
+    assert list(loss["retired"]) == ["3 stages, equal"]
+    assert "h1 was lost in round 1" in err and "ran on h0, h2" in err
+    assert "Host lost: h1 was lost in round 1" in (out / "table.md").read_text()
+    time.sleep(1.0)
+    assert not processes_under(cluster.parent), [p.cmdline() for p in processes_under(cluster.parent)]
+
+
+def test_a_tune_that_loses_a_host_gives_its_lease_back_and_runs_the_rest_on_the_hosts_left(tmp_path: Path) -> None:
+    """The tune's side of a loss, over real leases on a local cluster: the lost host's lease is given back at once
+    (another team can take it while the tune still holds the others), the reference moves off it, the runs after
+    go to the hosts left (a lever's run on the lost host is not measured), and tune.json keeps the loss. (The
+    sweep above shows the same reaction end to end, from a real killed rank.)"""
+    cluster = load_cluster(write_cluster(tmp_path / "cluster", 3))
+    base, settings = plan_tune(None, {})
+    said: list[object] = []
+
+    async def scenario() -> None:
+        tune = TuneJob(cluster, base, settings, tmp_path / "tune", on_event=said.append, cache=None, on_rows=None,
+                       on_session=None, write_failed=None, runs_root=tmp_path / "runs")
+        (tmp_path / "tune").mkdir()
+        tune.meta.reference = TuneReference(host="h0", numerics="fp32", threads=1, chunk=1, screening_run_id=None,
+                                            screening_ips=None)
+        async with held_hosts(cluster, "tune", "t1") as tune.hosts:
+            await tune._mended(E.HostLost.on("h0", 0, "the pipeline", "the rank died without reporting an error"))
+            assert [h.name for h in tune.cluster.hosts] == ["h1", "h2"]
+            assert tune.meta.reference is not None and tune.meta.reference.host == "h1"
+            # Another team takes the lost host now; the two the tune still holds stay refused to it.
+            other = HostJob([h for h in cluster.hosts if h.name == "h0"], "other-team")
+            await other.hold()
+            await other.close()
+            busy = HostJob([h for h in cluster.hosts if h.name == "h2"], "other-team")
+            try:
+                await busy.hold()
+                raise AssertionError("h2 should still be the tune's")
+            except E.HostBusy:
+                pass
+            finally:
+                await busy.close()
+            lever = Measured(Candidate(1, 1, threads=2, chunk=1))
+            await tune.measure(lever, "what 2 threads gain on h0", on="h0")
+            assert lever.status is None and lever.why == "not measured: h0 was lost"
+
+    asyncio.run(scenario())
+    record = json.loads((tmp_path / "tune" / "tune.json").read_text())
+    loss = record["host_lost"][0]
+    assert (loss["host"], loss["hosts_left"]) == ("h0", ["h1", "h2"])
+    assert "h0 was lost" in loss["line"] and "the reference on h1" in loss["line"]
+    assert any(getattr(e, "host", None) == "h0" for e in said)  # the dashboard's HostDropped
