@@ -76,17 +76,22 @@ class TimedStage(PipelineStage):
         # so a receive posted when the stage asks for its input puts the whole transfer (and the sender's wake-up)
         # on the stage's critical path, every microbatch. Posted a microbatch early, the next input crosses the
         # link while this one computes. Each microbatch has a receive buffer of its own (the stage allocates them
-        # once), so two in flight never share memory. Not while profiling: the profiler must not stop with an
-        # operation it saw start still in flight (`Tracer._stop`), so a traced step receives as the schedule does.
+        # once), so two in flight never share memory. Not into or inside a trace window: the profiler must not
+        # stop with an operation it saw start still in flight (`Tracer._stop`), and a traced step's receive must
+        # be in its trace, so a traced step receives as the schedule does. (A window another rank requested is
+        # known here a few steps ahead, `tracing.LEAD`; one learnt later may miss its first step's receive.)
         works = self._prefetched.pop(fwd_chunk_id, None)
         if works is None:
             works = self._post_recv(fwd_chunk_id)
-        if fwd_chunk_id + 1 in self.args_recv_info and not (self.tracer is not None and self.tracer.active):
+        if fwd_chunk_id + 1 in self.args_recv_info and not self._traced(self.first_step + fwd_chunk_id + 1):
             self._prefetched[fwd_chunk_id + 1] = self._post_recv(fwd_chunk_id + 1)
         self.chunk = fwd_chunk_id
         for peer_works in works.values():
             _schedules._wait_batch_p2p(peer_works)  # (looked up at call time: `count_p2p` counts the wait)
         return []
+
+    def _traced(self, step: int) -> bool:
+        return self.tracer is not None and (self.tracer.active or self.tracer.will_trace(step))
 
     def _post_recv(self, fwd_chunk_id: int) -> dict[int, list[dist.Work]]:
         return _schedules._sorted_batch_p2p(super().get_fwd_recv_ops(fwd_chunk_id), desc="fwd_recv")

@@ -87,6 +87,12 @@ class Tracer:
     def active(self) -> bool:
         return self._prof is not None
 
+    def will_trace(self, step: int) -> bool:
+        """Whether `step` falls in a window known now (the planned one, or one requested and not yet served): a
+        receive for it is not posted ahead, so the window records the step's whole exchange."""
+        return any(w is not None and w.trace_id not in self._served and w.start <= step < w.end
+                   for w in (self.window, self.planned))
+
     def _idle(self) -> bool:
         return self._prof is None and self._done is None and (self.window is None
                                                               or self.window.trace_id in self._served)
