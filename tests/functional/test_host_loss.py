@@ -111,8 +111,8 @@ def test_a_sweep_that_loses_a_host_measures_the_rest_on_the_hosts_left(tmp_path:
     cluster = write_cluster(tmp_path / "cluster", 3)
     out = tmp_path / "sweep"
     proc = subprocess.Popen([sys.executable, "-m", "pictl", "sweep", "--hosts", str(cluster), "--out", str(out),
-                             "--stages", "2,3", "--policy", "equal", "--images", str(IMAGES), "--chunks", "2",
-                             "--warmup", "0", "--repeats", str(REPEATS), "--rounds", "1", "--max-rounds", "1",
+                             "--stages", "2,3", "--policy", "equal", "--images", "8", "--chunks", "2",
+                             "--warmup", "0", "--repeats", "2", "--rounds", "1", "--max-rounds", "1",
                              "--headless", "--json"],
                             env=pictl_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
