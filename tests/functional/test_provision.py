@@ -192,4 +192,6 @@ def test_ctrl_c_during_provision_leaves_no_installer_running(ssh_cluster, pictl_
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=30)
     assert proc.returncode == 130
-    assert_hosts_clean(ssh_cluster, timeout=10)
+    # (a stopped pip that is unwinding takes longer on a loaded machine: ci33, at 3 workers, saw one still there
+    # after 10 s; what must not happen is one that stays)
+    assert_hosts_clean(ssh_cluster, timeout=30)
