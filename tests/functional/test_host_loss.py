@@ -32,7 +32,7 @@ from pictl.run.hosts import held_hosts
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
-IMAGES, REPEATS = 12, 3
+IMAGES, REPEATS = 8, 3
 
 
 def _records(events: Path, kind: str) -> list[dict]:
