@@ -243,7 +243,7 @@ def outputs_text(s: RunSummary) -> str:
     agreed = "-" if s.agreement is None else f"{s.agreement:.2%}"
     bound = "-" if wire.min_agreement is None else f"{wire.min_agreement:.0%}"
     return (f"lossy wire {wire.format}: top-1 agreement {agreed} (at least {bound} passes), max |diff| "
-            f"{figure(s.max_abs_diff, '.4f')}, mean |diff| {figure(s.mean_abs_diff, '.4f')}, accuracy "
+            f"{figure(s.max_abs_diff, '.3g')}, mean |diff| {figure(s.mean_abs_diff, '.3g')}, accuracy "
             f"{percent_text(s.accuracy)} against serial {percent_text(s.serial_accuracy)}")
 
 
