@@ -172,3 +172,22 @@ def test_the_lines_say_which_round_s_split_the_timed_passes_run() -> None:
     assert refine_line(done) == ("pictl refine: the timed passes run round 2's split blocks.4: measured 13.1 / "
                                  "12.9 ms (slowest 13.1, 12.2-14.0 over 2 pass(es)), predicted 12.4 / 12.6 ms per "
                                  "microbatch; refinement added 3 untimed pass(es), 4.2 s, to start-up")
+
+
+def test_a_stage_that_outpaces_its_link_does_not_correct_its_host() -> None:
+    """MobileNetV2's case (docs/benchmarks.md): stage 0 computes 2 ms a microbatch but feeds a link that needs
+    8 ms for its cut's bytes, so its sends back up and its measured compute is 10 ms. That says nothing of host
+    0's speed: its factor stays, while stage 1 (not link-bound) is corrected as measured. Counted, the factor
+    would have been 5x, and under it a cut where the big activation crosses a slower link would look best."""
+    pieces = 10
+    table = CostTable(compute_s=[[1.0e-3] * pieces] * 2, cut_bytes=[0.0, 0.0, 8e5, *([1e4] * (pieces - 3))],
+                      links=[Link(latency_s=0.0, bytes_per_s=1e8)])  # 0.8 MB at 100 MB/s: 8 ms
+    refiner = Refiner(table, (2,))
+    assert evaluate(table, (2,)).link_s[0] > evaluate(table, (2,)).stage_s[0]  # stage 0 outpaces its link
+    refiner.observe([[10e-3] * 12, [9.6e-3] * 12])
+    assert refiner.factors[0] == 1.0  # not 5.0
+    assert refiner.factors[1] == pytest.approx(1.2)  # 9.6 ms measured over 8 pieces of 1 ms
+    # A split whose first stage does not outpace its link corrects host 0 as it measures.
+    unbound = Refiner(table, (6,))
+    unbound.observe([[12e-3] * 12, [4e-3] * 12])
+    assert unbound.factors[0] == pytest.approx(2.0)
