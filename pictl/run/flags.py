@@ -98,8 +98,18 @@ def _host_lost(s: RunSummary) -> list[Flag]:
                                      f"{loss.stages_after} stage(s) on {', '.join(loss.hosts_after)}: {cost} from the "
                                      f"failure to the next segment's first output (in no timed pass), "
                                      f"{loss.recomputed_images} image(s) computed again; each pass counts once, on "
-                                     "the split that ran it (`segments`)"))
+                                     "the split that ran it (`segments`)" + _baseline_on(s, loss.host)))
     return out
+
+
+def _baseline_on(s: RunSummary, lost: str) -> str:
+    """What the speedup divides by when the serial baseline's own host was the one lost: its measurement from
+    before the loss (the same protocol and threads, the run's one reference), said so rather than assumed."""
+    host = s.baseline.host if s.baseline else None
+    if host != lost:
+        return ""
+    return (f"; the serial baseline was measured on {lost} before it was lost, and the speedup divides by that "
+            f"measurement")
 
 
 def _ips(value: float | None) -> str:

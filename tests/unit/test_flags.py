@@ -156,6 +156,12 @@ CASES = {
         "host_lost", "local2 was lost after 1 of 3 timed pass(es) (killed); the run went on with 2 stage(s) on local0, "
                      "local1: 4.2 s from the failure to the next segment's first output (in no timed pass), 48 "
                      "image(s) computed again"),
+    "the serial baseline's own host lost (the speedup divides by its measurement from before)": (
+        [_speedup(2.3), _set("host_lost", [{"host": "local0", "rank": 0, "message": "killed", "completed_passes": 1,
+                                            "stages_before": 3, "stages_after": 2, "hosts_after": ["local1", "local2"],
+                                            "recomputed_images": 48, "lost_s": 4.25}])],
+        "host_lost", "the serial baseline was measured on local0 before it was lost, and the speedup divides by that "
+                     "measurement"),
     "other work on the serial run's CPU": (
         [_set("serial_timing", {"compute_per_image_s": 0.1, "run_delay_per_image_s": 0.03})], "host_overloaded",
         "local0: during the serial baseline, its threads waited 30.0 ms per image for a CPU other work held (30% of "
