@@ -42,6 +42,7 @@ from pictl.jobs.tune_space import Axes, Candidate, candidates
 from pictl.jobs.tune_verdicts import Measured, judge_serial, ranked
 from pictl.planning.costs import Profiles
 from pictl.planning.options import RunOptions, as_flag
+from pictl.planning.placement import place_stages
 from pictl.planning.presets import preset_keys, resolve_options
 from pictl.records.runs import default_runs_root
 from pictl.run.baselines import BaselineCache
@@ -124,6 +125,18 @@ async def _search(tune: TuneJob) -> None:
                          chunk=base.chunk)
     lead = rows.setdefault(pipeline, Measured(pipeline))
     await measure(lead, "the pipeline over every host; it profiles them and its serial run is the reference")
+    if lead.status != "ok" and len(tune.cluster.hosts) < len(cluster.hosts):
+        # A host was lost in it (`TuneJob.without`): the pipeline over the hosts left leads instead, and the search
+        # goes on from its profiles and its serial run, over those hosts.
+        cluster = tune.cluster
+        pipeline = Candidate(1, len(cluster.hosts) if len(cluster.hosts) > 1 else cluster.slots,
+                             threads=base.threads, chunk=base.chunk)
+        lead = rows.setdefault(pipeline, Measured(pipeline))
+        await measure(lead, f"the pipeline over the hosts left ({', '.join(h.name for h in cluster.hosts)}); its "
+                            "serial run is the reference", lead=True)
+        for m in rows.values():
+            if m.status is None and not _fits(m.candidate, cluster):
+                m.why = f"not measured: {m.candidate.label} does not fit the hosts left"
     # The serial run is a row of its own: one copy on one host, what every candidate has to beat.
     serial = Candidate(1, 1, threads=base.threads, chunk=base.chunk)
     if first[0].summary is not None:
@@ -197,7 +210,8 @@ async def _search(tune: TuneJob) -> None:
     meta.calibration = asdict(calibration)
     meta.int8_gains = int8_gains
     for m in rows.values():
-        m.predicted_ips = predict(m.candidate, cluster, base, profiles, calibration)
+        m.predicted_ips = predict(m.candidate, cluster, base, profiles, calibration) if _fits(m.candidate, cluster) \
+            else None
     save("running")
     todo = sorted((m for m in rows.values() if m.status is None and m.predicted_ips and not m.why),
                   key=lambda m: -(m.predicted_ips or 0.0))
@@ -240,6 +254,15 @@ async def _decide(tune: TuneJob) -> None:
     tune.meta.plan = TunePlan(rounds=MIN_ROUNDS, max_rounds=tune.settings.max_rounds)  # (`runs compare` reads it)
     for line in decision.lines:
         tune.say(Phase("tune", line))
+
+
+def _fits(c: Candidate, cluster: Cluster) -> bool:
+    """`c`'s ranks fit the hosts (fewer after a host was lost than the candidates were made for)."""
+    try:
+        place_stages(cluster, c.replicas * c.stages)
+    except E.ConfigError:
+        return False
+    return True
 
 
 def _int8_gain(m: Measured, _host: str) -> float | None:

@@ -7,7 +7,8 @@ whose connection was lost is connected again, or the tune ends there with an err
 (`errors.HostLost`) under `on_host_loss = continue` (the default) is left out instead (fail in place,
 `TuneJob.without`): its lease is given back, the run it was lost in stands as failed (a finalist that lost one is
 no longer kept: a winner runs every round), the runs after it go to the hosts left (a candidate that no longer
-fits them is refused; the reference moves to the first of them), and tune.json keeps each loss (`host_lost`).
+fits them is refused; the reference moves to the first of them), and tune.json keeps each loss (`host_lost`). A
+loss in the first run hands the lead to the pipeline over the hosts left (`pictl.jobs.tune._search`).
 """
 
 from __future__ import annotations
@@ -160,19 +161,23 @@ class TuneJob:
             self.on_session(session, m)
         return session
 
-    async def measure(self, m: Measured, why: str, on: str | None = None, *, counted: bool = True) -> None:
+    async def measure(self, m: Measured, why: str, on: str | None = None, *, counted: bool = True,
+                      lead: bool | None = None) -> None:
         """Screen `m` by one run (on the host `on` alone, when given) and judge it; a row of the table counts
-        toward --measure, a further machine's serial run and a gain's do not."""
+        toward --measure, a further machine's serial run and a gain's do not. `lead`: the run whose serial run
+        and profiles the tune goes on from (default: the first run; the pipeline over the hosts left when the
+        first run lost a host)."""
         settings, label = self.settings, m.candidate.label
         if on is not None and on not in {h.name for h in self.cluster.hosts}:
             m.why = f"not measured: {on} was lost"
             self.say(Phase("tune", f"{label} on {on}: {m.why}"))
             return
         self.say(Phase("tune", f"measuring {label} ({why})"))
-        lead = not self.anything_measured()  # its serial run is screening's reference: measured now, in this tune
+        if lead is None:
+            lead = not self.anything_measured()  # its serial run is screening's reference: measured now, in this tune
         session = self.session(alone(self.cluster, on) if on else self.cluster, m.candidate.options(self.base), m,
                                fresh=lead)
-        self.first[:] = self.first or [session]
+        self.first[:] = [session] if lead else self.first or [session]
         summary: RunSummary | None
         try:
             summary = await session.run()
