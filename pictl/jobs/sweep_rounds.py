@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from pictl import errors as E
-from pictl.events import EventSink, HostDropped, Phase
+from pictl.events import EventSink, Phase
 from pictl.figure_text import ips_text, speedup_text
 from pictl.inventory import Cluster
 from pictl.planning.options import RunOptions
@@ -281,11 +281,8 @@ class SweepRounds:
         """Go on without `lost`'s host: its lease given back, every configuration placed on the hosts left (the
         reference on the first), those that no longer fit retired; the run's error stands where nothing is left."""
         assert self.cluster is not None and self.hosts is not None
-        left = tuple(h for h in self.cluster.hosts if h.name != lost.host)
-        if not left:
-            raise lost
-        await self.hosts.drop(lost.host)
-        self.cluster = self.cluster.model_copy(update={"hosts": left})
+        self.cluster = await self.hosts.without(self.cluster, lost)
+        left = self.cluster.hosts
         retired: dict[str, str] = {}
         moved = []
         for e in self.entries:
@@ -302,7 +299,6 @@ class SweepRounds:
         loss = SweepHostLoss(round_no, lost.host, lost.detail or str(lost), entry.label, run.run_id,
                              [h.name for h in left], left[0].name, retired)
         self.measured.losses.append(loss)
-        self.say(HostDropped(lost.host, lost.detail or str(lost)))
         self.say(Phase("host-lost", loss.line()))
 
     async def _measure(self, entry: Entry, round_no: int, handed: Handed | None,

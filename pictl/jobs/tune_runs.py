@@ -22,7 +22,7 @@ from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass as checked_dataclass
 
 from pictl import errors as E
-from pictl.events import EventSink, HostDropped, Phase
+from pictl.events import EventSink, Phase
 from pictl.inventory import Cluster
 from pictl.jobs.tune_report import TUNE_FILE, TuneMeta, TuneRecord
 from pictl.jobs.tune_rounds import FINALISTS, MAX_ROUNDS, MIN_ROUNDS
@@ -262,14 +262,11 @@ class TuneJob:
         the first of them where it ran on the lost one), the loss said and kept in tune.json; its error stands
         where no host is left."""
         assert self.hosts is not None
-        left = tuple(h for h in self.cluster.hosts if h.name != lost.host)
-        if not left or len(left) == len(self.cluster.hosts):
-            raise lost
-        await self.hosts.drop(lost.host)
-        self.cluster = self.cluster.model_copy(update={"hosts": left})
+        self.cluster = await self.hosts.without(self.cluster, lost)
+        left = self.cluster.hosts
         reference = self.meta.reference
         moved = reference is not None and reference.host == lost.host
-        if reference is not None and moved:
+        if moved and reference is not None:
             self.meta.reference = reference.model_copy(update={"host": left[0].name})
         line = (f"{lost.host} was lost ({lost.detail or lost}): the runs after it run on "
                 f"{', '.join(h.name for h in left)}" + (f", the reference on {left[0].name}" if moved else "")
@@ -277,7 +274,6 @@ class TuneJob:
         self.meta.host_lost = [*(self.meta.host_lost or []),
                                {"host": lost.host, "detail": lost.detail or str(lost), "at_run": self.progress.done,
                                 "hosts_left": [h.name for h in left], "line": line}]
-        self.say(HostDropped(lost.host, lost.detail or str(lost)))
         self.say(Phase("host-lost", line))
         self.save("running")
 

@@ -20,7 +20,8 @@ from pictl.cluster.artifacts import Artifact, ship
 from pictl.cluster.jobs import HostJob, no_tidy, to_the_end
 from pictl.cluster.leases import Lease
 from pictl.cluster.push import local_tree
-from pictl.events import EventSink, Phase
+from pictl.errors import HostLost
+from pictl.events import EventSink, HostDropped, Phase
 from pictl.inventory import Cluster, Host
 from pictl.run.context import RunContext
 from pictl.run.timeline import StartupTimeline
@@ -74,10 +75,17 @@ class HeldHosts:
                               tree=self.tree)
 
 
-    async def drop(self, name: str) -> None:
-        """A host lost mid-run, left out of the holder's later runs (`HostJob.drop`); `mend` never connects it again."""
-        await self.job.drop(name)
-        self.sink(Phase("lease", f"{name}: lost; its lease is given back and the rest run without it"))
+    async def without(self, cluster: Cluster, lost: HostLost) -> Cluster:
+        """`cluster` less the host `lost` names, which is left out of the holder's later runs (`HostJob.drop`:
+        its lease given back; `mend` never connects it again) and said lost (`HostDropped`); `lost` itself is
+        raised where no host would be left, or the host is not in `cluster`."""
+        left = tuple(h for h in cluster.hosts if h.name != lost.host)
+        if not left or len(left) == len(cluster.hosts):
+            raise lost
+        await self.job.drop(lost.host)
+        self.sink(Phase("lease", f"{lost.host}: lost; its lease is given back and the rest run without it"))
+        self.sink(HostDropped(lost.host, lost.detail or str(lost)))
+        return cluster.model_copy(update={"hosts": left})
 
 
 @asynccontextmanager

@@ -167,7 +167,7 @@ def test_a_tune_that_loses_a_host_gives_its_lease_back_and_runs_the_rest_on_the_
         (tmp_path / "tune").mkdir()
         tune.meta.reference = TuneReference(host="h0", numerics="fp32", threads=1, chunk=1, screening_run_id=None,
                                             screening_ips=None)
-        async with held_hosts(cluster, "tune", "t1") as tune.hosts:
+        async with held_hosts(cluster, "tune", "t1", on_event=said.append) as tune.hosts:  # (as run_tune holds them)
             await tune._mended(E.HostLost.on("h0", 0, "the pipeline", "the rank died without reporting an error"))
             assert [h.name for h in tune.cluster.hosts] == ["h1", "h2"]
             assert tune.meta.reference is not None and tune.meta.reference.host == "h1"
