@@ -199,8 +199,6 @@ class SweepRounds:
         self.reference, self.entries, self.plan, self.hosts = reference, entries, plan, hosts
         self.cluster = cluster
         """Every host the sweep may still use (None: a lost host ends the sweep, as under `--on-host-loss fail`)."""
-        self.retired: set[str] = set()
-        """Configurations that no longer fit the hosts a lost one left."""
         self.sweep_dir, self.runs_root, self.cache, self.wait = sweep_dir, runs_root, cache, wait
         self.aliases = aliases or {}
         """Configurations that are the reference itself (the sweep's serial point at its chunk): never run twice."""
@@ -209,6 +207,11 @@ class SweepRounds:
         self.measured = Measurements([e.label for e in entries])
         self.done = 0
         self.planned = plan.rounds * (1 + len(self.measured_entries))
+
+    @property
+    def retired(self) -> set[str]:
+        """Configurations that no longer fit the hosts a lost one left."""
+        return {label for loss in self.measured.losses for label in loss.retired}
 
     @property
     def measured_entries(self) -> list[Entry]:
@@ -295,7 +298,6 @@ class SweepRounds:
                 retired[e.label] = str(exc)
                 moved.append(e)
         self.entries, self.reference = moved, self.reference.on(self.cluster)
-        self.retired |= set(retired)
         loss = SweepHostLoss(round_no, lost.host, lost.detail or str(lost), entry.label, run.run_id,
                              [h.name for h in left], left[0].name, retired)
         self.measured.losses.append(loss)

@@ -137,9 +137,9 @@ def sweep_rows(points: list[Any], labels: list[str], runs: dict[str, list[Any]],
             "run_ids": [r.run_id for r in mine],
             **({"error": "; ".join(f"round {r.round}: {r.error}" for r in failed)} if failed else {}),
         })
-        if label in (retired or {}):
+        if retired and label in retired:
             row["status"] = "retired" if not failed else row["status"]
-            row["error"] = "; ".join(filter(None, [row.get("error"), f"ran no more: {(retired or {})[label]}"]))
+            row["error"] = "; ".join(filter(None, [row.get("error"), f"ran no more: {retired[label]}"]))
         rows.append(row)
     return sorted(rows, key=_rank)
 

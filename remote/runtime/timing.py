@@ -58,8 +58,6 @@ class TimedStage(PipelineStage):
         self.first_step = 0  # the global number of this pass's first microbatch
         self.slow_factor = 1.0
         """Fault injection (tests, `RunSpec.slowdown`): every microbatch takes this many times its compute."""
-        self.prefetch = True
-        """Post each microbatch's receive while the one before it computes (see `get_fwd_recv_ops`)."""
         self._prefetched: dict[int, dict[int, list[dist.Work]]] = {}
 
     def new_pass(self) -> None:
@@ -69,7 +67,7 @@ class TimedStage(PipelineStage):
         if self.tracer is not None:
             self.tracer.before_step(self.first_step + fwd_chunk_id)
         self._recv_posted = time.perf_counter()  # the stage is ready for this microbatch's input from here on
-        if self.is_first or not self.prefetch:
+        if self.is_first:
             self.chunk = fwd_chunk_id
             return super().get_fwd_recv_ops(fwd_chunk_id)
         # Receives run one microbatch ahead: gloo moves a send's bytes only once the matching receive is posted,
