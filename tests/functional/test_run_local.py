@@ -126,9 +126,10 @@ def test_energy_per_image_from_a_pi5s_meter_and_na_without_one(shared, pictl_env
     and the serial run's windows gives joules per image, in the summary and on the result line; the local hosts
     are one machine, so its meter counts once. Without it the line says n/a."""
     env = {**_env(shared, pictl_env), "PATH": f"{RECORDED_VCGENCMD}:{pictl_env.get('PATH', os.defpath)}"}
-    # Windows of several sampling intervals (the run samples its hosts every 2 s): 24 images, a warm-up pass.
+    # Windows of several sampling intervals (the run samples its hosts every 2 s): 24 images, a warm-up pass, and 3
+    # timed passes (one pass of 24 at the ~19 img/s two stages reach here lasted 1.3 s, and ci38's held no sample).
     args = ["run", "--hosts", str(shared["hosts"]), "--images", "24", "--chunk", "1", "--warmup", "1",
-            "--repeats", "1", "--policy", "equal", "--stages", "2", "--fresh-baseline", "--headless", "--json"]
+            "--repeats", "3", "--policy", "equal", "--stages", "2", "--fresh-baseline", "--headless", "--json"]
     proc = run_pictl(args, env)
     assert finished(proc.returncode, proc.stderr), proc.stderr[-3000:]
     s = RunSummary.model_validate_json(proc.stdout)
