@@ -29,13 +29,15 @@ LINKTEST = Entry("remote.profiling.linktest", warm=True, preload=True)
 TRAIN = Entry("remote.training.train", warm=True, preload=True)
 PRUNE = Entry("remote.pruning.prune", warm=True)
 """Not preloaded: torch-pruning is left to the jobs that prune."""
+GENERATE = Entry("remote.generation.generate", warm=True)
+"""Not preloaded: transformers (a 2-3 s import) is left to the jobs that generate."""
 TORCHRUN = Entry("torch.distributed.run", warm=True, preload=True)
 SUPERVISE = Entry("remote.host.supervise", warm=False)
 CLEANUP = Entry("remote.host.cleanup", warm=False)
 WARM_CLIENT = Entry("remote.host.warmclient", warm=False)
 WARM_ROOT = Entry("remote.host.warmroot", warm=False)
 
-ALL = (PIPELINE, SERIAL, PLAN, COSTS, LINKTEST, TRAIN, PRUNE, TORCHRUN, SUPERVISE, CLEANUP, WARM_CLIENT, WARM_ROOT)
+ALL = (PIPELINE, SERIAL, PLAN, COSTS, LINKTEST, TRAIN, PRUNE, GENERATE, TORCHRUN, SUPERVISE, CLEANUP, WARM_CLIENT, WARM_ROOT)
 JOBS = tuple(e.module for e in ALL if e.warm)
 """What a warm job may be."""
 PRELOADED = tuple(e.module for e in ALL if e.preload)

@@ -1,4 +1,5 @@
-"""The records of a prune (`remote.pruning.prune`) and of a training job (`remote.training.train`).
+"""The records of a prune (`remote.pruning.prune`), a training job (`remote.training.train`) and a generation job
+(`remote.generation.generate`).
 
 Each field's kind is declared on its annotation (see `remote.floor.records`); the parser checks a line against them.
 """
@@ -128,3 +129,42 @@ class TrainEnd(Record):
     part_file: Str | None = None
     heads: Table | None = None
     peak_rss_mb: Num | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenStart(Record):
+    """A generation stage (or the serial run) built its layers: which, their parameters, memory and load time."""
+
+    EVENT: ClassVar[str] = P.GEN_START
+    stage: Count
+    stages: Count
+    first_layer: Count
+    end_layer: Count
+    layers: Count
+    """The model's decoder layers in all."""
+    params: Count
+    load_s: Num
+    rss_mb: Num | None = None
+    arch: Str | None = None
+    torch: Str | None = None
+    transformers: Str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenEnd(Record):
+    """A stage finished the timed pass: where its time went over the tokens it handled, what it sent."""
+
+    EVENT: ClassVar[str] = P.GEN_END
+    stage: Count
+    tokens: Count
+    """Positions this stage computed one token's step for (every sequence's every new token)."""
+    seconds: Num
+    """The timed pass, start to this stage's last step."""
+    compute_s: Num
+    wait_s: Num
+    """Blocked on a receive: the stage before it (or, on the first stage, the next token) was not there yet."""
+    send_s: Num
+    bytes_sent: Count
+    peak_rss_mb: Num | None = None
+    tokens_file: Str | None = None
+    """The first stage: the generated ids and their arrival times."""

@@ -21,6 +21,7 @@ ROLE_PIPELINE = "pipeline"
 ROLE_SERIAL = "serial"
 ROLE_PRUNE = "prune"
 ROLE_TRAIN = "train"
+ROLE_GENERATE = "generate"
 
 # Event names.
 RUN_START = "run_start"
@@ -48,11 +49,13 @@ TRAIN_START = "train_start"  # remote.training.train: mode, world, batch, chunks
 TRAIN_STEP = "train_step"  # one optimizer step on one rank: its time by category (and the loss, on the loss rank)
 TRAIN_EVAL = "train_eval"  # top-1 on the held-out images after an epoch
 TRAIN_END = "train_end"  # a rank finished: its totals by category and the file its weights went to
+GEN_START = "gen_start"  # remote.generation.generate: a stage's layers, parameters, memory and load time
+GEN_END = "gen_end"  # a stage finished the timed pass: its time by category per token, bytes sent, peak memory
 MB_TIMES = "mb_times"  # a pass's microbatch wall times entering stage 0 / leaving the last (or the serial's durations)
 
 EVENTS = (RUN_START, STAGE_READY, PROGRESS, THROUGHPUT, ACCURACY, RUN_END, ERROR, PLAN, OUTPUTS, FIRST_OUTPUT,
           COSTS, TRACE, REFINE, REFINED, RECUT, STAGE_MOVED, PRUNE_START, PRUNE_PROGRESS, PRUNE_ACCURACY, PRUNE_DONE,
-          TRAIN_START, TRAIN_STEP, TRAIN_EVAL, TRAIN_END, MB_TIMES, PASS_WATCHED)
+          TRAIN_START, TRAIN_STEP, TRAIN_EVAL, TRAIN_END, MB_TIMES, PASS_WATCHED, GEN_START, GEN_END)
 
 # The fields of each event, and their kinds, are declared once on its record class (`remote.floor.records`,
 # `remote.floor.run_records`, `remote.floor.job_records`): the host builds one, the controller checks a line against it.

@@ -242,3 +242,43 @@ class TrainSpec:
         raw = json.loads(Path(path).read_text())
         raw["data"] = DataSpec(**raw.get("data", {}))
         return cls(**raw)
+
+
+DECODER_ARCHS = ("llama", "qwen2", "qwen3", "mistral")
+"""Decoder-only Hugging Face architectures `pictl generate` builds from a configuration: each lays its model out
+as `model.embed_tokens`, `model.layers`, `model.norm` and `lm_head`, the layout a stage is cut from."""
+
+
+@dataclass
+class GenerateSpec:
+    """One generation job (`remote.generation.generate`): the same model, prompts and greedy decoding on the
+    serial run and on every stage, so their token ids must be identical.
+
+    The model is a local directory (`config.json` and safetensors, as `save_pretrained` writes) or an
+    architecture built from its default configuration with `sizes` over it and seeded random weights; each
+    stage builds only its own layers (a weight's values depend on its name and the seed, not on the stage)."""
+
+    model_dir: str | None = None
+    arch: str = "llama"
+    sizes: dict = field(default_factory=dict)
+    """Configuration fields over the architecture's defaults (num_hidden_layers, hidden_size, ...)."""
+    split: list = field(default_factory=list)
+    """The first decoder layer of stages 2..N (empty: one stage, the serial run)."""
+    prompts: list = field(default_factory=list)
+    """Token ids of each sequence's prompt (one list per sequence)."""
+    new_tokens: int = 16
+    warmup_tokens: int = 2
+    """Tokens per sequence generated before the timed pass (its caches thrown away): first-call costs."""
+    seed: int = 0
+    threads: int = 1
+    tokens_file: str = "tokens.json"
+    """Where the first stage writes the generated ids and their arrival times (too long for a telemetry line)."""
+    pg_timeout_s: float = 300.0
+    run_id: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def load(cls, path: str | Path) -> GenerateSpec:
+        return cls(**json.loads(Path(path).read_text()))

@@ -1,0 +1,1 @@
+"""Decoder-only language models cut between their layers: greedy generation, serial or pipelined."""

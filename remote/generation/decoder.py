@@ -1,0 +1,210 @@
+"""A decoder-only transformer cut between its layers: the stage a rank (or the serial run) computes.
+
+A stage is the architecture's own Hugging Face model, built from a configuration with only the stage's layers
+(`num_hidden_layers` = its share, numbered from 0, so its KV cache is its own) and weights taken by their names
+in the whole model: layer `k` of a stage that begins at layer `a` holds `model.layers.{a+k}.*`. The first stage
+embeds the prompt's token ids; the others take the hidden states the stage before sent; the last applies the
+final norm and the language-model head to the last position and picks the next token greedily. The model's own
+`forward` builds the causal mask and rotary positions from the stage's cache, as it does whole.
+
+Weights come from a model directory's safetensors (no pickles) or, for a model built from its configuration, from a
+generator seeded by the job's seed and each weight's name: every stage and the serial run hold the same values
+without any of them building the whole model.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from remote.floor.errors import BadInput
+from remote.floor.spec import DECODER_ARCHS, GenerateSpec
+
+LAYER_PREFIX = "model.layers."
+
+
+def model_config(spec: GenerateSpec):  # -> transformers.PretrainedConfig (imported lazily: a heavy import)
+    """The whole model's configuration: the directory's `config.json`, or the architecture's defaults with the
+    spec's sizes over them."""
+    from transformers import AutoConfig
+
+    if spec.model_dir:
+        path = Path(spec.model_dir).expanduser()
+        if not (path / "config.json").is_file():
+            raise BadInput(f"model directory {path}: no config.json")
+        try:
+            config = AutoConfig.from_pretrained(path, local_files_only=True)
+        except (ValueError, OSError, json.JSONDecodeError) as exc:
+            raise BadInput(f"model directory {path}: {exc}") from None
+    else:
+        if spec.arch not in DECODER_ARCHS:
+            raise BadInput(f"--arch {spec.arch}: pictl generate builds {', '.join(DECODER_ARCHS)}")
+        try:
+            config = AutoConfig.for_model(spec.arch, **spec.sizes)
+        except (TypeError, ValueError) as exc:
+            raise BadInput(f"--arch {spec.arch} with {spec.sizes}: {exc}") from None
+    if getattr(config, "model_type", None) not in DECODER_ARCHS:
+        raise BadInput(f"model {spec.model_dir or spec.arch}: architecture {config.model_type!r} is not one pictl "
+                       f"cuts between decoder layers ({', '.join(DECODER_ARCHS)})")
+    config.use_cache = True
+    return config
+
+
+def stage_bounds(layers: int, split: list[int], stage: int) -> tuple[int, int]:
+    """The decoder layers [first, end) of `stage` under `split` (the first layer of stages 2..N)."""
+    starts = [0, *split, layers]
+    return starts[stage], starts[stage + 1]
+
+
+def _stage_config(config, first: int, end: int):
+    local = config.__class__.from_dict(config.to_dict())
+    local.num_hidden_layers = end - first
+    types = getattr(config, "layer_types", None)
+    if types:
+        local.layer_types = list(types[first:end])
+    return local
+
+
+def _global_name(name: str, first: int) -> str:
+    """A stage's weight name as the whole model names it."""
+    if name.startswith(LAYER_PREFIX):
+        index, rest = name[len(LAYER_PREFIX):].split(".", 1)
+        return f"{LAYER_PREFIX}{int(index) + first}.{rest}"
+    return name
+
+
+@dataclass
+class DecoderStage:
+    """One stage of the model: its HF model (only its layers), where it sits, and how to run one step."""
+
+    model: nn.Module
+    first_layer: int
+    end_layer: int
+    first: bool
+    last: bool
+    config: object
+
+    @property
+    def params(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    @torch.inference_mode()
+    def step(self, x: torch.Tensor, cache) -> torch.Tensor:
+        """Token ids (first stage) or hidden states in; hidden states out, or on the last stage the next token's id
+        (a 1-element int64 tensor)."""
+        inner = self.model.model
+        out = inner(input_ids=x, cache=cache, use_cache=True) if self.first else \
+            inner(inputs_embeds=x, cache=cache, use_cache=True)
+        hidden = out.last_hidden_state
+        if not self.last:
+            return hidden.contiguous()
+        logits = self.model.lm_head(hidden[:, -1:, :])
+        return logits[0, -1].argmax().reshape(1)
+
+
+def build_stage(spec: GenerateSpec, stage: int, stages: int) -> DecoderStage:
+    """The layers of `stage` (of `stages`) with their weights; the embedding only on the first, the final norm and
+    head only on the last."""
+    from transformers import AutoModelForCausalLM
+
+    config = model_config(spec)
+    first, end = stage_bounds(config.num_hidden_layers, list(spec.split), stage)
+    local = _stage_config(config, first, end)
+    torch.manual_seed(spec.seed)  # (HF's own initialisation, overwritten below, is then the same everywhere)
+    model = AutoModelForCausalLM.from_config(local, dtype=torch.float32)
+    model.eval()
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    if spec.model_dir:
+        _load(model, Path(spec.model_dir).expanduser(), first, tied)
+    else:
+        _seeded(model, spec.seed, first, float(getattr(config, "initializer_range", 0.02)), tied)
+    is_first, is_last = stage == 0, stage == stages - 1
+    # What this stage never computes is dropped, not kept idle in memory (a tied head keeps the embedding's tensor).
+    if not is_last:
+        model.model.norm = nn.Identity()
+        model.lm_head = None
+    if not is_first:
+        model.model.embed_tokens = None
+    return DecoderStage(model, first, end, is_first, is_last, config)
+
+
+def _names(model: nn.Module, first: int, tied: bool) -> Iterator[tuple[str, str, torch.Tensor]]:
+    """Each parameter once: its name in the stage, in the whole model (a tied head is the embedding), the tensor."""
+    for name, param in model.named_parameters():
+        global_name = _global_name(name, first)
+        if tied and global_name == "lm_head.weight":
+            global_name = "model.embed_tokens.weight"
+        yield name, global_name, param
+
+
+@torch.no_grad()
+def _seeded(model: nn.Module, seed: int, first: int, std: float, tied: bool) -> None:
+    for _name, global_name, param in _names(model, first, tied):
+        generator = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{global_name}".encode()))
+        if global_name.endswith("norm.weight"):
+            param.fill_(1.0)
+        elif global_name.endswith(".bias"):
+            param.zero_()
+        else:
+            param.copy_(torch.randn(param.shape, generator=generator) * std)
+
+
+@torch.no_grad()
+def _load(model: nn.Module, path: Path, first: int, tied: bool) -> None:
+    """The stage's tensors from the directory's safetensors files, by their names in the whole model."""
+    from safetensors import safe_open
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise BadInput(f"model directory {path}: no *.safetensors weights (pickled weights are not loaded)")
+    wanted = {global_name: param for _name, global_name, param in _names(model, first, tied)}
+    found: set[str] = set()
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                if key in wanted:
+                    tensor = f.get_tensor(key)
+                    if tuple(tensor.shape) != tuple(wanted[key].shape):
+                        raise BadInput(f"model directory {path}: {key} has shape {tuple(tensor.shape)}, its "
+                                       f"config.json gives {tuple(wanted[key].shape)}")
+                    wanted[key].copy_(tensor)
+                    found.add(key)
+    missing = sorted(set(wanted) - found)
+    if tied and "model.embed_tokens.weight" in missing and "lm_head.weight" in _keys(files):
+        missing.remove("model.embed_tokens.weight")  # (a last stage's tied head saved under the head's name)
+        with safe_open(str(_holding(files, "lm_head.weight")), framework="pt") as f:
+            wanted["model.embed_tokens.weight"].copy_(f.get_tensor("lm_head.weight"))
+    if missing:
+        raise BadInput(f"model directory {path}: no tensor {missing[0]}" + (f" (and {len(missing) - 1} more)"
+                                                                          if len(missing) > 1 else ""))
+
+
+def _keys(files: list[Path]) -> set[str]:
+    from safetensors import safe_open
+
+    keys: set[str] = set()
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            keys.update(f.keys())
+    return keys
+
+
+def _holding(files: list[Path], key: str) -> Path:
+    from safetensors import safe_open
+
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            if key in f.keys():
+                return file
+    raise KeyError(key)
