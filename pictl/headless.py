@@ -19,9 +19,11 @@ from rich.text import Text
 from pictl.console import Fields, Fitted, result_console
 from pictl.events import SERIAL_FP32, HostOutput, Phase, RankEvent, SessionEvent
 from pictl.figure_text import energy_text, figures, ips_text, percent_text, speedup_text
+from pictl.headless_generate import print_generate_summary
 from pictl.headless_prune import macs_text, print_prune_summary
 from pictl.headless_train import TrainProgress, print_train_summary
 from pictl.job_summaries import PruneSummary, TrainSummary
+from pictl.jobs.generation.figures import GenerateSummary
 from pictl.records.run_details import energy_line, trace_rank_text
 from pictl.records.waterfall_view import latency_of, percentiles_text, waterfall_line, waterfall_of
 from pictl.run.traces import perfetto_hint
@@ -360,7 +362,7 @@ def print_summary(summary: RunSummary, *, as_json: bool) -> None:
         sys.stdout.flush()
 
 
-def print_result(summary: RunSummary | TrainSummary | PruneSummary, *, as_json: bool) -> None:
+def print_result(summary: RunSummary | TrainSummary | PruneSummary | GenerateSummary, *, as_json: bool) -> None:
     """Any job's result, as `pictl run`, `train` and `prune` end: the figures its summary declares, as its kind
     shows them (a run's result line and stage table, a training job's losses and time per rank, a pruning's
     comparison), and the summary as one JSON object on stdout with `as_json`."""
@@ -371,3 +373,5 @@ def print_result(summary: RunSummary | TrainSummary | PruneSummary, *, as_json: 
             print_train_summary(summary, as_json=as_json)
         case PruneSummary():
             print_prune_summary(summary, as_json=as_json)
+        case GenerateSummary():
+            print_generate_summary(summary, as_json=as_json)

@@ -111,6 +111,8 @@ class HostState(Open):
     throttled: Any = None
     """What the platform reports of throttling (its shape is the host's: `hoststate.throttling` reads it)."""
     boot_id: str | None = None
+    mem_available_mb: int | None = None
+    """Memory the kernel could give a new process (MemAvailable): what a job's weights must fit."""
 
 
 class BaselineRecord(Open):

@@ -29,7 +29,7 @@ from pictl.text import printable
 
 # isort: off
 # Each command module registers its commands on `app` when imported: `pictl --help` lists them in this order.
-from pictl.cli import run, results, runs, jobs, tune, train, costs, hosts, provision, init, grading  # noqa: E402
+from pictl.cli import run, results, runs, jobs, tune, train, generate, costs, hosts, provision, init, grading  # noqa: E402, F401, E501
 
 # isort: on
 COMMAND_MODULES = (run, results, runs, jobs, tune, train, costs, hosts, provision, init, grading)

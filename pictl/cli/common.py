@@ -81,9 +81,10 @@ ColdOpt = Annotated[bool, typer.Option("--cold", help="Start every process afres
 if TYPE_CHECKING:  # (the commands import these when they run: `pictl --help` stays quick)
     from pictl.headless import HeadlessRenderer
     from pictl.job_summaries import PruneSummary, TrainSummary
+    from pictl.jobs.generation.figures import GenerateSummary
     from pictl.summary_models import RunSummary
 
-    S = TypeVar("S", RunSummary, TrainSummary, PruneSummary)
+    S = TypeVar("S", RunSummary, TrainSummary, PruneSummary, GenerateSummary)
 
 if TYPE_CHECKING:  # to mypy, a str Enum; built from the trackers' Literal so the two cannot drift apart
     class TrackerChoice(StrEnum): ...

@@ -37,7 +37,8 @@ CLEANUP = Entry("remote.host.cleanup", warm=False)
 WARM_CLIENT = Entry("remote.host.warmclient", warm=False)
 WARM_ROOT = Entry("remote.host.warmroot", warm=False)
 
-ALL = (PIPELINE, SERIAL, PLAN, COSTS, LINKTEST, TRAIN, PRUNE, GENERATE, TORCHRUN, SUPERVISE, CLEANUP, WARM_CLIENT, WARM_ROOT)
+ALL = (PIPELINE, SERIAL, PLAN, COSTS, LINKTEST, TRAIN, PRUNE, GENERATE, TORCHRUN, SUPERVISE, CLEANUP, WARM_CLIENT,
+       WARM_ROOT)
 JOBS = tuple(e.module for e in ALL if e.warm)
 """What a warm job may be."""
 PRELOADED = tuple(e.module for e in ALL if e.preload)

@@ -19,6 +19,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -26,10 +27,13 @@ from torch import nn
 from remote.floor.errors import BadInput
 from remote.floor.spec import DECODER_ARCHS, GenerateSpec
 
+if TYPE_CHECKING:  # (transformers is imported where it is used: a 2-3 s import)
+    from transformers import DynamicCache, PretrainedConfig
+
 LAYER_PREFIX = "model.layers."
 
 
-def model_config(spec: GenerateSpec):  # -> transformers.PretrainedConfig (imported lazily: a heavy import)
+def model_config(spec: GenerateSpec) -> PretrainedConfig:
     """The whole model's configuration: the directory's `config.json`, or the architecture's defaults with the
     spec's sizes over them."""
     from transformers import AutoConfig
@@ -62,7 +66,7 @@ def stage_bounds(layers: int, split: list[int], stage: int) -> tuple[int, int]:
     return starts[stage], starts[stage + 1]
 
 
-def _stage_config(config, first: int, end: int):
+def _stage_config(config: PretrainedConfig, first: int, end: int) -> PretrainedConfig:
     local = config.__class__.from_dict(config.to_dict())
     local.num_hidden_layers = end - first
     types = getattr(config, "layer_types", None)
@@ -88,19 +92,19 @@ class DecoderStage:
     end_layer: int
     first: bool
     last: bool
-    config: object
+    config: PretrainedConfig
 
     @property
     def params(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
-    def new_cache(self):
+    def new_cache(self) -> DynamicCache:
         from transformers import DynamicCache
 
         return DynamicCache(config=self.model.config)
 
     @torch.inference_mode()
-    def step(self, x: torch.Tensor, cache) -> torch.Tensor:
+    def step(self, x: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
         """Token ids (first stage) or hidden states in; hidden states out, or on the last stage the next token's id
         (a 1-element int64 tensor)."""
         inner = self.model.model

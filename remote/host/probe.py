@@ -255,6 +255,7 @@ def host_state(sample_s: float = 0.2, windows: int = 4) -> dict:
         "governor": _read(cpufreq + "scaling_governor"), "freq_mhz": _mhz(cpufreq + "scaling_cur_freq"),
         "max_freq_mhz": _mhz(cpufreq + "scaling_max_freq"), "temperature_c": _temperature_c(),
         "throttled": _throttled(), "boot_id": _read("/proc/sys/kernel/random/boot_id"),
+        "mem_available_mb": _mem_available_mb(),
     }
 
 

@@ -1,0 +1,74 @@
+"""A generation job's result on a terminal: its pace against the serial run's, whether the token ids are the
+serial run's, each stage's time per token and the decoding waterfall; or its summary as one JSON object."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from rich.table import Table
+
+from pictl.console import result_console
+from pictl.jobs.generation.figures import GenerateSummary, Pace
+
+
+def _f(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def stage_table(s: GenerateSummary) -> Table:
+    table = Table(title="each stage, per token (ms)", title_justify="left")
+    for col in ("stage", "host", "layers", "compute", "wait", "send", "bytes/token", "peak MB"):
+        table.add_column(col, justify="left" if col in ("host", "layers") else "right")
+    for st in s.stage_figures:
+        table.add_row(str(st.stage), st.host, f"{st.first_layer}-{st.end_layer - 1}",
+                      _f(st.compute_ms_per_token, ".2f"), _f(st.wait_ms_per_token, ".2f"),
+                      _f(st.send_ms_per_token, ".2f"), _f(st.bytes_per_token, ",.0f"), _f(st.peak_rss_mb, ".0f"))
+    return table
+
+
+def pace_line(name: str, p: Pace) -> str:
+    return (f"{name}: {p.tokens_per_s:.1f} tokens/s ({p.tokens} tokens in {p.seconds:.2f} s), per sequence "
+            f"{_f(p.per_sequence_tokens_per_s, '.1f')} tokens/s, first token {p.ttft_ms:.0f} ms (mean; "
+            f"last {p.ttft_max_ms:.0f} ms), between tokens p50 {_f(p.itl_p50_ms, '.1f')} ms, p99 "
+            f"{_f(p.itl_p99_ms, '.1f')} ms")
+
+
+def generate_lines(s: GenerateSummary) -> list[str]:
+    head = f"{s.status.upper()}  {s.model}: {s.stages} stage(s), {s.sequences} sequence(s) x {s.new_tokens} new tokens"
+    if s.speedup is not None:
+        head += f", {s.speedup:.2f}x the serial run's tokens/s"
+    lines = [head]
+    if s.split:
+        lines.append("stages begin at layer " + ", ".join(map(str, [0, *s.split])) + f" of {s.layers}")
+    if s.pipeline:
+        lines.append(pace_line("pipeline", s.pipeline))
+    if s.serial:
+        lines.append(pace_line(f"serial on {s.serial_host}", s.serial))
+    if s.serial_note:
+        lines.append(s.serial_note)
+    if s.tokens_identical is True:
+        lines.append("token ids identical to the serial run's")
+    elif s.first_difference is not None:
+        d = s.first_difference
+        lines.append(f"token ids DIFFER from the serial run's: sequence {d.sequence}, position {d.position} "
+                     f"(serial {d.serial}, pipeline {d.pipeline})")
+    if s.waterfall:
+        lines.append(f"why not {s.stages}x: " + ", ".join(f"{t.name} {t.points:+.2f}" for t in s.waterfall)
+                     + f" = {s.speedup:.2f}x")
+    if s.error:
+        lines.append(f"error: {s.error.get('message')}")
+    if s.job_dir:
+        lines.append(f"job directory: {s.job_dir}")
+    return lines
+
+
+def print_generate_summary(summary: GenerateSummary, *, as_json: bool) -> None:
+    out = result_console(stderr=as_json, highlight=False, soft_wrap=True)
+    if summary.stage_figures:
+        out.print(stage_table(summary))
+    for line in generate_lines(summary):
+        out.print(line, markup=False)
+    if as_json:
+        sys.stdout.write(json.dumps(summary.written()) + "\n")
+        sys.stdout.flush()

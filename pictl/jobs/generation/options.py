@@ -1,0 +1,186 @@
+"""A generation job as a person asks for it, checked before anything starts: the model (a directory of
+`config.json` and safetensors on the hosts, or an architecture with sizes), where the stages begin, the prompts,
+and the spec the hosts get (`remote.floor.spec.GenerateSpec`).
+
+Torch-free: the model's layer count and sizes come from its configuration as numbers (a directory's `config.json`
+read from the first host, or the sizes given), which is all the cut and memory checks need.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pictl import errors as E
+from pictl.validation import Namer, problem_line
+from remote.floor.spec import DECODER_ARCHS, GenerateSpec
+
+Arch = Literal["llama", "qwen2", "qwen3", "mistral"]
+assert set(DECODER_ARCHS) == set(Arch.__args__)  # type: ignore[attr-defined]
+
+SIZES: dict[str, dict[str, Any]] = {
+    "tiny": {"num_hidden_layers": 8, "hidden_size": 128, "intermediate_size": 344, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "vocab_size": 4096},
+    "qwen2.5-0.5b": {"num_hidden_layers": 24, "hidden_size": 896, "intermediate_size": 4864,
+                     "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
+                     "tie_word_embeddings": True, "max_position_embeddings": 32768, "rope_theta": 1000000.0},
+}
+"""Named model sizes for `--size` (a configuration's numbers; the weights are seeded random). `qwen2.5-0.5b` is
+Qwen2.5-0.5B's configuration (494M parameters)."""
+SIZE_ARCH = {"qwen2.5-0.5b": "qwen2"}
+"""The architecture a named size is built as when `--arch` is not given."""
+
+MAX_PROMPTS = 256
+MAX_PROMPT_TOKENS = 4096
+
+
+class GenerateOptions(BaseModel):
+    """Everything that defines one generation job."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = Field(default=None, min_length=1, max_length=4096)
+    """A model directory on the hosts (`config.json` and safetensors); None: built from `arch` and `size`."""
+    arch: Arch = "llama"
+    size: str = "tiny"
+    layers: int | None = Field(default=None, ge=1, le=1024)
+    """Over the size's decoder layers."""
+    stages: int = Field(default=2, ge=1, le=128)
+    split: list[int] = []
+    """The first decoder layer of stages 2..N; empty: as equal a number of layers per stage as divides."""
+    sequences: int = Field(default=4, ge=1, le=MAX_PROMPTS)
+    new_tokens: int = Field(default=16, ge=1, le=8192)
+    prompt_tokens: int = Field(default=8, ge=1, le=MAX_PROMPT_TOKENS)
+    prompts: list[list[int]] | None = None
+    """Token ids of each sequence's prompt (`--prompts FILE`); None: seeded synthetic ids."""
+    warmup_tokens: int = Field(default=2, ge=0, le=64)
+    threads: int = Field(default=1, ge=1, le=256)
+    seed: int = Field(default=0, ge=0)
+
+    def sizes(self) -> dict[str, Any]:
+        """The configuration's numbers over the architecture's defaults (a model built from its configuration)."""
+        sizes = dict(SIZES[self.size])
+        if self.layers is not None:
+            sizes["num_hidden_layers"] = self.layers
+        return sizes
+
+    def prompt_ids(self, vocab: int) -> list[list[int]]:
+        """The prompts' token ids: as given, or `sequences` seeded draws of `prompt_tokens` ids."""
+        if self.prompts is not None:
+            return self.prompts
+        draw = random.Random(self.seed)
+        return [[draw.randrange(vocab) for _ in range(self.prompt_tokens)] for _ in range(self.sequences)]
+
+    def spec(self, job_id: str, model: ModelShape, split: list[int]) -> GenerateSpec:
+        return GenerateSpec(model_dir=self.model, arch=self.arch, sizes={} if self.model else self.sizes(),
+                            split=split, prompts=self.prompt_ids(model.vocab), new_tokens=self.new_tokens,
+                            warmup_tokens=self.warmup_tokens, seed=self.seed, threads=self.threads, run_id=job_id)
+
+    @property
+    def label(self) -> str:
+        return self.model or f"{self.arch} ({self.size}{f', {self.layers} layers' if self.layers else ''})"
+
+
+class ModelShape(BaseModel):
+    """The numbers of a decoder-only model's configuration that placing it needs (no torch, no transformers)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model_type: str
+    layers: int = Field(ge=1, alias="num_hidden_layers")
+    hidden: int = Field(ge=1, alias="hidden_size")
+    intermediate: int = Field(ge=1, alias="intermediate_size")
+    heads: int = Field(ge=1, alias="num_attention_heads")
+    kv_heads: int | None = Field(default=None, ge=1, alias="num_key_value_heads")
+    vocab: int = Field(ge=1, alias="vocab_size")
+    tied: bool = Field(default=False, alias="tie_word_embeddings")
+
+    def layer_params(self) -> int:
+        """One decoder layer: attention (q, k, v, o), the gated MLP (three matrices), two norms."""
+        head_dim = self.hidden // self.heads
+        kv = (self.kv_heads or self.heads) * head_dim
+        return 2 * self.hidden * self.hidden + 2 * self.hidden * kv + 3 * self.hidden * self.intermediate \
+            + 2 * self.hidden
+
+    def stage_params(self, first: int, end: int) -> int:
+        """The parameters a stage over layers [first, end) holds: its layers, the embedding on the first, the final
+        norm and head on the last (a tied head is the embedding's tensor, held again only on another stage)."""
+        params = (end - first) * self.layer_params()
+        if first == 0:
+            params += self.vocab * self.hidden
+        if end == self.layers:
+            params += self.hidden + (0 if self.tied and first == 0 else self.vocab * self.hidden)
+        return params
+
+
+def shape_of(config: dict[str, Any], where: str) -> ModelShape:
+    """A configuration's numbers, or ConfigError naming `where` it came from and the field."""
+    if config.get("model_type") not in DECODER_ARCHS:
+        raise E.ConfigError(f"{where}: model_type {config.get('model_type')!r} is not one pictl generate cuts "
+                            f"between decoder layers ({', '.join(DECODER_ARCHS)})")
+    try:
+        return ModelShape.model_validate(config)
+    except ValidationError as exc:
+        raise E.ConfigError(f"{where}: {problem_line(exc, ModelShape)}") from None
+
+
+def built_shape(options: GenerateOptions) -> ModelShape:
+    """The shape of a model built from its architecture: the size's numbers (a default it leaves is the
+    architecture's; the sizes pictl names give every field the checks read)."""
+    return shape_of({"model_type": options.arch, **options.sizes()}, f"--arch {options.arch} --size {options.size}")
+
+
+def stage_starts(options: GenerateOptions, layers: int, model: str) -> list[int]:
+    """The first layer of stages 2..N: `--split` checked against the model's layers (a cut inside a layer, out of
+    order or past the end is refused, naming the valid cuts), or layers shared out as evenly as they divide."""
+    stages, split = options.stages, options.split
+    valid = f"1..{layers - 1}" if layers > 1 else "none"
+    if stages > layers:
+        raise E.ConfigError(f"--stages {stages}: {model} has {layers} decoder layer(s); a stage needs at least one")
+    if split:
+        if len(split) != stages - 1:
+            raise E.ConfigError(f"--split {','.join(map(str, split))}: {stages} stages need {stages - 1} cut(s) "
+                                f"(the first decoder layer of stages 2..{stages}; {model}'s valid cuts: {valid})")
+        if any(not 0 < c < layers for c in split) or any(b <= a for a, b in zip(split, split[1:], strict=False)):
+            raise E.ConfigError(f"--split {','.join(map(str, split))}: cuts are decoder layers in increasing order "
+                                f"between the first and the last ({model}'s valid cuts: {valid})")
+        return list(split)
+    base, extra = divmod(layers, stages)
+    counts = [base + (1 if i < extra else 0) for i in range(stages)]
+    return [sum(counts[:i]) for i in range(1, stages)]
+
+
+def read_prompts(path: Path) -> list[list[int]]:
+    """`--prompts FILE`: a JSON list of token-id lists (one per sequence), or ConfigError naming the file."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise E.ConfigError(f"--prompts {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    if (not isinstance(raw, list) or not raw or len(raw) > MAX_PROMPTS
+            or not all(isinstance(p, list) and 0 < len(p) <= MAX_PROMPT_TOKENS for p in raw)
+            or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for p in raw for t in p)):
+        raise E.ConfigError(f"--prompts {path}: expected a JSON list of 1..{MAX_PROMPTS} lists of 1.."
+                            f"{MAX_PROMPT_TOKENS} token ids (integers >= 0)")
+    return raw
+
+
+def generate_options(values: dict[str, Any], *, name_of: Namer = str) -> GenerateOptions:
+    """`values` (None: not given) as checked options; ConfigError names the field as the caller calls it."""
+    given = {k: v for k, v in values.items() if v is not None}
+    size = given.get("size", "tiny")
+    if size not in SIZES:
+        raise E.ConfigError(f"{name_of('size')} {size}: one of {', '.join(SIZES)}")
+    if "arch" not in given and size in SIZE_ARCH:
+        given["arch"] = SIZE_ARCH[size]
+    try:
+        options = GenerateOptions.model_validate(given)
+    except ValidationError as exc:
+        raise E.ConfigError(problem_line(exc, GenerateOptions, name_of=name_of)) from None
+    if options.prompts is not None and "sequences" in given and given["sequences"] != len(options.prompts):
+        raise E.ConfigError(f"{name_of('sequences')} {given['sequences']}: the prompts give {len(options.prompts)} "
+                            "sequence(s)")
+    return options
