@@ -64,6 +64,12 @@ def ips_text(value: Any) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
+def tokens_text(value: Any) -> str:
+    """Tokens per second, one place (`48.3`), or `-`."""
+    v = _number(value)
+    return "-" if v is None else f"{v:.1f}"
+
+
 def efficiency_text(value: Any) -> str:
     """Speedup over the ideal, two places (`0.85`), or `-`."""
     v = _number(value)
@@ -112,7 +118,7 @@ class Figure:
     label: str
     """What the result line and `runs show` call it (`pipeline`, `speedup`)."""
     unit: str
-    """`img/s`, `x`, `J/img`, `W`, `ms`; `%` for a share of images, `` for a plain ratio."""
+    """`img/s`, `tok/s`, `x`, `J/img`, `W`, `ms`; `%` for a share of images, `` for a plain ratio."""
     text: Callable[[Any], str]
     """The one function of this module that writes it (`speedup_text`: `2.01x`); a missing value included."""
     better: Literal["higher", "lower"] | None

@@ -9,6 +9,7 @@ import sys
 from rich.table import Table
 
 from pictl.console import result_console
+from pictl.figure_text import figures, points_text, speedup_text
 from pictl.jobs.generation.figures import GenerateSummary, Pace
 
 
@@ -28,16 +29,15 @@ def stage_table(s: GenerateSummary) -> Table:
 
 
 def pace_line(name: str, p: Pace) -> str:
-    return (f"{name}: {p.tokens_per_s:.1f} tokens/s ({p.tokens} tokens in {p.seconds:.2f} s), per sequence "
-            f"{_f(p.per_sequence_tokens_per_s, '.1f')} tokens/s, first token {p.ttft_ms:.0f} ms (mean; "
-            f"last {p.ttft_max_ms:.0f} ms), between tokens p50 {_f(p.itl_p50_ms, '.1f')} ms, p99 "
-            f"{_f(p.itl_p99_ms, '.1f')} ms")
+    """`name: ` and the pace's declared figures, as their declarations write them."""
+    return f"{name}: " + ", ".join(fig.field(value) for _name, fig, value in figures(p)) \
+        + f" ({p.tokens} tokens in {p.seconds:.2f} s)"
 
 
 def generate_lines(s: GenerateSummary) -> list[str]:
     head = f"{s.status.upper()}  {s.model}: {s.stages} stage(s), {s.sequences} sequence(s) x {s.new_tokens} new tokens"
     if s.speedup is not None:
-        head += f", {s.speedup:.2f}x the serial run's tokens/s"
+        head += f", {speedup_text(s.speedup)} the serial run's tokens/s"
     lines = [head]
     if s.split:
         lines.append("stages begin at layer " + ", ".join(map(str, [0, *s.split])) + f" of {s.layers}")
@@ -54,8 +54,8 @@ def generate_lines(s: GenerateSummary) -> list[str]:
         lines.append(f"token ids DIFFER from the serial run's: sequence {d.sequence}, position {d.position} "
                      f"(serial {d.serial}, pipeline {d.pipeline})")
     if s.waterfall:
-        lines.append(f"why not {s.stages}x: " + ", ".join(f"{t.name} {t.points:+.2f}" for t in s.waterfall)
-                     + f" = {s.speedup:.2f}x")
+        lines.append(f"why not {s.stages}x: " + ", ".join(f"{t.name} {points_text(t.points)}" for t in s.waterfall)
+                     + f" = {speedup_text(s.speedup)}")
     if s.error:
         lines.append(f"error: {s.error.get('message')}")
     if s.job_dir:

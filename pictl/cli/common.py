@@ -100,6 +100,8 @@ def tracked(values: list[TrackerChoice] | None) -> list[str] | None:
     return [str(v.value) for v in values] if values else None
 
 
+JobDirOpt = Annotated[Optional[Path], typer.Option(help="Where job directories go (default: beside the runs).",
+                                                  rich_help_panel=HOSTS_PANEL)]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show every host's output.",
                                           rich_help_panel=HOSTS_PANEL)]
 DataPathOpt = Annotated[Optional[str], typer.Option(help="Data set directory on the hosts.",

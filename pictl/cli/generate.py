@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Annotated, Optional, get_args
 import typer
 
 from pictl.cli.common import (
-    HOSTS_PANEL,
     MODEL_PANEL,
     ColdOpt,
     HeadlessOpt,
     HostsOpt,
+    JobDirOpt,
     JsonOpt,
     RunsDirOpt,
     VerboseOpt,
@@ -87,8 +87,7 @@ def generate(
     wait: WaitOpt = False,
     cold: ColdOpt = False,
     runs_dir: RunsDirOpt = None,
-    out: Annotated[Optional[Path], typer.Option(help="Where job directories go (default: beside the runs).",
-                                                rich_help_panel=HOSTS_PANEL)] = None,
+    out: JobDirOpt = None,
     headless: HeadlessOpt = False,
     verbose: VerboseOpt = False,
     as_json: JsonOpt = False,

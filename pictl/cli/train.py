@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 from enum import StrEnum
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional, get_args
 
 import typer
 
 from pictl.cli.common import (
-    HOSTS_PANEL,
     MODEL_PANEL,
     DataPathOpt,
+    JobDirOpt,
     app,
     before_runs_dir,
     checked_runs_root,
@@ -139,8 +138,7 @@ def train(
     training: StepFlags,
     model_data: TrainModelFlags,
     break_rank: Annotated[Optional[int], typer.Option(hidden=True)] = None,
-    out: Annotated[Optional[Path], typer.Option(help="Where job directories go (default: beside the runs).",
-                                                rich_help_panel=HOSTS_PANEL)] = None,
+    out: JobDirOpt = None,
     *,
     where: HostFlags,
     output: OutputFlags,

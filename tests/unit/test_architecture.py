@@ -31,6 +31,7 @@ PICTL_LAYERS = [
     ("run", ["pictl.run"]),
     ("jobs", ["pictl.jobs"]),
     ("frontends", ["pictl.headless", "pictl.headless_train", "pictl.headless_prune", "pictl.headless_check",
+                   "pictl.headless_generate",
                    "pictl.tui", "pictl.api"]),
     ("cli", ["pictl.cli", "pictl.__main__"]),
 ]
@@ -38,7 +39,7 @@ REMOTE_LAYERS = [
     ("floor", ["remote", "remote.floor"]),
     ("data and host", ["remote.data", "remote.host"]),
     ("toolkit", ["remote.toolkit"]),
-    ("tools", ["remote.runtime", "remote.profiling", "remote.pruning", "remote.training"]),
+    ("tools", ["remote.runtime", "remote.profiling", "remote.pruning", "remote.training", "remote.generation"]),
 ]
 FLOOR = {f"remote.floor.{m}" for m in (
     "protocol", "records", "run_records", "job_records", "spec", "errors", "emit", "artifact_meta", "wire",

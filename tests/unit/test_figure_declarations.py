@@ -18,6 +18,7 @@ from support.cli import ROOT
 
 from pictl.figure_text import Figure, declared, figure_of, figures
 from pictl.headless import summary_fields
+from pictl.jobs.generation.figures import GenerateSummary, Pace
 from pictl.records.catalog import read_run
 from pictl.records.catalog_rows import COLUMNS, COMPARE_COLUMNS, TABLE_FIGURES, cell, compare_rows, row
 from pictl.records.report import write_report
@@ -29,7 +30,7 @@ from pictl.tui.widgets.history import COLUMNS as HISTORY
 from pictl.tui.widgets.history import history_cells
 
 BASE: dict[str, Any] = json.loads((ROOT / "tests" / "support" / "data" / "run_summary_two_stages.json").read_text())
-MODELS = (RunSummary, EnergyFigures, LatencyFigures)
+MODELS = (RunSummary, EnergyFigures, LatencyFigures, GenerateSummary, Pace)
 
 
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)
@@ -39,7 +40,7 @@ def test_every_declared_figure_has_a_unit_a_format_a_direction_and_help(model: t
     for name, fig in found:
         assert isinstance(fig, Figure) and fig is figure_of(model, name)
         assert fig.label and fig.label == fig.label.strip(), name
-        assert fig.unit in ("img/s", "x", "", "%", "J/img", "W", "ms"), (name, fig.unit)
+        assert fig.unit in ("img/s", "tok/s", "x", "", "%", "J/img", "W", "ms"), (name, fig.unit)
         assert fig.better in ("higher", "lower", None), name
         assert fig.help.endswith(".") and "\n" not in fig.help and len(fig.help) <= 200, (name, fig.help)
         # A missing figure reads as missing, never as a number or a crash; a present one as its format.

@@ -22,10 +22,11 @@ with Ts the serial run's seconds per token and c, s each stage's compute and sen
 from __future__ import annotations
 
 import statistics
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
+from pictl.figure_text import Figure, ms_text, speedup_text, tokens_text
 from pictl.summary_figures import Open
 from remote.floor.job_records import GenEnd, GenStart
 
@@ -40,19 +41,27 @@ class TokenFile(BaseModel):
 
 
 class Pace(Open):
-    """One run's pace: the serial run's or the pipeline's."""
+    """One run's pace: the serial run's or the pipeline's. Its figures are declared once, here: every view writes
+    them through their `Figure`."""
 
     tokens: int
     seconds: float
     """From the timed pass's start to the last token's arrival."""
-    tokens_per_s: float
-    per_sequence_tokens_per_s: float | None = None
-    """Each sequence's own pace after its first token (mean over sequences)."""
-    ttft_ms: float
-    """Time to the first token, mean over sequences (they queue behind each other's prompts)."""
-    ttft_max_ms: float
-    itl_p50_ms: float | None = None
-    itl_p99_ms: float | None = None
+    tokens_per_s: Annotated[float | None, Figure(
+        "tokens/s", "tok/s", tokens_text, "higher", "New tokens of every sequence over the timed pass's "
+        "seconds.")] = None
+    per_sequence_tokens_per_s: Annotated[float | None, Figure(
+        "per sequence", "tok/s", tokens_text, "higher", "One sequence's pace after its first token, mean over "
+        "sequences.")] = None
+    ttft_ms: Annotated[float | None, Figure(
+        "first token", "ms", ms_text, "lower", "Time to a sequence's first new token, mean over sequences (they "
+        "queue behind each other's prompts).")] = None
+    ttft_max_ms: float | None = None
+    itl_p50_ms: Annotated[float | None, Figure(
+        "between tokens p50", "ms", ms_text, "lower", "The median time between a sequence's consecutive "
+        "tokens.")] = None
+    itl_p99_ms: Annotated[float | None, Figure(
+        "p99", "ms", ms_text, "lower", "The time between consecutive tokens 99% of gaps stay under.")] = None
 
 
 class StageFigures(Open):
@@ -108,7 +117,9 @@ class GenerateSummary(Open):
     serial_note: str | None = None
     """Why there is no serial run (the model fits no single host)."""
     pipeline: Pace | None = None
-    speedup: float | None = None
+    speedup: Annotated[float | None, Figure(
+        "speedup", "x", speedup_text, "higher", "The pipeline's tokens/s over the serial run's, same prompts and "
+        "protocol.")] = None
     tokens_identical: bool | None = None
     first_difference: Difference | None = None
     stage_figures: list[StageFigures] = []
@@ -133,9 +144,9 @@ def pace(produced: TokenFile) -> Pace:
     gaps = [b - a for seq in arrivals for a, b in zip(seq, seq[1:], strict=False)]
     rates = [(len(seq) - 1) / (seq[-1] - seq[0]) for seq in arrivals if len(seq) > 1 and seq[-1] > seq[0]]
     firsts = [seq[0] for seq in arrivals if seq]
-    return Pace(tokens=tokens, seconds=round(seconds, 6), tokens_per_s=round(tokens / seconds, 3) if seconds else 0.0,
+    return Pace(tokens=tokens, seconds=round(seconds, 6), tokens_per_s=round(tokens / seconds, 3) if seconds else None,
                 per_sequence_tokens_per_s=round(statistics.fmean(rates), 3) if rates else None,
-                ttft_ms=round(1e3 * statistics.fmean(firsts), 3) if firsts else 0.0,
+                ttft_ms=round(1e3 * statistics.fmean(firsts), 3) if firsts else None,
                 ttft_max_ms=round(1e3 * max(firsts, default=0.0), 3),
                 itl_p50_ms=_ms(_percentile(gaps, 0.5)), itl_p99_ms=_ms(_percentile(gaps, 0.99)))
 

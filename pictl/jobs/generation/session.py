@@ -39,8 +39,8 @@ from pictl.events import EventSink, Phase
 from pictl.inventory import Cluster, Host
 from pictl.jobs.generation.figures import (
     GenerateSummary,
-    Status,
     Pace,
+    Status,
     TokenFile,
     first_difference,
     pace,
@@ -303,8 +303,8 @@ class GenerateSession:
             serial_note=None if self.serial_fits else f"no serial run: the whole model does not fit host "
                                                        f"'{self.nodes[0].host.name}'",
             pipeline=pipeline,
-            speedup=round(pipeline.tokens_per_s / serial.tokens_per_s, 4) if serial and pipeline and serial.tokens_per_s
-            else None,
+            speedup=round(pipeline.tokens_per_s / serial.tokens_per_s, 4)
+            if serial and pipeline and serial.tokens_per_s and pipeline.tokens_per_s else None,
             tokens_identical=(difference is None) if serial and pipeline else None, first_difference=difference,
             stage_figures=stages, waterfall=waterfall(serial, pipeline, stages) if serial and pipeline else [],
             tokens_file=TOKENS if pipeline else None, error=error, started_at=started,
