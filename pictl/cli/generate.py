@@ -36,9 +36,12 @@ if TYPE_CHECKING:
     class Arch(StrEnum): ...
 
     class Size(StrEnum): ...
+
+    class Policy(StrEnum): ...
 else:
     Arch = choices("Arch", get_args(ArchLiteral))
     Size = choices("Size", tuple(SIZES))
+    Policy = choices("GeneratePolicy", ("equal", "balanced"))
 
 
 def _cuts(value: str | None) -> list[int] | None:
@@ -68,6 +71,9 @@ def generate(
     split: Annotated[Optional[str], typer.Option(
         help="First decoder layer of stages 2..N, e.g. 8,16. \\[default: layers shared out evenly]",
         rich_help_panel=DECODE_PANEL)] = None,
+    policy: Annotated[Optional[Policy], typer.Option(
+        help="Without --split: equal layers per stage, or balanced weights read per token (the head counts). "
+             "\\[default: balanced]", rich_help_panel=DECODE_PANEL)] = None,
     sequences: Annotated[Optional[int], typer.Option(
         help="Sequences in flight (at least --stages keeps every stage busy). \\[default: 4]",
         rich_help_panel=DECODE_PANEL)] = None,
@@ -102,7 +108,7 @@ def generate(
 
     def job() -> GenerateSession:
         given = {"model": model, "arch": arch, "size": size, "layers": layers, "stages": stages,
-                 "split": _cuts(split), "sequences": sequences, "new_tokens": new_tokens,
+                 "split": _cuts(split), "policy": policy, "sequences": sequences, "new_tokens": new_tokens,
                  "prompt_tokens": prompt_tokens, "prompts": read_prompts(prompts) if prompts else None,
                  "warmup_tokens": warmup_tokens, "threads": threads, "seed": seed}
         options = generate_options(given, name_of=flag_names())

@@ -115,7 +115,7 @@ class GenerateSession:
         self.split: list[int] = []
         if options.model is None:  # a built model's shape is known here: a bad cut is refused before any connection
             self.shape = built_shape(options)
-            self.split = stage_starts(options, self.shape.layers, options.label)
+            self.split = stage_starts(options, self.shape, options.label)
         self.job_id = f"{time.strftime('%Y%m%d-%H%M%S')}-gen-s{options.stages}-{secrets.token_hex(2)}"
         self.root = root or default_generations_root()
         self.sink = on_event or (lambda _e: None)
@@ -191,7 +191,7 @@ class GenerateSession:
             if not isinstance(config, dict):
                 raise E.ConfigError(f"{where}/config.json on host '{first.name}': not a JSON object")
             self.shape = shape_of(config, f"{where}/config.json")
-            self.split = stage_starts(o, self.shape.layers, o.label)
+            self.split = stage_starts(o, self.shape, o.label)
         assert self.shape is not None
         await self._memory(job)
         cuts = ", ".join(f"layer {c}" for c in self.split) or "none"
