@@ -18,7 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = ("check_verdict", "dashboard", "reference", "ceiling", "prune", "int8", "train_memory", "noise", "train",
          "waterfall", "startup", "serial_vs_pipeline", "check_speedup", "policies", "compare", "wire_agreement",
-         "numerics", "tune", "recut", "train_wire", "wire", "push_and_startup", "models", "host_loss", "fast_hosts")
+         "numerics", "tune", "recut", "train_wire", "wire", "push_and_startup", "models", "host_loss", "fast_hosts",
+         "generate")
 """Every script, cheapest quick mode first (tests/functional/test_bench.py: none is left out)."""
 
 
