@@ -15,9 +15,10 @@ except PackageNotFoundError:  # run from a checkout that was never installed
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 """Where the `remote/` package (pushed to the hosts) lies beside `pictl/`: the checkout, or site-packages."""
 
-_API = ("Cluster", "PruneOptions", "PruneSummary", "RunOptions", "RunSummary", "SweepResult", "TrainOptions",
-        "TrainSummary", "load_cluster", "prune", "prune_async", "run_experiment", "run_experiment_async", "runs",
-        "sweep", "sweep_async", "train", "train_async", "tune", "tune_async")
+_API = ("Cluster", "GenerateOptions", "GenerateSummary", "PruneOptions", "PruneSummary", "RunOptions", "RunSummary",
+        "SweepResult", "TrainOptions", "TrainSummary", "generate", "generate_async", "load_cluster", "prune",
+        "prune_async", "run_experiment", "run_experiment_async", "runs", "sweep", "sweep_async", "train",
+        "train_async", "tune", "tune_async")
 __all__ = ["PROJECT_ROOT", "__version__", *_API]
 
 

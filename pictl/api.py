@@ -38,6 +38,9 @@ from pictl.inventory import Cluster
 from pictl.inventory import load_cluster as _load_cluster
 from pictl.job_summaries import PruneSummary, TrainSummary
 from pictl.jobs.contract import Job
+from pictl.jobs.generation.figures import GenerateSummary
+from pictl.jobs.generation.options import GenerateOptions, generate_options
+from pictl.jobs.generation.session import GenerateSession, default_generations_root
 from pictl.jobs.prune import PruneSession, default_prunes_root
 from pictl.jobs.prune_options import PruneOptions, prune_options
 from pictl.jobs.training.options import TrainOptions, train_options
@@ -52,11 +55,12 @@ from pictl.summary import read_summary
 from pictl.summary_models import RunSummary
 from pictl.validation import got
 
-S = TypeVar("S", RunSummary, TrainSummary, PruneSummary)
+S = TypeVar("S", RunSummary, TrainSummary, PruneSummary, GenerateSummary)
 
-__all__ = ["Cluster", "PruneOptions", "PruneSummary", "RunOptions", "RunSummary", "SweepResult", "TrainOptions",
-           "TrainSummary", "load_cluster", "prune", "prune_async", "run_experiment", "run_experiment_async", "runs",
-           "sweep", "sweep_async", "train", "train_async", "tune", "tune_async"]
+__all__ = ["Cluster", "GenerateOptions", "GenerateSummary", "PruneOptions", "PruneSummary", "RunOptions", "RunSummary",
+           "SweepResult", "TrainOptions", "TrainSummary", "generate", "generate_async", "load_cluster", "prune",
+           "prune_async", "run_experiment", "run_experiment_async", "runs", "sweep", "sweep_async", "train",
+           "train_async", "tune", "tune_async"]
 # (`pictl.run` is the package of a run's phases: the library's verb is `run_experiment`.)
 
 EventHandler = Callable[[SessionEvent], None]
@@ -254,9 +258,10 @@ def tune(cluster: Cluster | None = None, options: RunOptions | None = None, **kw
     return asyncio.run(tune_async(cluster, options, **kwargs))
 
 
-def _job_options(options: Any, fields: dict[str, Any], kind: type[TrainOptions] | type[PruneOptions],
+def _job_options(options: Any, fields: dict[str, Any],
+                 kind: type[TrainOptions] | type[PruneOptions] | type[GenerateOptions],
                  check: Callable[..., Any]) -> Any:
-    """A training or pruning job's options, made anew by the path `pictl train` and `pictl prune` take."""
+    """A training, pruning or generation job's options, made anew by the path its command takes."""
     if options is not None and not isinstance(options, kind):
         _refuse("options", f"a pictl.{kind.__name__} (or its fields as keywords)", options)
     values = {**options.model_dump(warnings=False), **_given(fields)} if options is not None else fields
@@ -279,6 +284,24 @@ async def train_async(cluster: Cluster | None = None, options: TrainOptions | No
 def train(cluster: Cluster | None = None, options: TrainOptions | None = None, **kwargs: Any) -> TrainSummary:
     """`train_async`, for code that is not in an event loop."""
     return asyncio.run(train_async(cluster, options, **kwargs))
+
+
+async def generate_async(cluster: Cluster | None = None, options: GenerateOptions | None = None, *,
+                         root: str | Path | None = None, on_event: EventHandler | None = None, wait: bool = False,
+                         **fields: Any) -> GenerateSummary:
+    """One generation job (as `pictl generate`): `options`, or `GenerateOptions` fields (`prompts` as token-id
+    lists). Returns its typed summary, whatever its status."""
+    wait, handler = _flag("wait", wait), _handler(on_event)
+    chosen: GenerateOptions = _job_options(options, fields, GenerateOptions, generate_options)
+    where = _directory("root", root, default_generations_root, "the generation jobs' directory")
+    session = GenerateSession(_cluster(cluster), chosen, on_event=handler, root=where, wait=wait)
+    summary: GenerateSummary = await _ended(session)
+    return summary
+
+
+def generate(cluster: Cluster | None = None, options: GenerateOptions | None = None, **kwargs: Any) -> GenerateSummary:
+    """`generate_async`, for code that is not in an event loop."""
+    return asyncio.run(generate_async(cluster, options, **kwargs))
 
 
 async def prune_async(options: PruneOptions | None = None, *, cluster: Cluster | None = None,

@@ -125,3 +125,16 @@ def test_bad_cuts_and_models_that_fit_no_host_are_refused_before_anything_starts
         assert "Traceback" not in proc.stderr
     assert not runs.exists() or not any(runs.iterdir())
     _left_behind(cluster)
+
+
+def test_the_python_api_refuses_what_the_cli_refuses(cluster, pictl_env, monkeypatch) -> None:
+    """`pictl.generate` takes the command's path: its options checked, the same cut refused before anything starts."""
+    import pictl
+    from pictl import errors as E
+
+    monkeypatch.setenv("PICTL_RUNS_DIR", pictl_env["PICTL_RUNS_DIR"])
+    with pytest.raises(E.ConfigError, match="valid cuts: 1..7"):
+        pictl.generate(pictl.load_cluster(cluster), stages=2, split=[9])
+    with pytest.raises(E.ConfigError, match="sequences"):
+        pictl.generate(pictl.load_cluster(cluster), sequences=0)
+    _left_behind(cluster)
