@@ -125,21 +125,27 @@ def build_stage(spec: GenerateSpec, stage: int, stages: int) -> DecoderStage:
     config = model_config(spec)
     first, end = stage_bounds(config.num_hidden_layers, list(spec.split), stage)
     local = _stage_config(config, first, end)
-    torch.manual_seed(spec.seed)  # (HF's own initialisation, overwritten below, is then the same everywhere)
-    model = AutoModelForCausalLM.from_config(local, dtype=torch.float32)
+    # Built without memory (the meta device), what this stage never computes dropped, then only the rest allocated:
+    # a stage's peak is its own weights, never the whole model's (a tied head keeps the embedding's tensor).
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(local, dtype=torch.float32)
     model.eval()
+    is_first, is_last = stage == 0, stage == stages - 1
     tied = bool(getattr(config, "tie_word_embeddings", False))
+    if not is_last:
+        model.model.norm = nn.Identity()
+        model.lm_head = None
+    if not is_first and not (is_last and tied):
+        model.model.embed_tokens = None
+    model.to_empty(device="cpu")
+    # The rotary embedding's frequencies are computed, not weights: made again on the CPU.
+    model.model.rotary_emb = type(model.model.rotary_emb)(config=local)
     if spec.model_dir:
         _load(model, Path(spec.model_dir).expanduser(), first, tied)
     else:
         _seeded(model, spec.seed, first, float(getattr(config, "initializer_range", 0.02)), tied)
-    is_first, is_last = stage == 0, stage == stages - 1
-    # What this stage never computes is dropped, not kept idle in memory (a tied head keeps the embedding's tensor).
-    if not is_last:
-        model.model.norm = nn.Identity()
-        model.lm_head = None
     if not is_first:
-        model.model.embed_tokens = None
+        model.model.embed_tokens = None  # (a tied last stage's head holds the tensor)
     return DecoderStage(model, first, end, is_first, is_last, config)
 
 
@@ -161,7 +167,7 @@ def _seeded(model: nn.Module, seed: int, first: int, std: float, tied: bool) -> 
         elif global_name.endswith(".bias"):
             param.zero_()
         else:
-            param.copy_(torch.randn(param.shape, generator=generator) * std)
+            param.normal_(0.0, std, generator=generator)  # (in place: no temporary the size of the embedding)
 
 
 @torch.no_grad()
