@@ -138,6 +138,8 @@ def build_stage(spec: GenerateSpec, stage: int, stages: int) -> DecoderStage:
     if not is_first and not (is_last and tied):
         model.model.embed_tokens = None
     model.to_empty(device="cpu")
+    if tied and model.lm_head is not None:  # (to_empty may allocate the two names apart: one tensor again)
+        model.lm_head.weight = model.model.embed_tokens.weight
     # The rotary embedding's frequencies are computed, not weights: made again on the CPU.
     model.model.rotary_emb = type(model.model.rotary_emb)(config=local)
     if spec.model_dir:
