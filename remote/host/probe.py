@@ -31,7 +31,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-PACKAGES = ("torch", "torchvision", "timm")
+PACKAGES = ("torch", "torchvision", "timm", "transformers")
 
 
 def _venv(path: str) -> dict:

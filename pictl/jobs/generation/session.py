@@ -200,12 +200,16 @@ class GenerateSession:
         return o.spec(self.job_id, self.shape, self.split)
 
     async def _memory(self, job: HostJob) -> None:
-        """Each host's stages against its available memory (refused when one does not fit); whether the whole
-        model fits the first host, for the serial run."""
+        """Each host's stages against its available memory (refused when one does not fit), and transformers
+        there (else NotReady, exit 6); whether the whole model fits the first host, for the serial run."""
         assert self.shape is not None
         shape, starts = self.shape, [0, *self.split, self.shape.layers]
         facts = await asyncio.gather(*(read_facts(job.transport(n.host)) for n in self.nodes))
         free = {f.host: HostState.view(f.state).mem_available_mb for f in facts}
+        lacking = [f.host for f in facts if f.packages and not f.packages.get("transformers")]
+        if lacking:
+            raise E.NotReady(f"host '{lacking[0]}' has no transformers in its Python environment: `pictl provision` "
+                             "installs the pinned stack")
 
         def need_mb(params: int) -> float:
             return params * 4 * MEMORY_HEADROOM / 2**20 + RUNTIME_MB
