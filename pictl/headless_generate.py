@@ -9,8 +9,8 @@ import sys
 from rich.table import Table
 
 from pictl.console import result_console
-from pictl.figure_text import figures, points_text, speedup_text
-from pictl.jobs.generation.figures import GenerateSummary, Pace
+from pictl.figure_text import figure_of, figures, points_text, speedup_text
+from pictl.jobs.generation.figures import Agreement, GenerateSummary, Pace
 
 
 def _f(value: float | None, spec: str) -> str:
@@ -45,10 +45,18 @@ def generate_lines(s: GenerateSummary) -> list[str]:
         lines.append(pace_line("pipeline", s.pipeline))
     if s.serial:
         lines.append(pace_line(f"serial on {s.serial_host}", s.serial))
+    if s.serial_fp32:
+        lines.append(pace_line(f"serial on {s.serial_host}, fp32", s.serial_fp32)
+                     + (f"; the pipeline {figure_of(GenerateSummary, 'speedup_fp32').shown(s.speedup_fp32)} it"
+                        if s.speedup_fp32 is not None else ""))
+    if s.agreement_fp32:
+        a = s.agreement_fp32
+        lines.append(f"{figure_of(Agreement, 'share').field(a.share)} ({a.agree} of {a.positions} positions; "
+                     f"{a.sequences_identical} of {len(s.prompt_tokens)} sequences whole): a bounded loss, reported")
     if s.serial_note:
         lines.append(s.serial_note)
     if s.tokens_identical is True:
-        lines.append("token ids identical to the serial run's")
+        lines.append("token ids identical to the serial run's" + ("" if s.numerics == "fp32" else f" ({s.numerics})"))
     elif s.first_difference is not None:
         d = s.first_difference
         lines.append(f"token ids DIFFER from the serial run's: sequence {d.sequence}, position {d.position} "

@@ -38,10 +38,13 @@ if TYPE_CHECKING:
     class Size(StrEnum): ...
 
     class Policy(StrEnum): ...
+
+    class Numerics(StrEnum): ...
 else:
     Arch = choices("Arch", get_args(ArchLiteral))
     Size = choices("Size", tuple(SIZES))
     Policy = choices("GeneratePolicy", ("equal", "balanced"))
+    Numerics = choices("GenerateNumerics", ("fp32", "int8-dynamic"))
 
 
 def _cuts(value: str | None) -> list[int] | None:
@@ -83,6 +86,9 @@ def generate(
                                                          rich_help_panel=DECODE_PANEL)] = None,
     prompts: Annotated[Optional[Path], typer.Option(help="JSON file of prompts as token-id lists, one per sequence.",
                                                     rich_help_panel=DECODE_PANEL)] = None,
+    numerics: Annotated[Optional[Numerics], typer.Option(
+        help="int8-dynamic: int8 Linear layers, a bounded loss measured against an fp32 serial run. \\[default: fp32]",
+        rich_help_panel=DECODE_PANEL)] = None,
     warmup_tokens: Annotated[Optional[int], typer.Option(help="Untimed tokens per sequence first. \\[default: 2]",
                                                          rich_help_panel=DECODE_PANEL)] = None,
     threads: Annotated[Optional[int], typer.Option(help="torch threads per rank. \\[default: 1]",
@@ -110,7 +116,7 @@ def generate(
         given = {"model": model, "arch": arch, "size": size, "layers": layers, "stages": stages,
                  "split": _cuts(split), "policy": policy, "sequences": sequences, "new_tokens": new_tokens,
                  "prompt_tokens": prompt_tokens, "prompts": read_prompts(prompts) if prompts else None,
-                 "warmup_tokens": warmup_tokens, "threads": threads, "seed": seed}
+                 "numerics": numerics, "warmup_tokens": warmup_tokens, "threads": threads, "seed": seed}
         options = generate_options(given, name_of=flag_names())
         if out is not None:
             from pictl.records.runs import writable_dir

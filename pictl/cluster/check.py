@@ -102,7 +102,9 @@ def _problems(host: Host, report: dict[str, Any]) -> list[str]:
         out.append(f"no venv at {host.venv_path()} (run `pictl provision`)")
     else:
         packages: dict[str, Any] = venv.packages or {}
-        missing = [p for p, v in packages.items() if v is None] or (["?"] if venv.error is not None else [])
+        # (transformers is reported, not required: only `pictl generate` needs it, and says so itself)
+        missing = [p for p, v in packages.items() if v is None and p != "transformers"] or (
+            ["?"] if venv.error is not None else [])
         if missing:
             out.append(f"venv lacks {', '.join(missing)} (run `pictl provision`)")
         torch = PackageVersions.view(packages).torch

@@ -146,6 +146,9 @@ class GenStart(Record):
     load_s: Num
     rss_mb: Num | None = None
     arch: Str | None = None
+    numerics: Str | None = None
+    engine: Str | None = None
+    """The quantised engine an int8 stage runs on (x86, fbgemm, qnnpack)."""
     torch: Str | None = None
     transformers: Str | None = None
 

@@ -271,6 +271,8 @@ class GenerateSpec:
     """Tokens per sequence generated before the timed pass (its caches thrown away): first-call costs."""
     seed: int = 0
     threads: int = 1
+    numerics: str = "fp32"
+    """`fp32`, or `int8-dynamic`: every Linear layer (the head's too) int8 with its input quantised per call."""
     tokens_file: str = "tokens.json"
     """Where the first stage writes the generated ids and their arrival times (too long for a telemetry line)."""
     pg_timeout_s: float = 300.0

@@ -26,6 +26,7 @@ from torch import nn
 
 from remote.floor.errors import BadInput
 from remote.floor.spec import DECODER_ARCHS, GenerateSpec
+from remote.toolkit.numerics import apply_numerics
 
 if TYPE_CHECKING:  # (transformers is imported where it is used: a 2-3 s import)
     from transformers import DynamicCache, PretrainedConfig
@@ -93,6 +94,8 @@ class DecoderStage:
     first: bool
     last: bool
     config: PretrainedConfig
+    engine: str | None = None
+    """The quantised engine of an int8 stage (None: fp32)."""
 
     @property
     def params(self) -> int:
@@ -148,7 +151,8 @@ def build_stage(spec: GenerateSpec, stage: int, stages: int) -> DecoderStage:
         _seeded(model, spec.seed, first, float(getattr(config, "initializer_range", 0.02)), tied)
     if not is_first:
         model.model.embed_tokens = None  # (a tied last stage's head holds the tensor)
-    return DecoderStage(model, first, end, is_first, is_last, config)
+    engine = apply_numerics(model, spec.numerics)
+    return DecoderStage(model, first, end, is_first, is_last, config, engine)
 
 
 def _names(model: nn.Module, first: int, tied: bool) -> Iterator[tuple[str, str, torch.Tensor]]:

@@ -154,7 +154,8 @@ def _generate(spec: GenerateSpec, emitter: Emitter) -> None:
     emitter.emit(GenStart(stage=rank, stages=world, first_layer=stage.first_layer, end_layer=stage.end_layer,
                           layers=int(stage.config.num_hidden_layers), params=stage.params,
                           load_s=round(time.perf_counter() - t0, 3), rss_mb=current_rss_mb(),
-                          arch=str(stage.config.model_type), torch=torch.__version__,
+                          arch=str(stage.config.model_type), numerics=spec.numerics, engine=stage.engine,
+                          torch=torch.__version__,
                           transformers=transformers.__version__))
     hidden = int(stage.config.hidden_size)
     if spec.warmup_tokens:

@@ -66,6 +66,29 @@ def test_a_tiny_llama_on_two_stages_generates_the_serial_runs_tokens(cluster, pi
     _left_behind(cluster)
 
 
+@pytest.mark.slow
+def test_int8_stages_match_an_int8_serial_run_and_report_their_agreement_with_fp32(cluster, pictl_env) -> None:
+    """`--numerics int8-dynamic`: the pipeline is held to an int8 serial run (exactly: an int8 stage is
+    deterministic), and measured against an fp32 serial run of the same prompts (a bounded loss, reported)."""
+    s, proc = _generate(cluster, pictl_env, "--numerics", "int8-dynamic", "--stages", "2", "--sequences", "2",
+                        "--new-tokens", "8")
+    assert s["status"] == "ok" and s["numerics"] == "int8-dynamic" and s["tokens_identical"] is True
+    job = Path(s["job_dir"])
+    fp32 = json.loads((job / "serial-fp32-tokens.json").read_text())["tokens"]
+    int8 = json.loads((job / "tokens.json").read_text())["tokens"]
+    agree = s["agreement_fp32"]
+    same = sum(a == b for x, y in zip(fp32, int8, strict=True) for a, b in zip(x, y, strict=True))
+    assert agree["positions"] == 16 and agree["agree"] == same
+    assert agree["share"] == pytest.approx(agree["agree"] / 16, abs=1e-4)
+    assert s["speedup_fp32"] == pytest.approx(s["pipeline"]["tokens_per_s"] / s["serial_fp32"]["tokens_per_s"],
+                                              rel=1e-3)
+    starts = [json.loads(line) for f in job.glob("events/h*.jsonl") for line in f.read_text().splitlines()
+              if '"gen_start"' in line]
+    assert len(starts) == 2 and all(r["numerics"] == "int8-dynamic" and r["engine"] for r in starts)
+    assert "agreement with fp32" in proc.stderr
+    _left_behind(cluster)
+
+
 HF_SCRIPT = textwrap.dedent("""
     import json, sys, torch
     from transformers import AutoConfig, AutoModelForCausalLM

@@ -18,7 +18,7 @@ from support.cli import ROOT
 
 from pictl.figure_text import Figure, declared, figure_of, figures
 from pictl.headless import summary_fields
-from pictl.jobs.generation.figures import GenerateSummary, Pace
+from pictl.jobs.generation.figures import Agreement, GenerateSummary, Pace
 from pictl.records.catalog import read_run
 from pictl.records.catalog_rows import COLUMNS, COMPARE_COLUMNS, TABLE_FIGURES, cell, compare_rows, row
 from pictl.records.report import write_report
@@ -30,7 +30,7 @@ from pictl.tui.widgets.history import COLUMNS as HISTORY
 from pictl.tui.widgets.history import history_cells
 
 BASE: dict[str, Any] = json.loads((ROOT / "tests" / "support" / "data" / "run_summary_two_stages.json").read_text())
-MODELS = (RunSummary, EnergyFigures, LatencyFigures, GenerateSummary, Pace)
+MODELS = (RunSummary, EnergyFigures, LatencyFigures, GenerateSummary, Pace, Agreement)
 
 
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.__name__)

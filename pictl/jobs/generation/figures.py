@@ -26,7 +26,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from pictl.figure_text import Figure, ms_text, speedup_text, tokens_text
+from pictl.figure_text import Figure, ms_text, percent_text, speedup_text, tokens_text
 from pictl.summary_figures import Open
 from remote.floor.job_records import GenEnd, GenStart
 
@@ -87,6 +87,19 @@ class Difference(Open):
     pipeline: int | None
 
 
+class Agreement(Open):
+    """An int8 run's ids against the fp32 serial run's: a bounded loss, reported, never a failure. Greedy decoding
+    follows its own tokens, so once a sequence parts from fp32's the rest of it rarely meets it again."""
+
+    positions: int
+    agree: int
+    share: Annotated[float | None, Figure(
+        "agreement with fp32", "%", percent_text, "higher", "The share of generated positions whose id is the fp32 "
+        "serial run's.")] = None
+    sequences_identical: int
+    first_difference: Difference | None = None
+
+
 class Term(Open):
     """One term of the decoding waterfall, in signed points of speedup (a loss negative)."""
 
@@ -120,6 +133,13 @@ class GenerateSummary(Open):
     speedup: Annotated[float | None, Figure(
         "speedup", "x", speedup_text, "higher", "The pipeline's tokens/s over the serial run's, same prompts and "
         "protocol.")] = None
+    numerics: str = "fp32"
+    serial_fp32: Pace | None = None
+    """Under int8-dynamic: the fp32 serial run (the serial run above is int8, as the pipeline)."""
+    speedup_fp32: Annotated[float | None, Figure(
+        "speedup over fp32", "x", speedup_text, "higher", "The pipeline's tokens/s over the fp32 serial run's "
+        "(int8-dynamic).")] = None
+    agreement_fp32: Agreement | None = None
     tokens_identical: bool | None = None
     first_difference: Difference | None = None
     stage_figures: list[StageFigures] = []
@@ -199,3 +219,11 @@ def waterfall(serial: Pace, pipeline: Pace, stages: list[StageFigures]) -> list[
             Term(name="imbalance", points=round(slowest - balanced, 3)),
             Term(name="communication", points=round(with_sends - slowest, 3)),
             Term(name="fill, drain and waits", points=round(measured - with_sends, 3))]
+
+
+def agreement(fp32: list[list[int]], other: list[list[int]]) -> Agreement:
+    positions = sum(len(a) for a in fp32)
+    agree = sum(x == y for a, b in zip(fp32, other, strict=False) for x, y in zip(a, b, strict=False))
+    return Agreement(positions=positions, agree=agree, share=round(agree / positions, 4) if positions else None,
+                     sequences_identical=sum(a == b for a, b in zip(fp32, other, strict=False)),
+                     first_difference=first_difference(fp32, other))

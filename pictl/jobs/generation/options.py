@@ -60,6 +60,8 @@ class GenerateOptions(BaseModel):
     prompt_tokens: int = Field(default=8, ge=1, le=MAX_PROMPT_TOKENS)
     prompts: list[list[int]] | None = None
     """Token ids of each sequence's prompt (`--prompts FILE`); None: seeded synthetic ids."""
+    numerics: Literal["fp32", "int8-dynamic"] = "fp32"
+    """`int8-dynamic`: a bounded loss, measured against an fp32 serial run beside the int8 one."""
     warmup_tokens: int = Field(default=2, ge=0, le=64)
     threads: int = Field(default=1, ge=1, le=256)
     seed: int = Field(default=0, ge=0)
@@ -81,11 +83,13 @@ class GenerateOptions(BaseModel):
     def spec(self, job_id: str, model: ModelShape, split: list[int]) -> GenerateSpec:
         return GenerateSpec(model_dir=self.model, arch=self.arch, sizes={} if self.model else self.sizes(),
                             split=split, prompts=self.prompt_ids(model.vocab), new_tokens=self.new_tokens,
-                            warmup_tokens=self.warmup_tokens, seed=self.seed, threads=self.threads, run_id=job_id)
+                            warmup_tokens=self.warmup_tokens, seed=self.seed, threads=self.threads,
+                            numerics=self.numerics, run_id=job_id)
 
     @property
     def label(self) -> str:
-        return self.model or f"{self.arch} ({self.size}{f', {self.layers} layers' if self.layers else ''})"
+        model = self.model or f"{self.arch} ({self.size}{f', {self.layers} layers' if self.layers else ''})"
+        return model if self.numerics == "fp32" else f"{model}, {self.numerics}"
 
 
 class ModelShape(BaseModel):

@@ -42,6 +42,7 @@ from pictl.jobs.generation.figures import (
     Pace,
     Status,
     TokenFile,
+    agreement,
     first_difference,
     pace,
     stage_figures,
@@ -59,8 +60,8 @@ from remote.floor.run_records import Error
 from remote.floor.spec import GenerateSpec
 
 MODULE = entries.GENERATE.module
-SERIAL_SPEC = "serial-spec.json"
 SERIAL_TOKENS = "serial-tokens.json"
+SERIAL_FP32_TOKENS = "serial-fp32-tokens.json"
 TOKENS = "tokens.json"
 MEMORY_HEADROOM = 1.25
 """A stage needs its weights (fp32) this many times over, plus `RUNTIME_MB`: the KV caches, activations and
@@ -123,6 +124,7 @@ class GenerateSession:
         self.record: RunRecord | None = None
         self.serial_fits = True
         self._serial: tuple[Pace, list[list[int]]] | None = None
+        self._serial_fp32: tuple[Pace, list[list[int]]] | None = None
         self._pipeline: tuple[Pace, list[list[int]]] | None = None
         self._ranks = Ranks()
         self._stage_hosts = {rank: n.host.name for n in self.nodes for rank in n.ranks}
@@ -153,7 +155,10 @@ class GenerateSession:
             self._open_record(spec)
             await job.stage({P.SPEC_FILE: spec.to_json().encode()}, "cannot prepare the job")
             if self.serial_fits:
-                await self._serial_run(job, spec)
+                self._serial = await self._serial_run(job, spec)
+                if spec.numerics != "fp32":  # the bounded loss: the same prompts in fp32, beside the int8 run
+                    fp32 = GenerateSpec(**{**json.loads(spec.to_json()), "numerics": "fp32"})
+                    self._serial_fp32 = await self._serial_run(job, fp32, SERIAL_FP32_TOKENS)
             await self._pipeline_run(job)
             status = "ok"
             self._check()
@@ -243,21 +248,25 @@ class GenerateSession:
         except ValidationError as exc:
             raise E.RunFailed(f"host '{host.name}': its token file {name} is not what a stage writes ({exc})") from None
 
-    async def _serial_run(self, job: HostJob, spec: GenerateSpec) -> None:
+    async def _serial_run(self, job: HostJob, spec: GenerateSpec, tokens: str = SERIAL_TOKENS,
+                          ) -> tuple[Pace, list[list[int]]]:
+        """Every layer on the first host, the spec's prompts and numerics: its pace and ids."""
         host = self.nodes[0].host
-        serial = GenerateSpec(**{**json.loads(spec.to_json()), "split": [], "tokens_file": SERIAL_TOKENS})
-        await job.transport(host).put_bytes(serial.to_json().encode(), f"{job.run_dir(host)}/{SERIAL_SPEC}")
-        self._phase("serial", f"every layer on {host.name}: {len(spec.prompts)} sequence(s), {spec.new_tokens} "
-                              "new token(s) each")
+        serial = GenerateSpec(**{**json.loads(spec.to_json()), "split": [], "tokens_file": tokens})
+        name = f"{tokens.removesuffix('-tokens.json')}-spec.json"
+        await job.transport(host).put_bytes(serial.to_json().encode(), f"{job.run_dir(host)}/{name}")
+        self._phase("serial", f"every layer on {host.name}{'' if spec.numerics == 'fp32' else ', ' + spec.numerics}: "
+                              f"{len(spec.prompts)} sequence(s), {spec.new_tokens} new token(s) each")
         said = Ranks()
         assert self.record is not None
-        stream = ProcessStream("serial", host.name, self.record, self.sink, lambda r: said.apply(host.name, r))
-        rc = await job.run_module(host, MODULE, ["--spec", SERIAL_SPEC], stream, threads=self.options.threads,
-                                  pgid_file="pgid-serial")
+        source = tokens.removesuffix("-tokens.json")
+        stream = ProcessStream(source, host.name, self.record, self.sink, lambda r: said.apply(host.name, r))
+        rc = await job.run_module(host, MODULE, ["--spec", name], stream, threads=self.options.threads,
+                                  pgid_file=f"pgid-{source}")
         if rc != 0 or said.errors or 0 not in said.ends:
-            raise _failure(said.errors, stream.tail, host.name, "the serial run")
-        produced = await self._tokens(job, host, SERIAL_TOKENS)
-        self._serial = (pace(produced), produced.tokens)
+            raise _failure(said.errors, stream.tail, host.name, f"the {source} run")
+        produced = await self._tokens(job, host, tokens)
+        return pace(produced), produced.tokens
 
     async def _pipeline_run(self, job: HostJob) -> None:
         ranks, o = self._ranks, self.options
@@ -309,6 +318,12 @@ class GenerateSession:
             pipeline=pipeline,
             speedup=round(pipeline.tokens_per_s / serial.tokens_per_s, 4)
             if serial and pipeline and serial.tokens_per_s and pipeline.tokens_per_s else None,
+            numerics=o.numerics, serial_fp32=self._serial_fp32[0] if self._serial_fp32 else None,
+            speedup_fp32=round(pipeline.tokens_per_s / fp32.tokens_per_s, 4)
+            if (fp32 := self._serial_fp32[0] if self._serial_fp32 else None) and pipeline and fp32.tokens_per_s
+            and pipeline.tokens_per_s else None,
+            agreement_fp32=agreement(self._serial_fp32[1], self._pipeline[1]) if self._serial_fp32 and self._pipeline
+            else None,
             tokens_identical=(difference is None) if serial and pipeline else None, first_difference=difference,
             stage_figures=stages, waterfall=waterfall(serial, pipeline, stages) if serial and pipeline else [],
             tokens_file=TOKENS if pipeline else None, error=error, started_at=started,
