@@ -85,3 +85,21 @@ def test_a_crafted_manifest_never_removes_a_file_outside_the_code_dir(tmp_path: 
     assert victim.read_text() == "the user's own file"
     assert "removed" not in again.stdout, again.stdout
     assert json.loads((code / MANIFEST).read_text()) == manifest  # rewritten with pictl's own names only
+
+
+def test_a_workdir_under_home_runs_the_pushed_code_not_the_controllers(tmp_path: Path, monkeypatch) -> None:
+    """The shipped inventory's workdirs are `~/...`: a job's PYTHONPATH (its host's code directory) must mean the
+    home directory there, as it does over SSH, or Python skips it and imports `remote` from the controller's
+    install (and a warm root keyed on that install's missing manifest never saw the code change)."""
+    import sys
+
+    from pictl.cluster.commands import worker_env
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    host = Host(name="h", transport="local", workdir="~/pictl/h")
+    _push(host, {"remote/__init__.py": b"WHERE = 'pushed'\n"})
+    result = asyncio.run(LocalTransport(host).run(
+        [sys.executable, "-c", "import remote; print(remote.WHERE, remote.__file__)"], cwd="~/pictl",
+        env=worker_env(host, 1)))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["pushed", str(tmp_path / "pictl/h/code/remote/__init__.py")]

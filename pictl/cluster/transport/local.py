@@ -42,7 +42,11 @@ def _write_whole(path: Path, fill: Callable[[BinaryIO], object]) -> None:
 
 
 def _env(env: Mapping[str, str] | None) -> dict[str, str]:
-    return {**os.environ, **(env or {})}
+    """The process's environment: ours, with `env` over it, a leading `~/` in a value meaning the home directory
+    as the SSH transport's shell reads it (`PYTHONPATH=~/.local/share/pictl/cluster/local0/code` from the shipped
+    inventory: left as written, Python skipped it and imported `remote` from the controller's own install)."""
+    return {**os.environ, **{k: os.path.expanduser(v) if v == "~" or v.startswith("~/") else v
+                             for k, v in (env or {}).items()}}
 
 
 class LocalProcess(RemoteProcess):
