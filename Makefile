@@ -29,11 +29,16 @@ $(STAMP): pyproject.toml
 	touch $@
 
 demo: setup
+	$(VENV)/bin/python -m compileall -q pictl remote >/dev/null
 	$(VENV)/bin/pictl run --profile quick --headless
 
 # Two workers (pytest-xdist): a module stays on one worker and the SSH cluster's tests on one (tests/conftest.py);
 # each test then runs beside another, as on a lab's shared hosts (docs/tests.md).
+# compileall: where PYTHONDONTWRITEBYTECODE is set (this machine kind), Python never writes pictl's own bytecode, so
+# every `pictl` the tests start compiled all of pictl from source: 0.49 s to refuse a missing inventory, 0.37 s
+# with the bytecode there (it is still read; a changed file is compiled again as usual).
 test: setup system-deps
+	$(VENV)/bin/python -m compileall -q pictl remote >/dev/null
 	$(VENV)/bin/ruff check pictl remote tests bench
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mkdocs build --strict --quiet --site-dir $(VENV)/site
