@@ -39,17 +39,31 @@ def _left_behind(hosts: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_tiny_llama_on_two_stages_generates_the_serial_runs_tokens(cluster, pictl_env) -> None:
-    """A Llama built from its configuration (8 layers of width 128, seeded weights), 2 stages, 4 sequences in
-    flight, 16 new tokens each: the ids are the serial run's, and the figures are what the stages did."""
-    s, proc = _generate(cluster, pictl_env, "--arch", "llama", "--stages", "2", "--sequences", "4",
-                        "--new-tokens", "16", "--prompt-tokens", "8")
-    assert s["status"] == "ok" and s["tokens_identical"] is True and s["first_difference"] is None
+def test_a_tiny_llama_in_int8_on_two_stages_generates_the_int8_serial_runs_tokens(cluster, pictl_env) -> None:
+    """A Llama built from its configuration (8 layers of width 128, seeded weights), 2 stages, 4 sequences in flight,
+    16 new tokens each, `--numerics int8-dynamic`: the ids are the int8 serial run's (an int8 stage is
+    deterministic), their agreement with an fp32 serial run of the same prompts is measured (a bounded loss,
+    reported), and the figures are what the stages did. (fp32 is held to the serial run and to transformers' own
+    `generate` by the next test.)"""
+    s, proc = _generate(cluster, pictl_env, "--arch", "llama", "--numerics", "int8-dynamic", "--stages", "2",
+                        "--sequences", "4", "--new-tokens", "16", "--prompt-tokens", "8")
+    assert s["status"] == "ok" and s["numerics"] == "int8-dynamic"
+    assert s["tokens_identical"] is True and s["first_difference"] is None
     job = Path(s["job_dir"])
     serial = json.loads((job / "serial-tokens.json").read_text())["tokens"]
     pipeline = json.loads((job / "tokens.json").read_text())["tokens"]
     assert serial == pipeline and [len(t) for t in pipeline] == [16] * 4
     assert len({tuple(t) for t in pipeline}) > 1  # (four prompts, not one sequence four times)
+    fp32 = json.loads((job / "serial-fp32-tokens.json").read_text())["tokens"]
+    agree = s["agreement_fp32"]
+    same = sum(a == b for x, y in zip(fp32, pipeline, strict=True) for a, b in zip(x, y, strict=True))
+    assert agree["positions"] == 64 and agree["agree"] == same
+    assert agree["share"] == pytest.approx(same / 64, abs=1e-4)
+    assert s["speedup_fp32"] == pytest.approx(s["pipeline"]["tokens_per_s"] / s["serial_fp32"]["tokens_per_s"],
+                                              rel=1e-3)
+    starts = [json.loads(line) for f in job.glob("events/h*.jsonl") for line in f.read_text().splitlines()
+              if '"gen_start"' in line]
+    assert len(starts) == 2 and all(r["numerics"] == "int8-dynamic" and r["engine"] for r in starts)
     # `balanced`: the last stage's head (4096 x 128) weighs as much as 2.9 of the layers, so it gets 3 layers of 8.
     assert s["split"] == [5] and [(st["first_layer"], st["end_layer"]) for st in s["stage_figures"]] == [(0, 5), (5, 8)]
     assert s["pipeline"]["tokens"] == s["serial"]["tokens"] == 64
@@ -62,29 +76,7 @@ def test_a_tiny_llama_on_two_stages_generates_the_serial_runs_tokens(cluster, pi
     assert s["speedup"] == pytest.approx(s["pipeline"]["tokens_per_s"] / s["serial"]["tokens_per_s"], rel=1e-3)
     # The waterfall explains the gap to N whole: its signed terms add up from 2 to the measured speedup.
     assert 2 + sum(t["points"] for t in s["waterfall"]) == pytest.approx(s["speedup"], abs=0.01)
-    assert "token ids identical to the serial run's" in proc.stderr
-    _left_behind(cluster)
-
-
-@pytest.mark.slow
-def test_int8_stages_match_an_int8_serial_run_and_report_their_agreement_with_fp32(cluster, pictl_env) -> None:
-    """`--numerics int8-dynamic`: the pipeline is held to an int8 serial run (exactly: an int8 stage is
-    deterministic), and measured against an fp32 serial run of the same prompts (a bounded loss, reported)."""
-    s, proc = _generate(cluster, pictl_env, "--numerics", "int8-dynamic", "--stages", "2", "--sequences", "2",
-                        "--new-tokens", "8")
-    assert s["status"] == "ok" and s["numerics"] == "int8-dynamic" and s["tokens_identical"] is True
-    job = Path(s["job_dir"])
-    fp32 = json.loads((job / "serial-fp32-tokens.json").read_text())["tokens"]
-    int8 = json.loads((job / "tokens.json").read_text())["tokens"]
-    agree = s["agreement_fp32"]
-    same = sum(a == b for x, y in zip(fp32, int8, strict=True) for a, b in zip(x, y, strict=True))
-    assert agree["positions"] == 16 and agree["agree"] == same
-    assert agree["share"] == pytest.approx(agree["agree"] / 16, abs=1e-4)
-    assert s["speedup_fp32"] == pytest.approx(s["pipeline"]["tokens_per_s"] / s["serial_fp32"]["tokens_per_s"],
-                                              rel=1e-3)
-    starts = [json.loads(line) for f in job.glob("events/h*.jsonl") for line in f.read_text().splitlines()
-              if '"gen_start"' in line]
-    assert len(starts) == 2 and all(r["numerics"] == "int8-dynamic" and r["engine"] for r in starts)
+    assert "token ids identical to the serial run's (int8-dynamic)" in proc.stderr
     assert "agreement with fp32" in proc.stderr
     _left_behind(cluster)
 
@@ -137,6 +129,8 @@ def test_bad_cuts_and_models_that_fit_no_host_are_refused_before_anything_starts
         ("--stages", "3", "--split", "4"): "--split 4: 3 stages need 2 cut(s)",
         ("--layers", "2", "--stages", "3"): "--stages 3: llama (tiny, 2 layers) has 2 decoder layer(s)",
         ("--size", "qwen2.5-0.5b", "--layers", "1000"): "does not fit host 'h0'",
+        # Weights of a few MB, but 256 sequences' KV caches to their 8192th token: 256 x 8200 x 16 KB = 32 GB a stage
+        ("--layers", "64", "--stages", "2", "--sequences", "256", "--new-tokens", "8192"): "weights and KV caches",
         ("--model", "models/mine"): "--model models/mine: give the model directory's absolute path on the hosts",
         ("--model", "/nonexistent/model"): "--model /nonexistent/model: no config.json readable on host 'h0'",
     }

@@ -18,10 +18,11 @@ from support.typed import untyped
 
 from pictl.job_summaries import PruneSummary
 
-DIGITS_VIT = ["img_size=32", "patch_size=8", "depth=4", "embed_dim=96", "num_heads=4"]
+DIGITS_VIT = ["img_size=32", "patch_size=8", "depth=2", "embed_dim=96", "num_heads=4"]
 THRESHOLD = 0.85
-"""Held-out top-1 on digits that the unpruned small ViT reaches after 20 epochs (about 0.92 measured)
-and that the pruned one must reach again after a short fine-tune (about 0.90 measured)."""
+"""Held-out top-1 on digits that the unpruned small ViT reaches after 20 epochs (0.95 measured at depth 2: 0.93 at
+depth 4, in twice the time) and that the pruned one (0.77 right after pruning) must reach again after a short
+fine-tune (0.92 after its first epoch, 0.96 after its fourth)."""
 
 
 def _one_error(proc, fragment: str, code: int = 2) -> str:  # noqa: ANN001

@@ -113,6 +113,10 @@ class ModelShape(BaseModel):
         return 2 * self.hidden * self.hidden + 2 * self.hidden * kv + 3 * self.hidden * self.intermediate \
             + 2 * self.hidden
 
+    def kv_bytes_per_position(self, layers: int) -> int:
+        """The KV cache one sequence's position takes over `layers` layers: a key and a value per KV head, fp32."""
+        return layers * 2 * (self.kv_heads or self.heads) * (self.hidden // self.heads) * 4
+
     def stage_params(self, first: int, end: int) -> int:
         """The parameters a stage over layers [first, end) holds: its layers, the embedding on the first, the final
         norm and head on the last (a tied head is the embedding's tensor, held again only on another stage)."""

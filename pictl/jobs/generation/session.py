@@ -216,17 +216,25 @@ class GenerateSession:
             raise E.NotReady(f"host '{lacking[0]}' has no transformers in its Python environment: `pictl provision` "
                              "installs the pinned stack")
 
-        def need_mb(params: int) -> float:
-            return params * 4 * MEMORY_HEADROOM / 2**20 + RUNTIME_MB
+        o = self.options
+        positions = sum(len(p) for p in o.prompt_ids(shape.vocab)) + len(o.prompt_ids(shape.vocab)) * (
+            o.new_tokens + o.warmup_tokens)
+
+        def need_mb(first: int, end: int) -> float:
+            """Weights (fp32, with headroom) and the KV caches of every sequence to its last token, and the
+            runtime: the caches are what grows with --sequences and --new-tokens."""
+            return (shape.stage_params(first, end) * 4 * MEMORY_HEADROOM
+                    + shape.kv_bytes_per_position(end - first) * positions) / 2**20 + RUNTIME_MB
 
         for node in self.nodes:
-            need = sum(need_mb(shape.stage_params(starts[r], starts[r + 1])) for r in node.ranks)
+            need = sum(need_mb(starts[r], starts[r + 1]) for r in node.ranks)
             have = free.get(node.host.name)
             if isinstance(have, int | float) and need > have:
-                raise E.ConfigError(f"{self.options.label} does not fit host '{node.host.name}': its stage(s) "
-                                    f"{', '.join(map(str, node.ranks))} need about {need:,.0f} MB and it has "
-                                    f"{have:,.0f} MB available (more stages, or more hosts)")
-        whole, have = need_mb(shape.stage_params(0, shape.layers)), free.get(self.nodes[0].host.name)
+                raise E.ConfigError(f"{o.label} does not fit host '{node.host.name}': its stage(s) "
+                                    f"{', '.join(map(str, node.ranks))} need about {need:,.0f} MB (weights and KV "
+                                    f"caches) and it has {have:,.0f} MB available (more stages or hosts, or fewer "
+                                    "sequences or tokens)")
+        whole, have = need_mb(0, shape.layers), free.get(self.nodes[0].host.name)
         self.serial_fits = not (isinstance(have, int | float) and whole > have)
 
     def _open_record(self, spec: GenerateSpec) -> None:
