@@ -55,6 +55,9 @@ def generate_lines(s: GenerateSummary) -> list[str]:
                      f"{a.sequences_identical} of {len(s.prompt_tokens)} sequences whole): a bounded loss, reported")
     if s.serial_note:
         lines.append(s.serial_note)
+    if s.engines_differ:
+        lines.append(f"int8 engines differ ({', '.join(s.engines_differ)}): the ids are compared, not held to the "
+                     "serial run's")
     if s.tokens_identical is True:
         lines.append("token ids identical to the serial run's" + ("" if s.numerics == "fp32" else f" ({s.numerics})"))
     elif s.first_difference is not None:

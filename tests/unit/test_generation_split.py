@@ -56,3 +56,22 @@ def test_explicit_cuts_are_checked_against_the_layers(given_: dict, said: str) -
     options = generate_options(given_)
     with pytest.raises(E.ConfigError, match=re.escape(said)):
         stage_starts(options, built_shape(options), options.label)
+
+
+def test_a_configured_head_width_is_what_the_checks_count() -> None:
+    """Qwen3's heads are 128 wide by default whatever the width: a configuration's `head_dim` sizes the
+    attention and the KV cache; a model pictl builds is given its own (hidden / heads)."""
+    base = {"model_type": "qwen3", "num_hidden_layers": 4, "hidden_size": 128, "intermediate_size": 256,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000}
+    narrow, wide = ModelShape.model_validate(base), ModelShape.model_validate({**base, "head_dim": 128})
+    assert (narrow.head_dim, wide.head_dim) == (32, 128)
+    assert wide.kv_bytes_per_position(4) == 4 * narrow.kv_bytes_per_position(4) == 4 * 2 * 2 * 128 * 4
+    assert wide.layer_params() - narrow.layer_params() == 2 * 128 * (4 * 96) + 2 * 128 * (2 * 96)
+    built = generate_options({"arch": "qwen3"})
+    assert built.sizes()["head_dim"] == 32 and built_shape(built).head_dim == 32
+
+
+@pytest.mark.parametrize("prompts", [[[]], [[-1]], [[1]] * 257, [[0] * 4097]])
+def test_prompts_given_to_the_api_are_checked_as_the_file_is(prompts: list) -> None:
+    with pytest.raises(E.ConfigError, match="prompts"):
+        generate_options({"prompts": prompts})

@@ -140,6 +140,9 @@ class GenerateSummary(Open):
         "speedup over fp32", "x", speedup_text, "higher", "The pipeline's tokens/s over the fp32 serial run's "
         "(int8-dynamic).")] = None
     agreement_fp32: Agreement | None = None
+    engines_differ: list[str] | None = None
+    """Under int8: the quantised engines when the serial run's and the stages' are not one (`engine on host`);
+    their ids are then compared and reported, not held to be identical."""
     tokens_identical: bool | None = None
     first_difference: Difference | None = None
     stage_figures: list[StageFigures] = []

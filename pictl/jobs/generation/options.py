@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -58,7 +58,9 @@ class GenerateOptions(BaseModel):
     sequences: int = Field(default=4, ge=1, le=MAX_PROMPTS)
     new_tokens: int = Field(default=16, ge=1, le=8192)
     prompt_tokens: int = Field(default=8, ge=1, le=MAX_PROMPT_TOKENS)
-    prompts: list[list[int]] | None = None
+    prompts: Annotated[list[Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1,
+                                                                              max_length=MAX_PROMPT_TOKENS)]],
+                       Field(min_length=1, max_length=MAX_PROMPTS)] | None = None
     """Token ids of each sequence's prompt (`--prompts FILE`); None: seeded synthetic ids."""
     numerics: Literal["fp32", "int8-dynamic"] = "fp32"
     """`int8-dynamic`: a bounded loss, measured against an fp32 serial run beside the int8 one."""
@@ -71,6 +73,9 @@ class GenerateOptions(BaseModel):
         sizes = dict(SIZES[self.size])
         if self.layers is not None:
             sizes["num_hidden_layers"] = self.layers
+        # Given, not left to the architecture: Qwen3's default head is 128 wide whatever the width, and the cut and
+        # memory checks here must count the model the hosts build.
+        sizes.setdefault("head_dim", sizes["hidden_size"] // sizes["num_attention_heads"])
         return sizes
 
     def prompt_ids(self, vocab: int) -> list[list[int]]:
@@ -105,17 +110,24 @@ class ModelShape(BaseModel):
     kv_heads: int | None = Field(default=None, ge=1, alias="num_key_value_heads")
     vocab: int = Field(ge=1, alias="vocab_size")
     tied: bool = Field(default=False, alias="tie_word_embeddings")
+    head_dim_given: int | None = Field(default=None, ge=1, alias="head_dim")
+
+    @property
+    def head_dim(self) -> int:
+        """A head's width: the configuration's `head_dim` where it says (Qwen3's is 128 by default), else
+        hidden / heads."""
+        return self.head_dim_given or self.hidden // self.heads
 
     def layer_params(self) -> int:
-        """One decoder layer: attention (q, k, v, o), the gated MLP (three matrices), two norms."""
-        head_dim = self.hidden // self.heads
-        kv = (self.kv_heads or self.heads) * head_dim
-        return 2 * self.hidden * self.hidden + 2 * self.hidden * kv + 3 * self.hidden * self.intermediate \
-            + 2 * self.hidden
+        """One decoder layer: attention (q and o over every head, k and v over the KV heads), the gated MLP (three
+        matrices), two norms."""
+        q = self.heads * self.head_dim
+        kv = (self.kv_heads or self.heads) * self.head_dim
+        return 2 * self.hidden * q + 2 * self.hidden * kv + 3 * self.hidden * self.intermediate + 2 * self.hidden
 
     def kv_bytes_per_position(self, layers: int) -> int:
         """The KV cache one sequence's position takes over `layers` layers: a key and a value per KV head, fp32."""
-        return layers * 2 * (self.kv_heads or self.heads) * (self.hidden // self.heads) * 4
+        return layers * 2 * (self.kv_heads or self.heads) * self.head_dim * 4
 
     def stage_params(self, first: int, end: int) -> int:
         """The parameters a stage over layers [first, end) holds: its layers, the embedding on the first, the final
@@ -171,25 +183,22 @@ def balanced_starts(shape: ModelShape, stages: int) -> list[int]:
     """The cuts that make the largest stage's weights read per token smallest: decoding one token reads every
     weight of a stage once (a matrix-vector product per sequence: memory-bound on a CPU), so a stage's time
     per token goes with its layers' parameters and, on the last, the head's. The embedding is a lookup of
-    one row per token and costs nothing here. (Parameters, not a measured cost: a host's speed is not known.)"""
+    one row per token and costs nothing here. (Parameters, not a measured cost: a host's speed is not known.)
+
+    The layers weigh the same, so the search is over how many the last stage holds beside the head (the others
+    share the rest as evenly as they divide, the extra layer to the later ones): linear in the layers."""
     layers, per_layer, head = shape.layers, shape.layer_params(), shape.vocab * shape.hidden
-    # best[k][i]: the smallest largest stage over the first i layers cut into k stages; with its cut.
-    inf = float("inf")
-    best = [[inf] * (layers + 1) for _ in range(stages + 1)]
-    cut = [[0] * (layers + 1) for _ in range(stages + 1)]
-    best[0][0] = 0.0
-    for k in range(1, stages + 1):
-        for i in range(k, layers + 1):
-            for j in range(k - 1, i):
-                cost = (i - j) * per_layer + (head if k == stages and i == layers else 0)
-                value = max(best[k - 1][j], cost)
-                if value < best[k][i]:
-                    best[k][i], cut[k][i] = value, j
-    starts, i = [], layers
-    for k in range(stages, 1, -1):
-        i = cut[k][i]
-        starts.append(i)
-    return sorted(starts)
+    if stages == 1:
+        return []
+    others = stages - 1
+
+    def heaviest(last: int) -> int:
+        return max(head + last * per_layer, -(-(layers - last) // others) * per_layer)
+
+    last = min(range(1, layers - others + 1), key=heaviest)  # (the first of equals: the fewest beside the head)
+    base, extra = divmod(layers - last, others)
+    counts = [base + (1 if i >= others - extra else 0) for i in range(others)]
+    return [sum(counts[:i]) for i in range(1, others + 1)]
 
 
 def read_prompts(path: Path) -> list[list[int]]:

@@ -125,6 +125,7 @@ class GenerateSession:
         self.serial_fits = True
         self._serial: tuple[Pace, list[list[int]]] | None = None
         self._serial_fp32: tuple[Pace, list[list[int]]] | None = None
+        self._serial_engine: str | None = None
         self._pipeline: tuple[Pace, list[list[int]]] | None = None
         self._ranks = Ranks()
         self._stage_hosts = {rank: n.host.name for n in self.nodes for rank in n.ranks}
@@ -198,6 +199,9 @@ class GenerateSession:
             self.shape = shape_of(config, f"{where}/config.json")
             self.split = stage_starts(o, self.shape, o.label)
         assert self.shape is not None
+        if o.prompts is not None and (bad := max(t for p in o.prompts for t in p)) >= self.shape.vocab:
+            raise E.ConfigError(f"--prompts: token id {bad} is outside {o.label}'s vocabulary "
+                                f"(0..{self.shape.vocab - 1})")
         await self._memory(job)
         cuts = ", ".join(f"layer {c}" for c in self.split) or "none"
         self._phase("model", f"{o.label}: {self.shape.layers} decoder layers, {len(self.nodes)} host(s), stages "
@@ -217,8 +221,9 @@ class GenerateSession:
                              "installs the pinned stack")
 
         o = self.options
-        positions = sum(len(p) for p in o.prompt_ids(shape.vocab)) + len(o.prompt_ids(shape.vocab)) * (
-            o.new_tokens + o.warmup_tokens)
+        prompts = o.prompt_ids(shape.vocab)
+        # Every position the timed pass caches (the warm-up's caches are gone before it begins).
+        positions = sum(len(p) for p in prompts) + len(prompts) * o.new_tokens
 
         def need_mb(first: int, end: int) -> float:
             """Weights (fp32, with headroom) and the KV caches of every sequence to its last token, and the
@@ -274,6 +279,8 @@ class GenerateSession:
         if rc != 0 or said.errors or 0 not in said.ends:
             raise _failure(said.errors, stream.tail, host.name, f"the {source} run")
         produced = await self._tokens(job, host, tokens)
+        if spec.numerics == self.options.numerics:  # (not the fp32 run beside an int8 one)
+            self._serial_engine = said.starts[0].engine
         return pace(produced), produced.tokens
 
     async def _pipeline_run(self, job: HostJob) -> None:
@@ -296,8 +303,16 @@ class GenerateSession:
         produced = await self._tokens(job, self.nodes[0].host, TOKENS)
         self._pipeline = (pace(produced), produced.tokens)
 
+    def engines_differ(self) -> list[str]:
+        """Under int8, the quantised engines of the serial run and the stages when they are not one (an x86 first
+        host beside Pis on qnnpack): their ids need not be bit-identical, so they are compared, not enforced."""
+        found = {f"{self._serial_engine} on {self.nodes[0].host.name}"} if self._serial_engine else set()
+        found |= {f"{st.engine} on {self._stage_hosts.get(rank, '?')}" for rank, st in self._ranks.starts.items()
+                  if st.engine}
+        return sorted(found) if len({f.split(" on ")[0] for f in found}) > 1 else []
+
     def _check(self) -> None:
-        if self._serial is None or self._pipeline is None:
+        if self._serial is None or self._pipeline is None or self.engines_differ():
             return
         difference = first_difference(self._serial[1], self._pipeline[1])
         if difference is not None:
@@ -313,7 +328,8 @@ class GenerateSession:
         stages = stage_figures(self._ranks.starts, self._ranks.ends, self._stage_hosts)
         difference = first_difference(self._serial[1], self._pipeline[1]) if self._serial and self._pipeline else None
         prompts = o.prompt_ids(shape.vocab) if shape else []
-        if difference is not None and status == "ok":
+        differ = self.engines_differ()
+        if difference is not None and status == "ok" and not differ:
             status = "failed"
         return GenerateSummary(
             status=status, job_id=self.job_id, job_dir=str(self.record.path) if self.record else None,
@@ -333,6 +349,7 @@ class GenerateSession:
             agreement_fp32=agreement(self._serial_fp32[1], self._pipeline[1]) if self._serial_fp32 and self._pipeline
             else None,
             tokens_identical=(difference is None) if serial and pipeline else None, first_difference=difference,
+            engines_differ=differ or None,
             stage_figures=stages, waterfall=waterfall(serial, pipeline, stages) if serial and pipeline else [],
             tokens_file=TOKENS if pipeline else None, error=error, started_at=started,
             duration_s=round(time.time() - started, 2))
