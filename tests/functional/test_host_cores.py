@@ -81,14 +81,21 @@ def _processes(root: psutil.Process, cluster: Path) -> list[tuple[int, str, str,
     found = []
     try:  # (once per scan, not once per process: on a loaded machine a slow scan missed the short-lived ranks)
         descendants = {c.pid for c in root.children(recursive=True)}
+        forked = root.cmdline()
     except psutil.NoSuchProcess:
-        descendants = set()
+        descendants, forked = set(), []
     for proc in psutil.process_iter(["pid"]):
         try:
             cwd = proc.cwd()
             ours = str(cluster) in cwd or proc.pid in descendants
             if ours:
-                found.append((proc.pid, " ".join(proc.cmdline()), cwd, frozenset(proc.cpu_affinity())))
+                cmdline = proc.cmdline()  # (first: read after it, the cores are those of what the line says)
+                affinity = frozenset(proc.cpu_affinity())
+                # A child caught between fork and exec is still the controller (its command line, its cores): the
+                # transport pins it just before exec, and it has run none of its own code (a busy machine shows
+                # them: ci44 caught one). It is seen again once it runs.
+                if cmdline != forked:
+                    found.append((proc.pid, " ".join(cmdline), cwd, affinity))
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
