@@ -49,7 +49,7 @@ def row(sequences: int, s: dict[str, Any]) -> dict[str, Any]:
             "serial_tokens_per_s": s["serial"]["tokens_per_s"], "speedup": s["speedup"],
             "ttft_ms": s["pipeline"]["ttft_ms"], "serial_ttft_ms": s["serial"]["ttft_ms"],
             "itl_p50_ms": s["pipeline"]["itl_p50_ms"], "serial_itl_p50_ms": s["serial"]["itl_p50_ms"],
-            "dominant": f"{losses[0]['name']} {losses[0]['points']:+.2f}" if losses else "-",
+            "dominant": f"{losses[0]['term']} {losses[0]['points']:+.2f}" if losses else "-",
             "waterfall": s["waterfall"], "split": s["split"], "identical": s["tokens_identical"],
             "stages": [{k: st[k] for k in ("host", "first_layer", "end_layer", "compute_ms_per_token",
                                            "wait_ms_per_token", "send_ms_per_token", "bytes_per_token",

@@ -65,10 +65,10 @@ def generate_lines(s: GenerateSummary) -> list[str]:
         lines.append(f"token ids DIFFER from the serial run's: sequence {d.sequence}, position {d.position} "
                      f"(serial {d.serial}, pipeline {d.pipeline})")
     if s.waterfall:
-        lines.append(f"why not {s.stages}x: " + ", ".join(f"{t.name} {points_text(t.points)}" for t in s.waterfall)
+        lines.append(f"why not {s.stages}x: " + ", ".join(f"{t.term} {points_text(t.points)}" for t in s.waterfall)
                      + f" = {speedup_text(s.speedup)}")
     if s.error:
-        lines.append(f"error: {s.error.get('message')}")
+        lines.append(f"error: {s.error.message}")
     if s.job_dir:
         lines.append(f"job directory: {s.job_dir}")
     return lines

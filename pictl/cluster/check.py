@@ -38,6 +38,8 @@ class VenvReport(Open):
 class PackageVersions(Open):
     torch: Any = None
     timm: Any = None
+    transformers: Any = None
+    """Reported, not required: only `pictl generate` needs it, and says so itself."""
 
 
 class InterfaceReport(Open):

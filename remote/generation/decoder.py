@@ -185,42 +185,22 @@ def _load(model: nn.Module, path: Path, first: int, tied: bool) -> None:
     if not files:
         raise BadInput(f"model directory {path}: no *.safetensors weights (pickled weights are not loaded)")
     wanted = {global_name: param for _name, global_name, param in _names(model, first, tied)}
+    # A tied head is the embedding's tensor: a file may hold it under either name (one pass reads it from either).
+    aliases = {"lm_head.weight": "model.embed_tokens.weight"} if tied else {}
     found: set[str] = set()
     for file in files:
         with safe_open(str(file), framework="pt") as f:
             for key in f.keys():
-                if key in wanted:
-                    tensor = f.get_tensor(key)
-                    if tuple(tensor.shape) != tuple(wanted[key].shape):
-                        raise BadInput(f"model directory {path}: {key} has shape {tuple(tensor.shape)}, its "
-                                       f"config.json gives {tuple(wanted[key].shape)}")
-                    wanted[key].copy_(tensor)
-                    found.add(key)
+                target = key if key in wanted else aliases.get(key)
+                if target not in wanted or target in found:
+                    continue
+                tensor = f.get_tensor(key)
+                if tuple(tensor.shape) != tuple(wanted[target].shape):
+                    raise BadInput(f"model directory {path}: {key} has shape {tuple(tensor.shape)}, its "
+                                   f"config.json gives {tuple(wanted[target].shape)}")
+                wanted[target].copy_(tensor)
+                found.add(target)
     missing = sorted(set(wanted) - found)
-    if tied and "model.embed_tokens.weight" in missing and "lm_head.weight" in _keys(files):
-        missing.remove("model.embed_tokens.weight")  # (a last stage's tied head saved under the head's name)
-        with safe_open(str(_holding(files, "lm_head.weight")), framework="pt") as f:
-            wanted["model.embed_tokens.weight"].copy_(f.get_tensor("lm_head.weight"))
     if missing:
         raise BadInput(f"model directory {path}: no tensor {missing[0]}" + (f" (and {len(missing) - 1} more)"
                                                                           if len(missing) > 1 else ""))
-
-
-def _keys(files: list[Path]) -> set[str]:
-    from safetensors import safe_open
-
-    keys: set[str] = set()
-    for file in files:
-        with safe_open(str(file), framework="pt") as f:
-            keys.update(f.keys())
-    return keys
-
-
-def _holding(files: list[Path], key: str) -> Path:
-    from safetensors import safe_open
-
-    for file in files:
-        with safe_open(str(file), framework="pt") as f:
-            if key in f.keys():
-                return file
-    raise KeyError(key)

@@ -27,7 +27,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field
 
 from pictl.figure_text import Figure, ms_text, percent_text, speedup_text, tokens_text
-from pictl.summary_figures import Open
+from pictl.summary_figures import Open, WaterfallTerm
+from pictl.summary_models import RunError
 from remote.floor.job_records import GenEnd, GenStart
 
 Status = Literal["ok", "failed", "interrupted"]
@@ -100,13 +101,6 @@ class Agreement(Open):
     first_difference: Difference | None = None
 
 
-class Term(Open):
-    """One term of the decoding waterfall, in signed points of speedup (a loss negative)."""
-
-    name: str
-    points: float
-
-
 class GenerateSummary(Open):
     """A generation job's summary.json."""
 
@@ -146,9 +140,10 @@ class GenerateSummary(Open):
     tokens_identical: bool | None = None
     first_difference: Difference | None = None
     stage_figures: list[StageFigures] = []
-    waterfall: list[Term] = []
+    waterfall: list[WaterfallTerm] = []
+    """The decoding waterfall's terms in signed points of speedup (a loss negative), as a run's waterfall holds them."""
     tokens_file: str | None = None
-    error: dict[str, Any] | None = None
+    error: RunError | None = None
     started_at: float
     duration_s: float | None = None
 
@@ -205,7 +200,7 @@ def stage_figures(starts: dict[int, GenStart], ends: dict[int, GenEnd], hosts: d
     return out
 
 
-def waterfall(serial: Pace, pipeline: Pace, stages: list[StageFigures]) -> list[Term]:
+def waterfall(serial: Pace, pipeline: Pace, stages: list[StageFigures]) -> list[WaterfallTerm]:
     """The decoding waterfall (the module's docstring): terms in points of speedup, from N to the measured one."""
     if not stages or not serial.tokens or not pipeline.seconds:
         return []
@@ -218,10 +213,10 @@ def waterfall(serial: Pace, pipeline: Pace, stages: list[StageFigures]) -> list[
     slowest = ts / max(compute) if max(compute) else balanced
     with_sends = ts / max(busy) if max(busy) else slowest
     # Signed points, a loss negative, as in every view of a run's waterfall.
-    return [Term(name="split overhead", points=round(balanced - n, 3)),
-            Term(name="imbalance", points=round(slowest - balanced, 3)),
-            Term(name="communication", points=round(with_sends - slowest, 3)),
-            Term(name="fill, drain and waits", points=round(measured - with_sends, 3))]
+    return [WaterfallTerm(term="split overhead", points=round(balanced - n, 3)),
+            WaterfallTerm(term="imbalance", points=round(slowest - balanced, 3)),
+            WaterfallTerm(term="communication", points=round(with_sends - slowest, 3)),
+            WaterfallTerm(term="fill, drain and waits", points=round(measured - with_sends, 3))]
 
 
 def agreement(fp32: list[list[int]], other: list[list[int]]) -> Agreement:

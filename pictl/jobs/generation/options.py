@@ -31,7 +31,9 @@ SIZES: dict[str, dict[str, Any]] = {
 }
 """Named model sizes for `--size` (a configuration's numbers; the weights are seeded random). `qwen2.5-0.5b` is
 Qwen2.5-0.5B's configuration (494M parameters)."""
-SIZE_ARCH = {"qwen2.5-0.5b": "qwen2"}
+Size = Literal["tiny", "qwen2.5-0.5b"]
+assert set(SIZES) == set(Size.__args__)  # type: ignore[attr-defined]
+SIZE_ARCH: dict[str, Arch] = {"qwen2.5-0.5b": "qwen2"}
 """The architecture a named size is built as when `--arch` is not given."""
 
 MAX_PROMPTS = 256
@@ -46,7 +48,7 @@ class GenerateOptions(BaseModel):
     model: str | None = Field(default=None, min_length=1, max_length=4096)
     """A model directory on the hosts (`config.json` and safetensors); None: built from `arch` and `size`."""
     arch: Arch = "llama"
-    size: str = "tiny"
+    size: Size = "tiny"
     layers: int | None = Field(default=None, ge=1, le=1024)
     """Over the size's decoder layers."""
     stages: int = Field(default=2, ge=1, le=128)
@@ -142,13 +144,14 @@ class ModelShape(BaseModel):
 
 def shape_of(config: dict[str, Any], where: str) -> ModelShape:
     """A configuration's numbers, or ConfigError naming `where` it came from and the field."""
-    if config.get("model_type") not in DECODER_ARCHS:
-        raise E.ConfigError(f"{where}: model_type {config.get('model_type')!r} is not one pictl generate cuts "
-                            f"between decoder layers ({', '.join(DECODER_ARCHS)})")
     try:
-        return ModelShape.model_validate(config)
+        shape = ModelShape.model_validate(config)
     except ValidationError as exc:
         raise E.ConfigError(f"{where}: {problem_line(exc, ModelShape)}") from None
+    if shape.model_type not in DECODER_ARCHS:
+        raise E.ConfigError(f"{where}: model_type {shape.model_type!r} is not one pictl generate cuts between "
+                            f"decoder layers ({', '.join(DECODER_ARCHS)})")
+    return shape
 
 
 def built_shape(options: GenerateOptions) -> ModelShape:
@@ -217,17 +220,14 @@ def read_prompts(path: Path) -> list[list[int]]:
 
 def generate_options(values: dict[str, Any], *, name_of: Namer = str) -> GenerateOptions:
     """`values` (None: not given) as checked options; ConfigError names the field as the caller calls it."""
-    given = {k: v for k, v in values.items() if v is not None}
-    size = given.get("size", "tiny")
-    if size not in SIZES:
-        raise E.ConfigError(f"{name_of('size')} {size}: one of {', '.join(SIZES)}")
-    if "arch" not in given and size in SIZE_ARCH:
-        given["arch"] = SIZE_ARCH[size]
     try:
-        options = GenerateOptions.model_validate(given)
+        options = GenerateOptions.model_validate({k: v for k, v in values.items() if v is not None})
     except ValidationError as exc:
         raise E.ConfigError(problem_line(exc, GenerateOptions, name_of=name_of)) from None
-    if options.prompts is not None and "sequences" in given and given["sequences"] != len(options.prompts):
-        raise E.ConfigError(f"{name_of('sequences')} {given['sequences']}: the prompts give {len(options.prompts)} "
+    if "arch" not in options.model_fields_set and options.size in SIZE_ARCH:
+        options.arch = SIZE_ARCH[options.size]  # (a named size is its own architecture unless told otherwise)
+    if options.prompts is not None and "sequences" in options.model_fields_set and \
+            options.sequences != len(options.prompts):
+        raise E.ConfigError(f"{name_of('sequences')} {options.sequences}: the prompts give {len(options.prompts)} "
                             "sequence(s)")
     return options

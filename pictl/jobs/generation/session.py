@@ -18,6 +18,7 @@ directory goes, the leases are released, and the job's `summary.json` says how i
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import secrets
 import shutil
@@ -29,6 +30,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from pictl import errors as E
+from pictl.cluster.check import PackageVersions
 from pictl.cluster.commands import master_port
 from pictl.cluster.hoststate import read_facts
 from pictl.cluster.jobs import HostJob, to_the_end
@@ -51,7 +53,7 @@ from pictl.jobs.generation.figures import (
 from pictl.jobs.generation.options import GenerateOptions, ModelShape, built_shape, shape_of, stage_starts
 from pictl.planning.placement import NodePlan, place_stages
 from pictl.records.runs import RunRecord, default_runs_root
-from pictl.summary_models import HostState
+from pictl.summary_models import HostState, RunError
 from remote.floor import entries
 from remote.floor import protocol as P
 from remote.floor.job_records import GenEnd, GenStart
@@ -147,7 +149,7 @@ class GenerateSession:
         job = HostJob(hosts, self.job_id, kind="generate")
         started = time.time()
         status: Status = "failed"
-        error: dict[str, Any] | None = None
+        error: RunError | None = None
         try:
             await job.hold(wait=self.wait, on_wait=lambda message: self._phase("lease", message))
             spec = await self._model(job)  # (bad input refused before the code is pushed)
@@ -158,7 +160,7 @@ class GenerateSession:
             if self.serial_fits:
                 self._serial = await self._serial_run(job, spec)
                 if spec.numerics != "fp32":  # the bounded loss: the same prompts in fp32, beside the int8 run
-                    fp32 = GenerateSpec(**{**json.loads(spec.to_json()), "numerics": "fp32"})
+                    fp32 = dataclasses.replace(spec, numerics="fp32")
                     self._serial_fp32 = await self._serial_run(job, fp32, SERIAL_FP32_TOKENS)
             await self._pipeline_run(job)
             status = "ok"
@@ -172,7 +174,7 @@ class GenerateSession:
                 self.record = None
             raise
         except Exception as exc:
-            error = {"type": type(exc).__name__, "message": str(exc)}
+            error = RunError(type=type(exc).__name__, message=str(exc))
             raise
         finally:
             await to_the_end(job.close())
@@ -215,7 +217,7 @@ class GenerateSession:
         shape, starts = self.shape, [0, *self.split, self.shape.layers]
         facts = await asyncio.gather(*(read_facts(job.transport(n.host)) for n in self.nodes))
         free = {f.host: HostState.view(f.state).mem_available_mb for f in facts}
-        lacking = [f.host for f in facts if f.packages and not f.packages.get("transformers")]
+        lacking = [f.host for f in facts if f.packages and not PackageVersions.view(f.packages).transformers]
         if lacking:
             raise E.NotReady(f"host '{lacking[0]}' has no transformers in its Python environment: `pictl provision` "
                              "installs the pinned stack")
@@ -244,7 +246,7 @@ class GenerateSession:
 
     def _open_record(self, spec: GenerateSpec) -> None:
         self.record = RunRecord(self.root, self.job_id)
-        self.record.write_config({"options": self.options.model_dump(), "spec": json.loads(spec.to_json()),
+        self.record.write_config({"options": self.options.model_dump(), "spec": dataclasses.asdict(spec),
                                   "placement": self._placement(), "hosts_file": str(self.cluster.source)})
 
     def _placement(self) -> list[dict[str, Any]]:
@@ -265,7 +267,7 @@ class GenerateSession:
                           ) -> tuple[Pace, list[list[int]]]:
         """Every layer on the first host, the spec's prompts and numerics: its pace and ids."""
         host = self.nodes[0].host
-        serial = GenerateSpec(**{**json.loads(spec.to_json()), "split": [], "tokens_file": tokens})
+        serial = dataclasses.replace(spec, split=[], tokens_file=tokens)
         name = f"{tokens.removesuffix('-tokens.json')}-spec.json"
         await job.transport(host).put_bytes(serial.to_json().encode(), f"{job.run_dir(host)}/{name}")
         self._phase("serial", f"every layer on {host.name}{'' if spec.numerics == 'fp32' else ', ' + spec.numerics}: "
@@ -321,7 +323,7 @@ class GenerateSession:
 
     # -- summary -------------------------------------------------------------------------------------------
 
-    def _summarize(self, status: Status, started: float, error: dict[str, Any] | None) -> GenerateSummary:
+    def _summarize(self, status: Status, started: float, error: RunError | None) -> GenerateSummary:
         o, shape = self.options, self.shape
         serial = self._serial[0] if self._serial else None
         pipeline = self._pipeline[0] if self._pipeline else None
