@@ -162,13 +162,16 @@ class ModelFlags(OptionGroup):
     """The model, its weights and the images it runs."""
 
     model: Annotated[Optional[str], typer.Option(
-        help="timm model name (ViTs, ResNets, MobileNets, EfficientNets, VGGs, ConvNeXts, RegNets), or an artifact "
-             "from `pictl prune`." + default_of("model"), rich_help_panel=MODEL_PANEL)] = None
+        help="timm model name (ViTs, ResNets, MobileNets, EfficientNets, VGGs, ConvNeXts, RegNets), a Hugging Face "
+             "classifier (hf:bert-base, hf:roberta-base, hf:DIR on the hosts), or an artifact from `pictl prune`."
+             + default_of("model"), rich_help_panel=MODEL_PANEL)] = None
     list_splits: Annotated[bool, typer.Option(
         "--list-splits", help="List every place the model can be split (a stage may begin at any), then exit.",
         rich_help_panel=MODEL_PANEL)] = False
     num_classes: Annotated[Optional[int], typer.Option(help="Classifier outputs." + default_of("num_classes"),
                                                        rich_help_panel=MODEL_PANEL)] = None
+    tokens: Annotated[Optional[int], typer.Option(help="Token ids per input of a text model (hf:...)."
+                                                  + default_of("tokens"), rich_help_panel=MODEL_PANEL)] = None
     checkpoint: Annotated[Optional[str], typer.Option(help="State dict (.safetensors / .pth).",
                                                       rich_help_panel=MODEL_PANEL)] = None
     allow_pickle: Annotated[Optional[bool], typer.Option("--allow-pickle", help="Trust a pickled checkpoint.",

@@ -35,7 +35,7 @@ def cached_profiles(cluster: Cluster, base: RunOptions, cache_root: Path, code: 
     by_host = {}
     for host in cluster.hosts:
         found = costs.get(profile_key(host, base.model, base.num_classes, base.chunk, base.threads or 1, code=code,
-                                      artifact=artifact))
+                                      artifact=artifact, tokens=base.tokens))
         if not usable_profile(found):  # the rule `balanced` reads its cache by: a damaged profile is none
             return None
         by_host[host.name] = found

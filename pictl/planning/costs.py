@@ -40,6 +40,7 @@ from remote.floor import entries
 from remote.floor import protocol as P
 from remote.floor.balance import CostTable, Link
 from remote.floor.run_records import Costs
+from remote.floor.spec import HF_PREFIX, RunSpec
 
 T = TypeVar("T")
 LAN_LINK = Link(latency_s=0.0002, bytes_per_s=110e6)  # what 1 GbE delivers between Pis
@@ -145,12 +146,15 @@ async def link_profiles(pairs: list[tuple[Transport, Transport]], cache: JsonCac
 
 
 def profile_key(host: Host, model: str, num_classes: int, chunk: int, threads: int, *, code: str,
-                artifact: Artifact | None = None) -> str:
-    """A profile depends on the host, its interpreter, the model, the microbatch, the threads and the code
-    (`code`: the pushed tree's digest)."""
-    return JsonCache.key({"host": [host.name, host.address, host.python_path()], "model": model,
-                          "artifact": artifact.digest if artifact else None,
-                          "num_classes": num_classes, "chunk": chunk, "threads": threads, "code": code})
+                artifact: Artifact | None = None, tokens: int = RunSpec.tokens) -> str:
+    """A profile depends on the host, its interpreter, the model (a text model's tokens per input too), the
+    microbatch, the threads and the code (`code`: the pushed tree's digest)."""
+    fields = {"host": [host.name, host.address, host.python_path()], "model": model,
+              "artifact": artifact.digest if artifact else None,
+              "num_classes": num_classes, "chunk": chunk, "threads": threads, "code": code}
+    if model.startswith(HF_PREFIX):  # (a key of its own: images' keys stay as they were)
+        fields["tokens"] = tokens
+    return JsonCache.key(fields)
 
 
 PROFILE_FIELDS = ("pieces", "compute_s", "cut_bytes", "piece_bytes", "chunk", "threads", "torch", "spread",
@@ -167,10 +171,10 @@ def usable_profile(profile: object) -> TypeGuard[dict[str, Any]]:
 
 
 async def measure_host(t: Transport, model: str, num_classes: int, chunk: int, threads: int,
-                       artifact: Artifact | None = None) -> dict[str, Any]:
+                       artifact: Artifact | None = None, tokens: int = RunSpec.tokens) -> dict[str, Any]:
     h = t.host
     argv = python_module(h, entries.COSTS.module, "--model", model, "--num-classes", str(num_classes),
-                         "--chunk", str(chunk), "--threads", str(threads))
+                         "--chunk", str(chunk), "--threads", str(threads), "--tokens", str(tokens))
     if artifact:  # a pruned model has its own cost shape: profile the artifact, not its base
         argv += ["--checkpoint", artifact.host_path(h)]
     result = await t.run(argv, env=worker_env(h, threads), timeout_s=600)
@@ -251,8 +255,8 @@ class Profiles:
 
 async def host_profiles(transports: list[Transport], cache: JsonCache, *, model: str, num_classes: int,
                         chunk: int, threads: int | dict[str, int], code: str, artifact: Artifact | None = None,
-                        use_corrections: bool = True, announce: Callable[[str], None] = lambda _line: None,
-                        ) -> Profiles:
+                        tokens: int = RunSpec.tokens, use_corrections: bool = True,
+                        announce: Callable[[str], None] = lambda _line: None) -> Profiles:
     """Every host's profile: from the cache, or measured now (hosts sharing a machine one at a time).
 
     `threads` is one count for all hosts, or one per host (a host running two stages gives each half its cores).
@@ -262,13 +266,13 @@ async def host_profiles(transports: list[Transport], cache: JsonCache, *, model:
         return threads.get(t.host.name, 1) if isinstance(threads, dict) else threads
 
     def key(t: Transport) -> str:
-        return profile_key(t.host, model, num_classes, chunk, count(t), code=code, artifact=artifact)
+        return profile_key(t.host, model, num_classes, chunk, count(t), code=code, artifact=artifact, tokens=tokens)
 
     async def measure(t: Transport) -> dict[str, Any]:
         announce(f"profiling {t.host.name}: each piece of {model} timed in whole passes (once per host, model, "
                  "chunk and threads; cached after)")
         began = time.monotonic()
-        profile = await measure_host(t, model, num_classes, chunk, count(t), artifact)
+        profile = await measure_host(t, model, num_classes, chunk, count(t), artifact, tokens)
         announce(f"{t.host.name} profiled in {time.monotonic() - began:.0f} s "
                  f"({CachedProfile.view(profile).pass_ms:.0f} ms a pass)")
         return profile
@@ -292,11 +296,12 @@ async def host_profiles(transports: list[Transport], cache: JsonCache, *, model:
 
 def keep_corrections(cache: JsonCache, hosts: dict[str, Host], corrections: dict[str, float], *,
                      model: str, num_classes: int, chunk: int, threads: dict[str, int], code: str,
-                     artifact: Artifact | None = None) -> None:
+                     artifact: Artifact | None = None, tokens: int = RunSpec.tokens) -> None:
     """Store what a run measured (per host: measured / profiled time) with the host's profile, so the next
     run on the cluster starts from the corrected model."""
     for name, factor in corrections.items():
-        key = profile_key(hosts[name], model, num_classes, chunk, threads.get(name, 1), code=code, artifact=artifact)
+        key = profile_key(hosts[name], model, num_classes, chunk, threads.get(name, 1), code=code, artifact=artifact,
+                          tokens=tokens)
         if usable_profile(profile := cache.get(key)):
             cache.put(key, {**profile, "correction": round(factor, 4), "corrected_at": round(time.time(), 1)})
 

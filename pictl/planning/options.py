@@ -52,11 +52,15 @@ class RunOptions(BaseModel):
     split: list[str] = []
     """Module names where stages 2..N begin, e.g. ["blocks.3", "blocks.6"]. Implies `explicit`."""
     model: str = Field(default="deit_small_patch16_224", min_length=1, max_length=4096)
-    """timm model name (deit_small_patch16_224, deit3_small_patch16_224, ...), or a pruned-model artifact
-    (`.safetensors` written by `pictl prune`): it brings its architecture, weights and class count."""
+    """timm model name (deit_small_patch16_224, deit3_small_patch16_224, resnet50, ...), a Hugging Face encoder
+    classifier (`hf:bert-base`, `hf:roberta-base`, or `hf:/dir` with a config.json and optionally
+    model.safetensors, on the hosts), or a pruned-model artifact (`.safetensors` written by `pictl prune`): it
+    brings its architecture, weights and class count."""
     artifact: str | None = None
     """Set from `model` when that names an artifact: its absolute path on the controller."""
     num_classes: int = Field(default=1000, ge=1, le=100_000)
+    tokens: int = Field(default=128, ge=1, le=8192)
+    """Token ids per input of a text model (`hf:...`): its sequence length. Images ignore it."""
     checkpoint: str | None = Field(default=None, min_length=1, max_length=4096)
     """State-dict file (.safetensors, or .pth read with weights_only=True). None: seeded random weights.
     A relative path is taken from the controller's working directory (made absolute here)."""
@@ -258,8 +262,10 @@ RUN_FLAGS: dict[str, RunFlag] = {flag.field: flag for flag in (
     RunFlag("baseline_max_age", "Reuse a cached serial baseline only if it is younger than this many seconds.",
             MEASUREMENT, show_default=False),
     RunFlag("atol", "Largest logit difference that still matches.", MEASUREMENT),
-    RunFlag("model", "timm model name, or an artifact from `pictl prune`.", MODEL_AND_DATA),
+    RunFlag("model", "timm model name, hf:bert-base / hf:roberta-base / hf:DIR (Hugging Face classifiers), or an "
+            "artifact from `pictl prune`.", MODEL_AND_DATA),
     RunFlag("num_classes", "Classifier outputs.", MODEL_AND_DATA),
+    RunFlag("tokens", "Token ids per input of a text model (hf:...).", MODEL_AND_DATA),
     RunFlag("checkpoint", "State dict (.safetensors / .pth).", MODEL_AND_DATA, show_default=False),
     RunFlag("allow_pickle", "Trust a pickled checkpoint.", MODEL_AND_DATA, ("--allow-pickle",), show_default=False),
     RunFlag("data", "Images to run.", MODEL_AND_DATA),

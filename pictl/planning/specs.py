@@ -27,12 +27,12 @@ from remote.floor import entries
 from remote.floor import protocol as P
 from remote.floor.records import to_wire
 from remote.floor.run_records import Plan
-from remote.floor.spec import DataSpec, RunSpec
+from remote.floor.spec import DataSpec, RunSpec, hf_model_dir
 
 
 def spec_from(options: RunOptions, run_id: str, artifact: Artifact | None) -> RunSpec:
     return RunSpec(
-        model=options.model, num_classes=options.num_classes, seed=options.seed,
+        model=options.model, num_classes=options.num_classes, tokens=options.tokens, seed=options.seed,
         checkpoint=artifact.run_relative_path if artifact else options.checkpoint,
         # `balanced` is decided on the controller: the hosts receive its split points as explicit ones.
         allow_pickle=options.allow_pickle, stages=options.stages, replicas=options.replicas,
@@ -57,9 +57,10 @@ def plans_cache(root: Path) -> JsonCache:
 def plan_key(host: Host, spec: RunSpec, *, code: str) -> str | None:
     """The cache key of `spec`'s plan on `host` with the pushed tree `code`, or None when the plan must be
     made every time."""
-    if spec.checkpoint or spec.data.kind != "synthetic":
+    if spec.checkpoint or spec.data.kind != "synthetic" or hf_model_dir(spec.model):
         return None  # planning also checks files on the hosts: do it every time
-    return JsonCache.key({"model": spec.model, "num_classes": spec.num_classes, "stages": spec.stages,
+    return JsonCache.key({"model": spec.model, "num_classes": spec.num_classes, "tokens": spec.tokens,
+                          "stages": spec.stages,
                           "policy": spec.policy, "split": list(spec.split_points), "chunk": spec.chunk,
                           "images": spec.images, "host": [host.name, host.address, host.python_path()],
                           "code": code})

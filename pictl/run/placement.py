@@ -93,6 +93,7 @@ async def _fastest(ctx: RunContext, job: HostJob, cluster: Cluster, stages: int,
     ctx.sink(Phase("balance", f"{stages} stage(s) on {len(cluster.hosts)} hosts: choosing the fastest"))
     profiles = await host_profiles(list(job.fleet), ctx.caches.costs, model=o.model, num_classes=o.num_classes,
                                    chunk=o.chunk, threads=o.threads or 1, code=ctx.code, artifact=ctx.artifact,
+                                   tokens=o.tokens,
                                    use_corrections=o.refine, announce=lambda line: ctx.sink(Phase("balance", line)))
     if profiles.measured:
         timeline.launched("profile", {job.transport(h).host: 1 for h in profiles.measured})

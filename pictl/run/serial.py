@@ -158,7 +158,7 @@ async def _fp32(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSp
 def baseline_fields(ctx: RunContext, host: Host, spec: RunSpec, facts: HostFacts, threads: int) -> dict[str, Any]:
     """Everything that changes the serial figure or its logits: the baseline cache's key."""
     ckpt = facts.checkpoint or {}
-    return {"model": spec.model, "num_classes": spec.num_classes, "seed": spec.seed,
+    return {"model": spec.model, "num_classes": spec.num_classes, "tokens": spec.tokens, "seed": spec.seed,
             # the content, wherever the file lives (a file that is not there keys with its path and error)
             "checkpoint": (ckpt.get("sha256") or [ckpt.get("path"), ckpt.get("error")]) if ckpt else None,
             "packages": facts.packages, "python": facts.python,

@@ -45,7 +45,7 @@ async def choose_split(ctx: RunContext, job: HostJob, placement: Placement, spec
     used = job.fleet.only(dict.fromkeys(stage_hosts))
     ctx.sink(Phase("balance", f"cost profiles of {len(used)} host(s)"))
     profiles = await host_profiles(used, ctx.caches.costs, model=spec.model, num_classes=spec.num_classes,
-                                   chunk=spec.chunk, threads=placement.threads, code=ctx.code,
+                                   chunk=spec.chunk, threads=placement.threads, code=ctx.code, tokens=spec.tokens,
                                    artifact=ctx.artifact, use_corrections=o.refine,
                                    announce=lambda line: ctx.sink(Phase("balance", line)))
     # With replicas, each runs the same split on its own hosts: the split is chosen for the slowest of them.
@@ -129,7 +129,7 @@ def keep_refined(ctx: RunContext, placement: Placement, choice: SplitChoice, ref
     o = ctx.options
     keep_corrections(ctx.caches.costs, {n.host.name: n.host for n in placement.nodes}, corrections,
                      model=o.model, num_classes=o.num_classes, chunk=o.chunk, threads=placement.threads,
-                     code=ctx.code, artifact=ctx.artifact)
+                     code=ctx.code, artifact=ctx.artifact, tokens=o.tokens)
     return {h: round(f, 4) for h, f in corrections.items()}
 
 

@@ -16,7 +16,7 @@ from pictl.run.context import RunContext
 from pictl.run.placement import Placement
 from pictl.run.timeline import StartupTimeline
 from remote.floor import protocol as P
-from remote.floor.spec import RunSpec
+from remote.floor.spec import RunSpec, hf_model_dir
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,8 @@ async def stage(ctx: RunContext, job: HostJob, placement: Placement, spec: RunSp
         port = await master_port(job.transport(names[0]), ctx.options.master_port)
     first = placement.first.host
     facts = await read_run_facts(job.transport(first), job.fleet.only(names[1:]), base_dir=first.run_dir(spec.run_id),
-                                 checkpoint=spec.checkpoint if spec.checkpoint and not ctx.artifact else None)
+                                 checkpoint=spec.checkpoint if spec.checkpoint and not ctx.artifact
+                                 else hf_model_dir(spec.model))  # (a model directory: its files' content)
     # A torch the host code does not run on fails every rank's first pass: refused here, before the baseline.
     refuse_unsupported_torch([n.host for n in placement.nodes], facts)
     timeline.mark("prepared")

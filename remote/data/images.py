@@ -1,4 +1,5 @@
-"""Input images and labels: synthetic, CIFAR-10/100 (python-pickle layout), ImageFolder.
+"""Input images and labels: synthetic, CIFAR-10/100 (python-pickle layout), ImageFolder; a text model's
+synthetic token ids.
 
 The first stage needs the images, the last stage only the labels, so labels are
 read without decoding any image. CIFAR's batches are shuffled, so a run takes the
@@ -106,9 +107,23 @@ def _need(count: int, have: int, data: DataSpec) -> None:
     if have < count:
         raise BadInput(f"data set {data.path} has {have} images; {count} were asked for")
 
+def synthetic_ids(count: int, cfg: dict, seed: int) -> torch.Tensor:
+    """`count` inputs of token ids, input i depending on (seed, i) only; never the padding id (no masks)."""
+    (tokens,), vocab, pad = cfg["input_size"], int(cfg["vocab_size"]), int(cfg["pad_token_id"])
+    out = torch.empty((count, tokens), dtype=torch.long)
+    for i in range(count):
+        ids = torch.randint(vocab - 1, (tokens,), generator=torch.Generator().manual_seed(seed * 7919 + i))
+        out[i] = ids + (ids >= pad).long()
+    return out
+
 
 def load_images(data: DataSpec, count: int, model_cfg: dict, seed: int) -> torch.Tensor:
-    """`count` input images, shape (count, 3, H, W), normalised for the model."""
+    """`count` input images, shape (count, 3, H, W), normalised for the model (a text model's: token ids,
+    shape (count, tokens))."""
+    if "vocab_size" in model_cfg:  # a text model: token ids, not images
+        if data.kind != "synthetic":
+            raise BadInput(f"data kind '{data.kind}' holds images; a text model takes synthetic token ids")
+        return synthetic_ids(count, model_cfg, seed)
     if data.kind == "synthetic":
         size = tuple(model_cfg.get("input_size", (3, 224, 224)))
         out = torch.empty((count, *size))

@@ -52,12 +52,25 @@ class RefineSpec:
     recut_margin: float = 0.10
 
 
+HF_PREFIX = "hf:"
+"""A Hugging Face classifier: `hf:NAME` (an architecture's base sizes) or `hf:/a/model/dir`
+(`remote.toolkit.text_models`)."""
+
+
+def hf_model_dir(model: str) -> str | None:
+    """The directory a Hugging Face classifier is read from on the hosts, if `model` names one."""
+    rest = model[len(HF_PREFIX):] if model.startswith(HF_PREFIX) else ""
+    return rest if rest.startswith(("/", "~")) else None
+
+
 @dataclass
 class RunSpec:
     """Everything a host needs to run its part of one experiment."""
 
     model: str = "deit_small_patch16_224"
     num_classes: int = 1000
+    tokens: int = 128
+    """Token ids per input of a text model (`remote.toolkit.text_models`); images ignore it."""
     seed: int = 0
     checkpoint: str | None = None
     allow_pickle: bool = False

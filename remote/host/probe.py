@@ -263,14 +263,26 @@ HASH_CACHE_LIMIT = 4 << 20
 """The most of the checkpoint hash cache that is read: more is not one pictl wrote (it is measured again)."""
 
 
+MODEL_DIR_FILES = ("config.json", "model.safetensors")
+"""What a Hugging Face model directory's digest covers: its architecture and its weights (`hf:DIR` models)."""
+
+
 def checkpoint_digest(path: str, base_dir: str | None, cache_file: str | None) -> dict:
-    """sha256 of a checkpoint file, remembered in `cache_file` by resolved path, size and mtime."""
+    """sha256 of a checkpoint file, remembered in `cache_file` by resolved path, size and mtime. A model
+    directory's is that of its config and weights together (a file it lacks counts as absent)."""
     target = Path(os.path.expanduser(base_dir or ".")) / os.path.expanduser(path)
     try:
         target = target.resolve()
         st = target.stat()
     except OSError as exc:
         return {"path": str(target), "error": exc.strerror or str(exc)}
+    if target.is_dir():
+        parts = {name: checkpoint_digest(str(target / name), None, cache_file) for name in MODEL_DIR_FILES}
+        together = json.dumps({name: part.get("sha256") or part.get("error") for name, part in parts.items()},
+                              sort_keys=True)
+        return {"path": str(target), "size": sum(p.get("size", 0) for p in parts.values()),
+                "sha256": hashlib.sha256(together.encode()).hexdigest(),
+                "cached": all(p.get("cached", False) for p in parts.values())}
     stamp = [st.st_size, st.st_mtime_ns]
     cache_path = Path(os.path.expanduser(cache_file)) if cache_file else None
     try:  # a cache of paths and digests is kilobytes: a larger file, or one behind a link, is not read

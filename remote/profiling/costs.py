@@ -154,11 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-classes", type=int, default=1000)
     parser.add_argument("--chunk", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--tokens", type=int, default=RunSpec.tokens, help="token ids per input of a text model")
     parser.add_argument("--seconds", type=float, default=2.0, help="whole passes back to back for this long")
     parser.add_argument("--checkpoint", help="a pruned-model artifact: profile its own (narrower) layers")
     args = parser.parse_args(argv)
     spec = RunSpec(model=args.model, num_classes=args.num_classes, chunk=args.chunk, threads=args.threads,
-                   checkpoint=args.checkpoint)
+                   checkpoint=args.checkpoint, tokens=args.tokens)
     emitter = Emitter(P.ROLE_PIPELINE)
     return run_main(emitter, lambda: emitter.emit(Costs(**measure(spec, args.seconds))))
 

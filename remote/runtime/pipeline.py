@@ -71,9 +71,10 @@ def _build(spec: RunSpec, place: Replicas, n_mb: int, on_chunk: Callable[[], Non
     codec = stage_codec(spec, layout, place.stage)
     module = build_stage(spec, layout, plan, open_checkpoint(spec), codec)
     in_shapes, out_shapes = stage_io_shapes(layout, spec.chunk)[place.stage]
-    # What travels: the encoded tensors (another dtype, other shapes), so the schedule's buffers fit them.
-    stage = TimedStage(module, place.stage, place.stages, torch.device("cpu"),
-                       input_args=tuple(payload_meta(codec.fmt_in or FP32, in_shapes)),
+    # What travels: the encoded tensors (another dtype, other shapes), so the schedule's buffers fit them. The
+    # first stage takes the model's input as it is (a text model's: token ids).
+    inputs = (layout.input_meta(spec.chunk),) if place.stage == 0 else payload_meta(codec.fmt_in or FP32, in_shapes)
+    stage = TimedStage(module, place.stage, place.stages, torch.device("cpu"), input_args=tuple(inputs),
                        output_args=tuple(payload_meta(codec.fmt_out or FP32, out_shapes)),
                        group=place.group, on_chunk=on_chunk, tracer=tracer)
     count_p2p(stage)

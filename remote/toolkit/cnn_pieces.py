@@ -26,10 +26,12 @@ from torch import nn
 
 from remote.floor.errors import BadInput
 from remote.toolkit.pieces import Piece, State, check_supported, vit_pieces
+from remote.toolkit.text_models import is_encoder_classifier, text_pieces
 
 FAMILIES = ("timm ViTs (deit_*, deit3_*, vit_*)", "ResNets (resnet18, resnet50, ...)",
             "MobileNetV2/EfficientNets (mobilenetv2_100, efficientnet_b0, ...)", "MobileNetV3s (mobilenetv3_*)",
-            "VGGs (vgg11, vgg16, ...)", "ConvNeXts (convnext_atto, ...)", "RegNets (regnetx_002, regnety_*, ...)")
+            "VGGs (vgg11, vgg16, ...)", "ConvNeXts (convnext_atto, ...)", "RegNets (regnetx_002, regnety_*, ...)",
+            "Hugging Face encoder classifiers (hf:bert-base, hf:roberta-base, hf:/a/model/dir)")
 """What pictl splits, as a refusal names it."""
 
 
@@ -49,6 +51,8 @@ def pieces_for(model: nn.Module, name: str) -> list[Piece]:
         return convnext_pieces(model)
     if isinstance(model, RegNet):
         return regnet_pieces(model)
+    if is_encoder_classifier(model):
+        return text_pieces(model)
     raise BadInput(f"model '{name}' is a {type(model).__name__}; pictl splits {', '.join(FAMILIES)}")
 
 

@@ -19,6 +19,7 @@ from torch import nn
 
 from remote.floor.errors import BadInput
 from remote.toolkit.pieces import Piece, State, vit_pieces
+from remote.toolkit.text_models import is_encoder_classifier, text_pieces
 
 PAIRS = "wire_pairs"
 
@@ -79,7 +80,11 @@ def with_pairs(pieces: list[Piece], model: nn.Module) -> list[Piece]:
 
 
 def whole_forward(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The whole model's forward: timm's own, or, with kept pairs, its pieces in order (pairs included)."""
+    """The whole model's forward: timm's own, or its pieces in order: with kept pairs (pairs included), and for a
+    Hugging Face classifier (the pieces the pipeline runs, without masks)."""
+    if is_encoder_classifier(model):  # (its own forward returns an output object, and masks)
+        pieces = text_pieces(model)
+        return lambda x: run_pieces(pieces, model, x)
     if not hasattr(model, PAIRS):
         return model
     pieces = with_pairs(vit_pieces(model), model)  # type: ignore[arg-type]  (a model with pairs is a ViT here)

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from remote.floor.errors import BadInput
+from remote.toolkit.text_models import restore_buffers
 
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
 
@@ -167,6 +168,7 @@ def expected_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
 def materialize(model: nn.Module, *, seed: int, checkpoint: Checkpoint | None) -> nn.Module:
     """Give the (pruned) meta model real memory and its weights."""
     model.to_empty(device="cpu")
+    restore_buffers(model)
     if checkpoint is None:
         init_seeded(model, seed)
     else:

@@ -11,10 +11,13 @@ from remote.floor.emit import Emitter
 from remote.floor.run_records import Accuracy, Outputs
 from remote.floor.spec import RunSpec
 from remote.toolkit.model import Checkpoint
+from remote.toolkit.text_models import weights_in
 
 
 def open_checkpoint(spec: RunSpec) -> Checkpoint | None:
-    return Checkpoint(spec.checkpoint, allow_pickle=spec.allow_pickle) if spec.checkpoint else None
+    """The run's weights: its checkpoint, or a Hugging Face model directory's safetensors; None: seeded."""
+    path = spec.checkpoint or weights_in(spec.model)
+    return Checkpoint(path, allow_pickle=spec.allow_pickle) if path else None
 
 
 def write_logits(logits: torch.Tensor, name: str) -> Path:

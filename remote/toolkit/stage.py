@@ -31,8 +31,17 @@ class ModelLayout:
     stages: list[StagePlan]
 
     @property
-    def input_size(self) -> tuple[int, int, int]:
+    def input_size(self) -> tuple[int, ...]:
         return tuple(self.meta_model.pretrained_cfg.get("input_size", (3, 224, 224)))  # type: ignore[return-value]
+
+    @property
+    def input_dtype(self) -> torch.dtype:
+        """Images are floats; a text model's inputs are token ids."""
+        return torch.long if "vocab_size" in self.meta_model.pretrained_cfg else torch.float32
+
+    def input_meta(self, batch: int) -> torch.Tensor:
+        """One microbatch of the model's input, as a meta tensor."""
+        return torch.empty((batch, *self.input_size), dtype=self.input_dtype, device="meta")
 
 
 def layout_for(spec: RunSpec) -> ModelLayout:
@@ -148,7 +157,7 @@ def stage_codec(spec: RunSpec, layout: ModelLayout, rank: int) -> Codec:
 
 def stage_io_shapes(layout: ModelLayout, batch: int) -> list[tuple[list[torch.Size], list[torch.Size]]]:
     """Input and output tensor shapes of every stage for a microbatch of `batch` images."""
-    state: tuple[torch.Tensor, ...] = (torch.empty((batch, *layout.input_size), device="meta"),)
+    state: tuple[torch.Tensor, ...] = (layout.input_meta(batch),)
     shapes = []
     for stage in layout.stages:
         module = StageModule(layout.meta_model, layout.pieces[stage.first:stage.end])

@@ -65,3 +65,19 @@ def test_balanced_cuts_a_cnn_from_its_profiled_pieces_and_a_wrong_cut_names_the_
     assert sorted((tmp_path / "runs").glob("*")) == runs_before  # no run directory left behind
     other = run_pictl(["run", "--hosts", str(cluster_path), "--model", "densenet121", "--list-splits"], env)
     assert other.returncode == 2 and "model 'densenet121' is a DenseNet; pictl splits timm ViTs" in other.stderr
+
+
+def test_a_hugging_face_classifier_pipeline_gives_its_serial_runs_logits_bit_for_bit(
+        cluster_path: Path, tmp_path: Path, monkeypatch) -> None:
+    """A small BERT as `save_pretrained` writes it (config.json and model.safetensors), read by both hosts."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(vocab_size=200, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                                     intermediate_size=64, num_labels=3)
+    transformers.BertForSequenceClassification(config).save_pretrained(tmp_path / "bert")
+    monkeypatch.setenv("PICTL_CACHE_DIR", str(tmp_path / "cache"))
+    summary = pictl.run_experiment(pictl.load_cluster(cluster_path), model=f"hf:{tmp_path / 'bert'}", num_classes=3,
+                                   tokens=24, stages=2, split=["bert.encoder.layer.2.intermediate"],
+                                   runs_dir=tmp_path / "runs", **QUICK)
+    assert summary.status == "ok" and summary.outputs_match is True and summary.max_abs_diff == 0.0
+    assert summary.split_points == ["bert.encoder.layer.2.intermediate"]
+    assert summary.per_stage[0].modules[0] == "bert.embeddings" and summary.per_stage[1].modules[-1] == "classifier"
