@@ -18,7 +18,8 @@ from pathlib import Path, PurePosixPath
 
 from pictl import PROJECT_ROOT
 from pictl.cluster.transport import Transport
-from pictl.errors import TransportError
+from pictl.errors import ConfigError, TransportError
+from remote.floor.spec import RESERVED_MODULES, factory_of
 
 PROJECT = PROJECT_ROOT
 MANIFEST = ".pictl-manifest.json"
@@ -35,12 +36,41 @@ class PushResult:
     unchanged: int
 
 
-def local_tree() -> dict[str, bytes]:
-    """What every host gets: the `remote/` package (the presets stay on the controller)."""
+def local_tree(model: str | None = None) -> dict[str, bytes]:
+    """What every host gets: the `remote/` package (the presets stay on the controller), and the module of a
+    user's own model (`package.module:factory`) when `model` names one."""
     remote = PROJECT / "remote"
     files = {f"remote/{p.relative_to(remote).as_posix()}": p.read_bytes() for p in sorted(remote.rglob("*.py"))
              if "__pycache__" not in p.parts}
-    return files
+    return {**files, **user_tree(model)} if model else files
+
+
+USER_CODE_LIMIT = (500, 32 << 20)
+"""The most files and bytes a user's model package may push: more is not a model's code."""
+
+
+def user_tree(model: str, root: Path | None = None) -> dict[str, bytes]:
+    """The code of a user's own model (`package.module:factory`), read from `root` (the directory pictl runs in):
+    the file `package.py`, or every `.py` file of the package `package/`, placed beside `remote/` on the hosts
+    (where their interpreter finds it). Empty for any other model; ConfigError when it cannot be found."""
+    named = factory_of(model)
+    if named is None:
+        return {}
+    root = root or Path.cwd()
+    top = named[0].split(".")[0]
+    if top in RESERVED_MODULES:
+        raise ConfigError(f"model '{model}': '{top}' is pictl's own name; give your module another")
+    if (root / f"{top}.py").is_file() and "." not in named[0]:
+        return {f"{top}.py": (root / f"{top}.py").read_bytes()}
+    package = root / top
+    files = sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts) if package.is_dir() else []
+    if not files:
+        raise ConfigError(f"model '{model}': no {top}.py or package {top}/ in {root} (a model's module is pushed "
+                          f"from the directory pictl runs in)")
+    if len(files) > USER_CODE_LIMIT[0] or sum(p.stat().st_size for p in files) > USER_CODE_LIMIT[1]:
+        raise ConfigError(f"model '{model}': package {package} holds more than {USER_CODE_LIMIT[0]} files or "
+                          f"{USER_CODE_LIMIT[1] >> 20} MB; pictl pushes a model's code, not a project")
+    return {f"{top}/{p.relative_to(package).as_posix()}": p.read_bytes() for p in files}
 
 
 def manifest_of(files: dict[str, bytes]) -> dict[str, str]:

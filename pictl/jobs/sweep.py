@@ -201,7 +201,7 @@ async def run_sweep(cluster: Cluster, base: RunOptions, points: list[SweepPoint]
     # Every host held before anything starts, for the whole sweep: connected, leased under the sweep's name (another
     # team's run is refused, or queues with --wait, until the sweep ends) and the code pushed, once; every run
     # borrows them. A host that is down is one error naming it (exit 4, no sweep directory), a busy one exit 8.
-    async with held_hosts(cluster, "sweep", out.name, wait=wait, on_event=on_event) as held:
+    async with held_hosts(cluster, "sweep", out.name, wait=wait, on_event=on_event, model=base.model) as held:
         return await _measured(cluster, base, points, out, held, kinds, on_event=on_event, cache=cache,
                                on_session=on_session, on_rows=on_rows, write_failed=write_failed,
                                runs_root=runs_root, rounds=rounds)

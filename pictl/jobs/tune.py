@@ -102,7 +102,8 @@ async def run_tune(cluster: Cluster, base: RunOptions, settings: TuneSettings, o
         tune.save("running")  # before the first run: a tune directory that cannot be written refuses the tune here
         # Every host held for the whole tune (connected, leased under its name, the code pushed, once); every
         # run borrows them, and they are freed once, however the tune ends.
-        async with held_hosts(cluster, "tune", out.name, wait=settings.wait, on_event=on_event) as tune.hosts:
+        async with held_hosts(cluster, "tune", out.name, wait=settings.wait, on_event=on_event,
+                              model=base.model) as tune.hosts:
             await _search(tune)
             await _decide(tune)
     except BaseException as exc:

@@ -27,7 +27,7 @@ from remote.floor import entries
 from remote.floor import protocol as P
 from remote.floor.records import to_wire
 from remote.floor.run_records import Plan
-from remote.floor.spec import DataSpec, RunSpec, hf_model_dir
+from remote.floor.spec import DataSpec, RunSpec, factory_of, hf_model_dir
 
 
 def spec_from(options: RunOptions, run_id: str, artifact: Artifact | None) -> RunSpec:
@@ -57,7 +57,7 @@ def plans_cache(root: Path) -> JsonCache:
 def plan_key(host: Host, spec: RunSpec, *, code: str) -> str | None:
     """The cache key of `spec`'s plan on `host` with the pushed tree `code`, or None when the plan must be
     made every time."""
-    if spec.checkpoint or spec.data.kind != "synthetic" or hf_model_dir(spec.model):
+    if spec.checkpoint or spec.data.kind != "synthetic" or hf_model_dir(spec.model) or factory_of(spec.model):
         return None  # planning also checks files on the hosts: do it every time
     return JsonCache.key({"model": spec.model, "num_classes": spec.num_classes, "tokens": spec.tokens,
                           "stages": spec.stages,
@@ -137,5 +137,5 @@ async def model_cuts(cluster: Cluster, options: RunOptions) -> list[str]:
     host = place_stages(cluster, 1)[0].host
     spec = spec_from(options.model_copy(update={"stages": 1, "replicas": 1, "policy": "equal", "split": ()}),
                      "list-splits", None)
-    (plan,) = await _plans_on(host, [("--list-splits", spec)], local_tree(), "list-splits")
+    (plan,) = await _plans_on(host, [("--list-splits", spec)], local_tree(options.model), "list-splits")
     return list(plan.cuts or [])

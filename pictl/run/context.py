@@ -84,6 +84,6 @@ class RunContext:
     code: str = field(init=False)
 
     def __post_init__(self, pushed: dict[str, bytes] | None) -> None:
-        tree = pushed if pushed is not None else local_tree()
+        tree = pushed if pushed is not None else local_tree(self.options.model)
         object.__setattr__(self, "tree", tree)  # (frozen: set once, here)
         object.__setattr__(self, "code", manifest_digest(tree))

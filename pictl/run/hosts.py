@@ -90,13 +90,13 @@ class HeldHosts:
 
 @asynccontextmanager
 async def held_hosts(cluster: Cluster, kind: str, name: str, *, wait: bool = False,
-                     on_event: EventSink | None = None) -> AsyncIterator[HeldHosts]:
+                     on_event: EventSink | None = None, model: str | None = None) -> AsyncIterator[HeldHosts]:
     """Every host of `cluster` connected, leased under `kind name` (another team's run is refused, or waits with
-    its --wait, until this one ends) and holding the code, for the body's runs; whatever way the body ends
-    (an error, Ctrl-C, a failing run), every host is released and closed once. A host that cannot be held is
-    one error naming it before the body starts."""
+    its --wait, until this one ends) and holding the code (with `model`'s module, when it is a user's own), for
+    the body's runs; whatever way the body ends (an error, Ctrl-C, a failing run), every host is released and
+    closed once. A host that cannot be held is one error naming it before the body starts."""
     sink = on_event or (lambda _e: None)
-    job, tree = HostJob(cluster.hosts, name, kind=kind), local_tree()
+    job, tree = HostJob(cluster.hosts, name, kind=kind), local_tree(model)
     try:
         await job.hold(wait=wait, on_wait=lambda message: sink(Phase("lease", message)))
         sent = await job.push(tree)

@@ -7,6 +7,7 @@ strings built from user values.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -55,6 +56,17 @@ class RefineSpec:
 HF_PREFIX = "hf:"
 """A Hugging Face classifier: `hf:NAME` (an architecture's base sizes) or `hf:/a/model/dir`
 (`remote.toolkit.text_models`)."""
+
+
+_FACTORY = re.compile(r"([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):([A-Za-z_]\w*)")
+RESERVED_MODULES = ("remote", "pictl", "hf")
+"""Top-level names a user's module may not take: pictl's own packages, and the Hugging Face prefix."""
+
+
+def factory_of(model: str) -> tuple[str, str] | None:
+    """(module, function) when `model` names a user's own model, `package.module:factory`; else None."""
+    found = _FACTORY.fullmatch(model)
+    return (found[1], found[2]) if found and found[1].split(".")[0] != "hf" else None
 
 
 def hf_model_dir(model: str) -> str | None:

@@ -19,10 +19,11 @@ from torch import nn
 
 from remote.floor.artifact_meta import ArtifactMeta, read_artifact_meta, read_header
 from remote.floor.errors import BadInput
-from remote.floor.spec import RunSpec
+from remote.floor.spec import RunSpec, factory_of
 from remote.toolkit.kept_pair import PAIRS, attach_pairs, whole_forward
 from remote.toolkit.model import create_meta_model
 from remote.toolkit.text_models import create_text_model, is_text_model
+from remote.toolkit.user_models import create_factory_model
 
 
 def attention_heads(model: nn.Module) -> dict[str, int]:
@@ -160,12 +161,14 @@ def meta_model_from_artifact(path: str | Path, *, model: str, num_classes: int) 
 
 
 def meta_model_for(spec: RunSpec) -> nn.Module:
-    """The run's architecture: the named timm model, a Hugging Face classifier (`hf:...`), or the pruned one its
-    checkpoint describes."""
+    """The run's architecture: the named timm model, a Hugging Face classifier (`hf:...`), a user's own
+    (`package.module:factory`), or the pruned one its checkpoint describes."""
     if spec.checkpoint and spec.checkpoint.endswith(".safetensors"):
         pruned = meta_model_from_artifact(spec.checkpoint, model=spec.model, num_classes=spec.num_classes)
         if pruned is not None:
             return pruned
     if is_text_model(spec.model):
         return create_text_model(spec.model, spec.num_classes, spec.tokens)
+    if factory_of(spec.model):
+        return create_factory_model(spec.model)
     return create_meta_model(spec.model, spec.num_classes)

@@ -25,13 +25,16 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from remote.floor.errors import BadInput
+from remote.floor.spec import factory_of
 from remote.toolkit.pieces import Piece, State, check_supported, vit_pieces
 from remote.toolkit.text_models import is_encoder_classifier, text_pieces
+from remote.toolkit.user_models import sequential_pieces
 
 FAMILIES = ("timm ViTs (deit_*, deit3_*, vit_*)", "ResNets (resnet18, resnet50, ...)",
             "MobileNetV2/EfficientNets (mobilenetv2_100, efficientnet_b0, ...)", "MobileNetV3s (mobilenetv3_*)",
             "VGGs (vgg11, vgg16, ...)", "ConvNeXts (convnext_atto, ...)", "RegNets (regnetx_002, regnety_*, ...)",
-            "Hugging Face encoder classifiers (hf:bert-base, hf:roberta-base, hf:/a/model/dir)")
+            "Hugging Face encoder classifiers (hf:bert-base, hf:roberta-base, hf:/a/model/dir)",
+            "your own nn.Sequential (package.module:factory)")
 """What pictl splits, as a refusal names it."""
 
 
@@ -53,6 +56,8 @@ def pieces_for(model: nn.Module, name: str) -> list[Piece]:
         return regnet_pieces(model)
     if is_encoder_classifier(model):
         return text_pieces(model)
+    if isinstance(model, nn.Sequential) and factory_of(name):
+        return sequential_pieces(model)
     raise BadInput(f"model '{name}' is a {type(model).__name__}; pictl splits {', '.join(FAMILIES)}")
 
 

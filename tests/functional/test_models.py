@@ -81,3 +81,28 @@ def test_a_hugging_face_classifier_pipeline_gives_its_serial_runs_logits_bit_for
     assert summary.status == "ok" and summary.outputs_match is True and summary.max_abs_diff == 0.0
     assert summary.split_points == ["bert.encoder.layer.2.intermediate"]
     assert summary.per_stage[0].modules[0] == "bert.embeddings" and summary.per_stage[1].modules[-1] == "classifier"
+
+
+FACTORY = '''
+import torch
+from torch import nn
+
+
+def small_cnn():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 16, 3, stride=2),
+                          nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 5))
+    return model, torch.randn(1, 3, 32, 32)
+'''
+
+
+def test_a_users_own_model_is_pushed_and_runs_bit_for_bit(cluster_path: Path, tmp_path: Path, monkeypatch) -> None:
+    """`package.module:factory` from the directory pictl runs in: its module goes to the hosts with pictl's code."""
+    (tmp_path / "labmodels").mkdir()
+    (tmp_path / "labmodels" / "__init__.py").write_text("")
+    (tmp_path / "labmodels" / "cnn.py").write_text(FACTORY)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PICTL_CACHE_DIR", str(tmp_path / "cache"))
+    summary = pictl.run_experiment(pictl.load_cluster(cluster_path), model="labmodels.cnn:small_cnn", stages=2,
+                                   split=["4"], num_classes=5, runs_dir=tmp_path / "runs", **QUICK)
+    assert summary.status == "ok" and summary.outputs_match is True and summary.max_abs_diff == 0.0
+    assert [st.modules for st in summary.per_stage] == [["0", "1", "2", "3"], ["4", "5", "6", "7"]]
