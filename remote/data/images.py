@@ -107,13 +107,14 @@ def _need(count: int, have: int, data: DataSpec) -> None:
     if have < count:
         raise BadInput(f"data set {data.path} has {have} images; {count} were asked for")
 
-def synthetic_ids(count: int, cfg: dict, seed: int) -> torch.Tensor:
-    """`count` inputs of token ids, input i depending on (seed, i) only; never the padding id (no masks)."""
+def synthetic_ids(count: int, cfg: dict, seed: int, *, first: int = 0) -> torch.Tensor:
+    """`count` inputs of token ids (inputs first, first + 1, ...), input i depending on (seed, i) only; never the
+    padding id (no masks)."""
     (tokens,), vocab, pad = cfg["input_size"], int(cfg["vocab_size"]), int(cfg["pad_token_id"])
     out = torch.empty((count, tokens), dtype=torch.long)
-    for i in range(count):
-        ids = torch.randint(vocab - 1, (tokens,), generator=torch.Generator().manual_seed(seed * 7919 + i))
-        out[i] = ids + (ids >= pad).long()
+    for k in range(count):
+        ids = torch.randint(vocab - 1, (tokens,), generator=torch.Generator().manual_seed(seed * 7919 + first + k))
+        out[k] = ids + (ids >= pad).long()
     return out
 
 

@@ -19,11 +19,9 @@ from torch import nn
 
 from remote.floor.artifact_meta import ArtifactMeta, read_artifact_meta, read_header
 from remote.floor.errors import BadInput
-from remote.floor.spec import RunSpec, factory_of
+from remote.floor.spec import RunSpec
 from remote.toolkit.kept_pair import PAIRS, attach_pairs, whole_forward
 from remote.toolkit.model import create_meta_model
-from remote.toolkit.text_models import create_text_model, is_text_model
-from remote.toolkit.user_models import create_factory_model
 
 
 def attention_heads(model: nn.Module) -> dict[str, int]:
@@ -121,10 +119,12 @@ def apply_architecture(model: nn.Module, path: Path, meta: ArtifactMeta) -> nn.M
         raise BadInput(f"model artifact {path}: its head counts name other attention layers than "
                        f"{meta.base_model} has")
     set_attention_widths(model, meta.heads)
-    size = tuple(getattr(model, "pretrained_cfg", {}).get("input_size", (3, 224, 224)))
+    cfg = getattr(model, "pretrained_cfg", {})
+    size = tuple(cfg.get("input_size", (3, 224, 224)))
     try:
-        with torch.no_grad():
-            model(torch.empty((1, *size), device="meta"))
+        with torch.no_grad():  # (a text model's input: token ids)
+            whole_forward(model)(torch.empty((1, *size), device="meta",
+                                             dtype=torch.long if "vocab_size" in cfg else torch.float32))
     except Exception as exc:  # the shapes do not chain: say so before anything is allocated
         raise BadInput(f"model artifact {path}: its tensors do not form a working {meta.base_model} "
                        f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
@@ -167,8 +167,4 @@ def meta_model_for(spec: RunSpec) -> nn.Module:
         pruned = meta_model_from_artifact(spec.checkpoint, model=spec.model, num_classes=spec.num_classes)
         if pruned is not None:
             return pruned
-    if is_text_model(spec.model):
-        return create_text_model(spec.model, spec.num_classes, spec.tokens)
-    if factory_of(spec.model):
-        return create_factory_model(spec.model)
-    return create_meta_model(spec.model, spec.num_classes)
+    return create_meta_model(spec.model, spec.num_classes, tokens=spec.tokens)

@@ -18,13 +18,20 @@ import torch
 from torch import nn
 
 from remote.floor.errors import BadInput
-from remote.toolkit.text_models import restore_buffers
+from remote.floor.spec import RunSpec, factory_of
+from remote.toolkit.text_models import create_text_model, is_text_model, restore_buffers
+from remote.toolkit.user_models import create_factory_model
 
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
 
 
-def create_meta_model(name: str, num_classes: int, **kwargs: object) -> nn.Module:
-    """The model's structure with no weights behind it."""
+def create_meta_model(name: str, num_classes: int, *, tokens: int = RunSpec.tokens, **kwargs: object) -> nn.Module:
+    """The model's structure with no weights behind it: a timm model (`kwargs` go to its constructor), a Hugging
+    Face classifier (`hf:...`, `tokens` ids per input) or a user's own (`package.module:factory`)."""
+    if is_text_model(name):
+        return create_text_model(name, num_classes, tokens, **kwargs)
+    if factory_of(name):
+        return create_factory_model(name)
     if not timm.is_model(name):
         raise BadInput(f"unknown model '{name}' (timm has no such architecture)")
     try:

@@ -38,6 +38,9 @@ BASE_CONFIGS: dict[str, dict[str, Any]] = {
                      "eos_token_id": 2},
 }
 """The architectures `hf:NAME` builds with no directory, with their published sizes."""
+NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "classifier_dropout": 0.0}
+"""What training sets (unless asked otherwise): every mode then computes the same numbers, as timm's models do
+with their default drop rates of 0."""
 WEIGHTS = "model.safetensors"
 
 
@@ -45,7 +48,7 @@ def is_text_model(name: str) -> bool:
     return name.startswith(HF_PREFIX)
 
 
-def _config(name: str, num_classes: int) -> PretrainedConfig:
+def _config(name: str, num_classes: int, overrides: dict[str, Any]) -> PretrainedConfig:
     from transformers import AutoConfig
 
     what = name[len(HF_PREFIX):]
@@ -64,6 +67,10 @@ def _config(name: str, num_classes: int) -> PretrainedConfig:
     if config.model_type not in ENCODERS:
         raise BadInput(f"model '{name}': architecture {config.model_type!r} is not one pictl splits "
                        f"(Hugging Face encoder classifiers: {', '.join(ENCODERS)})")
+    for key, value in overrides.items():  # (`--model-arg`, and training's dropout: what timm's kwargs are to timm)
+        if not hasattr(config, key):
+            raise BadInput(f"model '{name}': its configuration has no '{key}'")
+        setattr(config, key, value)
     if weights_in(name) and config.num_labels != num_classes:  # a trained head has its own width
         raise BadInput(f"model '{name}': its classifier has {config.num_labels} outputs (config.json); run it with "
                        f"--num-classes {config.num_labels}")
@@ -71,14 +78,15 @@ def _config(name: str, num_classes: int) -> PretrainedConfig:
     return config
 
 
-def create_text_model(name: str, num_classes: int, tokens: int) -> nn.Module:
-    """The classifier's structure with no weights behind it; `pretrained_cfg` says what one input is."""
+def create_text_model(name: str, num_classes: int, tokens: int, **overrides: Any) -> nn.Module:
+    """The classifier's structure with no weights behind it (`overrides` set in its configuration);
+    `pretrained_cfg` says what one input is."""
     try:
         from transformers import AutoModelForSequenceClassification
     except ImportError:
         raise BadInput(f"model '{name}': transformers is not installed on this host (pip install transformers)") \
             from None
-    config = _config(name, num_classes)
+    config = _config(name, num_classes, overrides)
     room = config.max_position_embeddings - (config.pad_token_id + 1 if config.model_type != "bert" else 0)
     if not 1 <= tokens <= room:
         raise BadInput(f"model '{name}': {tokens} tokens per input; it takes 1 to {room}")

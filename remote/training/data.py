@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from remote.data.datasets import _Cifar, _InMemory, labelled_set
+from remote.data.images import synthetic_ids
 from remote.floor.errors import BadInput
 from remote.floor.spec import DataSpec, TrainSpec
 
@@ -51,9 +52,35 @@ class SyntheticSet(Dataset):
         return self.image(i), self.labels[i]
 
 
+class SyntheticTokens(Dataset):
+    """Seeded token ids (those `remote.data.images.load_images` makes for input i) whose class is the argmax of
+    a fixed projection of their bag of words, hashed into 64 buckets: a model can learn it from the ids."""
+
+    BUCKETS = 64
+
+    def __init__(self, count: int, model_cfg: dict, num_classes: int, seed: int, offset: int) -> None:
+        self.count, self.cfg, self.seed, self.offset = count, model_cfg, seed, offset
+        g = torch.Generator().manual_seed(seed * 31 + 17)
+        self.projection = torch.randn((num_classes, self.BUCKETS), generator=g)
+        self.labels = [self._label(self.image(i)) for i in range(count)]
+
+    def image(self, i: int) -> torch.Tensor:
+        return synthetic_ids(1, self.cfg, self.seed, first=self.offset + i)[0]
+
+    def _label(self, ids: torch.Tensor) -> int:
+        bag = torch.bincount(ids % self.BUCKETS, minlength=self.BUCKETS).float()
+        return int((self.projection @ bag).argmax())
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        return self.image(i), self.labels[i]
+
+
 def _labels(ds: Dataset) -> list[int]:
     """Every label of `ds`, without decoding an image where the data set allows it."""
-    if isinstance(ds, SyntheticSet | _InMemory | _Cifar):
+    if isinstance(ds, SyntheticSet | SyntheticTokens | _InMemory | _Cifar):
         return list(ds.labels)
     if isinstance(ds, Subset):
         inner = _labels(ds.dataset)
@@ -112,7 +139,12 @@ def labelled(spec: TrainSpec, split: str, count: int, model_cfg: dict) -> Labell
     """`count` images of `split` ("train" or "test"); synthetic data is made, the others read."""
     if count <= 0:
         return Labelled(SyntheticSet(0, (3, 1, 1), 1, 0, 0), torch.zeros(0, dtype=torch.long))
-    if spec.data.kind == "synthetic":
+    if "vocab_size" in model_cfg:  # a text model
+        if spec.data.kind != "synthetic":
+            raise BadInput(f"data kind '{spec.data.kind}' holds images; a text model trains on synthetic token ids")
+        ds = SyntheticTokens(count, model_cfg, spec.num_classes, spec.seed,
+                             SYNTHETIC_TRAIN_OFFSET if split == "train" else 0)
+    elif spec.data.kind == "synthetic":
         size = tuple(model_cfg.get("input_size", (3, 224, 224)))
         ds: Dataset = SyntheticSet(count, size, spec.num_classes, spec.seed,
                                    SYNTHETIC_TRAIN_OFFSET if split == "train" else 0)
@@ -161,7 +193,7 @@ def take_padded(split: Labelled, indices: list[int | None]) -> torch.Tensor:
     real = [i for i in indices if i is not None]
     images = split.take(real) if real else None
     shape = images.shape[1:] if images is not None else split.images[0][0].shape
-    out = torch.zeros((len(indices), *shape))
+    out = torch.zeros((len(indices), *shape), dtype=images.dtype if images is not None else split.images[0][0].dtype)
     if images is not None:
         out[: len(real)] = images
     return out

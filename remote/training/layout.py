@@ -15,6 +15,7 @@ from remote.toolkit.cnn_pieces import pieces_for
 from remote.toolkit.model import create_meta_model
 from remote.toolkit.partition import plan
 from remote.toolkit.stage import ModelLayout
+from remote.toolkit.text_models import NO_DROPOUT, is_text_model
 
 
 def _meta_model(spec: TrainSpec) -> nn.Module:
@@ -23,6 +24,8 @@ def _meta_model(spec: TrainSpec) -> nn.Module:
         if stored is not None:
             return stored
     kwargs = dict(spec.model_kwargs)
+    if is_text_model(spec.model):  # token ids, no image size; no dropout unless asked (the modes compare losses)
+        return create_meta_model(spec.model, spec.num_classes, **{**NO_DROPOUT, **kwargs})  # type: ignore[arg-type]
     model = create_meta_model(spec.model, spec.num_classes, **kwargs)
     if spec.image_size:
         if isinstance(model, VisionTransformer):
@@ -46,6 +49,8 @@ def train_layout(spec: TrainSpec) -> ModelLayout:
 def layout_kwargs(spec: TrainSpec, layout: ModelLayout) -> dict:
     """The timm constructor arguments that rebuild the trained architecture (`pictl run --model FILE`)."""
     kwargs = dict(spec.model_kwargs)
+    if is_text_model(spec.model):  # the dropout it trained with is not the model: `pictl run` evaluates
+        return {k: v for k, v in kwargs.items() if k not in NO_DROPOUT}
     if spec.image_size and isinstance(layout.meta_model, VisionTransformer):
         kwargs.setdefault("img_size", spec.image_size)
     return kwargs

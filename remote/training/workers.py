@@ -171,9 +171,10 @@ class PipelineStageWorker(Worker, _Optimized):
         fp32 = WireFormat("fp32")
         # The example tensors carry `requires_grad`: it is what makes the stage receive and send gradients. With
         # `--wire`, they are the payload's (its dtypes and shapes): the gradients come back in the same form.
-        self.stage = TrainStage(_Fp32Outputs(self.module), rank, world, torch.device("cpu"),
-                                input_args=tuple(t.requires_grad_(rank > 0) for t in
-                                                 payload_meta(codec.fmt_in or fp32, list(in_shapes))),
+        # The first stage takes the model's input as it is (a text model's: token ids, which carry no gradient).
+        inputs = (layout.input_meta(spec.microbatch),) if rank == 0 else \
+            tuple(t.requires_grad_(True) for t in payload_meta(codec.fmt_in or fp32, list(in_shapes)))
+        self.stage = TrainStage(_Fp32Outputs(self.module), rank, world, torch.device("cpu"), input_args=inputs,
                                 output_args=tuple(t.requires_grad_(True) for t in
                                                   payload_meta(codec.fmt_out or fp32, list(out_shapes))),
                                 amp=spec.amp)

@@ -310,6 +310,27 @@ def test_a_compressed_link_cuts_the_bytes_both_ways_and_still_learns(shared, env
 
 
 @pytest.mark.slow
+def test_a_hugging_face_classifier_trains_through_1f1b_over_a_lowrank_link(shared, env, tmp_path: Path) -> None:
+    """The source's case, narrowed: RoBERTa (built from its configuration, seeded) fine-tuned as a 2-stage 1F1B
+    pipeline with power-iteration compression between the parts; its losses beside a single process's."""
+    transformers = pytest.importorskip("transformers")
+    transformers.RobertaConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                               intermediate_size=48, max_position_embeddings=40, pad_token_id=1,
+                               num_labels=5).save_pretrained(tmp_path / "roberta")  # (config.json only: seeded)
+    job = _train(shared, env, "--mode", "pipeline", "--stages", "2", "--schedule", "1f1b", "--wire", "lowrank:8",
+                 "--steps", "24", "--lr", "0.01", "--optimizer", "adamw", "--num-classes", "5",
+                 model=("--model", f"hf:{tmp_path / 'roberta'}", "--model-arg", "tokens=16"))
+    assert job["status"] == "ok" and job["schedule"] == "1f1b" and job["split_points"][0].startswith("roberta.")
+    check = job["agreement"]
+    assert check["enforced"] is False and "lossy wire lowrank:8" in check["against"]
+    assert 0 < check["max_rel_diff"] < 0.05, check  # compressed, so not identical; close, since it is rank 8 of 16
+    losses = [p["loss"] for p in job["losses"]]
+    assert sum(losses[-4:]) < 0.75 * sum(losses[:4]), losses  # it learns through the compressed link
+    (fig,) = job["links"]
+    assert fig["format"] == "lowrank:8" and 0 < fig["forward_bytes_per_step"] == fig["backward_bytes_per_step"]
+    assert fig["sender"]["peak_MBps"] >= fig["sender"]["avg_MBps"] > 0
+
+
 def test_loader_workers_read_the_same_images(shared, env) -> None:
     """Images read ahead by 2 loader processes train exactly as the step's own reads do; a training sweep
     compares worker counts, with the data-loading share of each."""

@@ -92,3 +92,20 @@ def test_what_pictl_cannot_run_is_refused_with_one_line(tmp_path: Path) -> None:
         from remote.floor.spec import DataSpec
         load_images(DataSpec(kind="cifar10", path=str(tmp_path)), 2, {"vocab_size": 9, "input_size": (4,),
                                                                        "pad_token_id": 0}, 0)
+
+
+def test_a_trained_text_model_written_as_an_artifact_is_read_back_as_the_same_model(tmp_path: Path) -> None:
+    """What `pictl train` leaves for `pictl run --model FILE`: the base named, its token count kept."""
+    from remote.floor.artifact_meta import ArtifactMeta
+    from remote.toolkit.artifact import meta_model_from_artifact, save_artifact
+
+    folder, reference = _saved(tmp_path, "roberta")
+    path = save_artifact(reference, ArtifactMeta(base_model=f"hf:{folder}", num_classes=3, heads={},
+                                                 model_kwargs={"tokens": 12}), tmp_path / "trained.safetensors")
+    spec = RunSpec(model=f"hf:{folder}", num_classes=3, checkpoint=str(path))
+    meta = meta_model_from_artifact(path, model=spec.model, num_classes=3)
+    assert meta is not None and meta.pretrained_cfg["input_size"] == (12,)
+    whole = materialize(meta, seed=0, checkpoint=open_checkpoint(spec))
+    ids = load_images(spec.data, 2, whole.pretrained_cfg, 0)
+    with torch.no_grad():
+        assert torch.equal(whole_forward(whole)(ids), reference(ids).logits)
