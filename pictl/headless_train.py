@@ -101,6 +101,7 @@ def train_lines(s: TrainSummary) -> list[str]:
              f"{s.steps_done} step(s)" + (", bf16 autocast" if s.amp else "")
              + (f", {s.workers} loader worker(s)" if s.workers else "")
              + (", activations recomputed" if s.checkpoint_activations else "")
+             + (f", LoRA rank {s.lora}" if s.lora else "")
              + (f", wire {s.wire}" if s.wire not in (None, "fp32") else "")
              + (", no error feedback" if s.error_feedback is False else "")]
     if s.losses:

@@ -176,6 +176,8 @@ class TrainSummary(Open):
     workers: int | None = None
     """Data-loading processes per image-reading rank (older records: none)."""
     checkpoint_activations: bool | None = None
+    lora: int | None = None
+    """The LoRA adapters' rank (None: every weight trained, or an older record)."""
     wire: str | None = None
     error_feedback: bool | None = None
     """lowrank cuts sent each image's change (None: no lowrank cut, or an older record)."""

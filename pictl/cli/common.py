@@ -104,7 +104,7 @@ JobDirOpt = Annotated[Optional[Path], typer.Option(help="Where job directories g
                                                   rich_help_panel=HOSTS_PANEL)]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show every host's output.",
                                           rich_help_panel=HOSTS_PANEL)]
-DataPathOpt = Annotated[Optional[str], typer.Option(help="Data set directory on the hosts.",
+DataPathOpt = Annotated[Optional[str], typer.Option(help="Data set directory on the hosts (--data tokens: a file).",
                                                   rich_help_panel=MODEL_PANEL)]
 ImagesOpt = Annotated[Optional[int], typer.Option(help="Images per pass." + default_of("images"),
                                                   rich_help_panel=MEASURE_PANEL)]

@@ -177,7 +177,8 @@ class ModelFlags(OptionGroup):
     allow_pickle: Annotated[Optional[bool], typer.Option("--allow-pickle", help="Trust a pickled checkpoint.",
                                                          rich_help_panel=MODEL_PANEL)] = None
     data: Annotated[Optional[DataChoice], typer.Option(rich_help_panel=MODEL_PANEL,
-                                                       help="Images to run." + default_of("data"))] = None
+                                                       help="Inputs to run: images, or token ids (tokens) for a text "
+                                                            "model." + default_of("data"))] = None
     data_path: DataPathOpt = None
 
 

@@ -24,8 +24,7 @@ from pictl.cli.common import (
 from pictl.cli.option_groups import HostFlags, OptionGroup, OutputFlags, grouped
 from pictl.jobs.training.options import Mode as ModeLiteral
 from pictl.jobs.training.options import Schedule as ScheduleLiteral
-from pictl.jobs.training.options import TrainPolicy
-from pictl.planning.options import DATASETS
+from pictl.jobs.training.options import TrainData, TrainPolicy
 
 STEP_PANEL = "Steps and schedule"
 if TYPE_CHECKING:  # to mypy, str Enums; built from the options' Literals so the two cannot drift apart
@@ -41,7 +40,7 @@ if TYPE_CHECKING:  # to mypy, str Enums; built from the options' Literals so the
 else:
     Mode = choices("Mode", get_args(ModeLiteral))
     Schedule = choices("Schedule", get_args(ScheduleLiteral))
-    Data = choices("TrainData", DATASETS)
+    Data = choices("TrainData", get_args(TrainData))
     Optim = choices("Optimizer", ("sgd", "adamw"))
     TrainPolicyChoice = choices("TrainPolicyChoice", get_args(TrainPolicy))
 
@@ -101,6 +100,9 @@ class StepFlags(OptionGroup):
     checkpoint_activations: Annotated[Optional[bool], typer.Option(
         "--checkpoint-activations/--keep-activations", help="Recompute activations in the backward pass "
         "(less memory, more compute; per stage). \\[default: keep]", rich_help_panel=STEP_PANEL)] = None
+    lora: Annotated[Optional[int], typer.Option(
+        help="Fine-tune rank-R LoRA adapters (peft) on the attention projections, the rest frozen but the head; "
+             "the merged model is written. \\[default: 0, every weight]", rich_help_panel=STEP_PANEL)] = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,7 +29,7 @@ MAX_IMAGES = 2000
 
 
 Policy = Literal["balanced", "equal", "explicit"]
-Dataset = Literal["synthetic", "cifar10", "cifar100", "imagefolder"]
+Dataset = Literal["synthetic", "cifar10", "cifar100", "imagefolder", "tokens"]
 POLICIES: tuple[str, ...] = get_args(Policy)
 DATASETS: tuple[str, ...] = get_args(Dataset)
 
@@ -270,8 +270,9 @@ RUN_FLAGS: dict[str, RunFlag] = {flag.field: flag for flag in (
     RunFlag("tokens", "Token ids per input of a text model (hf:...).", MODEL_AND_DATA),
     RunFlag("checkpoint", "State dict (.safetensors / .pth).", MODEL_AND_DATA, show_default=False),
     RunFlag("allow_pickle", "Trust a pickled checkpoint.", MODEL_AND_DATA, ("--allow-pickle",), show_default=False),
-    RunFlag("data", "Images to run.", MODEL_AND_DATA),
-    RunFlag("data_path", "Data set directory on the hosts.", MODEL_AND_DATA, show_default=False),
+    RunFlag("data", "Inputs to run: images, or token ids (tokens) for a text model.", MODEL_AND_DATA),
+    RunFlag("data_path", "Data set directory on the hosts (--data tokens: a .safetensors file of input_ids and "
+            "labels).", MODEL_AND_DATA, show_default=False),
     RunFlag("master_port", "Rendezvous port on host 0 (default: a free one).", OUTPUT_AND_HOSTS, show_default=False),
     RunFlag("on_host_loss", "A host lost mid-run: continue on the hosts left (re-planned, the rest of the timed "
             "passes there), or fail (exit 3).", OUTPUT_AND_HOSTS),

@@ -107,6 +107,47 @@ def _need(count: int, have: int, data: DataSpec) -> None:
     if have < count:
         raise BadInput(f"data set {data.path} has {have} images; {count} were asked for")
 
+TOKENS = "tokens"
+"""A tokenized data set: a `.safetensors` file holding `input_ids` (inputs x tokens, integers) and, for accuracy,
+`labels` (one integer per input)."""
+
+
+def _token_file(data: DataSpec, count: int, model_cfg: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The first `count` inputs of a tokenized file and their labels (None: it has none), checked against the
+    model when `model_cfg` is given. Unpadded inputs only: pictl gives a text model no attention mask."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(data.path or "").expanduser()
+    if not data.path or not path.is_file():
+        raise BadInput(f"data file {path}: does not exist (--data tokens takes a .safetensors file)")
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            names = set(fh.keys())
+            if "input_ids" not in names:
+                raise BadInput(f"data file {path}: no 'input_ids' tensor (it holds {', '.join(sorted(names))})")
+            ids = fh.get_slice("input_ids")[:count]
+            labels = fh.get_slice("labels")[:count] if "labels" in names else None
+    except SafetensorError as exc:
+        raise BadInput(f"data file {path}: not a readable safetensors file ({exc})") from None
+    if ids.dim() != 2 or ids.is_floating_point():
+        raise BadInput(f"data file {path}: 'input_ids' must be integers, inputs x tokens (is {ids.dtype}, "
+                       f"{list(ids.shape)})")
+    _need(count, ids.shape[0], data)
+    if labels is not None and (labels.shape != (ids.shape[0],) or labels.is_floating_point()):
+        raise BadInput(f"data file {path}: 'labels' must be one integer per input")
+    if model_cfg is not None:
+        (tokens,), vocab, pad = model_cfg["input_size"], int(model_cfg["vocab_size"]), int(model_cfg["pad_token_id"])
+        if ids.shape[1] != tokens:
+            raise BadInput(f"data file {path}: {ids.shape[1]} tokens per input; run it with --tokens {ids.shape[1]}")
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+            raise BadInput(f"data file {path}: token ids outside the model's vocabulary of {vocab}")
+        padded = (ids == pad).any(dim=1).nonzero()
+        if len(padded):
+            raise BadInput(f"data file {path}: input {int(padded[0])} holds the padding id {pad}; pictl runs "
+                           "unpadded inputs (no attention mask): tokenize to one length without padding")
+    return ids.long(), labels.long() if labels is not None else None
+
+
 def synthetic_ids(count: int, cfg: dict, seed: int, *, first: int = 0) -> torch.Tensor:
     """`count` inputs of token ids (inputs first, first + 1, ...), input i depending on (seed, i) only; never the
     padding id (no masks)."""
@@ -122,9 +163,14 @@ def load_images(data: DataSpec, count: int, model_cfg: dict, seed: int) -> torch
     """`count` input images, shape (count, 3, H, W), normalised for the model (a text model's: token ids,
     shape (count, tokens))."""
     if "vocab_size" in model_cfg:  # a text model: token ids, not images
+        if data.kind == TOKENS:
+            return _token_file(data, count, model_cfg)[0]
         if data.kind != "synthetic":
-            raise BadInput(f"data kind '{data.kind}' holds images; a text model takes synthetic token ids")
+            raise BadInput(f"data kind '{data.kind}' holds images; a text model takes token ids (synthetic or "
+                           f"{TOKENS})")
         return synthetic_ids(count, model_cfg, seed)
+    if data.kind == TOKENS:
+        raise BadInput(f"data file {data.path} holds token ids; this model takes images")
     if data.kind == "synthetic":
         size = tuple(model_cfg.get("input_size", (3, 224, 224)))
         out = torch.empty((count, *size))
@@ -149,6 +195,8 @@ def load_labels(data: DataSpec, count: int) -> torch.Tensor | None:
     """Labels of the first `count` images, or None for synthetic data (no accuracy)."""
     if data.kind == "synthetic":
         return None
+    if data.kind == TOKENS:
+        return _token_file(data, count)[1]
     if data.kind in _CIFAR:
         _, labels = _read_cifar(data, count)
     elif data.kind == "imagefolder":

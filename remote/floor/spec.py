@@ -20,9 +20,9 @@ class DataSpec:
     """Where the images come from."""
 
     kind: str = "synthetic"
-    """synthetic | cifar10 | cifar100 | imagefolder"""
+    """synthetic | cifar10 | cifar100 | imagefolder | tokens (`remote.data.images.TOKENS`)"""
     path: str | None = None
-    """Directory holding the data set (not used for synthetic data)."""
+    """Directory holding the data set, or a tokenized file (not used for synthetic data)."""
     split: str = "test"
     """Which part of CIFAR to read: train or test."""
 
@@ -242,6 +242,9 @@ class TrainSpec:
     """convinsert: save each learned pair with the weights (`remote.toolkit.kept_pair`), not drop it."""
     error_feedback: bool = True
     """A lowrank cut compresses each image's change since the receiver's copy of it (`remote.toolkit.feedback`)."""
+    lora: int = 0
+    """LoRA adapters of this rank on the attention projections, the rest frozen but the head (`remote.training.lora`);
+    0: every weight trains."""
     checkpoint_activations: bool = False
     """Recompute each piece's activations in the backward pass instead of keeping them (less memory, more
     compute): per stage in the pipeline mode, the whole model in single and ddp."""

@@ -73,7 +73,7 @@ def prune_to(model: nn.Module, keep: Iterable[str]) -> None:
     walk(model, "")
 
 
-def _seed_for(seed: int, name: str) -> int:
+def seed_for(seed: int, name: str) -> int:
     return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63)
 
 
@@ -85,7 +85,7 @@ def init_seeded(model: nn.Module, seed: int) -> None:
     blocks gets the same numbers as the whole model on the serial host.
     """
     for name, p in model.named_parameters():
-        g = torch.Generator().manual_seed(_seed_for(seed, name))
+        g = torch.Generator().manual_seed(seed_for(seed, name))
         if name.endswith("bias"):
             p.zero_()
         elif p.dim() == 1:  # norm scales, layer-scale gammas

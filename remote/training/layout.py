@@ -16,6 +16,7 @@ from remote.toolkit.model import create_meta_model
 from remote.toolkit.partition import plan
 from remote.toolkit.stage import ModelLayout
 from remote.toolkit.text_models import NO_DROPOUT, is_text_model
+from remote.training.lora import check_lora
 
 
 def _meta_model(spec: TrainSpec) -> nn.Module:
@@ -39,6 +40,8 @@ def _meta_model(spec: TrainSpec) -> nn.Module:
 def train_layout(spec: TrainSpec) -> ModelLayout:
     """The model's pieces and the stages of this job (one stage unless the mode is `pipeline`)."""
     meta = _meta_model(spec)
+    if spec.lora:
+        check_lora(meta, spec.model)
     pieces = pieces_for(meta, spec.model)
     stages = spec.stages if spec.mode == "pipeline" else 1
     split = spec.split_points if spec.mode == "pipeline" else []

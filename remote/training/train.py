@@ -38,6 +38,7 @@ from remote.toolkit.outputs import write_logits
 from remote.toolkit.stage import ModelLayout, StageModule, compact_pieces
 from remote.training.data import Batches, Labelled, Prefetched, labelled, padded_microbatches, take_padded
 from remote.training.layout import layout_kwargs, train_layout
+from remote.training.lora import merge
 from remote.training.timing import StepTimes
 from remote.training.workers import PipelineStageWorker, WholeModel, Worker
 
@@ -176,6 +177,7 @@ def kept_halves(spec: TrainSpec, layout: ModelLayout, rank: int, module: StageMo
 def _finish(spec: TrainSpec, emitter: Emitter, worker: Worker, layout: ModelLayout, rank: int, reads_images: bool,
             totals: StepTimes, timed_s: float, timed_steps: int) -> None:
     """The trained model's logits on the first evaluation images, and this rank's weights on disk."""
+    merge(worker.lora)  # (what is evaluated and written is the model `pictl run` will run: adapters folded in)
     if spec.check_images:
         check = DataSpec(kind=spec.data.kind, path=spec.data.path, split="test")
         group = spec.chunks if spec.mode == "pipeline" else 1

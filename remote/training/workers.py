@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -18,13 +19,17 @@ from torch import nn
 from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 from torch.nn.parallel import DistributedDataParallel
 
+if TYPE_CHECKING:
+    from peft.tuners.lora import LoraModel
+
 from remote.floor.spec import TrainSpec
 from remote.floor.wire import WireFormat
-from remote.toolkit.codec import payload_meta
+from remote.toolkit.codec import Codec, payload_meta
 from remote.toolkit.model import Checkpoint
 from remote.toolkit.schedule_inputs import schedule_inputs
 from remote.toolkit.stage import ModelLayout, StageModule, build_stage, stage_codec, stage_io_shapes
 from remote.training.data import Labelled
+from remote.training.lora import add_lora
 from remote.training.timing import AllReduceClock, StepTimes, TrainStage, autocast
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
@@ -60,10 +65,21 @@ class _Fp32Outputs(nn.Module):
         return out.float()
 
 
+def _trainable(spec: TrainSpec, layout: ModelLayout, stage: int, checkpoint: Checkpoint | None,
+               codec: Codec | None = None) -> tuple[StageModule, LoraModel | None]:
+    """A stage (the whole model under single and ddp) in training mode: every weight trains, or with `--lora`
+    the adapters and the head (`remote.training.lora`)."""
+    module = build_stage(spec, layout, layout.stages[stage], checkpoint, codec).train()
+    module.checkpointed = spec.checkpoint_activations
+    return module, add_lora(module.model, spec.model, spec.lora, spec.seed) if spec.lora else None
+
+
 class Worker:
     """What every mode offers the training loop."""
 
     module: StageModule
+    lora: LoraModel | None
+    """The adapters `--lora` added (merged into the weights before the model is evaluated and written)."""
     holds_loss: bool
     """This rank sees the step's loss (and evaluates)."""
 
@@ -101,8 +117,7 @@ class WholeModel(Worker, _Optimized):
     def __init__(self, spec: TrainSpec, layout: ModelLayout, checkpoint: Checkpoint | None, *, rank: int,
                  world: int, steps: int) -> None:
         self.spec, self.rank, self.world = spec, rank, world
-        self.module = build_stage(spec, layout, layout.stages[0], checkpoint).train()
-        self.module.checkpointed = spec.checkpoint_activations
+        self.module, self.lora = _trainable(spec, layout, 0, checkpoint)
         self.holds_loss = rank == 0
         self.clock = AllReduceClock(world)
         self.net: nn.Module = self.module
@@ -165,8 +180,7 @@ class PipelineStageWorker(Worker, _Optimized):
                  world: int, steps: int) -> None:
         self.spec, self.rank, self.world = spec, rank, world
         codec = stage_codec(spec, layout, rank)  # type: ignore[arg-type]  (a TrainSpec has the wire it reads)
-        self.module = build_stage(spec, layout, layout.stages[rank], checkpoint, codec).train()
-        self.module.checkpointed = spec.checkpoint_activations
+        self.module, self.lora = _trainable(spec, layout, rank, checkpoint, codec)
         in_shapes, out_shapes = stage_io_shapes(layout, spec.microbatch)[rank]
         fp32 = WireFormat("fp32")
         # The example tensors carry `requires_grad`: it is what makes the stage receive and send gradients. With

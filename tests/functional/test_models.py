@@ -74,11 +74,18 @@ def test_a_hugging_face_classifier_pipeline_gives_its_serial_runs_logits_bit_for
     config = transformers.BertConfig(vocab_size=200, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
                                      intermediate_size=64, num_labels=3)
     transformers.BertForSequenceClassification(config).save_pretrained(tmp_path / "bert")
+    import torch
+    from safetensors.torch import save_file  # a tokenized evaluation set, labelled: the run reports accuracy
+
+    ids = torch.randint(1, 200, (4, 24), generator=torch.Generator().manual_seed(0))
+    save_file({"input_ids": ids, "labels": torch.tensor([0, 1, 2, 0])}, tmp_path / "eval.safetensors")
     monkeypatch.setenv("PICTL_CACHE_DIR", str(tmp_path / "cache"))
     summary = pictl.run_experiment(pictl.load_cluster(cluster_path), model=f"hf:{tmp_path / 'bert'}", num_classes=3,
                                    tokens=24, stages=2, split=["bert.encoder.layer.2.intermediate"],
+                                   data="tokens", data_path=str(tmp_path / "eval.safetensors"),
                                    runs_dir=tmp_path / "runs", **QUICK)
     assert summary.status == "ok" and summary.outputs_match is True and summary.max_abs_diff == 0.0
+    assert summary.accuracy is not None and summary.accuracy == summary.serial_accuracy
     assert summary.split_points == ["bert.encoder.layer.2.intermediate"]
     assert summary.per_stage[0].modules[0] == "bert.embeddings" and summary.per_stage[1].modules[-1] == "classifier"
 

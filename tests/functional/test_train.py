@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from support.cli import finished, run_pictl
 from support.clusters import processes_under, write_cluster
 from support.typed import untyped
@@ -310,25 +311,43 @@ def test_a_compressed_link_cuts_the_bytes_both_ways_and_still_learns(shared, env
 
 
 @pytest.mark.slow
-def test_a_hugging_face_classifier_trains_through_1f1b_over_a_lowrank_link(shared, env, tmp_path: Path) -> None:
+def test_a_hugging_face_classifier_fine_tunes_with_lora_through_1f1b_over_a_lowrank_link(shared, env,
+                                                                                        tmp_path: Path) -> None:
     """The source's case, narrowed: RoBERTa (built from its configuration, seeded) fine-tuned as a 2-stage 1F1B
-    pipeline with power-iteration compression between the parts; its losses beside a single process's."""
+    pipeline with power-iteration compression between the parts, here with rank-4 LoRA adapters (peft): its
+    losses beside a single process's, the frozen weights left as they were, the adapters merged into the model."""
     transformers = pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    from safetensors.torch import load_file
+
+    from remote.toolkit.model import create_meta_model, materialize
+
     transformers.RobertaConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                intermediate_size=48, max_position_embeddings=40, pad_token_id=1,
                                num_labels=5).save_pretrained(tmp_path / "roberta")  # (config.json only: seeded)
+    model = f"hf:{tmp_path / 'roberta'}"
     job = _train(shared, env, "--mode", "pipeline", "--stages", "2", "--schedule", "1f1b", "--wire", "lowrank:8",
-                 "--steps", "24", "--lr", "0.01", "--optimizer", "adamw", "--num-classes", "5",
-                 model=("--model", f"hf:{tmp_path / 'roberta'}", "--model-arg", "tokens=16"))
-    assert job["status"] == "ok" and job["schedule"] == "1f1b" and job["split_points"][0].startswith("roberta.")
+                 "--lora", "4", "--steps", "24", "--lr", "0.05", "--optimizer", "adamw", "--num-classes", "5",
+                 model=("--model", model, "--model-arg", "tokens=16"))
+    assert job["status"] == "ok" and job["schedule"] == "1f1b" and job["lora"] == 4
+    assert job["split_points"][0].startswith("roberta.")
     check = job["agreement"]
     assert check["enforced"] is False and "lossy wire lowrank:8" in check["against"]
-    assert 0 < check["max_rel_diff"] < 0.05, check  # compressed, so not identical; close, since it is rank 8 of 16
+    assert 0 < check["max_rel_diff"] < 0.1, check  # compressed, so not identical (measured 2.5 %); reported
     losses = [p["loss"] for p in job["losses"]]
-    assert sum(losses[-4:]) < 0.75 * sum(losses[:4]), losses  # it learns through the compressed link
+    assert sum(losses[-4:]) < 0.8 * sum(losses[:4]), losses  # it learns through the adapters and the link
     (fig,) = job["links"]
     assert fig["format"] == "lowrank:8" and 0 < fig["forward_bytes_per_step"] == fig["backward_bytes_per_step"]
     assert fig["sender"]["peak_MBps"] >= fig["sender"]["avg_MBps"] > 0
+
+    trained = load_file(job["checkpoint"]["path"])
+    start = materialize(create_meta_model(model, 5, tokens=16), seed=0, checkpoint=None).state_dict()
+    assert set(trained) == set(start)  # the adapters are merged: the base architecture's names, nothing else
+    layer = "roberta.encoder.layer.0.attention.self"
+    for frozen in ("roberta.embeddings.word_embeddings.weight", f"{layer}.key.weight", f"{layer}.query.bias"):
+        assert torch.equal(trained[frozen], start[frozen]), frozen
+    for adapted in (f"{layer}.query.weight", f"{layer}.value.weight", "classifier.out_proj.weight"):
+        assert not torch.equal(trained[adapted], start[adapted]), adapted
 
 
 def test_loader_workers_read_the_same_images(shared, env) -> None:

@@ -88,7 +88,7 @@ def test_what_pictl_cannot_run_is_refused_with_one_line(tmp_path: Path) -> None:
     for spec, words in cases:
         with pytest.raises(BadInput, match=words.replace("(", r"\(").replace(")", r"\)")):
             layout_for(spec)
-    with pytest.raises(BadInput, match="holds images; a text model takes synthetic token ids"):
+    with pytest.raises(BadInput, match=r"holds images; a text model takes token ids \(synthetic or tokens\)"):
         from remote.floor.spec import DataSpec
         load_images(DataSpec(kind="cifar10", path=str(tmp_path)), 2, {"vocab_size": 9, "input_size": (4,),
                                                                        "pad_token_id": 0}, 0)
@@ -109,3 +109,36 @@ def test_a_trained_text_model_written_as_an_artifact_is_read_back_as_the_same_mo
     ids = load_images(spec.data, 2, whole.pretrained_cfg, 0)
     with torch.no_grad():
         assert torch.equal(whole_forward(whole)(ids), reference(ids).logits)
+
+
+def test_a_tokenized_file_feeds_its_ids_and_labels_and_what_does_not_fit_is_refused(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    from remote.data.images import load_labels
+    from remote.floor.spec import DataSpec
+
+    cfg = {"input_size": (6,), "vocab_size": 50, "pad_token_id": 0}
+    ids = torch.randint(1, 50, (5, 6), generator=torch.Generator().manual_seed(0))
+    save_file({"input_ids": ids.int(), "labels": torch.tensor([0, 1, 2, 1, 0])}, tmp_path / "eval.safetensors")
+    data = DataSpec(kind="tokens", path=str(tmp_path / "eval.safetensors"))
+    assert torch.equal(load_images(data, 4, cfg, seed=0), ids[:4]) and load_images(data, 4, cfg, 0).dtype == torch.long
+    assert load_labels(data, 4).tolist() == [0, 1, 2, 1]
+    padded = ids.clone()
+    padded[3, 5] = 0
+    files = {"padded": {"input_ids": padded}, "floats": {"input_ids": ids.float()}, "other": {"ids": ids}}
+    for name, tensors in files.items():
+        save_file(tensors, tmp_path / f"{name}.safetensors")
+    refusals = [
+        ("padded", cfg, 5, "input 3 holds the padding id 0; pictl runs unpadded inputs"),
+        ("floats", cfg, 5, "'input_ids' must be integers, inputs x tokens"),
+        ("other", cfg, 5, "no 'input_ids' tensor (it holds ids)"),
+        ("eval", {**cfg, "input_size": (8,)}, 5, "6 tokens per input; run it with --tokens 6"),
+        ("eval", {**cfg, "vocab_size": 20}, 5, "token ids outside the model's vocabulary of 20"),
+        ("eval", cfg, 9, "has 5 images; 9 were asked for"),
+        ("absent", cfg, 1, "does not exist (--data tokens takes a .safetensors file)"),
+    ]
+    for name, model_cfg, count, words in refusals:
+        with pytest.raises(BadInput, match=words.replace("(", r"\(").replace(")", r"\)")):
+            load_images(DataSpec(kind="tokens", path=str(tmp_path / f"{name}.safetensors")), count, model_cfg, 0)
+    with pytest.raises(BadInput, match="holds token ids; this model takes images"):
+        load_images(data, 2, {"input_size": (3, 8, 8)}, 0)

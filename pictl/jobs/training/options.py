@@ -46,6 +46,9 @@ def chunks_refusal(mode: str, schedule: str, stages: int, chunks: int) -> str | 
     return None
 
 
+TrainData = Literal["synthetic", "cifar10", "cifar100", "imagefolder"]
+"""What a training job reads (a tokenized file is for `pictl run`'s evaluation only, not yet for training)."""
+
 class TrainOptions(BaseModel):
     """Everything that defines one training job."""
 
@@ -78,13 +81,16 @@ class TrainOptions(BaseModel):
     amp: bool = False
     train_images: int = Field(default=256, ge=1, le=10_000_000)
     eval_images: int = Field(default=64, ge=0, le=1_000_000)
-    data: Literal["synthetic", "cifar10", "cifar100", "imagefolder"] = "synthetic"
+    data: TrainData = "synthetic"
     data_path: str | None = Field(default=None, min_length=1, max_length=4096)
     threads: int = Field(default=1, ge=1, le=256)
     workers: int = Field(default=0, ge=0, le=32)
     """Data-loading processes per rank that reads images (0: the step reads its own)."""
     checkpoint_activations: bool = False
     """Recompute activations in the backward pass (per stage; the whole model in single and ddp)."""
+    lora: int = Field(default=0, ge=0, le=4096)
+    """Fine-tune with rank-R LoRA adapters (`peft`) on the attention projections, every other weight frozen but
+    the head; the merged model is written. 0: every weight trains."""
     wire: str = Field(default="fp32", min_length=1, max_length=4096)
     """Pipeline: what crosses each cut, activations forward and gradients back (fp32, fp16, bf16, int8,
     lowrank:R, convinsert:RATE; per cut as `blocks.4=fp16` with explicit split points)."""
@@ -174,7 +180,7 @@ class TrainOptions(BaseModel):
                                           "chunks", "epochs", "warmup_steps", "lr", "optimizer", "momentum",
                                           "weight_decay", "amp", "train_images", "eval_images", "threads", "workers",
                                           "checkpoint_activations", "wire", "error_feedback", "keep_compressor",
-                                          "check_images", "save", "break_rank"})
+                                          "check_images", "save", "break_rank", "lora"})
         checkpoint = str(Path(self.checkpoint).expanduser()) if self.checkpoint else None
         return TrainSpec(**fields, model_kwargs=dict(self.model_args), num_classes=self.classes,
                          checkpoint=checkpoint, mode=mode, stages=self.stages if mode != "single" else 1,

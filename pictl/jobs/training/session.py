@@ -327,6 +327,7 @@ class TrainSession:
             "steps": start.steps if start else None, "steps_done": max(tel.losses, default=0),
             "steps_per_epoch": start.steps_per_epoch if start else None, "lr": o.lr, "optimizer": o.optimizer,
             "threads": o.threads, "workers": o.workers, "checkpoint_activations": o.checkpoint_activations,
+            "lora": o.lora or None,
             "wire": o.wire, "error_feedback": o.error_feedback if "lowrank" in o.wire else None,
             "links": link_figures(tel.ranks, self._split_points(), parse_wire(o.wire)) if o.mode == "pipeline" else [],
             "samples_per_s": tel.samples_per_s(o.batch_size),
