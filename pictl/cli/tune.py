@@ -53,8 +53,11 @@ class TuneRunFlags(OptionGroup):
                                                         "searched]")] = None
     warmup: WarmupOpt = None
     repeats: RepeatsOpt = None
-    model: Annotated[Optional[str], typer.Option(help="timm model name, or an artifact from `pictl prune`.")] = None
+    model: Annotated[Optional[str], typer.Option(help="timm model name, hf:... (a Hugging Face classifier), "
+                                                      "package.module:factory, or an artifact from `pictl prune`.")] \
+        = None
     num_classes: Annotated[Optional[int], typer.Option(help="Classifier outputs.")] = None
+    tokens: Annotated[Optional[int], typer.Option(help="Token ids per input of a text model (hf:...).")] = None
     checkpoint: Annotated[Optional[str], typer.Option(help="State dict (.safetensors / .pth).")] = None
     data: Annotated[Optional[str], typer.Option(help="Images to run: synthetic, cifar10, cifar100, imagefolder "
                                                      "(labelled data adds accuracy to every candidate).")] = None

@@ -121,10 +121,11 @@ def apply_architecture(model: nn.Module, path: Path, meta: ArtifactMeta) -> nn.M
     set_attention_widths(model, meta.heads)
     cfg = getattr(model, "pretrained_cfg", {})
     size = tuple(cfg.get("input_size", (3, 224, 224)))
+    text = "vocab_size" in cfg  # a text model: token ids in, and its pieces as the forward (`whole_forward`)
     try:
-        with torch.no_grad():  # (a text model's input: token ids)
-            whole_forward(model)(torch.empty((1, *size), device="meta",
-                                             dtype=torch.long if "vocab_size" in cfg else torch.float32))
+        with torch.no_grad():  # (kept compressor pairs are checked against their cuts below, on their own)
+            (whole_forward(model) if text else model)(
+                torch.empty((1, *size), device="meta", dtype=torch.long if text else torch.float32))
     except Exception as exc:  # the shapes do not chain: say so before anything is allocated
         raise BadInput(f"model artifact {path}: its tensors do not form a working {meta.base_model} "
                        f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None

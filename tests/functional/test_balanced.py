@@ -193,9 +193,9 @@ async def test_fewer_stages_than_hosts_take_the_fastest_connecting_and_pushing_o
         pushes.append(t.host.name)
         return await real_push(t, files, **kw)
 
-    def local_tree() -> dict:
+    def local_tree(model: str | None = None) -> dict:
         trees.append(1)
-        return real_tree()
+        return real_tree(model)
 
     monkeypatch.setattr(Transport, "connect", connect)
     monkeypatch.setattr(pictl.cluster.jobs, "push_to", push_to)

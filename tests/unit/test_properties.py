@@ -161,7 +161,7 @@ def test_any_profile_name_is_looked_up_by_name_only(name: str) -> None:
 # exit 0 or one of pictl's own errors (2), never a bug (1) or a traceback; nothing they print carries a control
 # character, `--json` is strict JSON, and `report` writes nothing outside `--out`.
 
-RECORD_SETTINGS = settings(max_examples=int(os.environ.get("PICTL_RECORD_EXAMPLES", "60")), deadline=None,
+RECORD_SETTINGS = settings(max_examples=int(os.environ.get("PICTL_RECORD_EXAMPLES", "40")), deadline=None,
                            database=None, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.function_scoped_fixture])
 BASE_SUMMARY: dict[str, Any] = json.loads(

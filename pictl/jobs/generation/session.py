@@ -21,7 +21,6 @@ import asyncio
 import dataclasses
 import json
 import secrets
-import shutil
 import time
 from collections import deque
 from pathlib import Path, PurePosixPath
@@ -33,12 +32,13 @@ from pictl import errors as E
 from pictl.cluster.check import PackageVersions
 from pictl.cluster.commands import master_port
 from pictl.cluster.hoststate import read_facts
-from pictl.cluster.jobs import HostJob, to_the_end
+from pictl.cluster.jobs import HostJob
 from pictl.cluster.push import local_tree
 from pictl.cluster.ranks import RankLaunch, RankWatch
 from pictl.cluster.stream import ProcessStream
 from pictl.events import EventSink, Phase
 from pictl.inventory import Cluster, Host
+from pictl.jobs.ending import Ending, RankJob
 from pictl.jobs.generation.figures import (
     GenerateSummary,
     Pace,
@@ -105,7 +105,7 @@ def _failure(errors: list[tuple[str, Error]], tail: deque[str], host: str, what:
     return E.RunFailed.on(host, None, what, (list(tail) or ["no output"])[-1], tail)
 
 
-class GenerateSession:
+class GenerateSession(RankJob):
     """One generation job; `await run()` returns its summary (also written to summary.json)."""
 
     def __init__(self, cluster: Cluster, options: GenerateOptions, *, on_event: EventSink | None = None,
@@ -145,42 +145,29 @@ class GenerateSession:
         return self.summary
 
     async def _run(self) -> None:
-        hosts = [n.host for n in self.nodes]
-        job = HostJob(hosts, self.job_id, kind="generate")
-        started = time.time()
-        status: Status = "failed"
-        error: RunError | None = None
-        try:
-            await job.hold(wait=self.wait, on_wait=lambda message: self._phase("lease", message))
-            spec = await self._model(job)  # (bad input refused before the code is pushed)
-            sent = await job.push(local_tree())
-            self._phase("push", f"{sent} changed file(s) pushed to {len(hosts)} host(s)")
-            self._open_record(spec)
-            await job.stage({P.SPEC_FILE: spec.to_json().encode()}, "cannot prepare the job")
-            if self.serial_fits:
-                self._serial = await self._serial_run(job, spec)
-                if spec.numerics != "fp32":  # the bounded loss: the same prompts in fp32, beside the int8 run
-                    fp32 = dataclasses.replace(spec, numerics="fp32")
-                    self._serial_fp32 = await self._serial_run(job, fp32, SERIAL_FP32_TOKENS)
-            await self._pipeline_run(job)
-            status = "ok"
-            self._check()
-        except asyncio.CancelledError:
-            status = "interrupted"
-            raise E.Interrupted("interrupted: every rank was stopped") from None
-        except E.ConfigError:
-            if self.record is not None:  # bad input found on a host: the job never existed
-                shutil.rmtree(self.record.path, ignore_errors=True)
-                self.record = None
-            raise
-        except Exception as exc:
-            error = RunError(type=type(exc).__name__, message=str(exc))
-            raise
-        finally:
-            await to_the_end(job.close())
-            if self.record is not None:
-                self.summary = self._summarize(status, started, error)
-                self.record.finish(self.summary.written())
+        await self._run_to_the_end(HostJob([n.host for n in self.nodes], self.job_id, kind="generate"))
+
+    async def _phases(self, job: HostJob) -> None:
+        await job.hold(wait=self.wait, on_wait=lambda message: self._phase("lease", message))
+        spec = await self._model(job)  # (bad input refused before the code is pushed)
+        sent = await job.push(local_tree())
+        self._phase("push", f"{sent} changed file(s) pushed to {len(self.nodes)} host(s)")
+        self._open_record(spec)
+        await job.stage({P.SPEC_FILE: spec.to_json().encode()}, "cannot prepare the job")
+        if self.serial_fits:
+            self._serial = await self._serial_run(job, spec)
+            if spec.numerics != "fp32":  # the bounded loss: the same prompts in fp32, beside the int8 run
+                fp32 = dataclasses.replace(spec, numerics="fp32")
+                self._serial_fp32 = await self._serial_run(job, fp32, SERIAL_FP32_TOKENS)
+        await self._pipeline_run(job)
+
+    def _verify(self, ending: Ending) -> None:
+        self._check()
+
+    async def _close(self, ending: Ending) -> None:
+        assert self.record is not None
+        self.summary = self._summarize(ending.status, ending.started, ending.error)
+        self.record.finish(self.summary.written())
 
     # -- model ---------------------------------------------------------------------------------------------
 

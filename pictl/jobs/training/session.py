@@ -17,20 +17,19 @@ its run directory goes, the leases are released, and the job's `summary.json` sa
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import secrets
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 from pictl import errors as E
-from pictl.cluster.jobs import HostJob, to_the_end
+from pictl.cluster.jobs import HostJob
 from pictl.cluster.push import local_tree, manifest_digest
 from pictl.events import EventSink, Phase
 from pictl.inventory import Cluster
 from pictl.job_summaries import EvalPoint, LossAgreement, TrainPrediction, TrainSummary
+from pictl.jobs.ending import Ending, RankJob
 from pictl.jobs.training.checkpoint import MODEL_FILE, merge_parts, trained_meta
 from pictl.jobs.training.launch import REFERENCE_SPEC, run_ranks, run_reference
 from pictl.jobs.training.options import AMP_LOSS_TOLERANCE, LOSS_TOLERANCE, TrainOptions
@@ -73,7 +72,7 @@ class ReferenceLosses(Open):
     reused: Any = None
 
 
-class TrainSession:
+class TrainSession(RankJob):
     """One training job; `await run()` returns its summary (also written to summary.json)."""
 
     def __init__(self, cluster: Cluster, options: TrainOptions, *, on_event: EventSink | None = None,
@@ -113,45 +112,39 @@ class TrainSession:
         return self.summary
 
     async def _run(self) -> None:
-        o, hosts = self.options, [n.host for n in self.nodes]
+        hosts = [n.host for n in self.nodes]
         job = self.held.lend(self.job_id, hosts) if self.held is not None else HostJob(hosts, self.job_id)
-        started, tree = time.time(), self.held.tree if self.held is not None else local_tree()
-        code = manifest_digest(tree)  # once per job: it reads the whole tree
-        status, error, summary = "failed", None, None
-        try:
-            await self._hosts(job, tree)
-            spec = await self._balance(job, code)
-            self._open_record(spec)
-            await job.stage({P.SPEC_FILE: spec.to_json().encode()}, "cannot prepare the job")
-            if o.mode != "single" and o.check_steps:
-                await self._reference_losses(job, code)
-            await self._train(job)
-            await self._collect(job)
-            status = "ok"
-            self._keep_as_reference(code)
-            summary = self._summarize(status, started, None)
-            self._check(summary)
-        except asyncio.CancelledError:
-            status = "interrupted"
-            raise E.Interrupted("interrupted: every rank was stopped") from None
-        except E.ConfigError:
-            if self.record is not None:  # bad input found on a host: the job never existed
-                shutil.rmtree(self.record.path, ignore_errors=True)
-                self.record = None
-            raise
-        except Exception as exc:
-            error = {"type": type(exc).__name__, "message": str(exc)}
-            raise
-        finally:
-            await to_the_end(job.close())  # (a borrowed job: its processes and directories; the hosts stay held)
-            if self.record is not None:  # however it ended, the record closes
-                summary = summary or self._summarize(status, started, error)
-                if error and not TrainSummary.view(summary).error:
-                    summary.update(status="failed", error=error)
-                self.record.finish(summary)
-                self.summary = TrainSummary.model_validate(summary)
-                if status != "interrupted" and self.trackers:  # a second Ctrl-C must not wait on a tracker
-                    await self._track(self.record.path, self.summary)
+        self._tree = self.held.tree if self.held is not None else local_tree()
+        self._code = manifest_digest(self._tree)  # once per job: it reads the whole tree
+        self._ended: dict[str, Any] | None = None
+        """The summary of a job that ran through its phases (the check reads it; the record keeps it)."""
+        await self._run_to_the_end(job)
+
+    async def _phases(self, job: HostJob) -> None:
+        await self._hosts(job, self._tree)
+        spec = await self._balance(job, self._code)
+        self._open_record(spec)
+        await job.stage({P.SPEC_FILE: spec.to_json().encode()}, "cannot prepare the job")
+        if self.options.mode != "single" and self.options.check_steps:
+            await self._reference_losses(job, self._code)
+        await self._train(job)
+        await self._collect(job)
+
+    def _verify(self, ending: Ending) -> None:
+        self._keep_as_reference(self._code)
+        self._ended = self._summarize("ok", ending.started, None)
+        self._check(self._ended)
+
+    async def _close(self, ending: Ending) -> None:
+        assert self.record is not None
+        error = ending.error.model_dump(exclude_none=True) if ending.error else None
+        summary = self._ended or self._summarize(ending.status, ending.started, error)
+        if error and not TrainSummary.view(summary).error:
+            summary.update(status="failed", error=error)
+        self.record.finish(summary)
+        self.summary = TrainSummary.model_validate(summary)
+        if ending.status != "interrupted" and self.trackers:  # a second Ctrl-C must not wait on a tracker
+            await self._track(self.record.path, self.summary)
 
     async def _hosts(self, job: HostJob, tree: dict[str, bytes]) -> None:
         """Every host held and holding the code; nothing to do for a job whose sweep holds them."""
