@@ -1,7 +1,8 @@
-"""Any model through the same pipeline: CNNs of several timm families run as 2-stage pipelines on a local cluster
-(real torchrun), each one's outputs bit-identical to its serial run's; `balanced` profiles a CNN's pieces and
-cuts it; `--list-splits` lists a model's cuts as its first host plans them; a cut that is not one, or a model
-pictl does not split, is refused before anything starts (exit 2, one line naming the model, nothing left)."""
+"""Any model through the same pipeline: CNNs of several timm families, a Hugging Face classifier and a user's own
+model run as 2-stage pipelines on a local cluster (real torchrun), each one's outputs bit-identical to its serial
+run's; `balanced` profiles a CNN's pieces and cuts it; `--list-splits` lists a model's cuts as its first host
+plans them; a cut that is not one, or a model pictl does not split, is refused before anything starts (exit 2,
+one line naming the model, nothing left)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def cluster_path(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize(("model", "first_cut"), [("resnet18", "layer"), ("mobilenetv2_100", "blocks."),
-                                                  ("convnext_atto", "stages."), ("regnetx_002", "s")])
+                                                  ("efficientnet_b0", "blocks."), ("convnext_atto", "stages.")])
 def test_a_cnn_pipeline_gives_its_serial_runs_logits_bit_for_bit(cluster_path: Path, tmp_path: Path, model: str,
                                                                   first_cut: str, monkeypatch) -> None:
     monkeypatch.setenv("PICTL_CACHE_DIR", str(tmp_path / "cache"))
@@ -92,24 +93,27 @@ def test_a_hugging_face_classifier_pipeline_gives_its_serial_runs_logits_bit_for
 
 FACTORY = '''
 import torch
-from torch import nn
+from timm.models.vgg import VGG
 
 
-def small_cnn():
-    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 16, 3, stride=2),
-                          nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 5))
-    return model, torch.randn(1, 3, 32, 32)
+def narrow_vgg11():
+    """VGG-11's layout at an eighth of its width, with a 64-wide head: a VGG, run in seconds."""
+    cfg = [8, "M", 16, "M", 32, 32, "M", 64, 64, "M", 64, 64, "M"]
+    return VGG(cfg, num_classes=5, mlp_ratio=1 / 64), torch.randn(1, 3, 224, 224)
 '''
 
 
 def test_a_users_own_model_is_pushed_and_runs_bit_for_bit(cluster_path: Path, tmp_path: Path, monkeypatch) -> None:
-    """`package.module:factory` from the directory pictl runs in: its module goes to the hosts with pictl's code."""
+    """`package.module:factory` from the directory pictl runs in: its module goes to the hosts with pictl's code.
+    Here it builds a narrowed VGG, a family pictl splits: it keeps VGG's cuts (before each convolution, the head).
+    (An nn.Sequential's cuts between its children: tests/unit/test_user_models.py.)"""
     (tmp_path / "labmodels").mkdir()
     (tmp_path / "labmodels" / "__init__.py").write_text("")
-    (tmp_path / "labmodels" / "cnn.py").write_text(FACTORY)
+    (tmp_path / "labmodels" / "vgg.py").write_text(FACTORY)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PICTL_CACHE_DIR", str(tmp_path / "cache"))
-    summary = pictl.run_experiment(pictl.load_cluster(cluster_path), model="labmodels.cnn:small_cnn", stages=2,
-                                   split=["4"], num_classes=5, runs_dir=tmp_path / "runs", **QUICK)
+    summary = pictl.run_experiment(pictl.load_cluster(cluster_path), model="labmodels.vgg:narrow_vgg11", stages=2,
+                                   split=["features.6"], num_classes=5, runs_dir=tmp_path / "runs", **QUICK)
     assert summary.status == "ok" and summary.outputs_match is True and summary.max_abs_diff == 0.0
-    assert [st.modules for st in summary.per_stage] == [["0", "1", "2", "3"], ["4", "5", "6", "7"]]
+    first, second = (st.modules for st in summary.per_stage)
+    assert first[0] == "features.0" and second[0] == "features.6" and second[-1] == "pre_logits", (first, second)

@@ -16,8 +16,22 @@ from remote.toolkit.model import create_meta_model, materialize
 from remote.toolkit.partition import piece_params
 from remote.toolkit.stage import build_stage, layout_for
 
+NARROW_VGG = "cnnpieces_vgg:narrow_vgg11"
+"""VGG-11's layout at an eighth of its width and a 64-wide head, built by a factory (`package.module:factory`):
+VGG's pieces at a twentieth of the full model's time (its 7x7 head still wants 224 px)."""
 FAMILIES = ["resnet18", "mobilenetv2_100", "efficientnet_b0", "mobilenetv3_small_050", "convnext_atto",
-            "regnetx_002", "vgg11"]
+            "regnetx_002", NARROW_VGG]
+
+
+@pytest.fixture(autouse=True)
+def _narrow_vgg(tmp_path_factory, monkeypatch) -> None:
+    folder = tmp_path_factory.getbasetemp() / "cnnpieces"
+    folder.mkdir(exist_ok=True)
+    (folder / "cnnpieces_vgg.py").write_text(
+        "import torch\nfrom timm.models.vgg import VGG\n\n\ndef narrow_vgg11():\n"
+        "    cfg = [8, 'M', 16, 'M', 32, 32, 'M', 64, 64, 'M', 64, 64, 'M']\n"
+        "    return VGG(cfg, num_classes=10, mlp_ratio=1 / 64), torch.randn(1, 3, 224, 224)\n")
+    monkeypatch.syspath_prepend(str(folder))
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -26,7 +40,7 @@ def test_every_two_stage_split_computes_the_whole_models_logits(name: str) -> No
     pieces = pieces_for(meta, name)
     assert sum(piece_params(pieces, meta)) == sum(p.numel() for p in meta.parameters())
     whole = materialize(create_meta_model(name, 10), seed=3, checkpoint=None)
-    size = 224 if name == "vgg11" else 64  # (VGG's head is a 7x7 convolution: its input is at least 7x7)
+    size = 224 if name == NARROW_VGG else 64  # (VGG's head is a 7x7 convolution: its input is at least 7x7)
     x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected = whole(x)
