@@ -1,14 +1,16 @@
 """Any model, `equal` against `balanced`, on a fast and a slow link: CNNs and ViTs as 4-stage pipelines.
 
     sudo .venv/bin/python -m bench.models [--cpu 0.4] [--links 1000,100] [--models resnet50,mobilenetv2_100,...]
-                                          [--images 8] [--repeats 2] [--save NAME]
+                                          [--images 8] [--repeats 2] [--rounds 1] [--save NAME]
     .venv/bin/python -m bench.models --quick     (local cluster, 2 stages, resnet18 and mobilenetv2_100, 4 images)
 
 The 4-host SSH test cluster, every host at --cpu cores (a CFS quota) and every host's sends capped at each
 --links rate in turn (Mbit/s; a token bucket on its interface). For each rate and model, in turn: `pictl run
 --policy equal` and `pictl run` (balanced, refined during the run), 4 stages, chunk 1, one thread per rank;
-the order of the two alternates from model to model. Each model's speedups divide by its one serial run
-(measured by its first run, reused by the second: the serial run crosses no link). Printed per run: img/s,
+the order of the two alternates from model to model (and from round to round, with --rounds). Each model's
+speedups divide by its one serial run (measured by its first run, reused by the others: the serial run crosses no
+link). With several rounds, each model's balanced / equal ratio is printed per round, with its median and
+spread: one round cannot tell a few per cent from the machine's noise. Printed per run: img/s,
 speedup, the waterfall's dominant term, the split, and the MB per image that crossed each cut (what the
 last stage of each link sent over the timed passes, per image). The link cache is emptied as the rate changes:
 pictl trusts a measured link for a minute (`LINK_MAX_AGE_S`), and the bench changes every link under it.
@@ -27,6 +29,7 @@ from bench.harness import (
     alternate,
     flags,
     is_root,
+    median_spread,
     quick_defaults,
     save_result,
     skip_loudly,
@@ -59,6 +62,7 @@ def main() -> int:
     ap.add_argument("--stages", type=int, default=4)
     ap.add_argument("--images", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=1, help="each model's pair of runs, this many times in turn")
     ap.add_argument("--save", default=None)
     add_quick(ap)
     args = quick_defaults(ap.parse_args(), models="resnet18,mobilenetv2_100", stages=2, images=4, repeats=1,
@@ -69,11 +73,12 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
 
     def measure(inventory: Path, link: str) -> None:
-        for k, model in enumerate(models):
-            for policy in alternate(("equal", "balanced"), k):
-                s = run(pictl, inventory, model, args.stages, policy, args)
-                rows.append(row(model, link, policy, s, args.images * args.repeats))
-                print(_line(rows[-1]), flush=True)
+        for r in range(args.rounds):
+            for k, model in enumerate(models):
+                for policy in alternate(("equal", "balanced"), k + r):
+                    s = run(pictl, inventory, model, args.stages, policy, args)
+                    rows.append({**row(model, link, policy, s, args.images * args.repeats), "round": r})
+                    print(_line(rows[-1]), flush=True)
 
     print(f"{'model':>22} {'link':>9} {'policy':>8} {'img/s':>6} {'speedup':>7} {'dominant':>14}  MB/image per cut  "
           f"split", flush=True)
@@ -92,10 +97,15 @@ def main() -> int:
             cluster.shape_links(None)
     for model in models:
         for link in dict.fromkeys(r["link"] for r in rows):
-            pair = {r["policy"]: r for r in rows if r["model"] == model and r["link"] == link}
-            if {"equal", "balanced"} <= set(pair):
-                print(f"{model} at {link}: balanced {pair['balanced']['speedup'] / pair['equal']['speedup']:.3f}x "
-                      f"equal")
+            ratios = []
+            for r in range(args.rounds):
+                pair = {x["policy"]: x for x in rows if x["model"] == model and x["link"] == link and x["round"] == r}
+                if {"equal", "balanced"} <= set(pair):
+                    ratios.append(pair["balanced"]["speedup"] / pair["equal"]["speedup"])
+            if ratios:
+                mid, spread = median_spread(ratios)
+                print(f"{model} at {link}: balanced {mid:.3f}x equal (median of {len(ratios)} round(s): "
+                      f"{', '.join(f'{x:.3f}' for x in ratios)}; spread {spread:.1%})")
     if args.save:
         print(f"saved: {save_result(args.save, {'args': vars(args), 'rows': rows})}")
     return 0
