@@ -20,14 +20,12 @@ import asyncio
 import shutil
 import time
 from dataclasses import dataclass
-from typing import Literal
 
 from pictl import errors as E
 from pictl.cluster.jobs import HostJob, to_the_end
+from pictl.job_summaries import Status
 from pictl.records.runs import RunRecord
 from pictl.summary_models import RunError
-
-Status = Literal["ok", "failed", "interrupted"]
 
 
 @dataclass

@@ -27,11 +27,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field
 
 from pictl.figure_text import Figure, ms_text, percent_text, speedup_text, tokens_text
+from pictl.job_summaries import Status
 from pictl.summary_figures import Open, WaterfallTerm
 from pictl.summary_models import RunError
 from remote.floor.job_records import GenEnd, GenStart
-
-Status = Literal["ok", "failed", "interrupted"]
 
 
 class TokenFile(BaseModel):
