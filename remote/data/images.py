@@ -107,6 +107,12 @@ def _need(count: int, have: int, data: DataSpec) -> None:
     if have < count:
         raise BadInput(f"data set {data.path} has {have} images; {count} were asked for")
 
+
+def takes_token_ids(model_cfg: dict) -> bool:
+    """Whether a model's inputs are token ids (a text model's `pretrained_cfg` names its vocabulary), not images."""
+    return "vocab_size" in model_cfg
+
+
 TOKENS = "tokens"
 """A tokenized data set: a `.safetensors` file holding `input_ids` (inputs x tokens, integers) and, for accuracy,
 `labels` (one integer per input)."""
@@ -162,7 +168,7 @@ def synthetic_ids(count: int, cfg: dict, seed: int, *, first: int = 0) -> torch.
 def load_images(data: DataSpec, count: int, model_cfg: dict, seed: int) -> torch.Tensor:
     """`count` input images, shape (count, 3, H, W), normalised for the model (a text model's: token ids,
     shape (count, tokens))."""
-    if "vocab_size" in model_cfg:  # a text model: token ids, not images
+    if takes_token_ids(model_cfg):
         if data.kind == TOKENS:
             return _token_file(data, count, model_cfg)[0]
         if data.kind != "synthetic":

@@ -17,6 +17,7 @@ import torch
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
+from remote.data.images import takes_token_ids
 from remote.floor.artifact_meta import ArtifactMeta, read_artifact_meta, read_header
 from remote.floor.errors import BadInput
 from remote.floor.spec import RunSpec
@@ -121,7 +122,7 @@ def apply_architecture(model: nn.Module, path: Path, meta: ArtifactMeta) -> nn.M
     set_attention_widths(model, meta.heads)
     cfg = getattr(model, "pretrained_cfg", {})
     size = tuple(cfg.get("input_size", (3, 224, 224)))
-    text = "vocab_size" in cfg  # a text model: token ids in, and its pieces as the forward (`whole_forward`)
+    text = takes_token_ids(cfg)  # a text model: token ids in, and its pieces as the forward (`whole_forward`)
     try:
         with torch.no_grad():  # (kept compressor pairs are checked against their cuts below, on their own)
             (whole_forward(model) if text else model)(

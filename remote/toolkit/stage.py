@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from remote.data.images import takes_token_ids
 from remote.floor.spec import RunSpec
 from remote.floor.wire import parse_wire
 from remote.toolkit.artifact import meta_model_for
@@ -37,7 +38,7 @@ class ModelLayout:
     @property
     def input_dtype(self) -> torch.dtype:
         """Images are floats; a text model's inputs are token ids."""
-        return torch.long if "vocab_size" in self.meta_model.pretrained_cfg else torch.float32
+        return torch.long if takes_token_ids(self.meta_model.pretrained_cfg) else torch.float32
 
     def input_meta(self, batch: int) -> torch.Tensor:
         """One microbatch of the model's input, as a meta tensor."""

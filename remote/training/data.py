@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from remote.data.datasets import _Cifar, _InMemory, labelled_set
-from remote.data.images import synthetic_ids
+from remote.data.images import synthetic_ids, takes_token_ids
 from remote.floor.errors import BadInput
 from remote.floor.spec import DataSpec, TrainSpec
 
@@ -139,7 +139,7 @@ def labelled(spec: TrainSpec, split: str, count: int, model_cfg: dict) -> Labell
     """`count` images of `split` ("train" or "test"); synthetic data is made, the others read."""
     if count <= 0:
         return Labelled(SyntheticSet(0, (3, 1, 1), 1, 0, 0), torch.zeros(0, dtype=torch.long))
-    if "vocab_size" in model_cfg:  # a text model
+    if takes_token_ids(model_cfg):
         if spec.data.kind != "synthetic":
             raise BadInput(f"data kind '{spec.data.kind}' holds images; a text model trains on synthetic token ids")
         ds = SyntheticTokens(count, model_cfg, spec.num_classes, spec.seed,
