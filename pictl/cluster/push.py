@@ -50,9 +50,15 @@ USER_CODE_LIMIT = (500, 32 << 20)
 
 
 def user_tree(model: str, root: Path | None = None) -> dict[str, bytes]:
-    """The code of a user's own model (`package.module:factory`), read from `root` (the directory pictl runs in):
-    the file `package.py`, or every `.py` file of the package `package/`, placed beside `remote/` on the hosts
-    (where their interpreter finds it). Empty for any other model; ConfigError when it cannot be found."""
+    """The code of a user's own model (`package.module:factory`), read from `root` (the directory pictl runs in),
+    by the names it takes beside `remote/` on the hosts (where their interpreter finds it). Empty for any other
+    model; ConfigError when it cannot be found."""
+    return {name: path.read_bytes() for name, path in user_files(model, root).items()}
+
+
+def user_files(model: str, root: Path | None = None) -> dict[str, Path]:
+    """Which files `user_tree` pushes, checked without reading them: the file `package.py`, or every `.py` file of
+    the package `package/` (what options validation asks: the module is there, and is a model's code)."""
     named = factory_of(model)
     if named is None:
         return {}
@@ -61,7 +67,7 @@ def user_tree(model: str, root: Path | None = None) -> dict[str, bytes]:
     if top in RESERVED_MODULES:
         raise ConfigError(f"model '{model}': '{top}' is pictl's own name; give your module another")
     if (root / f"{top}.py").is_file() and "." not in named[0]:
-        return {f"{top}.py": (root / f"{top}.py").read_bytes()}
+        return {f"{top}.py": root / f"{top}.py"}
     package = root / top
     files = sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts) if package.is_dir() else []
     if not files:
@@ -70,7 +76,7 @@ def user_tree(model: str, root: Path | None = None) -> dict[str, bytes]:
     if len(files) > USER_CODE_LIMIT[0] or sum(p.stat().st_size for p in files) > USER_CODE_LIMIT[1]:
         raise ConfigError(f"model '{model}': package {package} holds more than {USER_CODE_LIMIT[0]} files or "
                           f"{USER_CODE_LIMIT[1] >> 20} MB; pictl pushes a model's code, not a project")
-    return {f"{top}/{p.relative_to(package).as_posix()}": p.read_bytes() for p in files}
+    return {f"{top}/{p.relative_to(package).as_posix()}": p for p in files}
 
 
 def manifest_of(files: dict[str, bytes]) -> dict[str, str]:

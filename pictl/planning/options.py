@@ -19,7 +19,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from pictl.cluster.push import user_tree
+from pictl.cluster.push import user_files
 from pictl.errors import ConfigError
 from pictl.records.trackers import Tracker
 from remote.floor.wire import parse_wire
@@ -137,7 +137,7 @@ class RunOptions(BaseModel):
                 setattr(self, name, str(Path.cwd() / value))
         if self.model.endswith(".safetensors"):
             self._take_artifact()
-        user_tree(self.model)  # a user's model whose module is not here is refused now, not on a host
+        user_files(self.model)  # a user's model whose module is not here is refused now, not on a host
         self._check_wire()
         if self.replicas > 1:
             microbatches = -(-self.images // self.chunk)
