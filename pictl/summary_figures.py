@@ -141,6 +141,10 @@ class HostLossFigures(Open):
 class LinkCost(Open):
     latency_ms: float | None = None
     MB_per_s: float | None = None
+    send_ns_per_byte: float | None = None
+    """What a byte sent over the link cost the sender's compute, in ns (measured with the link)."""
+    recv_ns_per_byte: float | None = None
+    """... and what a byte received cost the receiver's."""
 
 
 class Prediction(Open):

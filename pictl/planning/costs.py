@@ -61,8 +61,15 @@ class MeasuredLink(Open):
     """Half the median round trip of the small pings."""
     bytes_per_s: float
     """The rate of the stage-sized stream."""
+    send_s_per_byte: float = 0.0
+    """What a byte sent costs the sender's compute (CPU time times its wall time per CPU second; 0: not measured)."""
+    recv_s_per_byte: float = 0.0
+    """... and what a byte received costs the receiver's."""
     measured_at: float | None = None
     """When it was measured (the cache's; None: an entry from before, measured again)."""
+
+    def link(self) -> Link:
+        return Link(self.latency_s, self.bytes_per_s, self.send_s_per_byte, self.recv_s_per_byte)
 
 
 class CachedProfile(Open):
@@ -109,7 +116,7 @@ async def measure_link(src: Transport, dst: Transport, nbytes: int = LINK_BYTES)
         measured = MeasuredLink.model_validate(json.loads(result.stdout.strip().splitlines()[-1]))
     finally:
         await server.stop(grace_s=1)
-    return Link(latency_s=measured.latency_s, bytes_per_s=measured.bytes_per_s)
+    return measured.link()
 
 
 def _cached_link(cached: dict[str, Any] | None, max_age_s: float) -> Link | None:
@@ -120,7 +127,7 @@ def _cached_link(cached: dict[str, Any] | None, max_age_s: float) -> Link | None
     except ValidationError:
         return None
     fresh = found.measured_at is not None and 0 <= time.time() - found.measured_at <= max_age_s
-    return Link(found.latency_s, found.bytes_per_s) if found.bytes_per_s > 0 and fresh else None
+    return found.link() if found.bytes_per_s > 0 and fresh else None
 
 
 async def link_profiles(pairs: list[tuple[Transport, Transport]], cache: JsonCache, *,
@@ -140,6 +147,7 @@ async def link_profiles(pairs: list[tuple[Transport, Transport]], cache: JsonCac
         links[names] = link = await measure_link(src, dst)
         cache.put(link_key(src.host, dst.host),
                   MeasuredLink(latency_s=link.latency_s, bytes_per_s=link.bytes_per_s,
+                               send_s_per_byte=link.send_s_per_byte, recv_s_per_byte=link.recv_s_per_byte,
                                measured_at=round(time.time(), 3)).written())
         measured.append(f"{names[0]}->{names[1]}")
     return links, measured

@@ -61,7 +61,8 @@ async def choose_split(ctx: RunContext, job: HostJob, placement: Placement, spec
         raise E.ConfigError(f"policy balanced: {exc}") from None
     pieces = profiles.profile(stage_hosts[0]).pieces
     refine = RefineSpec(compute_s=[list(row) for row in table.compute_s], cut_bytes=list(table.cut_bytes),
-                        links=[[k.latency_s, k.bytes_per_s] for k in table.links],
+                        links=[[k.latency_s, k.bytes_per_s, k.send_s_per_byte, k.recv_s_per_byte]
+                               for k in table.links],
                         comm_s_per_byte=list(table.comm_s_per_byte), recut=o.recut,
                         max_recuts=o.max_recuts) if o.refine else None
     chosen = replace(spec, policy="explicit", split_points=[pieces[i] for i in split.starts], refine=refine)
@@ -74,7 +75,9 @@ async def choose_split(ctx: RunContext, job: HostJob, placement: Placement, spec
         corrections_age_s={h: round(a) for h in dict.fromkeys(stage_hosts)
                            if (a := profiles.correction_age_s(h)) is not None},
         links={f"{a}->{b}": LinkCost.model_construct(latency_ms=round(k.latency_s * 1000, 3),
-                                                     MB_per_s=round(k.bytes_per_s / 1e6, 1))
+                                                     MB_per_s=round(k.bytes_per_s / 1e6, 1),
+                                                     send_ns_per_byte=round(k.send_s_per_byte * 1e9, 2),
+                                                     recv_ns_per_byte=round(k.recv_s_per_byte * 1e9, 2))
                for (a, b), k in links.items()},
         links_measured=measured_links, first_split=list(chosen.split_points), refine=o.refine)
     if profiles.measured:  # (the profiling processes, counted in the start-up's)

@@ -8,7 +8,8 @@ same table.
 A pipeline in steady state delivers one microbatch per bottleneck: its slowest
 resource's time per microbatch. The resources are the stages (a stage's pieces on
 its host, plus the CPU its host spends sending its output and receiving its input:
-gloo's socket copies share a capped host's quota with the compute) and the links
+gloo's socket copies share a capped host's quota with the compute, and a slow link's
+trickle of packets costs the receiver more than a fast link's bursts) and the links
 (latency + bytes / bandwidth of the cut's state, on the wire while the stages
 compute: sends are asynchronous, so a link overlaps the stages and only bounds the
 pipeline when it is the slowest part). Dynamic programming over (stages placed,
@@ -30,6 +31,11 @@ class Link:
 
     latency_s: float = 0.0
     bytes_per_s: float = math.inf
+    send_s_per_byte: float = 0.0
+    """Seconds of the sending host's compute a byte sent over this link takes (measured; 0: not measured)."""
+    recv_s_per_byte: float = 0.0
+    """... and of the receiving host's: on a slow link the bytes arrive a few packets at a time, each a wake-up and
+    a system call, which a quota-bound host pays out of the stage's compute (`remote/profiling/linktest.py`)."""
 
 
 @dataclass(frozen=True)
@@ -41,7 +47,8 @@ class CostTable:
     links: Sequence[Link]
     """links[s]: from stage s to stage s + 1 (len = stages - 1)."""
     comm_s_per_byte: Sequence[float] = ()
-    """comm_s_per_byte[s]: seconds the host of stage s spends per byte it sends or receives (empty: free)."""
+    """comm_s_per_byte[s]: seconds the host of stage s spends per byte it copies (empty: free); a link's own
+    measured cost per byte (`Link.send_s_per_byte`, `Link.recv_s_per_byte`) counts where it is dearer."""
     piece_bytes: Sequence[float] = ()
     """Weights of each piece, for the memory limit (empty: no limit applies)."""
     memory_limit: Sequence[float] = ()
@@ -58,8 +65,10 @@ class CostTable:
     def corrected(self, factors: Sequence[float]) -> CostTable:
         """The table with stage s's host `factors[s]` times slower than profiled (compute and copies)."""
         comm = self.comm_s_per_byte or [0.0] * self.stages
+        links = [replace(k, send_s_per_byte=k.send_s_per_byte * factors[s], recv_s_per_byte=k.recv_s_per_byte *
+                         factors[s + 1]) for s, k in enumerate(self.links)]
         return replace(self, compute_s=[[t * f for t in row] for row, f in zip(self.compute_s, factors, strict=True)],
-                       comm_s_per_byte=[c * f for c, f in zip(comm, factors, strict=True)])
+                       comm_s_per_byte=[c * f for c, f in zip(comm, factors, strict=True)], links=links)
 
 
 @dataclass(frozen=True)
@@ -87,10 +96,12 @@ def stage_time(table: CostTable, stage: int, first: int, end: int) -> float:
     if table.memory_limit and sum(table.piece_bytes[first:end]) > table.memory_limit[stage]:
         return math.inf
     seconds = sum(table.compute_s[stage][first:end])
-    if table.comm_s_per_byte:
-        moved = (table.cut_bytes[first] if stage > 0 else 0.0) + \
-            (table.cut_bytes[end] if stage < table.stages - 1 else 0.0)
-        seconds += table.comm_s_per_byte[stage] * moved
+    # A byte in or out costs the host the dearer of a local copy (profiled) and what its link measured.
+    copy = table.comm_s_per_byte[stage] if table.comm_s_per_byte else 0.0
+    if stage > 0:
+        seconds += table.cut_bytes[first] * max(copy, table.links[stage - 1].recv_s_per_byte)
+    if stage < table.stages - 1:
+        seconds += table.cut_bytes[end] * max(copy, table.links[stage].send_s_per_byte)
     return seconds
 
 

@@ -62,7 +62,7 @@ from remote.floor.spec import RefineSpec
 def table_of(refine: RefineSpec) -> CostTable:
     """The cost table the controller solved the first split from, as the ranks get it (`RunSpec.refine`)."""
     return CostTable(compute_s=refine.compute_s, cut_bytes=refine.cut_bytes,
-                     links=[Link(lat, bw) for lat, bw in refine.links], comm_s_per_byte=refine.comm_s_per_byte)
+                     links=[Link(*link) for link in refine.links], comm_s_per_byte=refine.comm_s_per_byte)
 
 NOTCH = 1.57
 """McGill, Tukey and Larsen (1978): median +- 1.57 x IQR / sqrt(n) is a notch whose overlap means no clear

@@ -35,7 +35,7 @@ class RefineSpec:
     """Per stage, the seconds each piece takes on that stage's host (as profiled and corrected)."""
     cut_bytes: list[float]
     links: list[list[float]]
-    """Per link (stage s to s + 1): [latency_s, bytes_per_s]."""
+    """Per link (stage s to s + 1): [latency_s, bytes_per_s, send_s_per_byte, recv_s_per_byte] (`balance.Link`)."""
     comm_s_per_byte: list[float]
     max_rounds: int = 3
     """Splits measured at most (the first included); each after the first costs one calibration pass."""

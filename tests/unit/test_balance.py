@@ -72,3 +72,23 @@ def test_links_bound_the_pipeline_apart_from_the_stages() -> None:
     copies = CostTable(compute_s=[[0.01] * 4] * 2, cut_bytes=[0.0, 1e6, 1e5, 1e6], links=[Link()],
                        comm_s_per_byte=[1e-8, 1e-8])
     assert evaluate(copies, (2,)).stage_s == pytest.approx((0.021, 0.021))  # each side copies 100 kB
+
+
+def test_what_a_slow_links_bytes_cost_the_hosts_moves_the_cut_to_a_small_activation() -> None:
+    # Six equal pieces: the even cut (before piece 3) sends 3 MB, any other 0.1 MB. The wire itself is fast.
+    compute, cut = [[1.0] * 6] * 2, [0.0, 1e5, 1e5, 3e6, 1e5, 1e5]
+    free = CostTable(compute_s=compute, cut_bytes=cut, links=[Link(0.0, 1e9)])
+    assert balanced_split(free).starts == (3,)
+    # Measured on the link: every byte received takes 0.5 us of the receiver's compute (a quota-bound host
+    # woken for each few packets), so 3 MB cost it 1.5 s and a cut beside the large activation wins.
+    dear = CostTable(compute_s=compute, cut_bytes=cut, links=[Link(0.0, 1e9, send_s_per_byte=1e-8,
+                                                                    recv_s_per_byte=5e-7)])
+    split = balanced_split(dear)  # (before piece 4, the receiver's 0.05 s lands on the stage with less work)
+    assert split.starts == (4,) and split.stage_s == pytest.approx((4.001, 2.05))
+    assert evaluate(dear, (3,)).stage_s == pytest.approx((3.03, 4.5))  # the sender pays its 10 ns a byte too
+    # A local copy dearer than the link's own cost counts instead (the larger of the two, never both).
+    copies = CostTable(compute_s=compute, cut_bytes=cut, links=[dear.links[0]], comm_s_per_byte=[1e-7, 1e-7])
+    assert evaluate(copies, (3,)).stage_s == pytest.approx((3.3, 4.5))
+    # A run's correction (a host found twice as slow) scales what its end of the link costs it.
+    slowed = dear.corrected([1.0, 2.0])
+    assert slowed.links[0].recv_s_per_byte == pytest.approx(1e-6) and slowed.links[0].send_s_per_byte == 1e-8
