@@ -4,9 +4,10 @@ model's pieces (`pieces_for`) that inference, training and profiling share.
 CNNs are cut between their residual or inverted-residual blocks: timm's ResNets (`resnet18`, `resnet50`,
 ...) at `conv1`, `layerI.J` and the head; timm's MobileNet/EfficientNet family (`mobilenetv2_100`,
 `efficientnet_b0`, ...) at `conv_stem`, `blocks.I.J`, `conv_head` and the head; MobileNetV3s at `conv_stem`,
-`blocks.I.J` and the head; VGGs before each convolution (`features.N`) and at the head (`pre_logits`);
-ConvNeXts at `stem`, each stage (`stages.I`, its downsampling with its first block) and block
-(`stages.I.blocks.J`) and the head (`norm_pre`); RegNets at `stem`, `sI.bJ` and the head (`final_conv`).
+`blocks.I.J` and the head; VGGs before each convolution (`features.N`) and before each of the head's two
+fully-connected layers (`pre_logits`, `pre_logits.fc2`); ConvNeXts at `stem`, each stage (`stages.I`, its
+downsampling with its first block) and block (`stages.I.blocks.J`) and the head (`norm_pre`); RegNets at `stem`,
+`sI.bJ` and the head (`final_conv`).
 Each piece runs timm's own modules in timm's order, so a split model computes what the whole one does, bit for
 bit (tested). Between two pieces the pipeline carries one feature map: ResNet-50's after `layer1` is 256x56x56
 floats (3.2 MB an image, DeiT-S's state is 0.3 MB), so where a CNN is cut is a question of the link as much as
@@ -23,6 +24,7 @@ from timm.models.resnet import ResNet
 from timm.models.vgg import VGG
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
+from torch.nn import functional as F
 
 from remote.floor.errors import BadInput
 from remote.floor.spec import factory_of
@@ -146,7 +148,23 @@ def vgg_pieces(model: VGG) -> list[Piece]:
             return (x,)
 
         pieces.append(Piece(names[0], (), names, None, fn))
-    pieces.append(_head("pre_logits", ("pre_logits", "head"), "head"))
+    # The head is two pieces: its first fully-connected layer (a 7x7 convolution) holds 103 M of VGG-16's 138 M
+    # weights and takes over half of a 224 px image's time on a 0.4-core host, so a pipeline that kept it with the
+    # rest of the head could never run faster than that one piece. ConvMlp.forward's steps, in its order.
+    def fc1(m: nn.Module, s: State) -> State:
+        mlp, x = m.pre_logits, s[0]  # type: ignore[union-attr]
+        if x.shape[-2] < mlp.input_kernel_size or x.shape[-1] < mlp.input_kernel_size:  # (timm keeps it >= 7x7)
+            x = F.adaptive_avg_pool2d(x, (max(mlp.input_kernel_size, x.shape[-2]),
+                                          max(mlp.input_kernel_size, x.shape[-1])))
+        return (mlp.drop(mlp.act1(mlp.fc1(x))),)
+
+    def fc2_and_head(m: nn.Module, s: State) -> State:
+        mlp = m.pre_logits  # type: ignore[union-attr]
+        return (m.head(mlp.act2(mlp.fc2(s[0]))),)  # type: ignore[operator]
+
+    pieces.append(Piece("pre_logits", (), ("pre_logits.fc1", "pre_logits.act1", "pre_logits.drop"), None, fc1))
+    pieces.append(Piece("pre_logits.fc2", ("head",), ("pre_logits.fc2", "pre_logits.act2", "head"), None,
+                        fc2_and_head))
     return pieces
 
 

@@ -116,4 +116,5 @@ def test_a_users_own_model_is_pushed_and_runs_bit_for_bit(cluster_path: Path, tm
                                    split=["features.6"], num_classes=5, runs_dir=tmp_path / "runs", **QUICK)
     assert summary.status == "ok" and summary.outputs_match is True and summary.max_abs_diff == 0.0
     first, second = (st.modules for st in summary.per_stage)
-    assert first[0] == "features.0" and second[0] == "features.6" and second[-1] == "pre_logits", (first, second)
+    assert first[0] == "features.0" and second[0] == "features.6", (first, second)
+    assert second[-2:] == ["pre_logits", "pre_logits.fc2"], second  # (the head: its two fully-connected layers)
