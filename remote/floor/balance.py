@@ -120,7 +120,7 @@ def evaluate(table: CostTable, starts: Sequence[int]) -> Split:
 
 
 def balanced_split(table: CostTable, *others: CostTable) -> Split:
-    """The split with the smallest bottleneck (ties: the first found, scanning cuts left to right). With
+    """The split with the smallest bottleneck (among those that tie, the shortest way through). With
     `others` (replicas that share the split, each on its own hosts), the smallest bottleneck of the slowest
     of them: each stage and link costs its worst over the tables, which is exact, since the slowest replica's
     bottleneck is the largest of every replica's every stage. The result is evaluated on the table whose
@@ -145,11 +145,40 @@ def balanced_split(table: CostTable, *others: CostTable) -> Split:
                     best[s][j], cut[s][j] = value, i
     if best[k][n] == math.inf:
         raise NoFeasibleSplit("no split fits every stage's memory limit")
+    starts = _shortest_way_through(tables, best[k][n] * (1 + TIE))
+    return max((evaluate(t, starts) for t in tables), key=lambda sp: sp.bottleneck_s)
+
+
+TIE = 1e-9
+"""Bottlenecks this close (relative) are one: float sums of the same times in another order."""
+
+
+def _shortest_way_through(tables: Sequence[CostTable], bound: float) -> list[int]:
+    """Among the splits whose every stage and link stays within `bound` (the smallest bottleneck), the one whose
+    stages and links add up to the least. Many splits tie on the bottleneck when one piece bounds the pipeline
+    (VGG-16's first fully-connected layer): each pass then still waits for its first microbatch to cross every
+    stage and link before the last stage starts (and for the last one to drain), so the split with the shortest
+    way through fills and drains fastest, and moves the fewest bytes."""
+    k, n = tables[0].stages, tables[0].pieces
+    total = [[math.inf] * (n + 1) for _ in range(k + 1)]
+    cut = [[0] * (n + 1) for _ in range(k + 1)]
+    total[0][0] = 0.0
+    for s in range(1, k + 1):
+        for j in range(s, n - (k - s) + 1):
+            wire = max(link_time(t, s - 1, j) for t in tables) if j < n else 0.0
+            if wire > bound:
+                continue
+            for i in range(s - 1, j):
+                if total[s - 1][i] == math.inf:
+                    continue
+                stage = max(stage_time(t, s - 1, i, j) for t in tables)
+                if stage <= bound and (value := total[s - 1][i] + stage + wire) < total[s][j]:
+                    total[s][j], cut[s][j] = value, i
     starts, j = [], n
     for s in range(k, 1, -1):
         j = cut[s][j]
         starts.append(j)
-    return max((evaluate(t, sorted(starts)) for t in tables), key=lambda sp: sp.bottleneck_s)
+    return sorted(starts)
 
 
 def brute_force_split(table: CostTable) -> Split:

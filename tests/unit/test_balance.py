@@ -3,6 +3,7 @@ a run: test_refinement.py)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
@@ -92,3 +93,18 @@ def test_what_a_slow_links_bytes_cost_the_hosts_moves_the_cut_to_a_small_activat
     # A run's correction (a host found twice as slow) scales what its end of the link costs it.
     slowed = dear.corrected([1.0, 2.0])
     assert slowed.links[0].recv_s_per_byte == pytest.approx(1e-6) and slowed.links[0].send_s_per_byte == 1e-8
+
+
+def test_when_one_piece_bounds_the_pipeline_the_shortest_way_through_wins_the_tie() -> None:
+    # The last piece (5 s) is the bottleneck wherever the other cut goes; of those ties, the split whose first
+    # microbatch crosses the pipeline soonest (stages and links added up) fills and drains each pass fastest.
+    table = CostTable(compute_s=[[1.0, 1.0, 1.0, 1.0, 5.0]] * 3, cut_bytes=[0.0, 1e6, 1e3, 1e6, 1e3],
+                      links=[Link(0.0, 1e7)] * 2)
+    split = balanced_split(table)
+    assert split.bottleneck_s == 5.0 and split.starts == (2, 4)
+    before = evaluate(table, (1, 4))  # (the first tie found, scanning left to right: 1 MB on the first link)
+    assert sum(split.stage_s) + sum(split.link_s) < sum(before.stage_s) + sum(before.link_s) - 0.09
+    # Every split that ties is no shorter (brute force over them).
+    ties = [evaluate(table, st) for st in itertools.combinations(range(1, 5), 2)]
+    shortest = min(sum(t.stage_s) + sum(t.link_s) for t in ties if t.bottleneck_s == 5.0)
+    assert sum(split.stage_s) + sum(split.link_s) == pytest.approx(shortest)
