@@ -43,6 +43,14 @@ def _records(events: Path, kind: str) -> list[dict]:
             if r.get("event") == kind]
 
 
+def _nothing_left(root: Path) -> None:
+    """No process of ours under `root` a second after pictl exited (at once, if none is left by then)."""
+    deadline = time.monotonic() + 1.0
+    while processes_under(root) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not processes_under(root), [p.cmdline() for p in processes_under(root)]
+
+
 def test_a_rank_killed_in_the_second_timed_pass_the_run_finishes_on_the_two_hosts_left(tmp_path: Path,
                                                                                          pictl_env) -> None:
     cluster = write_cluster(tmp_path / "cluster", 3)
@@ -96,8 +104,7 @@ def test_a_rank_killed_in_the_second_timed_pass_the_run_finishes_on_the_two_host
     assert "segment 1 on h0, h1, h2: timed passes 1-1" in err and "segment 2 on h0, h2: timed passes 2-3" in err
 
     # Nothing of ours left on any host, the lost one's included; the record's report shows the segments.
-    time.sleep(1.0)
-    assert not processes_under(cluster.parent), [p.cmdline() for p in processes_under(cluster.parent)]
+    _nothing_left(cluster.parent)
     made = run_pictl(["report", s["run_id"], "--out", str(tmp_path / "report")], pictl_env)
     assert made.returncode == 0, made.stderr
     report = (tmp_path / "report" / "report.md").read_text()
@@ -148,8 +155,7 @@ def test_a_sweep_that_loses_a_host_measures_the_rest_on_the_hosts_left(tmp_path:
     assert list(loss["retired"]) == ["3 stages, equal"]
     assert "h1 was lost in round 1" in err and "ran on h0, h2" in err
     assert "Host lost: h1 was lost in round 1" in (out / "table.md").read_text()
-    time.sleep(1.0)
-    assert not processes_under(cluster.parent), [p.cmdline() for p in processes_under(cluster.parent)]
+    _nothing_left(cluster.parent)
 
 
 def test_a_tune_that_loses_a_host_gives_its_lease_back_and_runs_the_rest_on_the_hosts_left(tmp_path: Path) -> None:

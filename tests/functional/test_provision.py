@@ -75,9 +75,10 @@ def test_offline_provision_over_ssh_then_up_to_date_then_run(ssh_cluster, pictl_
     report = json.loads(checked.stdout)
     assert checked.returncode == 0 and report["ready"], checked.stderr
     assert {h["probe"]["venv"]["packages"]["torch"] for h in report["hosts"]} == {"2.14.1"}
-    # The provisioned venvs run a pipeline (4 stages over SSH are test_ssh's; 2 keep this test short).
+    # The provisioned venvs run a pipeline (4 stages over SSH are test_ssh's; 2 of DeiT-Ti keep this test short).
     run = run_pictl(["run", "--hosts", str(inv), "--stages", "2", "--images", "6", "--warmup", "0",
-                     "--repeats", "1", "--policy", "equal", "--headless", "--json"], pictl_env)
+                     "--repeats", "1", "--policy", "equal", "--model", "deit_tiny_patch16_224", "--headless",
+                     "--json"], pictl_env)
     assert finished(run.returncode, run.stderr), run.stderr[-3000:]
     assert json.loads(run.stdout)["outputs_match"] is True
     assert_hosts_clean(ssh_cluster)
