@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from support.clusters import skip_loudly, write_cluster
+from support.forked import PictlServer
 
 
 @pytest.fixture
@@ -30,6 +31,15 @@ def module_cache(tmp_path_factory) -> Path:
 @pytest.fixture
 def shared_cache_env(pictl_env: dict[str, str], module_cache: Path) -> dict[str, str]:
     return {**pictl_env, "PICTL_CACHE_DIR": str(module_cache)}
+
+
+@pytest.fixture(scope="module")
+def pictl_forks(tmp_path_factory) -> Iterator[PictlServer]:
+    """`pictl` commands as processes forked from one that imported pictl once (`support.forked`): a module's many
+    short commands (refused before anything runs) each spent most of its second importing."""
+    server = PictlServer(tmp_path_factory.mktemp("forks"), {**os.environ, "COLUMNS": "200"})
+    yield server
+    server.close()
 
 
 @pytest.fixture

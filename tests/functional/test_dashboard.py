@@ -105,9 +105,10 @@ def _panel_text(app: PictlApp, rank: int) -> str:
 
 @pytest.mark.slow
 async def test_run_from_the_form_live_panels_traces_and_history(tmp_path: Path, baselines, monkeypatch) -> None:
-    # No warm-up pass (a profile of the test's own): what is followed here is the launch, the timed passes and the
-    # traces, and a warm-up pass is a quarter of the run's passes (1 of 4), the serial baseline's too.
-    no_warmup = _profile(tmp_path, monkeypatch, "no-warmup", "warmup = 0")
+    # No warm-up pass and two timed passes (a profile of the test's own): what is followed here is the launch, the
+    # timed passes and the traces (one pass traced, one not), and the serial baseline measures as many passes as
+    # the pipeline: each pass left out is 48 images of DeiT-S twice, a quarter of the test's time.
+    no_warmup = _profile(tmp_path, monkeypatch, "no-warmup", "warmup = 0\nrepeats = 2")
     app = _app(tmp_path, baselines=baselines)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("t")  # no run yet: a notice, nothing else
@@ -123,7 +124,7 @@ async def test_run_from_the_form_live_panels_traces_and_history(tmp_path: Path, 
         # Traces grabbed in the timed passes (not the warm-up or balanced's calibration passes), so one is
         # marked as traced and kept out of the figures.
         await _until(pilot, lambda: app.state.stages[1].phase == "timed" and app.session.pipeline_live)
-        assert app.session.options.warmup == 0 and app.session.options.repeats == 3
+        assert app.session.options.warmup == 0 and app.session.options.repeats == 2
         seen = []  # the panels change while the run goes on
         activity = set()  # and the host table says what each host is doing (the last pass may end meanwhile)
         hosts = app.query_one("#hosts", DataTable)
@@ -170,10 +171,11 @@ async def test_run_from_the_form_live_panels_traces_and_history(tmp_path: Path, 
 
 @pytest.mark.slow
 async def test_stop_and_quit_ask_first_and_leave_nothing_running(tmp_path: Path, baselines, monkeypatch) -> None:
-    # The stop is the subject, not the model: DeiT-Ti (a profile of the test's own, chosen in the form) makes the
-    # serial baseline a run measures first (again whenever other work loaded the machine) a quarter of DeiT-S's,
-    # and its pipeline, stopped at its first microbatches, still has 192 of them to go.
-    tiny = _profile(tmp_path, monkeypatch, "tiny", 'model = "deit_tiny_patch16_224"')
+    # The stop is the subject, not the model: DeiT-Ti with no warm-up pass (a profile of the test's own, chosen in
+    # the form) makes the serial baseline a run measures first (again whenever other work loaded the machine) three
+    # passes of a quarter of DeiT-S's work, and its pipeline, stopped at its first microbatches, still has 144 of
+    # them to go.
+    tiny = _profile(tmp_path, monkeypatch, "tiny", 'model = "deit_tiny_patch16_224"\nwarmup = 0')
     app = _app(tmp_path, baselines=baselines)
     async with app.run_test(size=SIZE) as pilot:
         await _start_from_form(pilot, "2", "48", profile=tiny)

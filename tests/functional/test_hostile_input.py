@@ -14,15 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cli import ROOT, run_pictl
+from support.cli import ROOT
+from support.forked import PictlServer
 
 from pictl.planning.presets import SHIPPED_PRESETS
 
 LOCAL = '[defaults]\ntransport = "local"\ninterface = "lo"\n'
 
 
-def _pictl(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return run_pictl(args, env, 120, cwd=cwd)
+def _pictl(forks: PictlServer, args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`pictl ARGS` as a process of its own (`pictl_forks`: forked from one that imported pictl once)."""
+    return forks.run(args, env, 120, cwd=cwd)
 
 
 def _hosts(d: Path, body: str | bytes, name: str = "hosts.toml") -> Path:
@@ -309,11 +311,12 @@ CASES: list[tuple[str, Case, int, str]] = [
 
 
 @pytest.mark.parametrize("what, make, code, fragment", CASES, ids=[c[0] for c in CASES])
-def test_refused_in_one_line(what: str, make: Case, code: int, fragment: str, pictl_env, tmp_path: Path) -> None:
+def test_refused_in_one_line(what: str, make: Case, code: int, fragment: str, pictl_forks, pictl_env,
+                             tmp_path: Path) -> None:
     made = make(tmp_path)
     args, env = made if isinstance(made, tuple) else (made, {})
     runs = Path(pictl_env["PICTL_RUNS_DIR"])
-    proc = _pictl(args, {**pictl_env, **env}, tmp_path)
+    proc = _pictl(pictl_forks, args, {**pictl_env, **env}, tmp_path)
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.returncode == code, proc.stderr[-2000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("pictl: error: ")]
@@ -327,9 +330,9 @@ def test_refused_in_one_line(what: str, make: Case, code: int, fragment: str, pi
     assert not list(tmp_path.rglob(".pictl-init-*")), "a refused init left its temporary file"
 
 
-def test_a_local_profile_that_shadows_a_shipped_one_is_announced(pictl_env, tmp_path: Path) -> None:
+def test_a_local_profile_that_shadows_a_shipped_one_is_announced(pictl_forks, pictl_env, tmp_path: Path) -> None:
     _profile(tmp_path, "lab6", "images = 4\n")
-    proc = _pictl(_run(tmp_path, "--profile", "lab6", "--stages", "9"), pictl_env, tmp_path)
+    proc = _pictl(pictl_forks, _run(tmp_path, "--profile", "lab6", "--stages", "9"), pictl_env, tmp_path)
     assert proc.returncode == 2  # (9 stages do not fit: nothing runs)
     assert f"pictl: note: profile 'lab6' is {tmp_path}/profiles/lab6.toml, which shadows the shipped one" \
         in proc.stderr
@@ -345,26 +348,27 @@ def test_relative_paths_are_resolved_on_the_controller(tmp_path: Path, monkeypat
 
 
 @pytest.mark.slow
-def test_a_relative_checkpoint_is_the_controllers_file(pictl_env, tmp_path: Path) -> None:
+def test_a_relative_checkpoint_is_the_controllers_file(pictl_forks, pictl_env, tmp_path: Path) -> None:
     """`--checkpoint ck/x.pth` that exists here was "no such file" (resolved in the host's run directory);
     now the host reads this very file, and says what is wrong with it (here: it is not a checkpoint)."""
     (tmp_path / "ck").mkdir()
     (tmp_path / "ck" / "x.pth").write_text("not a checkpoint")
-    proc = _pictl(_run(tmp_path, "--checkpoint", "ck/x.pth"), pictl_env, tmp_path)
+    proc = _pictl(pictl_forks, _run(tmp_path, "--checkpoint", "ck/x.pth"), pictl_env, tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(f"pictl: error: checkpoint {tmp_path}/ck/x.pth: cannot be read as plain weights"), last
     assert not list(tmp_path.glob("h0/runs/*")) and not Path(pictl_env["PICTL_RUNS_DIR"]).exists()
 
 
-def test_a_bug_is_one_line_and_exit_1_with_the_traceback_in_a_log(pictl_env, tmp_path: Path) -> None:
+_BUG = ("import sys\nimport pictl.cli as cli\n"
+        "cli.app.command('boom')(lambda: {}['missing'])\n"
+        "sys.argv = ['pictl', 'boom']\ncli.entrypoint()\n")
+
+
+def test_a_bug_is_one_line_and_exit_1_with_the_traceback_in_a_log(pictl_forks, pictl_env, tmp_path: Path) -> None:
     """The entry point's last resort: a command that fails as a bug would (here: one added for the test)."""
     env = {**pictl_env, "XDG_STATE_HOME": str(tmp_path / "state")}
-    code = ("import sys\nimport pictl.cli as cli\n"
-            "cli.app.command('boom')(lambda: {}['missing'])\n"
-            "sys.argv = ['pictl', 'boom']\ncli.entrypoint()\n")
-    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, text=True, capture_output=True,
-                          timeout=60)
+    proc = pictl_forks.run([], env, 60, cwd=ROOT, code=_BUG)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     line = proc.stderr.strip()
     assert line.startswith("pictl: error: internal error (a bug in pictl): KeyError: 'missing'; traceback in ")
@@ -402,18 +406,13 @@ def test_the_dashboard_without_a_terminal_is_refused_at_once(tty: str, pictl_env
     assert tty == "stdout" or proc.stdout == "", "the dashboard wrote to a pipe"
 
 
-_BUG = ("import sys\nimport pictl.cli as cli\n"
-        "cli.app.command('boom')(lambda: {}['missing'])\n"
-        "sys.argv = ['pictl', 'boom']\ncli.entrypoint()\n")
-
-
 @pytest.mark.parametrize("value, shows", [("0", False), ("false", False), ("no", False), ("", False), ("off", False),
                                           ("1", True), ("true", True), ("YES", True), (" True ", True)])
-def test_pictl_debug_is_on_only_when_it_says_so(value: str, shows: bool, pictl_env, tmp_path: Path) -> None:
+def test_pictl_debug_is_on_only_when_it_says_so(value: str, shows: bool, pictl_forks, pictl_env,
+                                               tmp_path: Path) -> None:
     """PICTL_DEBUG=0 turned debugging on (any non-empty string did): only 1, true and yes do."""
     env = {**pictl_env, "XDG_STATE_HOME": str(tmp_path / "state"), "PICTL_DEBUG": value}
-    proc = subprocess.run([sys.executable, "-c", _BUG], env=env, cwd=ROOT, text=True, capture_output=True,
-                          timeout=60)
+    proc = pictl_forks.run([], env, 60, cwd=ROOT, code=_BUG)
     assert proc.returncode == 1
     if shows:
         assert "Traceback" in proc.stderr and "KeyError: 'missing'" in proc.stderr
@@ -428,19 +427,19 @@ def _needs_root(what: str) -> None:
         skip_loudly(f"NEEDS ROOT: {what}")
 
 
-def test_init_never_replaces_a_device_even_as_root(pictl_env, tmp_path: Path) -> None:
+def test_init_never_replaces_a_device_even_as_root(pictl_forks, pictl_env, tmp_path: Path) -> None:
     """As root, `--out /dev/full --force` renamed a regular file over the device node."""
     _needs_root("only root can replace /dev/full, which is what this guards against")
     before = os.stat("/dev/full")
     assert stat.S_ISCHR(before.st_mode)
-    proc = _pictl(_init_local("/dev/full", "--force"), pictl_env, tmp_path)
+    proc = _pictl(pictl_forks, _init_local("/dev/full", "--force"), pictl_env, tmp_path)
     _one_error(proc, 2, "--out /dev/full: not a regular file; give a new path or a regular file")
     after = os.stat("/dev/full")
     assert stat.S_ISCHR(after.st_mode) and after.st_rdev == before.st_rdev, "/dev/full is no longer the device"
     assert not list(Path("/dev").glob(".pictl-init-*"))
 
 
-def test_init_on_a_read_only_mount_is_one_line(pictl_env, tmp_path: Path) -> None:
+def test_init_on_a_read_only_mount_is_one_line(pictl_forks, pictl_env, tmp_path: Path) -> None:
     """A read-only folder was an internal error (exit 1); now it is bad input naming the path (exit 2)."""
     _needs_root("mounting a read-only tmpfs")
     ro = tmp_path / "ro"
@@ -453,20 +452,20 @@ def test_init_on_a_read_only_mount_is_one_line(pictl_env, tmp_path: Path) -> Non
         skip_loudly(f"CANNOT MOUNT A TMPFS HERE: {mounted.stderr.strip()}")
     try:
         for extra in ([], ["--force"]):
-            proc = _pictl(_init_local(ro / "hosts.toml", *extra), pictl_env, tmp_path)
+            proc = _pictl(pictl_forks, _init_local(ro / "hosts.toml", *extra), pictl_env, tmp_path)
             _one_error(proc, 2, f"--out {ro}/hosts.toml: cannot write it (Read-only file system)")
         assert not list(ro.iterdir())
     finally:
         subprocess.run(["umount", str(ro)], check=True)
 
 
-def test_init_takes_what_ssh_takes_and_replaces_a_file_whole(pictl_env, tmp_path: Path) -> None:
+def test_init_takes_what_ssh_takes_and_replaces_a_file_whole(pictl_forks, pictl_env, tmp_path: Path) -> None:
     """What the checks must not refuse: names, ~/.ssh/config aliases, IPv4, IPv6 (bracketed with a port, bare,
     with a zone), a fully qualified name; and `--force` over a regular file gives a regular file."""
     out = tmp_path / "pis.toml"
     out.write_text("# old\n")
     addresses = ["pi@10.0.0.5:2222", "[fe80::1]:22", "fe80::2%eth0", "lab_h1", "pi-4.local.", "my.pi:65535"]
-    proc = _pictl(_init("--force", "--out", str(out), *sum((["--address", a] for a in addresses), [])),
+    proc = _pictl(pictl_forks, _init("--force", "--out", str(out), *sum((["--address", a] for a in addresses), [])),
                   pictl_env, tmp_path)
     assert proc.returncode == 0, proc.stderr
     from pictl.inventory import load_cluster

@@ -11,13 +11,14 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.cli import ROOT, run_pictl
 from support.disks import fill, small_tmpfs
+from support.forked import PictlServer
 
 BASE: dict[str, Any] = json.loads((ROOT / "tests" / "support" / "data" / "run_summary_two_stages.json").read_text())
 GOOD = "20261124-100000-s2-good"
@@ -26,10 +27,23 @@ CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 """What must never reach the terminal (tab and newline are layout)."""
 
 
-def _pictl(args: list[str], runs: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200", "PICTL_RUNS_DIR": str(runs)}
+def _env() -> dict[str, str]:
+    env = {**os.environ, "COLUMNS": "200"}
     env.pop("FORCE_COLOR", None)
-    return run_pictl(args, env, 120, cwd=cwd, errors="surrogateescape")
+    return env
+
+
+@pytest.fixture(scope="module")
+def forks(tmp_path_factory) -> Iterator[PictlServer]:
+    """Each command a process of its own, forked from one that imported pictl once (a fresh `python -m pictl`
+    spends most of the second each of these commands takes importing)."""
+    server = PictlServer(tmp_path_factory.mktemp("forks"), _env(), preload=("matplotlib.pyplot",))  # (`report`)
+    yield server
+    server.close()
+
+
+def _pictl(forks: PictlServer, args: list[str], runs: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return forks.run(args, {**_env(), "PICTL_RUNS_DIR": str(runs)}, 120, cwd=cwd, errors="surrogateescape")
 
 
 def _record(runs: Path, name: str, summary: dict[str, Any] | None = None, raw: str | bytes | None = None) -> Path:
@@ -132,9 +146,9 @@ REFUSING = (["runs", "show", BAD], ["runs", "show", "{bad}", "--json"], ["runs",
 by one of them in turn (every reader meets several kinds), and all of them by the first record."""
 
 
-def _refused(args: list[str], runs: Path, tmp_path: Path, bad: Path, fragment: str) -> None:
+def _refused(forks: PictlServer, args: list[str], runs: Path, tmp_path: Path, bad: Path, fragment: str) -> None:
     args = [a.format(bad=bad, report=tmp_path / "report") for a in args]
-    proc = _pictl(args, runs, tmp_path)
+    proc = _pictl(forks, args, runs, tmp_path)
     assert proc.returncode == 2, (args, proc.stderr[-2000:])
     line = _one_error(proc)
     assert line.startswith(f"pictl: error: {bad}/summary.json: ") and fragment in line, (args, line)
@@ -144,62 +158,62 @@ def _refused(args: list[str], runs: Path, tmp_path: Path, bad: Path, fragment: s
 
 @pytest.mark.parametrize("what, make, fragment", CORRUPT, ids=[c[0] for c in CORRUPT])
 def test_a_bad_record_is_skipped_in_lists_and_refused_alone(what: str, make: Callable[[Path], Path], fragment: str,
-                                                            tmp_path: Path) -> None:
+                                                            tmp_path: Path, forks) -> None:
     runs = tmp_path / "runs"
     _record(runs, GOOD)
     bad = make(runs)
 
-    listed = _pictl(["runs", "--json"], runs, tmp_path)
+    listed = _pictl(forks, ["runs", "--json"], runs, tmp_path)
     assert listed.returncode == 0, listed.stderr
     assert [r["run_id"] for r in json.loads(listed.stdout)] == [GOOD]  # the valid sibling, and only it
     notes = [line for line in listed.stderr.splitlines() if line.startswith("pictl: note: ")]
     assert len(notes) == 1 and notes == listed.stderr.strip().splitlines(), listed.stderr
     assert notes[0].startswith(f"pictl: note: skipped {bad}: summary.json: ") and fragment in notes[0], notes[0]
     case = [c[0] for c in CORRUPT].index(what)
-    _refused(REFUSING[case % len(REFUSING)], runs, tmp_path, bad, fragment)
+    _refused(forks, REFUSING[case % len(REFUSING)], runs, tmp_path, bad, fragment)
     assert not (tmp_path / "report" / "report.md").exists()
 
 
-def test_every_reader_refuses_a_bad_record_and_the_table_shows_its_good_sibling(tmp_path: Path) -> None:
+def test_every_reader_refuses_a_bad_record_and_the_table_shows_its_good_sibling(tmp_path: Path, forks) -> None:
     what, make, fragment = CORRUPT[0]
     runs = tmp_path / "runs"
     good = _record(runs, GOOD)
     bad = make(runs)
-    table = _pictl(["runs"], runs, tmp_path)
+    table = _pictl(forks, ["runs"], runs, tmp_path)
     assert table.returncode == 0 and GOOD in table.stdout and BAD not in table.stdout, table.stderr
     notes = [line for line in table.stderr.splitlines() if line.startswith("pictl: note: ")]
     assert len(notes) == 1 and notes[0].startswith(f"pictl: note: skipped {bad}: summary.json: "), table.stderr
     _clean(table)
     for args in REFUSING:
-        _refused(args, runs, tmp_path, bad, fragment)
+        _refused(forks, args, runs, tmp_path, bad, fragment)
     assert not (tmp_path / "report" / "report.md").exists()
-    shown = _pictl(["runs", "show", GOOD, "--json"], runs, tmp_path)
+    shown = _pictl(forks, ["runs", "show", GOOD, "--json"], runs, tmp_path)
     assert shown.returncode == 0 and json.loads(shown.stdout)["run_dir"] == str(good), shown.stderr
 
 
-def test_a_run_directory_copied_elsewhere_is_read_where_it_is(tmp_path: Path) -> None:
+def test_a_run_directory_copied_elsewhere_is_read_where_it_is(tmp_path: Path, forks) -> None:
     """`run_dir` names the directory the run wrote; the copy is the one shown, compared and reported."""
     runs = tmp_path / "copied"
     first = _record(runs, GOOD, raw=json.dumps({**BASE, "run_id": GOOD, "run_dir": "/gone/elsewhere/" + GOOD}))
     second = _record(runs, BAD, raw=json.dumps({**BASE, "run_id": BAD, "run_dir": str(tmp_path / "runs" / BAD)}))
-    listed = _pictl(["runs", "--json"], runs, tmp_path)
+    listed = _pictl(forks, ["runs", "--json"], runs, tmp_path)
     assert listed.returncode == 0 and listed.stderr == "", listed.stderr
     assert {r["run_id"]: r["run_dir"] for r in json.loads(listed.stdout)} == {GOOD: str(first), BAD: str(second)}
     for ref in (GOOD, "20261124-10", str(first)):
-        shown = _pictl(["runs", "show", ref, "--json"], runs, tmp_path)
+        shown = _pictl(forks, ["runs", "show", ref, "--json"], runs, tmp_path)
         assert shown.returncode == 0, shown.stderr
         assert json.loads(shown.stdout)["run_dir"] == str(first)
-    table = _pictl(["runs", "show", GOOD], runs, tmp_path)
+    table = _pictl(forks, ["runs", "show", GOOD], runs, tmp_path)
     assert table.returncode == 0 and str(first) in table.stdout and "/gone/elsewhere" not in table.stdout
-    compared = _pictl(["runs", "compare", GOOD, BAD, "--json"], runs, tmp_path)
+    compared = _pictl(forks, ["runs", "compare", GOOD, BAD, "--json"], runs, tmp_path)
     assert compared.returncode == 0, compared.stderr
     assert [r["run_dir"] for r in json.loads(compared.stdout)] == [str(first), str(second)]
-    report = _pictl(["report", GOOD, "--out", str(tmp_path / "out")], runs, tmp_path)
+    report = _pictl(forks, ["report", GOOD, "--out", str(tmp_path / "out")], runs, tmp_path)
     assert report.returncode == 0, report.stderr
     assert (tmp_path / "out" / f"{GOOD}-stages.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_a_bad_trace_grab_is_named_and_the_run_still_shown(tmp_path: Path) -> None:
+def test_a_bad_trace_grab_is_named_and_the_run_still_shown(tmp_path: Path, forks) -> None:
     runs = tmp_path / "runs"
     run = _record(runs, GOOD)
     (run / "traces").mkdir()
@@ -207,12 +221,12 @@ def test_a_bad_trace_grab_is_named_and_the_run_still_shown(tmp_path: Path) -> No
     (run / "traces-2").mkdir()
     (run / "traces-2" / "summary.json").write_text(json.dumps({"directory": str(run / "traces-2"), "per_rank": {
         "0": {"compute_pct": 61.0, "send_pct": 9.0, "recv_wait_pct": 20.0, "idle_pct": 10.0}}}))
-    shown = _pictl(["runs", "show", GOOD], runs, tmp_path)
+    shown = _pictl(forks, ["runs", "show", GOOD], runs, tmp_path)
     assert shown.returncode == 0, shown.stderr
     assert shown.stderr.strip() == (f"pictl: note: skipped {run}/traces/summary.json: trace grab left out: "
                                     "'directory' is wrong: must be text (got 5)")
     assert "rank 0: compute 61%  send 9%  recv-wait 20%  idle 10%" in shown.stdout
-    listed = _pictl(["runs", "--json"], runs, tmp_path)  # the list shows no traces: it reads none
+    listed = _pictl(forks, ["runs", "--json"], runs, tmp_path)  # the list shows no traces: it reads none
     assert listed.returncode == 0 and listed.stderr == "" and len(json.loads(listed.stdout)) == 1
 
 
@@ -221,22 +235,22 @@ ESCAPES = {"run_id": "x\x1b]0;pwned title\x07", "model": "deit[pruned-0.3]", "po
            "error": {"type": "E", "message": "boom\x1b]52;c;cHduZWQ=\x07 and\nmore \x9b31m red"}}
 
 
-def test_escapes_and_markup_in_a_record_are_shown_as_text(tmp_path: Path) -> None:
+def test_escapes_and_markup_in_a_record_are_shown_as_text(tmp_path: Path, forks) -> None:
     runs = tmp_path / "runs"
     bad = _record(runs, BAD, raw=json.dumps({**BASE, **ESCAPES, "flags": [{"code": "c\x1b[31m", "message": "[/]"}]}))
     _record(runs, GOOD)
     for args in (["runs"], ["runs", "show", BAD], ["runs", "compare", GOOD, BAD], ["runs", "export"]):
-        proc = _pictl(args, runs, tmp_path)
+        proc = _pictl(forks, args, runs, tmp_path)
         assert proc.returncode == 0, (args, proc.stderr[-2000:])
         _clean(proc)
         assert "\x1b" not in proc.stdout and "\x07" not in proc.stdout
-    shown = _pictl(["runs", "show", BAD], runs, tmp_path).stdout
+    shown = _pictl(forks, ["runs", "show", BAD], runs, tmp_path).stdout
     assert "deit[pruned-0.3]" in shown and "[/]" in shown and "[bold red]blocks.8" in shown
     assert "x\ufffd]0;pwned title\ufffd" in shown and "boom\ufffd]52;c;cHduZWQ=\ufffd and / more \ufffd31m red" in shown
-    as_json = _pictl(["runs", "show", BAD, "--json"], runs, tmp_path)
+    as_json = _pictl(forks, ["runs", "show", BAD, "--json"], runs, tmp_path)
     assert json.loads(as_json.stdout)["run_id"] == ESCAPES["run_id"]  # --json keeps the data, escaped by JSON
     assert "\x1b" not in as_json.stdout
-    report = _pictl(["report", str(bad), "--out", str(tmp_path / "out")], runs, tmp_path)
+    report = _pictl(forks, ["report", str(bad), "--out", str(tmp_path / "out")], runs, tmp_path)
     assert report.returncode == 0, report.stderr
     text = (tmp_path / "out" / "report.md").read_text()
     assert not CONTROL.search(text.replace("\n", "")) and "## Run x\ufffd]0;pwned title\ufffd" in text
@@ -271,7 +285,7 @@ def test_an_ascii_only_terminal_gets_escapes_not_a_crash(locale: dict[str, str],
     assert "+---" in table and "| run " in table, table  # Rich's ASCII box, not escaped box-drawing characters
 
 
-def test_nan_and_infinity_in_a_record_give_strict_json(tmp_path: Path) -> None:
+def test_nan_and_infinity_in_a_record_give_strict_json(tmp_path: Path, forks) -> None:
     runs = tmp_path / "runs"
     _record(runs, BAD, raw=json.dumps({**BASE, "run_id": BAD, "speedup": float("nan"),
                                        "throughput_ips": float("inf"), "max_abs_diff": float("nan")}))
@@ -280,28 +294,28 @@ def test_nan_and_infinity_in_a_record_give_strict_json(tmp_path: Path) -> None:
         return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in --json output"))
 
     for args in (["runs", "--json"], ["runs", "show", BAD, "--json"], ["runs", "--json", "--sort", "speedup"]):
-        proc = _pictl(args, runs, tmp_path)
+        proc = _pictl(forks, args, runs, tmp_path)
         assert proc.returncode == 0, proc.stderr
         strict(proc.stdout)
-    assert strict(_pictl(["runs", "show", BAD, "--json"], runs, tmp_path).stdout)["speedup"] is None
+    assert strict(_pictl(forks, ["runs", "show", BAD, "--json"], runs, tmp_path).stdout)["speedup"] is None
 
 
 @pytest.mark.parametrize("ref", ["", " ", "\t"])
-def test_an_empty_run_name_is_refused(ref: str, tmp_path: Path) -> None:
+def test_an_empty_run_name_is_refused(ref: str, tmp_path: Path, forks) -> None:
     """`runs show ''` once picked the only run (every id starts with '')."""
     runs = tmp_path / "runs"
     _record(runs, GOOD)
     for args in (["runs", "show", ref], ["runs", "compare", GOOD, ref], ["report", ref]):
-        proc = _pictl(args, runs, tmp_path)
+        proc = _pictl(forks, args, runs, tmp_path)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         assert "names no run" in _one_error(proc)
 
 
-def test_glob_characters_in_a_run_name_are_literal(tmp_path: Path) -> None:
+def test_glob_characters_in_a_run_name_are_literal(tmp_path: Path, forks) -> None:
     runs = tmp_path / "runs"
     _record(runs, GOOD)
     for ref in ("*", "2026*", "[2]*", "?"):
-        proc = _pictl(["runs", "show", ref], runs, tmp_path)
+        proc = _pictl(forks, ["runs", "show", ref], runs, tmp_path)
         assert proc.returncode == 2 and "no such run" in _one_error(proc), (ref, proc.stderr)
 
 
@@ -310,13 +324,13 @@ def _files(root: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("run_id", ["../../x", "/tmp/abs", "..", ".hidden", "a/../../../b", "-rf", ""])
-def test_report_names_charts_inside_out_whatever_the_run_id(run_id: str, tmp_path: Path) -> None:
+def test_report_names_charts_inside_out_whatever_the_run_id(run_id: str, tmp_path: Path, forks) -> None:
     """Chart names came from the record's run_id: `../../x` wrote two levels above --out."""
     runs = tmp_path / "runs"
     run = _record(runs, GOOD, raw=json.dumps({**BASE, "run_id": run_id}))
     out = tmp_path / "a" / "b" / "out"
     before = _files(tmp_path)
-    proc = _pictl(["report", str(run), "--out", str(out)], runs, tmp_path)
+    proc = _pictl(forks, ["report", str(run), "--out", str(out)], runs, tmp_path)
     assert proc.returncode == 0, proc.stderr
     written = _files(tmp_path) - before
     assert written and all(name.startswith("a/b/out") or name in ("a", "a/b") for name in written), written
@@ -325,11 +339,11 @@ def test_report_names_charts_inside_out_whatever_the_run_id(run_id: str, tmp_pat
     assert f"]({charts[0]})" in (out / "report.md").read_text()
 
 
-def test_two_run_ids_that_clean_to_one_name_keep_their_own_charts(tmp_path: Path) -> None:
+def test_two_run_ids_that_clean_to_one_name_keep_their_own_charts(tmp_path: Path, forks) -> None:
     runs = tmp_path / "runs"
     a = _record(runs, GOOD, raw=json.dumps({**BASE, "run_id": "x/y"}))
     b = _record(runs, BAD, raw=json.dumps({**BASE, "run_id": "x?y"}))
-    proc = _pictl(["report", str(a), str(b), "--out", str(tmp_path / "out")], runs, tmp_path)
+    proc = _pictl(forks, ["report", str(a), str(b), "--out", str(tmp_path / "out")], runs, tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in (tmp_path / "out").glob("*.png")) == ["x_y-2-stages.png", "x_y-stages.png"]
 
@@ -344,14 +358,14 @@ def full_disk(tmp_path: Path):  # noqa: ANN201
 
 
 @pytest.mark.parametrize("room", [0, 8192], ids=["no room", "8 KiB of room"])
-def test_report_on_a_full_disk_leaves_no_partial_file(room: int, full_disk: Path, tmp_path: Path) -> None:
+def test_report_on_a_full_disk_leaves_no_partial_file(room: int, full_disk: Path, tmp_path: Path, forks) -> None:
     runs = tmp_path / "runs"
     _record(runs, GOOD)
     filler = full_disk / "filler"
     with filler.open("r+b") as fh:
         fh.truncate(max(0, filler.stat().st_size - room))
     out = full_disk / "out"
-    proc = _pictl(["report", GOOD, "--out", str(out)], runs, tmp_path)
+    proc = _pictl(forks, ["report", GOOD, "--out", str(out)], runs, tmp_path)
     assert proc.returncode == 9, proc.stderr
     line = _one_error(proc)
     assert line.startswith(f"pictl: error: --out: cannot write {out}/") and "No space left on device" in line, line

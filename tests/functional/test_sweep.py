@@ -35,10 +35,10 @@ from pictl.planning.presets import resolve_options
     (["--budget", "-5"], "--budget: must be a number of seconds above 0 (got -5.0)"),
     (["--train", "--rounds", "2"], "--rounds: a training sweep (--train) runs each job once"),
 ])
-def test_a_value_that_cannot_run_stops_the_sweep_before_it_starts(tmp_path: Path, pictl_env, args: list,
+def test_a_value_that_cannot_run_stops_the_sweep_before_it_starts(tmp_path: Path, pictl_env, pictl_forks, args: list,
                                                                    fragment: str) -> None:
     hosts = write_cluster(tmp_path / "cluster", 4)
-    proc = run_pictl(["sweep", "--hosts", str(hosts), "--out", str(tmp_path / "sweep"), *args], pictl_env)
+    proc = pictl_forks.run(["sweep", "--hosts", str(hosts), "--out", str(tmp_path / "sweep"), *args], pictl_env)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith(f"pictl: error: {fragment}")
     assert not (tmp_path / "sweep").exists()

@@ -9,19 +9,32 @@ with nothing of it left, and W&B's `disabled` mode says it wrote nothing."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support.cli import ROOT, run_pictl
 from support.clusters import write_cluster
 from support.disks import fill, small_tmpfs
+from support.forked import PictlServer
 from support.trackers import tensorboard_hparams, tensorboard_scalars, wandb_run
 
 TINY = ["--model", "vit_tiny_patch16_224", "--model-arg", "img_size=32", "--model-arg", "patch_size=8",
         "--model-arg", "depth=2", "--model-arg", "embed_dim=96", "--model-arg", "num_heads=4"]
 BOTH = ["--track", "tensorboard", "--track", "wandb"]
+
+
+@pytest.fixture(scope="module")
+def forks(tmp_path_factory) -> Iterator[PictlServer]:
+    """The short commands (refused, or a past run tracked) as processes forked from one that imported pictl once
+    (`support.forked`): each spent most of its second importing. W&B's variables are each command's own: the
+    server imports neither tracker."""
+    server = PictlServer(tmp_path_factory.mktemp("forks"), {**os.environ, "COLUMNS": "200"}, command_env=("WANDB_",))
+    yield server
+    server.close()
 
 
 @pytest.fixture
@@ -32,7 +45,8 @@ def env(pictl_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_a_sweep_and_its_run_read_back_from_tensorboard_and_wandb(tmp_path: Path, env: dict[str, str]) -> None:
+def test_a_sweep_and_its_run_read_back_from_tensorboard_and_wandb(tmp_path: Path, env: dict[str, str],
+                                                                 forks: PictlServer) -> None:
     hosts, out = write_cluster(tmp_path / "cluster", 2), tmp_path / "sweep"
     # (32 images: the pipeline's passes last a few seconds even on a quiet machine, so the run's host monitor,
     # every 2 s, reads at least one CPU figure; its baseline is the sweep's reference, measured apart)
@@ -73,7 +87,7 @@ def test_a_sweep_and_its_run_read_back_from_tensorboard_and_wandb(tmp_path: Path
 
     # A past run, tracked afterwards from its record alone, gives the same figures.
     shutil.rmtree(run / "tensorboard")
-    again = run_pictl(["track", str(run), "--to", "tensorboard"], env)
+    again = forks.run(["track", str(run), "--to", "tensorboard"], env)
     assert again.returncode == 0 and again.stdout.strip() == f"tensorboard: {run / 'tensorboard'}", again.stderr
     assert tensorboard_scalars(run / "tensorboard") == tb
 
@@ -107,10 +121,10 @@ def test_a_training_job_reads_back_from_tensorboard_and_wandb(tmp_path: Path, en
 ])
 def test_a_tracker_that_is_not_one_is_refused_before_anything_runs(tmp_path: Path, pictl_env, args: list[str],
                                                                    inventory: str, variables: dict[str, str],
-                                                                   says: str) -> None:
+                                                                   says: str, forks: PictlServer) -> None:
     hosts = write_cluster(tmp_path / "cluster", 2)
     hosts.write_text(hosts.read_text().replace('name = "test"\n', f'name = "test"\n{inventory}', 1))
-    proc = run_pictl(["run", "--hosts", str(hosts), "--headless", *args], {**pictl_env, **variables})
+    proc = forks.run(["run", "--hosts", str(hosts), "--headless", *args], {**pictl_env, **variables})
     assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "runs").exists()
 
@@ -126,13 +140,14 @@ def _past_run(tmp_path: Path, samples: list[dict[str, object]]) -> Path:
     return run
 
 
-def test_a_hosts_malformed_values_are_left_out_with_a_note(tmp_path: Path, env: dict[str, str]) -> None:
+def test_a_hosts_malformed_values_are_left_out_with_a_note(tmp_path: Path, env: dict[str, str],
+                                                           forks: PictlServer) -> None:
     """A host's throttling value that is no bit mask (a Pi's vcgencmd answering garbage) ended `pictl track`
     in an internal error: it is left out, said once for the file, and every other figure is written."""
     run = _past_run(tmp_path, [{"host": "h0", "at": 1.0, "cpu_pct": 12.5, "throttled": "0xZZ"},
                                {"host": "h0", "at": 2.0, "cpu_pct": "busy", "throttled": "0x50005"},
                                {"host": "h1", "at": 1.0, "cpu_pct": 30.0, "throttled": "0x0"}])
-    proc = run_pictl(["track", str(run), "--to", "tensorboard"], env)
+    proc = forks.run(["track", str(run), "--to", "tensorboard"], env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.strip() == (f"pictl: note: {run}/samples.jsonl: 2 malformed host value(s) left out (the first: "
                                    "host 'h0' throttled '0xZZ')")
@@ -151,14 +166,14 @@ def test_a_hosts_malformed_values_are_left_out_with_a_note(tmp_path: Path, env: 
 ])
 def test_pictl_track_refuses_what_a_tracker_cannot_take_in_one_line(tmp_path: Path, env: dict[str, str], to: str,
                                                                     variables: dict[str, str], blocker: str | None,
-                                                                    says: str) -> None:
+                                                                    says: str, forks: PictlServer) -> None:
     """Each of these was an internal error (exit 1, a traceback in the log): now exit 2 and one line naming the
     file or the variable, and nothing of either tracker written (both asked: neither is half there)."""
     run = _past_run(tmp_path, [])
     if blocker:
         (run / blocker).write_text("")
     other = "wandb" if to == "tensorboard" else "tensorboard"
-    proc = run_pictl(["track", str(run), "--to", other, "--to", to], {**env, **variables})
+    proc = forks.run(["track", str(run), "--to", other, "--to", to], {**env, **variables})
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"pictl: error: {says.format(run=run)}") and not proc.stdout, \
@@ -167,9 +182,9 @@ def test_pictl_track_refuses_what_a_tracker_cannot_take_in_one_line(tmp_path: Pa
                                                             *([blocker] if blocker else [])])
 
 
-def test_wandb_disabled_says_it_wrote_nothing(tmp_path: Path, env: dict[str, str]) -> None:
+def test_wandb_disabled_says_it_wrote_nothing(tmp_path: Path, env: dict[str, str], forks: PictlServer) -> None:
     run = _past_run(tmp_path, [])
-    proc = run_pictl(["track", str(run), "--to", "wandb"], {**env, "PICTL_WANDB_MODE": "disabled"})
+    proc = forks.run(["track", str(run), "--to", "wandb"], {**env, "PICTL_WANDB_MODE": "disabled"})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "wandb: nothing written (PICTL_WANDB_MODE=disabled)"
     assert not (run / "wandb").exists()
@@ -177,13 +192,13 @@ def test_wandb_disabled_says_it_wrote_nothing(tmp_path: Path, env: dict[str, str
 
 @pytest.mark.parametrize("to", ["tensorboard", "wandb"])
 def test_a_tracker_that_cannot_write_is_one_line_exit_9_and_leaves_nothing(tmp_path: Path, env: dict[str, str],
-                                                                          to: str) -> None:
+                                                                          to: str, forks: PictlServer) -> None:
     """The record sits on a full disk: the tracker's own library fails (W&B's logging, TensorBoard's writer
     thread); what it made is removed and the failure is one line, exit 9, no traceback."""
     with small_tmpfs(tmp_path / "small") as disk:
         run = _past_run(disk, [])
         fill(disk)
-        proc = run_pictl(["track", str(run), "--to", to], env, timeout=120)
+        proc = forks.run(["track", str(run), "--to", to], env, timeout=120)
         assert proc.returncode == 9, proc.stderr[-3000:]
         assert proc.stderr.strip() == f"pictl: error: {to}: not written to {run / to} (OSError: [Errno 28] No space " \
                                       "left on device)"

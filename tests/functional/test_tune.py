@@ -31,14 +31,14 @@ FAST = ["--images", "4", "--chunk", "1", "--warmup", "0", "--repeats", "1"]
 
 @pytest.mark.slow
 def test_a_tune_under_toggled_load_saves_the_fastest_under_interleaving_and_its_runs_are_runs(
-        tmp_path: Path, pictl_env) -> None:
+        tmp_path: Path, shared_cache_env) -> None:
     """Two local hosts (1x2 and 2x1 besides the serial run), a busy loop on one CPU switched on and off all along.
     The finalists and the reference are measured in 3 alternating rounds (a fixed count: the test's time); every
     figure is the runs' own (each found by id); the winner is the one the rounds' medians and verdicts name (the
     top, or the simplest of a tie with it, and faster than the serial run beyond the noise), saved as a preset
     that `pictl run --profile` reproduces; every run is listed by `pictl runs` with its tune and round, and the
     tune said `[k/n]` for each as it ended."""
-    env = {**pictl_env, "PICTL_CACHE_DIR": str(tmp_path / "cache")}
+    env = shared_cache_env
     hosts, runs = write_cluster(tmp_path / "cluster", 2), tmp_path / "runs"
     with ToggledLoad(on_s=(2.0, 2.0), off_s=(3.5, 3.5)) as load:  # (never in step with the tune's runs)
         proc = run_pictl(["tune", "--hosts", str(hosts), "--runs-dir", str(runs), *FAST, "--threads", "1",
@@ -135,12 +135,16 @@ def test_a_tune_under_toggled_load_saves_the_fastest_under_interleaving_and_its_
 
 
 @pytest.mark.slow
-def test_an_interrupted_tune_keeps_what_it_measured(tmp_path: Path, pictl_env) -> None:
-    env = {**pictl_env, "PICTL_CACHE_DIR": str(tmp_path / "cache")}
+def test_an_interrupted_tune_keeps_what_it_measured(tmp_path: Path, shared_cache_env) -> None:
+    # The module's cache: the hosts' cost profiles the tune above measured (the same hosts, model, chunk and
+    # threads; a profile's key is the host, not its work directory), so this tune's first run starts measuring
+    # at once. What it keeps when interrupted is the subject, not the profiling.
+    env = shared_cache_env
     hosts = write_cluster(tmp_path / "cluster", 2)
     out = tmp_path / "tune"
     proc = subprocess.Popen([sys.executable, "-m", "pictl", "tune", "--hosts", str(hosts), "--runs-dir",
-                             str(tmp_path / "runs"), *FAST, "--measure", "3", "--out", str(out)],
+                             str(tmp_path / "runs"), *FAST, "--threads", "1", "--measure", "3", "--out",
+                             str(out)],
                             env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300
@@ -164,12 +168,12 @@ def test_an_interrupted_tune_keeps_what_it_measured(tmp_path: Path, pictl_env) -
 
 
 @pytest.mark.slow
-def test_a_tune_of_a_model_timm_does_not_have_is_refused_as_bad_input(tmp_path: Path, pictl_env) -> None:
+def test_a_tune_of_a_model_timm_does_not_have_is_refused_as_bad_input(tmp_path: Path, pictl_env, pictl_forks) -> None:
     """Its first run's profiling finds the model missing: one line, exit 2, no preset, no run directory."""
     env = {**pictl_env, "PICTL_CACHE_DIR": str(tmp_path / "cache")}
     hosts = write_cluster(tmp_path / "cluster", 2)
-    proc = run_pictl(["tune", "--hosts", str(hosts), "--runs-dir", str(tmp_path / "runs"), *FAST, "--model",
-                      "nosuchnet", "--out", str(tmp_path / "tune")], env, timeout=300, cwd=tmp_path)
+    proc = pictl_forks.run(["tune", "--hosts", str(hosts), "--runs-dir", str(tmp_path / "runs"), *FAST, "--model",
+                            "nosuchnet", "--out", str(tmp_path / "tune")], env, timeout=300, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.strip().splitlines()[-1] == "pictl: error: unknown model 'nosuchnet' (timm has no such " \
                                                    "architecture)"
@@ -190,7 +194,8 @@ def _dead_inventory(path: Path) -> Path:
 
 
 @pytest.mark.parametrize("case", ["profiles is a file", "a shipped name", "unreachable hosts"])
-def test_a_tune_that_cannot_finish_is_refused_before_its_first_run(case: str, tmp_path: Path, pictl_env) -> None:
+def test_a_tune_that_cannot_finish_is_refused_before_its_first_run(case: str, tmp_path: Path, pictl_env,
+                                                                    pictl_forks) -> None:
     """Each was found only at the end (a tune that measured everything crashed saving its preset into a file
     called profiles; --save-as lab6 shadowed the course preset unsaid) or with the wrong code (unreachable hosts
     exited 3): now one line, before any run, and no tune directory, run or preset left."""
@@ -204,8 +209,8 @@ def test_a_tune_that_cannot_finish_is_refused_before_its_first_run(case: str, tm
         says = f"--save-as lab6: 'lab6' is a shipped preset, and {tmp_path}/profiles/lab6.toml would shadow it"
     else:
         hosts, code, says = _dead_inventory(tmp_path / "dead"), 4, "host 'h0' (127.0.0.1:"
-    proc = run_pictl(["tune", "--hosts", str(hosts), "--runs-dir", str(tmp_path / "runs"), *FAST, *extra,
-                      "--out", str(tmp_path / "tune")], env, timeout=120, cwd=tmp_path)
+    proc = pictl_forks.run(["tune", "--hosts", str(hosts), "--runs-dir", str(tmp_path / "runs"), *FAST, *extra,
+                            "--out", str(tmp_path / "tune")], env, timeout=120, cwd=tmp_path)
     assert proc.returncode == code, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
     assert lines[-1].startswith(f"pictl: error: {says}"), proc.stderr
@@ -216,15 +221,16 @@ def test_a_tune_that_cannot_finish_is_refused_before_its_first_run(case: str, tm
     assert not (tmp_path / "profiles").is_dir() and not processes_under(tmp_path / "cluster")
 
 
-def test_a_tune_whose_directory_is_on_a_full_disk_measures_nothing_and_says_so(tmp_path: Path, pictl_env) -> None:
+def test_a_tune_whose_directory_is_on_a_full_disk_measures_nothing_and_says_so(tmp_path: Path, pictl_env,
+                                                                               pictl_forks) -> None:
     """A full disk before anything is measured is not exit 9 (measured but not written): tune.json is written
     before the first run, so the tune stops there, exit 2, one line naming the file, nothing left."""
     with small_tmpfs(tmp_path / "small") as disk:
         fill(disk)
         hosts = write_cluster(tmp_path / "cluster", 2)
-        proc = run_pictl(["tune", "--hosts", str(hosts), "--runs-dir", str(tmp_path / "runs"), *FAST, "--out",
-                          str(disk / "tune")], {**pictl_env, "PICTL_CACHE_DIR": str(tmp_path / "cache")},
-                         timeout=120, cwd=tmp_path)
+        proc = pictl_forks.run(["tune", "--hosts", str(hosts), "--runs-dir", str(tmp_path / "runs"), *FAST, "--out",
+                                str(disk / "tune")], {**pictl_env, "PICTL_CACHE_DIR": str(tmp_path / "cache")},
+                               timeout=120, cwd=tmp_path)
         assert proc.returncode == 2, proc.stderr[-3000:]
         assert proc.stderr.strip().splitlines()[-1] == (f"pictl: error: the tune directory {disk}/tune: cannot write "
                                                         "tune.json (No space left on device); nothing was measured")
