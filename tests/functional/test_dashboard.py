@@ -33,6 +33,13 @@ def baselines(tmp_path_factory) -> BaselineCache:
     return BaselineCache(tmp_path_factory.mktemp("baselines"))
 
 
+@pytest.fixture(autouse=True)
+def _cache_of_the_module(module_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cost profiles, plans and links in a cache of this module's (shared by its tests as the baselines are),
+    never the user's own: a run here neither reads what an earlier session left nor leaves anything behind."""
+    monkeypatch.setenv("PICTL_CACHE_DIR", str(module_cache))
+
+
 def _app(tmp_path: Path, hosts: int = 2, baselines: BaselineCache | None = None, **kwargs) -> PictlApp:  # noqa: ANN003
     cluster = load_cluster(write_cluster(tmp_path / "cluster", hosts))
     cache = baselines or BaselineCache(tmp_path / "baselines")
