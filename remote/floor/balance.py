@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 
@@ -129,7 +129,29 @@ def balanced_split(table: CostTable, *others: CostTable) -> Split:
     k, n = table.stages, table.pieces
     if k > n:
         raise NoFeasibleSplit(f"{k} stages but only {n} pieces to share")
-    # best[s][j]: smallest bottleneck for stages 0..s-1 covering pieces [0, j); cut[s][j]: where stage s-1 began.
+    bottleneck, _ = _solve(tables, lambda before, stage, wire: max(before, stage, wire))
+    if bottleneck == math.inf:
+        raise NoFeasibleSplit("no split fits every stage's memory limit")
+    # Many splits tie on the bottleneck when one piece bounds the pipeline (VGG-16's first fully-connected
+    # layer). Each pass still waits for its first microbatch to cross every stage and link before the last stage
+    # starts (and for its last to drain): of the ties, the split whose stages and links add up to the least
+    # fills and drains soonest, and moves the fewest bytes.
+    bound = bottleneck * (1 + TIE)
+    _, starts = _solve(tables, lambda before, stage, wire: before + stage + wire
+                       if stage <= bound and wire <= bound else math.inf)
+    return max((evaluate(t, starts) for t in tables), key=lambda sp: sp.bottleneck_s)
+
+
+TIE = 1e-9
+"""Bottlenecks this close (relative) are one: float sums of the same times in another order."""
+
+
+def _solve(tables: Sequence[CostTable], step: Callable[[float, float, float], float]) -> tuple[float, list[int]]:
+    """The split whose value is least, where a split's value is built stage by stage: `step(value of the stages
+    before, this stage's time, its outgoing link's time)`, every stage and link costing its worst over `tables`.
+    Dynamic programming over (stages placed, pieces covered); the value and the first piece of stages 2..N."""
+    k, n = tables[0].stages, tables[0].pieces
+    # best[s][j]: the least value of stages 0..s-1 covering pieces [0, j); cut[s][j]: where stage s-1 began.
     best = [[math.inf] * (n + 1) for _ in range(k + 1)]
     cut = [[0] * (n + 1) for _ in range(k + 1)]
     best[0][0] = 0.0
@@ -140,45 +162,14 @@ def balanced_split(table: CostTable, *others: CostTable) -> Split:
             for i in range(s - 1, j):
                 if best[s - 1][i] == math.inf:
                     continue
-                value = max(best[s - 1][i], max(stage_time(t, s - 1, i, j) for t in tables), wire)
+                value = step(best[s - 1][i], max(stage_time(t, s - 1, i, j) for t in tables), wire)
                 if value < best[s][j]:
                     best[s][j], cut[s][j] = value, i
-    if best[k][n] == math.inf:
-        raise NoFeasibleSplit("no split fits every stage's memory limit")
-    starts = _shortest_way_through(tables, best[k][n] * (1 + TIE))
-    return max((evaluate(t, starts) for t in tables), key=lambda sp: sp.bottleneck_s)
-
-
-TIE = 1e-9
-"""Bottlenecks this close (relative) are one: float sums of the same times in another order."""
-
-
-def _shortest_way_through(tables: Sequence[CostTable], bound: float) -> list[int]:
-    """Among the splits whose every stage and link stays within `bound` (the smallest bottleneck), the one whose
-    stages and links add up to the least. Many splits tie on the bottleneck when one piece bounds the pipeline
-    (VGG-16's first fully-connected layer): each pass then still waits for its first microbatch to cross every
-    stage and link before the last stage starts (and for the last one to drain), so the split with the shortest
-    way through fills and drains fastest, and moves the fewest bytes."""
-    k, n = tables[0].stages, tables[0].pieces
-    total = [[math.inf] * (n + 1) for _ in range(k + 1)]
-    cut = [[0] * (n + 1) for _ in range(k + 1)]
-    total[0][0] = 0.0
-    for s in range(1, k + 1):
-        for j in range(s, n - (k - s) + 1):
-            wire = max(link_time(t, s - 1, j) for t in tables) if j < n else 0.0
-            if wire > bound:
-                continue
-            for i in range(s - 1, j):
-                if total[s - 1][i] == math.inf:
-                    continue
-                stage = max(stage_time(t, s - 1, i, j) for t in tables)
-                if stage <= bound and (value := total[s - 1][i] + stage + wire) < total[s][j]:
-                    total[s][j], cut[s][j] = value, i
     starts, j = [], n
     for s in range(k, 1, -1):
         j = cut[s][j]
         starts.append(j)
-    return sorted(starts)
+    return best[k][n], sorted(starts)
 
 
 def brute_force_split(table: CostTable) -> Split:
