@@ -17,6 +17,7 @@ two stages on one host is costed as a local copy.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import Awaitable, Callable, Hashable
@@ -146,9 +147,7 @@ async def link_profiles(pairs: list[tuple[Transport, Transport]], cache: JsonCac
             continue
         links[names] = link = await measure_link(src, dst)
         cache.put(link_key(src.host, dst.host),
-                  MeasuredLink(latency_s=link.latency_s, bytes_per_s=link.bytes_per_s,
-                               send_s_per_byte=link.send_s_per_byte, recv_s_per_byte=link.recv_s_per_byte,
-                               measured_at=round(time.time(), 3)).written())
+                  MeasuredLink(**dataclasses.asdict(link), measured_at=round(time.time(), 3)).written())
         measured.append(f"{names[0]}->{names[1]}")
     return links, measured
 

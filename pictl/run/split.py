@@ -6,6 +6,7 @@ each host's profile (`keep_refined`) so the next run on the cluster starts from 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, replace
 from typing import Any
@@ -61,8 +62,7 @@ async def choose_split(ctx: RunContext, job: HostJob, placement: Placement, spec
         raise E.ConfigError(f"policy balanced: {exc}") from None
     pieces = profiles.profile(stage_hosts[0]).pieces
     refine = RefineSpec(compute_s=[list(row) for row in table.compute_s], cut_bytes=list(table.cut_bytes),
-                        links=[[k.latency_s, k.bytes_per_s, k.send_s_per_byte, k.recv_s_per_byte]
-                               for k in table.links],
+                        links=[list(dataclasses.astuple(k)) for k in table.links],  # (Link's fields, in order)
                         comm_s_per_byte=list(table.comm_s_per_byte), recut=o.recut,
                         max_recuts=o.max_recuts) if o.refine else None
     chosen = replace(spec, policy="explicit", split_points=[pieces[i] for i in split.starts], refine=refine)
