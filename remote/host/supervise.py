@@ -24,7 +24,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 GRACE_S = 5.0
 
@@ -48,6 +47,7 @@ class Supervisor:
         self.child = subprocess.Popen(argv, start_new_session=True, preexec_fn=_die_with_parent,
                                       stdin=subprocess.DEVNULL)
         self._stopping = threading.Lock()
+        self._exited = threading.Event()
         tmp = f"{pgid_file}.tmp"
         try:
             os.unlink(tmp)  # one a crash left (a link by that name goes as a link: its target is not touched)
@@ -60,16 +60,19 @@ class Supervisor:
         os.replace(tmp, pgid_file)
 
     def stop(self, *_: object) -> None:
-        """Stop the whole group once, politely first."""
+        """Stop the whole group once, politely first: SIGTERM now, SIGKILL if the child outlives the grace."""
         if not self._stopping.acquire(blocking=False):
             return
-        pgid = self.child.pid
-        if not _signal_group(pgid, signal.SIGTERM):
-            return
-        deadline = time.monotonic() + GRACE_S
-        while time.monotonic() < deadline and self.child.poll() is None:
-            time.sleep(0.05)
-        _signal_group(pgid, signal.SIGKILL)
+        if _signal_group(self.child.pid, signal.SIGTERM):
+            # The wait for the grace runs beside `run`, never in here: this is called as a signal handler on the
+            # thread that sits in `child.wait()`, which holds the Popen's waitpid lock, so `child.poll()` from
+            # here (or from the stdin thread) answers None until that wait returns: every stop used to last the
+            # whole grace period, however fast the child went.
+            threading.Thread(target=self._kill_after_grace, daemon=True).start()
+
+    def _kill_after_grace(self) -> None:
+        if not self._exited.wait(GRACE_S):
+            _signal_group(self.child.pid, signal.SIGKILL)
 
     def watch_stdin(self) -> None:
         # The raw fd, not sys.stdin: a daemon thread blocked inside a buffered reader
@@ -86,6 +89,7 @@ class Supervisor:
             signal.signal(sig, self.stop)
         threading.Thread(target=self.watch_stdin, daemon=True).start()
         rc = self.child.wait()
+        self._exited.set()
         _signal_group(self.child.pid, signal.SIGKILL)  # whatever the leader left in its group
         try:
             os.unlink(self.pgid_file)
