@@ -1,9 +1,10 @@
 """The summaries of training and pruning jobs (`summary.json` of a `pictl train` / `pictl prune` job): their models.
 
-A job's summary is checked against its model where it is written (`checked_train`, `checked_prune`: the dict
-written stays the one the job built, key for key) and read back through it (`parse_job_summary`): a record of
-another shape is `RecordInvalid` naming the file and the field, never a KeyError in a report. Like the run
-summary's (`pictl.summary_models`), every key pictl writes is typed and keys a newer pictl adds pass through.
+A pruning job builds its summary as the model; a training job's is checked against its model where it is
+written (`checked_train`: the dict written stays the one the job built, key for key). Both are read back
+through them (`parse_job_summary`): a record of another shape is `RecordInvalid` naming the file and the field,
+never a KeyError in a report. Like the run summary's (`pictl.summary_models`), every key pictl writes is typed
+and keys a newer pictl adds pass through.
 """
 
 from __future__ import annotations
@@ -257,12 +258,6 @@ class PruneSummary(Open):
 def checked_train(summary: dict[str, Any]) -> dict[str, Any]:
     """`summary` as written, once it is known to keep `TrainSummary` (pydantic's ValidationError if not)."""
     TrainSummary.model_validate(summary)
-    return summary
-
-
-def checked_prune(summary: dict[str, Any]) -> dict[str, Any]:
-    """`summary` as written, once it is known to keep `PruneSummary` (pydantic's ValidationError if not)."""
-    PruneSummary.model_validate(summary)
     return summary
 
 

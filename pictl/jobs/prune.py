@@ -24,6 +24,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from pictl import errors as E
 from pictl.cluster.commands import worker_env
 from pictl.cluster.jobs import HostJob, to_the_end
@@ -31,9 +33,12 @@ from pictl.cluster.stream import ProcessStream
 from pictl.cluster.transport import Transport, transport_for
 from pictl.events import EventSink, Phase
 from pictl.inventory import Cluster, Host
-from pictl.job_summaries import PruneSummary
+from pictl.job_summaries import AccuracyPoint, PrunedWidths, PruneSummary, Status
 from pictl.jobs.prune_options import PruneOptions
 from pictl.records.runs import RunRecord, default_runs_root, write_bytes_atomic
+from pictl.summary import validation_problem
+from pictl.summary_figures import Open
+from pictl.summary_models import RunError
 from remote.floor import entries
 from remote.floor import protocol as P
 from remote.floor.job_records import PruneAccuracy, PruneDone
@@ -70,7 +75,7 @@ class PruneSession:
         self._sink = on_event or (lambda _e: None)
         self.done: PruneDone | None = None
         self.error: Error | None = None
-        self.accuracy: list[dict[str, Any]] = []
+        self.accuracy: list[AccuracyPoint] = []
         self._tail: list[str] = []
         self.summary: PruneSummary | None = None
         """The job's summary once it ended, failed or not (None before)."""
@@ -92,27 +97,29 @@ class PruneSession:
 
     async def _run(self) -> None:
         self.record = RunRecord(self.dir.parent, self.job_id)
-        summary: dict[str, Any] = {"status": "failed", "job_id": self.job_id, "job_dir": str(self.dir),
-                                   "where": self.host.name if self.host else "controller",
-                                   "options": self.options.model_dump()}
+        where = self.host.name if self.host else "controller"
+        status: Status = "failed"
+        ending: dict[str, Any] = {}
+        """What the job's end adds to its summary: the artifact and its figures, or the error that ended it."""
         started = time.time()
         try:
             artifact = await (self._on_host() if self.host else self._local())
             assert self.done is not None
-            summary.update(status="ok", artifact=str(artifact), **comparison(self.done.meta))
+            ending = {"artifact": str(artifact), **PrunedArtifact.reported(self.done.meta, where).comparison()}
+            status = "ok"
         except asyncio.CancelledError:
-            summary["status"] = "interrupted"
+            status = "interrupted"
             raise E.Interrupted("interrupted: the pruning job was stopped") from None
         except E.PictlError as exc:
-            summary["error"] = {"type": type(exc).__name__, "message": str(exc)}
+            ending = {"error": RunError(type=type(exc).__name__, message=str(exc))}
             raise
         finally:
             for stale in self.dir.glob(".*.tmp"):  # a write cut short by a stop: not a result
                 stale.unlink(missing_ok=True)
-            summary["duration_s"] = round(time.time() - started, 2)
-            summary["accuracy_trace"] = self.accuracy
-            self.record.finish(summary)
-            self.summary = PruneSummary.model_validate(summary)
+            self.summary = PruneSummary(status=status, job_id=self.job_id, job_dir=str(self.dir), where=where,
+                                        options=self.options.model_dump(), **ending,
+                                        duration_s=round(time.time() - started, 2), accuracy_trace=self.accuracy)
+            self.record.finish(self.summary.written())
 
     async def _local(self) -> Path:
         import importlib.util
@@ -187,7 +194,7 @@ class PruneSession:
                 case Error():
                     self.error = record
                 case PruneAccuracy():
-                    self.accuracy.append({"phase": record.phase, "epoch": record.epoch, "top1": record.top1})
+                    self.accuracy.append(AccuracyPoint(phase=record.phase, epoch=record.epoch, top1=record.top1))
             return True
 
         assert self.record is not None  # (opened first thing in `_run`)
@@ -202,12 +209,45 @@ class PruneSession:
         raise E.RunFailed(f"{host.name}: pruning failed: {error}")
 
 
-def comparison(meta: dict[str, Any]) -> dict[str, Any]:
-    """The course's Part 3 columns that pruning alone decides (throughput comes from runs)."""
-    acc = meta.get("accuracy", {})
-    return {"base_model": meta["base_model"], "ratio": meta["ratio"], "importance": meta["importance"],
-            "params_base": meta["params_base"], "params": meta["params"],
-            "macs_base": meta["macs_base"], "macs": meta["macs"],
-            "top1_before": acc.get("before"), "top1_pruned": acc.get("pruned"),
-            "top1_epochs": acc.get("epochs", []), "top1": acc.get("best"), "best_epoch": acc.get("best_epoch"),
-            "widths": meta.get("widths")}
+class PrunedTop1(Open):
+    """The artifact's top-1 figures (`ArtifactMeta.accuracy`): before pruning, right after it, per fine-tuning
+    epoch, and the kept best."""
+
+    before: float | None = None
+    pruned: float | None = None
+    epochs: list[float] = []
+    best: float | None = None
+    best_epoch: int | None = None
+
+
+class PrunedArtifact(Open):
+    """What the pruning process reported of its artifact (`PruneDone.meta`: `remote.floor.artifact_meta.ArtifactMeta`),
+    read once: the figures the job's summary takes from it (its other keys pass through, unread)."""
+
+    base_model: str
+    ratio: float
+    importance: str
+    params_base: int
+    params: int
+    macs_base: float
+    macs: float
+    accuracy: PrunedTop1 = PrunedTop1()
+    widths: PrunedWidths | None = None
+
+    @classmethod
+    def reported(cls, meta: dict[str, Any], where: str) -> PrunedArtifact:
+        """`meta` as the process on `where` reported it; RunFailed naming the field it lacks or holds wrongly."""
+        try:
+            return cls.model_validate(meta)
+        except ValidationError as exc:
+            raise E.RunFailed(f"{where}: the pruning job's report of its artifact is not readable "
+                              f"({validation_problem(exc)})") from None
+
+    def comparison(self) -> dict[str, Any]:
+        """The course's Part 3 columns that pruning alone decides (throughput comes from runs), as the job's
+        summary names them."""
+        acc = self.accuracy
+        return {"base_model": self.base_model, "ratio": self.ratio, "importance": self.importance,
+                "params_base": self.params_base, "params": self.params, "macs_base": self.macs_base, "macs": self.macs,
+                "top1_before": acc.before, "top1_pruned": acc.pruned, "top1_epochs": acc.epochs, "top1": acc.best,
+                "best_epoch": acc.best_epoch, "widths": self.widths}

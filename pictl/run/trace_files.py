@@ -7,8 +7,10 @@ from __future__ import annotations
 import gzip
 import json
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pictl import errors as E
 from pictl.summary_models import RankShare, StageFigures, TraceRecord
@@ -20,6 +22,18 @@ steps of a DeiT-S rank are a few MB; a host cannot make the controller allocate 
 
 
 def load_trace(path: Path) -> dict[str, Any]:
+    """The trace in `path` as its rank wrote it, checked (`ChromeTrace.of`): only its usable events kept."""
+    data, trace = _read(path)
+    return {**data, "traceEvents": [ev.raw for ev in trace.events]}
+
+
+def read_trace(path: Path) -> ChromeTrace:
+    """The trace in `path`, read once into the form the merge and the breakdown take (ConfigError, naming the
+    file, if it is not a readable Chrome trace)."""
+    return _read(path)[1]
+
+
+def _read(path: Path) -> tuple[dict[str, Any], ChromeTrace]:
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rb") as fh:
@@ -29,52 +43,116 @@ def load_trace(path: Path) -> dict[str, Any]:
         data = json.loads(raw)
     except (OSError, EOFError, ValueError, RecursionError) as exc:  # gzip's BadGzipFile is an OSError
         raise E.ConfigError(f"{path}: not a readable chrome trace ({type(exc).__name__})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
-        raise E.ConfigError(f"{path}: not a chrome trace (no traceEvents list)")
-    base = data.get("baseTimeNanoseconds", 0)
-    if not isinstance(base, int) or isinstance(base, bool):
-        raise E.ConfigError(f"{path}: baseTimeNanoseconds is not a whole number")
-    # The file came from a host: only events whose times are numbers reach the merge and the breakdown.
-    events = [ev for ev in data["traceEvents"] if isinstance(ev, dict)
-              and all(_finite(ev[k]) for k in ("ts", "dur") if k in ev)]
-    return {**data, "traceEvents": events}
+    return data, ChromeTrace.of(data, str(path))
 
 
 def _finite(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-# -- merging ------------------------------------------------------------------------------------
-
 _FLOW_PHASES = {"s", "t", "f"}
 
 
-def merge(traces: dict[int, tuple[str, dict[str, Any]]], offsets_ns: dict[str, int]) -> dict[str, Any]:
+class Slice(NamedTuple):
+    """A complete event ("X"): a range of time on one thread, in microseconds."""
+
+    name: str
+    tid: int | float | str | None
+    start: float
+    end: float
+
+
+class TraceEvent(NamedTuple):
+    """One event of a rank's trace, read once (`of`): the fields the merge and the breakdown use, beside the
+    event as the rank wrote it (`raw`: the merged timeline carries each of its keys on)."""
+
+    raw: dict[str, Any]
+    ph: str | None
+    """The event's phase ("X" complete, "M" metadata, "s"/"t"/"f" flow, ...); None where it is not text."""
+    name: str
+    """The event's name as text ("" where it has none)."""
+    ts: float | None
+    dur: float | None
+    tid: int | float | str | None
+    """The thread (None where it is not a number or text)."""
+    flow_id: str | None
+    """A flow event's id, as text (None for any other event, or a flow event without one)."""
+
+    @classmethod
+    def of(cls, raw: object) -> TraceEvent | None:
+        """The event, or None where it is not an object or one of its times is not a finite number: the file
+        came from a host, and only events whose times are numbers reach the merge and the breakdown."""
+        if not isinstance(raw, dict):
+            return None
+        ts, dur = raw.get("ts"), raw.get("dur")
+        if not ((ts is None and "ts" not in raw) or _finite(ts)) or not ((dur is None and "dur" not in raw)
+                                                                           or _finite(dur)):
+            return None
+        ph, tid = raw.get("ph"), raw.get("tid")
+        ph = ph if isinstance(ph, str) else None
+        return cls(raw, ph, str(raw.get("name", "")), ts, dur, tid if isinstance(tid, (int, float, str)) else None,
+                   str(raw["id"]) if ph in _FLOW_PHASES and "id" in raw else None)
+
+    def complete(self) -> Slice | None:
+        """The event as a range of time on its thread, where it is a complete one with both times."""
+        if self.ph != "X" or self.ts is None or self.dur is None:
+            return None
+        return Slice(self.name, self.tid, self.ts, self.ts + self.dur)
+
+    def placed(self, rank: int, base_us: float, t0: float) -> dict[str, Any]:
+        """The event on the merged timeline: in the rank's process, its time on the controller's clock (`base_us`
+        the rank's base there, `t0` the timeline's zero), a flow's id made the rank's own (ids are per trace)."""
+        return {**self.raw, "pid": rank,
+                **({} if self.ts is None else {"ts": round(base_us + self.ts - t0, 3)}),
+                **({} if self.flow_id is None else {"id": f"{rank}:{self.flow_id}"})}
+
+
+@dataclass(frozen=True, slots=True)
+class ChromeTrace:
+    """One rank's Chrome trace, read once: its base time on its host's clock and its usable events."""
+
+    base_ns: int
+    """baseTimeNanoseconds: an event's absolute time on its host is this plus its `ts` (in us)."""
+    events: tuple[TraceEvent, ...]
+
+    @classmethod
+    def of(cls, data: object, where: str = "trace") -> ChromeTrace:
+        """`data` (a trace's JSON) read; ConfigError, naming `where`, if it is not a Chrome trace. An event that
+        is not an object, or whose times are not finite numbers, is left out (`TraceEvent.of`)."""
+        events = data.get("traceEvents") if isinstance(data, dict) else None
+        if not isinstance(data, dict) or not isinstance(events, list):
+            raise E.ConfigError(f"{where}: not a chrome trace (no traceEvents list)")
+        base = data.get("baseTimeNanoseconds", 0)
+        if not isinstance(base, int) or isinstance(base, bool):
+            raise E.ConfigError(f"{where}: baseTimeNanoseconds is not a whole number")
+        return cls(base, tuple(ev for ev in map(TraceEvent.of, events) if ev is not None))
+
+
+# -- merging ------------------------------------------------------------------------------------
+
+_OS_PROCESS = ("process_name", "process_sort_index", "process_labels")
+"""The metadata events naming a rank's OS process: the merge writes its own."""
+
+
+def merge(traces: Mapping[int, tuple[str, ChromeTrace | dict[str, Any]]], offsets_ns: dict[str, int]) -> dict[str, Any]:
     """One trace for all ranks: each rank's events rebased onto our clock, one process per rank.
 
     `traces` maps rank -> (host, trace). An event's absolute time on its host is
     baseTimeNanoseconds + ts; subtracting the host's clock offset puts it on the
     controller's clock, and the earliest event of all becomes time 0.
     """
-    shifted: list[tuple[int, str, dict[str, Any], float]] = []
+    shifted: list[tuple[int, str, ChromeTrace, float]] = []
     for rank, (host, data) in sorted(traces.items()):
-        base_us = (int(data.get("baseTimeNanoseconds", 0)) - offsets_ns.get(host, 0)) / 1000.0
-        shifted.append((rank, host, data, base_us))
-    t0 = min((base + ev["ts"] for _, _, d, base in shifted for ev in d["traceEvents"] if "ts" in ev), default=0.0)
+        trace = ChromeTrace.of(data) if isinstance(data, dict) else data
+        shifted.append((rank, host, trace, (trace.base_ns - offsets_ns.get(host, 0)) / 1000.0))
+    t0 = min((base + ev.ts for _, _, trace, base in shifted for ev in trace.events if ev.ts is not None),
+             default=0.0)
     events: list[dict[str, Any]] = []
-    for rank, host, data, base_us in shifted:
+    for rank, host, trace, base_us in shifted:
         events += [{"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"{host}/rank {rank}"}},
                    {"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}}]
-        for ev in data["traceEvents"]:
-            if ev.get("ph") == "M" and ev.get("name") in ("process_name", "process_sort_index", "process_labels"):
-                continue  # ours replace them: OS pids collide across hosts
-            out = dict(ev)
-            out["pid"] = rank
-            if "ts" in out:
-                out["ts"] = round(base_us + out["ts"] - t0, 3)
-            if out.get("ph") in _FLOW_PHASES and "id" in out:
-                out["id"] = f"{rank}:{out['id']}"  # flow ids are per trace
-            events.append(out)
+        events += [ev.placed(rank, base_us, t0) for ev in trace.events
+                   if not (ev.ph == "M" and ev.name in _OS_PROCESS)]  # ours replace them: OS pids collide across hosts
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"pictl": {"ranks": {str(r): h for r, h, _, _ in shifted},
                                     "clock_offset_ns": offsets_ns, "time_zero_us": t0}}}
@@ -120,7 +198,7 @@ def _within(spans: list[tuple[float, float]], start: float, end: float) -> list[
     return [(max(s, start), min(e, end)) for s, e in spans if min(e, end) > max(s, start)]
 
 
-def rank_breakdown(data: dict[str, Any]) -> dict[str, Any]:
+def rank_breakdown(data: ChromeTrace | dict[str, Any]) -> dict[str, Any]:
     """Compute, send, receive-wait and idle shares of one rank's traced window, in percent, and per microbatch
     in ms (the units of the run's stage table).
 
@@ -134,22 +212,23 @@ def rank_breakdown(data: dict[str, Any]) -> dict[str, Any]:
     untraced pass the next microbatches' compute overlaps those sends; counted, it read rank 0 as waiting 6 %
     for input where its counters said 0).
     """
-    complete = [ev for ev in data["traceEvents"] if ev.get("ph") == "X" and "ts" in ev and "dur" in ev
-                and not str(ev.get("name", "")).startswith("PyTorch Profiler")]
-    computing = [ev for ev in complete if str(ev.get("name", "")).startswith(P.TRACE_COMPUTE_RANGE)]
+    trace = ChromeTrace.of(data) if isinstance(data, dict) else data
+    complete = [sl for ev in trace.events
+                if (sl := ev.complete()) is not None and not sl.name.startswith("PyTorch Profiler")]
+    computing = [sl for sl in complete if sl.name.startswith(P.TRACE_COMPUTE_RANGE)]
     if not computing:
         return {"window_ms": 0.0, "compute_pct": 0.0, "send_pct": 0.0, "recv_wait_pct": 0.0, "idle_pct": 100.0,
                 "microbatches": 0}
-    main = {ev.get("tid") for ev in computing}
-    mine = [ev for ev in complete if ev.get("tid") in main]
+    main = {sl.tid for sl in computing}
+    mine = [sl for sl in complete if sl.tid in main]
 
     def spans(*prefixes: str) -> list[tuple[float, float]]:
-        return _union([(ev["ts"], ev["ts"] + ev["dur"]) for ev in mine if str(ev.get("name", "")).startswith(prefixes)])
+        return _union([(sl.start, sl.end) for sl in mine if sl.name.startswith(prefixes)])
 
     # From the profiler's start (the first traced step posting its receive) to where the step after the last
     # traced one begins: the profiler stops inside that step's Forward range, after waiting for the window's sends.
-    start, last = min(ev["ts"] for ev in mine), max(ev["ts"] + ev["dur"] for ev in mine)
-    done = max(ev["ts"] + ev["dur"] for ev in computing)
+    start, last = min(sl.start for sl in mine), max(sl.end for sl in mine)
+    done = max(sl.end for sl in computing)
     end = min((s for s, _ in spans("Forward ") if s >= done), default=None)
     if end is None:  # the window ended with its pass: its last microbatch's sends posted, then the drain
         end = max([done, *(e for s, e in spans(*_SEND) if s >= done)])
@@ -159,11 +238,11 @@ def rank_breakdown(data: dict[str, Any]) -> dict[str, Any]:
     recv = _minus(_minus(_within(_union(spans("Forward ") + spans(*_RECV)), start, end), compute), send)
     shares = {k: round(100.0 * _length(v) / window, 1) for k, v in
               (("compute_pct", compute), ("send_pct", send), ("recv_wait_pct", recv))}
-    shares["idle_pct"] = round(max(0.0, 100.0 - sum(shares.values())), 1)
+    idle = round(max(0.0, 100.0 - sum(shares.values())), 1)
     microbatches = len(computing)
     per = {f"{k}_ms": round(_length(v) / 1000.0 / microbatches, 3) for k, v in
            (("compute", compute), ("send", send), ("recv_wait", recv))}
-    return {"window_ms": round(window / 1000.0, 3), **shares, "microbatches": microbatches, **per,
+    return {"window_ms": round(window / 1000.0, 3), **shares, "idle_pct": idle, "microbatches": microbatches, **per,
             "drain_ms": round(max(0.0, last - end) / 1000.0, 3)}
 
 

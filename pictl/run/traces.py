@@ -36,7 +36,7 @@ from pictl.records.runs import (
     write_bytes_atomic,
     write_json_atomic,
 )
-from pictl.run.trace_files import TRACE_LIMIT, load_trace, merge, rank_breakdown
+from pictl.run.trace_files import TRACE_LIMIT, ChromeTrace, merge, rank_breakdown, read_trace
 from pictl.summary_figures import Open
 from pictl.summary_models import TraceRecord
 from pictl.validation import problem_line
@@ -175,10 +175,10 @@ async def grab_traces(ranks: list[RankTrace], run_path: Path, *, steps: int, tim
         offsets[host] = clock.applied_ns = (res.offset_ns if not isinstance(res, BaseException) and res.significant
                                             else 0)
         clocks[host] = clock
-    loaded: dict[int, tuple[str, dict[str, Any]]] = {}
+    loaded: dict[int, tuple[str, ChromeTrace]] = {}
     for r, p in list(grab.files.items()):
         try:
-            loaded[r] = (next(rt.host for rt in ordered if rt.rank == r), load_trace(p))
+            loaded[r] = (next(rt.host for rt in ordered if rt.rank == r), read_trace(p))
         except E.ConfigError as exc:  # one rank's file is not a trace: the others still merge
             grab.missing[r] = str(exc)
             del grab.files[r]

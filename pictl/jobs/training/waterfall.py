@@ -19,24 +19,47 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ValidationError
+
 from pictl.job_summaries import TrainWaterfall
+from pictl.summary_figures import Open
 
 TERMS = ("bubble", "imbalance", "communication", "optimizer", "data", "residual")
 
 
+class _Job(Open):
+    """What the waterfall reads of a training job's summary (`TrainSummary`'s fields of these names), as the job
+    builds it (`view`: never coerced)."""
+
+    mode: str | None = None
+    chunks: int | None = None
+    breakdown: list[Any] | None = None
+
+
+class _RankSteps(Open):
+    """What the waterfall reads of one rank's row of the breakdown (`RankBreakdown`): a row without its rank or its
+    seconds, or with seconds but no steps, gives no waterfall."""
+
+    rank: int
+    steps: int = 0
+    seconds: dict[str, float]
+
+
 def train_waterfall(summary: dict[str, Any]) -> dict[str, Any] | None:
     """The efficiency waterfall of a pipeline or DDP training job, or None (a single run, no figures)."""
-    mode, ranks = summary.get("mode"), summary.get("breakdown") or []
+    job = _Job.view(summary)
+    mode, ranks = job.mode, job.breakdown or []
     if mode not in ("pipeline", "ddp") or len(ranks) < 2:
         return None
     try:
-        per = [{k.removesuffix("_s"): float(v) / r["steps"] for k, v in r["seconds"].items()} for r in ranks]
-    except (KeyError, TypeError, ZeroDivisionError):
+        timed = [_RankSteps.model_validate(r) for r in ranks]
+        per = [{k.removesuffix("_s"): v / r.steps for k, v in r.seconds.items()} for r in timed]
+    except (ValidationError, ZeroDivisionError):
         return None
     fb = [p.get("forward", 0.0) + p.get("backward", 0.0) for p in per]
     b = max(range(len(fb)), key=lambda i: fb[i])
     step = sum(per[b].values())
-    chunks = int(summary.get("chunks") or 1)
+    chunks = int(job.chunks or 1)
     n = len(ranks)
     f = (chunks + n - 1) / chunks if mode == "pipeline" else 1.0
     ideal = sum(fb) / n
@@ -47,11 +70,11 @@ def train_waterfall(summary: dict[str, Any]) -> dict[str, Any] | None:
         times.append(times[-1] + per[b].get(key, 0.0))
     times.append(step)
     eff = [ideal / t for t in times]
-    terms = [{"term": name, "points": round(after - before, 4)}
-             for name, before, after in zip(TERMS, eff[:-1], eff[1:], strict=True)]
-    losses = [t for t in terms if t["points"] < 0]
-    return {"ranks": n, "efficiency": round(eff[-1], 4), "bottleneck_rank": ranks[b]["rank"], "terms": terms,
-            "dominant": min(losses, key=lambda t: t["points"])["term"] if losses else None,
+    points = [round(after - before, 4) for before, after in zip(eff[:-1], eff[1:], strict=True)]
+    losses = [(name, p) for name, p in zip(TERMS, points, strict=True) if p < 0]
+    return {"ranks": n, "efficiency": round(eff[-1], 4), "bottleneck_rank": timed[b].rank,
+            "terms": [{"term": name, "points": p} for name, p in zip(TERMS, points, strict=True)],
+            "dominant": min(losses, key=lambda loss: loss[1])[0] if losses else None,
             "step_ms": round(step * 1000, 3), "ideal_step_ms": round(ideal * 1000, 3)}
 
 
