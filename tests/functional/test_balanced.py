@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from support.cli import ROOT, run_pictl
+from support.cli import run_pictl
 from support.clusters import write_cluster
 
 from pictl import errors as E
@@ -24,13 +23,24 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def deit_costs() -> dict:
-    proc = subprocess.run([sys.executable, "-m", "remote.profiling.costs", "--model", "deit_small_patch16_224",
-                           "--seconds", "1"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    costs = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert costs["event"] == "costs" and len(costs["pieces"]) == 75
+def profiled(tmp_path_factory) -> dict:
+    """`pictl profile` of DeiT-S on three local hosts of one machine: h0 and h1 one place to run (one address, one
+    interpreter), h2 listening elsewhere (127.0.0.2). Its h0 profile is the module's measured costs (`deit_costs`);
+    how it measured them is `test_hosts_sharing_a_machine_are_profiled_one_at_a_time`'s subject."""
+    root = tmp_path_factory.mktemp("profiled")
+    hosts = write_cluster(root / "cluster", 3)
+    hosts.write_text(hosts.read_text().replace('name = "h2"', 'name = "h2"\naddress = "127.0.0.2"'))
+    env = {**os.environ, "PICTL_RUNS_DIR": str(root / "runs"), "PICTL_CACHE_DIR": str(root / "cache"),
+           "PICTL_PROFILES_DIR": str(root / "profiles"), "COLUMNS": "200"}
+    proc = run_pictl(["profile", "--hosts", str(hosts), "--model", "deit_small_patch16_224", "--json"], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def deit_costs(profiled: dict) -> dict:
+    costs = profiled["hosts"]["h0"]
+    assert len(costs["pieces"]) == 75
     assert costs["passes"] >= 8 and costs["spread"] >= 0 and costs["comm_s_per_byte"] > 0
     return costs
 
@@ -146,14 +156,11 @@ def test_a_balanced_run_profiles_what_is_missing_and_corrects_a_wrong_profile(de
     assert corrected is not None and corrected["correction"] == pytest.approx(after["h1"], abs=1e-4)  # kept
 
 
-def test_hosts_sharing_a_machine_are_profiled_one_at_a_time(tmp_path, pictl_env) -> None:
-    """Three local hosts on one machine: h0 and h1 are the same place to run (one address, one interpreter),
-    measured once for both; h2 listens elsewhere, so it is measured too, but only after h0."""
-    hosts = write_cluster(tmp_path / "cluster", 3)
-    hosts.write_text(hosts.read_text().replace('name = "h2"', 'name = "h2"\naddress = "127.0.0.2"'))
-    proc = run_pictl(["profile", "--hosts", str(hosts), "--model", "vit_tiny_patch16_224", "--json"], pictl_env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    found = json.loads(proc.stdout)
+def test_hosts_sharing_a_machine_are_profiled_one_at_a_time(profiled: dict) -> None:
+    """Three local hosts on one machine (the module's `pictl profile`): h0 and h1 are the same place to run (one
+    address, one interpreter), measured once for both; h2 listens elsewhere, so it is measured too, but only
+    after h0."""
+    found = profiled
     assert found["shared_machine"] == [["h0", "h1", "h2"]] and found["measured"] == ["h0", "h1", "h2"]
     h0, h1, h2 = (found["hosts"][h] for h in ("h0", "h1", "h2"))
     assert h0 == h1  # one measurement for both

@@ -41,26 +41,26 @@ def _left_behind(hosts: Path) -> None:
 @pytest.mark.slow
 def test_a_tiny_llama_in_int8_on_two_stages_generates_the_int8_serial_runs_tokens(cluster, pictl_env) -> None:
     """A Llama built from its configuration (8 layers of width 128, seeded weights), 2 stages, 18 sequences in flight,
-    16 new tokens each, `--numerics int8-dynamic`: the ids are the int8 serial run's (an int8 stage is
+    8 new tokens each, `--numerics int8-dynamic`: the ids are the int8 serial run's (an int8 stage is
     deterministic), their agreement with an fp32 serial run of the same prompts is measured (a bounded loss,
     reported), and the figures are what the stages did. (fp32 is held to the serial run and to transformers' own
     `generate` by the next test.)"""
     # 18 sequences: more than a bounded window of sends in flight once deadlocked 2 stages (the second waiting on
     # the first for a token, the first on the second to take a prompt).
     s, proc = _generate(cluster, pictl_env, "--arch", "llama", "--numerics", "int8-dynamic", "--stages", "2",
-                        "--sequences", "18", "--new-tokens", "16", "--prompt-tokens", "8")
+                        "--sequences", "18", "--new-tokens", "8", "--prompt-tokens", "8")
     assert s["status"] == "ok" and s["numerics"] == "int8-dynamic"
     assert s["tokens_identical"] is True and s["first_difference"] is None
     job = Path(s["job_dir"])
     serial = json.loads((job / "serial-tokens.json").read_text())["tokens"]
     pipeline = json.loads((job / "tokens.json").read_text())["tokens"]
-    assert serial == pipeline and [len(t) for t in pipeline] == [16] * 18
+    assert serial == pipeline and [len(t) for t in pipeline] == [8] * 18
     assert len({tuple(t) for t in pipeline}) > 1  # (several prompts, not one sequence many times)
     fp32 = json.loads((job / "serial-fp32-tokens.json").read_text())["tokens"]
     agree = s["agreement_fp32"]
     same = sum(a == b for x, y in zip(fp32, pipeline, strict=True) for a, b in zip(x, y, strict=True))
-    assert agree["positions"] == 288 and agree["agree"] == same
-    assert agree["share"] == pytest.approx(same / 288, abs=1e-4)
+    assert agree["positions"] == 18 * 8 and agree["agree"] == same
+    assert agree["share"] == pytest.approx(same / (18 * 8), abs=1e-4)
     assert s["speedup_fp32"] == pytest.approx(s["pipeline"]["tokens_per_s"] / s["serial_fp32"]["tokens_per_s"],
                                               rel=1e-3)
     starts = [json.loads(line) for f in job.glob("events/h*.jsonl") for line in f.read_text().splitlines()
@@ -68,12 +68,12 @@ def test_a_tiny_llama_in_int8_on_two_stages_generates_the_int8_serial_runs_token
     assert len(starts) == 2 and all(r["numerics"] == "int8-dynamic" and r["engine"] for r in starts)
     # `balanced`: the last stage's head (4096 x 128) weighs as much as 2.9 of the layers, so it gets 3 layers of 8.
     assert s["split"] == [5] and [(st["first_layer"], st["end_layer"]) for st in s["stage_figures"]] == [(0, 5), (5, 8)]
-    assert s["pipeline"]["tokens"] == s["serial"]["tokens"] == 288 and s["engines_differ"] is None
+    assert s["pipeline"]["tokens"] == s["serial"]["tokens"] == 18 * 8 and s["engines_differ"] is None
     # What crossed each link, per token: the first stage sent each sequence's prompt (8 positions) once and one
     # position per later token, of width 128 in fp32; the last sent back one int64 id per token.
     hidden = SIZES["tiny"]["hidden_size"]
     first, last = s["stage_figures"]
-    assert first["bytes_per_token"] == pytest.approx(4 * hidden * (8 + 15) / 16)
+    assert first["bytes_per_token"] == pytest.approx(4 * hidden * (8 + 7) / 8)
     assert last["bytes_per_token"] == 8
     assert s["speedup"] == pytest.approx(s["pipeline"]["tokens_per_s"] / s["serial"]["tokens_per_s"], rel=1e-3)
     # The waterfall explains the gap to N whole: its signed terms add up from 2 to the measured speedup.
@@ -121,8 +121,10 @@ def test_a_saved_model_directory_gives_transformers_own_generate_tokens(cluster,
     _left_behind(cluster)
 
 
-def test_bad_cuts_and_models_that_fit_no_host_are_refused_before_anything_starts(cluster, pictl_env) -> None:
-    """Exit 2 with one line naming the flag, the model and what would do; no job directory, nothing on a host."""
+def test_bad_cuts_and_models_that_fit_no_host_are_refused_before_anything_starts(cluster, pictl_env,
+                                                                                  pictl_forks) -> None:
+    """Exit 2 with one line naming the flag, the model and what would do; no job directory, nothing on a host.
+    (Each a `pictl generate` process of its own, forked from one that imported pictl once: `support.forked`.)"""
     runs = Path(pictl_env["PICTL_RUNS_DIR"]).parent / "generations"
     cases = {
         ("--split", "9"): "--split 9: cuts are decoder layers in increasing order between the first and the last "
@@ -137,7 +139,7 @@ def test_bad_cuts_and_models_that_fit_no_host_are_refused_before_anything_starts
         ("--model", "/nonexistent/model"): "--model /nonexistent/model: no config.json readable on host 'h0'",
     }
     for args, said in cases.items():
-        proc = run_pictl(["generate", "--hosts", str(cluster), *args], pictl_env, 120)
+        proc = pictl_forks.run(["generate", "--hosts", str(cluster), *args], pictl_env, 120)
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("pictl: error: "), (args, proc.stderr)
         assert said in lines[0], (args, lines[0])

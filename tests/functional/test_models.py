@@ -25,8 +25,9 @@ def cluster_path(tmp_path_factory) -> Path:
     return write_cluster(tmp_path_factory.mktemp("models") / "cluster", 2)
 
 
-@pytest.mark.parametrize(("model", "first_cut"), [("resnet18", "layer"), ("mobilenetv2_100", "blocks."),
-                                                  ("efficientnet_b0", "blocks."), ("convnext_atto", "stages.")])
+# (ResNet-18: test_balanced_cuts_a_cnn_from_its_profiled_pieces, the same pipeline cut where `balanced` puts it.)
+@pytest.mark.parametrize(("model", "first_cut"), [("mobilenetv2_100", "blocks."), ("efficientnet_b0", "blocks."),
+                                                  ("convnext_atto", "stages.")])
 def test_a_cnn_pipeline_gives_its_serial_runs_logits_bit_for_bit(cluster_path: Path, tmp_path: Path, model: str,
                                                                   first_cut: str, monkeypatch) -> None:
     monkeypatch.setenv("PICTL_CACHE_DIR", str(tmp_path / "cache"))
@@ -48,7 +49,11 @@ def test_balanced_cuts_a_cnn_from_its_profiled_pieces_and_a_wrong_cut_names_the_
     proc = run_pictl([*common, "--stages", "2", "--policy", "balanced", "--no-refine", "--json"], env)
     assert proc.returncode in (0, 10), proc.stderr[-3000:]  # (10: SUSPECT on a busy machine; the split is the point)
     s = json.loads(proc.stdout)
+    # A ResNet's pipeline gives its serial run's logits bit for bit (as the CNNs above), cut between its layers.
+    assert s["status"] == "ok" and s["model"] == "resnet18" and s["speedup"] > 0
     assert s["outputs_match"] is True and s["max_abs_diff"] == 0.0 and s["split_points"][0].startswith("layer")
+    assert len(s["split_points"]) == 1 and [len(st["modules"]) > 0 for st in s["per_stage"]] == [True, True]
+    assert s["per_stage"][0]["modules"][0] == "conv1"
     assert s["prediction"]["first_split"] == s["split_points"] and len(s["prediction"]["stage_ms"]) == 2
 
     listed = run_pictl(["run", "--hosts", str(cluster_path), "--model", "resnet18", "--list-splits", "--json"], env)

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import struct
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -55,13 +56,22 @@ def _reused(s: dict) -> bool:
 
 
 def _run(shared: dict, env: dict[str, str], *args: str) -> dict:
+    return _run_with_stderr(shared, env, *args)[0]
+
+
+def _run_with_stderr(shared: dict, env: dict[str, str], *args: str) -> tuple[dict, str]:
+    """A run of the module's protocol (FAST) on its cluster: its summary, and what it said on stderr. The latest
+    fp32 one is kept (`shared["latest_fp32"]`): its serial run is the module's cached baseline as it stands now."""
     proc = run_pictl(["run", "--hosts", str(shared["hosts"]), *FAST, *args], env)
     assert finished(proc.returncode, proc.stderr), proc.stderr[-3000:]
-    return json.loads(proc.stdout)
+    s = json.loads(proc.stdout)
+    if "--numerics" not in args and "--fresh-baseline" not in args:
+        shared["latest_fp32"] = s
+    return s, proc.stderr
 
 
 def test_two_stages_at_a_block_boundary(shared, pictl_env) -> None:
-    s = _run(shared, _env(shared, pictl_env), "--stages", "2", "--split", "blocks.6")
+    s, err = _run_with_stderr(shared, _env(shared, pictl_env), "--stages", "2", "--split", "blocks.6")
     assert REQUIRED <= set(s) and all(STAGE_KEYS <= set(st) for st in s["per_stage"])
     assert s["status"] == "ok" and s["split_points"] == ["blocks.6"]
     assert s["outputs_match"] is True and s["max_abs_diff"] == 0.0 and s["compared_images"] == 5
@@ -85,10 +95,32 @@ def test_two_stages_at_a_block_boundary(shared, pictl_env) -> None:
     serial = [json.loads(line) for line in (run_dir / "events" / "serial.jsonl").read_text().splitlines()]
     assert [e["event"] for e in serial[:2]] == ["plan", "run_start"]
     assert json.loads((run_dir / "config.json").read_text())["plan"]["split_points"] == ["blocks.6"]
+    # No meter on the PATH (this machine's own, where it has none): energy n/a, the host named (with the recorded
+    # Pi 5 meter on the PATH: test_energy_per_image_from_a_pi5s_meter).
+    if not _power_meter_here():
+        none = RunSummary.model_validate(s).energy
+        assert none is not None and none.pipeline_j_per_image is None and none.source is None
+        assert none.pipeline_unmeasured == "host 'h0' has no power meter pictl can read"
+        assert "  energy n/a" in err
+
+
+def _repeated(shared: dict, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], dict]:
+    """The first test's run again, as `make demo > log` runs it (plain output to a file, no --json): made once, for
+    the two tests below (what it reuses, and how it prints). Its summary is the one in its run directory (the same
+    document --json prints: test_two_stages_at_a_block_boundary)."""
+    if "repeated" not in shared:
+        proc = run_pictl(["run", "--hosts", str(shared["hosts"]), *[a for a in FAST if a != "--json"], "--stages", "2",
+                          "--split", "blocks.6"], env)
+        assert finished(proc.returncode, proc.stderr), proc.stderr[-3000:]
+        (run_dir,) = [line.removeprefix("run directory: ") for line in proc.stdout.splitlines()
+                      if line.startswith("run directory: ")]
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+        shared["repeated"], shared["latest_fp32"] = (proc, summary), summary
+    return shared["repeated"]
 
 
 def test_a_repeated_run_reuses_plan_and_baseline(shared, pictl_env) -> None:
-    s = _run(shared, _env(shared, pictl_env), "--stages", "2", "--split", "blocks.6")
+    _, s = _repeated(shared, _env(shared, pictl_env))
     assert s["plan_reused"] is True and s["outputs_match"] is True
     assert s["split_points"] == ["blocks.6"] and s["per_stage"][1]["modules"][0] == "blocks.6"
     startup = s["startup"]
@@ -104,9 +136,7 @@ def test_a_repeated_run_reuses_plan_and_baseline(shared, pictl_env) -> None:
 
 def test_plain_output_to_a_file_is_never_wrapped_or_padded(shared, pictl_env) -> None:
     """`make demo > log`: the result is one line however long, and no line carries trailing spaces."""
-    proc = run_pictl(["run", "--hosts", str(shared["hosts"]), *[a for a in FAST if a != "--json"], "--stages", "2",
-                      "--split", "blocks.6"], _env(shared, pictl_env))
-    assert finished(proc.returncode, proc.stderr), proc.stderr[-3000:]
+    proc, _ = _repeated(shared, _env(shared, pictl_env))
     lines = proc.stdout.splitlines()
     word = "OK" if proc.returncode == 0 else "SUSPECT"  # (its serial baseline slowed by other work: `finished`)
     assert lines[0].startswith(f"{word}  2 stage(s)  split blocks.6  pipeline ") and "accuracy n/a" in lines[0], \
@@ -121,14 +151,16 @@ def _power_meter_here() -> bool:
         os.access(p, os.R_OK) for p in glob.glob("/sys/class/powercap/intel-rapl:[0-9]/energy_uj"))
 
 
-def test_energy_per_image_from_a_pi5s_meter_and_na_without_one(shared, pictl_env) -> None:
+def test_energy_per_image_from_a_pi5s_meter(shared, pictl_env) -> None:
     """A recorded Raspberry Pi 5 `vcgencmd` first on the hosts' PATH: the PMIC rails' power over the pipeline's
     and the serial run's windows gives joules per image, in the summary and on the result line; the local hosts
-    are one machine, so its meter counts once. Without it the line says n/a."""
+    are one machine, so its meter counts once. (Without it the line says n/a: test_two_stages_at_a_block_boundary.)"""
     env = {**_env(shared, pictl_env), "PATH": f"{RECORDED_VCGENCMD}:{pictl_env.get('PATH', os.defpath)}"}
-    # Windows of several sampling intervals (the run samples its hosts every 2 s): 24 images, a warm-up pass, and 3
-    # timed passes (one pass of 24 at the ~19 img/s two stages reach here lasted 1.3 s, and ci38's held no sample).
-    args = ["run", "--hosts", str(shared["hosts"]), "--images", "24", "--chunk", "1", "--warmup", "1",
+    # Windows of several sampling intervals (the run samples its hosts every 2 s): 24 images in 3 timed passes (one
+    # pass of 24 at the ~19 img/s two stages reach here lasted 1.3 s, and ci38's held no sample). No untimed warm-up
+    # pass: the power is a mean over the window and the joules per image divide it by the timed passes' rate, so a
+    # cold first pass only lengthens the window.
+    args = ["run", "--hosts", str(shared["hosts"]), "--images", "24", "--chunk", "1", "--warmup", "0",
             "--repeats", "3", "--policy", "equal", "--stages", "2", "--fresh-baseline", "--headless", "--json"]
     proc = run_pictl(args, env)
     assert finished(proc.returncode, proc.stderr), proc.stderr[-3000:]
@@ -143,15 +175,6 @@ def test_energy_per_image_from_a_pi5s_meter_and_na_without_one(shared, pictl_env
                                      if x.startswith(("OK  ", "SUSPECT  "))][0]]
     assert f"energy {energy_text(e.pipeline_j_per_image, e.serial_j_per_image)}" in line, line
     assert "energy per image: " in proc.stderr and "(pmic, 1 machine(s))" in proc.stderr
-    # Two stages with no meter on the PATH (this machine's own, where it has none): n/a, the host named. (The
-    # module's protocol: its serial baseline is reused where it still stands.)
-    if not _power_meter_here():
-        bare = run_pictl(["run", "--hosts", str(shared["hosts"]), *FAST, "--stages", "2"], _env(shared, pictl_env))
-        assert finished(bare.returncode, bare.stderr), bare.stderr[-3000:]
-        none = RunSummary.model_validate_json(bare.stdout).energy
-        assert none is not None and none.pipeline_j_per_image is None and none.source is None
-        assert none.pipeline_unmeasured == "host 'h0' has no power meter pictl can read"
-        assert "  energy n/a" in bare.stderr
 
 
 def test_three_stages_inside_blocks_reuses_the_baseline(shared, pictl_env) -> None:
@@ -167,7 +190,9 @@ def test_int8_dynamic_numerics_beside_fp32(shared, pictl_env, tmp_path: Path) ->
     """--numerics int8-dynamic: the pipeline matches a serial run in int8 bit for bit; the fp32 serial run
     (the module's own baseline, reused: the same key) measures what int8 gains and what it costs."""
     env = _env(shared, pictl_env)
-    plain = _run(shared, env, "--stages", "2", "--split", "blocks.6")
+    # The fp32 run beside it: the module's latest (its serial run is the cached baseline this run's fp32 reference
+    # key names: the same model, data, protocol and host); one of its own where this test runs alone.
+    plain = shared.get("latest_fp32") or _run(shared, env, "--stages", "2", "--split", "blocks.6")
     proc = run_pictl(["run", "--hosts", str(shared["hosts"]), *FAST, "--stages", "2", "--split", "blocks.6",
                       "--numerics", "int8-dynamic"], env)
     assert finished(proc.returncode, proc.stderr), proc.stderr[-3000:]
