@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import array
 import json
+import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from support.cli import finished, run_pictl
 from support.clusters import processes_under, write_cluster
+from support.forked import PictlServer
 from support.typed import untyped
 
 from pictl.job_summaries import TrainSummary
@@ -30,21 +33,44 @@ CATEGORIES = {"data", "forward", "backward", "optimizer", "comm", "idle"}
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory) -> dict:
+def pictl_forks(tmp_path_factory) -> Iterator[PictlServer]:
+    """This module's `pictl` commands, each a process of its own forked from one that imported pictl once
+    (`support.forked`), with what a training job, a sweep and a run import next: a fresh interpreter paid a
+    second for that before every job."""
+    server = PictlServer(tmp_path_factory.mktemp("forks"), {**os.environ, "COLUMNS": "200"},
+                         preload=("pictl.jobs.training.session", "pictl.jobs.training.sweep", "pictl.run.session",
+                                  "matplotlib.pyplot"))  # (a sweep's plots)
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory, pictl_forks: PictlServer) -> dict:
     root = tmp_path_factory.mktemp("train")
-    return {"root": root, "hosts": write_cluster(root / "cluster", 2)}
+    return {"root": root, "hosts": write_cluster(root / "cluster", 2), "pictl": pictl_forks}
+
+
+def _pictl(shared: dict, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`pictl ARGS` as a process of its own (forked: `pictl_forks`), as long as `run_pictl` would wait."""
+    return shared["pictl"].run(args, env, 300)
+
+
+def _forked_env(server: PictlServer, pictl_env: dict[str, str]) -> dict[str, str]:
+    """The test's pictl settings in the environment the module's commands started with: what this process sets
+    in its own as it goes (torch's imports here set TORCHINDUCTOR_CACHE_DIR) is not the commands' environment."""
+    return {**server.env, **{k: v for k, v in pictl_env.items() if k.startswith("PICTL_")}}
 
 
 @pytest.fixture
 def env(shared: dict, pictl_env: dict[str, str]) -> dict[str, str]:
     # One cache for the module: the single-mode reference of a job is measured once and reused.
-    return {**pictl_env, "PICTL_CACHE_DIR": str(shared["root"] / "cache"),
+    return {**_forked_env(shared["pictl"], pictl_env), "PICTL_CACHE_DIR": str(shared["root"] / "cache"),
             "PICTL_RUNS_DIR": str(shared["root"] / "runs")}
 
 
 def _train(shared: dict, env: dict[str, str], *args: str, code: int = 0, model: tuple[str, ...] = tuple(TINY),
            ) -> dict:
-    proc = run_pictl(["train", "--hosts", str(shared["hosts"]), *model, *STEPS, *args], env)
+    proc = _pictl(shared, ["train", "--hosts", str(shared["hosts"]), *model, *STEPS, *args], env)
     assert proc.returncode == code, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
     assert untyped(TrainSummary.model_validate(summary)) == []  # every key the job wrote is typed
@@ -59,19 +85,27 @@ def _floats(path: Path) -> list[float]:
 
 @pytest.mark.slow
 def test_a_sweep_of_every_mode_agrees_with_single_and_the_model_runs_in_pictl_run(shared, env) -> None:
-    """`pictl sweep --train`: single, a 2-stage GPipe pipeline and 2 ddp replicas of one job, side by side."""
+    """`pictl sweep --train`: single, a 2-stage GPipe pipeline (fp32 and fp16 over its link) and 2 ddp replicas
+    of one job, side by side."""
     out = shared["root"] / "sweep"
-    proc = run_pictl(["sweep", "--train", "--hosts", str(shared["hosts"]), "--out", str(out), *TINY,
-                      "--modes", "single,pipeline,ddp", "--schedules", "gpipe", "--stages", "2", "--chunks", "2",
-                      "--batch-size", "8", "--steps", "30", "--train-images", "32", "--json"], env)
+    proc = _pictl(shared, ["sweep", "--train", "--hosts", str(shared["hosts"]), "--out", str(out), *TINY,
+                           "--modes", "single,pipeline,ddp", "--schedules", "gpipe", "--stages", "2", "--chunks", "2",
+                           "--wire", "fp32,fp16", "--batch-size", "8", "--steps", "30", "--train-images", "32",
+                           "--json"], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(proc.stdout)["rows"]
-    assert [(r["mode"], r["stages"], r["chunks"]) for r in rows] == [("single", 1, 2), ("pipeline", 2, 2),
-                                                                      ("ddp", 2, 2)]
+    # The wire formats are a pipeline's alone: single and ddp run once, in fp32.
+    assert [(r["mode"], r["stages"], r["chunks"], r["wire"]) for r in rows] == [
+        ("single", 1, 2, "fp32"), ("pipeline", 2, 2, "fp32"), ("pipeline", 2, 2, "fp16"), ("ddp", 2, 2, "fp32")]
     assert rows[0]["speedup"] == 1.0 and all(r["status"] == "ok" and r["samples_per_s"] > 0 for r in rows)
-    assert rows[1]["loss_agreement"].startswith("ok") and rows[2]["loss_agreement"].startswith("ok")
+    assert rows[1]["loss_agreement"].startswith("ok") and rows[3]["loss_agreement"].startswith("ok")
+    # The source's table for a link: bandwidth, computation and time per batch, for each wire format.
+    assert all(r["avg_MBps"] and r["peak_MBps"] and r["compute_ms"] and r["step_ms"] for r in rows[1:3])
     assert {p.name for p in out.glob("*.png")} == {"samples_vs_chunks.png", "time_breakdown.png"}
-    jobs = {json.loads(f.read_text())["mode"]: json.loads(f.read_text()) for f in out.glob("jobs/*/summary.json")}
+    summaries = [json.loads(f.read_text()) for f in out.glob("jobs/*/summary.json")]
+    assert all(untyped(TrainSummary.model_validate(s)) == [] for s in summaries)
+    jobs = {s["mode"]: s for s in summaries if s["wire"] == "fp32"}
+    assert len(summaries) == 4 and len(jobs) == 3
     # The hosts were held once for the whole sweep: the code pushed once, every job borrowed them under the sweep's
     # name, and both leases were freed at its end.
     pushes = [line for line in proc.stderr.splitlines() if "pushed to" in line or "code up to date on" in line]
@@ -104,9 +138,9 @@ def test_a_sweep_of_every_mode_agrees_with_single_and_the_model_runs_in_pictl_ru
     # the trained model computed, bit for bit, serial and pipelined.
     model = ddp["checkpoint"]["path"]
     assert ddp["checkpoint"]["params"] == 468_778 and ddp["run_with"] == f"pictl run --model {model}"
-    proc = run_pictl(["run", "--hosts", str(shared["hosts"]), "--model", model, "--stages", "2", "--policy",
-                      "equal", "--images", "8", "--chunk", "4", "--warmup", "0", "--repeats", "1", "--headless",
-                      "--json"], env)
+    proc = _pictl(shared, ["run", "--hosts", str(shared["hosts"]), "--model", model, "--stages", "2", "--policy",
+                           "equal", "--images", "8", "--chunk", "4", "--warmup", "0", "--repeats", "1", "--headless",
+                           "--json"], env)
     assert finished(proc.returncode, proc.stderr), proc.stderr[-3000:]
     run = json.loads(proc.stdout)
     assert run["outputs_match"] is True
@@ -196,9 +230,11 @@ def test_ctrl_c_and_a_killed_rank_leave_nothing_behind(tmp_path: Path, pictl_env
     (["--workers", "99"], "workers"),
     (["--mode", "pipeline", "--model", "resnet18", "--policy", "balanced"], "policy balanced profiles timm ViTs"),
 ])
-def test_bad_input_is_refused_before_anything_starts(tmp_path: Path, pictl_env, args: list[str], says: str) -> None:
+def test_bad_input_is_refused_before_anything_starts(tmp_path: Path, pictl_env, pictl_forks, args: list[str],
+                                                    says: str) -> None:
     hosts = write_cluster(tmp_path / "cluster", 2)
-    proc = run_pictl(["train", "--hosts", str(hosts), "--out", str(tmp_path / "trains"), *args], pictl_env)
+    proc = pictl_forks.run(["train", "--hosts", str(hosts), "--out", str(tmp_path / "trains"), *args],
+                           _forked_env(pictl_forks, pictl_env))
     assert proc.returncode == 2, proc.stderr
     assert says in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "trains").exists() and not (tmp_path / "cluster" / "h0").exists()
@@ -224,20 +260,21 @@ def test_activation_checkpointing_lowers_peak_memory_and_keeps_the_losses(shared
     # allocator keeps from start-up; at 32 it was 290 MB here, and at half the width with 64, 314 MB.
     assert dropped < kept - 100, (kept, dropped)  # the blocks' activations were not kept
     # Per stage in a pipeline, with images read ahead by loader processes: held to the plain single run's losses.
+    # (Recomputing gives the same losses at any size: the small ViT of the other jobs, not the wide one.)
     pipe = _train(shared, env, "--mode", "pipeline", "--checkpoint-activations", "--workers", "2",
-                  "--batch-size", "16", "--chunks", "2", *steps[4:], model=tuple(WIDE))
+                  "--batch-size", "16", "--chunks", "2", *steps[4:])
     assert pipe["workers"] == 2 and pipe["agreement"]["passed"] is True, pipe["agreement"]
 
 
 @pytest.mark.slow
 def test_a_compressed_link_cuts_the_bytes_both_ways_and_still_learns(shared, env) -> None:
-    """fp32 over the wire is today's training bit for bit; fp16 sends half the bytes forward and back; int8
-    (values and a scale per token, both ways) about a quarter, lowrank a third here; the loss of all three
-    still falls (one batch, seen at every step), checked against single's only as a report."""
+    """fp32 over the wire is today's training (the default: `--wire fp32` and no --wire are one job, the
+    same options); fp16 sends half the bytes forward and back; int8 (values and a scale per token, both ways)
+    about a quarter, lowrank a third here; the loss of all three still falls (one batch, seen at every step),
+    checked against single's only as a report. (The sweep over wire formats: the sweep of every mode.)"""
     common = ("--mode", "pipeline", "--steps", "10", "--train-images", "8", "--eval-images", "0")
     plain = _train(shared, env, *common)
-    same = _train(shared, env, *common, "--wire", "fp32")
-    assert same["losses"] == plain["losses"] and same["agreement"]["passed"] is True
+    assert plain["wire"] == "fp32" and plain["agreement"]["passed"] is True
 
     def link(job: dict) -> tuple[int, int]:  # (activations sent by stage 0, gradients sent back by stage 1)
         return job["breakdown"][0]["bytes_sent"], job["breakdown"][1]["grad_bytes_sent"]
@@ -280,9 +317,9 @@ def test_a_compressed_link_cuts_the_bytes_both_ways_and_still_learns(shared, env
     cut = kept["split_points"][0]
     sent = {}
     for split in (cut, "blocks.1"):
-        proc = run_pictl(["run", "--hosts", str(shared["hosts"]), "--model", kept["checkpoint"]["path"],
-                          "--stages", "2", "--split", split, "--images", "8", "--chunk", "4", "--warmup", "0",
-                          "--repeats", "1", "--headless", "--json"], env)
+        proc = _pictl(shared, ["run", "--hosts", str(shared["hosts"]), "--model", kept["checkpoint"]["path"],
+                               "--stages", "2", "--split", split, "--images", "8", "--chunk", "4", "--warmup", "0",
+                               "--repeats", "1", "--headless", "--json"], env)
         assert finished(proc.returncode, proc.stderr), proc.stderr[-3000:]
         run = json.loads(proc.stdout)
         assert run["outputs_match"] is True
@@ -300,16 +337,6 @@ def test_a_compressed_link_cuts_the_bytes_both_ways_and_still_learns(shared, env
     assert 0 < link(low)[0] < link(full)[0] // 2 and 0 < link(low)[1] < link(full)[1] // 2, (link(low), link(full))
     losses = [p["loss"] for p in low["losses"]]
     assert sum(losses[-3:]) / 3 < 0.85 * losses[0], losses
-
-    # A training sweep over wire formats: the source's table (bandwidth, computation, time per batch).
-    out = shared["root"] / "sweep-wire"
-    proc = run_pictl(["sweep", "--train", "--hosts", str(shared["hosts"]), "--out", str(out), *TINY, "--modes",
-                      "pipeline", "--schedules", "gpipe", "--stages", "2", "--chunks", "2", "--wire", "fp32,fp16",
-                      "--batch-size", "8", "--steps", "3", "--train-images", "16", "--json"], env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads(proc.stdout)["rows"]
-    assert [r["wire"] for r in rows] == ["fp32", "fp16"] and all(r["status"] == "ok" for r in rows)
-    assert all(r["avg_MBps"] and r["peak_MBps"] and r["compute_ms"] and r["step_ms"] for r in rows)
 
 
 @pytest.mark.slow
@@ -353,28 +380,29 @@ def test_a_hugging_face_classifier_fine_tunes_with_lora_through_1f1b_over_a_lowr
 
 
 def test_loader_workers_read_the_same_images(shared, env) -> None:
-    """Images read ahead by 2 loader processes train exactly as the step's own reads do; a training sweep
-    compares worker counts, with the data-loading share of each."""
-    inline = _train(shared, env, "--mode", "single")
-    ahead = _train(shared, env, "--mode", "single", "--workers", "2")
-    assert [p["loss"] for p in ahead["losses"]] == [p["loss"] for p in inline["losses"]]
+    """A training sweep compares worker counts, with the data-loading share of each; its two jobs, images read
+    ahead by 2 loader processes and by the step itself, train exactly alike."""
     out = shared["root"] / "sweep-workers"
-    proc = run_pictl(["sweep", "--train", "--hosts", str(shared["hosts"]), "--out", str(out), *TINY, "--modes",
-                      "single", "--chunks", "2", "--workers", "0,1", "--batch-size", "8", "--steps", "4",
-                      "--train-images", "32", "--json"], env)
+    proc = _pictl(shared, ["sweep", "--train", "--hosts", str(shared["hosts"]), "--out", str(out), *TINY, "--modes",
+                           "single", "--chunks", "2", "--workers", "0,2", "--batch-size", "8", "--steps", "6",
+                           "--train-images", "32", "--json"], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(proc.stdout)["rows"]
-    assert [(r["workers"], r["status"]) for r in rows] == [(0, "ok"), (1, "ok")]
+    assert [(r["workers"], r["status"]) for r in rows] == [(0, "ok"), (2, "ok")]
     assert all(r["data_share"] is not None for r in rows)
-    refused = run_pictl(["sweep", "--hosts", str(shared["hosts"]), "--workers", "1"], env)
+    jobs = {s["workers"]: s for s in (json.loads(f.read_text()) for f in out.glob("jobs/*/summary.json"))}
+    inline, ahead = jobs[0], jobs[2]
+    assert all(untyped(TrainSummary.model_validate(s)) == [] and s["mode"] == "single" for s in (inline, ahead))
+    assert len(ahead["losses"]) == 6 and [p["loss"] for p in ahead["losses"]] == [p["loss"] for p in inline["losses"]]
+    refused = _pictl(shared, ["sweep", "--hosts", str(shared["hosts"]), "--workers", "1"], env)
     assert refused.returncode == 2 and "--workers" in refused.stderr
 
 
 @pytest.mark.slow
-def test_a_model_the_hosts_cannot_build_is_refused_with_no_job_left(tmp_path: Path, pictl_env) -> None:
+def test_a_model_the_hosts_cannot_build_is_refused_with_no_job_left(tmp_path: Path, pictl_env, pictl_forks) -> None:
     hosts = write_cluster(tmp_path / "cluster", 2)
-    proc = run_pictl(["train", "--hosts", str(hosts), "--out", str(tmp_path / "trains"), "--model", "nosuchnet",
-                      "--steps", "2", "--train-images", "16"], pictl_env)
+    proc = pictl_forks.run(["train", "--hosts", str(hosts), "--out", str(tmp_path / "trains"), "--model", "nosuchnet",
+                            "--steps", "2", "--train-images", "16"], _forked_env(pictl_forks, pictl_env), 300)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == ("pictl: error: unknown model 'nosuchnet' (timm has no such "
                                                     "architecture)")
