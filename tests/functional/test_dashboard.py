@@ -112,18 +112,20 @@ def _panel_text(app: PictlApp, rank: int) -> str:
 
 @pytest.mark.slow
 async def test_run_from_the_form_live_panels_traces_and_history(tmp_path: Path, baselines, monkeypatch) -> None:
-    # No warm-up pass and two timed passes (a profile of the test's own): what is followed here is the launch, the
-    # timed passes and the traces (one pass traced, one not), and the serial baseline measures as many passes as
-    # the pipeline: each pass left out is 48 images of DeiT-S twice, a quarter of the test's time.
-    no_warmup = _profile(tmp_path, monkeypatch, "no-warmup", "warmup = 0\nrepeats = 2")
+    # No warm-up pass and two timed passes of DeiT-Ti (a profile of the test's own): what is followed here is the
+    # launch, the timed passes and the traces (one pass traced, one not), not the model, and the serial baseline
+    # measures as many passes as the pipeline: each pass left out is its images twice. 96 images of DeiT-Ti are
+    # half the work of DeiT-S's 48 (a quarter of the model, twice the images), and a pass still lasts seconds.
+    no_warmup = _profile(tmp_path, monkeypatch, "no-warmup",
+                         'model = "deit_tiny_patch16_224"\nwarmup = 0\nrepeats = 2')
     app = _app(tmp_path, baselines=baselines)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("t")  # no run yet: a notice, nothing else
         await pilot.pause()
         assert any("no pipeline is running" in n.message for n in app._notifications)
-        # 48 images: on a quiet machine a pass lasts several of the dashboard's once-a-second progress draws,
-        # so the sparkline below has points to gain (24 images passed in about 2 s here: one point).
-        await _start_from_form(pilot, "2", "48", profile=no_warmup)
+        # 96 images: on a quiet machine a pass lasts several of the dashboard's once-a-second progress draws,
+        # so the sparkline below has points to gain (24 images of DeiT-S passed in about 2 s here: one point).
+        await _start_from_form(pilot, "2", "96", profile=no_warmup)
         assert app.state.running and sorted(app.state.stages) == [0, 1]
         # While it launches or measures the baseline, the run line turns a spinner and counts the seconds.
         await _until(pilot, lambda: re.search(r"run [⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏] \w+: .*\(\d+s\)", _screen_text(app)), timeout=60)
@@ -277,12 +279,16 @@ async def test_keys_are_listed_in_help_and_the_palette(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-async def test_a_sweep_from_the_dashboard_shows_its_table(tmp_path: Path, baselines) -> None:
+async def test_a_sweep_from_the_dashboard_shows_its_table(tmp_path: Path, baselines, monkeypatch) -> None:
+    # DeiT-Ti (a profile of the test's own, chosen in the form): the form, the table and its reference are the
+    # subject, not the model; its reference and its pipeline build and run a quarter as much.
+    tiny = _profile(tmp_path, monkeypatch, "tiny", 'model = "deit_tiny_patch16_224"')
     app = _app(tmp_path, baselines=baselines)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("w")
         await pilot.pause()
         form = app.screen
+        form.query_one("#profile", Select).value = tiny
         stages = form.query_one("#stages", Input)
         stages.value = "1,9"
         stages.focus()
