@@ -1,8 +1,15 @@
-"""The one way tests run `pictl`: a real subprocess (`python -m pictl`), its output captured as text (or its stdout
-on a terminal of a given width: `run_pictl_on_terminal`)."""
+"""The one way tests run `pictl`: a real process of its own, its output captured as text (or its stdout on a
+terminal of a given width: `run_pictl_on_terminal`).
+
+`run_pictl` forks each command from one process per pytest worker that imported pictl once (`support.forked`):
+a fresh `python -m pictl` spends about 0.6 s of this machine's CPU importing before it does anything, and the suite
+runs a few hundred. A command whose environment differs from that process's in what an interpreter reads as it
+starts (the locale, `PYTHON*`, a PATH of its own) runs as a fresh `python -m pictl`, as does any with
+`fresh=True`."""
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import os
 import pty
@@ -16,18 +23,48 @@ import termios
 import textwrap
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pictl.errors import EXIT_SUSPECT
+
+if TYPE_CHECKING:
+    from support.forked import PictlServer
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_pictl(args: list[str], env: dict[str, str] | None, timeout: float = 300, *, cwd: Path = ROOT,
-              input: str | None = None, errors: str | None = None) -> subprocess.CompletedProcess[str]:
+              input: str | None = None, errors: str | None = None,
+              fresh: bool = False) -> subprocess.CompletedProcess[str]:
     """`pictl ARGS` in `cwd` with `env`; `input` is its stdin; `errors="surrogateescape"` keeps bytes that
-    are not UTF-8 (to check what reached the terminal)."""
+    are not UTF-8 (to check what reached the terminal). `fresh`: in an interpreter of its own, never forked."""
+    if env is not None and not fresh:
+        try:
+            return _forks().run(args, env, timeout, cwd=cwd, input=input, errors=errors)
+        except ValueError:  # its environment is not the one the server's interpreter started with
+            pass
     return subprocess.run([sys.executable, "-m", "pictl", *args], env=env, cwd=cwd, text=True, input=input,
                           capture_output=True, timeout=timeout, errors=errors)
+
+
+_server: PictlServer | None = None
+
+
+def _forks() -> PictlServer:
+    """This worker's fork server, started again whenever the worker's own environment moved on from the one it
+    started with (importing torch here sets TORCHINDUCTOR_CACHE_DIR, for one): the tests build their commands'
+    environments from the worker's."""
+    global _server
+    from support.forked import PictlServer, same_interpreter
+
+    now = {**os.environ, "COLUMNS": "200"}  # (as `pictl_env` sets it: the tests read whole lines)
+    if _server is not None and not same_interpreter(_server.env, now):
+        _server.close()
+        _server = None
+    if _server is None:
+        _server = PictlServer(Path(tempfile.mkdtemp(prefix="pictl-forks-")), now, preload=("pictl.run.session",))
+        atexit.register(_server.close)
+    return _server
 
 
 def finished(returncode: int | None, stderr: str) -> bool:

@@ -102,6 +102,17 @@ _OURS = ("PICTL_",)
 _OURS_EXACTLY = ("XDG_STATE_HOME", "PYTEST_CURRENT_TEST")
 
 
+def _differ(server: dict[str, str], command: dict[str, str], ours: tuple[str, ...] = _OURS) -> list[str]:
+    """The variables `command` sets otherwise than `server`, besides those only pictl reads (`ours`)."""
+    differ = {k for k in server.keys() | command.keys() if server.get(k) != command.get(k)}
+    return sorted(k for k in differ if not k.startswith(ours) and k not in _OURS_EXACTLY)
+
+
+def same_interpreter(server: dict[str, str], command: dict[str, str]) -> bool:
+    """Whether a command in `command`'s environment may be forked from a server started in `server`'s."""
+    return not _differ(server, command)
+
+
 class PictlServer:
     """A server of `pictl` processes (see the module); `close()` ends it. `env` is what every command's
     environment is compared with, and what the server started under; `preload` names modules the commands
@@ -134,8 +145,7 @@ class PictlServer:
             code: str | None = None) -> subprocess.CompletedProcess[str]:
         """As `support.cli.run_pictl(args, env, timeout, cwd=cwd, input=input, errors=errors)`; with `code`, as
         `python -c CODE` (`args` its argv after `-c`)."""
-        differ = {k for k in self.env.keys() | env.keys() if self.env.get(k) != env.get(k)}
-        theirs = sorted(k for k in differ if not k.startswith(self.ours) and k not in _OURS_EXACTLY)
+        theirs = _differ(self.env, env, self.ours)
         if theirs:
             raise ValueError(f"{theirs}: read as an interpreter starts; use support.cli.run_pictl")
         argv = ["-c", *args] if code is not None else ["-m", *args]  # (argv[0]: runpy's, as with -m)
