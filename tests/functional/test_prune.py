@@ -25,12 +25,6 @@ depth 2: 0.95 at width 96 and 0.93 at depth 4, each in twice the time) and that 
 pruning) must reach again after a short fine-tune of two epochs (0.89 after its first, 0.91 after its second)."""
 
 
-def _forked_env(server, pictl_env: dict[str, str]) -> dict[str, str]:  # noqa: ANN001
-    """The test's pictl settings in the environment `pictl_forks` started with: what this process sets in its own
-    as it goes (importing timm here sets TORCHINDUCTOR_CACHE_DIR) is not the commands' environment."""
-    return {**server.env, **{k: v for k, v in pictl_env.items() if k.startswith("PICTL_")}}
-
-
 def _one_error(proc, fragment: str, code: int = 2) -> str:  # noqa: ANN001
     lines = proc.stderr.strip().splitlines()
     errors = [line for line in lines if line.startswith("pictl: error: ")]
@@ -96,7 +90,7 @@ def test_digits_prune_and_finetune(pictl_env, pictl_forks, tmp_path: Path) -> No
 
     common = ["prune", "--model", "vit_tiny_patch16_224", *sum((["--model-arg", a] for a in DIGITS_VIT), []),
               "--checkpoint", str(base), "--data", "imagefolder", "--threads", "1"]
-    env = _forked_env(pictl_forks, pictl_env)
+    env = pictl_forks.with_settings(pictl_env)
     # One calibration batch (64 images, each its own backward pass for the hessian): the default four took a
     # third of the job, and what is asserted is the accuracy the fine-tune wins back, not how finely it was scored.
     # Two epochs: the first is already above the threshold, the second shows the best epoch is the one kept.
@@ -193,7 +187,7 @@ def test_deit_each_importance(pictl_env, pictl_forks, tmp_path: Path) -> None:
     hosts = write_cluster(tmp_path / "cluster", 2)
     proc = pictl_forks.run(["run", "--headless", "--json", "--hosts", str(hosts), "--model", str(made["hessian"][0]),
                             "--stages", "2", "--policy", "equal", "--images", "4", "--warmup", "0", "--repeats", "1"],
-                           _forked_env(pictl_forks, pictl_env), 300)
+                           pictl_forks.with_settings(pictl_env), 300)
     assert finished(proc.returncode, proc.stderr), proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
     assert summary["outputs_match"] is True and summary["max_abs_diff"] == 0.0

@@ -55,16 +55,10 @@ def _pictl(shared: dict, args: list[str], env: dict[str, str]) -> subprocess.Com
     return shared["pictl"].run(args, env, 300)
 
 
-def _forked_env(server: PictlServer, pictl_env: dict[str, str]) -> dict[str, str]:
-    """The test's pictl settings in the environment the module's commands started with: what this process sets
-    in its own as it goes (torch's imports here set TORCHINDUCTOR_CACHE_DIR) is not the commands' environment."""
-    return {**server.env, **{k: v for k, v in pictl_env.items() if k.startswith("PICTL_")}}
-
-
 @pytest.fixture
 def env(shared: dict, pictl_env: dict[str, str]) -> dict[str, str]:
     # One cache for the module: the single-mode reference of a job is measured once and reused.
-    return {**_forked_env(shared["pictl"], pictl_env), "PICTL_CACHE_DIR": str(shared["root"] / "cache"),
+    return {**shared["pictl"].with_settings(pictl_env), "PICTL_CACHE_DIR": str(shared["root"] / "cache"),
             "PICTL_RUNS_DIR": str(shared["root"] / "runs")}
 
 
@@ -234,7 +228,7 @@ def test_bad_input_is_refused_before_anything_starts(tmp_path: Path, pictl_env, 
                                                     says: str) -> None:
     hosts = write_cluster(tmp_path / "cluster", 2)
     proc = pictl_forks.run(["train", "--hosts", str(hosts), "--out", str(tmp_path / "trains"), *args],
-                           _forked_env(pictl_forks, pictl_env))
+                           pictl_forks.with_settings(pictl_env))
     assert proc.returncode == 2, proc.stderr
     assert says in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "trains").exists() and not (tmp_path / "cluster" / "h0").exists()
@@ -402,7 +396,7 @@ def test_loader_workers_read_the_same_images(shared, env) -> None:
 def test_a_model_the_hosts_cannot_build_is_refused_with_no_job_left(tmp_path: Path, pictl_env, pictl_forks) -> None:
     hosts = write_cluster(tmp_path / "cluster", 2)
     proc = pictl_forks.run(["train", "--hosts", str(hosts), "--out", str(tmp_path / "trains"), "--model", "nosuchnet",
-                            "--steps", "2", "--train-images", "16"], _forked_env(pictl_forks, pictl_env), 300)
+                            "--steps", "2", "--train-images", "16"], pictl_forks.with_settings(pictl_env), 300)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == ("pictl: error: unknown model 'nosuchnet' (timm has no such "
                                                     "architecture)")

@@ -134,6 +134,11 @@ class PictlServer:
                 raise RuntimeError(f"the pictl server did not start: {(folder / 'server.log').read_text()[-2000:]}")
             time.sleep(0.05)
 
+    def with_settings(self, test_env: dict[str, str]) -> dict[str, str]:
+        """The test's pictl settings (`PICTL_*`) in the environment this server started with: what the test's own
+        process sets as it goes (importing timm there sets TORCHINDUCTOR_CACHE_DIR) is not its commands'."""
+        return {**self.env, **{k: v for k, v in test_env.items() if k.startswith(_OURS)}}
+
     def close(self) -> None:
         if self._proc.poll() is None:
             self._proc.kill()
