@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Annotated, Any, Union, get_args, get_origin
 
 import annotated_types as at
@@ -98,29 +97,10 @@ def _constraints(model: Any, loc: tuple[Any, ...]) -> list[Any]:
     return constraints
 
 
-@dataclass(frozen=True)
-class _Found:
-    """One problem pydantic found (its `ErrorDetails`), read once: what the wording uses."""
-
-    kind: str
-    """pydantic's error type (`int_parsing`, `missing`, `value_error`, ...)."""
-    loc: tuple[int | str, ...]
-    msg: str
-    value: Any
-    """The value given (None where pydantic names none)."""
-    ctx: dict[str, Any]
-    """pydantic's context for its kind of error (its bounds, its expected values, our validator's exception):
-    keys of its own per kind."""
-
-    @classmethod
-    def of(cls, error: ErrorDetails) -> _Found:
-        return cls(error["type"], tuple(error["loc"]), error["msg"], error.get("input"), dict(error.get("ctx") or {}))
-
-
-def _range(error: _Found, model: Any) -> str:
+def _range(error: ErrorDetails, model: Any) -> str:
     """A bound broken, said with both ends where the field has both: `between 1 and 2000`, `at least 0`."""
-    bounds = dict(error.ctx)
-    for c in _constraints(model, error.loc) if model is not None else []:
+    bounds = dict(error.get("ctx") or {})
+    for c in _constraints(model, tuple(error["loc"])) if model is not None else []:
         for name in ("ge", "gt", "le", "lt"):
             if isinstance(c, getattr(at, name.capitalize())):
                 bounds.setdefault(name, getattr(c, name))
@@ -137,24 +117,20 @@ def problem(error: ErrorDetails, model: Any = None, *, name_of: Namer = str) -> 
     """What is wrong with one field, in plain words and with the value given: `must be a whole number (got
     'two')`. `model` (the model or pydantic dataclass checked) lets a bound be said with both of its ends and
     an unknown field be matched to the nearest known one."""
-    return _problem(_Found.of(error), model, name_of)
-
-
-def _problem(found: _Found, model: Any, name_of: Namer) -> str:
-    kind, ctx, value = found.kind, found.ctx, found.value
+    kind, ctx, value = error["type"], error.get("ctx") or {}, error.get("input")
     if kind in ("value_error", "assertion_error"):  # our own validators' words: they say what is wrong
-        return str(ctx.get("error", found.msg)).removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        return str(ctx.get("error", error["msg"])).removeprefix("Value error, ").removeprefix("Assertion failed, ")
     if kind == "missing":
         return "missing"
     if kind == "extra_forbidden":
-        loc = found.loc
+        loc = tuple(error["loc"])
         known = list(_fields(_owner(model, loc[:-1])))
         near = difflib.get_close_matches(str(loc[-1]), known, n=1) if loc else []
         return "unknown field" + (f" (did you mean {name_of(near[0]) if len(loc) == 1 else near[0]}?)" if near else "")
     if kind in _KINDS:
         what = f"must be {_KINDS[kind]}"
     elif kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        what = _range(found, model)
+        what = _range(error, model)
     elif kind in ("literal_error", "enum"):
         expected = str(ctx.get("expected", "?"))
         what = f"must be {'one of ' if ',' in expected else ''}{expected}"
@@ -173,7 +149,7 @@ def _problem(found: _Found, model: Any, name_of: Namer) -> str:
     elif kind == "string_pattern_mismatch":
         what = f"must match {ctx.get('pattern', 'the expected form')}"
     else:  # a kind not worded here: pydantic's sentence, without its "Input should be"
-        msg = found.msg.removeprefix("Value error, ")
+        msg = str(error["msg"]).removeprefix("Value error, ")
         what = msg.replace("Input should be", "must be").replace("input should be", "must be")
         what = what[:1].lower() + what[1:]
     return f"{what} (got {got(value)})"
@@ -217,7 +193,7 @@ def problem_line(exc: ValidationError, model: Any = None, *, name_of: Namer = st
     """The first problem as one line, `SOURCE: FIELD: PROBLEM (and N more)`; a problem of the whole model (one
     of its own checks) has no FIELD, and no SOURCE is said where there is none."""
     errors = exc.errors()
-    first = _Found.of(errors[0])
-    where = field_path(first.loc, name_of)
+    first = errors[0]
+    where = field_path(tuple(first["loc"]), name_of)
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return ": ".join(p for p in (source, where, _problem(first, model, name_of) + more) if p)
+    return ": ".join(p for p in (source, where, problem(first, model, name_of=name_of) + more) if p)
